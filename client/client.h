@@ -1,0 +1,50 @@
+// sluice::Client: a small C++ client for any KServe v2 / Triton gRPC server (Sluice or Triton).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpc_service.grpc.pb.h"
+#include "server/core/status.h"
+#include "server/core/tensor.h"
+
+namespace sluice {
+
+struct ClientOptions {
+  std::chrono::milliseconds timeout{30000};  // per call deadline
+  int max_message_bytes = 1 << 30;           // per message, both directions
+};
+
+// Thread-safe (gRPC stubs are). Every call returns the server's status with its message.
+class Client {
+ public:
+  // Connects (lazily) to "host:port" without TLS.
+  static std::unique_ptr<Client> Connect(const std::string& url, ClientOptions options = {});
+  // Uses the given stub: tests inject a mock here.
+  Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub, ClientOptions options);
+
+  StatusOr<bool> ServerLive();
+  StatusOr<bool> ServerReady();
+  StatusOr<bool> ModelReady(const std::string& model, const std::string& version = "");
+  StatusOr<inference::ServerMetadataResponse> ServerMetadata();
+  StatusOr<inference::ModelMetadataResponse> ModelMetadata(const std::string& model,
+                                                           const std::string& version = "");
+  StatusOr<inference::ModelConfig> ModelConfig(const std::string& model, const std::string& version = "");
+  StatusOr<inference::RepositoryIndexResponse> RepositoryIndex(bool ready_only = false);
+
+  // Sends `inputs` as raw_input_contents; outputs come back as owning tensors (every output of
+  // the model when `outputs` is empty).
+  StatusOr<std::vector<Tensor>> Infer(const std::string& model, const std::vector<Tensor>& inputs,
+                                      const std::vector<std::string>& outputs = {},
+                                      const std::string& version = "", const std::string& id = "");
+
+ private:
+  void Prepare(grpc::ClientContext* context) const;
+
+  std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub_;
+  const ClientOptions options_;
+};
+
+}  // namespace sluice

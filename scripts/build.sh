@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Configures and builds Sluice into ./build (binaries in build/bin). Run scripts/setup.sh first.
+# Extra arguments go to cmake's configure step, e.g. -DSLUICE_WERROR=ON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=$PWD/.venv
+[ -x "$VENV/bin/python" ] || { echo "no .venv: run scripts/setup.sh first" >&2; exit 1; }
+TORCH_DIR=$("$VENV/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share/cmake/Torch"))')
+BUILD_DIR=${SLUICE_BUILD_DIR:-build}
+export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DTorch_DIR="$TORCH_DIR" -DPython3_EXECUTABLE="$VENV/bin/python" "$@"
+# Two cores and heavy LibTorch translation units: more parallel jobs only swap.
+cmake --build "$BUILD_DIR" -j "${SLUICE_BUILD_JOBS:-2}"

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Installs everything Sluice needs to build, run and test on a fresh Debian 12 machine:
+# Debian packages (compiler toolchain, gRPC, Protobuf, spdlog, prometheus-cpp, GoogleTest, CLI11),
+# a virtual environment in ./.venv with the pinned PyPI packages (torch provides LibTorch), and the
+# third-party perf_analyzer binary. Idempotent: each step checks whether it is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache git pkg-config python3-venv unzip
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev
+  libb64-0d  # perf_analyzer's one shared-library need beyond libc and OpenSSL
+)
+
+log() { printf '[setup] %s\n' "$*"; }
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages: all present"
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp=$VENV/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "pip install -r requirements.txt (torch is large: the first run takes a few minutes)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
+  echo "$want" >"$stamp"
+else
+  log "Python packages: up to date"
+fi
+
+# perf_analyzer is not published on PyPI on its own any more (the perf-analyzer project there is a
+# placeholder). tritonclient 2.50.0's manylinux wheel still carries the binary, built for glibc 2.35
+# and CUDA 12; it needs libcudart.so.12 (from nvidia-cuda-runtime-cu12) even against a CPU server.
+# Both are unpacked into .venv/opt/perf_analyzer, away from the torch's CUDA 13 libraries, and a
+# wrapper on the venv's PATH points the loader at them.
+PA_DIR=$VENV/opt/perf_analyzer
+if [ ! -x "$PA_DIR/perf_analyzer" ] || [ ! -e "$PA_DIR/lib/libcudart.so.12" ]; then
+  log "fetching perf_analyzer (tritonclient 2.50.0 wheel) and libcudart.so.12"
+  tmp=$(mktemp -d)
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux1_x86_64 -d "$tmp" tritonclient==2.50.0
+  "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$tmp" nvidia-cuda-runtime-cu12==12.9.79
+  mkdir -p "$PA_DIR/lib"
+  unzip -o -q -j "$tmp"/tritonclient-2.50.0-*.whl 'tritonclient-2.50.0.data/data/bin/perf_analyzer' -d "$PA_DIR"
+  unzip -o -q -j "$tmp"/nvidia_cuda_runtime_cu12-*.whl 'nvidia/cuda_runtime/lib/libcudart.so.12' -d "$PA_DIR/lib"
+  chmod +x "$PA_DIR/perf_analyzer"
+  rm -rf "$tmp"
+fi
+cat >"$VENV/bin/perf_analyzer" <<WRAP
+#!/usr/bin/env bash
+export LD_LIBRARY_PATH="$PA_DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+exec "$PA_DIR/perf_analyzer" "\$@"
+WRAP
+chmod +x "$VENV/bin/perf_analyzer"
+"$VENV/bin/perf_analyzer" --version >/dev/null 2>&1 || { echo "perf_analyzer does not start" >&2; exit 1; }
+log "done"

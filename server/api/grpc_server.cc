@@ -1,0 +1,55 @@
+#include "server/api/grpc_server.h"
+
+#include <chrono>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
+                                                        InferenceService* service) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  const std::string address = absl::StrCat(options.address, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, " (is the port in use? choose another with --grpc-port)"));
+  }
+  auto result = std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), service, bound_port));
+  result->server_->GetHealthCheckService()->SetServingStatus("live", true);
+  result->RefreshHealth();
+  return result;
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port)
+    : server_(std::move(server)), service_(service), port_(port) {}
+
+GrpcServer::~GrpcServer() { Shutdown(0); }
+
+void GrpcServer::RefreshHealth() {
+  const bool ready = service_->Ready();
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", ready);
+  health->SetServingStatus("ready", ready);
+}
+
+void GrpcServer::Shutdown(int grace_ms) {
+  if (!server_) return;
+  server_->GetHealthCheckService()->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace sluice

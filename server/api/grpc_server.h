@@ -1,0 +1,46 @@
+// Builds and runs the gRPC server: the inference service, grpc.health.v1.Health and reflection.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "server/api/inference_service.h"
+#include "server/core/status.h"
+
+namespace sluice {
+
+struct GrpcServerOptions {
+  std::string address = "0.0.0.0";            // listen address
+  int port = 8001;                             // 0: any free port (see GrpcServer::port)
+  int max_message_bytes = 1 << 30;             // request and response limit (gRPC's own is 4 MiB)
+};
+
+// Health service names, as grpc.health.v1 reports them:
+//   ""      and "ready": SERVING when InferenceService::Ready()
+//   "live":             SERVING while the process serves at all
+class GrpcServer {
+ public:
+  // UNAVAILABLE when the port cannot be bound. `service` must outlive the server.
+  static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
+                                                     InferenceService* service);
+  ~GrpcServer();
+
+  int port() const { return port_; }
+
+  // Re-reads the service's readiness into the health service.
+  void RefreshHealth();
+
+  // Stops accepting calls, lets calls in flight finish for up to `grace_ms`, then cancels them.
+  void Shutdown(int grace_ms);
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port);
+
+  std::unique_ptr<grpc::Server> server_;
+  InferenceService* const service_;
+  const int port_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,66 @@
+// inference.GRPCInferenceService on gRPC's callback API. Handlers validate, hand the request to
+// the model's scheduler and return; the scheduler's worker finishes the call. No gRPC thread ever
+// waits for model execution. RPCs Sluice does not implement answer UNIMPLEMENTED (the generated
+// base class's default).
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "grpc_service.grpc.pb.h"
+#include "server/manager/model_manager.h"
+
+namespace sluice {
+
+// Readiness as the server reports it (ServerReady, grpc.health.v1 "ready" and "").
+struct ReadinessPolicy {
+  bool strict = true;  // --strict-readiness: ready only when every model is ready
+};
+
+class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  struct Options {
+    std::string server_version = "0.1.0";  // reported by ServerMetadata
+    ReadinessPolicy readiness;
+  };
+
+  // `manager` must outlive the service.
+  InferenceService(ModelManager* manager, Options options);
+
+  // Marks the server as started (models may still be loading). Until then ServerReady is false.
+  void SetStarted() { started_ = true; }
+  // The readiness rule; see ReadinessPolicy.
+  bool Ready() const;
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+
+ private:
+  ModelManager* const manager_;
+  const Options options_;
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace sluice

@@ -1,0 +1,30 @@
+// The scheduler interface: how validated requests reach model instances.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "server/core/infer_request.h"
+#include "server/core/status.h"
+
+namespace sluice {
+
+// Called exactly once per enqueued request, with its outputs or the reason it failed. It may run
+// on a scheduler worker thread (normal case) or on the enqueuing thread (immediate rejection), so
+// it must not block on model work and must be cheap.
+using InferCompletion = std::function<void(StatusOr<InferResponse>)>;
+
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+
+  // Takes ownership of `request` and answers it through `done`. Thread-safe; never blocks on
+  // model execution. UNAVAILABLE when the queue is full or the scheduler has stopped.
+  virtual void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) = 0;
+
+  // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
+  // in flight to finish and joins the workers. Idempotent.
+  virtual void Stop() = 0;
+};
+
+}  // namespace sluice

@@ -1,0 +1,80 @@
+#include "server/batching/unbatched_scheduler.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+StatusOr<std::unique_ptr<UnbatchedScheduler>> UnbatchedScheduler::Create(
+    std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
+  if (instances.empty()) return absl::InvalidArgumentError("a scheduler needs at least one instance");
+  if (options.max_queue_size == 0) return absl::InvalidArgumentError("max_queue_size must be > 0");
+  return std::unique_ptr<UnbatchedScheduler>(new UnbatchedScheduler(std::move(instances), options));
+}
+
+UnbatchedScheduler::UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>> instances,
+                                       Options options)
+    : options_(options), instances_(std::move(instances)) {
+  workers_.reserve(instances_.size());
+  for (auto& instance : instances_) {
+    workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
+  }
+}
+
+UnbatchedScheduler::~UnbatchedScheduler() { Stop(); }
+
+void UnbatchedScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) {
+  Status rejection;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      rejection = absl::UnavailableError(
+          absl::StrCat("model '", request->model_name, "' is shutting down"));
+    } else if (queue_.size() >= options_.max_queue_size) {
+      rejection = absl::UnavailableError(absl::StrCat(
+          "model '", request->model_name, "' has ", queue_.size(),
+          " requests waiting (the queue limit); retry later or add instances"));
+    } else {
+      queue_.push_back(Work{std::move(request), std::move(done)});
+    }
+  }
+  if (!rejection.ok()) {
+    done(std::move(rejection));
+    return;
+  }
+  work_ready_.notify_one();
+}
+
+void UnbatchedScheduler::Stop() {
+  std::deque<Work> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  work_ready_.notify_all();
+  for (Work& work : abandoned) {
+    work.done(absl::UnavailableError("the server is shutting down; the request did not run"));
+  }
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  workers_.clear();
+}
+
+void UnbatchedScheduler::WorkerLoop(ModelBackend* instance) {
+  for (;;) {
+    Work work;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work.done(instance->Execute(*work.request));
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,51 @@
+// Runs each request on its own, as it comes, on whichever model instance is free: the scheduling
+// of a model without dynamic_batching.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "server/batching/scheduler.h"
+#include "server/core/backend.h"
+
+namespace sluice {
+
+class UnbatchedScheduler final : public Scheduler {
+ public:
+  struct Options {
+    size_t max_queue_size = 1024;  // waiting requests beyond this are rejected with UNAVAILABLE
+  };
+
+  // One worker thread per instance. INVALID_ARGUMENT without instances.
+  static StatusOr<std::unique_ptr<UnbatchedScheduler>> Create(
+      std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
+
+  ~UnbatchedScheduler() override;
+
+  void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
+  void Stop() override;
+
+ private:
+  struct Work {
+    std::unique_ptr<InferRequest> request;
+    InferCompletion done;
+  };
+
+  UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
+  void WorkerLoop(ModelBackend* instance);
+
+  const Options options_;
+  std::vector<std::unique_ptr<ModelBackend>> instances_;
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::deque<Work> queue_;  // guarded by mutex_
+  bool stopping_ = false;   // guarded by mutex_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,53 @@
+// What Sluice knows about a model after its config.pbtxt was parsed and validated
+// (server/repository builds it); the batching, runtime and api stages read it, never the proto.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "server/core/data_type.h"
+#include "server/core/tensor.h"
+
+namespace sluice {
+
+// One declared input or output. `dims` exclude the batch dimension; -1 matches any size.
+struct TensorSpec {
+  std::string name;
+  DataType dtype = DataType::kFp32;
+  Shape dims;
+};
+
+// Where an instance group asks to run (Triton's ModelInstanceGroup.Kind).
+enum class InstanceKind { kAuto, kGpu, kCpu };
+
+struct InstanceGroupSpec {
+  InstanceKind kind = InstanceKind::kAuto;  // KIND_AUTO: the GPU when one is usable
+  int count = 1;                            // instances per device
+  std::vector<int> gpus;                    // empty: every visible GPU
+};
+
+struct ModelSpec {
+  std::string name;
+  std::string platform = "pytorch_libtorch";
+  int max_batch_size = 0;  // 0: no batch dimension; >0: inputs carry it first, up to this size
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  std::vector<InstanceGroupSpec> instance_groups;  // never empty after validation
+  std::string model_filename = "model.pt";         // file inside each version directory
+  std::map<std::string, std::string> parameters;   // config `parameters`, string values
+
+  bool batches() const { return max_batch_size > 0; }
+  // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.
+  Shape FullShape(const TensorSpec& tensor) const;
+};
+
+inline Shape ModelSpec::FullShape(const TensorSpec& tensor) const {
+  Shape shape;
+  if (batches()) shape.push_back(-1);
+  shape.insert(shape.end(), tensor.dims.begin(), tensor.dims.end());
+  return shape;
+}
+
+}  // namespace sluice

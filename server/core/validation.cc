@@ -1,0 +1,112 @@
+#include "server/core/validation.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+const TensorSpec* FindSpec(const std::vector<TensorSpec>& specs, const std::string& name) {
+  for (const TensorSpec& spec : specs) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
+  std::string names;
+  for (const TensorSpec& spec : specs) absl::StrAppend(&names, names.empty() ? "" : ", ", spec.name);
+  return names;
+}
+
+Status CheckShape(const ModelSpec& model, const TensorSpec& spec, const TensorView& input) {
+  const Shape expected = model.FullShape(spec);
+  auto mismatch = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input '", input.name, "' of model '", model.name, "': ", what, "; got shape ",
+        ShapeToString(input.shape), ", expected ", ShapeToString(expected), " (-1: any size)"));
+  };
+  if (input.shape.size() != expected.size()) {
+    return mismatch(absl::StrCat("rank ", input.shape.size(), " where the model takes rank ",
+                                 expected.size()));
+  }
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (input.shape[i] < 0) return mismatch(absl::StrCat("dimension ", i, " is negative"));
+    if (expected[i] != -1 && input.shape[i] != expected[i]) {
+      return mismatch(absl::StrCat("dimension ", i, " is ", input.shape[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
+  std::set<std::string> seen;
+  for (const TensorView& input : request->inputs) {
+    if (!seen.insert(input.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", input.name, "' is given more than once"));
+    }
+    const TensorSpec* declared = FindSpec(spec.inputs, input.name);
+    if (declared == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected input '", input.name,
+                                                     "' for model '", spec.name,
+                                                     "'; it takes: ", ExpectedNames(spec.inputs)));
+    }
+    if (input.dtype != declared->dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", input.name, "' has datatype ", DataTypeName(input.dtype),
+                       ", model '", spec.name, "' expects ", DataTypeName(declared->dtype)));
+    }
+    SLUICE_RETURN_IF_ERROR(CheckShape(spec, *declared, input));
+    SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(input.shape));
+    const uint64_t expected_bytes = static_cast<uint64_t>(elements) * ElementSize(input.dtype);
+    if (input.byte_size != expected_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", input.name, "' has ", input.byte_size, " bytes of data, but shape ",
+          ShapeToString(input.shape), " of ", DataTypeName(input.dtype), " needs ", expected_bytes));
+    }
+  }
+  for (const TensorSpec& declared : spec.inputs) {
+    if (seen.count(declared.name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("missing input '", declared.name,
+                                                     "' for model '", spec.name, "'"));
+    }
+  }
+
+  request->batch_size = 1;
+  if (spec.batches()) {
+    const int64_t batch = request->inputs.front().shape.front();
+    for (const TensorView& input : request->inputs) {
+      if (input.shape.front() != batch) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "inputs disagree on the batch dimension: '", request->inputs.front().name, "' has ",
+            batch, ", '", input.name, "' has ", input.shape.front()));
+      }
+    }
+    if (batch < 1 || batch > spec.max_batch_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch size ", batch, " is outside [1, ", spec.max_batch_size,
+                       "] (max_batch_size of model '", spec.name, "')"));
+    }
+    request->batch_size = batch;
+  }
+
+  std::set<std::string> requested;
+  for (const std::string& output : request->requested_outputs) {
+    if (FindSpec(spec.outputs, output) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown requested output '", output,
+                                                     "' for model '", spec.name,
+                                                     "'; it has: ", ExpectedNames(spec.outputs)));
+    }
+    if (!requested.insert(output).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", output, "' is requested more than once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice

@@ -1,0 +1,159 @@
+// sluice-server: serves the TorchScript models of a Triton-layout model repository over the
+// KServe v2 / Triton gRPC protocol.
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include "server/core/logging.h"
+
+#include "server/api/grpc_server.h"
+#include "server/api/inference_service.h"
+#include "server/core/device.h"
+#include "server/manager/model_manager.h"
+#include "server/repository/model_repository.h"
+#include "server/runtime/torch_backend.h"
+
+namespace {
+
+struct Flags {
+  std::string model_repository = SLUICE_DEFAULT_MODEL_REPOSITORY;
+  std::string grpc_address = "0.0.0.0";
+  int grpc_port = 8001;
+  int metrics_port = 8002;
+  bool strict_readiness = true;
+  int grpc_max_message_bytes = 1 << 30;
+  std::string device = "auto";
+  std::string log_level = "info";
+  size_t max_queue_size = 1024;
+  int shutdown_grace_ms = 5000;
+};
+
+void AddFlags(CLI::App& app, Flags& flags) {
+  app.add_option("--model-repository", flags.model_repository,
+                 "Model repository in Triton's layout: <dir>/<model>/config.pbtxt and "
+                 "<dir>/<model>/<version>/model.pt")
+      ->capture_default_str();
+  app.add_option("--grpc-address", flags.grpc_address, "Address to listen on")->capture_default_str();
+  app.add_option("--grpc-port", flags.grpc_port,
+                 "Port of the gRPC inference and health services; 0 picks a free one (logged)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--metrics-port", flags.metrics_port,
+                 "Port reserved for the Prometheus endpoint (not served by this release)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--strict-readiness", flags.strict_readiness,
+                 "true: ready only when every model in the repository is ready; false: ready once "
+                 "the server is up. A broken model never makes the server not live")
+      ->capture_default_str();
+  app.add_option("--grpc-max-message-bytes", flags.grpc_max_message_bytes,
+                 "Largest request or response message accepted or sent (gRPC's own default, "
+                 "4 MiB, is too small for image batches)")
+      ->check(CLI::Range(1 << 20, 2147483647))
+      ->capture_default_str();
+  app.add_option("--device", flags.device,
+                 "auto: KIND_GPU/KIND_AUTO instances on the GPU when CUDA is usable, else on the "
+                 "CPU with a warning; cpu: every instance on the CPU; cuda: fail at start when no "
+                 "GPU is usable")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+  app.add_option("--max-queue-size", flags.max_queue_size,
+                 "Requests that may wait per model version; beyond it requests get UNAVAILABLE")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
+                 "On SIGINT/SIGTERM, how long calls in flight may take to finish")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
+void LogRuntime(const sluice::RuntimeInfo& info) {
+  spdlog::info("event=runtime sluice={} libtorch={} cuda_build={} cuda_runtime={} cudnn={} gpus={}",
+               SLUICE_VERSION, info.torch_version, info.cuda_built ? "yes" : "no",
+               info.cuda_runtime_version.empty() ? "-" : info.cuda_runtime_version,
+               info.cudnn_version.empty() ? "-" : info.cudnn_version, info.cuda_device_count);
+  if (!info.cuda_usable) spdlog::info("event=cuda_unusable reason=\"{}\"", info.problem);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sluice-server: TorchScript inference over the KServe v2 / Triton gRPC protocol"};
+  app.set_version_flag("--version", SLUICE_VERSION);
+  Flags flags;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));
+
+  // Signals are taken synchronously by the main thread (sigwait below); block them before any
+  // thread starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const sluice::DevicePolicy device_policy = *sluice::ParseDevicePolicy(flags.device);
+  std::unique_ptr<sluice::BackendFactory> factory = sluice::MakeTorchBackendFactory();
+  LogRuntime(sluice::ProbeRuntime());
+  if (device_policy == sluice::DevicePolicy::kCuda && !factory->CudaUsable()) {
+    spdlog::critical("event=start_failed reason=\"{}\"",
+                     sluice::DecideDevice(device_policy, sluice::InstanceKind::kGpu, false).status().message());
+    return EXIT_FAILURE;
+  }
+
+  auto models = sluice::ScanModelRepository(flags.model_repository);
+  if (!models.ok()) {
+    spdlog::critical("event=start_failed reason=\"{}\"", models.status().message());
+    return EXIT_FAILURE;
+  }
+  spdlog::info("event=repository path={} models={}", flags.model_repository, models->size());
+
+  sluice::ModelManager::Options manager_options;
+  manager_options.device_policy = device_policy;
+  manager_options.max_queue_size = flags.max_queue_size;
+  sluice::ModelManager manager(*std::move(models), factory.get(), manager_options);
+
+  sluice::InferenceService::Options service_options;
+  service_options.server_version = SLUICE_VERSION;
+  service_options.readiness.strict = flags.strict_readiness;
+  sluice::InferenceService service(&manager, service_options);
+
+  sluice::GrpcServerOptions server_options;
+  server_options.address = flags.grpc_address;
+  server_options.port = flags.grpc_port;
+  server_options.max_message_bytes = flags.grpc_max_message_bytes;
+  auto server = sluice::GrpcServer::Start(server_options, &service);
+  if (!server.ok()) {
+    spdlog::critical("event=start_failed reason=\"{}\"", server.status().message());
+    return EXIT_FAILURE;
+  }
+  spdlog::info("event=listening address={} port={}", flags.grpc_address, (*server)->port());
+  spdlog::info("event=metrics_not_served port={} reason=\"the Prometheus endpoint is not part of "
+               "this release\"", flags.metrics_port);
+
+  // Live from here on; ready once the models are (or at once without strict readiness).
+  service.SetStarted();
+  (*server)->RefreshHealth();
+  if (sluice::Status loaded = manager.LoadAll(); !loaded.ok()) {
+    spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
+    (*server)->Shutdown(0);
+    return EXIT_FAILURE;
+  }
+  (*server)->RefreshHealth();
+  spdlog::info("event=models_loaded all_ready={} server_ready={}", manager.AllReady(), service.Ready());
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
+  (*server)->Shutdown(flags.shutdown_grace_ms);
+  manager.Stop();
+  spdlog::info("event=stopped");
+  return EXIT_SUCCESS;
+}

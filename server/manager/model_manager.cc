@@ -1,0 +1,235 @@
+#include "server/manager/model_manager.h"
+
+#include <set>
+
+#include "server/core/logging.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/batching/unbatched_scheduler.h"
+
+namespace sluice {
+
+const char* ModelStateName(ModelState state) {
+  switch (state) {
+    case ModelState::kLoading: return "LOADING";
+    case ModelState::kReady: return "READY";
+    case ModelState::kUnavailable: return "UNAVAILABLE";
+  }
+  return "UNAVAILABLE";
+}
+
+ModelManager::ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory,
+                           Options options)
+    : factory_(factory), options_(options) {
+  for (RepositoryModel& model : models) {
+    Entry entry;
+    for (const auto& [version, path] : model.versions) {
+      VersionSlot slot;
+      slot.version = version;
+      entry.versions.push_back(std::move(slot));
+    }
+    entry.model = std::move(model);
+    entries_.push_back(std::move(entry));
+  }
+}
+
+ModelManager::~ModelManager() { Stop(); }
+
+StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryModel& model,
+                                                               const std::filesystem::path& file,
+                                                               std::string* device_description) {
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  std::vector<std::string> devices;
+  for (const InstanceGroupSpec& group : model.spec.instance_groups) {
+    SLUICE_ASSIGN_OR_RETURN(
+        const DeviceDecision decision,
+        DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
+    if (decision.fell_back_to_cpu) {
+      spdlog::warn("event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
+                   "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
+                   model.name);
+    }
+    std::vector<Device> targets;
+    if (!decision.use_cuda) {
+      targets.push_back(Device{});
+    } else if (group.gpus.empty()) {
+      for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
+    } else {
+      for (int gpu : group.gpus) {
+        if (gpu >= factory_->CudaDeviceCount()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "instance_group asks for GPU ", gpu, " but ", factory_->CudaDeviceCount(),
+              " GPU(s) are visible"));
+        }
+        targets.push_back(Device{true, gpu});
+      }
+    }
+    for (const Device& device : targets) {
+      for (int i = 0; i < group.count; ++i) {
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance,
+                                factory_->Load(model.spec, file, device));
+        instances.push_back(std::move(instance));
+        devices.push_back(device.ToString());
+      }
+    }
+  }
+  std::set<std::string> distinct(devices.begin(), devices.end());
+  *device_description = absl::StrCat(absl::StrJoin(distinct, ","), " x", devices.size());
+  UnbatchedScheduler::Options scheduler_options;
+  scheduler_options.max_queue_size = options_.max_queue_size;
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<UnbatchedScheduler> scheduler,
+                          UnbatchedScheduler::Create(std::move(instances), scheduler_options));
+  return std::shared_ptr<Scheduler>(std::move(scheduler));
+}
+
+Status ModelManager::LoadAll() {
+  if (options_.device_policy == DevicePolicy::kCuda && !factory_->CudaUsable()) {
+    SLUICE_RETURN_IF_ERROR(DecideDevice(options_.device_policy, InstanceKind::kGpu, false).status());
+  }
+  for (Entry& entry : entries_) {
+    const RepositoryModel& model = entry.model;
+    if (!model.status.ok()) {
+      spdlog::error("event=model_unavailable model={} reason=\"{}\"", model.name,
+                    model.status.message());
+      continue;
+    }
+    for (size_t i = 0; i < entry.versions.size(); ++i) {
+      const int64_t version = entry.versions[i].version;
+      const auto started = std::chrono::steady_clock::now();
+      std::string device;
+      StatusOr<std::shared_ptr<Scheduler>> scheduler =
+          LoadVersion(model, model.versions.at(version), &device);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - started).count();
+      std::lock_guard<std::mutex> lock(mutex_);
+      VersionSlot& slot = entry.versions[i];
+      if (scheduler.ok()) {
+        slot.state = ModelState::kReady;
+        slot.scheduler = *std::move(scheduler);
+        slot.device = device;
+        spdlog::info("event=model_ready model={} version={} device={} load_ms={}", model.name,
+                     version, device, ms);
+      } else {
+        slot.state = ModelState::kUnavailable;
+        slot.reason = std::string(scheduler.status().message());
+        spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", model.name,
+                      version, slot.reason);
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  loaded_ = true;
+  return absl::OkStatus();
+}
+
+const ModelManager::Entry* ModelManager::FindEntry(const std::string& name) const {
+  for (const Entry& entry : entries_) {
+    if (entry.model.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+StatusOr<const RepositoryModel*> ModelManager::FindModel(const std::string& name) const {
+  const Entry* entry = FindEntry(name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  }
+  return &entry->model;
+}
+
+StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::string& version) const {
+  const Entry* entry = FindEntry(name);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!entry->model.status.ok()) {
+    return absl::UnavailableError(absl::StrCat("model '", name, "' is not ready: ",
+                                               entry->model.status.message()));
+  }
+  const VersionSlot* chosen = nullptr;
+  if (version.empty()) {
+    for (const VersionSlot& slot : entry->versions) {
+      if (slot.state == ModelState::kReady) chosen = &slot;  // ascending: the last is the newest
+    }
+    if (chosen == nullptr) {
+      const VersionSlot& newest = entry->versions.back();
+      return absl::UnavailableError(absl::StrCat(
+          "model '", name, "' has no ready version",
+          newest.reason.empty() ? " yet (still loading)" : absl::StrCat(": ", newest.reason)));
+    }
+  } else {
+    int64_t wanted = 0;
+    if (!absl::SimpleAtoi(version, &wanted)) {
+      return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version,
+                                              "' (versions are positive integers)"));
+    }
+    for (const VersionSlot& slot : entry->versions) {
+      if (slot.version == wanted) chosen = &slot;
+    }
+    if (chosen == nullptr) {
+      return absl::NotFoundError(absl::StrCat("model '", name, "' has no version ", wanted,
+                                              " loaded (see its version_policy)"));
+    }
+    if (chosen->state != ModelState::kReady) {
+      return absl::UnavailableError(absl::StrCat(
+          "model '", name, "' version ", wanted, " is not ready",
+          chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
+    }
+  }
+  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler};
+}
+
+std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {
+  std::vector<int64_t> versions;
+  const Entry* entry = FindEntry(name);
+  if (entry == nullptr) return versions;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const VersionSlot& slot : entry->versions) {
+    if (slot.state == ModelState::kReady) versions.push_back(slot.version);
+  }
+  return versions;
+}
+
+std::vector<ModelIndexEntry> ModelManager::Index() const {
+  std::vector<ModelIndexEntry> index;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    if (!entry.model.status.ok()) {
+      index.push_back({entry.model.name, "", ModelState::kUnavailable,
+                       std::string(entry.model.status.message())});
+      continue;
+    }
+    for (const VersionSlot& slot : entry.versions) {
+      index.push_back({entry.model.name, std::to_string(slot.version), slot.state, slot.reason});
+    }
+  }
+  return index;
+}
+
+bool ModelManager::AllReady() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!loaded_) return false;
+  for (const Entry& entry : entries_) {
+    if (!entry.model.status.ok()) return false;
+    for (const VersionSlot& slot : entry.versions) {
+      if (slot.state != ModelState::kReady) return false;
+    }
+  }
+  return true;
+}
+
+void ModelManager::Stop() {
+  std::vector<std::shared_ptr<Scheduler>> schedulers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Entry& entry : entries_) {
+      for (const VersionSlot& slot : entry.versions) {
+        if (slot.scheduler) schedulers.push_back(slot.scheduler);
+      }
+    }
+  }
+  for (const auto& scheduler : schedulers) scheduler->Stop();
+}
+
+}  // namespace sluice

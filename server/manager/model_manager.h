@@ -1,0 +1,99 @@
+// Owns the loaded models: for each repository model and selected version, its instances (built
+// by an injected BackendFactory), its scheduler and its state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/batching/scheduler.h"
+#include "server/core/backend.h"
+#include "server/core/device.h"
+#include "server/repository/model_repository.h"
+
+namespace sluice {
+
+enum class ModelState { kLoading, kReady, kUnavailable };
+const char* ModelStateName(ModelState state);  // "LOADING", "READY", "UNAVAILABLE"
+
+// A ready model version, as handed to a request. Shared ownership keeps it (and its scheduler)
+// alive for as long as a request holds it.
+struct ServableModel {
+  const RepositoryModel* model = nullptr;  // owned by the manager, lives as long as it
+  int64_t version = 0;
+  std::string device;  // "cpu", "cuda:0", or a list for several instances
+  std::shared_ptr<Scheduler> scheduler;
+};
+
+// One row of RepositoryIndex.
+struct ModelIndexEntry {
+  std::string name;
+  std::string version;  // empty when the model has no loadable version at all
+  ModelState state = ModelState::kUnavailable;
+  std::string reason;
+};
+
+// Thread-safe. Lookups may run while LoadAll is still loading.
+class ModelManager {
+ public:
+  struct Options {
+    DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
+    size_t max_queue_size = 1024;                      // per model version
+  };
+
+  ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
+  ~ModelManager();
+
+  // Loads every selected version of every model. A model that fails to load is logged with its
+  // reason and marked UNAVAILABLE; the others still load. Returns FAILED_PRECONDITION only for a
+  // start-up error that concerns every model (--device cuda without a usable GPU).
+  Status LoadAll();
+
+  // The model version a request goes to. `version` empty: the newest ready one.
+  // NOT_FOUND: no such model or version (or not a number); UNAVAILABLE: it exists but is not ready
+  // (the reason is in the message).
+  StatusOr<ServableModel> Find(const std::string& name, const std::string& version) const;
+
+  // The repository entry of `name` (any state): NOT_FOUND when unknown.
+  StatusOr<const RepositoryModel*> FindModel(const std::string& name) const;
+
+  // Ready version numbers of a model, ascending.
+  std::vector<int64_t> ReadyVersions(const std::string& name) const;
+
+  std::vector<ModelIndexEntry> Index() const;
+
+  // True once LoadAll finished and every model in the repository has every selected version ready.
+  bool AllReady() const;
+
+  // Stops every scheduler (queued requests are answered UNAVAILABLE). Idempotent.
+  void Stop();
+
+ private:
+  struct VersionSlot {
+    int64_t version = 0;
+    ModelState state = ModelState::kLoading;
+    std::string reason;
+    std::string device;
+    std::shared_ptr<Scheduler> scheduler;
+  };
+  struct Entry {
+    RepositoryModel model;
+    std::vector<VersionSlot> versions;  // ascending
+  };
+
+  StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
+                                                   const std::filesystem::path& file,
+                                                   std::string* device_description);
+  const Entry* FindEntry(const std::string& name) const;
+
+  BackendFactory* const factory_;
+  const Options options_;
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;  // the vector itself never changes after construction
+  bool loaded_ = false;         // guarded by mutex_
+};
+
+}  // namespace sluice

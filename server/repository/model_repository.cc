@@ -1,0 +1,101 @@
+#include "server/repository/model_repository.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/repository/model_config_parser.h"
+
+namespace sluice {
+namespace fs = std::filesystem;
+
+namespace {
+
+StatusOr<std::string> ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Status FillModel(RepositoryModel* model) {
+  const fs::path config_path = model->directory / "config.pbtxt";
+  std::error_code ec;
+  if (!fs::is_regular_file(config_path, ec)) {
+    return absl::NotFoundError(absl::StrCat("no config.pbtxt in ", model->directory.string()));
+  }
+  SLUICE_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
+  SLUICE_ASSIGN_OR_RETURN(model->config, ParseModelConfigText(text, config_path.string()));
+  SLUICE_ASSIGN_OR_RETURN(model->spec, BuildModelSpec(model->name, &model->config));
+
+  std::map<int64_t, fs::path> on_disk;
+  for (const fs::directory_entry& entry : fs::directory_iterator(model->directory, ec)) {
+    int64_t version = 0;
+    if (!entry.is_directory() || !absl::SimpleAtoi(entry.path().filename().string(), &version) ||
+        version < 1) {
+      continue;
+    }
+    on_disk[version] = entry.path();
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", model->directory.string(), ": ", ec.message()));
+  if (on_disk.empty()) {
+    return absl::NotFoundError(absl::StrCat("no version directory (1/, 2/, ...) in ",
+                                            model->directory.string()));
+  }
+  std::vector<int64_t> available;
+  for (const auto& [version, path] : on_disk) available.push_back(version);
+  const std::vector<int64_t> chosen = SelectVersions(model->config.version_policy(), available);
+  if (model->config.version_policy().has_specific()) {
+    std::vector<int64_t> missing;
+    for (int64_t wanted : model->config.version_policy().specific().versions()) {
+      if (!on_disk.count(wanted)) missing.push_back(wanted);
+    }
+    if (!missing.empty()) {
+      return absl::NotFoundError(absl::StrCat("version_policy asks for version(s) ",
+                                              absl::StrJoin(missing, ", "),
+                                              " which have no directory"));
+    }
+  }
+  if (chosen.empty()) return absl::NotFoundError("version_policy selects no version");
+  for (int64_t version : chosen) {
+    model->versions[version] = on_disk[version] / model->spec.model_filename;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RepositoryModel ReadModelDirectory(const fs::path& directory) {
+  RepositoryModel model;
+  model.name = directory.filename().string();
+  model.directory = directory;
+  model.status = FillModel(&model);
+  if (!model.status.ok()) model.spec = ModelSpec{};
+  return model;
+}
+
+StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    return absl::NotFoundError(absl::StrCat("model repository '", root.string(),
+                                            "' is not a directory (check --model-repository)"));
+  }
+  std::vector<fs::path> directories;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && !name.empty() && name.front() != '.') directories.push_back(entry.path());
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("cannot list model repository '", root.string(), "': ", ec.message()));
+  }
+  std::sort(directories.begin(), directories.end());
+  std::vector<RepositoryModel> models;
+  for (const fs::path& directory : directories) models.push_back(ReadModelDirectory(directory));
+  return models;
+}
+
+}  // namespace sluice

@@ -1,0 +1,352 @@
+#include "server/runtime/torch_backend.h"
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <cstring>
+#include <optional>
+#include <unordered_map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sluice {
+namespace {
+
+constexpr size_t kMaxTorchMessage = 1024;
+
+// Keeps the first line-ish part of a torch message: enough to act on, not a C++ backtrace.
+std::string TruncateTorchMessage(std::string message) {
+  if (message.size() > kMaxTorchMessage) {
+    message.resize(kMaxTorchMessage);
+    message += " ...(truncated)";
+  }
+  return message;
+}
+
+// Runs `fn`, turning LibTorch exceptions into statuses.
+template <typename Fn>
+auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(e.what_without_backtrace())));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", TruncateTorchMessage(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(e.what())));
+  }
+}
+
+at::ScalarType ToScalarType(DataType type) {
+  switch (type) {
+    case DataType::kBool: return at::kBool;
+    case DataType::kUint8: return at::kByte;
+    case DataType::kInt8: return at::kChar;
+    case DataType::kInt16: return at::kShort;
+    case DataType::kInt32: return at::kInt;
+    case DataType::kInt64: return at::kLong;
+    case DataType::kFp16: return at::kHalf;
+    case DataType::kBf16: return at::kBFloat16;
+    case DataType::kFp32: return at::kFloat;
+    case DataType::kFp64: return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+std::optional<DataType> FromScalarType(at::ScalarType type) {
+  for (DataType candidate : kAllDataTypes) {
+    if (ToScalarType(candidate) == type) return candidate;
+  }
+  return std::nullopt;
+}
+
+// "INPUT__3" -> 3; nullopt without a `__<non-negative integer>` suffix.
+std::optional<int> IndexSuffix(const std::string& name) {
+  const size_t pos = name.rfind("__");
+  int index = 0;
+  if (pos == std::string::npos || !absl::SimpleAtoi(name.substr(pos + 2), &index) || index < 0) {
+    return std::nullopt;
+  }
+  return index;
+}
+
+// For each declared tensor, its position (a forward argument, or an element of the returned
+// tuple): by `__<index>` suffix when every name has a distinct one below `count`, else nullopt.
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count) {
+  std::vector<int> positions;
+  std::vector<bool> taken(count, false);
+  for (const TensorSpec& tensor : tensors) {
+    std::optional<int> index = IndexSuffix(tensor.name);
+    if (!index || static_cast<size_t>(*index) >= count || taken[*index]) return std::nullopt;
+    taken[*index] = true;
+    positions.push_back(*index);
+  }
+  return positions;
+}
+
+class TorchScriptBackend final : public ModelBackend {
+ public:
+  TorchScriptBackend(ModelSpec spec, torch::jit::Module module, torch::Device device,
+                     std::vector<int> input_positions, size_t forward_arity)
+      : spec_(std::move(spec)),
+        module_(std::move(module)),
+        device_(device),
+        input_positions_(std::move(input_positions)),
+        forward_arity_(forward_arity) {}
+
+  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+    return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"),
+                      [&]() -> StatusOr<InferResponse> { return Run(request); });
+  }
+
+ private:
+  StatusOr<InferResponse> Run(const InferRequest& request) {
+    c10::InferenceMode inference_mode;
+    std::vector<c10::IValue> arguments(forward_arity_);
+    for (const TensorView& input : request.inputs) {
+      const size_t declared = DeclaredIndex(spec_.inputs, input.name);
+      // The request's bytes stay alive and untouched until completion (InferRequest contract);
+      // from_blob only wraps them, so the CPU path copies nothing.
+      at::Tensor tensor = torch::from_blob(const_cast<char*>(input.data), input.shape,
+                                           torch::TensorOptions().dtype(ToScalarType(input.dtype)));
+      if (device_.is_cuda()) tensor = tensor.to(device_);
+      arguments[input_positions_[declared]] = std::move(tensor);
+    }
+    c10::IValue result = module_.forward(std::move(arguments));
+    SLUICE_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, BindOutputs(result));
+
+    InferResponse response;
+    auto emit = [&](size_t declared) -> Status {
+      SLUICE_ASSIGN_OR_RETURN(Tensor out, ToOutput(spec_.outputs[declared], outputs[declared], request));
+      response.outputs.push_back(std::move(out));
+      return absl::OkStatus();
+    };
+    if (request.requested_outputs.empty()) {
+      for (size_t i = 0; i < spec_.outputs.size(); ++i) SLUICE_RETURN_IF_ERROR(emit(i));
+    } else {
+      for (const std::string& name : request.requested_outputs) {
+        SLUICE_RETURN_IF_ERROR(emit(DeclaredIndex(spec_.outputs, name)));
+      }
+    }
+    return response;
+  }
+
+  static size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].name == name) return i;
+    }
+    return 0;  // unreachable for validated requests
+  }
+
+  // The returned value's tensors, one per declared output, in config order.
+  StatusOr<std::vector<at::Tensor>> BindOutputs(const c10::IValue& result) {
+    const size_t declared = spec_.outputs.size();
+    std::vector<at::Tensor> bound(declared);
+    auto expect_tensor = [&](const c10::IValue& value, const std::string& what) -> StatusOr<at::Tensor> {
+      if (!value.isTensor()) {
+        return absl::InternalError(absl::StrCat("model '", spec_.name, "' returned a ",
+                                                value.tagKind(), " for ", what, ", not a tensor"));
+      }
+      return value.toTensor();
+    };
+    if (result.isTensor()) {
+      if (declared != 1) {
+        return absl::InternalError(absl::StrCat("model '", spec_.name,
+                                                "' returned one tensor but its config declares ",
+                                                declared, " outputs"));
+      }
+      bound[0] = result.toTensor();
+      return bound;
+    }
+    if (result.isGenericDict()) {
+      const c10::Dict<c10::IValue, c10::IValue> dict = result.toGenericDict();
+      for (size_t i = 0; i < declared; ++i) {
+        const std::string& name = spec_.outputs[i].name;
+        auto it = dict.find(c10::IValue(name));
+        if (it == dict.end()) {
+          return absl::InternalError(absl::StrCat("model '", spec_.name,
+                                                  "' returned a dict without key '", name, "'"));
+        }
+        SLUICE_ASSIGN_OR_RETURN(bound[i], expect_tensor(it->value(), absl::StrCat("key '", name, "'")));
+      }
+      return bound;
+    }
+    std::vector<c10::IValue> elements;
+    if (result.isTuple()) {
+      elements = result.toTupleRef().elements().vec();
+    } else if (result.isList()) {
+      elements = result.toList().vec();
+    } else {
+      return absl::InternalError(absl::StrCat("model '", spec_.name, "' returned a ",
+                                              result.tagKind(),
+                                              "; expected a tensor, a tuple/list or a dict of tensors"));
+    }
+    std::vector<int> positions;
+    if (auto by_suffix = PositionsBySuffix(spec_.outputs, elements.size())) {
+      positions = *by_suffix;
+    } else if (elements.size() >= declared) {
+      for (size_t i = 0; i < declared; ++i) positions.push_back(static_cast<int>(i));
+    } else {
+      return absl::InternalError(absl::StrCat("model '", spec_.name, "' returned ", elements.size(),
+                                              " values but its config declares ", declared, " outputs"));
+    }
+    for (size_t i = 0; i < declared; ++i) {
+      SLUICE_ASSIGN_OR_RETURN(bound[i], expect_tensor(elements[positions[i]],
+                                                      absl::StrCat("output '", spec_.outputs[i].name, "'")));
+    }
+    return bound;
+  }
+
+  StatusOr<Tensor> ToOutput(const TensorSpec& declared, const at::Tensor& value,
+                            const InferRequest& request) {
+    std::optional<DataType> dtype = FromScalarType(value.scalar_type());
+    if (!dtype || *dtype != declared.dtype) {
+      return absl::InternalError(absl::StrCat(
+          "model '", spec_.name, "' produced ", c10::toString(value.scalar_type()), " for output '",
+          declared.name, "', but config.pbtxt declares ", DataTypeName(declared.dtype)));
+    }
+    Shape shape(value.sizes().begin(), value.sizes().end());
+    const Shape expected = spec_.FullShape(declared);
+    bool matches = shape.size() == expected.size();
+    for (size_t i = 0; matches && i < shape.size(); ++i) {
+      matches = expected[i] == -1 || expected[i] == shape[i];
+    }
+    if (matches && spec_.batches()) matches = shape[0] == request.batch_size;
+    if (!matches) {
+      return absl::InternalError(absl::StrCat(
+          "model '", spec_.name, "' produced shape ", ShapeToString(shape), " for output '",
+          declared.name, "', but config.pbtxt declares ", ShapeToString(expected),
+          spec_.batches() ? absl::StrCat(" with batch size ", request.batch_size) : ""));
+    }
+    at::Tensor host = value.to(torch::kCPU).contiguous();
+    Tensor out;
+    out.name = declared.name;
+    out.dtype = declared.dtype;
+    out.shape = std::move(shape);
+    out.data.resize(host.nbytes());
+    if (host.nbytes() > 0) std::memcpy(out.data.data(), host.data_ptr(), host.nbytes());
+    return out;
+  }
+
+  const ModelSpec spec_;
+  torch::jit::Module module_;
+  const torch::Device device_;
+  const std::vector<int> input_positions_;  // forward argument index of each declared input
+  const size_t forward_arity_;
+};
+
+StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {
+  const c10::FunctionSchema& schema = module.get_method("forward").function().getSchema();
+  std::vector<std::string> arguments;
+  for (const c10::Argument& argument : schema.arguments()) {
+    if (argument.name() != "self") arguments.push_back(argument.name());
+  }
+  if (arguments.size() != spec.inputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward() takes ", arguments.size(), " input(s) (", absl::StrJoin(arguments, ", "),
+        ") but config.pbtxt declares ", spec.inputs.size()));
+  }
+  std::vector<int> positions;
+  for (const TensorSpec& input : spec.inputs) {
+    auto it = std::find(arguments.begin(), arguments.end(), input.name);
+    if (it == arguments.end()) break;
+    positions.push_back(static_cast<int>(it - arguments.begin()));
+  }
+  if (positions.size() == spec.inputs.size()) return positions;
+  if (auto by_suffix = PositionsBySuffix(spec.inputs, arguments.size())) return *by_suffix;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot bind config inputs to forward(", absl::StrJoin(arguments, ", "),
+      "): name inputs after the forward arguments or INPUT__0, INPUT__1, ..."));
+}
+
+class TorchBackendFactory final : public BackendFactory {
+ public:
+  TorchBackendFactory() : info_(ProbeRuntime()) {}
+
+  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec,
+                                               const std::filesystem::path& model_file,
+                                               const Device& device) override {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(model_file, ec)) {
+      return absl::NotFoundError(absl::StrCat("model file ", model_file.string(), " does not exist"));
+    }
+    const torch::Device torch_device =
+        device.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                    : torch::Device(torch::kCPU);
+    return CatchTorch(absl::StrCat("cannot load ", model_file.string()),
+                      [&]() -> StatusOr<std::unique_ptr<ModelBackend>> {
+                        torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);
+                        module.eval();
+                        SLUICE_ASSIGN_OR_RETURN(std::vector<int> positions, BindInputs(spec, module));
+                        const size_t arity = spec.inputs.size();
+                        return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
+                            spec, std::move(module), torch_device, std::move(positions), arity));
+                      });
+  }
+
+  bool CudaUsable() const override { return info_.cuda_usable; }
+  int CudaDeviceCount() const override { return info_.cuda_device_count; }
+
+ private:
+  const RuntimeInfo info_;
+};
+
+std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
+  // CUDA encodes 13000 as 13.0; cuDNN 91900 as 9.19.0.
+  if (version <= 0) return "";
+  if (minor_divisor == 0) return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / 10);
+  return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / minor_divisor, ".",
+                      version % minor_divisor);
+}
+
+}  // namespace
+
+RuntimeInfo ProbeRuntime() {
+  RuntimeInfo info;
+  info.torch_version = TORCH_VERSION;
+  const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+  try {
+    info.cuda_built = hooks.hasCUDA() || torch::cuda::is_available() || hooks.versionCUDART() > 0;
+  } catch (const std::exception&) {
+    info.cuda_built = false;
+  }
+  if (!info.cuda_built) {
+    info.problem = "LibTorch was loaded without its CUDA library (libtorch_cuda.so)";
+    return info;
+  }
+  try {
+    info.cuda_runtime_version = VersionFromInt(hooks.versionCUDART(), 1000, 0);
+  } catch (const std::exception&) {
+  }
+  try {
+    if (hooks.hasCuDNN()) info.cudnn_version = VersionFromInt(hooks.versionCuDNN(), 10000, 100);
+  } catch (const std::exception&) {
+  }
+  try {
+    info.cuda_device_count = static_cast<int>(torch::cuda::device_count());
+    info.cuda_usable = torch::cuda::is_available() && info.cuda_device_count > 0;
+  } catch (const std::exception& e) {
+    info.problem = TruncateTorchMessage(e.what());
+  }
+  if (!info.cuda_usable && info.problem.empty()) {
+    info.problem =
+        "no CUDA GPU is visible to this process (no NVIDIA driver, no device, or the container "
+        "was started without --gpus all)";
+  }
+  return info;
+}
+
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory() {
+  return std::make_unique<TorchBackendFactory>();
+}
+
+}  // namespace sluice

@@ -1,0 +1,122 @@
+"""Wire compatibility: every message, enum and RPC that Sluice's .proto files define must match
+tritonclient's generated modules (names, field numbers, types, labels, oneofs, map entries).
+
+Our descriptors come from `protoc --descriptor_set_out` (built by CMake); tritonclient's come from
+its installed *_pb2 modules, so a drift on either side fails here.
+"""
+import os
+
+import pytest
+from google.protobuf import descriptor_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+DESCRIPTOR_SET = os.environ.get("SLUICE_PROTO_DESCRIPTORS", "")
+
+
+def _load_ours():
+    if not DESCRIPTOR_SET or not os.path.exists(DESCRIPTOR_SET):
+        pytest.fail(f"SLUICE_PROTO_DESCRIPTORS={DESCRIPTOR_SET!r} does not name the descriptor set "
+                    "CMake writes (build/proto/sluice_protos.desc)")
+    fds = descriptor_pb2.FileDescriptorSet()
+    with open(DESCRIPTOR_SET, "rb") as f:
+        fds.ParseFromString(f.read())
+    return {os.path.basename(f.name): f for f in fds.file}
+
+
+def _theirs(module):
+    proto = descriptor_pb2.FileDescriptorProto()
+    module.DESCRIPTOR.CopyToProto(proto)
+    return proto
+
+
+def _field_sig(field):
+    return (field.number, field.label, field.type, field.type_name.lstrip("."),
+            field.HasField("oneof_index") and not field.proto3_optional)
+
+
+def _flatten_messages(prefix, messages, out):
+    for m in messages:
+        name = f"{prefix}.{m.name}"
+        out[name] = m
+        _flatten_messages(name, m.nested_type, out)
+
+
+def _flatten_enums(prefix, file_or_msgs, out, top_enums=()):
+    for e in top_enums:
+        out[f"{prefix}.{e.name}"] = e
+    for m in file_or_msgs:
+        name = f"{prefix}.{m.name}"
+        for e in m.enum_type:
+            out[f"{name}.{e.name}"] = e
+        _flatten_enums(name, m.nested_type, out)
+
+
+def _compare_file(ours, theirs):
+    problems = []
+    our_msgs, their_msgs = {}, {}
+    _flatten_messages(ours.package, ours.message_type, our_msgs)
+    _flatten_messages(theirs.package, theirs.message_type, their_msgs)
+    assert our_msgs, "no messages parsed from our descriptor set"
+    for name, msg in our_msgs.items():
+        if name not in their_msgs:
+            problems.append(f"{name}: not a message in tritonclient")
+            continue
+        their_fields = {f.name: f for f in their_msgs[name].field}
+        for field in msg.field:
+            other = their_fields.get(field.name)
+            if other is None:
+                problems.append(f"{name}.{field.name}: no such field in tritonclient")
+            elif _field_sig(field) != _field_sig(other):
+                problems.append(f"{name}.{field.name}: ours {_field_sig(field)} "
+                                f"theirs {_field_sig(other)}")
+        missing = set(their_fields) - {f.name for f in msg.field}
+        if missing:
+            problems.append(f"{name}: fields missing from ours: {sorted(missing)}")
+        if [o.name for o in msg.oneof_decl] != [o.name for o in their_msgs[name].oneof_decl]:
+            problems.append(f"{name}: oneofs differ")
+    our_enums, their_enums = {}, {}
+    _flatten_enums(ours.package, ours.message_type, our_enums, ours.enum_type)
+    _flatten_enums(theirs.package, theirs.message_type, their_enums, theirs.enum_type)
+    for name, enum in our_enums.items():
+        if name not in their_enums:
+            problems.append(f"enum {name}: not in tritonclient")
+            continue
+        ours_values = {v.name: v.number for v in enum.value}
+        theirs_values = {v.name: v.number for v in their_enums[name].value}
+        if ours_values != theirs_values:
+            problems.append(f"enum {name}: ours {ours_values} theirs {theirs_values}")
+    return problems, our_msgs, their_msgs
+
+
+def test_model_config_matches_tritonclient():
+    ours = _load_ours()["model_config.proto"]
+    problems, our_msgs, their_msgs = _compare_file(ours, _theirs(model_config_pb2))
+    missing = set(their_msgs) - set(our_msgs)
+    # The whole schema is ours too, so a real config.pbtxt never fails to parse.
+    assert not missing, f"messages in tritonclient's model_config missing from ours: {missing}"
+    assert not problems, "\n".join(problems)
+
+
+def test_service_messages_match_tritonclient():
+    ours = _load_ours()["grpc_service.proto"]
+    theirs = _theirs(service_pb2)
+    problems, _, _ = _compare_file(ours, theirs)
+    assert not problems, "\n".join(problems)
+
+
+def test_service_methods_match_tritonclient():
+    ours = _load_ours()["grpc_service.proto"]
+    theirs = _theirs(service_pb2)
+    assert ours.package == "inference"
+    (our_service,) = [s for s in ours.service if s.name == "GRPCInferenceService"]
+    (their_service,) = [s for s in theirs.service if s.name == "GRPCInferenceService"]
+    their_methods = {m.name: m for m in their_service.method}
+    for method in our_service.method:
+        other = their_methods.get(method.name)
+        assert other is not None, f"rpc {method.name} is not in tritonclient's service"
+        assert (method.input_type, method.output_type, method.client_streaming,
+                method.server_streaming) == (other.input_type, other.output_type,
+                                             other.client_streaming, other.server_streaming), method.name
+    for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+                 "ModelInfer", "ModelConfig", "RepositoryIndex"):
+        assert name in {m.name for m in our_service.method}
