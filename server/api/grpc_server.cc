@@ -18,6 +18,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   int bound_port = 0;
   const std::string address = absl::StrCat(options.address, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  // Without this, gRPC sets SO_REUSEPORT and a second server on the same port starts "fine" and
+  // silently takes half of the traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);

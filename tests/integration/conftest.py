@@ -1,0 +1,150 @@
+"""Fixtures that start the real sluice-server on a free loopback port and stop it again.
+
+Environment (set by ctest, see tests/CMakeLists.txt):
+  SLUICE_BIN_DIR             build/bin with sluice-server and sluice-client
+  SLUICE_PROTO_DESCRIPTORS   descriptor set of our protos
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN_DIR = os.environ.get("SLUICE_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+SERVER = os.path.join(BIN_DIR, "sluice-server")
+CLIENT = os.path.join(BIN_DIR, "sluice-client")
+
+sys.path.insert(0, HERE)
+
+
+def free_port():
+    """A port the OS says is free on loopback (bound, then released for the server to take)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One sluice-server process; `url` is host:port for clients."""
+
+    def __init__(self, repository, extra_args=(), log_path=None):
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        self.args = [SERVER, "--model-repository", str(repository), "--grpc-address", "127.0.0.1",
+                     "--grpc-port", str(self.port), "--log-level", "debug", *extra_args]
+        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self):
+        if not self.log_path:
+            return ""
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait_serving(self, timeout=60.0, ready=True):
+        """Waits until ServerLive answers (and ServerReady is true when `ready`)."""
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        deadline = time.monotonic() + timeout
+        channel = grpc.insecure_channel(self.url)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"sluice-server exited with {self.process.returncode}:\n{self.log()}")
+                try:
+                    stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)
+                    if not ready or stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1).ready:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        finally:
+            channel.close()
+        raise TimeoutError(f"sluice-server not serving after {timeout}s:\n{self.log()}")
+
+    def stop(self, timeout=30.0):
+        """SIGTERM, then the exit code (0 for a clean shutdown)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def test_repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_test_repository.py"), str(root)], check=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def bundled_repository(tmp_path_factory):
+    """The bundled models/ configs with freshly generated weights, outside the source tree."""
+    import shutil
+    root = tmp_path_factory.mktemp("bundled")
+    for name in os.listdir(os.path.join(ROOT, "models")):
+        config = os.path.join(ROOT, "models", name, "config.pbtxt")
+        if os.path.exists(config):
+            os.makedirs(root / name)
+            shutil.copy(config, root / name / "config.pbtxt")
+    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
+                    "--repository", str(root)], check=True, stdout=subprocess.DEVNULL)
+    return root
+
+
+def start_server(repository, tmp_path_factory, extra_args=(), ready=True):
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    server = ServerProcess(repository, extra_args, log_path=str(log))
+    try:
+        server.wait_serving(ready=ready)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(test_repository, tmp_path_factory):
+    """The test repository served with --strict-readiness false (it holds broken models)."""
+    server = start_server(test_repository, tmp_path_factory, ["--strict-readiness", "false",
+                                                              "--device", "cpu"])
+    yield server
+    code = server.stop()
+    assert code == 0, f"sluice-server did not shut down cleanly ({code}):\n{server.log()}"
+
+
+@pytest.fixture(scope="session")
+def bundled_server(bundled_repository, tmp_path_factory):
+    server = start_server(bundled_repository, tmp_path_factory)
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture()
+def stub(server):
+    """A raw stub from tritonclient's generated modules, for requests tritonclient would refuse."""
+    from tritonclient.grpc import service_pb2_grpc
+    channel = grpc.insecure_channel(server.url)
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+@pytest.fixture()
+def triton(server):
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=server.url)
+    yield client
+    client.close()

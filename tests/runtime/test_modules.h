@@ -1,0 +1,26 @@
+// TorchScript modules for the runtime tests, defined from C++ (no files lying on disk).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "server/core/model_spec.h"
+
+namespace sluice::testing {
+
+// Defines a module whose body is `source` (TorchScript methods), saves it under a fresh
+// temporary directory and returns the file's path.
+std::filesystem::path SaveModule(const std::string& name, const std::string& source);
+
+// A 3x3 convolution with all-ones weights, 1 -> 2 channels, padding 1, on the input's device.
+inline constexpr char kConvSource[] = R"(
+def forward(self, INPUT__0):
+    w = torch.ones([2, 1, 3, 3], device=INPUT__0.device)
+    return torch.conv2d(INPUT__0, w, None, [1, 1], [1, 1])
+)";
+ModelSpec ConvSpec();
+// kConvSource's output bytes for a 1x1x4x4 input of ones (window sums: 4 at corners, 6 at edges,
+// 9 inside), as FP32.
+std::string ExpectedConvOutput();
+
+}  // namespace sluice::testing

@@ -1,0 +1,254 @@
+// The LibTorch runtime on the CPU: loading, input/output binding, every datatype, failures.
+#include <cstring>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/runtime/torch_backend.h"
+#include "tests/runtime/test_modules.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::SaveModule;
+
+constexpr char kDouble[] = R"(
+def forward(self, INPUT__0):
+    return INPUT__0 + INPUT__0
+)";
+
+ModelSpec Spec(DataType in, DataType out, Shape in_dims = {-1}, Shape out_dims = {-1}) {
+  ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"INPUT__0", in, in_dims}};
+  spec.outputs = {{"OUTPUT__0", out, out_dims}};
+  return spec;
+}
+
+// Encodes `values` as little-endian elements of `type`.
+std::string Encode(DataType type, const std::vector<double>& values) {
+  std::string out;
+  auto put = [&](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  for (double v : values) {
+    switch (type) {
+      case DataType::kBool: put(static_cast<uint8_t>(v != 0)); break;
+      case DataType::kUint8: put(static_cast<uint8_t>(v)); break;
+      case DataType::kInt8: put(static_cast<int8_t>(v)); break;
+      case DataType::kInt16: put(static_cast<int16_t>(v)); break;
+      case DataType::kInt32: put(static_cast<int32_t>(v)); break;
+      case DataType::kInt64: put(static_cast<int64_t>(v)); break;
+      case DataType::kFp32: put(static_cast<float>(v)); break;
+      case DataType::kFp64: put(v); break;
+      case DataType::kBf16: {
+        const float f = static_cast<float>(v);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        put(static_cast<uint16_t>(bits >> 16));  // exact for the small integers used here
+        break;
+      }
+      case DataType::kFp16: {
+        // Small integers only: 1.0 = 0x3c00; exponent bias 15.
+        uint16_t bits = 0;
+        if (v != 0) {
+          int exponent = 0;
+          const double mantissa = std::frexp(v, &exponent);  // v = mantissa * 2^exponent
+          bits = static_cast<uint16_t>(((exponent - 1 + 15) << 10) |
+                                       static_cast<uint16_t>((mantissa * 2 - 1) * 1024));
+        }
+        put(bits);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+struct OwnedRequest {
+  std::string bytes;
+  InferRequest request;
+};
+
+std::unique_ptr<OwnedRequest> MakeRequest(DataType type, const std::vector<double>& values, Shape shape,
+                                          std::string name = "INPUT__0") {
+  auto owned = std::make_unique<OwnedRequest>();
+  owned->bytes = Encode(type, values);
+  owned->request.model_name = "m";
+  owned->request.batch_size = shape.empty() ? 1 : shape[0];
+  owned->request.inputs.push_back({name, type, shape, owned->bytes.data(), owned->bytes.size()});
+  return owned;
+}
+
+class TorchBackendTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<BackendFactory> factory_ = MakeTorchBackendFactory();
+};
+
+TEST_F(TorchBackendTest, ProbeReportsVersions) {
+  RuntimeInfo info = ProbeRuntime();
+  EXPECT_EQ(info.torch_version, "2.11.0");
+  EXPECT_TRUE(info.cuda_built);
+  EXPECT_EQ(info.cuda_runtime_version, "13.0");
+  if (!info.cuda_usable) {
+    EXPECT_FALSE(info.problem.empty());
+  }
+}
+
+TEST_F(TorchBackendTest, EveryDatatypeRoundTrips) {
+  const auto path = SaveModule("double", kDouble);
+  for (DataType type : kAllDataTypes) {
+    if (type == DataType::kBool) continue;  // bool + bool is logical or: covered below
+    auto backend = factory_->Load(Spec(type, type), path, Device{});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    auto owned = MakeRequest(type, {1, 2, 3, 0}, {2, 2});
+    auto response = (*backend)->Execute(owned->request);
+    ASSERT_TRUE(response.ok()) << DataTypeName(type) << ": " << response.status();
+    ASSERT_EQ(response->outputs.size(), 1u);
+    const Tensor& out = response->outputs[0];
+    EXPECT_EQ(out.name, "OUTPUT__0");
+    EXPECT_EQ(out.dtype, type);
+    EXPECT_THAT(out.shape, ElementsAre(2, 2));
+    EXPECT_EQ(out.data, Encode(type, {2, 4, 6, 0})) << DataTypeName(type);
+  }
+}
+
+TEST_F(TorchBackendTest, BoolTensors) {
+  const auto path = SaveModule("invert", "def forward(self, INPUT__0):\n    return ~INPUT__0\n");
+  auto backend = factory_->Load(Spec(DataType::kBool, DataType::kBool), path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto owned = MakeRequest(DataType::kBool, {1, 0, 1}, {1, 3});
+  auto response = (*backend)->Execute(owned->request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->outputs[0].data, Encode(DataType::kBool, {0, 1, 0}));
+}
+
+TEST_F(TorchBackendTest, InputsBindByNameAndDictOutputsByKey) {
+  const auto path = SaveModule("named", R"(
+def forward(self, values: Tensor, counts: Tensor) -> Dict[str, Tensor]:
+    return {"twice": counts * 2, "total": values + counts.float()}
+)");
+  ModelSpec spec;
+  spec.name = "named";
+  spec.max_batch_size = 4;
+  // Declared in the other order than forward's arguments.
+  spec.inputs = {{"counts", DataType::kInt64, {2}}, {"values", DataType::kFp32, {2}}};
+  spec.outputs = {{"total", DataType::kFp32, {2}}, {"twice", DataType::kInt64, {2}}};
+  auto backend = factory_->Load(spec, path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::string counts = Encode(DataType::kInt64, {1, 2}), values = Encode(DataType::kFp32, {0.5, 1.5});
+  InferRequest request;
+  request.inputs = {{"counts", DataType::kInt64, {1, 2}, counts.data(), counts.size()},
+                    {"values", DataType::kFp32, {1, 2}, values.data(), values.size()}};
+  auto response = (*backend)->Execute(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->outputs.size(), 2u);
+  EXPECT_EQ(response->outputs[0].name, "total");
+  EXPECT_EQ(response->outputs[0].data, Encode(DataType::kFp32, {1.5, 3.5}));
+  EXPECT_EQ(response->outputs[1].data, Encode(DataType::kInt64, {2, 4}));
+  request.requested_outputs = {"twice"};
+  response = (*backend)->Execute(request);
+  ASSERT_TRUE(response.ok());
+  ASSERT_EQ(response->outputs.size(), 1u);
+  EXPECT_EQ(response->outputs[0].name, "twice");
+}
+
+TEST_F(TorchBackendTest, TupleOutputsBindByIndexSuffix) {
+  const auto path = SaveModule("pair", R"(
+def forward(self, INPUT__0):
+    return INPUT__0 * 2.0, INPUT__0.sum(dim=1, keepdim=True)
+)");
+  ModelSpec spec = Spec(DataType::kFp32, DataType::kFp32, {3}, {1});
+  spec.outputs = {{"OUTPUT__1", DataType::kFp32, {1}}, {"OUTPUT__0", DataType::kFp32, {3}}};
+  auto backend = factory_->Load(spec, path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto owned = MakeRequest(DataType::kFp32, {1, 2, 3}, {1, 3});
+  auto response = (*backend)->Execute(owned->request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->outputs[0].name, "OUTPUT__1");
+  EXPECT_EQ(response->outputs[0].data, Encode(DataType::kFp32, {6}));
+  EXPECT_EQ(response->outputs[1].data, Encode(DataType::kFp32, {2, 4, 6}));
+}
+
+TEST_F(TorchBackendTest, ConvolutionOnCpu) {
+  auto backend = factory_->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::vector<float> ones(16, 1.0f);
+  InferRequest request;
+  request.batch_size = 1;
+  request.inputs = {{"INPUT__0", DataType::kFp32, {1, 1, 4, 4}, reinterpret_cast<const char*>(ones.data()), 64}};
+  auto response = (*backend)->Execute(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
+}
+
+TEST_F(TorchBackendTest, LoadFailures) {
+  auto missing = factory_->Load(Spec(DataType::kFp32, DataType::kFp32), "/nonexistent/model.pt", Device{});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+
+  const auto corrupt = std::filesystem::temp_directory_path() / "sluice_corrupt_model.pt";
+  std::ofstream(corrupt) << "not a zip archive";
+  auto bad = factory_->Load(Spec(DataType::kFp32, DataType::kFp32), corrupt, Device{});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(bad.status().message(), HasSubstr("cannot load"));
+  EXPECT_LT(bad.status().message().size(), 1200u);  // the torch message is kept, truncated
+
+  ModelSpec two_inputs = Spec(DataType::kFp32, DataType::kFp32);
+  two_inputs.inputs.push_back({"INPUT__1", DataType::kFp32, {-1}});
+  auto arity = factory_->Load(two_inputs, SaveModule("double", kDouble), Device{});
+  EXPECT_EQ(arity.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(arity.status().message(), HasSubstr("forward() takes 1 input(s) (INPUT__0) but config.pbtxt declares 2"));
+
+  ModelSpec unbindable = Spec(DataType::kFp32, DataType::kFp32);
+  unbindable.inputs[0].name = "image";
+  auto names = factory_->Load(unbindable, SaveModule("double", kDouble), Device{});
+  EXPECT_THAT(names.status().message(), HasSubstr("cannot bind config inputs to forward(INPUT__0)"));
+}
+
+TEST_F(TorchBackendTest, ExceptionInForwardIsAStatusAndTheInstanceServesOn) {
+  const auto path = SaveModule("throws", R"(
+def forward(self, INPUT__0):
+    assert bool((INPUT__0 >= 0).all()), "negative input is not allowed"
+    return INPUT__0
+)");
+  auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32), path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto bad = MakeRequest(DataType::kFp32, {-1}, {1, 1});
+  auto failed = (*backend)->Execute(bad->request);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(failed.status().message(), HasSubstr("negative input is not allowed"));
+  auto good = MakeRequest(DataType::kFp32, {1}, {1, 1});
+  EXPECT_TRUE((*backend)->Execute(good->request).ok());
+}
+
+TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
+  {
+    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                  SaveModule("to_double", "def forward(self, INPUT__0):\n    return INPUT__0.double()\n"), Device{});
+    ASSERT_TRUE(backend.ok());
+    auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
+    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+                HasSubstr("produced Double for output 'OUTPUT__0', but config.pbtxt declares FP32"));
+  }
+  {
+    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32, {-1}, {4}),
+                                  SaveModule("same", "def forward(self, INPUT__0):\n    return INPUT__0\n"), Device{});
+    ASSERT_TRUE(backend.ok());
+    auto owned = MakeRequest(DataType::kFp32, {1, 2}, {1, 2});
+    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+                HasSubstr("produced shape [1,2] for output 'OUTPUT__0', but config.pbtxt declares [-1,4]"));
+  }
+  {
+    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                  SaveModule("number", "def forward(self, INPUT__0):\n    return 3\n"), Device{});
+    ASSERT_TRUE(backend.ok());
+    auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
+    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+                HasSubstr("expected a tensor, a tuple/list or a dict of tensors"));
+  }
+}
+
+}  // namespace
+}  // namespace sluice

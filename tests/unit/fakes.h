@@ -1,0 +1,92 @@
+// Test doubles for the backend seam.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "server/core/backend.h"
+
+namespace sluice::testing {
+
+// Answers every request with one INT64 output holding the request's id parsed as a number, or
+// with whatever `behaviour` returns. Can be held at a gate to keep a request in flight.
+class FakeBackend final : public ModelBackend {
+ public:
+  using Behaviour = std::function<StatusOr<InferResponse>(const InferRequest&)>;
+
+  explicit FakeBackend(Behaviour behaviour = nullptr) : behaviour_(std::move(behaviour)) {}
+
+  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++started_;
+      started_cv_.notify_all();
+      gate_cv_.wait(lock, [this] { return open_; });
+    }
+    ++executed_;
+    if (behaviour_) return behaviour_(request);
+    InferResponse response;
+    response.outputs.push_back({"y", DataType::kInt64, {1}, request.id});
+    return response;
+  }
+
+  // While closed, Execute blocks after counting itself as started.
+  void CloseGate() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = false;
+  }
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    gate_cv_.notify_all();
+  }
+  void WaitStarted(int count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    started_cv_.wait(lock, [&] { return started_ >= count; });
+  }
+  int executed() const { return executed_; }
+
+ private:
+  Behaviour behaviour_;
+  std::mutex mutex_;
+  std::condition_variable gate_cv_, started_cv_;
+  bool open_ = true;
+  int started_ = 0;
+  std::atomic<int> executed_{0};
+};
+
+// Loads FakeBackends; files named in `failures` fail to load with that message.
+class FakeBackendFactory final : public BackendFactory {
+ public:
+  explicit FakeBackendFactory(bool cuda = false, int gpus = 0) : cuda_(cuda), gpus_(gpus) {}
+
+  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec, const std::filesystem::path& file,
+                                               const Device& device) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loads.push_back({spec.name, file.string(), device.ToString()});
+    for (const std::string& key : {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
+      auto failure = failures.find(key);
+      if (failure != failures.end()) return absl::InternalError(failure->second);
+    }
+    return std::unique_ptr<ModelBackend>(std::make_unique<FakeBackend>());
+  }
+  bool CudaUsable() const override { return cuda_; }
+  int CudaDeviceCount() const override { return gpus_; }
+
+  struct LoadCall {
+    std::string model, file, device;
+  };
+  std::vector<LoadCall> loads;
+  std::map<std::string, std::string> failures;  // "model" or "model/version" -> load error
+
+ private:
+  std::mutex mutex_;
+  const bool cuda_;
+  const int gpus_;
+};
+
+}  // namespace sluice::testing

@@ -1,0 +1,234 @@
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/repository/model_config_parser.h"
+#include "server/repository/model_repository.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kMinimal[] = R"pb(
+  platform: "pytorch_libtorch"
+  max_batch_size: 8
+  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
+  output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+)pb";
+
+StatusOr<ModelSpec> Build(const std::string& text, const std::string& name = "m") {
+  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigText(text, "config.pbtxt"));
+  return BuildModelSpec(name, &config);
+}
+
+TEST(ModelConfigParserTest, ParsesAndFillsDefaults) {
+  auto config = ParseModelConfigText(kMinimal, "config.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto spec = BuildModelSpec("m", &*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "m");
+  EXPECT_EQ(spec->max_batch_size, 8);
+  ASSERT_EQ(spec->inputs.size(), 1u);
+  EXPECT_EQ(spec->inputs[0].dtype, DataType::kFp32);
+  EXPECT_THAT(spec->inputs[0].dims, ElementsAre(3, -1));
+  EXPECT_EQ(spec->outputs[0].dtype, DataType::kInt64);
+  EXPECT_EQ(spec->model_filename, "model.pt");
+  ASSERT_EQ(spec->instance_groups.size(), 1u);
+  EXPECT_EQ(spec->instance_groups[0].kind, InstanceKind::kAuto);
+  EXPECT_EQ(spec->instance_groups[0].count, 1);
+  // Defaults written back, so that the ModelConfig RPC shows what runs.
+  EXPECT_EQ(config->name(), "m");
+  EXPECT_EQ(config->backend(), "pytorch");
+  EXPECT_EQ(config->instance_group_size(), 1);
+  EXPECT_EQ(config->version_policy().latest().num_versions(), 1u);
+  EXPECT_EQ(spec->FullShape(spec->inputs[0]), (Shape{-1, 3, -1}));
+}
+
+TEST(ModelConfigParserTest, SyntaxErrorNamesSourceAndLine) {
+  auto config = ParseModelConfigText("max_batch_size: 4\ninput [ { name: \"x\" bogus: 1 } ]\n", "repo/m/config.pbtxt");
+  ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("repo/m/config.pbtxt"));
+  EXPECT_THAT(config.status().message(), HasSubstr("line 2"));
+  EXPECT_THAT(config.status().message(), HasSubstr("bogus"));
+}
+
+// A config as Triton users write it, for a sequence model: every field parses (our proto carries
+// the whole schema) and Sluice rejects the unsupported ones by name.
+constexpr char kRealTritonSequenceConfig[] = R"pb(
+  name: "seq"
+  backend: "pytorch"
+  max_batch_size: 16
+  version_policy: { specific: { versions: [ 1, 3 ] } }
+  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] format: FORMAT_NONE } ]
+  output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+  sequence_batching {
+    max_sequence_idle_microseconds: 5000000
+    oldest { max_candidate_sequences: 4 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+    ]
+    state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ -1 ]
+              initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "init" } } ]
+  }
+  instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+  parameters: { key: "INFERENCE_MODE" value: { string_value: "true" } }
+  model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
+  optimization { cuda { graphs: true } input_pinned_memory { enable: true } }
+  response_cache { enable: true }
+  model_transaction_policy { decoupled: false }
+)pb";
+
+TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) {
+  auto config = ParseModelConfigText(kRealTritonSequenceConfig, "seq/config.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto spec = BuildModelSpec("seq", &*config);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("unsupported configuration fields: sequence_batching, model_warmup, "
+                        "response_cache, optimization.cuda.graphs"));
+}
+
+TEST(ModelConfigParserTest, EnsembleIsRejected) {
+  auto spec = Build(R"pb(platform: "ensemble" max_batch_size: 1
+                        input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                        output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                        ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("platform 'ensemble'"));
+  spec = Build(R"pb(max_batch_size: 1
+                   input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                   output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                   ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("unsupported configuration field: ensemble_scheduling"));
+}
+
+TEST(ModelConfigParserTest, ValidationErrors) {
+  struct Case {
+    std::string config;
+    std::string message;
+  };
+  const std::string io = R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  std::vector<Case> cases = {
+      {"name: \"other\"\n" + io, "config name 'other' differs from its directory name 'm'"},
+      {"platform: \"onnxruntime_onnx\"\n" + io, "Sluice serves TorchScript models"},
+      {"max_batch_size: -1\n" + io, "max_batch_size must be >= 0"},
+      {"max_batch_size: 1", "needs its inputs and outputs declared"},
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a': data_type TYPE_STRING is not supported"},
+      {R"pb(input [ { name: "a" dims: [ 1 ] } ] output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a': data_type is missing"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 0 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a': dims must be positive or -1"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a' is declared twice"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a': 'reshape' is not supported"},
+      {io + "\ndynamic_batching { }", "dynamic_batching needs max_batch_size > 0"},
+      {io + "\ninstance_group [ { kind: KIND_MODEL } ]", "kind KIND_MODEL is not supported"},
+      {io + "\ninstance_group [ { count: 100 } ]", "count must be between 1 and 64"},
+      {io + "\ndefault_model_filename: \"../x.pt\"", "default_model_filename must be a plain file name"},
+  };
+  for (const Case& c : cases) {
+    auto spec = Build(c.config);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.config;
+    EXPECT_THAT(spec.status().message(), HasSubstr(c.message)) << c.config;
+  }
+}
+
+TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+      instance_group [ { kind: KIND_CPU count: 3 }, { kind: KIND_GPU gpus: [ 1, 2 ] } ]
+      parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "2" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->instance_groups.size(), 2u);
+  EXPECT_EQ(spec->instance_groups[0].kind, InstanceKind::kCpu);
+  EXPECT_EQ(spec->instance_groups[0].count, 3);
+  EXPECT_EQ(spec->instance_groups[1].kind, InstanceKind::kGpu);
+  EXPECT_THAT(spec->instance_groups[1].gpus, ElementsAre(1, 2));
+  EXPECT_EQ(spec->parameters.at("INTRA_OP_THREAD_COUNT"), "2");
+}
+
+TEST(VersionPolicyTest, LatestAllSpecific) {
+  inference::ModelVersionPolicy policy;
+  EXPECT_THAT(SelectVersions(policy, {3, 1, 2}), ElementsAre(3));
+  policy.mutable_latest()->set_num_versions(2);
+  EXPECT_THAT(SelectVersions(policy, {3, 1, 2}), ElementsAre(2, 3));
+  policy.mutable_latest()->set_num_versions(10);
+  EXPECT_THAT(SelectVersions(policy, {3, 1, 2}), ElementsAre(1, 2, 3));
+  policy.mutable_all();
+  EXPECT_THAT(SelectVersions(policy, {2, 1}), ElementsAre(1, 2));
+  policy.mutable_specific()->add_versions(1);
+  policy.mutable_specific()->add_versions(5);
+  EXPECT_THAT(SelectVersions(policy, {1, 2, 3}), ElementsAre(1));
+}
+
+class RepositoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("sluice_repo_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  void Write(const fs::path& relative, const std::string& text) {
+    fs::create_directories((root_ / relative).parent_path());
+    std::ofstream(root_ / relative) << text;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
+  Write("good/config.pbtxt", std::string(kMinimal) + "version_policy: { latest: { num_versions: 2 } }");
+  Write("good/1/model.pt", "x");
+  Write("good/2/model.pt", "x");
+  Write("good/10/model.pt", "x");
+  Write("good/notaversion/model.pt", "x");
+  Write("noconfig/1/model.pt", "x");
+  Write("noversions/config.pbtxt", kMinimal);
+  Write("badconfig/config.pbtxt", "max_batch_size: [");
+  Write("specific/config.pbtxt", std::string(kMinimal) + "version_policy: { specific: { versions: [ 1, 4 ] } }");
+  Write("specific/1/model.pt", "x");
+  Write(".hidden/config.pbtxt", kMinimal);
+  Write("a_file_not_a_model", "x");
+
+  auto models = ScanModelRepository(root_);
+  ASSERT_TRUE(models.ok()) << models.status();
+  std::map<std::string, RepositoryModel> by_name;
+  for (auto& model : *models) by_name[model.name] = model;
+  ASSERT_EQ(by_name.size(), 5u);
+
+  const RepositoryModel& good = by_name["good"];
+  ASSERT_TRUE(good.status.ok()) << good.status;
+  ASSERT_EQ(good.versions.size(), 2u);
+  EXPECT_EQ(good.versions.begin()->first, 2);  // latest 2 of {1, 2, 10}: numeric, not lexical
+  EXPECT_EQ(good.versions.rbegin()->first, 10);
+  EXPECT_EQ(good.versions.at(10), root_ / "good" / "10" / "model.pt");
+
+  EXPECT_THAT(by_name["noconfig"].status.message(), HasSubstr("no config.pbtxt"));
+  EXPECT_THAT(by_name["noversions"].status.message(), HasSubstr("no version directory"));
+  EXPECT_THAT(by_name["badconfig"].status.message(), HasSubstr("not a valid model config"));
+  EXPECT_THAT(by_name["specific"].status.message(), HasSubstr("version(s) 4 which have no directory"));
+}
+
+TEST_F(RepositoryTest, MissingRootIsNotFound) {
+  auto models = ScanModelRepository(root_ / "absent");
+  EXPECT_EQ(models.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(models.status().message(), HasSubstr("--model-repository"));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,38 @@
+#include <gtest/gtest.h>
+
+#include "server/api/status_mapping.h"
+
+namespace sluice {
+namespace {
+
+TEST(StatusMappingTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
+  const std::pair<absl::StatusCode, grpc::StatusCode> pairs[] = {
+      {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
+      {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
+      {absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+      {absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+      {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+      {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+      {absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+      {absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+      {absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+      {absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
+      {absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
+      {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+      {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+      {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+      {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
+      {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
+  };
+  for (const auto& [ours, theirs] : pairs) {
+    grpc::Status mapped = ToGrpcStatus(Status(ours, "why"));
+    EXPECT_EQ(mapped.error_code(), theirs) << absl::StatusCodeToString(ours);
+    EXPECT_EQ(mapped.error_message(), "why");
+  }
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_EQ(ToGrpcStatus(Status(static_cast<absl::StatusCode>(99), "odd")).error_code(),
+            grpc::StatusCode::UNKNOWN);
+}
+
+}  // namespace
+}  // namespace sluice
