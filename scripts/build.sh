@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds Sluice into ./build (binaries in build/bin). Run scripts/setup.sh first.
 # Extra arguments go to cmake's configure step, e.g. -DSLUICE_WERROR=ON.
+# Environment: SLUICE_BUILD_DIR (default build), SLUICE_BUILD_TARGETS (default: everything),
+# SLUICE_BUILD_JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$PWD/.venv
@@ -8,6 +10,8 @@ VENV=$PWD/.venv
 TORCH_DIR=$("$VENV/bin/python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "share/cmake/Torch"))')
 BUILD_DIR=${SLUICE_BUILD_DIR:-build}
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/ccache}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DTorch_DIR="$TORCH_DIR" -DPython3_EXECUTABLE="$VENV/bin/python" "$@"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DTorch_DIR="$TORCH_DIR" "$@"
 # Two cores and heavy LibTorch translation units: more parallel jobs only swap.
-cmake --build "$BUILD_DIR" -j "${SLUICE_BUILD_JOBS:-2}"
+targets=()
+for target in ${SLUICE_BUILD_TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$BUILD_DIR" -j "${SLUICE_BUILD_JOBS:-2}" "${targets[@]}"

@@ -17,8 +17,11 @@ def test_perf_analyzer_reports_no_errors(bundled_server, model, tmp_path):
     csv = tmp_path / "result.csv"
     result = subprocess.run(
         [PERF_ANALYZER, "-m", model, "-u", bundled_server.url, "-i", "grpc", "-b", "4",
-         "--concurrency-range", "1:8:7", "--measurement-interval", "500", "--max-trials", "6",
-         "--stability-percentage", "100", "-f", str(csv)],
+         "--concurrency-range", "1:8:7", "--measurement-mode", "count_windows",
+         "--measurement-request-count", "100", "--max-trials", "10",
+         # This checks interoperability, not speed: on a shared 2-core machine the windows are
+         # never "stable", so accept any spread.
+         "--stability-percentage", "1000", "-f", str(csv)],
         capture_output=True, text=True, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
