@@ -30,6 +30,14 @@ ModelSpec ConvSpec() {
   return spec;
 }
 
+std::unique_ptr<ConvRequest> MakeConvRequest() {
+  auto conv = std::make_unique<ConvRequest>();
+  conv->request.batch_size = 1;
+  conv->request.inputs = {{"INPUT__0", DataType::kFp32, {1, 1, 4, 4},
+                           reinterpret_cast<const char*>(conv->ones.data()), 64}};
+  return conv;
+}
+
 std::string ExpectedConvOutput() {
   const float plane[16] = {4, 6, 6, 4, 6, 9, 9, 6, 6, 9, 9, 6, 4, 6, 6, 4};
   std::string one(reinterpret_cast<const char*>(plane), sizeof(plane));

@@ -4,6 +4,10 @@
 #include <filesystem>
 #include <string>
 
+#include <memory>
+#include <vector>
+
+#include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 
 namespace sluice::testing {
@@ -19,6 +23,12 @@ def forward(self, INPUT__0):
     return torch.conv2d(INPUT__0, w, None, [1, 1], [1, 1])
 )";
 ModelSpec ConvSpec();
+// A batch of one 1x4x4 image of ones for kConvSource; the request views `ones`.
+struct ConvRequest {
+  std::vector<float> ones = std::vector<float>(16, 1.0f);
+  InferRequest request;
+};
+std::unique_ptr<ConvRequest> MakeConvRequest();
 // kConvSource's output bytes for a 1x1x4x4 input of ones (window sums: 4 at corners, 6 at edges,
 // 9 inside), as FP32.
 std::string ExpectedConvOutput();

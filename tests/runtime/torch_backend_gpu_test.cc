@@ -30,11 +30,8 @@ TEST_F(TorchBackendGpuTest, RunsOnCudaAndReturnsHostBytes) {
   ASSERT_TRUE(factory->CudaUsable());
   auto backend = factory->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{true, 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  std::vector<float> ones(16, 1.0f);
-  InferRequest request;
-  request.batch_size = 1;
-  request.inputs = {{"INPUT__0", DataType::kFp32, {1, 1, 4, 4}, reinterpret_cast<const char*>(ones.data()), 64}};
-  auto response = (*backend)->Execute(request);
+  auto conv = testing::MakeConvRequest();
+  auto response = (*backend)->Execute(conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
 }

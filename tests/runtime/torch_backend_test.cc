@@ -175,11 +175,8 @@ def forward(self, INPUT__0):
 TEST_F(TorchBackendTest, ConvolutionOnCpu) {
   auto backend = factory_->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  std::vector<float> ones(16, 1.0f);
-  InferRequest request;
-  request.batch_size = 1;
-  request.inputs = {{"INPUT__0", DataType::kFp32, {1, 1, 4, 4}, reinterpret_cast<const char*>(ones.data()), 64}};
-  auto response = (*backend)->Execute(request);
+  auto conv = testing::MakeConvRequest();
+  auto response = (*backend)->Execute(conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
 }
