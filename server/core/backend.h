@@ -5,12 +5,35 @@
 #include <filesystem>
 #include <memory>
 
+#include "absl/strings/cord.h"
+
 #include "server/core/device.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 #include "server/core/status.h"
 
 namespace sluice {
+
+// Host memory that batch inputs are assembled in. On a GPU instance it is pinned, so that the
+// copy to the device can be asynchronous.
+class StagingBuffer {
+ public:
+  virtual ~StagingBuffer() = default;
+  virtual char* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+// Plain heap memory: what CPU instances and test fakes use.
+class HeapStagingBuffer final : public StagingBuffer {
+ public:
+  explicit HeapStagingBuffer(size_t bytes) : data_(new char[bytes]), size_(bytes) {}
+  char* data() override { return data_.get(); }
+  size_t size() const override { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_;
+};
 
 // One loaded model instance on one device. Thread-compatible: a scheduler calls Execute from one
 // worker thread at a time per instance.
@@ -21,7 +44,23 @@ class ModelBackend {
   // request.requested_outputs (every declared output, in config order, when that is empty).
   // Never throws: model failures are statuses (INTERNAL, RESOURCE_EXHAUSTED for out of memory).
   virtual StatusOr<InferResponse> Execute(const InferRequest& request) = 0;
+
+  // A staging buffer of at least `bytes` for this instance's batch inputs. Called from the
+  // instance's worker thread; buffers are reused across batches (see StagingPool).
+  virtual std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) {
+    return std::make_unique<HeapStagingBuffer>(bytes);
+  }
 };
+
+// Marks a status as fatal for the whole process (a sticky CUDA error: every later kernel on
+// that device fails too). The scheduler reports such failures so that the server stops being
+// live and an orchestrator restarts it.
+inline constexpr char kFatalPayloadUrl[] = "type.sluice/fatal";
+inline Status MarkFatal(Status status) {
+  status.SetPayload(kFatalPayloadUrl, absl::Cord("1"));
+  return status;
+}
+inline bool IsFatal(const Status& status) { return status.GetPayload(kFatalPayloadUrl).has_value(); }
 
 // Loads model instances. Thread-safe.
 class BackendFactory {

@@ -1,11 +1,13 @@
 // The validated, protocol-free form of one inference call.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "server/core/clock.h"
 #include "server/core/tensor.h"
 
 namespace sluice {
@@ -24,6 +26,21 @@ struct InferRequest {
 
   // Batch size of this request: the first dimension of its inputs when the model batches, else 1.
   int64_t batch_size = 1;
+
+  // Scheduling. `deadline`: the caller's deadline or queue timeout, whichever comes first; a
+  // request still queued then is answered DEADLINE_EXCEEDED without running. `cancelled` is
+  // set by the transport when the caller goes away (may be null).
+  TimePoint deadline = kNoDeadline;
+  std::shared_ptr<std::atomic<bool>> cancelled;
+  int64_t timeout_us = 0;  // the request's own "timeout" parameter, 0 when absent
+
+  // Total bytes of input data (what the request costs while queued).
+  size_t InputBytes() const {
+    size_t bytes = 0;
+    for (const TensorView& input : inputs) bytes += input.byte_size;
+    return bytes;
+  }
+  bool IsCancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
 };
 
 // What the runtime produces for one request: outputs in the requested order.

@@ -28,6 +28,21 @@ struct InstanceGroupSpec {
   std::vector<int> gpus;                    // empty: every visible GPU
 };
 
+// Triton's dynamic_batching block, with Sluice's batching parameters (config `parameters`).
+struct DynamicBatchingSpec {
+  bool enabled = false;                  // a dynamic_batching block is present
+  std::vector<int> preferred_batch_sizes;  // ascending, each in [1, max_batch_size]
+  int64_t max_queue_delay_us = 0;        // how long the oldest request may wait for company
+  size_t max_queue_size = 0;             // waiting requests per model version; 0: --max-queue-size
+  int64_t default_timeout_us = 0;        // queue timeout per request; 0: none
+  bool allow_timeout_override = false;   // a request's "timeout" parameter (us) may set its own
+  // Sluice parameters (config `parameters`, string values):
+  bool pad_to_preferred = false;   // sluice.pad_batch_to_preferred: pad rows up to the next
+                                   // preferred size (or max_batch_size) so the model sees few shapes
+  int max_shape_groups = 16;       // sluice.max_shape_groups: live shape groups per model version
+  size_t max_queued_bytes = 256u << 20;  // sluice.max_queued_bytes: input bytes waiting per version
+};
+
 struct ModelSpec {
   std::string name;
   std::string platform = "pytorch_libtorch";
@@ -37,6 +52,7 @@ struct ModelSpec {
   std::vector<InstanceGroupSpec> instance_groups;  // never empty after validation
   std::string model_filename = "model.pt";         // file inside each version directory
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
+  DynamicBatchingSpec dynamic_batching;
 
   bool batches() const { return max_batch_size > 0; }
   // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.

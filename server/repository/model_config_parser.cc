@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -161,6 +162,82 @@ Status ConvertInstanceGroups(inference::ModelConfig* config, ModelSpec* spec) {
   return absl::OkStatus();
 }
 
+StatusOr<int64_t> IntParameter(const std::map<std::string, std::string>& parameters,
+                               const std::string& key, int64_t fallback, int64_t min, int64_t max) {
+  auto it = parameters.find(key);
+  if (it == parameters.end()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " must be an integer in [",
+                                                   min, ", ", max, "], found '", it->second, "'"));
+  }
+  return value;
+}
+
+StatusOr<bool> BoolParameter(const std::map<std::string, std::string>& parameters,
+                             const std::string& key) {
+  auto it = parameters.find(key);
+  if (it == parameters.end()) return false;
+  if (it->second == "true") return true;
+  if (it->second == "false") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("parameter ", key, " must be \"true\" or \"false\", found '", it->second, "'"));
+}
+
+Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* spec) {
+  if (!config.has_dynamic_batching()) return absl::OkStatus();
+  const inference::ModelDynamicBatching& batching = config.dynamic_batching();
+  if (spec->max_batch_size == 0) {
+    return absl::InvalidArgumentError("dynamic_batching needs max_batch_size > 0");
+  }
+  std::vector<std::string> unsupported;
+  if (batching.priority_levels() > 0) unsupported.push_back("priority_levels");
+  if (batching.priority_queue_policy_size() > 0) unsupported.push_back("priority_queue_policy");
+  if (batching.preserve_ordering()) unsupported.push_back("preserve_ordering");
+  if (batching.default_queue_policy().timeout_action() == inference::ModelQueuePolicy::DELAY) {
+    unsupported.push_back("default_queue_policy.timeout_action: DELAY");
+  }
+  if (!unsupported.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported dynamic_batching field",
+                                                   unsupported.size() > 1 ? "s" : "", ": ",
+                                                   absl::StrJoin(unsupported, ", ")));
+  }
+  DynamicBatchingSpec& out = spec->dynamic_batching;
+  out.enabled = true;
+  for (int size : batching.preferred_batch_size()) {
+    if (size < 1 || size > spec->max_batch_size) {
+      return absl::InvalidArgumentError(absl::StrCat("preferred_batch_size ", size,
+                                                     " is outside [1, max_batch_size=",
+                                                     spec->max_batch_size, "]"));
+    }
+    out.preferred_batch_sizes.push_back(size);
+  }
+  std::sort(out.preferred_batch_sizes.begin(), out.preferred_batch_sizes.end());
+  out.preferred_batch_sizes.erase(
+      std::unique(out.preferred_batch_sizes.begin(), out.preferred_batch_sizes.end()),
+      out.preferred_batch_sizes.end());
+  constexpr int64_t kMaxDelayUs = 60'000'000;
+  if (batching.max_queue_delay_microseconds() > static_cast<uint64_t>(kMaxDelayUs)) {
+    return absl::InvalidArgumentError("max_queue_delay_microseconds must be at most 60000000 (60 s)");
+  }
+  out.max_queue_delay_us = static_cast<int64_t>(batching.max_queue_delay_microseconds());
+  const inference::ModelQueuePolicy& policy = batching.default_queue_policy();
+  out.max_queue_size = policy.max_queue_size();
+  out.default_timeout_us = static_cast<int64_t>(
+      std::min<uint64_t>(policy.default_timeout_microseconds(), uint64_t{1} << 40));
+  out.allow_timeout_override = policy.allow_timeout_override();
+  SLUICE_ASSIGN_OR_RETURN(out.pad_to_preferred,
+                          BoolParameter(spec->parameters, "sluice.pad_batch_to_preferred"));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t groups,
+                          IntParameter(spec->parameters, "sluice.max_shape_groups", 16, 1, 4096));
+  out.max_shape_groups = static_cast<int>(groups);
+  SLUICE_ASSIGN_OR_RETURN(const int64_t bytes,
+                          IntParameter(spec->parameters, "sluice.max_queued_bytes", 256 << 20, 1,
+                                       int64_t{1} << 40));
+  out.max_queued_bytes = static_cast<size_t>(bytes);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StatusOr<inference::ModelConfig> ParseModelConfigText(const std::string& text,
@@ -224,9 +301,6 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     }
     spec.outputs.push_back(std::move(tensor));
   }
-  if (config->has_dynamic_batching() && spec.max_batch_size == 0) {
-    return absl::InvalidArgumentError("dynamic_batching needs max_batch_size > 0");
-  }
   SLUICE_RETURN_IF_ERROR(ConvertInstanceGroups(config, &spec));
   if (config->default_model_filename().empty()) config->set_default_model_filename("model.pt");
   spec.model_filename = config->default_model_filename();
@@ -234,6 +308,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     return absl::InvalidArgumentError("default_model_filename must be a plain file name");
   }
   for (const auto& [key, value] : config->parameters()) spec.parameters[key] = value.string_value();
+  SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
   if (config->version_policy().policy_choice_case() ==
       inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET) {
     config->mutable_version_policy()->mutable_latest()->set_num_versions(1);

@@ -3,10 +3,12 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "server/core/backend.h"
 
@@ -57,6 +59,43 @@ class FakeBackend final : public ModelBackend {
   bool open_ = true;
   int started_ = 0;
   std::atomic<int> executed_{0};
+};
+
+// A model that echoes input "x" as output "y" (same bytes and shape) and remembers the batch
+// sizes it saw. Fails a batch when any row starts with the bytes EE EE EE EE (a "poisoned"
+// request).
+class EchoBackend final : public ModelBackend {
+ public:
+  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+    const TensorView& x = request.inputs.at(0);
+    for (int64_t row = 0; row < request.batch_size; ++row) {
+      const size_t row_bytes = x.byte_size / static_cast<size_t>(request.batch_size);
+      if (row_bytes >= 4 && std::memcmp(x.data + row * row_bytes, "\xEE\xEE\xEE\xEE", 4) == 0) {
+        return absl::InternalError("poisoned row");
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      batch_sizes_.push_back(request.batch_size);
+    }
+    InferResponse response;
+    response.outputs.push_back({"y", x.dtype, x.shape, std::string(x.data, x.byte_size)});
+    return response;
+  }
+  std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) override {
+    ++staging_allocations_;
+    return ModelBackend::AllocateStaging(bytes);
+  }
+  std::vector<int64_t> batch_sizes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return batch_sizes_;
+  }
+  int staging_allocations() const { return staging_allocations_; }
+
+ private:
+  std::mutex mutex_;
+  std::vector<int64_t> batch_sizes_;
+  std::atomic<int> staging_allocations_{0};
 };
 
 // Loads FakeBackends; files named in `failures` fail to load with that message.

@@ -1,0 +1,99 @@
+#include "server/batching/batch_assembly.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+const TensorView* FindInput(const InferRequest& request, const std::string& name) {
+  for (const TensorView& input : request.inputs) {
+    if (input.name == name) return &input;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+char* StagingPool::Get(size_t index, size_t bytes) {
+  if (buffers_.size() <= index) buffers_.resize(index + 1);
+  std::unique_ptr<StagingBuffer>& buffer = buffers_[index];
+  if (!buffer || buffer->size() < bytes) {
+    // Grow geometrically so that slowly growing batches do not reallocate every time.
+    const size_t grown = buffer ? std::max(bytes, buffer->size() * 2) : bytes;
+    buffer = backend_->AllocateStaging(std::max<size_t>(grown, 64));
+    ++allocations_;
+  }
+  return buffer->data();
+}
+
+InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, StagingPool* pool) {
+  const InferRequest& first = *batch.requests.front().request;
+  InferRequest assembled;
+  assembled.model_name = first.model_name;
+  assembled.model_version = first.model_version;
+  assembled.batch_size = batch.padded_rows;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const TensorView* model_input = FindInput(first, spec.inputs[i].name);
+    // Every request of a batch has the same non-batch shape (one group), so the same row size.
+    const size_t row_bytes = model_input->byte_size / static_cast<size_t>(first.batch_size);
+    const size_t total = row_bytes * static_cast<size_t>(batch.padded_rows);
+    char* staging = pool->Get(i, total);
+    size_t offset = 0;
+    for (const PendingRequest& pending : batch.requests) {
+      const TensorView* input = FindInput(*pending.request, spec.inputs[i].name);
+      if (input->byte_size > 0) std::memcpy(staging + offset, input->data, input->byte_size);
+      offset += input->byte_size;
+    }
+    if (total > offset) std::memset(staging + offset, 0, total - offset);
+    TensorView view;
+    view.name = model_input->name;
+    view.dtype = model_input->dtype;
+    view.shape = model_input->shape;
+    view.shape[0] = batch.padded_rows;
+    view.data = staging;
+    view.byte_size = total;
+    assembled.inputs.push_back(std::move(view));
+  }
+  return assembled;
+}
+
+StatusOr<std::vector<InferResponse>> SplitBatch(const FormedBatch& batch, InferResponse outputs) {
+  for (const Tensor& output : outputs.outputs) {
+    if (output.shape.empty() || output.shape[0] != batch.padded_rows) {
+      return absl::InternalError(absl::StrCat(
+          "output '", output.name, "' has shape ", ShapeToString(output.shape),
+          ", which does not start with the batch dimension (", batch.padded_rows, ")"));
+    }
+  }
+  std::vector<InferResponse> responses(batch.requests.size());
+  int64_t row = 0;
+  for (size_t r = 0; r < batch.requests.size(); ++r) {
+    const InferRequest& request = *batch.requests[r].request;
+    auto slice = [&](const Tensor& output) {
+      const size_t row_bytes = output.data.size() / static_cast<size_t>(batch.padded_rows);
+      Tensor out;
+      out.name = output.name;
+      out.dtype = output.dtype;
+      out.shape = output.shape;
+      out.shape[0] = request.batch_size;
+      out.data.assign(output.data, static_cast<size_t>(row) * row_bytes,
+                      static_cast<size_t>(request.batch_size) * row_bytes);
+      responses[r].outputs.push_back(std::move(out));
+    };
+    if (request.requested_outputs.empty()) {
+      for (const Tensor& output : outputs.outputs) slice(output);
+    } else {
+      for (const std::string& name : request.requested_outputs) {
+        for (const Tensor& output : outputs.outputs) {
+          if (output.name == name) slice(output);
+        }
+      }
+    }
+    row += request.batch_size;
+  }
+  return responses;
+}
+
+}  // namespace sluice

@@ -1,0 +1,43 @@
+// Turning a FormedBatch into one batch request for the model, and the model's batch outputs back
+// into one response per request. Each request's input bytes are copied exactly once, into the
+// instance's staging buffers.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "server/batching/batch_queue.h"
+#include "server/core/backend.h"
+#include "server/core/model_spec.h"
+
+namespace sluice {
+
+// One instance's staging buffers, one per model input, reused across batches and grown (never
+// shrunk) when a batch needs more. Thread-compatible: owned by one worker thread.
+class StagingPool {
+ public:
+  explicit StagingPool(ModelBackend* backend) : backend_(backend) {}
+
+  // A buffer of at least `bytes` for input number `index`.
+  char* Get(size_t index, size_t bytes);
+
+  // How many buffers were allocated so far (tests check that this stays flat).
+  size_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
+
+ private:
+  ModelBackend* const backend_;
+  std::vector<std::unique_ptr<StagingBuffer>> buffers_;
+  std::atomic<size_t> allocations_{0};  // read by other threads for statistics
+};
+
+// Copies every request's inputs into `pool` (padding rows are zero) and returns the request the
+// model runs: the same inputs, `batch.padded_rows` rows, every output requested.
+InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, StagingPool* pool);
+
+// Slices the model's outputs (batch dimension first, `batch.padded_rows` rows) into one response
+// per request, in `batch.requests` order, each with the outputs that request asked for, in its
+// order. INTERNAL when an output does not carry the batch dimension.
+StatusOr<std::vector<InferResponse>> SplitBatch(const FormedBatch& batch, InferResponse outputs);
+
+}  // namespace sluice

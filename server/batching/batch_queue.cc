@@ -1,0 +1,175 @@
+#include "server/batching/batch_queue.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+bool ByteBudget::TryAcquire(size_t bytes) {
+  size_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (used + bytes > limit_) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+BatchQueue::BatchQueue(Options options) : options_(std::move(options)) {}
+
+BatchQueue::~BatchQueue() {
+  if (options_.server_budget) options_.server_budget->Release(bytes_);
+}
+
+std::string BatchQueue::GroupKey(const InferRequest& request) {
+  std::vector<const TensorView*> inputs;
+  for (const TensorView& input : request.inputs) inputs.push_back(&input);
+  std::sort(inputs.begin(), inputs.end(),
+            [](const TensorView* a, const TensorView* b) { return a->name < b->name; });
+  std::string key;
+  for (const TensorView* input : inputs) {
+    absl::StrAppend(&key, input->name, "[");
+    for (size_t i = 1; i < input->shape.size(); ++i) absl::StrAppend(&key, input->shape[i], ",");
+    absl::StrAppend(&key, "]");
+  }
+  return key;
+}
+
+Status BatchQueue::Add(PendingRequest& pending) {
+  const InferRequest& request = *pending.request;
+  if (requests_ >= options_.max_requests) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", request.model_name, "' has ", requests_,
+        " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
+  }
+  if (bytes_ + pending.bytes > options_.max_bytes) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", request.model_name, "' has ", bytes_, " input bytes waiting and this request "
+        "brings ", pending.bytes, " (limit sluice.max_queued_bytes=", options_.max_bytes,
+        "); retry later"));
+  }
+  const std::string key = GroupKey(request);
+  auto group = groups_.find(key);
+  if (group == groups_.end() && static_cast<int>(groups_.size()) >= options_.max_groups) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", request.model_name, "' already has ", groups_.size(),
+        " different input shapes waiting (sluice.max_shape_groups); retry later or send fewer "
+        "distinct shapes"));
+  }
+  if (options_.server_budget && !options_.server_budget->TryAcquire(pending.bytes)) {
+    return absl::UnavailableError(absl::StrCat(
+        "the server has ", options_.server_budget->used(), " input bytes waiting (limit ",
+        options_.server_budget->limit(), ", --max-queued-bytes); retry later"));
+  }
+  if (group == groups_.end()) group = groups_.emplace(key, Group{}).first;
+  group->second.rows += request.batch_size;
+  group->second.queue.push_back(std::move(pending));
+  ++requests_;
+  bytes_ += group->second.queue.back().bytes;
+  return absl::OkStatus();
+}
+
+void BatchQueue::Forget(const PendingRequest& pending) {
+  --requests_;
+  bytes_ -= pending.bytes;
+  if (options_.server_budget) options_.server_budget->Release(pending.bytes);
+}
+
+std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
+  std::vector<PendingRequest> expired;
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& group = it->second;
+    for (auto entry = group.queue.begin(); entry != group.queue.end();) {
+      if (entry->request->deadline <= now || entry->request->IsCancelled()) {
+        group.rows -= entry->request->batch_size;
+        Forget(*entry);
+        expired.push_back(std::move(*entry));
+        entry = group.queue.erase(entry);
+      } else {
+        ++entry;
+      }
+    }
+    it = group.queue.empty() ? groups_.erase(it) : std::next(it);
+  }
+  return expired;
+}
+
+size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
+  // The longest prefix that fits max_batch_size, and the longest whose rows are a preferred size.
+  int64_t rows = 0;
+  size_t fitting = 0;
+  size_t preferred = 0;
+  for (const PendingRequest& pending : group.queue) {
+    if (rows + pending.request->batch_size > options_.max_batch_size) break;
+    rows += pending.request->batch_size;
+    ++fitting;
+    if (std::binary_search(options_.preferred_batch_sizes.begin(),
+                           options_.preferred_batch_sizes.end(), static_cast<int>(rows))) {
+      preferred = fitting;
+    }
+  }
+  const bool full = fitting < group.queue.size() || rows == options_.max_batch_size;
+  const bool waited = now - group.queue.front().enqueued >= options_.max_queue_delay;
+  if (full || waited) return fitting;
+  return preferred;
+}
+
+int64_t BatchQueue::PaddedRows(int64_t rows) const {
+  if (!options_.pad_to_preferred) return rows;
+  for (int size : options_.preferred_batch_sizes) {
+    if (size >= rows) return size;
+  }
+  return options_.max_batch_size;
+}
+
+std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
+  Group* chosen = nullptr;
+  size_t take = 0;
+  std::map<std::string, Group>::iterator chosen_it;
+  for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+    const size_t prefix = ReadyPrefix(it->second, now);
+    if (prefix == 0) continue;
+    if (chosen == nullptr || it->second.queue.front().enqueued < chosen->queue.front().enqueued) {
+      chosen = &it->second;
+      chosen_it = it;
+      take = prefix;
+    }
+  }
+  if (chosen == nullptr) return std::nullopt;
+  FormedBatch batch;
+  for (size_t i = 0; i < take; ++i) {
+    PendingRequest& front = chosen->queue.front();
+    batch.rows += front.request->batch_size;
+    chosen->rows -= front.request->batch_size;
+    Forget(front);
+    batch.requests.push_back(std::move(front));
+    chosen->queue.pop_front();
+  }
+  if (chosen->queue.empty()) groups_.erase(chosen_it);
+  batch.padded_rows = PaddedRows(batch.rows);
+  return batch;
+}
+
+TimePoint BatchQueue::NextWakeup() const {
+  TimePoint wakeup = kNoDeadline;
+  for (const auto& [key, group] : groups_) {
+    wakeup = std::min(wakeup, group.queue.front().enqueued + options_.max_queue_delay);
+    for (const PendingRequest& pending : group.queue) {
+      wakeup = std::min(wakeup, pending.request->deadline);
+    }
+  }
+  return wakeup;
+}
+
+std::vector<PendingRequest> BatchQueue::TakeAll() {
+  std::vector<PendingRequest> all;
+  for (auto& [key, group] : groups_) {
+    for (PendingRequest& pending : group.queue) {
+      Forget(pending);
+      all.push_back(std::move(pending));
+    }
+  }
+  groups_.clear();
+  return all;
+}
+
+}  // namespace sluice

@@ -1,0 +1,110 @@
+// The decisions of the dynamic batcher, without threads: which requests wait together, when a
+// group of them becomes a batch, what is admitted, what has expired. DynamicBatcher drives it
+// under its lock; tests drive it with a fake clock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/batching/scheduler.h"
+#include "server/core/clock.h"
+#include "server/core/infer_request.h"
+#include "server/core/status.h"
+
+namespace sluice {
+
+// A server-wide cap on the input bytes waiting in all queues. Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(size_t limit) : limit_(limit) {}
+  bool TryAcquire(size_t bytes);
+  void Release(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  size_t used() const { return used_.load(std::memory_order_relaxed); }
+  size_t limit() const { return limit_; }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+// A request waiting in a queue, with what it costs there.
+struct PendingRequest {
+  std::unique_ptr<InferRequest> request;
+  InferCompletion done;
+  TimePoint enqueued;
+  size_t bytes = 0;
+};
+
+// Requests that run together in one forward pass.
+struct FormedBatch {
+  std::vector<PendingRequest> requests;  // in arrival order
+  int64_t rows = 0;                      // rows the callers sent
+  int64_t padded_rows = 0;               // rows the model sees (>= rows)
+};
+
+class BatchQueue {
+ public:
+  struct Options {
+    int max_batch_size = 1;
+    std::vector<int> preferred_batch_sizes;  // ascending
+    Duration max_queue_delay{0};             // 0: a batch forms as soon as an instance is free
+    size_t max_requests = 1024;              // waiting requests
+    size_t max_bytes = 256u << 20;           // waiting input bytes
+    int max_groups = 16;                     // distinct shapes waiting at once
+    bool pad_to_preferred = false;           // pad rows to the next preferred size / max
+    std::shared_ptr<ByteBudget> server_budget;  // shared by every model; may be null
+  };
+
+  explicit BatchQueue(Options options);
+  ~BatchQueue();
+
+  // Admits `pending` or returns why not (UNAVAILABLE: a cap is reached; the caller answers the
+  // request). Requests whose non-batch shapes differ wait in different groups.
+  Status Add(PendingRequest& pending);
+
+  // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
+  std::vector<PendingRequest> TakeExpired(TimePoint now);
+
+  // The next batch, if a group is ready at `now`: it can fill max_batch_size, or a prefix of it
+  // sums to a preferred batch size, or its oldest request has waited max_queue_delay. Among
+  // ready groups the one with the oldest request goes first. Groups never block each other.
+  std::optional<FormedBatch> TakeReadyBatch(TimePoint now);
+
+  // When TakeReadyBatch or TakeExpired may next have work, assuming nothing arrives; kNoDeadline
+  // when the queue is empty.
+  TimePoint NextWakeup() const;
+
+  // Everything still waiting (for shutdown).
+  std::vector<PendingRequest> TakeAll();
+
+  size_t size() const { return requests_; }
+  size_t bytes() const { return bytes_; }
+  size_t groups() const { return groups_.size(); }
+
+  // The key of a request's group: its inputs' names and non-batch dimensions.
+  static std::string GroupKey(const InferRequest& request);
+
+ private:
+  struct Group {
+    std::deque<PendingRequest> queue;
+    int64_t rows = 0;
+  };
+
+  // How many requests from the front of `group` form a batch now, or 0 when it should wait.
+  size_t ReadyPrefix(const Group& group, TimePoint now) const;
+  void Forget(const PendingRequest& pending);
+  int64_t PaddedRows(int64_t rows) const;
+
+  const Options options_;
+  std::map<std::string, Group> groups_;
+  size_t requests_ = 0;
+  size_t bytes_ = 0;
+};
+
+}  // namespace sluice

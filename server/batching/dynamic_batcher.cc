@@ -1,0 +1,177 @@
+#include "server/batching/dynamic_batcher.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
+    ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
+  if (instances.empty()) return absl::InvalidArgumentError("a batcher needs at least one instance");
+  if (options.clock == nullptr) return absl::InvalidArgumentError("a batcher needs a clock");
+  if (options.queue.max_batch_size < 1) return absl::InvalidArgumentError("max_batch_size must be >= 1");
+  return std::unique_ptr<DynamicBatcher>(
+      new DynamicBatcher(std::move(spec), std::move(instances), std::move(options)));
+}
+
+DynamicBatcher::DynamicBatcher(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances,
+                               Options options)
+    : spec_(std::move(spec)), options_(std::move(options)), queue_(options_.queue) {
+  for (auto& backend : instances) instances_.push_back(std::make_unique<Instance>(std::move(backend)));
+  idle_workers_ = static_cast<int>(instances_.size());
+  for (auto& instance : instances_) {
+    workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
+  }
+  batcher_ = std::thread([this] { BatcherLoop(); });
+}
+
+DynamicBatcher::~DynamicBatcher() { Stop(); }
+
+void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) {
+  PendingRequest pending;
+  pending.enqueued = options_.clock->Now();
+  pending.bytes = request->InputBytes();
+  pending.request = std::move(request);
+  pending.done = std::move(done);
+  Status admitted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
+                               "model '", pending.request->model_name, "' is shutting down"))
+                         : queue_.Add(pending);
+  }
+  if (!admitted.ok()) {
+    if (options_.stats) options_.stats->RecordFailure(Duration::zero());
+    pending.done(std::move(admitted));
+    return;
+  }
+  batcher_cv_.notify_one();
+}
+
+void DynamicBatcher::Poke() {
+  { std::lock_guard<std::mutex> lock(mutex_); }
+  batcher_cv_.notify_one();
+}
+
+void DynamicBatcher::Fail(std::vector<PendingRequest> requests, const Status& status) {
+  const TimePoint now = options_.clock->Now();
+  for (PendingRequest& pending : requests) {
+    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued);
+    pending.done(status);
+  }
+}
+
+void DynamicBatcher::BatcherLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const TimePoint now = options_.clock->Now();
+    std::vector<PendingRequest> expired = queue_.TakeExpired(now);
+    if (!expired.empty()) {
+      std::vector<PendingRequest> cancelled, late;
+      for (PendingRequest& pending : expired) {
+        (pending.request->IsCancelled() ? cancelled : late).push_back(std::move(pending));
+      }
+      lock.unlock();
+      Fail(std::move(cancelled), absl::CancelledError("the request was cancelled while queued"));
+      Fail(std::move(late), absl::DeadlineExceededError(
+                                "the request's deadline or queue timeout passed while it was queued; "
+                                "it did not run"));
+      lock.lock();
+      continue;
+    }
+    if (idle_workers_ > 0) {
+      if (std::optional<FormedBatch> batch = queue_.TakeReadyBatch(now)) {
+        --idle_workers_;
+        ready_.push_back(*std::move(batch));
+        worker_cv_.notify_one();
+        continue;
+      }
+    }
+    const TimePoint wakeup = queue_.NextWakeup();
+    if (wakeup == kNoDeadline) {
+      batcher_cv_.wait(lock);
+    } else {
+      // The clock may be a fake one: wait for the real time it says is left, or a Poke.
+      batcher_cv_.wait_for(lock, std::max(wakeup - now, Duration(std::chrono::microseconds(50))));
+    }
+  }
+}
+
+void DynamicBatcher::WorkerLoop(Instance* instance) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    worker_cv_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
+    if (ready_.empty()) return;  // stopping, and no batch left to run
+    FormedBatch batch = std::move(ready_.front());
+    ready_.pop_front();
+    lock.unlock();
+    RunBatch(instance, std::move(batch));
+    lock.lock();
+    ++idle_workers_;
+    batcher_cv_.notify_one();
+  }
+}
+
+void DynamicBatcher::RunBatch(Instance* instance, FormedBatch batch) {
+  const TimePoint started = options_.clock->Now();
+  // A lone request that needs no padding runs on its own bytes: nothing to copy or split.
+  const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
+  InferRequest assembled;
+  if (!alone) assembled = AssembleBatch(spec_, batch, &instance->staging);
+  const TimePoint assembled_at = options_.clock->Now();
+  StatusOr<InferResponse> outputs = instance->backend->Execute(alone ? *batch.requests[0].request : assembled);
+  const TimePoint executed_at = options_.clock->Now();
+  if (!outputs.ok()) {
+    if (IsFatal(outputs.status()) && options_.on_fatal) options_.on_fatal(outputs.status());
+    Fail(std::move(batch.requests), outputs.status());
+    return;
+  }
+  StatusOr<std::vector<InferResponse>> responses =
+      alone ? StatusOr<std::vector<InferResponse>>(std::vector<InferResponse>{*std::move(outputs)})
+            : SplitBatch(batch, *std::move(outputs));
+  const TimePoint split_at = options_.clock->Now();
+  if (!responses.ok()) {
+    Fail(std::move(batch.requests), responses.status());
+    return;
+  }
+  if (options_.stats) {
+    options_.stats->RecordExecution(batch.padded_rows, assembled_at - started, executed_at - assembled_at,
+                                    split_at - executed_at);
+  }
+  for (size_t i = 0; i < batch.requests.size(); ++i) {
+    PendingRequest& pending = batch.requests[i];
+    if (options_.stats) {
+      options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued,
+                                    assembled_at - started, executed_at - assembled_at,
+                                    split_at - executed_at, options_.clock->Now() - pending.enqueued);
+    }
+    pending.done(std::move((*responses)[i]));
+  }
+}
+
+void DynamicBatcher::Stop() {
+  std::vector<PendingRequest> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    abandoned = queue_.TakeAll();
+  }
+  batcher_cv_.notify_all();
+  worker_cv_.notify_all();
+  Fail(std::move(abandoned), absl::UnavailableError("the server is shutting down; the request did not run"));
+  if (batcher_.joinable()) batcher_.join();
+  // Workers finish the batches already formed, then exit.
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
+
+size_t DynamicBatcher::StagingAllocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& instance : instances_) total += instance->staging.allocations();
+  return total;
+}
+
+}  // namespace sluice

@@ -1,0 +1,273 @@
+// The threaded batcher: fakes for the model, a fake clock moved by the test (no sleeps), and a
+// stress test on the real clock. Also run under ThreadSanitizer by scripts/test.sh.
+#include <cstdlib>
+#include <future>
+#include <random>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/batching/dynamic_batcher.h"
+#include "tests/unit/fakes.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// A request for input "x" (INT32, `rows` x `width`) whose values all equal `tag`.
+struct Call {
+  std::vector<int32_t> data;
+  std::promise<StatusOr<InferResponse>> answer;
+  std::atomic<int> answers{0};
+};
+
+std::unique_ptr<InferRequest> Request(Call& call, int64_t rows, int64_t width, int32_t tag) {
+  call.data.assign(static_cast<size_t>(rows * width), tag);
+  auto request = std::make_unique<InferRequest>();
+  request->model_name = "m";
+  request->batch_size = rows;
+  request->inputs.push_back({"x", DataType::kInt32, {rows, width},
+                             reinterpret_cast<const char*>(call.data.data()), call.data.size() * 4});
+  return request;
+}
+
+InferCompletion Answer(Call& call) {
+  return [&call](StatusOr<InferResponse> result) {
+    if (call.answers.fetch_add(1) == 0) call.answer.set_value(std::move(result));
+  };
+}
+
+ModelSpec Spec() {
+  ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"x", DataType::kInt32, {-1}}};
+  spec.outputs = {{"y", DataType::kInt32, {-1}}};
+  return spec;
+}
+
+class DynamicBatcherTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<DynamicBatcher> Make(int instances = 1, Duration delay = 1s, std::vector<int> preferred = {}) {
+    std::vector<std::unique_ptr<ModelBackend>> backends;
+    for (int i = 0; i < instances; ++i) {
+      auto echo = std::make_unique<testing::EchoBackend>();
+      echoes_.push_back(echo.get());
+      backends.push_back(std::move(echo));
+    }
+    DynamicBatcher::Options options;
+    options.queue.max_batch_size = 8;
+    options.queue.max_queue_delay = delay;
+    options.queue.preferred_batch_sizes = std::move(preferred);
+    options.clock = &clock_;
+    options.stats = stats_;
+    options.on_fatal = [this](const Status& status) { fatal_.set_value(std::string(status.message())); };
+    return *DynamicBatcher::Create(Spec(), std::move(backends), options);
+  }
+
+  FakeTimeSource clock_;
+  std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
+  std::vector<testing::EchoBackend*> echoes_;
+  std::promise<std::string> fatal_;
+};
+
+TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
+  auto batcher = Make();
+  Call a, b, c;
+  batcher->Enqueue(Request(a, 1, 2, 10), Answer(a));
+  batcher->Enqueue(Request(b, 3, 2, 20), Answer(b));  // carries its own batch dimension
+  batcher->Enqueue(Request(c, 2, 2, 30), Answer(c));
+  clock_.Advance(1s);
+  batcher->Poke();
+  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(), rc = c.answer.get_future().get();
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+  EXPECT_EQ(ra->outputs[0].shape, (Shape{1, 2}));
+  EXPECT_EQ(rb->outputs[0].shape, (Shape{3, 2}));
+  std::vector<int32_t> values(6);
+  std::memcpy(values.data(), rb->outputs[0].data.data(), 24);
+  EXPECT_EQ(values, std::vector<int32_t>(6, 20));
+  EXPECT_EQ(echoes_[0]->batch_sizes(), (std::vector<int64_t>{6}));
+  auto stats = stats_->Snapshot();
+  EXPECT_EQ(stats.inference_count, 6u);
+  EXPECT_EQ(stats.execution_count, 1u);
+  EXPECT_EQ(stats.success.count, 3u);
+  EXPECT_EQ(stats.batches.at(6).compute_infer.count, 1u);
+}
+
+TEST_F(DynamicBatcherTest, AThrowingBatchFailsOnlyItsOwnRequests) {
+  auto batcher = Make();
+  Call poisoned, same_group, other_group;
+  batcher->Enqueue(Request(poisoned, 1, 2, static_cast<int32_t>(0xEEEEEEEE)), Answer(poisoned));
+  batcher->Enqueue(Request(same_group, 1, 2, 5), Answer(same_group));
+  batcher->Enqueue(Request(other_group, 1, 3, 7), Answer(other_group));  // another shape
+  clock_.Advance(1s);
+  batcher->Poke();
+  EXPECT_THAT(poisoned.answer.get_future().get().status().message(), HasSubstr("poisoned row"));
+  EXPECT_THAT(same_group.answer.get_future().get().status().message(), HasSubstr("poisoned row"));
+  EXPECT_TRUE(other_group.answer.get_future().get().ok());  // the instance serves the next batch
+  EXPECT_EQ(stats_->Snapshot().fail.count, 2u);
+}
+
+TEST_F(DynamicBatcherTest, DeadlineAndCancellationWhileQueuedNeverReachTheModel) {
+  auto batcher = Make();
+  Call late, cancelled;
+  auto request = Request(late, 1, 2, 1);
+  request->deadline = clock_.Now() + 10ms;
+  batcher->Enqueue(std::move(request), Answer(late));
+  auto flagged = Request(cancelled, 1, 2, 2);
+  flagged->cancelled = std::make_shared<std::atomic<bool>>(false);
+  auto flag = flagged->cancelled;
+  batcher->Enqueue(std::move(flagged), Answer(cancelled));
+  flag->store(true);
+  batcher->Poke();
+  EXPECT_EQ(cancelled.answer.get_future().get().status().code(), absl::StatusCode::kCancelled);
+  clock_.Advance(10ms);
+  batcher->Poke();
+  EXPECT_EQ(late.answer.get_future().get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(echoes_[0]->batch_sizes().empty());
+}
+
+TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest&) -> StatusOr<InferResponse> {
+    return MarkFatal(absl::InternalError("CUDA error: an illegal memory access was encountered"));
+  }));
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 8;
+  options.clock = &clock_;
+  options.on_fatal = [this](const Status& status) { fatal_.set_value(std::string(status.message())); };
+  auto batcher = *DynamicBatcher::Create(Spec(), std::move(backends), options);
+  Call call;
+  batcher->Enqueue(Request(call, 1, 2, 1), Answer(call));
+  EXPECT_THAT(call.answer.get_future().get().status().message(), HasSubstr("illegal memory access"));
+  EXPECT_THAT(fatal_.get_future().get(), HasSubstr("illegal memory access"));
+}
+
+TEST_F(DynamicBatcherTest, StopAnswersEverythingQueued) {
+  auto batcher = Make();
+  Call a, b;
+  batcher->Enqueue(Request(a, 1, 2, 1), Answer(a));
+  batcher->Enqueue(Request(b, 1, 5, 2), Answer(b));
+  batcher->Stop();
+  EXPECT_EQ(a.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(b.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+  Call late;
+  batcher->Enqueue(Request(late, 1, 2, 3), Answer(late));
+  EXPECT_THAT(late.answer.get_future().get().status().message(), HasSubstr("shutting down"));
+}
+
+TEST_F(DynamicBatcherTest, StagingIsReusedAcrossManyBatches) {
+  auto batcher = Make(/*instances=*/1, /*delay=*/0s);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int i = 0; i < 1 + round % 3; ++i) {
+      calls.push_back(std::make_unique<Call>());
+      batcher->Enqueue(Request(*calls.back(), 1 + i, 4, round), Answer(*calls.back()));
+    }
+    for (auto& call : calls) ASSERT_TRUE(call->answer.get_future().get().ok());
+  }
+  // One input, so at most one allocation per growth: a handful, not one per batch.
+  EXPECT_LE(batcher->StagingAllocations(), 3u);
+  EXPECT_EQ(static_cast<size_t>(echoes_[0]->staging_allocations()), batcher->StagingAllocations());
+}
+
+// 64 threads x N requests with random sizes, shapes, deadlines and cancellations on the real
+// clock. Invariant: every request is answered exactly once, and a successful answer carries its
+// own data. N: SLUICE_STRESS_REQUESTS (default 1000).
+TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) {
+  const int per_thread = std::getenv("SLUICE_STRESS_REQUESTS") ? std::atoi(std::getenv("SLUICE_STRESS_REQUESTS")) : 1000;
+  constexpr int kThreads = 64;
+  SteadyTimeSource clock;
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  for (int i = 0; i < 3; ++i) backends.push_back(std::make_unique<testing::EchoBackend>());
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 8;
+  options.queue.max_queue_delay = 200us;
+  options.queue.preferred_batch_sizes = {4, 8};
+  options.queue.max_requests = 100000;
+  options.queue.max_bytes = size_t{1} << 30;
+  options.queue.max_groups = 8;
+  options.clock = &clock;
+  auto batcher = *DynamicBatcher::Create(Spec(), std::move(backends), options);
+
+  struct Slot {
+    std::vector<int32_t> data;
+    std::atomic<int> answers{0};
+    std::atomic<bool> correct{false};
+    std::atomic<int> code{-1};
+  };
+  std::vector<Slot> slots(static_cast<size_t>(kThreads * per_thread));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int i = 0; i < per_thread; ++i) {
+        const int index = t * per_thread + i;
+        Slot& slot = slots[static_cast<size_t>(index)];
+        const int64_t rows = 1 + static_cast<int64_t>(rng() % 4);
+        const int64_t width = 1 + static_cast<int64_t>(rng() % 3);
+        slot.data.assign(static_cast<size_t>(rows * width), index);
+        auto request = std::make_unique<InferRequest>();
+        request->model_name = "m";
+        request->batch_size = rows;
+        request->inputs.push_back({"x", DataType::kInt32, {rows, width},
+                                   reinterpret_cast<const char*>(slot.data.data()), slot.data.size() * 4});
+        const unsigned dice = rng() % 10;
+        if (dice == 0) request->deadline = clock.Now();  // already due: must expire
+        std::shared_ptr<std::atomic<bool>> cancel;
+        if (dice == 1) {
+          cancel = std::make_shared<std::atomic<bool>>(false);
+          request->cancelled = cancel;
+        }
+        batcher->Enqueue(std::move(request), [&slot, index](StatusOr<InferResponse> result) {
+          slot.answers.fetch_add(1);
+          slot.code.store(static_cast<int>(result.status().code()));
+          if (result.ok()) {
+            const Tensor& y = result->outputs.at(0);
+            bool mine = y.data.size() == slot.data.size() * 4;
+            for (size_t k = 0; mine && k < slot.data.size(); ++k) {
+              int32_t value;
+              std::memcpy(&value, y.data.data() + k * 4, 4);
+              mine = value == index;
+            }
+            slot.correct.store(mine);
+          }
+        });
+        if (cancel) {
+          cancel->store(true);
+          batcher->Poke();
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  // Wait until every request has been answered (bounded: the batcher runs on the real clock).
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  for (Slot& slot : slots) {
+    while (slot.answers.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  }
+  batcher->Stop();
+  size_t ok = 0, expired = 0, cancelled = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    ASSERT_EQ(slots[i].answers.load(), 1) << "request " << i;
+    const auto code = static_cast<absl::StatusCode>(slots[i].code.load());
+    if (code == absl::StatusCode::kOk) {
+      ASSERT_TRUE(slots[i].correct.load()) << "request " << i << " got someone else's rows";
+      ++ok;
+    } else if (code == absl::StatusCode::kDeadlineExceeded) {
+      ++expired;
+    } else {
+      ASSERT_EQ(code, absl::StatusCode::kCancelled) << "request " << i;
+      ++cancelled;
+    }
+  }
+  EXPECT_GT(ok, slots.size() / 2);
+  EXPECT_GT(expired, 0u);
+  EXPECT_EQ(ok + expired + cancelled, slots.size());
+}
+
+}  // namespace
+}  // namespace sluice
