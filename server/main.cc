@@ -26,6 +26,7 @@ struct Flags {
   std::string device = "auto";
   std::string log_level = "info";
   size_t max_queue_size = 1024;
+  size_t max_queued_bytes = size_t{2} << 30;
   int shutdown_grace_ms = 5000;
 };
 
@@ -63,6 +64,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-queue-size", flags.max_queue_size,
                  "Requests that may wait per model version; beyond it requests get UNAVAILABLE")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-queued-bytes", flags.max_queued_bytes,
+                 "Input bytes that may wait in all dynamic-batching queues together; beyond it "
+                 "requests get UNAVAILABLE (memory stays bounded at any load)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
@@ -115,14 +121,18 @@ int main(int argc, char** argv) {
   }
   spdlog::info("event=repository path={} models={}", flags.model_repository, models->size());
 
+  sluice::LivenessMonitor liveness;
   sluice::ModelManager::Options manager_options;
   manager_options.device_policy = device_policy;
   manager_options.max_queue_size = flags.max_queue_size;
+  manager_options.queued_bytes_budget = std::make_shared<sluice::ByteBudget>(flags.max_queued_bytes);
+  manager_options.liveness = &liveness;
   sluice::ModelManager manager(*std::move(models), factory.get(), manager_options);
 
   sluice::InferenceService::Options service_options;
   service_options.server_version = SLUICE_VERSION;
   service_options.readiness.strict = flags.strict_readiness;
+  service_options.liveness = &liveness;
   sluice::InferenceService service(&manager, service_options);
 
   sluice::GrpcServerOptions server_options;
@@ -135,6 +145,7 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
   spdlog::info("event=listening address={} port={}", flags.grpc_address, (*server)->port());
+  liveness.SetListener([server = server->get()] { server->RefreshHealth(); });
   spdlog::info("event=metrics_not_served port={} reason=\"the Prometheus endpoint is not part of "
                "this release\"", flags.metrics_port);
 
@@ -143,6 +154,7 @@ int main(int argc, char** argv) {
   (*server)->RefreshHealth();
   if (sluice::Status loaded = manager.LoadAll(); !loaded.ok()) {
     spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
+    liveness.SetListener(nullptr);
     (*server)->Shutdown(0);
     return EXIT_FAILURE;
   }
@@ -152,6 +164,7 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
+  liveness.SetListener(nullptr);
   (*server)->Shutdown(flags.shutdown_grace_ms);
   manager.Stop();
   spdlog::info("event=stopped");

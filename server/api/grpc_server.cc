@@ -30,7 +30,6 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
         "cannot listen on ", address, " (is the port in use? choose another with --grpc-port)"));
   }
   auto result = std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), service, bound_port));
-  result->server_->GetHealthCheckService()->SetServingStatus("live", true);
   result->RefreshHealth();
   return result;
 }
@@ -41,18 +40,25 @@ GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* s
 GrpcServer::~GrpcServer() { Shutdown(0); }
 
 void GrpcServer::RefreshHealth() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!server_) return;
   const bool ready = service_->Ready();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("live", service_->Live());
   health->SetServingStatus("", ready);
   health->SetServingStatus("ready", ready);
 }
 
 void GrpcServer::Shutdown(int grace_ms) {
-  if (!server_) return;
-  server_->GetHealthCheckService()->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
-  server_->Wait();
-  server_.reset();
+  std::unique_ptr<grpc::Server> server;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    server = std::move(server_);
+  }
+  if (!server) return;
+  server->GetHealthCheckService()->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(grace_ms));
+  server->Wait();
 }
 
 }  // namespace sluice

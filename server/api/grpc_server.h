@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/server.h>
@@ -29,7 +30,8 @@ class GrpcServer {
 
   int port() const { return port_; }
 
-  // Re-reads the service's readiness into the health service.
+  // Re-reads the service's liveness and readiness into the health service. Thread-safe; does
+  // nothing after Shutdown.
   void RefreshHealth();
 
   // Stops accepting calls, lets calls in flight finish for up to `grace_ms`, then cancels them.
@@ -38,6 +40,7 @@ class GrpcServer {
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port);
 
+  std::mutex mutex_;  // guards server_ (RefreshHealth may run on a worker thread)
   std::unique_ptr<grpc::Server> server_;
   InferenceService* const service_;
   const int port_;

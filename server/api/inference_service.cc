@@ -1,5 +1,7 @@
 #include "server/api/inference_service.h"
 
+#include <mutex>
+
 #include "server/core/logging.h"
 
 #include "absl/strings/str_cat.h"
@@ -16,20 +18,74 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
   return reactor;
 }
 
+// One ModelInfer call. Lives from the handler until gRPC calls OnDone (after Finish). Finish is
+// called exactly once, by whoever answers the request (the handler for early errors, else the
+// scheduler's completion). A cancellation only flags the queued request and pokes its
+// scheduler, which then answers it CANCELLED without running it.
+class InferReactor final : public grpc::ServerUnaryReactor {
+ public:
+  InferReactor() : cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+
+  void Watch(std::shared_ptr<Scheduler> scheduler) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scheduler_ = std::move(scheduler);
+  }
+  const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
+
+  void OnCancel() override {
+    cancelled_->store(true);
+    std::shared_ptr<Scheduler> scheduler;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      scheduler = scheduler_;
+    }
+    if (scheduler) scheduler->Poke();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+  std::mutex mutex_;
+  std::shared_ptr<Scheduler> scheduler_;
+};
+
+// The request's deadline on our clock: the gRPC deadline, or the queue timeout (the request's
+// own "timeout" parameter in microseconds when the model allows it, else its default), whichever
+// comes first.
+TimePoint RequestDeadline(const grpc::CallbackServerContext& context,
+                          const inference::ModelInferRequest& proto, const DynamicBatchingSpec& batching,
+                          TimePoint now) {
+  TimePoint deadline = kNoDeadline;
+  const auto grpc_deadline = context.deadline();
+  if (grpc_deadline != std::chrono::system_clock::time_point::max()) {
+    const auto left = grpc_deadline - std::chrono::system_clock::now();
+    deadline = now + std::chrono::duration_cast<Duration>(left);
+  }
+  int64_t timeout_us = batching.default_timeout_us;
+  auto parameter = proto.parameters().find("timeout");
+  if (batching.allow_timeout_override && parameter != proto.parameters().end() &&
+      parameter->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+      parameter->second.int64_param() > 0) {
+    timeout_us = parameter->second.int64_param();
+  }
+  if (timeout_us > 0) deadline = std::min(deadline, now + std::chrono::microseconds(timeout_us));
+  return deadline;
+}
+
 }  // namespace
 
 InferenceService::InferenceService(ModelManager* manager, Options options)
-    : manager_(manager), options_(std::move(options)) {}
+    : manager_(manager), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {}
 
 bool InferenceService::Ready() const {
-  if (!started_) return false;
+  if (!started_ || !Live()) return false;
   return !options_.readiness.strict || manager_->AllReady();
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
-  response->set_live(true);
+  response->set_live(Live());
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -56,6 +112,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   response->set_version(options_.server_version);
   // Only what Sluice really implements.
   response->add_extensions("model_configuration");
+  response->add_extensions("statistics");
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -96,6 +153,18 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
   return FinishNow(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  StatusOr<std::vector<VersionStatistics>> statistics =
+      manager_->Statistics(request->name(), request->version());
+  if (!statistics.ok()) return FinishNow(context, statistics.status());
+  for (const VersionStatistics& version : *statistics) {
+    FillModelStatistics(version.name, version.version, version.stats, response->add_model_stats());
+  }
+  return FinishNow(context, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const inference::ModelInferRequest* request,
                                                        inference::ModelInferResponse* response) {
@@ -110,7 +179,11 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
                   request->model_name(), request->id(), valid.message());
     return FinishNow(context, valid);
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  infer->deadline = RequestDeadline(*context, *request, servable->model->spec.dynamic_batching,
+                                    clock_->Now());
+  auto* reactor = new InferReactor();
+  infer->cancelled = reactor->cancelled();
+  reactor->Watch(servable->scheduler);
   // The request proto (and so the bytes `infer` views) lives until reactor->Finish.
   const InferRequest* raw_request = infer.get();
   servable->scheduler->Enqueue(

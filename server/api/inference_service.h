@@ -8,6 +8,8 @@
 #include <string>
 
 #include "grpc_service.grpc.pb.h"
+#include "server/core/clock.h"
+#include "server/core/liveness.h"
 #include "server/manager/model_manager.h"
 
 namespace sluice {
@@ -22,6 +24,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   struct Options {
     std::string server_version = "0.1.0";  // reported by ServerMetadata
     ReadinessPolicy readiness;
+    LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
+    const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
   };
 
   // `manager` must outlive the service.
@@ -29,8 +33,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
 
   // Marks the server as started (models may still be loading). Until then ServerReady is false.
   void SetStarted() { started_ = true; }
-  // The readiness rule; see ReadinessPolicy.
+  // The readiness rule; see ReadinessPolicy. Never ready when not live.
   bool Ready() const;
+  bool Live() const { return options_.liveness == nullptr || options_.liveness->live(); }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -53,6 +58,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
                                             const inference::RepositoryIndexRequest* request,
                                             inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
@@ -60,6 +68,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
  private:
   ModelManager* const manager_;
   const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;
   std::atomic<bool> started_{false};
 };
 

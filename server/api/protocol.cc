@@ -173,4 +173,31 @@ void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versio
   for (const TensorSpec& output : spec.outputs) add(output, proto->mutable_outputs());
 }
 
+void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,
+                         inference::ModelStatistics* proto) {
+  auto fill = [](const DurationStat& from, inference::StatisticDuration* to) {
+    to->set_count(from.count);
+    to->set_ns(from.ns);
+  };
+  proto->set_name(name);
+  proto->set_version(std::to_string(version));
+  proto->set_last_inference(stats.last_inference_ms);
+  proto->set_inference_count(stats.inference_count);
+  proto->set_execution_count(stats.execution_count);
+  auto* inference = proto->mutable_inference_stats();
+  fill(stats.success, inference->mutable_success());
+  fill(stats.fail, inference->mutable_fail());
+  fill(stats.queue, inference->mutable_queue());
+  fill(stats.compute_input, inference->mutable_compute_input());
+  fill(stats.compute_infer, inference->mutable_compute_infer());
+  fill(stats.compute_output, inference->mutable_compute_output());
+  for (const auto& [size, batch] : stats.batches) {
+    auto* out = proto->add_batch_stats();
+    out->set_batch_size(size);
+    fill(batch.compute_input, out->mutable_compute_input());
+    fill(batch.compute_infer, out->mutable_compute_infer());
+    fill(batch.compute_output, out->mutable_compute_output());
+  }
+}
+
 }  // namespace sluice

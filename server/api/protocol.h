@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "grpc_service.pb.h"
+#include "server/batching/model_stats.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 #include "server/core/status.h"
@@ -27,5 +28,9 @@ void FillInferResponse(const InferRequest& request, InferResponse response,
 // model batches).
 void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
                        inference::ModelMetadataResponse* proto);
+
+// One ModelStatistics entry with Triton's meaning (durations in nanoseconds).
+void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,
+                         inference::ModelStatistics* proto);
 
 }  // namespace sluice

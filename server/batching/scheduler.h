@@ -22,6 +22,9 @@ class Scheduler {
   // model execution. UNAVAILABLE when the queue is full or the scheduler has stopped.
   virtual void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) = 0;
 
+  // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
+  virtual void Poke() {}
+
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.
   virtual void Stop() = 0;

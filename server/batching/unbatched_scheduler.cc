@@ -8,12 +8,15 @@ StatusOr<std::unique_ptr<UnbatchedScheduler>> UnbatchedScheduler::Create(
     std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
   if (instances.empty()) return absl::InvalidArgumentError("a scheduler needs at least one instance");
   if (options.max_queue_size == 0) return absl::InvalidArgumentError("max_queue_size must be > 0");
-  return std::unique_ptr<UnbatchedScheduler>(new UnbatchedScheduler(std::move(instances), options));
+  return std::unique_ptr<UnbatchedScheduler>(
+      new UnbatchedScheduler(std::move(instances), std::move(options)));
 }
 
 UnbatchedScheduler::UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>> instances,
                                        Options options)
-    : options_(options), instances_(std::move(instances)) {
+    : options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : &steady_),
+      instances_(std::move(instances)) {
   workers_.reserve(instances_.size());
   for (auto& instance : instances_) {
     workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
@@ -34,10 +37,11 @@ void UnbatchedScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCom
           "model '", request->model_name, "' has ", queue_.size(),
           " requests waiting (the queue limit); retry later or add instances"));
     } else {
-      queue_.push_back(Work{std::move(request), std::move(done)});
+      queue_.push_back(Work{std::move(request), std::move(done), clock_->Now()});
     }
   }
   if (!rejection.ok()) {
+    if (options_.stats) options_.stats->RecordFailure(Duration::zero());
     done(std::move(rejection));
     return;
   }
@@ -54,6 +58,7 @@ void UnbatchedScheduler::Stop() {
   }
   work_ready_.notify_all();
   for (Work& work : abandoned) {
+    if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued);
     work.done(absl::UnavailableError("the server is shutting down; the request did not run"));
   }
   for (std::thread& worker : workers_) {
@@ -73,7 +78,22 @@ void UnbatchedScheduler::WorkerLoop(ModelBackend* instance) {
       work = std::move(queue_.front());
       queue_.pop_front();
     }
-    work.done(instance->Execute(*work.request));
+    const TimePoint started = clock_->Now();
+    StatusOr<InferResponse> result = instance->Execute(*work.request);
+    const TimePoint finished = clock_->Now();
+    if (options_.stats) {
+      if (result.ok()) {
+        options_.stats->RecordExecution(work.request->batch_size, Duration::zero(), finished - started,
+                                        Duration::zero());
+        options_.stats->RecordSuccess(work.request->batch_size, started - work.enqueued,
+                                      Duration::zero(), finished - started, Duration::zero(),
+                                      finished - work.enqueued);
+      } else {
+        options_.stats->RecordFailure(finished - work.enqueued);
+      }
+    }
+    if (!result.ok() && IsFatal(result.status()) && options_.on_fatal) options_.on_fatal(result.status());
+    work.done(std::move(result));
   }
 }
 

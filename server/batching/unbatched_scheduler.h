@@ -5,12 +5,15 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
+#include "server/core/clock.h"
 #include "server/core/backend.h"
 
 namespace sluice {
@@ -18,7 +21,10 @@ namespace sluice {
 class UnbatchedScheduler final : public Scheduler {
  public:
   struct Options {
-    size_t max_queue_size = 1024;  // waiting requests beyond this are rejected with UNAVAILABLE
+    size_t max_queue_size = 1024;       // waiting requests beyond this are rejected with UNAVAILABLE
+    const TimeSource* clock = nullptr;  // for statistics; null: the steady clock
+    std::shared_ptr<ModelStats> stats;  // may be null
+    std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
   };
 
   // One worker thread per instance. INVALID_ARGUMENT without instances.
@@ -34,12 +40,15 @@ class UnbatchedScheduler final : public Scheduler {
   struct Work {
     std::unique_ptr<InferRequest> request;
     InferCompletion done;
+    TimePoint enqueued;
   };
 
   UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   void WorkerLoop(ModelBackend* instance);
 
   const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;
   std::vector<std::unique_ptr<ModelBackend>> instances_;
   std::mutex mutex_;
   std::condition_variable work_ready_;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/batching/dynamic_batcher.h"
 #include "server/batching/unbatched_scheduler.h"
 
 namespace sluice {
@@ -22,7 +23,7 @@ const char* ModelStateName(ModelState state) {
 
 ModelManager::ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory,
                            Options options)
-    : factory_(factory), options_(options) {
+    : factory_(factory), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {
   for (RepositoryModel& model : models) {
     Entry entry;
     for (const auto& [version, path] : model.versions) {
@@ -39,6 +40,7 @@ ModelManager::~ModelManager() { Stop(); }
 
 StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryModel& model,
                                                                const std::filesystem::path& file,
+                                                               std::shared_ptr<ModelStats> stats,
                                                                std::string* device_description) {
   std::vector<std::unique_ptr<ModelBackend>> instances;
   std::vector<std::string> devices;
@@ -77,11 +79,41 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
   }
   std::set<std::string> distinct(devices.begin(), devices.end());
   *device_description = absl::StrCat(absl::StrJoin(distinct, ","), " x", devices.size());
-  UnbatchedScheduler::Options scheduler_options;
-  scheduler_options.max_queue_size = options_.max_queue_size;
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<UnbatchedScheduler> scheduler,
-                          UnbatchedScheduler::Create(std::move(instances), scheduler_options));
-  return std::shared_ptr<Scheduler>(std::move(scheduler));
+  std::function<void(const Status&)> on_fatal;
+  if (options_.liveness != nullptr) {
+    on_fatal = [liveness = options_.liveness, name = model.name](const Status& status) {
+      spdlog::critical("event=fatal_device_error model={} reason=\"{}\" action=\"server is no longer "
+                       "live; restart it\"", name, status.message());
+      liveness->ReportFatal(status);
+    };
+  }
+  const DynamicBatchingSpec& batching = model.spec.dynamic_batching;
+  if (!batching.enabled) {
+    UnbatchedScheduler::Options scheduler_options;
+    scheduler_options.max_queue_size = options_.max_queue_size;
+    scheduler_options.clock = clock_;
+    scheduler_options.stats = std::move(stats);
+    scheduler_options.on_fatal = std::move(on_fatal);
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<UnbatchedScheduler> scheduler,
+                            UnbatchedScheduler::Create(std::move(instances), std::move(scheduler_options)));
+    return std::shared_ptr<Scheduler>(std::move(scheduler));
+  }
+  DynamicBatcher::Options batcher_options;
+  batcher_options.queue.max_batch_size = model.spec.max_batch_size;
+  batcher_options.queue.preferred_batch_sizes = batching.preferred_batch_sizes;
+  batcher_options.queue.max_queue_delay = std::chrono::microseconds(batching.max_queue_delay_us);
+  batcher_options.queue.max_requests =
+      batching.max_queue_size > 0 ? batching.max_queue_size : options_.max_queue_size;
+  batcher_options.queue.max_bytes = batching.max_queued_bytes;
+  batcher_options.queue.max_groups = batching.max_shape_groups;
+  batcher_options.queue.pad_to_preferred = batching.pad_to_preferred;
+  batcher_options.queue.server_budget = options_.queued_bytes_budget;
+  batcher_options.clock = clock_;
+  batcher_options.stats = std::move(stats);
+  batcher_options.on_fatal = std::move(on_fatal);
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DynamicBatcher> batcher,
+                          DynamicBatcher::Create(model.spec, std::move(instances), std::move(batcher_options)));
+  return std::shared_ptr<Scheduler>(std::move(batcher));
 }
 
 Status ModelManager::LoadAll() {
@@ -99,8 +131,9 @@ Status ModelManager::LoadAll() {
       const int64_t version = entry.versions[i].version;
       const auto started = std::chrono::steady_clock::now();
       std::string device;
+      auto stats = std::make_shared<ModelStats>();
       StatusOr<std::shared_ptr<Scheduler>> scheduler =
-          LoadVersion(model, model.versions.at(version), &device);
+          LoadVersion(model, model.versions.at(version), stats, &device);
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - started).count();
       std::lock_guard<std::mutex> lock(mutex_);
@@ -108,9 +141,11 @@ Status ModelManager::LoadAll() {
       if (scheduler.ok()) {
         slot.state = ModelState::kReady;
         slot.scheduler = *std::move(scheduler);
+        slot.stats = std::move(stats);
         slot.device = device;
-        spdlog::info("event=model_ready model={} version={} device={} load_ms={}", model.name,
-                     version, device, ms);
+        spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}",
+                     model.name, version, device,
+                     model.spec.dynamic_batching.enabled ? "dynamic" : "none", ms);
       } else {
         slot.state = ModelState::kUnavailable;
         slot.reason = std::string(scheduler.status().message());
@@ -177,7 +212,7 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
           chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
     }
   }
-  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler};
+  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
 }
 
 std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {
@@ -205,6 +240,28 @@ std::vector<ModelIndexEntry> ModelManager::Index() const {
     }
   }
   return index;
+}
+
+StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::string& name,
+                                                                  const std::string& version) const {
+  if (!name.empty()) SLUICE_RETURN_IF_ERROR(FindModel(name).status());
+  int64_t wanted = 0;
+  if (!version.empty() && !absl::SimpleAtoi(version, &wanted)) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version, "'"));
+  }
+  std::vector<VersionStatistics> result;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    if (!name.empty() && entry.model.name != name) continue;
+    for (const VersionSlot& slot : entry.versions) {
+      if (slot.state != ModelState::kReady || (wanted != 0 && slot.version != wanted)) continue;
+      result.push_back({entry.model.name, slot.version, slot.stats->Snapshot()});
+    }
+  }
+  if (!name.empty() && wanted != 0 && result.empty()) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' has no ready version ", wanted));
+  }
+  return result;
 }
 
 bool ModelManager::AllReady() const {

@@ -9,7 +9,11 @@
 #include <string_view>
 #include <vector>
 
+#include "server/batching/batch_queue.h"
+#include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
+#include "server/core/clock.h"
+#include "server/core/liveness.h"
 #include "server/core/backend.h"
 #include "server/core/device.h"
 #include "server/repository/model_repository.h"
@@ -26,6 +30,14 @@ struct ServableModel {
   int64_t version = 0;
   std::string device;  // "cpu", "cuda:0", or a list for several instances
   std::shared_ptr<Scheduler> scheduler;
+  std::shared_ptr<ModelStats> stats;
+};
+
+// Statistics of one loaded version, for ModelStatistics.
+struct VersionStatistics {
+  std::string name;
+  int64_t version = 0;
+  ModelStatsSnapshot stats;
 };
 
 // One row of RepositoryIndex.
@@ -41,7 +53,10 @@ class ModelManager {
  public:
   struct Options {
     DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
-    size_t max_queue_size = 1024;                      // per model version
+    size_t max_queue_size = 1024;  // per model version, unless its config sets max_queue_size
+    const TimeSource* clock = nullptr;  // null: the steady clock
+    std::shared_ptr<ByteBudget> queued_bytes_budget;  // server-wide cap (--max-queued-bytes); may be null
+    LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
   };
 
   ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
@@ -65,6 +80,11 @@ class ModelManager {
 
   std::vector<ModelIndexEntry> Index() const;
 
+  // Statistics of ready versions: all models when `name` is empty, else that model (NOT_FOUND
+  // when unknown), narrowed to `version` when given.
+  StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name,
+                                                      const std::string& version) const;
+
   // True once LoadAll finished and every model in the repository has every selected version ready.
   bool AllReady() const;
 
@@ -78,6 +98,7 @@ class ModelManager {
     std::string reason;
     std::string device;
     std::shared_ptr<Scheduler> scheduler;
+    std::shared_ptr<ModelStats> stats;
   };
   struct Entry {
     RepositoryModel model;
@@ -86,11 +107,14 @@ class ModelManager {
 
   StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
                                                    const std::filesystem::path& file,
+                                                   std::shared_ptr<ModelStats> stats,
                                                    std::string* device_description);
   const Entry* FindEntry(const std::string& name) const;
 
   BackendFactory* const factory_;
   const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;  // the vector itself never changes after construction
   bool loaded_ = false;         // guarded by mutex_

@@ -3,6 +3,8 @@
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
@@ -30,6 +32,18 @@ std::string TruncateTorchMessage(std::string message) {
   return message;
 }
 
+// CUDA errors after which the device context is unusable: every later call fails too, so the
+// process must be restarted (see MarkFatal).
+bool IsStickyCudaError(const std::string& message) {
+  if (message.find("CUDA error") == std::string::npos) return false;
+  for (const char* sticky : {"illegal memory access", "unspecified launch failure", "device-side assert",
+                             "misaligned address", "illegal instruction", "uncorrectable ECC",
+                             "launch timed out", "hardware stack error"}) {
+    if (message.find(sticky) != std::string::npos) return true;
+  }
+  return false;
+}
+
 // Runs `fn`, turning LibTorch exceptions into statuses.
 template <typename Fn>
 auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
@@ -39,8 +53,9 @@ auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(e.what_without_backtrace())));
   } catch (const c10::Error& e) {
-    return absl::InternalError(
+    Status status = absl::InternalError(
         absl::StrCat(what, ": ", TruncateTorchMessage(e.what_without_backtrace())));
+    return IsStickyCudaError(e.what_without_backtrace()) ? MarkFatal(std::move(status)) : status;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(e.what())));
   }
@@ -93,6 +108,18 @@ std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>&
   return positions;
 }
 
+class PinnedStagingBuffer final : public StagingBuffer {
+ public:
+  explicit PinnedStagingBuffer(size_t bytes)
+      : tensor_(at::empty({static_cast<int64_t>(bytes)},
+                          at::TensorOptions().dtype(at::kByte).pinned_memory(true))) {}
+  char* data() override { return static_cast<char*>(tensor_.data_ptr()); }
+  size_t size() const override { return tensor_.nbytes(); }
+
+ private:
+  at::Tensor tensor_;
+};
+
 class TorchScriptBackend final : public ModelBackend {
  public:
   TorchScriptBackend(ModelSpec spec, torch::jit::Module module, torch::Device device,
@@ -101,11 +128,24 @@ class TorchScriptBackend final : public ModelBackend {
         module_(std::move(module)),
         device_(device),
         input_positions_(std::move(input_positions)),
-        forward_arity_(forward_arity) {}
+        forward_arity_(forward_arity) {
+    if (device_.is_cuda()) stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+  }
 
   StatusOr<InferResponse> Execute(const InferRequest& request) override {
     return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"),
-                      [&]() -> StatusOr<InferResponse> { return Run(request); });
+                      [&]() -> StatusOr<InferResponse> {
+                        if (!stream_) return Run(request);
+                        // Each instance runs on its own stream, so instances on one GPU overlap.
+                        c10::cuda::CUDAStreamGuard guard(*stream_);
+                        return Run(request);
+                      });
+  }
+
+  // Pinned host memory on a GPU instance, so the host-to-device copy can be asynchronous.
+  std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) override {
+    if (!device_.is_cuda()) return ModelBackend::AllocateStaging(bytes);
+    return std::make_unique<PinnedStagingBuffer>(bytes);
   }
 
  private:
@@ -118,7 +158,9 @@ class TorchScriptBackend final : public ModelBackend {
       // from_blob only wraps them, so the CPU path copies nothing.
       at::Tensor tensor = torch::from_blob(const_cast<char*>(input.data), input.shape,
                                            torch::TensorOptions().dtype(ToScalarType(input.dtype)));
-      if (device_.is_cuda()) tensor = tensor.to(device_);
+      // From pinned staging memory this copy is asynchronous on the instance's stream; reading
+      // the outputs back below synchronises before the staging buffer is reused.
+      if (device_.is_cuda()) tensor = tensor.to(device_, /*non_blocking=*/true);
       arguments[input_positions_[declared]] = std::move(tensor);
     }
     c10::IValue result = module_.forward(std::move(arguments));
@@ -242,6 +284,7 @@ class TorchScriptBackend final : public ModelBackend {
   const torch::Device device_;
   const std::vector<int> input_positions_;  // forward argument index of each declared input
   const size_t forward_arity_;
+  std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
 };
 
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {

@@ -59,6 +59,13 @@ class Throws(nn.Module):
         return INPUT__0 + 1.0
 
 
+class RowMix(nn.Module):
+    """Each row depends on itself only, so batching must not change any answer."""
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        return INPUT__0 * 2.0 + INPUT__0.sum(dim=1, keepdim=True)
+
+
 class AddConstant(nn.Module):
     def __init__(self, constant: float):
         super().__init__()
@@ -119,6 +126,25 @@ def main(root):
                 + tensor_block("input", "INPUT__0", "TYPE_FP32", [1])
                 + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [1]),
                 lambda version: AddConstant(float(version * 100)), versions=(1, 2, 3))
+
+    # Dynamic batching: a busy model, a model whose queue is slow to flush (timeouts, caps,
+    # cancellation), and one padded to its preferred batch size.
+    row_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+              + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4]))
+    write_model(root, "batched",
+                'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                + "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 5000 }\n"
+                + "instance_group [{ kind: KIND_CPU count: 1 }]\n", RowMix())
+    write_model(root, "slow_queue",
+                'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                + "dynamic_batching { max_queue_delay_microseconds: 1500000 "
+                + "default_queue_policy { max_queue_size: 2 allow_timeout_override: true } }\n"
+                + "instance_group [{ kind: KIND_CPU count: 1 }]\n", RowMix())
+    write_model(root, "padded",
+                'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                + "dynamic_batching { preferred_batch_size: [ 4 ] }\n"
+                + 'parameters { key: "sluice.pad_batch_to_preferred" value { string_value: "true" } }\n'
+                + "instance_group [{ kind: KIND_CPU count: 1 }]\n", RowMix())
 
     # Broken models: each must be reported not ready with its reason while the others serve.
     good_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [2])
