@@ -53,6 +53,9 @@ struct ModelSpec {
   std::string model_filename = "model.pt";         // file inside each version directory
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
+  // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
+  // as Triton's PyTorch backend). 0: the cores divided among the model's instances.
+  int intra_op_threads = 0;
 
   bool batches() const { return max_batch_size > 0; }
   // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.

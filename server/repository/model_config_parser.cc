@@ -309,6 +309,9 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   }
   for (const auto& [key, value] : config->parameters()) spec.parameters[key] = value.string_value();
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t threads,
+                          IntParameter(spec.parameters, "INTRA_OP_THREAD_COUNT", 0, 0, 1024));
+  spec.intra_op_threads = static_cast<int>(threads);
   if (config->version_policy().policy_choice_case() ==
       inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET) {
     config->mutable_version_policy()->mutable_latest()->set_num_versions(1);

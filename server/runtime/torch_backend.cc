@@ -1,6 +1,7 @@
 #include "server/runtime/torch_backend.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +13,7 @@
 
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/numbers.h"
@@ -129,7 +131,19 @@ class TorchScriptBackend final : public ModelBackend {
         device_(device),
         input_positions_(std::move(input_positions)),
         forward_arity_(forward_arity) {
-    if (device_.is_cuda()) stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+    if (device_.is_cuda()) {
+      stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+    } else {
+      intra_op_threads_ = spec_.intra_op_threads > 0 ? spec_.intra_op_threads : DefaultThreads(spec_);
+    }
+  }
+
+  // The cores divided among the model's instances, so that instances do not oversubscribe them.
+  static int DefaultThreads(const ModelSpec& spec) {
+    int instances = 0;
+    for (const InstanceGroupSpec& group : spec.instance_groups) instances += group.count;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return std::max(1, cores / std::max(1, instances));
   }
 
   StatusOr<InferResponse> Execute(const InferRequest& request) override {
@@ -150,6 +164,13 @@ class TorchScriptBackend final : public ModelBackend {
 
  private:
   StatusOr<InferResponse> Run(const InferRequest& request) {
+    // LibTorch's CPU pool (OpenMP in the torch wheel) takes its thread count per calling thread,
+    // and each instance has its own worker thread: set it once on that thread.
+    thread_local int configured_threads = 0;
+    if (intra_op_threads_ > 0 && configured_threads != intra_op_threads_) {
+      at::set_num_threads(intra_op_threads_);
+      configured_threads = intra_op_threads_;
+    }
     c10::InferenceMode inference_mode;
     std::vector<c10::IValue> arguments(forward_arity_);
     for (const TensorView& input : request.inputs) {
@@ -285,6 +306,7 @@ class TorchScriptBackend final : public ModelBackend {
   const std::vector<int> input_positions_;  // forward argument index of each declared input
   const size_t forward_arity_;
   std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
+  int intra_op_threads_ = 0;                     // CPU instances only
 };
 
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {

@@ -1,6 +1,9 @@
 // The LibTorch runtime on the CPU: loading, input/output binding, every datatype, failures.
 #include <cstring>
 #include <fstream>
+#include <thread>
+
+#include <ATen/Parallel.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -179,6 +182,21 @@ TEST_F(TorchBackendTest, ConvolutionOnCpu) {
   auto response = (*backend)->Execute(conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
+}
+
+TEST_F(TorchBackendTest, IntraOpThreadsApplyToTheInstanceThread) {
+  ModelSpec spec = Spec(DataType::kFp32, DataType::kFp32);
+  spec.intra_op_threads = 1;
+  auto backend = factory_->Load(spec, SaveModule("double", kDouble), Device{});
+  ASSERT_TRUE(backend.ok());
+  int seen = 0;
+  std::thread worker([&] {
+    auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
+    ASSERT_TRUE((*backend)->Execute(owned->request).ok());
+    seen = at::get_num_threads();
+  });
+  worker.join();
+  EXPECT_EQ(seen, 1);
 }
 
 TEST_F(TorchBackendTest, LoadFailures) {

@@ -156,6 +156,55 @@ TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
   EXPECT_EQ(spec->instance_groups[1].kind, InstanceKind::kGpu);
   EXPECT_THAT(spec->instance_groups[1].gpus, ElementsAre(1, 2));
   EXPECT_EQ(spec->parameters.at("INTRA_OP_THREAD_COUNT"), "2");
+  EXPECT_EQ(spec->intra_op_threads, 2);
+  EXPECT_FALSE(spec->dynamic_batching.enabled);
+}
+
+TEST(ModelConfigParserTest, DynamicBatching) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching {
+        preferred_batch_size: [ 8, 2, 4, 4 ]
+        max_queue_delay_microseconds: 500
+        default_queue_policy { max_queue_size: 7 default_timeout_microseconds: 900 allow_timeout_override: true }
+      }
+      parameters: { key: "sluice.pad_batch_to_preferred" value: { string_value: "true" } }
+      parameters: { key: "sluice.max_shape_groups" value: { string_value: "3" } }
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "1000" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DynamicBatchingSpec& batching = spec->dynamic_batching;
+  EXPECT_TRUE(batching.enabled);
+  EXPECT_THAT(batching.preferred_batch_sizes, ElementsAre(2, 4, 8));
+  EXPECT_EQ(batching.max_queue_delay_us, 500);
+  EXPECT_EQ(batching.max_queue_size, 7u);
+  EXPECT_EQ(batching.default_timeout_us, 900);
+  EXPECT_TRUE(batching.allow_timeout_override);
+  EXPECT_TRUE(batching.pad_to_preferred);
+  EXPECT_EQ(batching.max_shape_groups, 3);
+  EXPECT_EQ(batching.max_queued_bytes, 1000u);
+}
+
+TEST(ModelConfigParserTest, DynamicBatchingErrors) {
+  const std::string base = kMinimal;
+  struct Case {
+    std::string extra, message;
+  };
+  std::vector<Case> cases = {
+      {"dynamic_batching { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9 is outside [1, max_batch_size=8]"},
+      {"dynamic_batching { priority_levels: 2 }", "unsupported dynamic_batching field: priority_levels"},
+      {"dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action: DELAY"},
+      {"dynamic_batching { max_queue_delay_microseconds: 100000000 }", "at most 60000000"},
+      {"dynamic_batching { }\nparameters: { key: \"sluice.max_shape_groups\" value: { string_value: \"0\" } }",
+       "sluice.max_shape_groups must be an integer in [1, 4096]"},
+      {"dynamic_batching { }\nparameters: { key: \"sluice.pad_batch_to_preferred\" value: { string_value: \"yes\" } }",
+       "must be \"true\" or \"false\""},
+      {"parameters: { key: \"INTRA_OP_THREAD_COUNT\" value: { string_value: \"many\" } }",
+       "INTRA_OP_THREAD_COUNT must be an integer"},
+  };
+  for (const Case& c : cases) {
+    auto spec = Build(base + c.extra);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.extra;
+    EXPECT_THAT(spec.status().message(), HasSubstr(c.message)) << c.extra;
+  }
 }
 
 TEST(VersionPolicyTest, LatestAllSpecific) {
