@@ -149,15 +149,20 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   return batch;
 }
 
-TimePoint BatchQueue::NextWakeup() const {
-  TimePoint wakeup = kNoDeadline;
+TimePoint BatchQueue::NextBatchTime() const {
+  TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
-    wakeup = std::min(wakeup, group.queue.front().enqueued + options_.max_queue_delay);
-    for (const PendingRequest& pending : group.queue) {
-      wakeup = std::min(wakeup, pending.request->deadline);
-    }
+    next = std::min(next, group.queue.front().enqueued + options_.max_queue_delay);
   }
-  return wakeup;
+  return next;
+}
+
+TimePoint BatchQueue::NextDeadline() const {
+  TimePoint next = kNoDeadline;
+  for (const auto& [key, group] : groups_) {
+    for (const PendingRequest& pending : group.queue) next = std::min(next, pending.request->deadline);
+  }
+  return next;
 }
 
 std::vector<PendingRequest> BatchQueue::TakeAll() {

@@ -76,9 +76,12 @@ class BatchQueue {
   // ready groups the one with the oldest request goes first. Groups never block each other.
   std::optional<FormedBatch> TakeReadyBatch(TimePoint now);
 
-  // When TakeReadyBatch or TakeExpired may next have work, assuming nothing arrives; kNoDeadline
-  // when the queue is empty.
-  TimePoint NextWakeup() const;
+  // When a group next becomes ready by its delay, assuming nothing arrives; kNoDeadline when
+  // the queue is empty. (A time in the past: a group is ready now.)
+  TimePoint NextBatchTime() const;
+
+  // The earliest deadline of a waiting request; kNoDeadline when none has one.
+  TimePoint NextDeadline() const;
 
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();

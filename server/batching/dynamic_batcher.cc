@@ -86,7 +86,10 @@ void DynamicBatcher::BatcherLoop() {
         continue;
       }
     }
-    const TimePoint wakeup = queue_.NextWakeup();
+    // With every instance busy only a deadline can need us before a worker's notification; with
+    // one idle, also the next group's delay.
+    TimePoint wakeup = queue_.NextDeadline();
+    if (idle_workers_ > 0) wakeup = std::min(wakeup, queue_.NextBatchTime());
     if (wakeup == kNoDeadline) {
       batcher_cv_.wait(lock);
     } else {

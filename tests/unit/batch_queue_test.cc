@@ -65,7 +65,8 @@ TEST_F(BatchQueueTest, DelayExpiryFormsPartialBatch) {
   ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(Add(queue, 2).ok());
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  EXPECT_EQ(queue.NextWakeup(), clock_.Now() + 100us);
+  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 100us);
+  EXPECT_EQ(queue.NextDeadline(), kNoDeadline);
   clock_.Advance(99us);
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
   clock_.Advance(1us);
@@ -76,7 +77,7 @@ TEST_F(BatchQueueTest, DelayExpiryFormsPartialBatch) {
   EXPECT_EQ(batch->padded_rows, 3);
   EXPECT_EQ(queue.size(), 0u);
   EXPECT_EQ(queue.bytes(), 0u);
-  EXPECT_EQ(queue.NextWakeup(), kNoDeadline);
+  EXPECT_EQ(queue.NextBatchTime(), kNoDeadline);
 }
 
 TEST_F(BatchQueueTest, MaxBatchSizeCutsAtOnce) {
@@ -133,7 +134,7 @@ TEST_F(BatchQueueTest, ShapeGroupsDoNotDisturbEachOther) {
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("1", "3"));  // a different shape never flushed it early
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // the other keeps its own timer
-  EXPECT_EQ(queue.NextWakeup(), clock_.Now() + 50us);
+  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 50us);
   clock_.Advance(50us);
   batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
@@ -191,7 +192,7 @@ TEST_F(BatchQueueTest, DeadlinesAndCancellationExpireQueuedRequests) {
   ASSERT_TRUE(Add(queue, 1, 2, clock_.Now() + 30us).ok());
   ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(Add(queue, 1).ok());
-  EXPECT_EQ(queue.NextWakeup(), clock_.Now() + 30us);
+  EXPECT_EQ(queue.NextDeadline(), clock_.Now() + 30us);
   EXPECT_TRUE(queue.TakeExpired(clock_.Now()).empty());
   clock_.Advance(30us);
   auto expired = queue.TakeExpired(clock_.Now());

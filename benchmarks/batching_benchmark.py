@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Dynamic batching benchmark: in-process LibTorch against Sluice through perf_analyzer, side by
+side in one run, on the bundled MLP (784-512-512-10) and conv net.
+
+    .venv/bin/python benchmarks/batching_benchmark.py [--smoke] [--json out.json]
+
+1. The ceiling: sluice-bench-inprocess, forward throughput and p50 at batch sizes 1, 2, 4, ... max.
+2. Sluice through perf_analyzer at concurrency 1, 4, 16, 32, 64 with batching on and off
+   (the same model files; "on" adds a dynamic_batching block, "off" has none).
+3. Ratios: Sluice at saturation / in-process at the batch size Sluice formed (the server shares
+   the cores with perf_analyzer); batching on / off; Sluice p50 at concurrency 1 minus in-process
+   p50 at batch 1 (the single-request overhead).
+
+Prints a table and writes JSON. --smoke runs a tiny version (the test command runs it so the
+script keeps working); its numbers mean nothing.
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {
+    # name: (row shape, max_batch_size)
+    "mlp": ([784], 64),
+    "convnet": ([3, 32, 32], 32),
+}
+TARGETS = {"convnet_saturation_ratio": 0.90, "mlp_on_off_ratio_c32": 3.0, "overhead_p50_us": 150.0}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_repository(directory, batching):
+    os.makedirs(directory)
+    for name in MODELS:
+        os.makedirs(os.path.join(directory, name))
+        with open(os.path.join(ROOT, "models", name, "config.pbtxt")) as f:
+            config = f.read()
+        if batching:
+            config += "\ndynamic_batching { }\n"
+        with open(os.path.join(directory, name, "config.pbtxt"), "w") as f:
+            f.write(config)
+    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
+                    "--repository", directory], check=True, stdout=subprocess.DEVNULL)
+
+
+def inprocess(bin_dir, repository, smoke, threads):
+    results = {}
+    for name, (row_shape, max_batch) in MODELS.items():
+        sizes = [1, 2] if smoke else [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
+        out = subprocess.run(
+            [os.path.join(bin_dir, "sluice-bench-inprocess"), "--model",
+             os.path.join(repository, name, "1", "model.pt"), "--row-shape", ",".join(map(str, row_shape)),
+             "--batch-sizes", ",".join(map(str, sizes)), "--seconds", "0.05" if smoke else "2",
+             "--threads", str(threads)],
+            check=True, capture_output=True, text=True).stdout
+        results[name] = {row["batch"]: row for row in map(json.loads, out.splitlines())}
+    return results
+
+
+def statistics(url, model):
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        stats = client.get_inference_statistics(model).model_stats[0]
+        return stats.inference_count, stats.execution_count
+    finally:
+        client.close()
+
+
+def serve(bin_dir, repository):
+    port = free_port()
+    log = open(os.path.join(repository, "server.log"), "w")
+    process = subprocess.Popen([os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
+                                "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
+                                "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    import tritonclient.grpc as grpcclient
+    while time.monotonic() < deadline:
+        try:
+            client = grpcclient.InferenceServerClient(url=url)
+            if client.is_server_ready():
+                client.close()
+                return process, url
+            client.close()
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"sluice-server exited: {open(log.name).read()}")
+        time.sleep(0.1)
+    raise TimeoutError("sluice-server did not become ready")
+
+
+def perf_analyzer(url, model, concurrency, smoke, workdir):
+    out_csv = os.path.join(workdir, f"{model}_{concurrency}.csv")
+    args = [shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer"),
+            "-m", model, "-u", url, "-i", "grpc", "-b", "1", "--concurrency-range", str(concurrency),
+            "-f", out_csv, "--stability-percentage", "1000" if smoke else "50", "--max-trials", "5"]
+    if smoke:
+        args += ["--measurement-mode", "count_windows", "--measurement-request-count", "30"]
+    else:
+        args += ["--measurement-interval", "2000"]
+    before = statistics(url, model)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed for {model} c={concurrency}:\n{result.stdout}\n{result.stderr}")
+    after = statistics(url, model)
+    with open(out_csv) as f:
+        row = next(csv.DictReader(f))
+    executions = after[1] - before[1]
+    return {
+        "concurrency": concurrency,
+        "infer_per_s": float(row["Inferences/Second"]),
+        "p50_us": float(row["p50 latency"]),
+        "p99_us": float(row["p99 latency"]),
+        "server_queue_us": float(row.get("Server Queue", 0) or 0),
+        "server_compute_us": float(row.get("Server Compute Infer", 0) or 0),
+        "avg_batch": (after[0] - before[0]) / executions if executions else 0.0,
+    }
+
+
+def nearest(table, batch):
+    return min(table, key=lambda b: abs(b - batch))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny run: checks the script, measures nothing")
+    parser.add_argument("--json", default=os.path.join(ROOT, "build", "batching_benchmark.json"))
+    parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    args = parser.parse_args()
+    concurrencies = [1, 4] if args.smoke else [1, 4, 16, 32, 64]
+    cores = os.cpu_count() or 1
+
+    workdir = tempfile.mkdtemp(prefix="sluice-bench-")
+    try:
+        repos = {mode: os.path.join(workdir, mode) for mode in ("on", "off")}
+        for mode, path in repos.items():
+            make_repository(path, batching=(mode == "on"))
+        # The server's instance gets all cores (one instance per model): so does the ceiling.
+        ceiling = inprocess(args.bin_dir, repos["off"], args.smoke, threads=cores)
+        served = {}
+        for mode, path in repos.items():
+            process, url = serve(args.bin_dir, path)
+            try:
+                served[mode] = {name: [perf_analyzer(url, name, c, args.smoke, workdir) for c in concurrencies]
+                                for name in MODELS}
+            finally:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    ratios = {}
+    for name in MODELS:
+        on = served["on"][name]
+        best = max(on, key=lambda r: r["infer_per_s"])
+        formed = nearest(ceiling[name], best["avg_batch"])
+        ratios[f"{name}_saturation_ratio"] = best["infer_per_s"] / ceiling[name][formed]["rows_per_s"]
+        ratios[f"{name}_saturation_batch"] = formed
+        by_c = {r["concurrency"]: r for r in served["off"][name]}
+        on_c = {r["concurrency"]: r for r in on}
+        top = 32 if 32 in by_c else max(by_c)
+        ratios[f"{name}_on_off_ratio_c{top}"] = on_c[top]["infer_per_s"] / by_c[top]["infer_per_s"]
+        ratios[f"{name}_overhead_p50_us"] = by_c[1]["p50_us"] - ceiling[name][1]["p50_us"]
+    ratios["overhead_p50_us"] = ratios["mlp_overhead_p50_us"]
+
+    print(f"\nIn-process LibTorch ({cores} intra-op threads)")
+    print(f"{'model':8} {'batch':>5} {'rows/s':>10} {'p50 us':>8}")
+    for name, table in ceiling.items():
+        for batch, row in table.items():
+            print(f"{name:8} {batch:5d} {row['rows_per_s']:10.0f} {row['p50_us']:8.1f}")
+    print("\nSluice through perf_analyzer (-b 1)")
+    print(f"{'model':8} {'batching':8} {'conc':>4} {'infer/s':>9} {'p50 us':>8} {'p99 us':>8} {'avg batch':>9}")
+    for mode in ("off", "on"):
+        for name in MODELS:
+            for r in served[mode][name]:
+                print(f"{name:8} {mode:8} {r['concurrency']:4d} {r['infer_per_s']:9.0f} {r['p50_us']:8.0f} "
+                      f"{r['p99_us']:8.0f} {r['avg_batch']:9.2f}")
+    print("\nRatios (targets: convnet saturation >= 0.90, mlp on/off at c32 >= 3.0, overhead <= 150 us)")
+    for key, value in ratios.items():
+        print(f"  {key:32} {value:10.3f}")
+    report = {"smoke": args.smoke, "cores": cores, "inprocess": ceiling, "sluice": served,
+              "ratios": ratios, "targets": TARGETS}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
