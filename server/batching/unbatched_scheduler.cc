@@ -79,6 +79,15 @@ void UnbatchedScheduler::WorkerLoop(ModelBackend* instance) {
       queue_.pop_front();
     }
     const TimePoint started = clock_->Now();
+    // A request whose caller is gone, or whose deadline passed while it waited, never runs.
+    if (work.request->IsCancelled() || work.request->deadline <= started) {
+      if (options_.stats) options_.stats->RecordFailure(started - work.enqueued);
+      work.done(work.request->IsCancelled()
+                    ? absl::CancelledError("the request was cancelled while queued")
+                    : absl::DeadlineExceededError("the request's deadline passed while it was "
+                                                  "queued; it did not run"));
+      continue;
+    }
     StatusOr<InferResponse> result = instance->Execute(*work.request);
     const TimePoint finished = clock_->Now();
     if (options_.stats) {

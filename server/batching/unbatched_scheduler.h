@@ -1,5 +1,6 @@
 // Runs each request on its own, as it comes, on whichever model instance is free: the scheduling
-// of a model without dynamic_batching.
+// of a model without dynamic_batching. A request that was cancelled, or whose deadline passed,
+// while it waited is answered CANCELLED / DEADLINE_EXCEEDED when its turn comes, without running.
 #pragma once
 
 #include <condition_variable>

@@ -125,6 +125,33 @@ TEST(UnbatchedSchedulerTest, FailedExecutionFailsOnlyThatRequest) {
   EXPECT_TRUE(answers.Get("good").ok());
 }
 
+TEST(UnbatchedSchedulerTest, ExpiredAndCancelledRequestsNeverRun) {
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  fake->CloseGate();
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  instances.push_back(std::move(backend));
+  FakeTimeSource clock;
+  UnbatchedScheduler::Options options;
+  options.clock = &clock;
+  auto scheduler = *UnbatchedScheduler::Create(std::move(instances), options);
+  Answers answers;
+  scheduler->Enqueue(Request("running"), answers.For("running"));
+  fake->WaitStarted(1);
+  auto late = Request("late");
+  late->deadline = clock.Now() + std::chrono::milliseconds(5);
+  scheduler->Enqueue(std::move(late), answers.For("late"));
+  auto gone = Request("gone");
+  gone->cancelled = std::make_shared<std::atomic<bool>>(true);
+  scheduler->Enqueue(std::move(gone), answers.For("gone"));
+  clock.Advance(std::chrono::milliseconds(5));
+  fake->OpenGate();
+  answers.WaitFor(3);
+  EXPECT_EQ(answers.Get("late").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(answers.Get("gone").status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(fake->executed(), 1);
+}
+
 TEST(UnbatchedSchedulerTest, StopAnswersQueuedRequestsAndFinishesTheRunningOne) {
   auto backend = std::make_unique<FakeBackend>();
   FakeBackend* fake = backend.get();
