@@ -5,8 +5,9 @@ side in one run, on the bundled MLP (784-512-512-10) and conv net.
     .venv/bin/python benchmarks/batching_benchmark.py [--smoke] [--json out.json]
 
 1. The ceiling: sluice-bench-inprocess, forward throughput and p50 at batch sizes 1, 2, 4, ... max.
-2. Sluice through perf_analyzer at concurrency 1, 4, 16, 32, 64 with batching on and off
-   (the same model files; "on" adds a dynamic_batching block, "off" has none).
+2. Sluice through perf_analyzer (--async) at concurrency 1, 4, 16, 32, 64 with batching on and
+   off (the same model files; "on" adds a dynamic_batching block, "off" has none), one server
+   per model and mode.
 3. Ratios: Sluice at saturation / in-process at the batch size Sluice formed (the server shares
    the cores with perf_analyzer); batching on / off; Sluice p50 at concurrency 1 minus in-process
    p50 at batch 1 (the single-request overhead).
@@ -41,9 +42,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_repository(directory, batching):
+def make_repository(directory, batching, names):
     os.makedirs(directory)
-    for name in MODELS:
+    for name in names:
         os.makedirs(os.path.join(directory, name))
         with open(os.path.join(ROOT, "models", name, "config.pbtxt")) as f:
             config = f.read()
@@ -107,6 +108,8 @@ def perf_analyzer(url, model, concurrency, smoke, workdir):
     out_csv = os.path.join(workdir, f"{model}_{concurrency}.csv")
     args = [shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer"),
             "-m", model, "-u", url, "-i", "grpc", "-b", "1", "--concurrency-range", str(concurrency),
+            # Asynchronous clients: fewer client threads competing with the server for the cores.
+            "--async",
             "-f", out_csv, "--stability-percentage", "1000" if smoke else "50", "--max-trials", "5"]
     if smoke:
         args += ["--measurement-mode", "count_windows", "--measurement-request-count", "30"]
@@ -146,20 +149,22 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="sluice-bench-")
     try:
-        repos = {mode: os.path.join(workdir, mode) for mode in ("on", "off")}
-        for mode, path in repos.items():
-            make_repository(path, batching=(mode == "on"))
-        # The server's instance gets all cores (one instance per model): so does the ceiling.
-        ceiling = inprocess(args.bin_dir, repos["off"], args.smoke, threads=cores)
-        served = {}
-        for mode, path in repos.items():
-            process, url = serve(args.bin_dir, path)
-            try:
-                served[mode] = {name: [perf_analyzer(url, name, c, args.smoke, workdir) for c in concurrencies]
-                                for name in MODELS}
-            finally:
-                process.send_signal(signal.SIGTERM)
-                process.wait(timeout=30)
+        # One server per model and mode, as one model per replica is deployed: its single CPU
+        # instance gets all cores (the server's default split), and so does the ceiling.
+        ceiling_repo = os.path.join(workdir, "ceiling")
+        make_repository(ceiling_repo, batching=False, names=list(MODELS))
+        ceiling = inprocess(args.bin_dir, ceiling_repo, args.smoke, threads=cores)
+        served = {"on": {}, "off": {}}
+        for mode in served:
+            for name in MODELS:
+                path = os.path.join(workdir, f"{mode}-{name}")
+                make_repository(path, batching=(mode == "on"), names=[name])
+                process, url = serve(args.bin_dir, path)
+                try:
+                    served[mode][name] = [perf_analyzer(url, name, c, args.smoke, workdir) for c in concurrencies]
+                finally:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=30)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

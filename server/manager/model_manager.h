@@ -110,6 +110,8 @@ class ModelManager {
                                                    std::shared_ptr<ModelStats> stats,
                                                    std::string* device_description);
   const Entry* FindEntry(const std::string& name) const;
+  // CPU instances over every loadable model version (for the default thread split).
+  int CountCpuInstances() const;
 
   BackendFactory* const factory_;
   const Options options_;
@@ -118,6 +120,7 @@ class ModelManager {
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;  // the vector itself never changes after construction
   bool loaded_ = false;         // guarded by mutex_
+  int default_intra_op_threads_ = 1;  // set by LoadAll before anything loads
 };
 
 }  // namespace sluice

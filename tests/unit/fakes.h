@@ -106,7 +106,7 @@ class FakeBackendFactory final : public BackendFactory {
   StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec, const std::filesystem::path& file,
                                                const Device& device) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    loads.push_back({spec.name, file.string(), device.ToString()});
+    loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads});
     for (const std::string& key : {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
       auto failure = failures.find(key);
       if (failure != failures.end()) return absl::InternalError(failure->second);
@@ -118,6 +118,7 @@ class FakeBackendFactory final : public BackendFactory {
 
   struct LoadCall {
     std::string model, file, device;
+    int intra_op_threads = 0;
   };
   std::vector<LoadCall> loads;
   std::map<std::string, std::string> failures;  // "model" or "model/version" -> load error

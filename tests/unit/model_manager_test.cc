@@ -1,4 +1,5 @@
 #include <future>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -99,6 +100,21 @@ TEST(ModelManagerTest, InstancesPerGroupAndDevice) {
   for (const auto& load : factory.loads) devices.push_back(load.device);
   EXPECT_THAT(devices, ElementsAre("cpu", "cpu", "cuda:0", "cuda:1"));
   EXPECT_EQ(manager.Find("m", "")->device, "cpu,cuda:0,cuda:1 x4");
+}
+
+TEST(ModelManagerTest, CpuInstancesOfAllModelsShareTheCores) {
+  FakeBackendFactory factory;
+  ModelManager manager(
+      Models({Model("a", {1}, "instance_group [ { kind: KIND_CPU count: 2 } ]"), Model("b", {1}),
+              Model("c", {1}, "parameters { key: \"INTRA_OP_THREAD_COUNT\" value { string_value: \"3\" } }")}),
+      &factory, {});
+  ASSERT_TRUE(manager.LoadAll().ok());
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / 4);  // 2 + 1 + 1 CPU instances
+  ASSERT_EQ(factory.loads.size(), 4u);
+  EXPECT_EQ(factory.loads[0].intra_op_threads, share);
+  EXPECT_EQ(factory.loads[2].intra_op_threads, share);
+  EXPECT_EQ(factory.loads[3].intra_op_threads, 3);  // the config wins
 }
 
 TEST(ModelManagerTest, GpuIdBeyondVisibleDevicesMakesModelUnavailable) {
