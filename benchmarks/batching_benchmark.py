@@ -53,7 +53,7 @@ def make_repository(directory, batching, names):
         with open(os.path.join(directory, name, "config.pbtxt"), "w") as f:
             f.write(config)
     subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
-                    "--repository", directory], check=True, stdout=subprocess.DEVNULL)
+                    "--repository", directory, "--models", *names], check=True, stdout=subprocess.DEVNULL)
 
 
 def inprocess(bin_dir, repository, smoke, threads):
@@ -82,7 +82,7 @@ def statistics(url, model):
 
 def serve(bin_dir, repository):
     port = free_port()
-    log = open(os.path.join(repository, "server.log"), "w")
+    log = open(repository + ".log", "w")
     process = subprocess.Popen([os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
                                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
                                 "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
@@ -101,7 +101,8 @@ def serve(bin_dir, repository):
         if process.poll() is not None:
             raise RuntimeError(f"sluice-server exited: {open(log.name).read()}")
         time.sleep(0.1)
-    raise TimeoutError("sluice-server did not become ready")
+    process.kill()
+    raise TimeoutError(f"sluice-server did not become ready:\n{open(log.name).read()}")
 
 
 def perf_analyzer(url, model, concurrency, smoke, workdir):

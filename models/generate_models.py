@@ -4,7 +4,7 @@
 The configs (config.pbtxt) are committed; the weights are not: they are made here from a fixed
 seed, so every machine serves the same numbers. Run with the venv's python (scripts/setup.sh):
 
-    .venv/bin/python models/generate_models.py [--repository DIR] [--force]
+    .venv/bin/python models/generate_models.py [--repository DIR] [--force] [--models NAME ...]
 """
 import argparse
 import os
@@ -57,8 +57,10 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser.add_argument("--repository", default=here, help="model repository to write into")
     parser.add_argument("--force", action="store_true", help="rewrite existing files")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                        help="which models to write (default: all)")
     args = parser.parse_args()
-    for name in MODELS:
+    for name in args.models:
         path = os.path.join(args.repository, name, "1", "model.pt")
         if os.path.exists(path) and not args.force:
             print(f"{path}: present")
