@@ -54,7 +54,8 @@ struct ModelSpec {
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
-  // as Triton's PyTorch backend). 0: the cores divided among the model's instances.
+  // as Triton's PyTorch backend). 0: ModelManager divides the cores among the CPU instances
+  // of all models.
   int intra_op_threads = 0;
 
   bool batches() const { return max_batch_size > 0; }
