@@ -97,23 +97,32 @@ def test_queue_timeout_drops_the_request_before_the_model(triton):
     assert after.inference_stats.fail.count == before.inference_stats.fail.count + 1
 
 
-def test_full_queue_rejects_at_once_and_queued_requests_still_run(server, triton):
+def test_full_queue_rejects_at_once_and_queued_requests_still_run(server):
+    # slow_queue: max_queue_size 2 and a 1.5 s delay, so of three requests sent together two
+    # wait and exactly one is turned away at once, whatever their order.
     data = np.ones((1, 4), np.float32)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        clients = [grpcclient.InferenceServerClient(url=server.url) for _ in range(2)]
-        queued = [pool.submit(infer, c, "slow_queue", data) for c in clients]
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # until both wait in the queue
-            with pytest.raises(InferenceServerException) as error:
-                infer(triton, "slow_queue", data)
-            if "max_queue_size" in error.value.message():
-                break
-        assert error.value.status() == "StatusCode.UNAVAILABLE"
-        assert "max_queue_size" in error.value.message()
-        for future in queued:
-            np.testing.assert_allclose(future.result(timeout=10).as_numpy("OUTPUT__0"), row_mix(data))
-        for c in clients:
-            c.close()
+    clients = [grpcclient.InferenceServerClient(url=server.url) for _ in range(3)]
+
+    def call(client):
+        started = time.monotonic()
+        try:
+            return infer(client, "slow_queue", data), time.monotonic() - started
+        except InferenceServerException as error:
+            return error, time.monotonic() - started
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(call, clients))
+    for client in clients:
+        client.close()
+    rejected = [(r, t) for r, t in outcomes if isinstance(r, InferenceServerException)]
+    served = [r for r, _ in outcomes if not isinstance(r, InferenceServerException)]
+    assert len(rejected) == 1 and len(served) == 2, outcomes
+    error, elapsed = rejected[0]
+    assert error.status() == "StatusCode.UNAVAILABLE"
+    assert "max_queue_size" in error.message()
+    assert elapsed < 1.0  # at once, not after the batching delay
+    for result in served:
+        np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), row_mix(data))
 
 
 def test_cancelled_call_leaves_the_queue(server, triton):
