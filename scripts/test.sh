@@ -9,11 +9,11 @@ scripts/setup.sh
 scripts/build.sh -DSLUICE_WERROR=ON
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
 
-# The scheduling code has no torch in it, so a ThreadSanitizer build of its tests is cheap: only
-# those targets are built in build-tsan.
-SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test" \
+# The batching code has no torch and no protobuf in it, so a ThreadSanitizer build of its tests
+# (queue, batcher, stress test) is cheap: only that target is built in build-tsan. Tests that
+# parse configs stay out: Debian's libprotobuf is not instrumented, and protobuf's inline code
+# changes under -fsanitize=thread, so mixing the two crashes in map fields.
+SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test" \
   scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread >/dev/null
-for test in scheduler_test manager_test; do
-  echo "== ThreadSanitizer: $test"
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/$test --gtest_brief=1
-done
+echo "== ThreadSanitizer: scheduler_test"
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/scheduler_test --gtest_brief=1
