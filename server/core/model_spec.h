@@ -54,8 +54,8 @@ struct ModelSpec {
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
-  // as Triton's PyTorch backend). 0: ModelManager divides the cores among the CPU instances
-  // of all models.
+  // as Triton's PyTorch backend). 0 in the config: ModelManager divides the cores among the
+  // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.
   int intra_op_threads = 0;
 
   bool batches() const { return max_batch_size > 0; }

@@ -142,9 +142,10 @@ Status ModelManager::LoadAll() {
     SLUICE_RETURN_IF_ERROR(DecideDevice(options_.device_policy, InstanceKind::kGpu, false).status());
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  default_intra_op_threads_ = std::max(1, cores / std::max(1, CountCpuInstances()));
+  const int cpu_instances = CountCpuInstances();
+  default_intra_op_threads_ = std::max(1, cores / std::max(1, cpu_instances));
   spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores,
-               CountCpuInstances(), default_intra_op_threads_);
+               cpu_instances, default_intra_op_threads_);
   for (Entry& entry : entries_) {
     const RepositoryModel& model = entry.model;
     if (!model.status.ok()) {

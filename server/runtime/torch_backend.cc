@@ -13,7 +13,6 @@
 
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/numbers.h"
@@ -134,16 +133,8 @@ class TorchScriptBackend final : public ModelBackend {
     if (device_.is_cuda()) {
       stream_ = c10::cuda::getStreamFromPool(false, device_.index());
     } else {
-      intra_op_threads_ = spec_.intra_op_threads > 0 ? spec_.intra_op_threads : DefaultThreads(spec_);
+      intra_op_threads_ = spec_.intra_op_threads;  // 0: LibTorch's own default
     }
-  }
-
-  // The cores divided among the model's instances, so that instances do not oversubscribe them.
-  static int DefaultThreads(const ModelSpec& spec) {
-    int instances = 0;
-    for (const InstanceGroupSpec& group : spec.instance_groups) instances += group.count;
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    return std::max(1, cores / std::max(1, instances));
   }
 
   StatusOr<InferResponse> Execute(const InferRequest& request) override {
@@ -306,7 +297,7 @@ class TorchScriptBackend final : public ModelBackend {
   const std::vector<int> input_positions_;  // forward argument index of each declared input
   const size_t forward_arity_;
   std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
-  int intra_op_threads_ = 0;                     // CPU instances only
+  int intra_op_threads_ = 0;  // CPU instances only; the manager sets the default split
 };
 
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {
