@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const sluice::DevicePolicy device_policy = *sluice::ParseDevicePolicy(flags.device);
-  std::unique_ptr<sluice::BackendFactory> factory = sluice::MakeTorchBackendFactory();
-  LogRuntime(sluice::ProbeRuntime());
+  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime();
+  LogRuntime(runtime);
+  std::unique_ptr<sluice::BackendFactory> factory = sluice::MakeTorchBackendFactory(runtime);
   if (device_policy == sluice::DevicePolicy::kCuda && !factory->CudaUsable()) {
     spdlog::critical("event=start_failed reason=\"{}\"",
                      sluice::DecideDevice(device_policy, sluice::InstanceKind::kGpu, false).status().message());

@@ -326,7 +326,7 @@ StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::M
 
 class TorchBackendFactory final : public BackendFactory {
  public:
-  TorchBackendFactory() : info_(ProbeRuntime()) {}
+  explicit TorchBackendFactory(RuntimeInfo info) : info_(std::move(info)) {}
 
   StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec,
                                                const std::filesystem::path& model_file,
@@ -401,8 +401,10 @@ RuntimeInfo ProbeRuntime() {
   return info;
 }
 
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory() {
-  return std::make_unique<TorchBackendFactory>();
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info) {
+  return std::make_unique<TorchBackendFactory>(info);
 }
+
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory() { return MakeTorchBackendFactory(ProbeRuntime()); }
 
 }  // namespace sluice

@@ -30,6 +30,8 @@ RuntimeInfo ProbeRuntime();
 // tuple/list of tensors (bound by `__<index>` suffix, else in config order) or a dict of tensors
 // (bound by key). Forward runs under c10::InferenceMode; LibTorch exceptions become statuses that
 // keep the torch message (truncated).
+// `info` is what ProbeRuntime found (pass it when you already probed, as the server does).
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info);
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory();
 
 }  // namespace sluice
