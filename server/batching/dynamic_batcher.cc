@@ -52,12 +52,14 @@ void DynamicBatcher::Poke() {
   batcher_cv_.notify_one();
 }
 
+void DynamicBatcher::FailOne(PendingRequest& pending, const Status& status, TimePoint now) {
+  if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued);
+  pending.done(status);
+}
+
 void DynamicBatcher::Fail(std::vector<PendingRequest> requests, const Status& status) {
   const TimePoint now = options_.clock->Now();
-  for (PendingRequest& pending : requests) {
-    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued);
-    pending.done(status);
-  }
+  for (PendingRequest& pending : requests) FailOne(pending, status, now);
 }
 
 void DynamicBatcher::BatcherLoop() {
@@ -66,15 +68,8 @@ void DynamicBatcher::BatcherLoop() {
     const TimePoint now = options_.clock->Now();
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
     if (!expired.empty()) {
-      std::vector<PendingRequest> cancelled, late;
-      for (PendingRequest& pending : expired) {
-        (pending.request->IsCancelled() ? cancelled : late).push_back(std::move(pending));
-      }
       lock.unlock();
-      Fail(std::move(cancelled), absl::CancelledError("the request was cancelled while queued"));
-      Fail(std::move(late), absl::DeadlineExceededError(
-                                "the request's deadline or queue timeout passed while it was queued; "
-                                "it did not run"));
+      for (PendingRequest& pending : expired) FailOne(pending, QueuedExpiryStatus(*pending.request), now);
       lock.lock();
       continue;
     }
@@ -162,7 +157,7 @@ void DynamicBatcher::Stop() {
   }
   batcher_cv_.notify_all();
   worker_cv_.notify_all();
-  Fail(std::move(abandoned), absl::UnavailableError("the server is shutting down; the request did not run"));
+  Fail(std::move(abandoned), ShutdownStatus());
   if (batcher_.joinable()) batcher_.join();
   // Workers finish the batches already formed, then exit.
   for (std::thread& worker : workers_) {

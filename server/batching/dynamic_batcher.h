@@ -61,6 +61,7 @@ class DynamicBatcher final : public Scheduler {
   void BatcherLoop();
   void WorkerLoop(Instance* instance);
   void RunBatch(Instance* instance, FormedBatch batch);
+  void FailOne(PendingRequest& pending, const Status& status, TimePoint now);
   void Fail(std::vector<PendingRequest> requests, const Status& status);
 
   const ModelSpec spec_;

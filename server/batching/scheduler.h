@@ -14,6 +14,19 @@ namespace sluice {
 // it must not block on model work and must be cheap.
 using InferCompletion = std::function<void(StatusOr<InferResponse>)>;
 
+// The answer for a request that left a queue without running because its caller cancelled it
+// (CANCELLED) or its deadline passed (DEADLINE_EXCEEDED). Every scheduler uses it.
+inline Status QueuedExpiryStatus(const InferRequest& request) {
+  if (request.IsCancelled()) return absl::CancelledError("the request was cancelled while queued");
+  return absl::DeadlineExceededError(
+      "the request's deadline or queue timeout passed while it was queued; it did not run");
+}
+
+// The answer for requests still queued when a scheduler stops.
+inline Status ShutdownStatus() {
+  return absl::UnavailableError("the server is shutting down; the request did not run");
+}
+
 class Scheduler {
  public:
   virtual ~Scheduler() = default;

@@ -59,7 +59,7 @@ void UnbatchedScheduler::Stop() {
   work_ready_.notify_all();
   for (Work& work : abandoned) {
     if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued);
-    work.done(absl::UnavailableError("the server is shutting down; the request did not run"));
+    work.done(ShutdownStatus());
   }
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
@@ -82,10 +82,7 @@ void UnbatchedScheduler::WorkerLoop(ModelBackend* instance) {
     // A request whose caller is gone, or whose deadline passed while it waited, never runs.
     if (work.request->IsCancelled() || work.request->deadline <= started) {
       if (options_.stats) options_.stats->RecordFailure(started - work.enqueued);
-      work.done(work.request->IsCancelled()
-                    ? absl::CancelledError("the request was cancelled while queued")
-                    : absl::DeadlineExceededError("the request's deadline passed while it was "
-                                                  "queued; it did not run"));
+      work.done(QueuedExpiryStatus(*work.request));
       continue;
     }
     StatusOr<InferResponse> result = instance->Execute(*work.request);

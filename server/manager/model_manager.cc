@@ -238,7 +238,7 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
           chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
     }
   }
-  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
+  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler};
 }
 
 std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {

@@ -30,7 +30,6 @@ struct ServableModel {
   int64_t version = 0;
   std::string device;  // "cpu", "cuda:0", or a list for several instances
   std::shared_ptr<Scheduler> scheduler;
-  std::shared_ptr<ModelStats> stats;
 };
 
 // Statistics of one loaded version, for ModelStatistics.
