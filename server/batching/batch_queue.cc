@@ -61,7 +61,6 @@ Status BatchQueue::Add(PendingRequest& pending) {
         options_.server_budget->limit(), ", --max-queued-bytes); retry later"));
   }
   if (group == groups_.end()) group = groups_.emplace(key, Group{}).first;
-  group->second.rows += request.batch_size;
   group->second.queue.push_back(std::move(pending));
   ++requests_;
   bytes_ += group->second.queue.back().bytes;
@@ -80,7 +79,6 @@ std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
     Group& group = it->second;
     for (auto entry = group.queue.begin(); entry != group.queue.end();) {
       if (entry->request->deadline <= now || entry->request->IsCancelled()) {
-        group.rows -= entry->request->batch_size;
         Forget(*entry);
         expired.push_back(std::move(*entry));
         entry = group.queue.erase(entry);
@@ -139,7 +137,6 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   for (size_t i = 0; i < take; ++i) {
     PendingRequest& front = chosen->queue.front();
     batch.rows += front.request->batch_size;
-    chosen->rows -= front.request->batch_size;
     Forget(front);
     batch.requests.push_back(std::move(front));
     chosen->queue.pop_front();

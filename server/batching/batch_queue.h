@@ -95,8 +95,7 @@ class BatchQueue {
 
  private:
   struct Group {
-    std::deque<PendingRequest> queue;
-    int64_t rows = 0;
+    std::deque<PendingRequest> queue;  // arrival order
   };
 
   // How many requests from the front of `group` form a batch now, or 0 when it should wait.
