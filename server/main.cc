@@ -1,6 +1,7 @@
 // sluice-server: serves the TorchScript models of a Triton-layout model repository over the
 // KServe v2 / Triton gRPC protocol.
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -28,6 +29,11 @@ struct Flags {
   size_t max_queue_size = 1024;
   size_t max_queued_bytes = size_t{2} << 30;
   int shutdown_grace_ms = 5000;
+  std::string cudnn_benchmark = "auto";
+  bool cudnn_deterministic = false;
+  bool allow_tf32 = true;
+  bool warmup = true;
+  bool print_env = false;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -75,14 +81,54 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "On SIGINT/SIGTERM, how long calls in flight may take to finish")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--cudnn-benchmark", flags.cudnn_benchmark,
+                 "auto: cuDNN benchmark mode on for each model whose shape set is finite (fixed "
+                 "dims or padding buckets), off for the others; on/off: for every model. A model's "
+                 "sluice.cudnn_benchmark parameter overrides it")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--cudnn-deterministic", flags.cudnn_deterministic,
+                 "Only deterministic cuDNN convolution algorithms (reproducible, often slower)")
+      ->capture_default_str();
+  app.add_option("--allow-tf32", flags.allow_tf32,
+                 "Let cuDNN convolutions use TF32 on Ampere and newer GPUs (LibTorch's default; "
+                 "faster FP32 with a 10-bit mantissa). Matmuls keep LibTorch's FP32 default")
+      ->capture_default_str();
+  app.add_option("--warmup", flags.warmup,
+                 "Run every shape of each model's shape set (and its model_warmup samples) on "
+                 "every instance before the model reports ready; false: cold start")
+      ->capture_default_str();
+  app.add_flag("--print-env", flags.print_env,
+               "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
+               "what is wrong with them, then exit");
 }
 
-void LogRuntime(const sluice::RuntimeInfo& info) {
-  spdlog::info("event=runtime sluice={} libtorch={} cuda_build={} cuda_runtime={} cudnn={} gpus={}",
-               SLUICE_VERSION, info.torch_version, info.cuda_built ? "yes" : "no",
-               info.cuda_runtime_version.empty() ? "-" : info.cuda_runtime_version,
-               info.cudnn_version.empty() ? "-" : info.cudnn_version, info.cuda_device_count);
-  if (!info.cuda_usable) spdlog::info("event=cuda_unusable reason=\"{}\"", info.problem);
+sluice::CudnnBenchmarkMode ParseBenchmarkMode(const std::string& mode) {
+  if (mode == "on") return sluice::CudnnBenchmarkMode::kOn;
+  if (mode == "off") return sluice::CudnnBenchmarkMode::kOff;
+  return sluice::CudnnBenchmarkMode::kAuto;
+}
+
+void LogRuntime(const sluice::RuntimeInfo& info, const Flags& flags, bool gpu_required) {
+  auto or_dash = [](const std::string& value) { return value.empty() ? std::string("-") : value; };
+  spdlog::info("event=runtime sluice={} libtorch={} cuda_built_with={} cuda_runtime={} driver={} "
+               "driver_cuda={} cudnn_compiled={} cudnn_loaded={} gpus={} cudnn_benchmark={} "
+               "cudnn_deterministic={} allow_tf32={} intra_op_threads={} inter_op_threads={}",
+               SLUICE_VERSION, info.torch_version, or_dash(info.cuda_build_version),
+               or_dash(info.cuda_runtime_version), info.driver_found ? or_dash(info.driver_version) : "none",
+               or_dash(info.driver_cuda_version), or_dash(info.cudnn_version),
+               or_dash(info.cudnn_loaded_version), info.cuda_device_count, flags.cudnn_benchmark,
+               info.cudnn_deterministic, info.cudnn_allow_tf32, info.intra_op_threads, info.inter_op_threads);
+  for (const sluice::GpuInfo& gpu : info.gpus) {
+    spdlog::info("event=gpu index={} name=\"{}\" compute_capability={}.{} memory_mib={} uuid={}", gpu.index,
+                 gpu.name, gpu.major, gpu.minor, gpu.memory_bytes >> 20, gpu.uuid);
+  }
+  for (const std::string& problem : sluice::EnvironmentProblems(info, gpu_required)) {
+    spdlog::warn("event=environment_problem problem=\"{}\"", problem);
+  }
+  if (!info.cuda_usable) {
+    spdlog::info("event=cpu_only reason=\"{}\" action=\"every model runs on the CPU\"", info.problem);
+  }
 }
 
 }  // namespace
@@ -93,6 +139,18 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
+  const sluice::DevicePolicy device_policy = *sluice::ParseDevicePolicy(flags.device);
+  const bool gpu_required = device_policy == sluice::DevicePolicy::kCuda;
+  sluice::CudnnSettings cudnn;
+  cudnn.benchmark = flags.cudnn_benchmark == "on";
+  cudnn.deterministic = flags.cudnn_deterministic;
+  cudnn.allow_tf32 = flags.allow_tf32;
+  sluice::ConfigureCudnn(cudnn);
+  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime();
+  if (flags.print_env) {
+    std::fputs(sluice::FormatEnvironment(runtime, flags.cudnn_benchmark, gpu_required).c_str(), stdout);
+    return EXIT_SUCCESS;
+  }
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
@@ -105,9 +163,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const sluice::DevicePolicy device_policy = *sluice::ParseDevicePolicy(flags.device);
-  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime();
-  LogRuntime(runtime);
+  LogRuntime(runtime, flags, gpu_required);
   std::unique_ptr<sluice::BackendFactory> factory = sluice::MakeTorchBackendFactory(runtime);
   if (device_policy == sluice::DevicePolicy::kCuda && !factory->CudaUsable()) {
     spdlog::critical("event=start_failed reason=\"{}\"",
@@ -128,6 +184,8 @@ int main(int argc, char** argv) {
   manager_options.max_queue_size = flags.max_queue_size;
   manager_options.queued_bytes_budget = std::make_shared<sluice::ByteBudget>(flags.max_queued_bytes);
   manager_options.liveness = &liveness;
+  manager_options.cudnn_benchmark = ParseBenchmarkMode(flags.cudnn_benchmark);
+  manager_options.warmup = flags.warmup;
   sluice::ModelManager manager(*std::move(models), factory.get(), manager_options);
 
   sluice::InferenceService::Options service_options;

@@ -1,6 +1,7 @@
 #include "server/batching/dynamic_batcher.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/batching/warmup.h"
 
 namespace sluice {
 
@@ -94,10 +95,54 @@ void DynamicBatcher::BatcherLoop() {
   }
 }
 
+StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests) {
+  auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
+  WarmupCollector collector(static_cast<int>(instances_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return absl::UnavailableError("the scheduler has stopped");
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Instance* instance = instances_[i].get();
+      instance->tasks.push_back([this, instance, i, shared, &collector] {
+        collector.Report(RunWarmupOnInstance(
+            static_cast<int>(i), *shared, [&](const InferRequest& request) -> Status {
+              FormedBatch batch;
+              batch.requests.emplace_back();
+              batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));
+              batch.rows = batch.padded_rows = request.batch_size;
+              TimePoint assembled_at;
+              return ExecuteBatch(instance, batch, /*assemble=*/true, &assembled_at).status();
+            }));
+      });
+    }
+  }
+  worker_cv_.notify_all();
+  return collector.Wait();
+}
+
+StatusOr<InferResponse> DynamicBatcher::ExecuteBatch(Instance* instance, const FormedBatch& batch,
+                                                     bool assemble, TimePoint* assembled_at) {
+  InferRequest assembled;
+  if (assemble) assembled = AssembleBatch(spec_, batch, &instance->staging);
+  *assembled_at = options_.clock->Now();
+  return instance->backend->Execute(assemble ? assembled : *batch.requests[0].request);
+}
+
 void DynamicBatcher::WorkerLoop(Instance* instance) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    worker_cv_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
+    worker_cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || !instance->tasks.empty(); });
+    if (!instance->tasks.empty()) {
+      std::function<void()> task = std::move(instance->tasks.front());
+      instance->tasks.pop_front();
+      --idle_workers_;
+      lock.unlock();
+      task();
+      lock.lock();
+      ++idle_workers_;
+      batcher_cv_.notify_one();
+      continue;
+    }
     if (ready_.empty()) return;  // stopping, and no batch left to run
     FormedBatch batch = std::move(ready_.front());
     ready_.pop_front();
@@ -113,10 +158,8 @@ void DynamicBatcher::RunBatch(Instance* instance, FormedBatch batch) {
   const TimePoint started = options_.clock->Now();
   // A lone request that needs no padding runs on its own bytes: nothing to copy or split.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
-  InferRequest assembled;
-  if (!alone) assembled = AssembleBatch(spec_, batch, &instance->staging);
-  const TimePoint assembled_at = options_.clock->Now();
-  StatusOr<InferResponse> outputs = instance->backend->Execute(alone ? *batch.requests[0].request : assembled);
+  TimePoint assembled_at;
+  StatusOr<InferResponse> outputs = ExecuteBatch(instance, batch, !alone, &assembled_at);
   const TimePoint executed_at = options_.clock->Now();
   if (!outputs.ok()) {
     if (IsFatal(outputs.status()) && options_.on_fatal) options_.on_fatal(outputs.status());

@@ -40,6 +40,9 @@ class DynamicBatcher final : public Scheduler {
   ~DynamicBatcher() override;
 
   void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
+  // Each warm-up request is assembled in the instance's staging buffers as a one-request batch
+  // (so the buffers also reach their largest size before traffic comes).
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
   void Stop() override;
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;
@@ -55,12 +58,17 @@ class DynamicBatcher final : public Scheduler {
         : backend(std::move(model)), staging(backend.get()) {}
     std::unique_ptr<ModelBackend> backend;
     StagingPool staging;  // touched only by this instance's worker thread
+    std::deque<std::function<void()>> tasks;  // run by this instance's worker first; guarded by mutex_
   };
 
   DynamicBatcher(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   void BatcherLoop();
   void WorkerLoop(Instance* instance);
   void RunBatch(Instance* instance, FormedBatch batch);
+  // Assembles `batch` in the instance's staging buffers (unless it is one request that needs no
+  // padding) and runs it.
+  StatusOr<InferResponse> ExecuteBatch(Instance* instance, const FormedBatch& batch, bool assemble,
+                                       TimePoint* assembled_at);
   void FailOne(PendingRequest& pending, const Status& status, TimePoint now);
   void Fail(std::vector<PendingRequest> requests, const Status& status);
 

@@ -3,6 +3,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "server/core/infer_request.h"
 #include "server/core/status.h"
@@ -27,6 +29,25 @@ inline Status ShutdownStatus() {
   return absl::UnavailableError("the server is shutting down; the request did not run");
 }
 
+// One request the warm-up runs (see Scheduler::WarmUp).
+struct WarmupRequest {
+  std::string label;                      // "batch=4 image[4,3,32,32]", for logs and errors
+  std::unique_ptr<InferRequest> request;  // owns its bytes (owned_buffers)
+  int runs = 1;                           // times it runs on each instance
+};
+
+// One (instance, request) pair the warm-up ran.
+struct WarmupPass {
+  int instance = 0;       // index of the instance, in load order
+  std::string label;
+  Duration first_run{0};  // what the first client request of this shape would have paid
+  Duration last_run{0};   // the last warm-up run, close to the steady state
+};
+
+struct WarmupReport {
+  std::vector<WarmupPass> passes;  // instance-major, requests in the order given
+};
+
 class Scheduler {
  public:
   virtual ~Scheduler() = default;
@@ -37,6 +58,12 @@ class Scheduler {
 
   // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
   virtual void Poke() {}
+
+  // Runs every request `runs` times on every instance, each on that instance's own worker thread
+  // (LibTorch keeps cuDNN's benchmark cache per thread) and through the path a request of that
+  // shape takes when served, discarding the outputs; returns when all ran. Call it before the
+  // scheduler takes traffic. The first failure is returned, prefixed with the request's label.
+  virtual StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) = 0;
 
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.

@@ -1,6 +1,7 @@
 #include "server/batching/unbatched_scheduler.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/batching/warmup.h"
 
 namespace sluice {
 
@@ -16,11 +17,30 @@ UnbatchedScheduler::UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>
                                        Options options)
     : options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
-      instances_(std::move(instances)) {
+      instances_(std::move(instances)),
+      tasks_(instances_.size()) {
   workers_.reserve(instances_.size());
-  for (auto& instance : instances_) {
-    workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
+  for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+StatusOr<WarmupReport> UnbatchedScheduler::WarmUp(std::vector<WarmupRequest> requests) {
+  auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
+  WarmupCollector collector(static_cast<int>(instances_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return absl::UnavailableError("the scheduler has stopped");
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      tasks_[i].push_back([instance = instances_[i].get(), i, shared, &collector] {
+        // Unbatched requests run on their own bytes, so warm-up does too.
+        collector.Report(RunWarmupOnInstance(static_cast<int>(i), *shared,
+                                             [instance](const InferRequest& request) {
+                                               return instance->Execute(request).status();
+                                             }));
+      });
+    }
   }
+  work_ready_.notify_all();
+  return collector.Wait();
 }
 
 UnbatchedScheduler::~UnbatchedScheduler() { Stop(); }
@@ -68,12 +88,21 @@ void UnbatchedScheduler::Stop() {
   workers_.clear();
 }
 
-void UnbatchedScheduler::WorkerLoop(ModelBackend* instance) {
+void UnbatchedScheduler::WorkerLoop(size_t index) {
+  ModelBackend* instance = instances_[index].get();
+  std::deque<std::function<void()>>& tasks = tasks_[index];
   for (;;) {
     Work work;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty() || !tasks.empty(); });
+      if (!tasks.empty()) {
+        std::function<void()> task = std::move(tasks.front());
+        tasks.pop_front();
+        lock.unlock();
+        task();
+        continue;
+      }
       if (queue_.empty()) return;  // stopping, nothing left
       work = std::move(queue_.front());
       queue_.pop_front();

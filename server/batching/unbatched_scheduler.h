@@ -35,6 +35,7 @@ class UnbatchedScheduler final : public Scheduler {
   ~UnbatchedScheduler() override;
 
   void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
   void Stop() override;
 
  private:
@@ -45,7 +46,7 @@ class UnbatchedScheduler final : public Scheduler {
   };
 
   UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
-  void WorkerLoop(ModelBackend* instance);
+  void WorkerLoop(size_t index);
 
   const Options options_;
   SteadyTimeSource steady_;
@@ -54,6 +55,8 @@ class UnbatchedScheduler final : public Scheduler {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::deque<Work> queue_;  // guarded by mutex_
+  // Per instance, work for that instance's worker alone (warm-up), run before the queue.
+  std::vector<std::deque<std::function<void()>>> tasks_;  // guarded by mutex_
   bool stopping_ = false;   // guarded by mutex_
   std::vector<std::thread> workers_;
 };

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <string>
 
 #include "absl/strings/cord.h"
 
@@ -35,6 +36,13 @@ class HeapStagingBuffer final : public StagingBuffer {
   size_t size_;
 };
 
+// How an instance's convolutions carry the model's cuDNN benchmark decision (ModelSpec).
+struct ConvolutionTuning {
+  int convolutions = 0;  // convolution calls found in the model's graphs
+  int rewritten = 0;     // ...that now carry the decision (and the server's cuDNN flags) as constants
+  std::string fallback;  // non-empty: why some could not; those follow LibTorch's global flag
+};
+
 // One loaded model instance on one device. Thread-compatible: a scheduler calls Execute from one
 // worker thread at a time per instance.
 class ModelBackend {
@@ -50,6 +58,8 @@ class ModelBackend {
   virtual std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) {
     return std::make_unique<HeapStagingBuffer>(bytes);
   }
+
+  virtual ConvolutionTuning Tuning() const { return {}; }
 };
 
 // Marks a status as fatal for the whole process (a sticky CUDA error: every later kernel on

@@ -1,6 +1,69 @@
 #include "server/core/data_type.h"
 
+#include <cstdint>
+#include <cstring>
+
 namespace sluice {
+namespace {
+
+uint32_t FloatBits(float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+uint16_t FloatToHalf(float value) {
+  const uint32_t bits = FloatBits(value);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t raw_exponent = (bits >> 23) & 0xffu;
+  uint32_t mantissa = bits & 0x7fffffu;
+  if (raw_exponent == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
+  const int exponent = static_cast<int>(raw_exponent) - 127 + 15;
+  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: infinity
+  if (exponent <= 0) {                                                // subnormal or zero
+    if (exponent < -10) return static_cast<uint16_t>(sign);
+    mantissa |= 0x800000u;
+    const int shift = 14 - exponent;
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1);
+    const uint32_t middle = 1u << (shift - 1);
+    if (rest > middle || (rest == middle && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+  const uint32_t rest = mantissa & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // a carry rounds up the exponent
+  return static_cast<uint16_t>(half);
+}
+
+uint16_t FloatToBfloat16(float value) {
+  const uint32_t bits = FloatBits(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+template <typename T>
+std::string BytesOf(T value) {
+  return std::string(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+}  // namespace
+
+std::string ScalarBytes(DataType type, double value) {
+  switch (type) {
+    case DataType::kBool: return BytesOf<uint8_t>(value != 0 ? 1 : 0);
+    case DataType::kUint8: return BytesOf(static_cast<uint8_t>(value));
+    case DataType::kInt8: return BytesOf(static_cast<int8_t>(value));
+    case DataType::kInt16: return BytesOf(static_cast<int16_t>(value));
+    case DataType::kInt32: return BytesOf(static_cast<int32_t>(value));
+    case DataType::kInt64: return BytesOf(static_cast<int64_t>(value));
+    case DataType::kFp16: return BytesOf(FloatToHalf(static_cast<float>(value)));
+    case DataType::kBf16: return BytesOf(FloatToBfloat16(static_cast<float>(value)));
+    case DataType::kFp32: return BytesOf(static_cast<float>(value));
+    case DataType::kFp64: return BytesOf(value);
+  }
+  return "";
+}
 
 const char* DataTypeName(DataType type) {
   switch (type) {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace sluice {
@@ -33,5 +34,9 @@ std::optional<DataType> ParseDataTypeName(std::string_view name);
 
 // Bytes per element on the wire (BOOL is one byte per element).
 size_t ElementSize(DataType type);
+
+// One element of `type` holding `value` (converted as a C++ cast would; FP16 and BF16 rounded to
+// nearest even), as the little-endian bytes the wire and the runtime use.
+std::string ScalarBytes(DataType type, double value);
 
 }  // namespace sluice

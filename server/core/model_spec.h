@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct TensorSpec {
   std::string name;
   DataType dtype = DataType::kFp32;
   Shape dims;
+  // The server fills this input (the true lengths of padded axes, sluice.lengths_input); clients
+  // must not send it, and ModelMetadata does not list it.
+  bool filled_by_server = false;
 };
 
 // Where an instance group asks to run (Triton's ModelInstanceGroup.Kind).
@@ -43,6 +47,46 @@ struct DynamicBatchingSpec {
   size_t max_queued_bytes = 256u << 20;  // sluice.max_queued_bytes: input bytes waiting per version
 };
 
+// Padding buckets: variable dimensions of inputs are padded up to the next bucket size so that a
+// model sees a finite set of shapes (config parameters sluice.buckets, sluice.bucket_dims,
+// sluice.pad_value, sluice.lengths_input; see README "Shape buckets").
+struct BucketAxis {
+  std::string name;            // "seq"
+  std::vector<int64_t> sizes;  // ascending, distinct, positive
+};
+struct BucketDim {
+  std::string tensor;     // an input (padded) or an output (cut back to the true length)
+  bool is_input = true;
+  int dim = 0;            // index into the config `dims` (the batch dimension not counted)
+  int axis = 0;           // index into PaddingSpec::axes
+};
+struct PaddingSpec {
+  std::vector<BucketAxis> axes;  // empty: the model pads nothing
+  std::vector<BucketDim> dims;
+  double pad_value = 0;          // written into padded positions, converted to each input's type
+  std::string lengths_input;     // empty, or an input the server fills per row: the true length
+                                 // of each axis, in axes order (shape [axes.size()])
+  bool enabled() const { return !axes.empty(); }
+};
+
+// One sample of Triton's model_warmup block.
+struct WarmupInputSpec {
+  std::string name;
+  DataType dtype = DataType::kFp32;
+  Shape dims;                     // without the batch dimension
+  enum class Source { kZero, kRandom, kFile } source = Source::kZero;
+  std::string file;               // kFile: a file in <model>/warmup/
+};
+struct WarmupSampleSpec {
+  std::string name;
+  int batch_size = 1;
+  int count = 1;                  // runs of this sample
+  std::vector<WarmupInputSpec> inputs;
+};
+
+// --cudnn-benchmark, and its per-model override (parameter sluice.cudnn_benchmark).
+enum class CudnnBenchmarkMode { kAuto, kOn, kOff };
+
 struct ModelSpec {
   std::string name;
   std::string platform = "pytorch_libtorch";
@@ -57,6 +101,15 @@ struct ModelSpec {
   // as Triton's PyTorch backend). 0 in the config: ModelManager divides the cores among the
   // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.
   int intra_op_threads = 0;
+  PaddingSpec padding;
+  // Warm-up before the model reports ready (see server/batching/warmup.h).
+  bool warmup = true;                          // sluice.warmup: false skips the shape warm-up
+  int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance
+  std::vector<WarmupSampleSpec> warmup_samples;  // Triton's model_warmup
+  std::optional<CudnnBenchmarkMode> cudnn_benchmark_override;  // sluice.cudnn_benchmark
+  // Decided by ModelManager (see DecideCudnnBenchmark) before the instances load; the runtime
+  // writes it into every convolution of the model's graph.
+  bool cudnn_benchmark = false;
 
   bool batches() const { return max_batch_size > 0; }
   // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.

@@ -55,6 +55,12 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
                                                      "' for model '", spec.name,
                                                      "'; it takes: ", ExpectedNames(spec.inputs)));
     }
+    if (declared->filled_by_server) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", input.name, "' of model '", spec.name,
+          "' is filled by the server with the true lengths of padded inputs "
+          "(sluice.lengths_input); do not send it"));
+    }
     if (input.dtype != declared->dtype) {
       return absl::InvalidArgumentError(
           absl::StrCat("input '", input.name, "' has datatype ", DataTypeName(input.dtype),
@@ -70,7 +76,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     }
   }
   for (const TensorSpec& declared : spec.inputs) {
-    if (seen.count(declared.name) == 0) {
+    if (seen.count(declared.name) == 0 && !declared.filled_by_server) {
       return absl::InvalidArgumentError(absl::StrCat("missing input '", declared.name,
                                                      "' for model '", spec.name, "'"));
     }

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/shape_padding.h"
 #include "server/batching/unbatched_scheduler.h"
+#include "server/batching/warmup.h"
 
 namespace sluice {
 
@@ -43,25 +45,37 @@ ModelManager::~ModelManager() { Stop(); }
 StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryModel& model,
                                                                const std::filesystem::path& file,
                                                                std::shared_ptr<ModelStats> stats,
-                                                               std::string* device_description) {
+                                                               std::string* device_description,
+                                                               ModelTuning* tuning) {
   // Without INTRA_OP_THREAD_COUNT, the CPU instances of all models share the cores: more
   // OpenMP threads than cores makes libgomp stop spinning and every parallel region pays a
   // futex wake-up (measured: a 784-512-512-10 MLP forward 74 us -> 250 us on 2 cores).
   ModelSpec spec = model.spec;
   if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
+  const ShapePlan plan = ComputeShapePlan(spec);
+  const CudnnBenchmarkDecision decision = DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
+  spec.cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_reason = decision.reason;
+  tuning->shapes_finite = plan.finite;
+  tuning->shape_count = plan.shapes.size();
+  if (!options_.warmup) spec.warmup = false;
+  // Built before the instances load, so that a bad model_warmup sample fails fast.
+  SLUICE_ASSIGN_OR_RETURN(std::vector<WarmupRequest> warmup,
+                          BuildWarmupRequests(spec, plan, model.directory));
   std::vector<std::unique_ptr<ModelBackend>> instances;
   std::vector<std::string> devices;
   for (const InstanceGroupSpec& group : spec.instance_groups) {
     SLUICE_ASSIGN_OR_RETURN(
-        const DeviceDecision decision,
+        const DeviceDecision device_decision,
         DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
-    if (decision.fell_back_to_cpu) {
+    if (device_decision.fell_back_to_cpu) {
       spdlog::warn("event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
                    "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
                    model.name);
     }
     std::vector<Device> targets;
-    if (!decision.use_cuda) {
+    if (!device_decision.use_cuda) {
       targets.push_back(Device{});
     } else if (group.gpus.empty()) {
       for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
@@ -84,6 +98,7 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
       }
     }
   }
+  tuning->convolutions = instances.front()->Tuning();
   std::set<std::string> distinct(devices.begin(), devices.end());
   *device_description = absl::StrCat(absl::StrJoin(distinct, ","), " x", devices.size());
   std::function<void(const Status&)> on_fatal;
@@ -94,7 +109,28 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
       liveness->ReportFatal(status);
     };
   }
-  const DynamicBatchingSpec& batching = model.spec.dynamic_batching;
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler,
+                          MakeScheduler(spec, std::move(instances), stats, std::move(on_fatal)));
+  if (spec.padding.enabled()) {
+    scheduler = std::make_unique<PaddingScheduler>(spec, std::move(scheduler), std::move(stats));
+  }
+  if (!warmup.empty()) {
+    const auto started = std::chrono::steady_clock::now();
+    StatusOr<WarmupReport> report = scheduler->WarmUp(std::move(warmup));
+    tuning->warmup_time = std::chrono::steady_clock::now() - started;
+    if (!report.ok()) {
+      scheduler->Stop();
+      return report.status();
+    }
+    tuning->warmup = std::move(report->passes);
+  }
+  return std::shared_ptr<Scheduler>(std::move(scheduler));
+}
+
+StatusOr<std::unique_ptr<Scheduler>> ModelManager::MakeScheduler(
+    const ModelSpec& spec, std::vector<std::unique_ptr<ModelBackend>> instances,
+    std::shared_ptr<ModelStats> stats, std::function<void(const Status&)> on_fatal) const {
+  const DynamicBatchingSpec& batching = spec.dynamic_batching;
   if (!batching.enabled) {
     UnbatchedScheduler::Options scheduler_options;
     scheduler_options.max_queue_size = options_.max_queue_size;
@@ -103,10 +139,10 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
     scheduler_options.on_fatal = std::move(on_fatal);
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<UnbatchedScheduler> scheduler,
                             UnbatchedScheduler::Create(std::move(instances), std::move(scheduler_options)));
-    return std::shared_ptr<Scheduler>(std::move(scheduler));
+    return std::unique_ptr<Scheduler>(std::move(scheduler));
   }
   DynamicBatcher::Options batcher_options;
-  batcher_options.queue.max_batch_size = model.spec.max_batch_size;
+  batcher_options.queue.max_batch_size = spec.max_batch_size;
   batcher_options.queue.preferred_batch_sizes = batching.preferred_batch_sizes;
   batcher_options.queue.max_queue_delay = std::chrono::microseconds(batching.max_queue_delay_us);
   batcher_options.queue.max_requests =
@@ -119,8 +155,8 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
   batcher_options.stats = std::move(stats);
   batcher_options.on_fatal = std::move(on_fatal);
   SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DynamicBatcher> batcher,
-                          DynamicBatcher::Create(model.spec, std::move(instances), std::move(batcher_options)));
-  return std::shared_ptr<Scheduler>(std::move(batcher));
+                          DynamicBatcher::Create(spec, std::move(instances), std::move(batcher_options)));
+  return std::unique_ptr<Scheduler>(std::move(batcher));
 }
 
 int ModelManager::CountCpuInstances() const {
@@ -158,8 +194,11 @@ Status ModelManager::LoadAll() {
       const auto started = std::chrono::steady_clock::now();
       std::string device;
       auto stats = std::make_shared<ModelStats>();
+      ModelTuning tuning;
+      tuning.name = model.name;
+      tuning.version = version;
       StatusOr<std::shared_ptr<Scheduler>> scheduler =
-          LoadVersion(model, model.versions.at(version), stats, &device);
+          LoadVersion(model, model.versions.at(version), stats, &device, &tuning);
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - started).count();
       std::lock_guard<std::mutex> lock(mutex_);
@@ -169,6 +208,8 @@ Status ModelManager::LoadAll() {
         slot.scheduler = *std::move(scheduler);
         slot.stats = std::move(stats);
         slot.device = device;
+        LogTuning(tuning);
+        slot.tuning = std::move(tuning);
         spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}",
                      model.name, version, device,
                      model.spec.dynamic_batching.enabled ? "dynamic" : "none", ms);
@@ -183,6 +224,40 @@ Status ModelManager::LoadAll() {
   std::lock_guard<std::mutex> lock(mutex_);
   loaded_ = true;
   return absl::OkStatus();
+}
+
+void ModelManager::LogTuning(const ModelTuning& tuning) {
+  const ConvolutionTuning& convolutions = tuning.convolutions;
+  spdlog::info("event=cudnn_benchmark model={} version={} benchmark={} reason=\"{}\" convolutions={} "
+               "rewritten={}", tuning.name, tuning.version, tuning.cudnn_benchmark ? "on" : "off",
+               tuning.cudnn_reason, convolutions.convolutions, convolutions.rewritten);
+  if (!convolutions.fallback.empty()) {
+    spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
+                 tuning.version, convolutions.fallback);
+  }
+  for (const WarmupPass& pass : tuning.warmup) {
+    spdlog::debug("event=warmup_pass model={} version={} instance={} shape=\"{}\" first_ms={:.3f} "
+                  "last_ms={:.3f}", tuning.name, tuning.version, pass.instance, pass.label,
+                  std::chrono::duration<double, std::milli>(pass.first_run).count(),
+                  std::chrono::duration<double, std::milli>(pass.last_run).count());
+  }
+  std::set<int> instances;
+  for (const WarmupPass& pass : tuning.warmup) instances.insert(pass.instance);
+  spdlog::info("event=warmup model={} version={} shapes={} instances={} pairs={} warmup_ms={}",
+               tuning.name, tuning.version, tuning.shapes_finite ? std::to_string(tuning.shape_count) : "variable",
+               instances.size(), tuning.warmup.size(),
+               std::chrono::duration_cast<std::chrono::milliseconds>(tuning.warmup_time).count());
+}
+
+std::vector<ModelTuning> ModelManager::Tunings() const {
+  std::vector<ModelTuning> tunings;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    for (const VersionSlot& slot : entry.versions) {
+      if (slot.state == ModelState::kReady) tunings.push_back(slot.tuning);
+    }
+  }
+  return tunings;
 }
 
 const ModelManager::Entry* ModelManager::FindEntry(const std::string& name) const {

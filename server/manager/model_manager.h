@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,6 +13,7 @@
 #include "server/batching/batch_queue.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
+#include "server/batching/shape_plan.h"
 #include "server/core/clock.h"
 #include "server/core/liveness.h"
 #include "server/core/backend.h"
@@ -39,6 +41,20 @@ struct VersionStatistics {
   ModelStatsSnapshot stats;
 };
 
+// What the server did to make one version fast from its first request: the cuDNN benchmark
+// decision and the warm-up.
+struct ModelTuning {
+  std::string name;
+  int64_t version = 0;
+  bool cudnn_benchmark = false;
+  std::string cudnn_reason;        // why (DecideCudnnBenchmark)
+  ConvolutionTuning convolutions;  // of the first instance (every instance loads the same graph)
+  bool shapes_finite = false;
+  size_t shape_count = 0;          // shapes in the plan (0 when not finite)
+  std::vector<WarmupPass> warmup;  // every (instance, shape) pair warmed, and the samples
+  Duration warmup_time{0};         // wall time of the warm-up
+};
+
 // One row of RepositoryIndex.
 struct ModelIndexEntry {
   std::string name;
@@ -56,6 +72,8 @@ class ModelManager {
     const TimeSource* clock = nullptr;  // null: the steady clock
     std::shared_ptr<ByteBudget> queued_bytes_budget;  // server-wide cap (--max-queued-bytes); may be null
     LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
+    CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
+    bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
   };
 
   ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
@@ -84,6 +102,9 @@ class ModelManager {
   StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name,
                                                       const std::string& version) const;
 
+  // The tuning of every ready version, in repository order.
+  std::vector<ModelTuning> Tunings() const;
+
   // True once LoadAll finished and every model in the repository has every selected version ready.
   bool AllReady() const;
 
@@ -98,6 +119,7 @@ class ModelManager {
     std::string device;
     std::shared_ptr<Scheduler> scheduler;
     std::shared_ptr<ModelStats> stats;
+    ModelTuning tuning;
   };
   struct Entry {
     RepositoryModel model;
@@ -107,7 +129,13 @@ class ModelManager {
   StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
                                                    const std::filesystem::path& file,
                                                    std::shared_ptr<ModelStats> stats,
-                                                   std::string* device_description);
+                                                   std::string* device_description,
+                                                   ModelTuning* tuning);
+  StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const ModelSpec& spec,
+                                                     std::vector<std::unique_ptr<ModelBackend>> instances,
+                                                     std::shared_ptr<ModelStats> stats,
+                                                     std::function<void(const Status&)> on_fatal) const;
+  static void LogTuning(const ModelTuning& tuning);
   const Entry* FindEntry(const std::string& name) const;
   // CPU instances over every loadable model version (for the default thread split).
   int CountCpuInstances() const;

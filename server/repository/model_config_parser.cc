@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -106,7 +110,6 @@ Status RejectUnsupported(const inference::ModelConfig& config) {
   if (config.has_ensemble_scheduling()) fields.push_back("ensemble_scheduling");
   if (config.batch_input_size() > 0) fields.push_back("batch_input");
   if (config.batch_output_size() > 0) fields.push_back("batch_output");
-  if (config.model_warmup_size() > 0) fields.push_back("model_warmup");
   if (config.has_model_operations()) fields.push_back("model_operations");
   if (config.model_transaction_policy().decoupled()) fields.push_back("model_transaction_policy.decoupled");
   if (config.has_model_repository_agents()) fields.push_back("model_repository_agents");
@@ -238,6 +241,219 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   return absl::OkStatus();
 }
 
+StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& parameters,
+                               const std::string& key, bool fallback) {
+  if (parameters.count(key) == 0) return fallback;
+  return BoolParameter(parameters, key);
+}
+
+// Every Sluice parameter; a misspelt sluice.* key is an error rather than silently ignored.
+constexpr const char* kSluiceParameters[] = {
+    "sluice.pad_batch_to_preferred", "sluice.max_shape_groups", "sluice.max_queued_bytes",
+    "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
+    "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
+    "sluice.cudnn_benchmark"};
+
+Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
+  for (const auto& [key, value] : parameters) {
+    if (!absl::StartsWith(key, "sluice.")) continue;
+    if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
+                     [&](const char* known) { return key == known; }) == std::end(kSluiceParameters)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown parameter '", key, "' (Sluice knows: ",
+                                                     absl::StrJoin(kSluiceParameters, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name) {
+  for (TensorSpec& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+// sluice.buckets "seq=16,32,64; h=224,448", sluice.bucket_dims "tokens:0=seq, logits:0=seq",
+// sluice.pad_value, sluice.lengths_input.
+Status ConvertPadding(ModelSpec* spec) {
+  const auto& parameters = spec->parameters;
+  const bool has_buckets = parameters.count("sluice.buckets") > 0;
+  const bool has_dims = parameters.count("sluice.bucket_dims") > 0;
+  if (!has_buckets && !has_dims) {
+    for (const char* key : {"sluice.pad_value", "sluice.lengths_input"}) {
+      if (parameters.count(key) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " needs sluice.buckets"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (!has_buckets || !has_dims) {
+    return absl::InvalidArgumentError(
+        "padding needs both sluice.buckets (axis=sizes) and sluice.bucket_dims (tensor:dim=axis)");
+  }
+  PaddingSpec& padding = spec->padding;
+  for (absl::string_view item : absl::StrSplit(parameters.at("sluice.buckets"), ';', absl::SkipWhitespace())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    BucketAxis axis;
+    axis.name = std::string(absl::StripAsciiWhitespace(parts[0]));
+    if (parts.size() != 2 || axis.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sluice.buckets: '", item, "' is not axis=size,size,... (e.g. \"seq=16,32,64\")"));
+    }
+    for (absl::string_view size_text : absl::StrSplit(parts[1], ',', absl::SkipWhitespace())) {
+      int64_t size = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(size_text), &size) || size < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name,
+                                                       "': '", size_text, "' is not a positive size"));
+      }
+      axis.sizes.push_back(size);
+    }
+    if (axis.sizes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name, "' has no sizes"));
+    }
+    std::sort(axis.sizes.begin(), axis.sizes.end());
+    axis.sizes.erase(std::unique(axis.sizes.begin(), axis.sizes.end()), axis.sizes.end());
+    for (const BucketAxis& other : padding.axes) {
+      if (other.name == axis.name) {
+        return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name, "' is given twice"));
+      }
+    }
+    padding.axes.push_back(std::move(axis));
+  }
+  if (padding.axes.empty()) return absl::InvalidArgumentError("sluice.buckets declares no axis");
+  std::vector<bool> axis_has_input(padding.axes.size(), false);
+  for (absl::string_view item : absl::StrSplit(parameters.at("sluice.bucket_dims"), ',', absl::SkipWhitespace())) {
+    const std::string where = absl::StrCat("sluice.bucket_dims: '", absl::StripAsciiWhitespace(item), "'");
+    std::vector<absl::string_view> sides = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    const size_t colon = sides[0].rfind(':');
+    int dim = 0;
+    if (sides.size() != 2 || colon == absl::string_view::npos ||
+        !absl::SimpleAtoi(sides[0].substr(colon + 1), &dim)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is not tensor:dim=axis (e.g. \"tokens:0=seq\")"));
+    }
+    BucketDim bucketed;
+    bucketed.tensor = std::string(absl::StripAsciiWhitespace(sides[0].substr(0, colon)));
+    bucketed.dim = dim;
+    const std::string axis_name(absl::StripAsciiWhitespace(sides[1]));
+    auto axis = std::find_if(padding.axes.begin(), padding.axes.end(),
+                             [&](const BucketAxis& a) { return a.name == axis_name; });
+    if (axis == padding.axes.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no axis '", axis_name, "' in sluice.buckets"));
+    }
+    bucketed.axis = static_cast<int>(axis - padding.axes.begin());
+    TensorSpec* tensor = FindTensor(spec->inputs, bucketed.tensor);
+    bucketed.is_input = tensor != nullptr;
+    if (tensor == nullptr) tensor = FindTensor(spec->outputs, bucketed.tensor);
+    if (tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no input or output '", bucketed.tensor, "'"));
+    }
+    if (dim < 0 || static_cast<size_t>(dim) >= tensor->dims.size() || tensor->dims[dim] != -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": dimension ", dim, " of '", bucketed.tensor, "' must exist and be -1 in its dims ",
+          ShapeToString(tensor->dims), " (dimensions count from 0, the batch dimension not counted)"));
+    }
+    for (const BucketDim& other : padding.dims) {
+      if (other.tensor == bucketed.tensor && other.dim == bucketed.dim) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": this dimension is given twice"));
+      }
+    }
+    if (bucketed.is_input) axis_has_input[bucketed.axis] = true;
+    padding.dims.push_back(std::move(bucketed));
+  }
+  for (size_t axis = 0; axis < padding.axes.size(); ++axis) {
+    if (!axis_has_input[axis]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sluice.bucket_dims: no input dimension follows axis '", padding.axes[axis].name, "'"));
+    }
+  }
+  if (auto it = parameters.find("sluice.pad_value"); it != parameters.end()) {
+    if (!absl::SimpleAtod(it->second, &padding.pad_value)) {
+      return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value must be a number, found '", it->second, "'"));
+    }
+  }
+  if (auto it = parameters.find("sluice.lengths_input"); it != parameters.end()) {
+    TensorSpec* lengths = FindTensor(spec->inputs, it->second);
+    const Shape expected = {static_cast<int64_t>(padding.axes.size())};
+    if (lengths == nullptr ||
+        (lengths->dtype != DataType::kInt32 && lengths->dtype != DataType::kInt64) ||
+        lengths->dims != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sluice.lengths_input must name an input of TYPE_INT32 or TYPE_INT64 with dims ",
+          ShapeToString(expected), " (one length per axis of sluice.buckets); found '", it->second, "'"));
+    }
+    for (const BucketDim& bucketed : padding.dims) {
+      if (bucketed.tensor == lengths->name) {
+        return absl::InvalidArgumentError("sluice.lengths_input cannot itself be padded");
+      }
+    }
+    lengths->filled_by_server = true;
+    padding.lengths_input = lengths->name;
+  }
+  return absl::OkStatus();
+}
+
+Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
+  SLUICE_ASSIGN_OR_RETURN(spec->warmup, BoolParameterOr(spec->parameters, "sluice.warmup", true));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t runs, IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
+  spec->warmup_runs = static_cast<int>(runs);
+  if (auto it = spec->parameters.find("sluice.cudnn_benchmark"); it != spec->parameters.end()) {
+    if (it->second == "on") {
+      spec->cudnn_benchmark_override = CudnnBenchmarkMode::kOn;
+    } else if (it->second == "off") {
+      spec->cudnn_benchmark_override = CudnnBenchmarkMode::kOff;
+    } else if (it->second != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter sluice.cudnn_benchmark must be \"auto\", \"on\" or \"off\", found '", it->second, "'"));
+    }
+  }
+  for (const inference::ModelWarmup& warmup : config.model_warmup()) {
+    WarmupSampleSpec sample;
+    sample.name = warmup.name().empty() ? absl::StrCat("#", spec->warmup_samples.size()) : warmup.name();
+    const std::string where = absl::StrCat("model_warmup '", sample.name, "'");
+    if (spec->batches()) {
+      if (warmup.batch_size() < 1 || warmup.batch_size() > static_cast<uint32_t>(spec->max_batch_size)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": batch_size must be in [1, max_batch_size=",
+                                                       spec->max_batch_size, "], found ", warmup.batch_size()));
+      }
+    } else if (warmup.batch_size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": batch_size must be 0 or 1 for a model "
+                                                     "without max_batch_size"));
+    }
+    sample.batch_size = std::max<int>(1, static_cast<int>(warmup.batch_size()));
+    if (warmup.count() > 1000) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": count must be at most 1000"));
+    }
+    sample.count = std::max<int>(1, static_cast<int>(warmup.count()));
+    std::map<std::string, inference::ModelWarmup::Input> inputs(warmup.inputs().begin(), warmup.inputs().end());
+    for (const auto& [name, input] : inputs) {
+      WarmupInputSpec out;
+      out.name = name;
+      SLUICE_ASSIGN_OR_RETURN(out.dtype, ConvertDataType(input.data_type(), absl::StrCat(where, " input '", name, "'")));
+      for (int64_t dim : input.dims()) {
+        if (dim < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(where, " input '", name, "': dims must be concrete, found ", dim));
+        }
+        out.dims.push_back(dim);
+      }
+      switch (input.input_data_type_case()) {
+        case inference::ModelWarmup::Input::kRandomData: out.source = WarmupInputSpec::Source::kRandom; break;
+        case inference::ModelWarmup::Input::kInputDataFile:
+          out.source = WarmupInputSpec::Source::kFile;
+          out.file = input.input_data_file();
+          if (out.file.empty() || out.file.find('/') != std::string::npos || out.file == "..") {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, " input '", name, "': input_data_file must be a plain file name in the model's warmup/ folder"));
+          }
+          break;
+        default: out.source = WarmupInputSpec::Source::kZero; break;
+      }
+      sample.inputs.push_back(std::move(out));
+    }
+    spec->warmup_samples.push_back(std::move(sample));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StatusOr<inference::ModelConfig> ParseModelConfigText(const std::string& text,
@@ -308,7 +524,10 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     return absl::InvalidArgumentError("default_model_filename must be a plain file name");
   }
   for (const auto& [key, value] : config->parameters()) spec.parameters[key] = value.string_value();
+  SLUICE_RETURN_IF_ERROR(CheckSluiceParameterNames(spec.parameters));
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
+  SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
+  SLUICE_RETURN_IF_ERROR(ConvertWarmup(*config, &spec));
   SLUICE_ASSIGN_OR_RETURN(const int64_t threads,
                           IntParameter(spec.parameters, "INTRA_OP_THREAD_COUNT", 0, 0, 1024));
   spec.intra_op_threads = static_cast<int>(threads);

@@ -11,13 +11,21 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include <dlfcn.h>
+
 #include <cstring>
+#include <fstream>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/runtime/convolution_rewrite.h"
 
 namespace sluice {
 namespace {
@@ -124,12 +132,13 @@ class PinnedStagingBuffer final : public StagingBuffer {
 class TorchScriptBackend final : public ModelBackend {
  public:
   TorchScriptBackend(ModelSpec spec, torch::jit::Module module, torch::Device device,
-                     std::vector<int> input_positions, size_t forward_arity)
+                     std::vector<int> input_positions, size_t forward_arity, ConvolutionTuning tuning)
       : spec_(std::move(spec)),
         module_(std::move(module)),
         device_(device),
         input_positions_(std::move(input_positions)),
-        forward_arity_(forward_arity) {
+        forward_arity_(forward_arity),
+        tuning_(std::move(tuning)) {
     if (device_.is_cuda()) {
       stream_ = c10::cuda::getStreamFromPool(false, device_.index());
     } else {
@@ -152,6 +161,8 @@ class TorchScriptBackend final : public ModelBackend {
     if (!device_.is_cuda()) return ModelBackend::AllocateStaging(bytes);
     return std::make_unique<PinnedStagingBuffer>(bytes);
   }
+
+  ConvolutionTuning Tuning() const override { return tuning_; }
 
  private:
   StatusOr<InferResponse> Run(const InferRequest& request) {
@@ -298,6 +309,7 @@ class TorchScriptBackend final : public ModelBackend {
   const size_t forward_arity_;
   std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
   int intra_op_threads_ = 0;  // CPU instances only; the manager sets the default split
+  const ConvolutionTuning tuning_;
 };
 
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {
@@ -343,9 +355,11 @@ class TorchBackendFactory final : public BackendFactory {
                         torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);
                         module.eval();
                         SLUICE_ASSIGN_OR_RETURN(std::vector<int> positions, BindInputs(spec, module));
+                        ConvolutionTuning tuning = TuneConvolutions(spec, module);
                         const size_t arity = spec.inputs.size();
                         return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
-                            spec, std::move(module), torch_device, std::move(positions), arity));
+                            spec, std::move(module), torch_device, std::move(positions), arity,
+                            std::move(tuning)));
                       });
   }
 
@@ -353,22 +367,62 @@ class TorchBackendFactory final : public BackendFactory {
   int CudaDeviceCount() const override { return info_.cuda_device_count; }
 
  private:
+  ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module) {
+    at::Context& context = at::globalContext();
+    ConvolutionFlags flags;
+    flags.benchmark = spec.cudnn_benchmark;
+    flags.deterministic = context.deterministicCuDNN() || context.deterministicAlgorithms();
+    flags.cudnn_enabled = context.userEnabledCuDNN();
+    flags.allow_tf32 = context.allowTF32CuDNN();
+    ConvolutionTuning tuning = RewriteConvolutions(module, flags);
+    if (tuning.fallback.empty()) return tuning;
+    // What the graph cannot carry follows the process-wide flag: the first model that needs it
+    // sets it; a later model that wants the opposite runs with the first one's choice.
+    std::lock_guard<std::mutex> lock(global_flag_mutex_);
+    if (global_flag_owner_.empty()) {
+      global_flag_owner_ = spec.name;
+      context.setBenchmarkCuDNN(spec.cudnn_benchmark);
+      absl::StrAppend(&tuning.fallback, "; model '", spec.name, "' set the global flag ",
+                      spec.cudnn_benchmark ? "on" : "off");
+    } else if (context.benchmarkCuDNN() != spec.cudnn_benchmark) {
+      absl::StrAppend(&tuning.fallback, "; the global flag is already ",
+                      context.benchmarkCuDNN() ? "on" : "off", " for model '", global_flag_owner_,
+                      "', so these run with it ", context.benchmarkCuDNN() ? "on" : "off");
+    }
+    return tuning;
+  }
+
   const RuntimeInfo info_;
+  std::mutex global_flag_mutex_;
+  std::string global_flag_owner_;  // guarded by global_flag_mutex_
 };
 
-std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
-  // CUDA encodes 13000 as 13.0; cuDNN 91900 as 9.19.0.
-  if (version <= 0) return "";
-  if (minor_divisor == 0) return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / 10);
-  return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / minor_divisor, ".",
-                      version % minor_divisor);
-}
-
 }  // namespace
+
+void ConfigureCudnn(const CudnnSettings& settings) {
+  at::Context& context = at::globalContext();
+  context.setBenchmarkCuDNN(settings.benchmark);
+  context.setDeterministicCuDNN(settings.deterministic);
+  context.setAllowTF32CuDNN(settings.allow_tf32);
+  // The TorchScript executor settings warm-up relies on (see server/batching/warmup.h): the
+  // profiling executor records one run per new input shape (num_profiled_runs = 1), then
+  // specialises; sluice.warmup_runs (default 3) covers the profiled run, the optimising run and
+  // one steady run per shape.
+  torch::jit::getProfilingMode() = true;
+  torch::jit::getExecutorMode() = true;
+  torch::jit::getNumProfiledRuns() = 1;
+}
 
 RuntimeInfo ProbeRuntime() {
   RuntimeInfo info;
   info.torch_version = TORCH_VERSION;
+  at::Context& context = at::globalContext();
+  info.cudnn_enabled = context.userEnabledCuDNN();
+  info.cudnn_benchmark = context.benchmarkCuDNN();
+  info.cudnn_deterministic = context.deterministicCuDNN();
+  info.cudnn_allow_tf32 = context.allowTF32CuDNN();
+  info.intra_op_threads = at::get_num_threads();
+  info.inter_op_threads = at::get_num_interop_threads();
   const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
   try {
     info.cuda_built = hooks.hasCUDA() || torch::cuda::is_available() || hooks.versionCUDART() > 0;
@@ -380,11 +434,38 @@ RuntimeInfo ProbeRuntime() {
     return info;
   }
   try {
-    info.cuda_runtime_version = VersionFromInt(hooks.versionCUDART(), 1000, 0);
+    info.cuda_build_version = VersionFromInt(hooks.versionCUDART(), 1000, 0);
   } catch (const std::exception&) {
+  }
+  // The runtime and driver versions come from the libraries actually loaded: libcudart is already
+  // in the process (libtorch_cuda needs it); libcuda.so.1 is the driver's and may be absent.
+  using VersionFn = int (*)(int*);
+  if (auto runtime_version = reinterpret_cast<VersionFn>(dlsym(RTLD_DEFAULT, "cudaRuntimeGetVersion"))) {
+    int version = 0;
+    if (runtime_version(&version) == 0) info.cuda_runtime_version = VersionFromInt(version, 1000, 0);
+  }
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    info.driver_found = true;
+    if (auto driver_version = reinterpret_cast<VersionFn>(dlsym(driver, "cuDriverGetVersion"))) {
+      int version = 0;
+      if (driver_version(&version) == 0) info.driver_cuda_version = VersionFromInt(version, 1000, 0);
+    }
+    dlclose(driver);
+  }
+  if (std::ifstream proc("/proc/driver/nvidia/version"); proc) {
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."
+    std::string line;
+    std::getline(proc, line);
+    const size_t module = line.find("Kernel Module");
+    if (module != std::string::npos) {
+      std::string rest = line.substr(module + std::strlen("Kernel Module"));
+      const size_t begin = rest.find_first_not_of(' ');
+      if (begin != std::string::npos) info.driver_version = rest.substr(begin, rest.find(' ', begin) - begin);
+    }
   }
   try {
     if (hooks.hasCuDNN()) info.cudnn_version = VersionFromInt(hooks.versionCuDNN(), 10000, 100);
+    info.cudnn_loaded_version = VersionFromInt(hooks.versionRuntimeCuDNN(), 10000, 100);
   } catch (const std::exception&) {
   }
   try {
@@ -397,6 +478,36 @@ RuntimeInfo ProbeRuntime() {
     info.problem =
         "no CUDA GPU is visible to this process (no NVIDIA driver, no device, or the container "
         "was started without --gpus all)";
+  }
+  for (int index = 0; info.cuda_usable && index < info.cuda_device_count; ++index) {
+    GpuInfo gpu;
+    gpu.index = index;
+    try {
+      const cudaDeviceProp* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+      gpu.name = properties->name;
+      gpu.major = properties->major;
+      gpu.minor = properties->minor;
+      gpu.memory_bytes = properties->totalGlobalMem;
+      const auto* uuid = reinterpret_cast<const unsigned char*>(properties->uuid.bytes);
+      gpu.uuid = "GPU-";
+      for (int i = 0; i < 16; ++i) {
+        absl::StrAppend(&gpu.uuid, absl::Hex(uuid[i], absl::kZeroPad2));
+        if (i == 3 || i == 5 || i == 7 || i == 9) gpu.uuid += "-";
+      }
+      // A kernel and a cuDNN convolution: "no kernel image is available" means this LibTorch
+      // build does not cover the GPU's compute capability; a cuDNN failure names its library.
+      const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+      at::Tensor probe = torch::ones({1, 1, 4, 4}, torch::TensorOptions().device(device));
+      (void)torch::conv2d(probe.add(1), torch::ones({1, 1, 3, 3}, probe.options())).sum().item<float>();
+    } catch (const std::exception& e) {
+      const std::string message = e.what();
+      gpu.problem = message.find("no kernel image") != std::string::npos
+                        ? absl::StrCat("this LibTorch build has no kernels for compute capability ",
+                                       gpu.major, ".", gpu.minor,
+                                       "; install a torch build that covers it")
+                        : TruncateTorchMessage(message.substr(0, message.find('\n')));
+    }
+    info.gpus.push_back(std::move(gpu));
   }
   return info;
 }

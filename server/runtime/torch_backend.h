@@ -6,20 +6,21 @@
 #include <string>
 
 #include "server/core/backend.h"
+#include "server/runtime/environment.h"
 
 namespace sluice {
 
-// What this process runs on, for the start-up log and ServerMetadata.
-struct RuntimeInfo {
-  std::string torch_version;    // "2.11.0"
-  bool cuda_built = false;      // LibTorch was built with CUDA
-  bool cuda_usable = false;     // ...and a driver and a GPU are there
-  int cuda_device_count = 0;
-  std::string cuda_runtime_version;  // "13.0", empty without CUDA
-  std::string cudnn_version;         // "9.19.0", empty without cuDNN
-  std::string problem;               // why CUDA is not usable, in words an operator can act on
+// LibTorch's process-wide cuDNN switches, set once at start-up, before any model loads.
+struct CudnnSettings {
+  bool benchmark = false;      // the global flag: what convolutions the graph rewrite cannot
+                               // reach follow (--cudnn-benchmark on sets it)
+  bool deterministic = false;  // --cudnn-deterministic
+  bool allow_tf32 = true;      // --allow-tf32: TF32 in cuDNN convolutions (LibTorch's default)
 };
+void ConfigureCudnn(const CudnnSettings& settings);
 
+// What this process runs on (see environment.h). Touches every GPU once (a tiny kernel and a
+// tiny convolution) to find the ones this LibTorch build cannot run on.
 RuntimeInfo ProbeRuntime();
 
 // Factory for TorchScript model instances.
@@ -28,7 +29,10 @@ RuntimeInfo ProbeRuntime();
 // when every config input name is a forward argument name; otherwise by the `<name>__<index>`
 // suffix (INPUT__0, INPUT__1, ...). Outputs: forward may return a tensor (one output), a
 // tuple/list of tensors (bound by `__<index>` suffix, else in config order) or a dict of tensors
-// (bound by key). Forward runs under c10::InferenceMode; LibTorch exceptions become statuses that
+// (bound by key). Every convolution is rewritten to carry the model's cuDNN benchmark decision
+// (ModelSpec::cudnn_benchmark) and the process's cuDNN flags (see convolution_rewrite.h); where
+// that is impossible the model claims LibTorch's global flag (the first such model wins; the
+// conflict is reported in ModelBackend::Tuning). Forward runs under c10::InferenceMode; LibTorch exceptions become statuses that
 // keep the torch message (truncated).
 // `info` is what ProbeRuntime found (pass it when you already probed, as the server does).
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info);

@@ -111,7 +111,14 @@ class FakeBackendFactory final : public BackendFactory {
       auto failure = failures.find(key);
       if (failure != failures.end()) return absl::InternalError(failure->second);
     }
-    return std::unique_ptr<ModelBackend>(std::make_unique<FakeBackend>());
+    auto backend = std::make_unique<FakeBackend>();
+    if (closed_gates) backend->CloseGate();
+    backends.push_back(backend.get());
+    return std::unique_ptr<ModelBackend>(std::move(backend));
+  }
+  FakeBackend* backend(size_t index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return index < backends.size() ? backends[index] : nullptr;
   }
   bool CudaUsable() const override { return cuda_; }
   int CudaDeviceCount() const override { return gpus_; }
@@ -122,6 +129,8 @@ class FakeBackendFactory final : public BackendFactory {
   };
   std::vector<LoadCall> loads;
   std::map<std::string, std::string> failures;  // "model" or "model/version" -> load error
+  bool closed_gates = false;             // backends start with their gate closed
+  std::vector<FakeBackend*> backends;    // every backend loaded (owned by the schedulers)
 
  private:
   std::mutex mutex_;

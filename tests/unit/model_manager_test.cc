@@ -1,4 +1,5 @@
 #include <future>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -72,6 +73,66 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   EXPECT_THAT(index[1].reason, HasSubstr("bad archive"));
   EXPECT_EQ(index[2].version, "");
   EXPECT_EQ(std::string(ModelStateName(index[2].state)), "UNAVAILABLE");
+}
+
+TEST(ModelManagerTest, ReadinessWaitsForWarmUpOfEveryShapeOnEveryInstance) {
+  FakeBackendFactory factory;
+  factory.closed_gates = true;  // the first warm-up run blocks until the test opens the gate
+  ModelManager manager(Models({Model("m", {1}, "instance_group [ { kind: KIND_CPU count: 2 } ]")}), &factory, {});
+  std::thread loader([&] { ASSERT_TRUE(manager.LoadAll().ok()); });
+  while (factory.backend(1) == nullptr) std::this_thread::yield();
+  factory.backend(0)->WaitStarted(1);
+  factory.backend(1)->WaitStarted(1);
+  // Warming up: not ready, and requests are told so.
+  EXPECT_FALSE(manager.AllReady());
+  auto during = manager.Find("m", "");
+  EXPECT_EQ(during.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(during.status().message(), HasSubstr("still loading"));
+  EXPECT_TRUE(manager.Tunings().empty());
+  factory.backend(0)->OpenGate();
+  factory.backend(1)->OpenGate();
+  loader.join();
+  EXPECT_TRUE(manager.AllReady());
+  ASSERT_TRUE(manager.Find("m", "").ok());
+
+  // max_batch_size 4 with fixed dims: batch sizes 1..4, each run 3 times on each of 2 instances.
+  std::vector<ModelTuning> tunings = manager.Tunings();
+  ASSERT_EQ(tunings.size(), 1u);
+  EXPECT_TRUE(tunings[0].shapes_finite);
+  EXPECT_EQ(tunings[0].shape_count, 4u);
+  EXPECT_TRUE(tunings[0].cudnn_benchmark);
+  std::set<std::pair<int, std::string>> pairs;
+  for (const WarmupPass& pass : tunings[0].warmup) pairs.insert({pass.instance, pass.label});
+  EXPECT_EQ(pairs.size(), 8u);
+  EXPECT_TRUE(pairs.count({1, "batch=4 INPUT__0[4,2]"}));
+  EXPECT_EQ(factory.backend(0)->executed() + factory.backend(1)->executed(), 2 * 4 * 3);
+}
+
+TEST(ModelManagerTest, WarmupSwitchAndBenchmarkModes) {
+  FakeBackendFactory factory;
+  ModelManager::Options options;
+  options.warmup = false;
+  options.cudnn_benchmark = CudnnBenchmarkMode::kOff;
+  ModelManager manager(Models({Model("m", {1})}), &factory, options);
+  ASSERT_TRUE(manager.LoadAll().ok());
+  EXPECT_EQ(factory.backend(0)->executed(), 0);
+  ASSERT_EQ(manager.Tunings().size(), 1u);
+  EXPECT_TRUE(manager.Tunings()[0].warmup.empty());
+  EXPECT_FALSE(manager.Tunings()[0].cudnn_benchmark);
+  EXPECT_THAT(manager.Tunings()[0].cudnn_reason, HasSubstr("--cudnn-benchmark=off"));
+}
+
+TEST(ModelManagerTest, AModelWhoseWarmUpFailsIsUnavailable) {
+  FakeBackendFactory factory;
+  // A model_warmup sample whose data file does not exist.
+  ModelManager manager(
+      Models({Model("m", {1}, "model_warmup [ { name: \"w\" batch_size: 1 inputs { key: \"INPUT__0\" "
+                              "value: { data_type: TYPE_FP32 dims: [ 2 ] input_data_file: \"none.bin\" } } } ]")}),
+      &factory, {});
+  ASSERT_TRUE(manager.LoadAll().ok());
+  auto found = manager.Find("m", "");
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(found.status().message(), HasSubstr("model_warmup 'w' input 'INPUT__0': cannot read"));
 }
 
 TEST(ModelManagerTest, VersionResolution) {

@@ -90,8 +90,107 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
   auto spec = BuildModelSpec("seq", &*config);
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(),
-              HasSubstr("unsupported configuration fields: sequence_batching, model_warmup, "
+              HasSubstr("unsupported configuration fields: sequence_batching, "
                         "response_cache, optimization.cuda.graphs"));
+}
+
+constexpr char kPaddedSequenceModel[] = R"pb(
+  max_batch_size: 8
+  input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] },
+          { name: "lengths" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  output [ { name: "logits" data_type: TYPE_FP32 dims: [ -1, 4 ] },
+           { name: "pooled" data_type: TYPE_FP32 dims: [ 4 ] } ]
+  parameters { key: "sluice.buckets" value { string_value: "seq = 64, 16,32" } }
+  parameters { key: "sluice.bucket_dims" value { string_value: "tokens:0=seq, logits:0=seq" } }
+  parameters { key: "sluice.pad_value" value { string_value: "-1" } }
+  parameters { key: "sluice.lengths_input" value { string_value: "lengths" } }
+)pb";
+
+TEST(ModelConfigParserTest, PaddingBuckets) {
+  auto spec = Build(kPaddedSequenceModel);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const PaddingSpec& padding = spec->padding;
+  ASSERT_TRUE(padding.enabled());
+  ASSERT_EQ(padding.axes.size(), 1u);
+  EXPECT_EQ(padding.axes[0].name, "seq");
+  EXPECT_THAT(padding.axes[0].sizes, ElementsAre(16, 32, 64));
+  ASSERT_EQ(padding.dims.size(), 2u);
+  EXPECT_EQ(padding.dims[0].tensor, "tokens");
+  EXPECT_TRUE(padding.dims[0].is_input);
+  EXPECT_EQ(padding.dims[1].tensor, "logits");
+  EXPECT_FALSE(padding.dims[1].is_input);
+  EXPECT_EQ(padding.pad_value, -1);
+  EXPECT_EQ(padding.lengths_input, "lengths");
+  EXPECT_TRUE(spec->inputs[1].filled_by_server);
+  EXPECT_FALSE(spec->inputs[0].filled_by_server);
+}
+
+TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
+  const std::string base = R"pb(
+    max_batch_size: 8
+    input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1, 3 ] },
+            { name: "lengths" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "out" data_type: TYPE_FP32 dims: [ -1 ] } ]
+  )pb";
+  auto with = [&](const std::string& parameters) {
+    return Build(base + parameters).status();
+  };
+  auto param = [](const std::string& key, const std::string& value) {
+    return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
+  };
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16")).message(), HasSubstr("needs both"));
+  EXPECT_THAT(with(param("sluice.pad_value", "0")).message(), HasSubstr("needs sluice.buckets"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16,x") + param("sluice.bucket_dims", "tokens:0=seq")).message(),
+              HasSubstr("'x' is not a positive size"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq") + param("sluice.bucket_dims", "tokens:0=seq")).message(),
+              HasSubstr("is not axis=size"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:1=seq")).message(),
+              HasSubstr("must exist and be -1"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "nope:0=seq")).message(),
+              HasSubstr("no input or output 'nope'"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=len")).message(),
+              HasSubstr("no axis 'len'"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "out:0=seq")).message(),
+              HasSubstr("no input dimension follows axis 'seq'"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
+                   param("sluice.lengths_input", "lengths")).message(),
+              HasSubstr("TYPE_INT32 or TYPE_INT64"));
+  EXPECT_THAT(with(param("sluice.bucket", "seq=16")).message(), HasSubstr("unknown parameter 'sluice.bucket'"));
+  EXPECT_THAT(with(param("sluice.cudnn_benchmark", "maybe")).message(), HasSubstr("\"auto\", \"on\" or \"off\""));
+  EXPECT_THAT(with(param("sluice.warmup_runs", "0")).message(), HasSubstr("sluice.warmup_runs"));
+}
+
+TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+    parameters { key: "sluice.warmup" value { string_value: "false" } }
+    parameters { key: "sluice.warmup_runs" value { string_value: "5" } }
+    parameters { key: "sluice.cudnn_benchmark" value { string_value: "off" } }
+    model_warmup [ { name: "zeros" batch_size: 2 count: 3
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 7 ] zero_data: true } } },
+                   { name: "file" batch_size: 1
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "x.bin" } } } ]
+  )pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->warmup);
+  EXPECT_EQ(spec->warmup_runs, 5);
+  EXPECT_EQ(spec->cudnn_benchmark_override, CudnnBenchmarkMode::kOff);
+  ASSERT_EQ(spec->warmup_samples.size(), 2u);
+  EXPECT_EQ(spec->warmup_samples[0].name, "zeros");
+  EXPECT_EQ(spec->warmup_samples[0].batch_size, 2);
+  EXPECT_EQ(spec->warmup_samples[0].count, 3);
+  EXPECT_THAT(spec->warmup_samples[0].inputs[0].dims, ElementsAre(3, 7));
+  EXPECT_EQ(spec->warmup_samples[1].inputs[0].source, WarmupInputSpec::Source::kFile);
+  EXPECT_EQ(spec->warmup_samples[1].inputs[0].file, "x.bin");
+  EXPECT_EQ(spec->warmup_samples[1].count, 1);
+
+  auto too_big = Build(std::string(kMinimal) + R"pb(
+    model_warmup [ { name: "big" batch_size: 9
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] zero_data: true } } } ])pb");
+  EXPECT_THAT(too_big.status().message(), HasSubstr("model_warmup 'big': batch_size must be in [1, max_batch_size=8]"));
+  auto escape = Build(std::string(kMinimal) + R"pb(
+    model_warmup [ { name: "up" batch_size: 1
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "../x" } } } ])pb");
+  EXPECT_THAT(escape.status().message(), HasSubstr("plain file name"));
 }
 
 TEST(ModelConfigParserTest, EnsembleIsRejected) {

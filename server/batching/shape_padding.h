@@ -1,0 +1,52 @@
+// Padding buckets: a request's variable dimensions are padded up to the next bucket size before
+// it is queued (so requests of one bucket batch together and the model sees a finite set of
+// shapes), and the outputs that follow a padded axis are cut back to the request's true length.
+//
+// Padding changes what a model computes unless the model ignores padded positions: a model that
+// mixes positions (attention, pooling over a sequence, convolutions across the padded edge) must
+// take the true lengths from the lengths input (sluice.lengths_input) and mask with them.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "server/batching/model_stats.h"
+#include "server/batching/scheduler.h"
+#include "server/core/model_spec.h"
+
+namespace sluice {
+
+// What padding did to one request: per padding axis, the request's true length and the bucket
+// it was padded to (-1 when no input has that axis).
+struct PaddedLengths {
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> buckets;
+};
+
+// Pads the bucketed dimensions of `request`'s inputs in place (the padded bytes live in the
+// request's owned_buffers) and adds the lengths input when the model has one. INVALID_ARGUMENT
+// when a length is above the largest bucket, or two inputs disagree on one axis.
+StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request);
+
+// Cuts the bucketed dimensions of the outputs back to the true lengths. INTERNAL when an output
+// does not have the bucket size where sluice.bucket_dims says it follows a padded axis.
+Status UnpadResponse(const ModelSpec& spec, const PaddedLengths& padded, InferResponse* response);
+
+// The scheduler of a model with padding buckets: pads each request, hands it to `inner`, and
+// unpads its response. Thread-safe as `inner` is.
+class PaddingScheduler final : public Scheduler {
+ public:
+  PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> inner, std::shared_ptr<ModelStats> stats);
+
+  void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
+  void Poke() override { inner_->Poke(); }
+  void Stop() override { inner_->Stop(); }
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
+
+ private:
+  const std::shared_ptr<const ModelSpec> spec_;  // shared with the completions in flight
+  const std::unique_ptr<Scheduler> inner_;
+  const std::shared_ptr<ModelStats> stats_;  // may be null
+};
+
+}  // namespace sluice

@@ -1,0 +1,178 @@
+#include "server/batching/warmup.h"
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/validation.h"
+
+namespace sluice {
+namespace {
+
+std::unique_ptr<InferRequest> NewRequest(const ModelSpec& spec) {
+  auto request = std::make_unique<InferRequest>();
+  request->model_name = spec.name;
+  request->id = "warmup";
+  return request;
+}
+
+// Adds an input that owns `bytes`.
+void AddInput(InferRequest* request, const std::string& name, DataType dtype, Shape shape,
+              std::string bytes) {
+  auto buffer = std::make_unique<std::string>(std::move(bytes));
+  TensorView view;
+  view.name = name;
+  view.dtype = dtype;
+  view.shape = std::move(shape);
+  view.data = buffer->data();
+  view.byte_size = buffer->size();
+  request->owned_buffers.push_back(std::move(buffer));
+  request->inputs.push_back(std::move(view));
+}
+
+StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupInputSpec& input,
+                                  const Shape& shape, const std::filesystem::path& model_directory,
+                                  std::mt19937* random) {
+  SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(shape));
+  const size_t bytes = static_cast<size_t>(elements) * ElementSize(input.dtype);
+  switch (input.source) {
+    case WarmupInputSpec::Source::kZero:
+      return std::string(bytes, '\0');
+    case WarmupInputSpec::Source::kRandom: {
+      // Values in [0, 1) for floating types and 0..9 for integers: valid for any model input,
+      // and never NaN (random bytes could be).
+      const bool floating = input.dtype == DataType::kFp16 || input.dtype == DataType::kBf16 ||
+                            input.dtype == DataType::kFp32 || input.dtype == DataType::kFp64;
+      std::uniform_real_distribution<double> unit(0.0, 1.0);
+      std::uniform_int_distribution<int> digit(0, 9);
+      std::string data;
+      data.reserve(bytes);
+      for (int64_t i = 0; i < elements; ++i) {
+        data += ScalarBytes(input.dtype, floating ? unit(*random) : digit(*random));
+      }
+      return data;
+    }
+    case WarmupInputSpec::Source::kFile: {
+      const std::filesystem::path path = model_directory / "warmup" / input.file;
+      std::ifstream file(path, std::ios::binary);
+      if (!file) {
+        return absl::InvalidArgumentError(absl::StrCat("model_warmup '", sample.name, "' input '",
+                                                       input.name, "': cannot read ", path.string()));
+      }
+      std::ostringstream contents;
+      contents << file.rdbuf();
+      std::string data = contents.str();
+      if (data.size() != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model_warmup '", sample.name, "' input '", input.name, "': ", path.string(), " has ",
+            data.size(), " bytes, shape ", ShapeToString(shape), " of ", DataTypeName(input.dtype),
+            " needs ", bytes));
+      }
+      return data;
+    }
+  }
+  return absl::InternalError("unknown warm-up data source");
+}
+
+}  // namespace
+
+StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,
+                                                         const std::filesystem::path& model_directory) {
+  std::vector<WarmupRequest> requests;
+  if (spec.warmup && plan.finite) {
+    for (const ShapePlan::Entry& entry : plan.shapes) {
+      WarmupRequest warmup;
+      warmup.label = entry.label;
+      warmup.runs = spec.warmup_runs;
+      warmup.request = NewRequest(spec);
+      warmup.request->batch_size = std::max<int64_t>(entry.batch_size, 1);
+      for (size_t i = 0; i < spec.inputs.size(); ++i) {
+        const TensorSpec& input = spec.inputs[i];
+        if (input.filled_by_server) continue;
+        SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(entry.input_shapes[i]));
+        AddInput(warmup.request.get(), input.name, input.dtype, entry.input_shapes[i],
+                 std::string(static_cast<size_t>(elements) * ElementSize(input.dtype), '\0'));
+      }
+      requests.push_back(std::move(warmup));
+    }
+  }
+  std::mt19937 random(20261129);
+  for (const WarmupSampleSpec& sample : spec.warmup_samples) {
+    WarmupRequest warmup;
+    warmup.label = absl::StrCat("model_warmup '", sample.name, "'");
+    warmup.runs = sample.count;
+    warmup.request = NewRequest(spec);
+    for (const WarmupInputSpec& input : sample.inputs) {
+      Shape shape;
+      if (spec.batches()) shape.push_back(sample.batch_size);
+      shape.insert(shape.end(), input.dims.begin(), input.dims.end());
+      SLUICE_ASSIGN_OR_RETURN(std::string bytes,
+                              SampleBytes(sample, input, shape, model_directory, &random));
+      AddInput(warmup.request.get(), input.name, input.dtype, std::move(shape), std::move(bytes));
+    }
+    if (Status valid = ValidateRequest(spec, warmup.request.get()); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(warmup.label, ": ", valid.message()));
+    }
+    requests.push_back(std::move(warmup));
+  }
+  return requests;
+}
+
+InferRequest ViewOf(const InferRequest& request) {
+  InferRequest view;
+  view.model_name = request.model_name;
+  view.model_version = request.model_version;
+  view.id = request.id;
+  view.inputs = request.inputs;
+  view.requested_outputs = request.requested_outputs;
+  view.batch_size = request.batch_size;
+  return view;
+}
+
+StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
+    int instance, const std::vector<WarmupRequest>& requests,
+    const std::function<Status(const InferRequest&)>& run) {
+  std::vector<WarmupPass> passes;
+  for (const WarmupRequest& warmup : requests) {
+    WarmupPass pass;
+    pass.instance = instance;
+    pass.label = warmup.label;
+    for (int i = 0; i < std::max(1, warmup.runs); ++i) {
+      const auto started = std::chrono::steady_clock::now();
+      if (Status status = run(*warmup.request); !status.ok()) {
+        return Status(status.code(), absl::StrCat("warm-up ", warmup.label, " on instance ",
+                                                  instance, " failed: ", status.message()));
+      }
+      const Duration took = std::chrono::steady_clock::now() - started;
+      if (i == 0) pass.first_run = took;
+      pass.last_run = took;
+    }
+    passes.push_back(std::move(pass));
+  }
+  return passes;
+}
+
+void WarmupCollector::Report(StatusOr<std::vector<WarmupPass>> passes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (passes.ok()) {
+    for (WarmupPass& pass : *passes) passes_.push_back(std::move(pass));
+  } else if (failure_.ok()) {
+    failure_ = passes.status();
+  }
+  if (--remaining_ == 0) done_.notify_all();
+}
+
+StatusOr<WarmupReport> WarmupCollector::Wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return remaining_ == 0; });
+  if (!failure_.ok()) return failure_;
+  WarmupReport report;
+  report.passes = std::move(passes_);
+  std::stable_sort(report.passes.begin(), report.passes.end(),
+                   [](const WarmupPass& a, const WarmupPass& b) { return a.instance < b.instance; });
+  return report;
+}
+
+}  // namespace sluice

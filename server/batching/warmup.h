@@ -1,0 +1,49 @@
+// Warm-up before a model reports ready: the requests to run (every shape of the model's shape
+// plan, then Triton's model_warmup samples) and the plumbing the schedulers share to run them on
+// each instance's worker thread.
+#pragma once
+
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "server/batching/scheduler.h"
+#include "server/batching/shape_plan.h"
+#include "server/core/model_spec.h"
+
+namespace sluice {
+
+// One zero-filled request per shape of `plan` (when the plan is finite and spec.warmup is on),
+// each run spec.warmup_runs times, then each model_warmup sample (zero, random or file data;
+// files are read from <model_directory>/warmup/), run `count` times. INVALID_ARGUMENT for a
+// sample that does not fit the model's inputs or whose file is missing or of the wrong size.
+StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,
+                                                         const std::filesystem::path& model_directory);
+
+// A request viewing the same input bytes as `request` (not owning them).
+InferRequest ViewOf(const InferRequest& request);
+
+// Runs `requests` on one instance through `run` (the scheduler's execution path), timing each run.
+StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
+    int instance, const std::vector<WarmupRequest>& requests,
+    const std::function<Status(const InferRequest&)>& run);
+
+// Collects the per-instance results of one warm-up. Thread-safe.
+class WarmupCollector {
+ public:
+  explicit WarmupCollector(int instances) : remaining_(instances) {}
+  void Report(StatusOr<std::vector<WarmupPass>> passes);
+  // Blocks until every instance reported; the passes in instance order, or the first failure.
+  StatusOr<WarmupReport> Wait();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  int remaining_;
+  Status failure_;
+  std::vector<WarmupPass> passes_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,111 @@
+#include "server/runtime/convolution_rewrite.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sluice {
+namespace {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+void CollectNodes(torch::jit::Block* block, std::vector<Node*>* nodes) {
+  for (Node* node : block->nodes()) {
+    nodes->push_back(node);
+    for (torch::jit::Block* nested : node->blocks()) CollectNodes(nested, nodes);
+  }
+}
+
+// Convolution operators of ATen: what a traced or scripted model can call.
+bool IsConvolution(const std::string& kind) {
+  static const std::set<std::string> kKinds = {
+      "aten::_convolution",    "aten::convolution",     "aten::conv1d",
+      "aten::conv2d",          "aten::conv3d",          "aten::conv_transpose1d",
+      "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::_convolution_mode",
+      "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::conv_tbc"};
+  return kKinds.count(kind) > 0;
+}
+
+bool IsIntList(const Value* value) {
+  return value->type()->kind() == c10::TypeKind::ListType;
+}
+
+// The arguments of aten::_convolution that come from the node being replaced, in order:
+// input, weight, bias, stride, padding, dilation, transposed, output_padding, groups.
+// Empty when this overload cannot be expressed that way (string padding, other operators).
+std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph) {
+  const std::string kind = node->kind().toQualString();
+  auto in = [&](size_t i) { return node->input(i); };
+  if (kind == "aten::_convolution" && (node->inputs().size() == 13 || node->inputs().size() == 12)) {
+    return {in(0), in(1), in(2), in(3), in(4), in(5), in(6), in(7), in(8)};
+  }
+  if (kind == "aten::convolution" && node->inputs().size() == 9) {
+    return {in(0), in(1), in(2), in(3), in(4), in(5), in(6), in(7), in(8)};
+  }
+  for (int rank : {1, 2, 3}) {
+    if (kind == absl::StrCat("aten::conv", rank, "d") && node->inputs().size() == 7 && IsIntList(in(4))) {
+      // conv{N}d(input, weight, bias, stride, padding, dilation, groups)
+      Value* output_padding = graph->insertConstant(c10::IValue(std::vector<int64_t>(rank, 0)));
+      return {in(0), in(1), in(2), in(3), in(4), in(5), graph->insertConstant(false), output_padding, in(6)};
+    }
+    if (kind == absl::StrCat("aten::conv_transpose", rank, "d") && node->inputs().size() == 8) {
+      // conv_transpose{N}d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+      return {in(0), in(1), in(2), in(3), in(4), in(7), graph->insertConstant(true), in(5), in(6)};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const ConvolutionFlags& flags) {
+  ConvolutionTuning tuning;
+  std::set<std::string> unsupported;
+  for (torch::jit::Function* function : module._ivalue()->compilation_unit()->get_functions()) {
+    torch::jit::GraphFunction* graph_function = torch::jit::tryToGraphFunction(*function);
+    if (graph_function == nullptr) continue;
+    std::shared_ptr<Graph> graph = graph_function->graph();
+    std::vector<Node*> nodes;
+    CollectNodes(graph->block(), &nodes);
+    for (Node* node : nodes) {
+      const std::string kind = node->kind().toQualString();
+      if (!IsConvolution(kind)) continue;
+      ++tuning.convolutions;
+      torch::jit::WithInsertPoint insert_before(node);
+      std::vector<Value*> arguments = ConvolutionArguments(node, graph.get());
+      if (arguments.empty()) {
+        unsupported.insert(node->schema().operator_name().name + (node->schema().overload_name().empty()
+                                                                      ? ""
+                                                                      : "." + node->schema().overload_name()));
+        continue;
+      }
+      for (bool flag : {flags.benchmark, flags.deterministic, flags.cudnn_enabled, flags.allow_tf32}) {
+        arguments.push_back(graph->insertConstant(flag));  // fresh: never shared with another use
+      }
+      Node* convolution = graph->create(c10::Symbol::fromQualString("aten::_convolution"), arguments, 1);
+      convolution->insertBefore(node);
+      convolution->output()->setType(node->output()->type());
+      convolution->copyMetadata(node);
+      node->output()->replaceAllUsesWith(convolution->output());
+      node->destroy();
+      ++tuning.rewritten;
+    }
+  }
+  if (!unsupported.empty()) {
+    tuning.fallback = absl::StrCat(tuning.convolutions - tuning.rewritten, " convolution call(s) (",
+                                   absl::StrJoin(unsupported, ", "),
+                                   ") take no cuDNN flags in the graph; they follow LibTorch's global "
+                                   "benchmark flag");
+  }
+  return tuning;
+}
+
+}  // namespace sluice

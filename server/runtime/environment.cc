@@ -1,0 +1,145 @@
+#include "server/runtime/environment.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace sluice {
+namespace {
+
+int Major(const std::string& version) {
+  int major = 0;
+  const std::vector<std::string> parts = absl::StrSplit(version, '.');
+  if (parts.empty() || !absl::SimpleAtoi(parts[0], &major)) return 0;
+  return major;
+}
+
+int Minor(const std::string& version) {
+  int minor = 0;
+  const std::vector<std::string> parts = absl::StrSplit(version, '.');
+  if (parts.size() < 2 || !absl::SimpleAtoi(parts[1], &minor)) return 0;
+  return minor;
+}
+
+const char* YesNo(bool value) { return value ? "yes" : "no"; }
+
+}  // namespace
+
+std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
+  if (version <= 0) return "";
+  if (minor_divisor == 0) return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / 10);
+  return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / minor_divisor, ".",
+                      version % minor_divisor);
+}
+
+std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_required) {
+  std::vector<std::string> problems;
+  if (!info.cuda_built) {
+    problems.push_back(
+        "LibTorch has no CUDA support in this process (libtorch_cuda.so is missing or this is a "
+        "CPU-only torch build): install the CUDA build of torch to serve on a GPU.");
+  } else if (!info.driver_found) {
+    problems.push_back(
+        "No NVIDIA driver: libcuda.so.1 cannot be loaded. On a GPU host install the NVIDIA driver; "
+        "in a container start it with --gpus all (the NVIDIA Container Toolkit mounts the driver).");
+  } else {
+    const std::string& built = info.cuda_build_version;
+    const std::string& driver = info.driver_cuda_version;
+    if (!built.empty() && !driver.empty()) {
+      if (Major(driver) < Major(built)) {
+        problems.push_back(absl::StrCat(
+            "The NVIDIA driver", info.driver_version.empty() ? "" : absl::StrCat(" ", info.driver_version),
+            " supports CUDA up to ", driver, ", but LibTorch was built for CUDA ", built,
+            ": upgrade the driver to one that supports CUDA ", built,
+            ", or install a torch build for CUDA ", Major(driver), ".x."));
+      } else if (Major(driver) == Major(built) && Minor(driver) < Minor(built)) {
+        problems.push_back(absl::StrCat(
+            "The NVIDIA driver supports CUDA ", driver, ", older than the CUDA ", built,
+            " LibTorch was built for: this runs through CUDA minor-version compatibility, but "
+            "kernels that need a newer driver (PTX JIT) fail; upgrading the driver is safer."));
+      }
+    }
+    if (info.cuda_device_count == 0) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      problems.push_back(absl::StrCat(
+          "The driver is installed but no CUDA GPU is visible",
+          visible ? absl::StrCat(" (CUDA_VISIBLE_DEVICES=\"", visible, "\")") : "",
+          ": check nvidia-smi, and start containers with --gpus all.",
+          info.problem.empty() ? "" : absl::StrCat(" CUDA says: ", info.problem)));
+    } else if (!info.cuda_usable && !info.problem.empty()) {
+      problems.push_back(absl::StrCat("CUDA is not usable: ", info.problem));
+    }
+  }
+  if (info.cuda_built) {
+    if (info.cudnn_version.empty()) {
+      problems.push_back("This LibTorch was built without cuDNN: convolutions on the GPU run without "
+                         "it, much slower.");
+    } else if (info.cudnn_loaded_version.empty()) {
+      problems.push_back(absl::StrCat(
+          "cuDNN cannot be loaded (LibTorch was built with cuDNN ", info.cudnn_version,
+          "): convolutions on the GPU fail or run without it. Install cuDNN ", Major(info.cudnn_version),
+          " (the nvidia-cudnn-cu* wheel torch depends on) and check LD_LIBRARY_PATH."));
+    } else if (Major(info.cudnn_loaded_version) != Major(info.cudnn_version)) {
+      problems.push_back(absl::StrCat(
+          "LibTorch was built with cuDNN ", info.cudnn_version, " but cuDNN ", info.cudnn_loaded_version,
+          " is loaded: another copy is found first (LD_LIBRARY_PATH?); load cuDNN ",
+          Major(info.cudnn_version), "."));
+    }
+    if (!info.cudnn_enabled) problems.push_back("cuDNN is disabled in LibTorch: convolutions run without it.");
+  }
+  for (const GpuInfo& gpu : info.gpus) {
+    if (!gpu.problem.empty()) {
+      problems.push_back(absl::StrCat("GPU ", gpu.index, " (", gpu.name, ", compute capability ",
+                                      gpu.major, ".", gpu.minor, "): ", gpu.problem));
+    }
+  }
+  if (gpu_required && !info.cuda_usable) {
+    problems.push_back("--device cuda asks for a GPU but CUDA is not usable: the server will not start.");
+  }
+  return problems;
+}
+
+std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchmark_mode,
+                              bool gpu_required) {
+  auto or_none = [](const std::string& value, const char* none) { return value.empty() ? std::string(none) : value; };
+  std::string out;
+  auto line = [&](const char* name, const std::string& value) {
+    absl::StrAppend(&out, name, ": ", value, "\n");
+  };
+  line("libtorch", info.torch_version);
+  line("cuda_built_with", info.cuda_built ? or_none(info.cuda_build_version, "unknown") : "none (CPU-only LibTorch)");
+  line("cuda_runtime", or_none(info.cuda_runtime_version, "none"));
+  line("nvidia_driver", !info.driver_found ? "none (libcuda.so.1 not loadable)"
+                                           : absl::StrCat(or_none(info.driver_version, "found"),
+                                                          ", supports CUDA ", or_none(info.driver_cuda_version, "?")));
+  line("cudnn_compiled", or_none(info.cudnn_version, "none"));
+  line("cudnn_loaded", or_none(info.cudnn_loaded_version, "none"));
+  if (info.gpus.empty()) {
+    line("gpus", "none");
+  } else {
+    for (const GpuInfo& gpu : info.gpus) {
+      absl::StrAppend(&out, "gpu ", gpu.index, ": ", gpu.name, ", compute capability ", gpu.major, ".",
+                      gpu.minor, ", ", gpu.memory_bytes >> 20, " MiB",
+                      gpu.uuid.empty() ? "" : absl::StrCat(", ", gpu.uuid), "\n");
+    }
+  }
+  line("cudnn_enabled", YesNo(info.cudnn_enabled));
+  line("cudnn_benchmark", absl::StrCat(benchmark_mode, " (global flag ", info.cudnn_benchmark ? "on" : "off",
+                                       "; auto: on per model with a fixed shape set)"));
+  line("cudnn_deterministic", YesNo(info.cudnn_deterministic));
+  line("allow_tf32", YesNo(info.cudnn_allow_tf32));
+  line("intra_op_threads", absl::StrCat(info.intra_op_threads));
+  line("inter_op_threads", absl::StrCat(info.inter_op_threads));
+  const std::vector<std::string> problems = EnvironmentProblems(info, gpu_required);
+  for (const std::string& problem : problems) absl::StrAppend(&out, "problem: ", problem, "\n");
+  if (info.cuda_usable) {
+    line("result", absl::StrCat(info.cuda_device_count, " GPU(s) usable; KIND_GPU and KIND_AUTO models run on the GPU"));
+  } else {
+    line("result", "no usable GPU; every model runs on the CPU");
+  }
+  return out;
+}
+
+}  // namespace sluice

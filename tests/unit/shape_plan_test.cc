@@ -1,0 +1,356 @@
+// Shape plans, the cuDNN benchmark decision, padding buckets and warm-up, with fake backends.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/batching/dynamic_batcher.h"
+#include "server/batching/shape_padding.h"
+#include "server/batching/shape_plan.h"
+#include "server/batching/unbatched_scheduler.h"
+#include "server/batching/warmup.h"
+#include "tests/unit/fakes.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ModelSpec FixedSpec(int max_batch_size) {
+  ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = max_batch_size;
+  spec.inputs = {{"x", DataType::kFp32, {3, 4}}};
+  spec.outputs = {{"y", DataType::kFp32, {2}}};
+  return spec;
+}
+
+// A sequence model: "x" [-1 (seq), 2], "mask" [-1 (seq)]; output "y" follows "x".
+ModelSpec PaddedSpec() {
+  ModelSpec spec;
+  spec.name = "seq";
+  spec.max_batch_size = 4;
+  spec.inputs = {{"x", DataType::kInt32, {-1, 2}}, {"lengths", DataType::kInt64, {1}}};
+  spec.inputs[1].filled_by_server = true;
+  spec.outputs = {{"y", DataType::kInt32, {-1, 2}}};
+  spec.padding.axes = {{"seq", {4, 8}}};
+  spec.padding.dims = {{"x", true, 0, 0}, {"y", false, 0, 0}};
+  spec.padding.pad_value = -1;
+  spec.padding.lengths_input = "lengths";
+  return spec;
+}
+
+TEST(ShapePlanTest, BatchSizesTheSchedulersCanForm) {
+  EXPECT_THAT(SchedulableBatchSizes(FixedSpec(0)), ElementsAre(0));
+  EXPECT_THAT(SchedulableBatchSizes(FixedSpec(4)), ElementsAre(1, 2, 3, 4));
+  ModelSpec padded = FixedSpec(16);
+  padded.dynamic_batching.enabled = true;
+  padded.dynamic_batching.pad_to_preferred = true;
+  padded.dynamic_batching.preferred_batch_sizes = {4, 8};
+  EXPECT_THAT(SchedulableBatchSizes(padded), ElementsAre(4, 8, 16));
+  padded.dynamic_batching.pad_to_preferred = false;  // batches of any size up to the max
+  EXPECT_EQ(SchedulableBatchSizes(padded).size(), 16u);
+}
+
+TEST(ShapePlanTest, FixedDimsMakeAFiniteSet) {
+  ShapePlan plan = ComputeShapePlan(FixedSpec(3));
+  ASSERT_TRUE(plan.finite);
+  ASSERT_EQ(plan.shapes.size(), 3u);
+  EXPECT_EQ(plan.shapes[1].batch_size, 2);
+  EXPECT_EQ(plan.shapes[1].input_shapes[0], (Shape{2, 3, 4}));
+  EXPECT_EQ(plan.shapes[1].label, "batch=2 x[2,3,4]");
+
+  ShapePlan unbatched = ComputeShapePlan(FixedSpec(0));
+  ASSERT_TRUE(unbatched.finite);
+  ASSERT_EQ(unbatched.shapes.size(), 1u);
+  EXPECT_EQ(unbatched.shapes[0].input_shapes[0], (Shape{3, 4}));
+}
+
+TEST(ShapePlanTest, AVariableDimWithoutBucketIsOpenEnded) {
+  ModelSpec spec = FixedSpec(4);
+  spec.inputs[0].dims = {3, -1};
+  ShapePlan plan = ComputeShapePlan(spec);
+  EXPECT_FALSE(plan.finite);
+  EXPECT_TRUE(plan.shapes.empty());
+  EXPECT_THAT(plan.why_not, HasSubstr("input 'x' dimension 1 is variable (-1) and has no padding bucket"));
+}
+
+TEST(ShapePlanTest, BucketsMakeTheCrossProduct) {
+  ModelSpec spec = PaddedSpec();
+  spec.dynamic_batching.enabled = true;
+  spec.dynamic_batching.pad_to_preferred = true;
+  spec.dynamic_batching.preferred_batch_sizes = {2};
+  ShapePlan plan = ComputeShapePlan(spec);
+  ASSERT_TRUE(plan.finite) << plan.why_not;
+  std::vector<std::string> labels;
+  for (const auto& entry : plan.shapes) labels.push_back(entry.label);
+  EXPECT_THAT(labels, ElementsAre("batch=2 x[2,4,2]", "batch=2 x[2,8,2]", "batch=4 x[4,4,2]",
+                                  "batch=4 x[4,8,2]"));
+  // Two axes: every combination.
+  ModelSpec image = FixedSpec(1);
+  image.inputs[0].dims = {3, -1, -1};
+  image.padding.axes = {{"h", {224, 320}}, {"w", {224, 320, 640}}};
+  image.padding.dims = {{"x", true, 1, 0}, {"x", true, 2, 1}};
+  EXPECT_EQ(ComputeShapePlan(image).shapes.size(), 6u);
+}
+
+TEST(CudnnBenchmarkDecisionTest, PerModelRule) {
+  ModelSpec fixed = FixedSpec(2);
+  ModelSpec open = FixedSpec(2);
+  open.inputs[0].dims = {-1, 4};
+  const ShapePlan fixed_plan = ComputeShapePlan(fixed);
+  const ShapePlan open_plan = ComputeShapePlan(open);
+  auto decide = [](CudnnBenchmarkMode mode, const ModelSpec& spec, const ShapePlan& plan) {
+    return DecideCudnnBenchmark(mode, spec, plan);
+  };
+  EXPECT_TRUE(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).benchmark);
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).reason, HasSubstr("fixed shapes (2 in the set)"));
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kAuto, open, open_plan).benchmark);
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, open, open_plan).reason, HasSubstr("variable shapes"));
+  EXPECT_TRUE(decide(CudnnBenchmarkMode::kOn, open, open_plan).benchmark);
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kOff, fixed, fixed_plan).benchmark);
+  fixed.cudnn_benchmark_override = CudnnBenchmarkMode::kOff;  // the model's parameter wins
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).benchmark);
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).reason, HasSubstr("sluice.cudnn_benchmark=off"));
+}
+
+// A request for PaddedSpec: `rows` rows of `length` positions, values 1, 2, 3, ...
+struct SeqCall {
+  std::vector<int32_t> data;
+  std::unique_ptr<InferRequest> request;
+};
+SeqCall SeqRequest(int64_t rows, int64_t length) {
+  SeqCall call;
+  for (int64_t i = 0; i < rows * length * 2; ++i) call.data.push_back(static_cast<int32_t>(i + 1));
+  call.request = std::make_unique<InferRequest>();
+  call.request->model_name = "seq";
+  call.request->batch_size = rows;
+  call.request->inputs.push_back({"x", DataType::kInt32, {rows, length, 2},
+                                  reinterpret_cast<const char*>(call.data.data()), call.data.size() * 4});
+  return call;
+}
+
+std::vector<int32_t> Ints(const char* data, size_t bytes) {
+  std::vector<int32_t> values(bytes / 4);
+  std::memcpy(values.data(), data, bytes);
+  return values;
+}
+
+TEST(ShapePaddingTest, PadsToTheNextBucketAndFillsLengths) {
+  const ModelSpec spec = PaddedSpec();
+  SeqCall call = SeqRequest(2, 3);
+  auto padded = PadRequest(spec, call.request.get());
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_THAT(padded->lengths, ElementsAre(3));
+  EXPECT_THAT(padded->buckets, ElementsAre(4));
+  ASSERT_EQ(call.request->inputs.size(), 2u);
+  const TensorView& x = call.request->inputs[0];
+  EXPECT_EQ(x.shape, (Shape{2, 4, 2}));
+  // Row 0 keeps 1..6 then one padded position of -1s; row 1 keeps 7..12.
+  EXPECT_THAT(Ints(x.data, x.byte_size), ElementsAre(1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, 11, 12, -1, -1));
+  const TensorView& lengths = call.request->inputs[1];
+  EXPECT_EQ(lengths.name, "lengths");
+  EXPECT_EQ(lengths.shape, (Shape{2, 1}));
+  std::vector<int64_t> values(2);
+  std::memcpy(values.data(), lengths.data, 16);
+  EXPECT_THAT(values, ElementsAre(3, 3));
+}
+
+TEST(ShapePaddingTest, AboveTheLargestBucketIsRejected) {
+  SeqCall call = SeqRequest(1, 9);
+  auto padded = PadRequest(PaddedSpec(), call.request.get());
+  EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(padded.status().message(),
+              HasSubstr("input 'x' dimension 1 is 9, above the largest bucket (8) of padded axis 'seq'"));
+}
+
+TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {
+  ModelSpec spec = PaddedSpec();
+  spec.inputs.push_back({"mask", DataType::kInt32, {-1}});
+  spec.padding.dims.push_back({"mask", true, 0, 0});
+  SeqCall call = SeqRequest(1, 3);
+  std::vector<int32_t> mask(5, 1);
+  call.request->inputs.push_back({"mask", DataType::kInt32, {1, 5}, reinterpret_cast<const char*>(mask.data()), 20});
+  auto padded = PadRequest(spec, call.request.get());
+  EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(padded.status().message(), HasSubstr("inputs disagree on padded axis 'seq'"));
+}
+
+TEST(ShapePaddingTest, UnpadCutsOutputsBackAndChecksTheyFollowTheAxis) {
+  const ModelSpec spec = PaddedSpec();
+  PaddedLengths padded{{3}, {4}};
+  std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 0, 0};
+  InferResponse response;
+  response.outputs.push_back({"y", DataType::kInt32, {1, 4, 2}, std::string(reinterpret_cast<char*>(y.data()), 32)});
+  ASSERT_TRUE(UnpadResponse(spec, padded, &response).ok());
+  EXPECT_EQ(response.outputs[0].shape, (Shape{1, 3, 2}));
+  EXPECT_THAT(Ints(response.outputs[0].data.data(), response.outputs[0].data.size()), ElementsAre(1, 2, 3, 4, 5, 6));
+
+  InferResponse wrong;
+  wrong.outputs.push_back({"y", DataType::kInt32, {1, 5, 2}, std::string(40, '\0')});
+  Status status = UnpadResponse(spec, padded, &wrong);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("follows padded axis 'seq' (padded to 4)"));
+}
+
+// Echoes input "x" as output "y", like fakes.h's EchoBackend, and records the thread of each call.
+class ThreadRecordingEcho final : public ModelBackend {
+ public:
+  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+    const TensorView& x = request.inputs.at(0);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      threads_.insert(std::this_thread::get_id());
+      shapes_.push_back(x.shape);
+    }
+    InferResponse response;
+    response.outputs.push_back({"y", x.dtype, x.shape, std::string(x.data, x.byte_size)});
+    return response;
+  }
+  std::set<std::thread::id> threads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return threads_;
+  }
+  std::vector<Shape> shapes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return shapes_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<std::thread::id> threads_;
+  std::vector<Shape> shapes_;
+};
+
+TEST(ShapePaddingTest, PaddingSchedulerServesTrueLengths) {
+  const ModelSpec spec = PaddedSpec();
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  instances.push_back(std::make_unique<ThreadRecordingEcho>());
+  auto inner = UnbatchedScheduler::Create(std::move(instances), {});
+  ASSERT_TRUE(inner.ok());
+  PaddingScheduler scheduler(spec, *std::move(inner), nullptr);
+  SeqCall call = SeqRequest(2, 5);  // padded to 8, cut back to 5
+  std::promise<StatusOr<InferResponse>> answer;
+  scheduler.Enqueue(std::move(call.request), [&](StatusOr<InferResponse> r) { answer.set_value(std::move(r)); });
+  StatusOr<InferResponse> response = answer.get_future().get();
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->outputs[0].shape, (Shape{2, 5, 2}));
+  EXPECT_EQ(Ints(response->outputs[0].data.data(), response->outputs[0].data.size()), call.data);
+
+  SeqCall too_long = SeqRequest(1, 20);
+  std::promise<StatusOr<InferResponse>> rejected;
+  scheduler.Enqueue(std::move(too_long.request), [&](StatusOr<InferResponse> r) { rejected.set_value(std::move(r)); });
+  EXPECT_EQ(rejected.get_future().get().status().code(), absl::StatusCode::kInvalidArgument);
+  scheduler.Stop();
+}
+
+TEST(WarmupTest, EveryShapeRunsOnEveryInstanceOnItsOwnWorkerThread) {
+  ModelSpec spec = FixedSpec(4);
+  spec.inputs[0].dims = {3};
+  spec.dynamic_batching.enabled = true;
+  spec.dynamic_batching.pad_to_preferred = true;
+  spec.dynamic_batching.preferred_batch_sizes = {2};
+  const ShapePlan plan = ComputeShapePlan(spec);
+  ASSERT_EQ(plan.shapes.size(), 2u);  // batch 2 and 4
+  auto warmup = BuildWarmupRequests(spec, plan, "/nonexistent");
+  ASSERT_TRUE(warmup.ok()) << warmup.status();
+
+  std::vector<ThreadRecordingEcho*> echoes;
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  for (int i = 0; i < 3; ++i) {
+    auto echo = std::make_unique<ThreadRecordingEcho>();
+    echoes.push_back(echo.get());
+    instances.push_back(std::move(echo));
+  }
+  SteadyTimeSource clock;
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 4;
+  options.queue.preferred_batch_sizes = {2};
+  options.queue.pad_to_preferred = true;
+  options.clock = &clock;
+  auto batcher = DynamicBatcher::Create(spec, std::move(instances), options);
+  ASSERT_TRUE(batcher.ok());
+  auto report = (*batcher)->WarmUp(*std::move(warmup));
+  ASSERT_TRUE(report.ok()) << report.status();
+
+  // Every (instance, shape) pair, each run spec.warmup_runs times, each instance on one thread.
+  std::set<std::pair<int, std::string>> pairs;
+  for (const WarmupPass& pass : report->passes) pairs.insert({pass.instance, pass.label});
+  EXPECT_EQ(pairs.size(), 3u * plan.shapes.size());
+  std::set<std::thread::id> all_threads;
+  for (ThreadRecordingEcho* echo : echoes) {
+    EXPECT_THAT(echo->shapes(), ElementsAre(Shape{2, 3}, Shape{2, 3}, Shape{2, 3}, Shape{4, 3}, Shape{4, 3},
+                                            Shape{4, 3}));
+    ASSERT_EQ(echo->threads().size(), 1u);
+    all_threads.insert(*echo->threads().begin());
+  }
+  EXPECT_EQ(all_threads.size(), 3u);
+  EXPECT_EQ(all_threads.count(std::this_thread::get_id()), 0u);
+  // Warm-up went through batch assembly: each instance's staging buffer exists before traffic.
+  EXPECT_EQ((*batcher)->StagingAllocations(), 3u);
+  (*batcher)->Stop();
+}
+
+TEST(WarmupTest, AFailingShapeFailsWarmUpWithItsLabel) {
+  ModelSpec spec = FixedSpec(2);
+  auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
+  ASSERT_TRUE(warmup.ok());
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  instances.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest& request) -> StatusOr<InferResponse> {
+    if (request.batch_size == 2) return absl::InternalError("shape mismatch in layer 3");
+    return InferResponse{};
+  }));
+  auto scheduler = UnbatchedScheduler::Create(std::move(instances), {});
+  ASSERT_TRUE(scheduler.ok());
+  auto report = (*scheduler)->WarmUp(*std::move(warmup));
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(report.status().message(),
+              HasSubstr("warm-up batch=2 x[2,3,4] on instance 0 failed: shape mismatch in layer 3"));
+}
+
+TEST(WarmupTest, ModelWarmupSamplesAndWarmupSwitch) {
+  const std::filesystem::path directory = std::filesystem::temp_directory_path() / "sluice_warmup_test";
+  std::filesystem::create_directories(directory / "warmup");
+  std::vector<float> values(2 * 3 * 4, 0.5f);
+  std::ofstream(directory / "warmup" / "x.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+  ModelSpec spec = FixedSpec(2);
+  spec.warmup = false;  // only the samples
+  WarmupSampleSpec file_sample{"file", 2, 4, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kFile, "x.bin"}}};
+  WarmupSampleSpec random_sample{"random", 1, 1, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kRandom, ""}}};
+  spec.warmup_samples = {file_sample, random_sample};
+  auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), directory);
+  ASSERT_TRUE(warmup.ok()) << warmup.status();
+  ASSERT_EQ(warmup->size(), 2u);
+  EXPECT_EQ((*warmup)[0].label, "model_warmup 'file'");
+  EXPECT_EQ((*warmup)[0].runs, 4);
+  EXPECT_EQ((*warmup)[0].request->batch_size, 2);
+  EXPECT_EQ(std::memcmp((*warmup)[0].request->inputs[0].data, values.data(), values.size() * 4), 0);
+  std::vector<float> random(12);
+  std::memcpy(random.data(), (*warmup)[1].request->inputs[0].data, 48);
+  for (float v : random) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LT(v, 1.0f);
+  }
+
+  spec.warmup_samples[0].batch_size = 1;  // the file now has the wrong size
+  EXPECT_THAT(BuildWarmupRequests(spec, ComputeShapePlan(spec), directory).status().message(),
+              HasSubstr("has 96 bytes, shape [1,3,4] of FP32 needs 48"));
+  spec.warmup_samples[0].inputs[0].file = "missing.bin";
+  EXPECT_THAT(BuildWarmupRequests(spec, ComputeShapePlan(spec), directory).status().message(),
+              HasSubstr("cannot read"));
+  spec.warmup_samples = {random_sample};
+  spec.warmup_samples[0].inputs[0].dims = {3, 5};
+  EXPECT_THAT(BuildWarmupRequests(spec, ComputeShapePlan(spec), directory).status().message(),
+              HasSubstr("model_warmup 'random': input 'x'"));
+  std::filesystem::remove_all(directory);
+}
+
+}  // namespace
+}  // namespace sluice
