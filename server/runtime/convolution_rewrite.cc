@@ -82,9 +82,9 @@ ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const Co
       torch::jit::WithInsertPoint insert_before(node);
       std::vector<Value*> arguments = ConvolutionArguments(node, graph.get());
       if (arguments.empty()) {
-        unsupported.insert(node->schema().operator_name().name + (node->schema().overload_name().empty()
-                                                                      ? ""
-                                                                      : "." + node->schema().overload_name()));
+        const bool string_padding = node->inputs().size() > 4 &&
+                                    node->input(4)->type()->kind() == c10::TypeKind::StringType;
+        unsupported.insert(string_padding ? kind + " with string padding" : kind);
         continue;
       }
       for (bool flag : {flags.benchmark, flags.deterministic, flags.cudnn_enabled, flags.allow_tf32}) {
