@@ -1,9 +1,13 @@
 // sluice-server: serves the TorchScript models of a Triton-layout model repository over the
 // KServe v2 / Triton gRPC protocol.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include "server/core/logging.h"
@@ -211,19 +215,36 @@ int main(int argc, char** argv) {
   // Live from here on; ready once the models are (or at once without strict readiness).
   service.SetStarted();
   (*server)->RefreshHealth();
-  if (sluice::Status loaded = manager.LoadAll(); !loaded.ok()) {
-    spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
-    liveness.SetListener(nullptr);
-    (*server)->Shutdown(0);
-    return EXIT_FAILURE;
-  }
-  (*server)->RefreshHealth();
-  spdlog::info("event=models_loaded all_ready={} server_ready={}", manager.AllReady(), service.Ready());
+  // Models load (and warm up) on their own thread, so that a shutdown signal during a long
+  // warm-up is taken at once: it abandons the warm-up instead of waiting for it.
+  sluice::Status loaded;
+  std::atomic<bool> loading{true};
+  std::thread loader([&] {
+    loaded = manager.LoadAll();
+    (*server)->RefreshHealth();
+    if (loaded.ok()) {
+      spdlog::info("event=models_loaded all_ready={} server_ready={}", manager.AllReady(), service.Ready());
+    } else {
+      spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
+      kill(getpid(), SIGTERM);  // wakes the sigwait below
+    }
+    loading = false;
+  });
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
+  if (loading) {
+    spdlog::info("event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
+                 strsignal(signal_number));
+    manager.Stop();
+  }
+  loader.join();
   liveness.SetListener(nullptr);
+  if (!loaded.ok()) {
+    (*server)->Shutdown(0);
+    return EXIT_FAILURE;
+  }
+  spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
   (*server)->Shutdown(flags.shutdown_grace_ms);
   manager.Stop();
   spdlog::info("event=stopped");

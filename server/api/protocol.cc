@@ -169,7 +169,9 @@ void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versio
     meta->set_datatype(std::string(DataTypeName(tensor.dtype)));
     for (int64_t dim : spec.FullShape(tensor)) meta->add_shape(dim);
   };
-  for (const TensorSpec& input : spec.inputs) add(input, proto->mutable_inputs());
+  for (const TensorSpec& input : spec.inputs) {
+    if (!input.filled_by_server) add(input, proto->mutable_inputs());  // clients do not send it
+  }
   for (const TensorSpec& output : spec.outputs) add(output, proto->mutable_outputs());
 }
 

@@ -95,7 +95,7 @@ void DynamicBatcher::BatcherLoop() {
   }
 }
 
-StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests) {
+StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
   auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
   WarmupCollector collector(static_cast<int>(instances_.size()));
   {
@@ -103,9 +103,9 @@ StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> request
     if (stopping_) return absl::UnavailableError("the scheduler has stopped");
     for (size_t i = 0; i < instances_.size(); ++i) {
       Instance* instance = instances_[i].get();
-      instance->tasks.push_back([this, instance, i, shared, &collector] {
+      instance->tasks.push_back([this, instance, i, shared, abandon, &collector] {
         collector.Report(RunWarmupOnInstance(
-            static_cast<int>(i), *shared, [&](const InferRequest& request) -> Status {
+            static_cast<int>(i), *shared, abandon, [&](const InferRequest& request) -> Status {
               FormedBatch batch;
               batch.requests.emplace_back();
               batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));

@@ -42,7 +42,7 @@ class DynamicBatcher final : public Scheduler {
   void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
   // Each warm-up request is assembled in the instance's staging buffers as a one-request batch
   // (so the buffers also reach their largest size before traffic comes).
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
   void Stop() override;
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;

@@ -1,6 +1,7 @@
 // The scheduler interface: how validated requests reach model instances.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,8 +63,10 @@ class Scheduler {
   // Runs every request `runs` times on every instance, each on that instance's own worker thread
   // (LibTorch keeps cuDNN's benchmark cache per thread) and through the path a request of that
   // shape takes when served, discarding the outputs; returns when all ran. Call it before the
-  // scheduler takes traffic. The first failure is returned, prefixed with the request's label.
-  virtual StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) = 0;
+  // scheduler takes traffic. The first failure is returned, prefixed with the request's label;
+  // CANCELLED as soon as `*abandon` (may be null) turns true (the server is shutting down).
+  virtual StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
+                                        const std::atomic<bool>* abandon) = 0;
 
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.

@@ -181,7 +181,7 @@ void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCompl
   });
 }
 
-StatusOr<WarmupReport> PaddingScheduler::WarmUp(std::vector<WarmupRequest> requests) {
+StatusOr<WarmupReport> PaddingScheduler::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
   for (WarmupRequest& warmup : requests) {
     StatusOr<PaddedLengths> padded = PadRequest(*spec_, warmup.request.get());
     if (!padded.ok()) {
@@ -189,7 +189,7 @@ StatusOr<WarmupReport> PaddingScheduler::WarmUp(std::vector<WarmupRequest> reque
                     absl::StrCat("warm-up ", warmup.label, ": ", padded.status().message()));
     }
   }
-  return inner_->WarmUp(std::move(requests));
+  return inner_->WarmUp(std::move(requests), abandon);
 }
 
 }  // namespace sluice

@@ -41,7 +41,7 @@ class PaddingScheduler final : public Scheduler {
   void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
   void Poke() override { inner_->Poke(); }
   void Stop() override { inner_->Stop(); }
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
 
  private:
   const std::shared_ptr<const ModelSpec> spec_;  // shared with the completions in flight

@@ -23,16 +23,16 @@ UnbatchedScheduler::UnbatchedScheduler(std::vector<std::unique_ptr<ModelBackend>
   for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
-StatusOr<WarmupReport> UnbatchedScheduler::WarmUp(std::vector<WarmupRequest> requests) {
+StatusOr<WarmupReport> UnbatchedScheduler::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
   auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
   WarmupCollector collector(static_cast<int>(instances_.size()));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::UnavailableError("the scheduler has stopped");
     for (size_t i = 0; i < instances_.size(); ++i) {
-      tasks_[i].push_back([instance = instances_[i].get(), i, shared, &collector] {
+      tasks_[i].push_back([instance = instances_[i].get(), i, shared, abandon, &collector] {
         // Unbatched requests run on their own bytes, so warm-up does too.
-        collector.Report(RunWarmupOnInstance(static_cast<int>(i), *shared,
+        collector.Report(RunWarmupOnInstance(static_cast<int>(i), *shared, abandon,
                                              [instance](const InferRequest& request) {
                                                return instance->Execute(request).status();
                                              }));

@@ -35,7 +35,7 @@ class UnbatchedScheduler final : public Scheduler {
   ~UnbatchedScheduler() override;
 
   void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests) override;
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
   void Stop() override;
 
  private:

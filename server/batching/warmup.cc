@@ -132,7 +132,7 @@ InferRequest ViewOf(const InferRequest& request) {
 }
 
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
-    int instance, const std::vector<WarmupRequest>& requests,
+    int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const std::function<Status(const InferRequest&)>& run) {
   std::vector<WarmupPass> passes;
   for (const WarmupRequest& warmup : requests) {
@@ -140,6 +140,9 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     pass.instance = instance;
     pass.label = warmup.label;
     for (int i = 0; i < std::max(1, warmup.runs); ++i) {
+      if (abandon != nullptr && abandon->load()) {
+        return absl::CancelledError("warm-up abandoned: the server is shutting down");
+      }
       const auto started = std::chrono::steady_clock::now();
       if (Status status = run(*warmup.request); !status.ok()) {
         return Status(status.code(), absl::StrCat("warm-up ", warmup.label, " on instance ",

@@ -3,6 +3,7 @@
 // each instance's worker thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
@@ -25,9 +26,10 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
 // A request viewing the same input bytes as `request` (not owning them).
 InferRequest ViewOf(const InferRequest& request);
 
-// Runs `requests` on one instance through `run` (the scheduler's execution path), timing each run.
+// Runs `requests` on one instance through `run` (the scheduler's execution path), timing each
+// run; CANCELLED before the next run once `*abandon` (may be null) is true.
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
-    int instance, const std::vector<WarmupRequest>& requests,
+    int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const std::function<Status(const InferRequest&)>& run);
 
 // Collects the per-instance results of one warm-up. Thread-safe.

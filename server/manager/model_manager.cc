@@ -116,7 +116,7 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
   }
   if (!warmup.empty()) {
     const auto started = std::chrono::steady_clock::now();
-    StatusOr<WarmupReport> report = scheduler->WarmUp(std::move(warmup));
+    StatusOr<WarmupReport> report = scheduler->WarmUp(std::move(warmup), &stopping_);
     tuning->warmup_time = std::chrono::steady_clock::now() - started;
     if (!report.ok()) {
       scheduler->Stop();
@@ -191,6 +191,12 @@ Status ModelManager::LoadAll() {
     }
     for (size_t i = 0; i < entry.versions.size(); ++i) {
       const int64_t version = entry.versions[i].version;
+      if (stopping_) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        entry.versions[i].state = ModelState::kUnavailable;
+        entry.versions[i].reason = "the server is shutting down";
+        continue;
+      }
       const auto started = std::chrono::steady_clock::now();
       std::string device;
       auto stats = std::make_shared<ModelStats>();
@@ -201,8 +207,15 @@ Status ModelManager::LoadAll() {
           LoadVersion(model, model.versions.at(version), stats, &device, &tuning);
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - started).count();
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock(mutex_);
       VersionSlot& slot = entry.versions[i];
+      if (scheduler.ok() && stopping_) {
+        // Stop ran while this version loaded and could not see its scheduler: stop it here.
+        lock.unlock();
+        (*scheduler)->Stop();
+        lock.lock();
+        scheduler = absl::UnavailableError("the server is shutting down");
+      }
       if (scheduler.ok()) {
         slot.state = ModelState::kReady;
         slot.scheduler = *std::move(scheduler);
@@ -381,6 +394,7 @@ void ModelManager::Stop() {
   std::vector<std::shared_ptr<Scheduler>> schedulers;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
     for (const Entry& entry : entries_) {
       for (const VersionSlot& slot : entry.versions) {
         if (slot.scheduler) schedulers.push_back(slot.scheduler);

@@ -2,6 +2,7 @@
 // by an injected BackendFactory), its scheduler and its state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,7 +109,9 @@ class ModelManager {
   // True once LoadAll finished and every model in the repository has every selected version ready.
   bool AllReady() const;
 
-  // Stops every scheduler (queued requests are answered UNAVAILABLE). Idempotent.
+  // Stops every scheduler (queued requests are answered UNAVAILABLE). Idempotent. May run while
+  // LoadAll is loading (a shutdown signal during start-up): warm-ups are abandoned, and the
+  // versions not loaded yet stay UNAVAILABLE.
   void Stop();
 
  private:
@@ -147,6 +150,7 @@ class ModelManager {
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;  // the vector itself never changes after construction
   bool loaded_ = false;         // guarded by mutex_
+  std::atomic<bool> stopping_{false};  // Stop was called: LoadAll loads nothing more
   int default_intra_op_threads_ = 1;  // set by LoadAll before anything loads
 };
 

@@ -276,7 +276,7 @@ TEST(WarmupTest, EveryShapeRunsOnEveryInstanceOnItsOwnWorkerThread) {
   options.clock = &clock;
   auto batcher = DynamicBatcher::Create(spec, std::move(instances), options);
   ASSERT_TRUE(batcher.ok());
-  auto report = (*batcher)->WarmUp(*std::move(warmup));
+  auto report = (*batcher)->WarmUp(*std::move(warmup), nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
 
   // Every (instance, shape) pair, each run spec.warmup_runs times, each instance on one thread.
@@ -308,7 +308,7 @@ TEST(WarmupTest, AFailingShapeFailsWarmUpWithItsLabel) {
   }));
   auto scheduler = UnbatchedScheduler::Create(std::move(instances), {});
   ASSERT_TRUE(scheduler.ok());
-  auto report = (*scheduler)->WarmUp(*std::move(warmup));
+  auto report = (*scheduler)->WarmUp(*std::move(warmup), nullptr);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(report.status().message(),
               HasSubstr("warm-up batch=2 x[2,3,4] on instance 0 failed: shape mismatch in layer 3"));
