@@ -26,3 +26,54 @@ def test_bundled_models_on_cuda_match_torch(bundled_repository, tmp_path_factory
         client.close()
     finally:
         assert server.stop() == 0
+
+
+def test_cudnn_benchmark_per_model_and_warm_up_on_every_gpu_instance(tmp_path_factory):
+    """A fixed-shape conv model gets benchmark mode and a variable-shape one does not, in one
+    process; every (instance, shape) pair of the fixed one is warmed on the GPU."""
+    import re
+    from test_warmup import traced_convs_module, warmed_pairs, write
+    root = str(tmp_path_factory.mktemp("gpu_benchmark_repository"))
+    module = traced_convs_module()
+    write(root, "fixed", """
+max_batch_size: 4
+input [ { name: "image" data_type: TYPE_FP32 dims: [ 3, 8, 8 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+dynamic_batching { preferred_batch_size: [ 2 ] }
+parameters { key: "sluice.pad_batch_to_preferred" value { string_value: "true" } }
+instance_group [ { kind: KIND_GPU count: 2 } ]
+""", module)
+    write(root, "variable", """
+max_batch_size: 4
+input [ { name: "image" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 } ]
+""", module)
+    server = start_server(root, tmp_path_factory, ["--device", "cuda"])
+    try:
+        log = server.log()
+        assert re.search(r"event=cudnn_benchmark model=fixed version=1 benchmark=on .* convolutions=2 rewritten=2", log), log
+        assert re.search(r"event=cudnn_benchmark model=variable version=1 benchmark=off .* convolutions=2 rewritten=2", log), log
+        assert warmed_pairs(log, "fixed") == {
+            (instance, f"batch={b} image[{b},3,8,8]") for instance in (0, 1) for b in (2, 4)}
+        assert warmed_pairs(log, "variable") == set()
+        client = grpcclient.InferenceServerClient(url=server.url)
+        for name, shape in (("fixed", (3, 3, 8, 8)), ("variable", (1, 3, 12, 10))):
+            image = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+            inp = grpcclient.InferInput("image", list(image.shape), "FP32")
+            inp.set_data_from_numpy(image)
+            got = client.infer(name, [inp]).as_numpy("OUTPUT__0")
+            want = module(torch.from_numpy(image)).detach().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)  # TF32 convolutions
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_print_env_lists_the_gpus():
+    import subprocess
+    from conftest import SERVER
+    out = subprocess.run([SERVER, "--print-env"], capture_output=True, text=True, timeout=120).stdout
+    assert f"gpu 0: {torch.cuda.get_device_name(0)}, compute capability " in out
+    assert "result: " in out and "GPU(s) usable" in out
+    assert "problem: " not in out, out
