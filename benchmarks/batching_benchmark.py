@@ -36,6 +36,13 @@ MODELS = {
 TARGETS = {"convnet_saturation_ratio": 0.90, "mlp_on_off_ratio_c32": 3.0, "overhead_p50_us": 150.0}
 
 
+def write_json(path, report):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"\nwrote {path}")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,12 +87,13 @@ def statistics(url, model):
         client.close()
 
 
-def serve(bin_dir, repository):
+def serve(bin_dir, repository, extra_args=()):
+    """Starts sluice-server on `repository` and returns (process, url) once it is ready."""
     port = free_port()
     log = open(repository + ".log", "w")
     process = subprocess.Popen([os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
                                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
-                                "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
+                                "--log-level", "warn", *extra_args], stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     import tritonclient.grpc as grpcclient
@@ -200,10 +208,7 @@ def main():
         print(f"  {key:32} {value:10.3f}")
     report = {"smoke": args.smoke, "cores": cores, "inprocess": ceiling, "sluice": served,
               "ratios": ratios, "targets": TARGETS}
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"\nwrote {args.json}")
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":
