@@ -1,6 +1,7 @@
 #include "server/repository/model_config_parser.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -266,6 +267,27 @@ Status CheckSluiceParameterNames(const std::map<std::string, std::string>& param
   return absl::OkStatus();
 }
 
+// Whether `value` converts to `type` without overflow or a fraction lost (floats take any finite
+// value; NaN and infinities only floats).
+bool Representable(DataType type, double value) {
+  auto integral_in = [&](double low, double high) {
+    return std::isfinite(value) && value == std::trunc(value) && value >= low && value <= high;
+  };
+  switch (type) {
+    case DataType::kBool: return value == 0 || value == 1;
+    case DataType::kUint8: return integral_in(0, 255);
+    case DataType::kInt8: return integral_in(-128, 127);
+    case DataType::kInt16: return integral_in(-32768, 32767);
+    case DataType::kInt32: return integral_in(-2147483648.0, 2147483647.0);
+    case DataType::kInt64: return integral_in(-9223372036854775808.0, 9223372036854774784.0);
+    case DataType::kFp16: return !std::isfinite(value) || std::fabs(value) <= 65504;
+    case DataType::kBf16:
+    case DataType::kFp32: return !std::isfinite(value) || std::fabs(value) <= 3.4028234663852886e38;
+    case DataType::kFp64: return true;
+  }
+  return false;
+}
+
 TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name) {
   for (TensorSpec& tensor : tensors) {
     if (tensor.name == name) return &tensor;
@@ -369,6 +391,13 @@ Status ConvertPadding(ModelSpec* spec) {
   if (auto it = parameters.find("sluice.pad_value"); it != parameters.end()) {
     if (!absl::SimpleAtod(it->second, &padding.pad_value)) {
       return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value must be a number, found '", it->second, "'"));
+    }
+    for (const BucketDim& bucketed : padding.dims) {
+      const TensorSpec* input = bucketed.is_input ? FindTensor(spec->inputs, bucketed.tensor) : nullptr;
+      if (input != nullptr && !Representable(input->dtype, padding.pad_value)) {
+        return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value ", it->second, " cannot be stored in input '",
+                                                       input->name, "' of type ", DataTypeName(input->dtype)));
+      }
     }
   }
   if (auto it = parameters.find("sluice.lengths_input"); it != parameters.end()) {

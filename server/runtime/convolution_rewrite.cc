@@ -41,7 +41,10 @@ bool IsIntList(const Value* value) {
 // The arguments of aten::_convolution that come from the node being replaced, in order:
 // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups.
 // Empty when this overload cannot be expressed that way (string padding, other operators).
-std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph) {
+// `*spatial_rank`: for conv{N}d and conv_transpose{N}d, N (they also accept an unbatched input,
+// which aten::_convolution does not); 0 for the others.
+std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph, int* spatial_rank) {
+  *spatial_rank = 0;
   const std::string kind = node->kind().toQualString();
   auto in = [&](size_t i) { return node->input(i); };
   if (kind == "aten::_convolution" && (node->inputs().size() == 13 || node->inputs().size() == 12)) {
@@ -53,11 +56,13 @@ std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph) {
   for (int rank : {1, 2, 3}) {
     if (kind == absl::StrCat("aten::conv", rank, "d") && node->inputs().size() == 7 && IsIntList(in(4))) {
       // conv{N}d(input, weight, bias, stride, padding, dilation, groups)
+      *spatial_rank = rank;
       Value* output_padding = graph->insertConstant(c10::IValue(std::vector<int64_t>(rank, 0)));
       return {in(0), in(1), in(2), in(3), in(4), in(5), graph->insertConstant(false), output_padding, in(6)};
     }
     if (kind == absl::StrCat("aten::conv_transpose", rank, "d") && node->inputs().size() == 8) {
       // conv_transpose{N}d(input, weight, bias, stride, padding, output_padding, groups, dilation)
+      *spatial_rank = rank;
       return {in(0), in(1), in(2), in(3), in(4), in(7), graph->insertConstant(true), in(5), in(6)};
     }
   }
@@ -80,7 +85,8 @@ ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const Co
       if (!IsConvolution(kind)) continue;
       ++tuning.convolutions;
       torch::jit::WithInsertPoint insert_before(node);
-      std::vector<Value*> arguments = ConvolutionArguments(node, graph.get());
+      int spatial_rank = 0;
+      std::vector<Value*> arguments = ConvolutionArguments(node, graph.get(), &spatial_rank);
       if (arguments.empty()) {
         const bool string_padding = node->inputs().size() > 4 &&
                                     node->input(4)->type()->kind() == c10::TypeKind::StringType;
@@ -91,11 +97,31 @@ ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const Co
         arguments.push_back(graph->insertConstant(flag));  // fresh: never shared with another use
       }
       Node* convolution = graph->create(c10::Symbol::fromQualString("aten::_convolution"), arguments, 1);
-      convolution->insertBefore(node);
       convolution->output()->setType(node->output()->type());
       convolution->copyMetadata(node);
-      node->output()->replaceAllUsesWith(convolution->output());
-      node->destroy();
+      if (spatial_rank == 0) {
+        convolution->insertBefore(node);
+        node->output()->replaceAllUsesWith(convolution->output());
+        node->destroy();
+      } else {
+        // conv{N}d also takes an unbatched input (rank N+1); keep the original call for that
+        // case: if input.dim() == N + 2 { _convolution(...) } else { conv{N}d(...) }.
+        Value* dim = graph->insert(c10::Symbol::fromQualString("aten::dim"), {node->input(0)});
+        Value* batched = graph->insert(c10::Symbol::fromQualString("aten::eq"),
+                                       {dim, graph->insertConstant(int64_t{spatial_rank + 2})});
+        Node* branch = graph->create(c10::Symbol::fromQualString("prim::If"), {batched}, 1);
+        branch->output()->setType(node->output()->type());
+        torch::jit::Block* with_batch = branch->addBlock();
+        torch::jit::Block* without_batch = branch->addBlock();
+        with_batch->appendNode(convolution);
+        with_batch->registerOutput(convolution->output());
+        Node* original = graph->createClone(node, [](Value* value) { return value; });
+        without_batch->appendNode(original);
+        without_batch->registerOutput(original->output());
+        branch->insertBefore(node);
+        node->output()->replaceAllUsesWith(branch->output());
+        node->destroy();
+      }
       ++tuning.rewritten;
     }
   }

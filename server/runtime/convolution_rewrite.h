@@ -6,8 +6,9 @@
 // makes the decision per model, whatever else the process runs; it also replaces the flags a
 // traced model froze at trace time (pytorch/pytorch#18776).
 //
-// A scripted convolution (aten::conv2d, ...) accepts an unbatched input; the rewritten call, like
-// a traced one, needs the batch dimension. Models served with a batch dimension always have it.
+// A scripted convolution (aten::conv2d, ...) also accepts an unbatched input, which
+// aten::_convolution does not: for those the rewrite branches on the input's rank and keeps the
+// original call (following the global flag) for an unbatched input.
 #pragma once
 
 #include <torch/script.h>

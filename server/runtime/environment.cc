@@ -34,6 +34,10 @@ std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
                       version % minor_divisor);
 }
 
+std::string CudnnVersionFromInt(long version) {
+  return version < 10000 ? VersionFromInt(version, 1000, 100) : VersionFromInt(version, 10000, 100);
+}
+
 std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_required) {
   std::vector<std::string> problems;
   if (!info.cuda_built) {
@@ -102,7 +106,8 @@ std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_r
 }
 
 std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchmark_mode,
-                              bool gpu_required) {
+                              DevicePolicy policy) {
+  const bool gpu_required = policy == DevicePolicy::kCuda;
   auto or_none = [](const std::string& value, const char* none) { return value.empty() ? std::string(none) : value; };
   std::string out;
   auto line = [&](const char* name, const std::string& value) {
@@ -134,8 +139,12 @@ std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchm
   line("inter_op_threads", absl::StrCat(info.inter_op_threads));
   const std::vector<std::string> problems = EnvironmentProblems(info, gpu_required);
   for (const std::string& problem : problems) absl::StrAppend(&out, "problem: ", problem, "\n");
-  if (info.cuda_usable) {
-    line("result", absl::StrCat(info.cuda_device_count, " GPU(s) usable; KIND_GPU and KIND_AUTO models run on the GPU"));
+  if (policy == DevicePolicy::kCpu) {
+    line("result", "--device cpu: every model runs on the CPU");
+  } else if (info.cuda_usable) {
+    int usable = 0;
+    for (const GpuInfo& gpu : info.gpus) usable += gpu.problem.empty() ? 1 : 0;
+    line("result", absl::StrCat(usable, " GPU(s) usable; KIND_GPU and KIND_AUTO models run on the GPU"));
   } else {
     line("result", "no usable GPU; every model runs on the CPU");
   }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "server/core/device.h"
+
 namespace sluice {
 
 struct GpuInfo {
@@ -42,14 +44,18 @@ struct RuntimeInfo {
 
 // "13.0" from 13000 (CUDA) or "9.19.0" from 91900 (cuDNN, with minor_divisor 100); empty for <= 0.
 std::string VersionFromInt(long version, int major_divisor, int minor_divisor);
+// cuDNN's own encoding: 9.x and later major*10000 + minor*100 + patch, 8.x and earlier
+// major*1000 + minor*100 + patch (8907 is 8.9.7).
+std::string CudnnVersionFromInt(long version);
 
 // Things that are wrong or surprising, one sentence each, with what to do. `gpu_required`: the
 // server was started with --device cuda.
 std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_required);
 
 // The report `sluice-server --print-env` prints: one "name: value" line per fact, then the
-// problems, then one line that says where models will run. `benchmark_mode` is --cudnn-benchmark.
+// problems, then one line that says where models will run under `policy` (--device).
+// `benchmark_mode` is --cudnn-benchmark.
 std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchmark_mode,
-                              bool gpu_required);
+                              DevicePolicy policy);
 
 }  // namespace sluice

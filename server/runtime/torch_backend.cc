@@ -16,6 +16,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -355,7 +356,7 @@ class TorchBackendFactory final : public BackendFactory {
                         torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);
                         module.eval();
                         SLUICE_ASSIGN_OR_RETURN(std::vector<int> positions, BindInputs(spec, module));
-                        ConvolutionTuning tuning = TuneConvolutions(spec, module);
+                        ConvolutionTuning tuning = TuneConvolutions(spec, module, torch_device);
                         const size_t arity = spec.inputs.size();
                         return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
                             spec, std::move(module), torch_device, std::move(positions), arity,
@@ -367,7 +368,8 @@ class TorchBackendFactory final : public BackendFactory {
   int CudaDeviceCount() const override { return info_.cuda_device_count; }
 
  private:
-  ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module) {
+  ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module,
+                                     const torch::Device& device) {
     at::Context& context = at::globalContext();
     ConvolutionFlags flags;
     flags.benchmark = spec.cudnn_benchmark;
@@ -375,7 +377,8 @@ class TorchBackendFactory final : public BackendFactory {
     flags.cudnn_enabled = context.userEnabledCuDNN();
     flags.allow_tf32 = context.allowTF32CuDNN();
     ConvolutionTuning tuning = RewriteConvolutions(module, flags);
-    if (tuning.fallback.empty()) return tuning;
+    // cuDNN runs GPU convolutions only: a CPU instance never needs the global flag.
+    if (tuning.fallback.empty() || !device.is_cuda()) return tuning;
     // What the graph cannot carry follows the process-wide flag: the first model that needs it
     // sets it; a later model that wants the opposite runs with the first one's choice.
     std::lock_guard<std::mutex> lock(global_flag_mutex_);
@@ -413,7 +416,7 @@ void ConfigureCudnn(const CudnnSettings& settings) {
   torch::jit::getNumProfiledRuns() = 1;
 }
 
-RuntimeInfo ProbeRuntime() {
+RuntimeInfo ProbeRuntime(bool touch_gpus) {
   RuntimeInfo info;
   info.torch_version = TORCH_VERSION;
   at::Context& context = at::globalContext();
@@ -464,8 +467,8 @@ RuntimeInfo ProbeRuntime() {
     }
   }
   try {
-    if (hooks.hasCuDNN()) info.cudnn_version = VersionFromInt(hooks.versionCuDNN(), 10000, 100);
-    info.cudnn_loaded_version = VersionFromInt(hooks.versionRuntimeCuDNN(), 10000, 100);
+    if (hooks.hasCuDNN()) info.cudnn_version = CudnnVersionFromInt(hooks.versionCuDNN());
+    info.cudnn_loaded_version = CudnnVersionFromInt(hooks.versionRuntimeCuDNN());
   } catch (const std::exception&) {
   }
   try {
@@ -496,6 +499,10 @@ RuntimeInfo ProbeRuntime() {
       }
       // A kernel and a cuDNN convolution: "no kernel image is available" means this LibTorch
       // build does not cover the GPU's compute capability; a cuDNN failure names its library.
+      if (!touch_gpus) {
+        info.gpus.push_back(std::move(gpu));
+        continue;
+      }
       const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
       at::Tensor probe = torch::ones({1, 1, 4, 4}, torch::TensorOptions().device(device));
       (void)torch::conv2d(probe.add(1), torch::ones({1, 1, 3, 3}, probe.options())).sum().item<float>();
@@ -508,6 +515,11 @@ RuntimeInfo ProbeRuntime() {
                         : TruncateTorchMessage(message.substr(0, message.find('\n')));
     }
     info.gpus.push_back(std::move(gpu));
+  }
+  if (info.cuda_usable && std::all_of(info.gpus.begin(), info.gpus.end(),
+                                      [](const GpuInfo& gpu) { return !gpu.problem.empty(); })) {
+    info.cuda_usable = false;
+    info.problem = "no GPU can run this LibTorch build's kernels (see the problems above)";
   }
   return info;
 }

@@ -19,9 +19,11 @@ struct CudnnSettings {
 };
 void ConfigureCudnn(const CudnnSettings& settings);
 
-// What this process runs on (see environment.h). Touches every GPU once (a tiny kernel and a
-// tiny convolution) to find the ones this LibTorch build cannot run on.
-RuntimeInfo ProbeRuntime();
+// What this process runs on (see environment.h). With `touch_gpus`, runs a tiny kernel and a tiny
+// convolution on every GPU to find the ones this LibTorch build cannot run on (each keeps a CUDA
+// context, some hundred MiB, for the life of the process); GPUs with a problem do not count as
+// usable.
+RuntimeInfo ProbeRuntime(bool touch_gpus = true);
 
 // Factory for TorchScript model instances.
 //

@@ -87,13 +87,15 @@ def forward(self, x):
   return model;
 }
 
-// Like a scripted nn.Conv2d / nn.ConvTranspose2d: aten::conv2d and aten::conv_transpose2d.
+// Like a scripted nn.Conv2d / nn.ConvTranspose2d: aten::conv2d and aten::conv_transpose2d, the
+// transposed one with stride, output_padding and dilation all different, so that an argument
+// mapped to the wrong place changes the output.
 constexpr char kScripted[] = R"(
 def forward(self, x):
-    w = torch.ones([2, 3, 3, 3]) * 0.1
+    w = torch.arange(54.0).reshape([2, 3, 3, 3]) * 0.01
     y = torch.conv2d(x, w, None, [1, 1], [1, 1], [1, 1], 1)
-    t = torch.ones([2, 1, 2, 2]) * 0.5
-    z = torch.conv_transpose2d(y, t, None, [2, 2], [0, 0], [0, 0], 1, [1, 1])
+    t = torch.arange(8.0).reshape([2, 1, 2, 2]) * 0.5
+    z = torch.conv_transpose2d(y, t, None, [3, 3], [1, 1], [2, 2], 1, [2, 2])
     return self.helper(z)
 
 def helper(self, z):
@@ -125,7 +127,8 @@ TEST(ConvolutionRewriteTest, TracedNestedModelCarriesTheDecisionAndComputesTheSa
 
   std::vector<std::string> others;
   std::vector<ConvolutionNode> convolutions = Convolutions(rewritten, &others);
-  EXPECT_TRUE(others.empty()) << others.front();
+  // The scripted conv2d in the nested block stays as it was for an unbatched input only.
+  EXPECT_THAT(others, ::testing::ElementsAre("aten::conv2d"));
   ASSERT_EQ(convolutions.size(), 3u);
   int transposed = 0;
   for (const ConvolutionNode& conv : convolutions) {
@@ -168,11 +171,27 @@ TEST(ConvolutionRewriteTest, ScriptedConvolutionsAreRewrittenInEveryMethod) {
   EXPECT_EQ(tuning.rewritten, 3);
   std::vector<std::string> others;
   std::vector<ConvolutionNode> convolutions = Convolutions(model, &others);
-  EXPECT_TRUE(others.empty());
+  // conv2d and conv_transpose2d stay as they were in the branch for an unbatched input.
+  EXPECT_THAT(others, ::testing::UnorderedElementsAre("aten::conv2d", "aten::conv_transpose2d"));
   ASSERT_EQ(convolutions.size(), 3u);
   for (const ConvolutionNode& conv : convolutions) EXPECT_TRUE(conv.constants[9].toBool());
   const torch::Tensor input = torch::randn({2, 3, 5, 5});
   EXPECT_TRUE(torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()));
+}
+
+TEST(ConvolutionRewriteTest, UnbatchedInputToAScriptedConvolutionStillWorks) {
+  const auto path = testing::SaveModule("unbatched_conv", R"(
+def forward(self, x):
+    return torch.conv2d(x, torch.ones([2, 3, 3, 3]), None, [1, 1], [1, 1], [1, 1], 1)
+)");
+  torch::jit::Module original = torch::jit::load(path.string());
+  torch::jit::Module model = torch::jit::load(path.string());
+  EXPECT_EQ(RewriteConvolutions(model, ConvolutionFlags{}).rewritten, 1);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 6, 6}, std::vector<int64_t>{2, 3, 6, 6}}) {
+    const torch::Tensor input = torch::randn(shape);
+    EXPECT_TRUE(torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()))
+        << "input rank " << shape.size();
+  }
 }
 
 TEST(ConvolutionRewriteTest, StringPaddingCannotBeRewrittenAndSaysSo) {

@@ -35,7 +35,7 @@ RuntimeInfo HealthyGpuHost() {
 TEST(EnvironmentTest, HealthyHostHasNoProblems) {
   const RuntimeInfo info = HealthyGpuHost();
   EXPECT_THAT(EnvironmentProblems(info, true), IsEmpty());
-  const std::string report = FormatEnvironment(info, "auto", false);
+  const std::string report = FormatEnvironment(info, "auto", DevicePolicy::kAuto);
   EXPECT_THAT(report, HasSubstr("libtorch: 2.11.0\n"));
   EXPECT_THAT(report, HasSubstr("cuda_built_with: 13.0\n"));
   EXPECT_THAT(report, HasSubstr("nvidia_driver: 580.65.06, supports CUDA 13.0\n"));
@@ -57,7 +57,10 @@ TEST(EnvironmentTest, DriverTooOldForTheCudaLibTorchWasBuiltFor) {
   ASSERT_FALSE(problems.empty());
   EXPECT_THAT(problems[0], AllOf(HasSubstr("driver 550.54.15 supports CUDA up to 12.4"),
                                  HasSubstr("built for CUDA 13.0"), HasSubstr("upgrade the driver")));
-  EXPECT_THAT(FormatEnvironment(info, "auto", false), HasSubstr("result: no usable GPU; every model runs on the CPU"));
+  EXPECT_THAT(FormatEnvironment(info, "auto", DevicePolicy::kAuto),
+              HasSubstr("result: no usable GPU; every model runs on the CPU"));
+  EXPECT_THAT(FormatEnvironment(HealthyGpuHost(), "auto", DevicePolicy::kCpu),
+              HasSubstr("result: --device cpu: every model runs on the CPU"));
 }
 
 TEST(EnvironmentTest, OlderMinorDriverIsANoteAboutCompatibility) {
@@ -109,6 +112,8 @@ TEST(EnvironmentTest, VersionFromInt) {
   EXPECT_EQ(VersionFromInt(12040, 1000, 0), "12.4");
   EXPECT_EQ(VersionFromInt(91900, 10000, 100), "9.19.0");
   EXPECT_EQ(VersionFromInt(0, 1000, 0), "");
+  EXPECT_EQ(CudnnVersionFromInt(91900), "9.19.0");
+  EXPECT_EQ(CudnnVersionFromInt(8907), "8.9.7");
 }
 
 }  // namespace

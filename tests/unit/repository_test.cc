@@ -156,6 +156,11 @@ TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
                    param("sluice.lengths_input", "lengths")).message(),
               HasSubstr("TYPE_INT32 or TYPE_INT64"));
   EXPECT_THAT(with(param("sluice.bucket", "seq=16")).message(), HasSubstr("unknown parameter 'sluice.bucket'"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
+                   param("sluice.pad_value", "0.5")).message(),
+              HasSubstr("sluice.pad_value 0.5 cannot be stored in input 'tokens' of type INT64"));
+  EXPECT_TRUE(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
+                   param("sluice.pad_value", "-1")).ok());
   EXPECT_THAT(with(param("sluice.cudnn_benchmark", "maybe")).message(), HasSubstr("\"auto\", \"on\" or \"off\""));
   EXPECT_THAT(with(param("sluice.warmup_runs", "0")).message(), HasSubstr("sluice.warmup_runs"));
 }
