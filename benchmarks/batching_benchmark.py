@@ -93,7 +93,8 @@ def serve(bin_dir, repository, extra_args=()):
     log = open(repository + ".log", "w")
     process = subprocess.Popen([os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
                                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
-                                "--log-level", "warn", *extra_args], stdout=log, stderr=subprocess.STDOUT)
+                                "--metrics-port", "0", "--log-level", "warn", *extra_args],
+                               stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     import tritonclient.grpc as grpcclient

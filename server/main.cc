@@ -3,6 +3,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -16,6 +17,9 @@
 #include "server/api/inference_service.h"
 #include "server/core/device.h"
 #include "server/manager/model_manager.h"
+#include "server/metrics/gpu_telemetry.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/metrics/server_metrics.h"
 #include "server/repository/model_repository.h"
 #include "server/runtime/torch_backend.h"
 
@@ -25,7 +29,10 @@ struct Flags {
   std::string model_repository = SLUICE_DEFAULT_MODEL_REPOSITORY;
   std::string grpc_address = "0.0.0.0";
   int grpc_port = 8001;
+  bool allow_metrics = true;
+  std::string metrics_address = "0.0.0.0";
   int metrics_port = 8002;
+  int metrics_interval_ms = 2000;
   bool strict_readiness = true;
   int grpc_max_message_bytes = 1 << 30;
   std::string device = "auto";
@@ -50,9 +57,18 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Port of the gRPC inference and health services; 0 picks a free one (logged)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
+  app.add_option("--allow-metrics", flags.allow_metrics,
+                 "Serve Prometheus metrics at http://<--metrics-address>:<--metrics-port>/metrics")
+      ->capture_default_str();
+  app.add_option("--metrics-address", flags.metrics_address, "Address the metrics endpoint listens on")
+      ->capture_default_str();
   app.add_option("--metrics-port", flags.metrics_port,
-                 "Port reserved for the Prometheus endpoint (not served by this release)")
+                 "Port of the Prometheus endpoint; 0 picks a free one (logged)")
       ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--metrics-interval-ms", flags.metrics_interval_ms,
+                 "How often GPU telemetry (NVML: utilisation, memory, power, temperature) is sampled")
+      ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
   app.add_option("--strict-readiness", flags.strict_readiness,
                  "true: ready only when every model in the repository is ready; false: ready once "
@@ -107,6 +123,23 @@ void AddFlags(CLI::App& app, Flags& flags) {
                "what is wrong with them, then exit");
 }
 
+// The environment report's versions, as labels of sluice_build_info.
+std::map<std::string, std::string> BuildInfoLabels(const sluice::RuntimeInfo& info, const Flags& flags) {
+  auto or_none = [](const std::string& value) { return value.empty() ? std::string("none") : value; };
+  return {{"sluice", SLUICE_VERSION},
+          {"libtorch", info.torch_version},
+          {"cuda_built_with", or_none(info.cuda_build_version)},
+          {"cuda_runtime", or_none(info.cuda_runtime_version)},
+          {"driver", info.driver_found ? or_none(info.driver_version) : "none"},
+          {"driver_cuda", or_none(info.driver_cuda_version)},
+          {"cudnn_compiled", or_none(info.cudnn_version)},
+          {"cudnn_loaded", or_none(info.cudnn_loaded_version)},
+          {"gpus", std::to_string(info.cuda_device_count)},
+          {"cudnn_benchmark", flags.cudnn_benchmark},
+          {"cudnn_deterministic", flags.cudnn_deterministic ? "true" : "false"},
+          {"allow_tf32", flags.allow_tf32 ? "true" : "false"}};
+}
+
 sluice::CudnnBenchmarkMode ParseBenchmarkMode(const std::string& mode) {
   if (mode == "on") return sluice::CudnnBenchmarkMode::kOn;
   if (mode == "off") return sluice::CudnnBenchmarkMode::kOff;
@@ -143,6 +176,16 @@ int main(int argc, char** argv) {
   Flags flags;
   AddFlags(app, flags);
   CLI11_PARSE(app, argc, argv);
+
+  // Signals are taken synchronously by the main thread (sigwait below); block them before any
+  // thread starts (CUDA and cuDNN start threads as soon as the probe touches a GPU), so that
+  // every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   const sluice::DevicePolicy device_policy = *sluice::ParseDevicePolicy(flags.device);
   const bool gpu_required = device_policy == sluice::DevicePolicy::kCuda;
   sluice::CudnnSettings cudnn;
@@ -150,22 +193,15 @@ int main(int argc, char** argv) {
   cudnn.deterministic = flags.cudnn_deterministic;
   cudnn.allow_tf32 = flags.allow_tf32;
   sluice::ConfigureCudnn(cudnn);
-  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime();
+  // With --device cpu no GPU is touched (a probe holds memory on every GPU it runs on).
+  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime(device_policy != sluice::DevicePolicy::kCpu);
   if (flags.print_env) {
-    std::fputs(sluice::FormatEnvironment(runtime, flags.cudnn_benchmark, gpu_required).c_str(), stdout);
+    std::fputs(sluice::FormatEnvironment(runtime, flags.cudnn_benchmark, device_policy).c_str(), stdout);
     return EXIT_SUCCESS;
   }
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
-
-  // Signals are taken synchronously by the main thread (sigwait below); block them before any
-  // thread starts so that every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   LogRuntime(runtime, flags, gpu_required);
   std::unique_ptr<sluice::BackendFactory> factory = sluice::MakeTorchBackendFactory(runtime);
@@ -189,6 +225,34 @@ int main(int argc, char** argv) {
   manager_options.queued_bytes_budget = std::make_shared<sluice::ByteBudget>(flags.max_queued_bytes);
   manager_options.liveness = &liveness;
   manager_options.cudnn_benchmark = ParseBenchmarkMode(flags.cudnn_benchmark);
+  // Metrics: one registry, handed to what records; served before the models load, so that a
+  // dashboard sees models go from LOADING to READY.
+  std::unique_ptr<sluice::ServerMetrics> metrics;
+  std::unique_ptr<sluice::MetricsEndpoint> metrics_endpoint;
+  std::unique_ptr<sluice::GpuTelemetry> gpu_telemetry;
+  if (flags.allow_metrics) {
+    metrics = std::make_unique<sluice::ServerMetrics>(std::make_shared<prometheus::Registry>());
+    metrics->SetBuildInfo(BuildInfoLabels(runtime, flags));
+    auto endpoint = sluice::MetricsEndpoint::Start(flags.metrics_address, flags.metrics_port, metrics->registry());
+    if (!endpoint.ok()) {
+      spdlog::critical("event=start_failed reason=\"{}\"", endpoint.status().message());
+      return EXIT_FAILURE;
+    }
+    metrics_endpoint = *std::move(endpoint);
+    spdlog::info("event=metrics_listening address={} port={} path=/metrics", flags.metrics_address,
+                 metrics_endpoint->port());
+    auto nvml = sluice::Nvml::Load(sluice::NvmlLibraryPath());
+    if (nvml.ok()) {
+      gpu_telemetry = std::make_unique<sluice::GpuTelemetry>(
+          *std::move(nvml), metrics.get(), std::chrono::milliseconds(flags.metrics_interval_ms));
+      spdlog::info("event=gpu_telemetry gpus={} interval_ms={}", gpu_telemetry->gpus(), flags.metrics_interval_ms);
+    } else {
+      spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
+    }
+    manager_options.observer = metrics.get();
+  } else {
+    spdlog::info("event=metrics_off reason=\"--allow-metrics false\"");
+  }
   manager_options.warmup = flags.warmup;
   sluice::ModelManager manager(*std::move(models), factory.get(), manager_options);
 
@@ -209,8 +273,6 @@ int main(int argc, char** argv) {
   }
   spdlog::info("event=listening address={} port={}", flags.grpc_address, (*server)->port());
   liveness.SetListener([server = server->get()] { server->RefreshHealth(); });
-  spdlog::info("event=metrics_not_served port={} reason=\"the Prometheus endpoint is not part of "
-               "this release\"", flags.metrics_port);
 
   // Live from here on; ready once the models are (or at once without strict readiness).
   service.SetStarted();
@@ -219,6 +281,7 @@ int main(int argc, char** argv) {
   // warm-up is taken at once: it abandons the warm-up instead of waiting for it.
   sluice::Status loaded;
   std::atomic<bool> loading{true};
+  std::atomic<bool> load_failed{false};
   std::thread loader([&] {
     loaded = manager.LoadAll();
     (*server)->RefreshHealth();
@@ -226,6 +289,7 @@ int main(int argc, char** argv) {
       spdlog::info("event=models_loaded all_ready={} server_ready={}", manager.AllReady(), service.Ready());
     } else {
       spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
+      load_failed = true;
       kill(getpid(), SIGTERM);  // wakes the sigwait below
     }
     loading = false;
@@ -233,7 +297,7 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  if (loading) {
+  if (loading && !load_failed) {
     spdlog::info("event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
                  strsignal(signal_number));
     manager.Stop();

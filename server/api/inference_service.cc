@@ -171,12 +171,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   StatusOr<ServableModel> servable = manager_->Find(request->model_name(), request->model_version());
   if (!servable.ok()) return FinishNow(context, servable.status());
   StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(*request);
-  if (!converted.ok()) return FinishNow(context, converted.status());
+  if (!converted.ok()) {
+    servable->stats->RecordRejected(converted.status());
+    return FinishNow(context, converted.status());
+  }
   std::unique_ptr<InferRequest> infer = *std::move(converted);
   infer->model_version = servable->version;
   if (Status valid = ValidateRequest(servable->model->spec, infer.get()); !valid.ok()) {
     spdlog::debug("event=request_rejected model={} request_id={} reason=\"{}\"",
                   request->model_name(), request->id(), valid.message());
+    servable->stats->RecordRejected(valid);
     return FinishNow(context, valid);
   }
   infer->deadline = RequestDeadline(*context, *request, servable->model->spec.dynamic_batching,

@@ -39,9 +39,11 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, InferComplet
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
                          : queue_.Add(pending);
+    // Under the lock: the request cannot be answered (and stop being pending) before this.
+    if (admitted.ok() && options_.stats) options_.stats->RecordAdmitted();
   }
   if (!admitted.ok()) {
-    if (options_.stats) options_.stats->RecordFailure(Duration::zero());
+    if (options_.stats) options_.stats->RecordRejected(admitted);
     pending.done(std::move(admitted));
     return;
   }
@@ -54,7 +56,7 @@ void DynamicBatcher::Poke() {
 }
 
 void DynamicBatcher::FailOne(PendingRequest& pending, const Status& status, TimePoint now) {
-  if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued);
+  if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status);
   pending.done(status);
 }
 
@@ -111,7 +113,9 @@ StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> request
               batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));
               batch.rows = batch.padded_rows = request.batch_size;
               TimePoint assembled_at;
-              return ExecuteBatch(instance, batch, /*assemble=*/true, &assembled_at).status();
+              Status status = ExecuteBatch(instance, batch, /*assemble=*/true, &assembled_at).status();
+              if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
+              return status;
             }));
       });
     }

@@ -2,7 +2,34 @@
 
 namespace sluice {
 
+FailureReason FailureReasonOf(const Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable: return FailureReason::kRejected;
+    case absl::StatusCode::kDeadlineExceeded: return FailureReason::kTimeout;
+    case absl::StatusCode::kCancelled: return FailureReason::kCancelled;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound: return FailureReason::kInvalidInput;
+    default: return FailureReason::kModelError;
+  }
+}
+
+const char* FailureReasonName(FailureReason reason) {
+  switch (reason) {
+    case FailureReason::kRejected: return "rejected";
+    case FailureReason::kTimeout: return "timeout";
+    case FailureReason::kCancelled: return "cancelled";
+    case FailureReason::kInvalidInput: return "invalid_input";
+    case FailureReason::kModelError: return "model_error";
+  }
+  return "model_error";
+}
+
+void ModelStats::RecordAdmitted() {
+  if (sink_) sink_->OnAdmitted();
+}
+
 void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) {
+  if (sink_) sink_->OnExecution(batch_rows, input, infer, output);
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.execution_count;
   ModelStatsSnapshot::Batch& batch = stats_.batches[static_cast<uint64_t>(batch_rows)];
@@ -13,6 +40,7 @@ void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration in
 
 void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer,
                                Duration output, Duration total) {
+  if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total);
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -25,9 +53,16 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
   stats_.compute_output.Add(output);
 }
 
-void ModelStats::RecordFailure(Duration total) {
+void ModelStats::RecordFailure(Duration total, const Status& status) {
+  if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.fail.Add(total);
+}
+
+void ModelStats::RecordRejected(const Status& status) {
+  if (sink_) sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.fail.Add(Duration::zero());
 }
 
 ModelStatsSnapshot ModelStats::Snapshot() const {

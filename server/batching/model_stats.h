@@ -1,11 +1,14 @@
-// Per model version statistics with Triton's ModelStatistics meaning. Thread-safe.
+// Per model version statistics with Triton's ModelStatistics meaning, and the events behind them
+// for an optional sink (the Prometheus metrics). Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "server/core/clock.h"
+#include "server/core/status.h"
 
 namespace sluice {
 
@@ -31,19 +34,53 @@ struct ModelStatsSnapshot {
   std::map<uint64_t, Batch> batches;  // by batch size the model saw (padding included)
 };
 
+// Why a request failed, as operators group failures.
+enum class FailureReason {
+  kRejected,      // not admitted: a queue or memory cap, not ready, shutting down (UNAVAILABLE)
+  kTimeout,       // deadline or queue timeout passed while queued (DEADLINE_EXCEEDED)
+  kCancelled,     // the caller went away while it was queued (CANCELLED)
+  kInvalidInput,  // the request does not fit the model (INVALID_ARGUMENT)
+  kModelError,    // the model failed (INTERNAL, RESOURCE_EXHAUSTED, anything else)
+};
+inline constexpr FailureReason kAllFailureReasons[] = {FailureReason::kRejected, FailureReason::kTimeout,
+                                                       FailureReason::kCancelled, FailureReason::kInvalidInput,
+                                                       FailureReason::kModelError};
+FailureReason FailureReasonOf(const Status& status);
+const char* FailureReasonName(FailureReason reason);  // "rejected", "timeout", ...
+
+// Receives every event ModelStats records. Implementations must be thread-safe and cheap: they
+// run on the request path.
+class StatsSink {
+ public:
+  virtual ~StatsSink() = default;
+  virtual void OnAdmitted() = 0;
+  virtual void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) = 0;
+  virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
+                         Duration total) = 0;
+  // `was_admitted`: the request had been admitted to a queue (it stops being pending).
+  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted) = 0;
+};
+
 class ModelStats {
  public:
+  explicit ModelStats(std::shared_ptr<StatsSink> sink = nullptr) : sink_(std::move(sink)) {}
+
+  // A request entered a scheduler's queue; it is pending until RecordSuccess or RecordFailure.
+  void RecordAdmitted();
   // One forward pass over `batch_rows` rows (padding included) with its phase durations.
   void RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output);
-  // One request answered OK: its rows, time queued, the phases of its batch, and end to end.
+  // One admitted request answered OK: its rows, time queued, the phases of its batch, and end to end.
   void RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
                      Duration total);
-  // One request answered with an error after `total` (rejected, expired, model failure...).
-  void RecordFailure(Duration total);
+  // One admitted request answered with `status` (an error) after `total`.
+  void RecordFailure(Duration total, const Status& status);
+  // A request answered with `status` without being admitted (invalid, or a cap reached).
+  void RecordRejected(const Status& status);
 
   ModelStatsSnapshot Snapshot() const;
 
  private:
+  const std::shared_ptr<StatsSink> sink_;  // may be null
   mutable std::mutex mutex_;
   ModelStatsSnapshot stats_;
 };

@@ -168,7 +168,7 @@ PaddingScheduler::PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> in
 void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) {
   StatusOr<PaddedLengths> padded = PadRequest(*spec_, request.get());
   if (!padded.ok()) {
-    if (stats_) stats_->RecordFailure(Duration::zero());
+    if (stats_) stats_->RecordRejected(padded.status());
     done(padded.status());
     return;
   }

@@ -30,11 +30,13 @@ StatusOr<WarmupReport> UnbatchedScheduler::WarmUp(std::vector<WarmupRequest> req
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return absl::UnavailableError("the scheduler has stopped");
     for (size_t i = 0; i < instances_.size(); ++i) {
-      tasks_[i].push_back([instance = instances_[i].get(), i, shared, abandon, &collector] {
+      tasks_[i].push_back([this, instance = instances_[i].get(), i, shared, abandon, &collector] {
         // Unbatched requests run on their own bytes, so warm-up does too.
         collector.Report(RunWarmupOnInstance(static_cast<int>(i), *shared, abandon,
-                                             [instance](const InferRequest& request) {
-                                               return instance->Execute(request).status();
+                                             [this, instance](const InferRequest& request) {
+                                               Status status = instance->Execute(request).status();
+                                               if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
+                                               return status;
                                              }));
       });
     }
@@ -58,10 +60,11 @@ void UnbatchedScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCom
           " requests waiting (the queue limit); retry later or add instances"));
     } else {
       queue_.push_back(Work{std::move(request), std::move(done), clock_->Now()});
+      if (options_.stats) options_.stats->RecordAdmitted();  // under the lock, before any answer
     }
   }
   if (!rejection.ok()) {
-    if (options_.stats) options_.stats->RecordFailure(Duration::zero());
+    if (options_.stats) options_.stats->RecordRejected(rejection);
     done(std::move(rejection));
     return;
   }
@@ -78,7 +81,7 @@ void UnbatchedScheduler::Stop() {
   }
   work_ready_.notify_all();
   for (Work& work : abandoned) {
-    if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued);
+    if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued, ShutdownStatus());
     work.done(ShutdownStatus());
   }
   for (std::thread& worker : workers_) {
@@ -110,8 +113,9 @@ void UnbatchedScheduler::WorkerLoop(size_t index) {
     const TimePoint started = clock_->Now();
     // A request whose caller is gone, or whose deadline passed while it waited, never runs.
     if (work.request->IsCancelled() || work.request->deadline <= started) {
-      if (options_.stats) options_.stats->RecordFailure(started - work.enqueued);
-      work.done(QueuedExpiryStatus(*work.request));
+      const Status expired = QueuedExpiryStatus(*work.request);
+      if (options_.stats) options_.stats->RecordFailure(started - work.enqueued, expired);
+      work.done(expired);
       continue;
     }
     StatusOr<InferResponse> result = instance->Execute(*work.request);
@@ -124,7 +128,7 @@ void UnbatchedScheduler::WorkerLoop(size_t index) {
                                       Duration::zero(), finished - started, Duration::zero(),
                                       finished - work.enqueued);
       } else {
-        options_.stats->RecordFailure(finished - work.enqueued);
+        options_.stats->RecordFailure(finished - work.enqueued, result.status());
       }
     }
     if (!result.ok() && IsFatal(result.status()) && options_.on_fatal) options_.on_fatal(result.status());

@@ -59,10 +59,12 @@ StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryM
   tuning->cudnn_reason = decision.reason;
   tuning->shapes_finite = plan.finite;
   tuning->shape_count = plan.shapes.size();
-  if (!options_.warmup) spec.warmup = false;
-  // Built before the instances load, so that a bad model_warmup sample fails fast.
-  SLUICE_ASSIGN_OR_RETURN(std::vector<WarmupRequest> warmup,
-                          BuildWarmupRequests(spec, plan, model.directory));
+  // Built before the instances load, so that a bad model_warmup sample fails fast. --warmup
+  // false skips the model_warmup samples too.
+  std::vector<WarmupRequest> warmup;
+  if (options_.warmup) {
+    SLUICE_ASSIGN_OR_RETURN(warmup, BuildWarmupRequests(spec, plan, model.directory));
+  }
   std::vector<std::unique_ptr<ModelBackend>> instances;
   std::vector<std::string> devices;
   for (const InstanceGroupSpec& group : spec.instance_groups) {
@@ -182,6 +184,13 @@ Status ModelManager::LoadAll() {
   default_intra_op_threads_ = std::max(1, cores / std::max(1, cpu_instances));
   spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores,
                cpu_instances, default_intra_op_threads_);
+  if (options_.observer != nullptr) {
+    for (const Entry& entry : entries_) {
+      for (const VersionSlot& slot : entry.versions) {
+        options_.observer->OnState(entry.model.name, slot.version, ModelState::kLoading);
+      }
+    }
+  }
   for (Entry& entry : entries_) {
     const RepositoryModel& model = entry.model;
     if (!model.status.ok()) {
@@ -195,11 +204,13 @@ Status ModelManager::LoadAll() {
         std::lock_guard<std::mutex> lock(mutex_);
         entry.versions[i].state = ModelState::kUnavailable;
         entry.versions[i].reason = "the server is shutting down";
+        if (options_.observer != nullptr) options_.observer->OnState(model.name, version, ModelState::kUnavailable);
         continue;
       }
       const auto started = std::chrono::steady_clock::now();
       std::string device;
-      auto stats = std::make_shared<ModelStats>();
+      auto stats = std::make_shared<ModelStats>(
+          options_.observer != nullptr ? options_.observer->SinkFor(model.name, version) : nullptr);
       ModelTuning tuning;
       tuning.name = model.name;
       tuning.version = version;
@@ -222,6 +233,10 @@ Status ModelManager::LoadAll() {
         slot.stats = std::move(stats);
         slot.device = device;
         LogTuning(tuning);
+        if (options_.observer != nullptr) {
+          options_.observer->OnReady(tuning, std::chrono::steady_clock::now() - started);
+          options_.observer->OnState(model.name, version, ModelState::kReady);
+        }
         slot.tuning = std::move(tuning);
         spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}",
                      model.name, version, device,
@@ -229,6 +244,7 @@ Status ModelManager::LoadAll() {
       } else {
         slot.state = ModelState::kUnavailable;
         slot.reason = std::string(scheduler.status().message());
+        if (options_.observer != nullptr) options_.observer->OnState(model.name, version, ModelState::kUnavailable);
         spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", model.name,
                       version, slot.reason);
       }
@@ -326,7 +342,7 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
           chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
     }
   }
-  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler};
+  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
 }
 
 std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {

@@ -33,6 +33,7 @@ struct ServableModel {
   int64_t version = 0;
   std::string device;  // "cpu", "cuda:0", or a list for several instances
   std::shared_ptr<Scheduler> scheduler;
+  std::shared_ptr<ModelStats> stats;  // for requests the api rejects before they reach the scheduler
 };
 
 // Statistics of one loaded version, for ModelStatistics.
@@ -56,6 +57,18 @@ struct ModelTuning {
   Duration warmup_time{0};         // wall time of the warm-up
 };
 
+// What the manager reports about model versions, for the Prometheus metrics (server/metrics);
+// the manager knows nothing about how it is exported. Implementations are thread-safe.
+class ModelObserver {
+ public:
+  virtual ~ModelObserver() = default;
+  // Where the request statistics of a version about to load also go (null: nowhere).
+  virtual std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) = 0;
+  virtual void OnState(const std::string& model, int64_t version, ModelState state) = 0;
+  // A version became ready: its tuning, and how long it took to load (warm-up included).
+  virtual void OnReady(const ModelTuning& tuning, Duration load_time) = 0;
+};
+
 // One row of RepositoryIndex.
 struct ModelIndexEntry {
   std::string name;
@@ -75,6 +88,7 @@ class ModelManager {
     LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
+    ModelObserver* observer = nullptr;  // told about states, tuning and request events; may be null
   };
 
   ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);

@@ -33,14 +33,17 @@ def free_port():
 class ServerProcess:
     """One sluice-server process; `url` is host:port for clients."""
 
-    def __init__(self, repository, extra_args=(), log_path=None):
+    def __init__(self, repository, extra_args=(), log_path=None, env=None):
         self.port = free_port()
+        self.metrics_port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.args = [SERVER, "--model-repository", str(repository), "--grpc-address", "127.0.0.1",
-                     "--grpc-port", str(self.port), "--log-level", "debug", *extra_args]
-        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+                     "--grpc-port", str(self.port), "--metrics-address", "127.0.0.1",
+                     "--metrics-port", str(self.metrics_port), "--log-level", "debug", *extra_args]
+        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
 
     def log(self):
         if not self.log_path:
@@ -105,9 +108,9 @@ def bundled_repository(tmp_path_factory):
     return root
 
 
-def start_server(repository, tmp_path_factory, extra_args=(), ready=True):
+def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None):
     log = tmp_path_factory.mktemp("log") / "server.log"
-    server = ServerProcess(repository, extra_args, log_path=str(log))
+    server = ServerProcess(repository, extra_args, log_path=str(log), env=env)
     try:
         server.wait_serving(ready=ready)
     except Exception:

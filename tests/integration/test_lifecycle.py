@@ -62,7 +62,9 @@ def test_help_documents_every_flag():
     result = subprocess.run([SERVER, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     for flag in ("--model-repository", "--grpc-port", "--metrics-port", "--strict-readiness",
-                 "--grpc-max-message-bytes", "--device", "--log-level"):
+                 "--grpc-max-message-bytes", "--device", "--log-level", "--allow-metrics",
+                 "--metrics-address", "--metrics-interval-ms", "--cudnn-benchmark", "--cudnn-deterministic",
+                 "--allow-tf32", "--warmup", "--print-env"):
         assert flag in result.stdout, flag
 
 
@@ -95,7 +97,8 @@ def test_clean_shutdown_on_signal(bundled_repository, tmp_path, sig):
 
 def test_port_in_use_fails_with_clear_message(bundled_server, bundled_repository):
     result = subprocess.run([SERVER, "--model-repository", str(bundled_repository),
-                             "--grpc-address", "127.0.0.1", "--grpc-port", str(bundled_server.port)],
+                             "--grpc-address", "127.0.0.1", "--grpc-port", str(bundled_server.port),
+                             "--metrics-port", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "cannot listen on" in result.stdout + result.stderr

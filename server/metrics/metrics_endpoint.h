@@ -1,0 +1,28 @@
+// Serves a Prometheus registry over HTTP (prometheus-cpp's pull exposer) at /metrics.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include "server/core/status.h"
+
+namespace sluice {
+
+class MetricsEndpoint {
+ public:
+  // Listens on address:port (port 0: a free one). UNAVAILABLE when the port cannot be bound.
+  static StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address, int port,
+                                                          const std::shared_ptr<prometheus::Registry>& registry);
+  int port() const { return port_; }
+
+ private:
+  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer, int port)
+      : exposer_(std::move(exposer)), port_(port) {}
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_;
+};
+
+}  // namespace sluice

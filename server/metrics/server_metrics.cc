@@ -1,0 +1,342 @@
+#include "server/metrics/server_metrics.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include <prometheus/counter.h>
+
+namespace sluice {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+double Seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+double Micros(Duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+// Triton's failure reasons (nv_inference_request_failure{reason}).
+const char* TritonReason(FailureReason reason) {
+  switch (reason) {
+    case FailureReason::kRejected: return "REJECTED";
+    case FailureReason::kCancelled: return "CANCELED";
+    case FailureReason::kModelError: return "BACKEND";
+    case FailureReason::kTimeout:
+    case FailureReason::kInvalidInput: return "OTHER";
+  }
+  return "OTHER";
+}
+
+}  // namespace
+
+const std::vector<double>& LatencyBucketsSeconds() {
+  static const std::vector<double> buckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                              0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,
+                                              2.5,     5,      10,      30,     60};
+  return buckets;
+}
+
+const std::vector<double>& BatchSizeBuckets() {
+  static const std::vector<double> buckets = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024};
+  return buckets;
+}
+
+struct ServerMetrics::Families {
+  explicit Families(prometheus::Registry& r)
+      : succeeded(prometheus::BuildCounter().Name("sluice_requests_succeeded_total")
+                      .Help("Inference requests answered with outputs").Register(r)),
+        failed(prometheus::BuildCounter().Name("sluice_requests_failed_total")
+                   .Help("Inference requests answered with an error, by reason: rejected (not "
+                         "admitted), timeout, cancelled, invalid_input, model_error").Register(r)),
+        inferences(prometheus::BuildCounter().Name("sluice_inferences_total")
+                       .Help("Rows answered (a request of batch size 4 counts 4)").Register(r)),
+        executions(prometheus::BuildCounter().Name("sluice_executions_total")
+                       .Help("Forward passes; inferences / executions is the average batch size").Register(r)),
+        pending(prometheus::BuildGauge().Name("sluice_pending_requests")
+                    .Help("Requests admitted to a queue and not answered yet").Register(r)),
+        state(prometheus::BuildGauge().Name("sluice_model_state")
+                  .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)").Register(r)),
+        load_seconds(prometheus::BuildGauge().Name("sluice_model_load_seconds")
+                         .Help("How long the version took to load, warm-up included").Register(r)),
+        warmup_seconds(prometheus::BuildGauge().Name("sluice_model_warmup_seconds")
+                           .Help("How long the version's warm-up took").Register(r)),
+        warmup_pairs(prometheus::BuildGauge().Name("sluice_model_warmup_pairs")
+                         .Help("(instance, shape) pairs the warm-up ran").Register(r)),
+        shapes(prometheus::BuildGauge().Name("sluice_model_shapes")
+                   .Help("Shapes in the version's shape set; 0 when the set is open-ended").Register(r)),
+        cudnn_benchmark(prometheus::BuildGauge().Name("sluice_model_cudnn_benchmark")
+                            .Help("1 when cuDNN benchmark mode is on for the version, with the reason").Register(r)),
+        request_seconds(prometheus::BuildHistogram().Name("sluice_request_duration_seconds")
+                            .Help("Time in the server per successful request, from admission to answer").Register(r)),
+        queue_seconds(prometheus::BuildHistogram().Name("sluice_queue_duration_seconds")
+                          .Help("Time a successful request waited in its queue").Register(r)),
+        input_seconds(prometheus::BuildHistogram().Name("sluice_compute_input_duration_seconds")
+                          .Help("Input preparation per forward pass (batch assembly)").Register(r)),
+        infer_seconds(prometheus::BuildHistogram().Name("sluice_compute_infer_duration_seconds")
+                          .Help("Forward pass time, host to device copies included").Register(r)),
+        output_seconds(prometheus::BuildHistogram().Name("sluice_compute_output_duration_seconds")
+                           .Help("Output preparation per forward pass (splitting the batch)").Register(r)),
+        batch_size(prometheus::BuildHistogram().Name("sluice_batch_size")
+                       .Help("Rows per forward pass, padding included").Register(r)),
+        build_info(prometheus::BuildGauge().Name("sluice_build_info")
+                       .Help("1, with the versions Sluice runs on as labels").Register(r)),
+        gpu_utilization(prometheus::BuildGauge().Name("sluice_gpu_utilization_ratio")
+                            .Help("Share of the last sample period a kernel ran on the GPU (0-1)").Register(r)),
+        gpu_memory_used(prometheus::BuildGauge().Name("sluice_gpu_memory_used_bytes").Help("GPU memory used").Register(r)),
+        gpu_memory_total(prometheus::BuildGauge().Name("sluice_gpu_memory_total_bytes").Help("GPU memory").Register(r)),
+        gpu_power(prometheus::BuildGauge().Name("sluice_gpu_power_watts").Help("GPU power draw").Register(r)),
+        gpu_temperature(prometheus::BuildGauge().Name("sluice_gpu_temperature_celsius").Help("GPU temperature").Register(r)),
+        // Triton's names and units.
+        nv_success(prometheus::BuildCounter().Name("nv_inference_request_success")
+                       .Help("Number of successful inference requests, all batch sizes").Register(r)),
+        nv_failure(prometheus::BuildCounter().Name("nv_inference_request_failure")
+                       .Help("Number of failed inference requests, all batch sizes").Register(r)),
+        nv_count(prometheus::BuildCounter().Name("nv_inference_count")
+                     .Help("Number of inferences performed (a batch of n counts n)").Register(r)),
+        nv_exec_count(prometheus::BuildCounter().Name("nv_inference_exec_count")
+                          .Help("Number of model executions performed").Register(r)),
+        nv_request_us(prometheus::BuildCounter().Name("nv_inference_request_duration_us")
+                          .Help("Cumulative inference request duration in microseconds").Register(r)),
+        nv_queue_us(prometheus::BuildCounter().Name("nv_inference_queue_duration_us")
+                        .Help("Cumulative inference queuing duration in microseconds").Register(r)),
+        nv_input_us(prometheus::BuildCounter().Name("nv_inference_compute_input_duration_us")
+                        .Help("Cumulative compute input duration in microseconds").Register(r)),
+        nv_infer_us(prometheus::BuildCounter().Name("nv_inference_compute_infer_duration_us")
+                        .Help("Cumulative compute inference duration in microseconds").Register(r)),
+        nv_output_us(prometheus::BuildCounter().Name("nv_inference_compute_output_duration_us")
+                         .Help("Cumulative compute output duration in microseconds").Register(r)),
+        nv_pending(prometheus::BuildGauge().Name("nv_inference_pending_request_count")
+                       .Help("Instantaneous number of pending requests awaiting execution").Register(r)),
+        nv_gpu_utilization(prometheus::BuildGauge().Name("nv_gpu_utilization")
+                               .Help("GPU utilization rate [0.0 - 1.0)").Register(r)),
+        nv_gpu_memory_total(prometheus::BuildGauge().Name("nv_gpu_memory_total_bytes")
+                                .Help("GPU total memory, in bytes").Register(r)),
+        nv_gpu_memory_used(prometheus::BuildGauge().Name("nv_gpu_memory_used_bytes")
+                               .Help("GPU used memory, in bytes").Register(r)),
+        nv_gpu_power(prometheus::BuildGauge().Name("nv_gpu_power_usage")
+                         .Help("GPU power usage in watts").Register(r)),
+        nv_gpu_power_limit(prometheus::BuildGauge().Name("nv_gpu_power_limit")
+                               .Help("GPU power management limit in watts").Register(r)),
+        nv_energy(prometheus::BuildGauge().Name("nv_energy_consumption")
+                      .Help("GPU energy consumption in joules since the Triton Server started").Register(r)) {}
+
+  Family<Counter>& succeeded;
+  Family<Counter>& failed;
+  Family<Counter>& inferences;
+  Family<Counter>& executions;
+  Family<Gauge>& pending;
+  Family<Gauge>& state;
+  Family<Gauge>& load_seconds;
+  Family<Gauge>& warmup_seconds;
+  Family<Gauge>& warmup_pairs;
+  Family<Gauge>& shapes;
+  Family<Gauge>& cudnn_benchmark;
+  Family<Histogram>& request_seconds;
+  Family<Histogram>& queue_seconds;
+  Family<Histogram>& input_seconds;
+  Family<Histogram>& infer_seconds;
+  Family<Histogram>& output_seconds;
+  Family<Histogram>& batch_size;
+  Family<Gauge>& build_info;
+  Family<Gauge>& gpu_utilization;
+  Family<Gauge>& gpu_memory_used;
+  Family<Gauge>& gpu_memory_total;
+  Family<Gauge>& gpu_power;
+  Family<Gauge>& gpu_temperature;
+  Family<Counter>& nv_success;
+  Family<Counter>& nv_failure;
+  Family<Counter>& nv_count;
+  Family<Counter>& nv_exec_count;
+  Family<Counter>& nv_request_us;
+  Family<Counter>& nv_queue_us;
+  Family<Counter>& nv_input_us;
+  Family<Counter>& nv_infer_us;
+  Family<Counter>& nv_output_us;
+  Family<Gauge>& nv_pending;
+  Family<Gauge>& nv_gpu_utilization;
+  Family<Gauge>& nv_gpu_memory_total;
+  Family<Gauge>& nv_gpu_memory_used;
+  Family<Gauge>& nv_gpu_power;
+  Family<Gauge>& nv_gpu_power_limit;
+  Family<Gauge>& nv_energy;
+  std::vector<std::pair<Family<Gauge>*, Gauge*>> gpu_series;  // the GPU gauges of the last SetGpus
+};
+
+namespace {
+
+// The series of one model version, created once when it starts loading. Recording is lock-free
+// apart from prometheus-cpp's per-histogram mutex.
+class ModelMetrics final : public StatsSink {
+ public:
+  ModelMetrics(ServerMetrics::Families& f, const Labels& labels)
+      : succeeded_(f.succeeded.Add(labels)),
+        inferences_(f.inferences.Add(labels)),
+        executions_(f.executions.Add(labels)),
+        pending_(f.pending.Add(labels)),
+        request_seconds_(f.request_seconds.Add(labels, LatencyBucketsSeconds())),
+        queue_seconds_(f.queue_seconds.Add(labels, LatencyBucketsSeconds())),
+        input_seconds_(f.input_seconds.Add(labels, LatencyBucketsSeconds())),
+        infer_seconds_(f.infer_seconds.Add(labels, LatencyBucketsSeconds())),
+        output_seconds_(f.output_seconds.Add(labels, LatencyBucketsSeconds())),
+        batch_size_(f.batch_size.Add(labels, BatchSizeBuckets())),
+        nv_success_(f.nv_success.Add(labels)),
+        nv_count_(f.nv_count.Add(labels)),
+        nv_exec_count_(f.nv_exec_count.Add(labels)),
+        nv_request_us_(f.nv_request_us.Add(labels)),
+        nv_queue_us_(f.nv_queue_us.Add(labels)),
+        nv_input_us_(f.nv_input_us.Add(labels)),
+        nv_infer_us_(f.nv_infer_us.Add(labels)),
+        nv_output_us_(f.nv_output_us.Add(labels)),
+        nv_pending_(f.nv_pending.Add(labels)) {
+    // Every reason exists from the start (at 0), so rate() and dashboards see the series.
+    for (FailureReason reason : kAllFailureReasons) {
+      Labels with_reason = labels;
+      with_reason["reason"] = FailureReasonName(reason);
+      failed_[static_cast<int>(reason)] = &f.failed.Add(with_reason);
+      with_reason["reason"] = TritonReason(reason);
+      nv_failure_[static_cast<int>(reason)] = &f.nv_failure.Add(with_reason);
+    }
+  }
+
+  void OnAdmitted() override {
+    pending_.Increment();
+    nv_pending_.Increment();
+  }
+
+  void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) override {
+    executions_.Increment();
+    nv_exec_count_.Increment();
+    batch_size_.Observe(static_cast<double>(batch_rows));
+    input_seconds_.Observe(Seconds(input));
+    infer_seconds_.Observe(Seconds(infer));
+    output_seconds_.Observe(Seconds(output));
+  }
+
+  void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
+                 Duration total) override {
+    pending_.Decrement();
+    nv_pending_.Decrement();
+    succeeded_.Increment();
+    nv_success_.Increment();
+    inferences_.Increment(static_cast<double>(rows));
+    nv_count_.Increment(static_cast<double>(rows));
+    request_seconds_.Observe(Seconds(total));
+    queue_seconds_.Observe(Seconds(queue));
+    // Triton charges each request of a batch with the batch's compute times.
+    nv_request_us_.Increment(Micros(total));
+    nv_queue_us_.Increment(Micros(queue));
+    nv_input_us_.Increment(Micros(input));
+    nv_infer_us_.Increment(Micros(infer));
+    nv_output_us_.Increment(Micros(output));
+  }
+
+  void OnFailure(FailureReason reason, Duration total, bool was_admitted) override {
+    if (was_admitted) {
+      pending_.Decrement();
+      nv_pending_.Decrement();
+    }
+    failed_[static_cast<int>(reason)]->Increment();
+    nv_failure_[static_cast<int>(reason)]->Increment();
+  }
+
+ private:
+  Counter& succeeded_;
+  Counter* failed_[std::size(kAllFailureReasons)] = {};
+  Counter& inferences_;
+  Counter& executions_;
+  Gauge& pending_;
+  Histogram& request_seconds_;
+  Histogram& queue_seconds_;
+  Histogram& input_seconds_;
+  Histogram& infer_seconds_;
+  Histogram& output_seconds_;
+  Histogram& batch_size_;
+  Counter& nv_success_;
+  Counter* nv_failure_[std::size(kAllFailureReasons)] = {};
+  Counter& nv_count_;
+  Counter& nv_exec_count_;
+  Counter& nv_request_us_;
+  Counter& nv_queue_us_;
+  Counter& nv_input_us_;
+  Counter& nv_infer_us_;
+  Counter& nv_output_us_;
+  Gauge& nv_pending_;
+};
+
+Labels VersionLabels(const std::string& model, int64_t version) {
+  return {{"model", model}, {"version", std::to_string(version)}};
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
+    : registry_(std::move(registry)), families_(std::make_unique<Families>(*registry_)) {}
+
+ServerMetrics::~ServerMetrics() = default;
+
+std::shared_ptr<StatsSink> ServerMetrics::SinkFor(const std::string& model, int64_t version) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::make_shared<ModelMetrics>(*families_, VersionLabels(model, version));
+}
+
+void ServerMetrics::OnState(const std::string& model, int64_t version, ModelState state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (ModelState each : {ModelState::kLoading, ModelState::kReady, ModelState::kUnavailable}) {
+    Labels labels = VersionLabels(model, version);
+    labels["state"] = ModelStateName(each);
+    families_->state.Add(labels).Set(each == state ? 1 : 0);
+  }
+}
+
+void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Labels labels = VersionLabels(tuning.name, tuning.version);
+  families_->load_seconds.Add(labels).Set(Seconds(load_time));
+  families_->warmup_seconds.Add(labels).Set(Seconds(tuning.warmup_time));
+  families_->warmup_pairs.Add(labels).Set(static_cast<double>(tuning.warmup.size()));
+  families_->shapes.Add(labels).Set(tuning.shapes_finite ? static_cast<double>(tuning.shape_count) : 0);
+  Labels decision = labels;
+  decision["reason"] = tuning.cudnn_reason;
+  families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
+}
+
+void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& labels) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  families_->build_info.Add(Labels(labels.begin(), labels.end())).Set(1);
+}
+
+void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Families& f = *families_;
+  // Series of GPUs that disappeared are removed; the others are set again (Add returns the
+  // existing series for the same labels).
+  std::vector<std::pair<Family<Gauge>*, Gauge*>> keep;
+  auto set = [&](Family<Gauge>& family, const Labels& labels, double value) {
+    Gauge& gauge = family.Add(labels);
+    gauge.Set(value);
+    keep.emplace_back(&family, &gauge);
+  };
+  for (const GpuSample& gpu : samples) {
+    const Labels nv = {{"gpu_uuid", gpu.uuid}};
+    const Labels ours = {{"gpu", std::to_string(gpu.index)}, {"gpu_uuid", gpu.uuid}, {"name", gpu.name}};
+    set(f.nv_gpu_utilization, nv, gpu.utilization);
+    set(f.nv_gpu_memory_total, nv, gpu.memory_total_bytes);
+    set(f.nv_gpu_memory_used, nv, gpu.memory_used_bytes);
+    set(f.nv_gpu_power, nv, gpu.power_watts);
+    set(f.nv_gpu_power_limit, nv, gpu.power_limit_watts);
+    set(f.nv_energy, nv, gpu.energy_joules);
+    set(f.gpu_utilization, ours, gpu.utilization);
+    set(f.gpu_memory_used, ours, gpu.memory_used_bytes);
+    set(f.gpu_memory_total, ours, gpu.memory_total_bytes);
+    set(f.gpu_power, ours, gpu.power_watts);
+    set(f.gpu_temperature, ours, gpu.temperature_celsius);
+  }
+  for (const auto& old : f.gpu_series) {
+    if (std::find(keep.begin(), keep.end(), old) == keep.end()) old.first->Remove(old.second);
+  }
+  f.gpu_series = std::move(keep);
+}
+
+}  // namespace sluice

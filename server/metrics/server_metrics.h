@@ -1,0 +1,74 @@
+// Sluice's Prometheus metrics: per model version request counts, failures by reason, latency
+// and batch-size histograms, model state, load and warm-up, the cuDNN benchmark decision, the
+// build/runtime versions, and GPU telemetry. Everything is recorded into the registry this class
+// is given (no global registry); MetricsEndpoint serves it.
+//
+// Our own metrics carry units (`_seconds`, `_bytes`, `_total`). Where a metric means what one of
+// Triton's means it is also exported under Triton's name and units (`nv_inference_request_success`,
+// `nv_inference_queue_duration_us`, `nv_gpu_utilization`, ...), so existing Triton dashboards and
+// `perf_analyzer --collect-metrics` work unchanged.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "server/manager/model_manager.h"
+
+namespace sluice {
+
+// Latency buckets in seconds: 50 us to 60 s, so that sub-millisecond requests and multi-second
+// ones both resolve in histogram_quantile.
+const std::vector<double>& LatencyBucketsSeconds();
+// Batch-size buckets: 1, 2, 3, 4, 6, 8, 12, 16, ... 1024.
+const std::vector<double>& BatchSizeBuckets();
+
+// One GPU's telemetry sample (see GpuTelemetry).
+struct GpuSample {
+  int index = 0;
+  std::string uuid;  // "GPU-..." as nvidia-smi prints it
+  std::string name;
+  double utilization = 0;         // 0..1, share of the last sample period a kernel ran
+  double memory_used_bytes = 0;
+  double memory_total_bytes = 0;
+  double power_watts = 0;
+  double power_limit_watts = 0;
+  double temperature_celsius = 0;
+  double energy_joules = 0;       // since the driver loaded
+};
+
+class ServerMetrics final : public ModelObserver {
+ public:
+  explicit ServerMetrics(std::shared_ptr<prometheus::Registry> registry);
+  ~ServerMetrics() override;
+
+  // ModelObserver.
+  std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) override;
+  void OnState(const std::string& model, int64_t version, ModelState state) override;
+  void OnReady(const ModelTuning& tuning, Duration load_time) override;
+
+  // sluice_build_info{...} 1: the environment report's versions as labels.
+  void SetBuildInfo(const std::map<std::string, std::string>& labels);
+  // Replaces the GPU series with `samples` (an empty vector exports no GPU series).
+  void SetGpus(const std::vector<GpuSample>& samples);
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  struct Families;  // the metric families, defined in server_metrics.cc
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Families> families_;
+  std::mutex mutex_;  // guards the label children created after start-up (state, GPUs)
+};
+
+}  // namespace sluice
