@@ -5,8 +5,9 @@
 // each thread's stack and refuses (EINVAL) a stack smaller than that: with LibTorch and its CUDA
 // libraries loaded the static TLS is about 200 KiB (cublasLt alone 94 KiB), so the /metrics
 // endpoint could not start a thread. This definition in the executable takes precedence over
-// libc's for every library (ELF symbol interposition) and raises any request below 1 MiB to
-// 1 MiB; larger requests pass unchanged. Thread stacks are reserved, not committed, memory.
+// libc's for every library (ELF symbol interposition) and raises any request below 2 MiB (ten
+// times today's static TLS) to 2 MiB; larger requests pass unchanged. Thread stacks are
+// reserved, not committed, memory.
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -15,7 +16,7 @@
 #include <cstddef>
 
 namespace {
-constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
+constexpr size_t kMinThreadStackBytes = size_t{2} << 20;
 }  // namespace
 
 extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {

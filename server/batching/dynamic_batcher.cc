@@ -55,14 +55,14 @@ void DynamicBatcher::Poke() {
   batcher_cv_.notify_one();
 }
 
-void DynamicBatcher::FailOne(PendingRequest& pending, const Status& status, TimePoint now) {
-  if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status);
+void DynamicBatcher::FailOne(PendingRequest& pending, const Status& status, TimePoint now, bool ran) {
+  if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status, ran);
   pending.done(status);
 }
 
-void DynamicBatcher::Fail(std::vector<PendingRequest> requests, const Status& status) {
+void DynamicBatcher::Fail(std::vector<PendingRequest> requests, const Status& status, bool ran) {
   const TimePoint now = options_.clock->Now();
-  for (PendingRequest& pending : requests) FailOne(pending, status, now);
+  for (PendingRequest& pending : requests) FailOne(pending, status, now, ran);
 }
 
 void DynamicBatcher::BatcherLoop() {
@@ -72,7 +72,9 @@ void DynamicBatcher::BatcherLoop() {
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
     if (!expired.empty()) {
       lock.unlock();
-      for (PendingRequest& pending : expired) FailOne(pending, QueuedExpiryStatus(*pending.request), now);
+      for (PendingRequest& pending : expired) {
+        FailOne(pending, QueuedExpiryStatus(*pending.request), now, /*ran=*/false);
+      }
       lock.lock();
       continue;
     }
@@ -162,12 +164,13 @@ void DynamicBatcher::RunBatch(Instance* instance, FormedBatch batch) {
   const TimePoint started = options_.clock->Now();
   // A lone request that needs no padding runs on its own bytes: nothing to copy or split.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
+  if (options_.stats) options_.stats->RecordStarted(static_cast<int64_t>(batch.requests.size()));
   TimePoint assembled_at;
   StatusOr<InferResponse> outputs = ExecuteBatch(instance, batch, !alone, &assembled_at);
   const TimePoint executed_at = options_.clock->Now();
   if (!outputs.ok()) {
     if (IsFatal(outputs.status()) && options_.on_fatal) options_.on_fatal(outputs.status());
-    Fail(std::move(batch.requests), outputs.status());
+    Fail(std::move(batch.requests), outputs.status(), /*ran=*/true);
     return;
   }
   StatusOr<std::vector<InferResponse>> responses =
@@ -175,7 +178,7 @@ void DynamicBatcher::RunBatch(Instance* instance, FormedBatch batch) {
             : SplitBatch(batch, *std::move(outputs));
   const TimePoint split_at = options_.clock->Now();
   if (!responses.ok()) {
-    Fail(std::move(batch.requests), responses.status());
+    Fail(std::move(batch.requests), responses.status(), /*ran=*/true);
     return;
   }
   if (options_.stats) {
@@ -204,7 +207,7 @@ void DynamicBatcher::Stop() {
   }
   batcher_cv_.notify_all();
   worker_cv_.notify_all();
-  Fail(std::move(abandoned), ShutdownStatus());
+  Fail(std::move(abandoned), ShutdownStatus(), /*ran=*/false);
   if (batcher_.joinable()) batcher_.join();
   // Workers finish the batches already formed, then exit.
   for (std::thread& worker : workers_) {

@@ -69,8 +69,9 @@ class DynamicBatcher final : public Scheduler {
   // padding) and runs it.
   StatusOr<InferResponse> ExecuteBatch(Instance* instance, const FormedBatch& batch, bool assemble,
                                        TimePoint* assembled_at);
-  void FailOne(PendingRequest& pending, const Status& status, TimePoint now);
-  void Fail(std::vector<PendingRequest> requests, const Status& status);
+  // `ran`: the requests were running (their batch failed), not waiting.
+  void FailOne(PendingRequest& pending, const Status& status, TimePoint now, bool ran);
+  void Fail(std::vector<PendingRequest> requests, const Status& status, bool ran);
 
   const ModelSpec spec_;
   const Options options_;

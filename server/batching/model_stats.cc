@@ -28,6 +28,10 @@ void ModelStats::RecordAdmitted() {
   if (sink_) sink_->OnAdmitted();
 }
 
+void ModelStats::RecordStarted(int64_t requests) {
+  if (sink_) sink_->OnStarted(requests);
+}
+
 void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) {
   if (sink_) sink_->OnExecution(batch_rows, input, infer, output);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -53,14 +57,14 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
   stats_.compute_output.Add(output);
 }
 
-void ModelStats::RecordFailure(Duration total, const Status& status) {
-  if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true);
+void ModelStats::RecordFailure(Duration total, const Status& status, bool ran) {
+  if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true, ran);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.fail.Add(total);
 }
 
 void ModelStats::RecordRejected(const Status& status) {
-  if (sink_) sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false);
+  if (sink_) sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false, /*ran=*/false);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.fail.Add(Duration::zero());
 }

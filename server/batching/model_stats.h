@@ -54,11 +54,14 @@ class StatsSink {
  public:
   virtual ~StatsSink() = default;
   virtual void OnAdmitted() = 0;
+  // `requests` admitted requests leave the queue and start running (one forward pass).
+  virtual void OnStarted(int64_t requests) = 0;
   virtual void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) = 0;
   virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
                          Duration total) = 0;
-  // `was_admitted`: the request had been admitted to a queue (it stops being pending).
-  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted) = 0;
+  // `was_admitted`: the request had been admitted to a queue (it stops being pending); `ran`: it
+  // had started running (OnStarted), so it was no longer waiting.
+  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran) = 0;
 };
 
 class ModelStats {
@@ -67,13 +70,16 @@ class ModelStats {
 
   // A request entered a scheduler's queue; it is pending until RecordSuccess or RecordFailure.
   void RecordAdmitted();
+  // `requests` admitted requests start running in one forward pass (they stop waiting).
+  void RecordStarted(int64_t requests);
   // One forward pass over `batch_rows` rows (padding included) with its phase durations.
   void RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output);
   // One admitted request answered OK: its rows, time queued, the phases of its batch, and end to end.
   void RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
                      Duration total);
-  // One admitted request answered with `status` (an error) after `total`.
-  void RecordFailure(Duration total, const Status& status);
+  // One admitted request answered with `status` (an error) after `total`; `ran`: RecordStarted
+  // had counted it (the model failed), else it left the queue without running.
+  void RecordFailure(Duration total, const Status& status, bool ran);
   // A request answered with `status` without being admitted (invalid, or a cap reached).
   void RecordRejected(const Status& status);
 

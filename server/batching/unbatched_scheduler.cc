@@ -81,7 +81,7 @@ void UnbatchedScheduler::Stop() {
   }
   work_ready_.notify_all();
   for (Work& work : abandoned) {
-    if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued, ShutdownStatus());
+    if (options_.stats) options_.stats->RecordFailure(clock_->Now() - work.enqueued, ShutdownStatus(), false);
     work.done(ShutdownStatus());
   }
   for (std::thread& worker : workers_) {
@@ -114,10 +114,11 @@ void UnbatchedScheduler::WorkerLoop(size_t index) {
     // A request whose caller is gone, or whose deadline passed while it waited, never runs.
     if (work.request->IsCancelled() || work.request->deadline <= started) {
       const Status expired = QueuedExpiryStatus(*work.request);
-      if (options_.stats) options_.stats->RecordFailure(started - work.enqueued, expired);
+      if (options_.stats) options_.stats->RecordFailure(started - work.enqueued, expired, /*ran=*/false);
       work.done(expired);
       continue;
     }
+    if (options_.stats) options_.stats->RecordStarted(1);
     StatusOr<InferResponse> result = instance->Execute(*work.request);
     const TimePoint finished = clock_->Now();
     if (options_.stats) {
@@ -128,7 +129,7 @@ void UnbatchedScheduler::WorkerLoop(size_t index) {
                                       Duration::zero(), finished - started, Duration::zero(),
                                       finished - work.enqueued);
       } else {
-        options_.stats->RecordFailure(finished - work.enqueued, result.status());
+        options_.stats->RecordFailure(finished - work.enqueued, result.status(), /*ran=*/true);
       }
     }
     if (!result.ok() && IsFatal(result.status()) && options_.on_fatal) options_.on_fatal(result.status());

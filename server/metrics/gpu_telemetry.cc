@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/logging.h"
 
 namespace sluice {
 namespace {
@@ -149,11 +150,22 @@ GpuTelemetry::~GpuTelemetry() {
 
 void GpuTelemetry::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
+  bool failing = false;
   while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
     lock.unlock();
-    if (StatusOr<std::vector<GpuSample>> samples = nvml_->Sample(); samples.ok()) {
+    StatusOr<std::vector<GpuSample>> samples = nvml_->Sample();
+    if (samples.ok()) {
+      if (failing) spdlog::info("event=gpu_telemetry_recovered gpus={}", samples->size());
+      failing = false;
       gpus_ = static_cast<int>(samples->size());
       metrics_->SetGpus(*samples);
+    } else if (!failing) {
+      // No stale values: the GPU series go until NVML answers again. One line per outage.
+      failing = true;
+      spdlog::warn("event=gpu_telemetry_failed reason=\"{}\" action=\"GPU series removed until NVML answers\"",
+                   samples.status().message());
+      gpus_ = 0;
+      metrics_->SetGpus({});
     }
     lock.lock();
   }

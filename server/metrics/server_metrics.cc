@@ -20,10 +20,10 @@ double Micros(Duration d) { return std::chrono::duration<double, std::micro>(d).
 // Triton's failure reasons (nv_inference_request_failure{reason}).
 const char* TritonReason(FailureReason reason) {
   switch (reason) {
-    case FailureReason::kRejected: return "REJECTED";
+    case FailureReason::kRejected:
+    case FailureReason::kTimeout: return "REJECTED";  // Triton: rejected, or timed out in the scheduler
     case FailureReason::kCancelled: return "CANCELED";
     case FailureReason::kModelError: return "BACKEND";
-    case FailureReason::kTimeout:
     case FailureReason::kInvalidInput: return "OTHER";
   }
   return "OTHER";
@@ -119,8 +119,8 @@ struct ServerMetrics::Families {
                          .Help("GPU power usage in watts").Register(r)),
         nv_gpu_power_limit(prometheus::BuildGauge().Name("nv_gpu_power_limit")
                                .Help("GPU power management limit in watts").Register(r)),
-        nv_energy(prometheus::BuildGauge().Name("nv_energy_consumption")
-                      .Help("GPU energy consumption in joules since the Triton Server started").Register(r)) {}
+        nv_energy(prometheus::BuildCounter().Name("nv_energy_consumption")
+                      .Help("GPU energy consumption in joules since the server started").Register(r)) {}
 
   Family<Counter>& succeeded;
   Family<Counter>& failed;
@@ -160,8 +160,10 @@ struct ServerMetrics::Families {
   Family<Gauge>& nv_gpu_memory_used;
   Family<Gauge>& nv_gpu_power;
   Family<Gauge>& nv_gpu_power_limit;
-  Family<Gauge>& nv_energy;
+  Family<Counter>& nv_energy;
+  std::map<std::string, double> energy_seen;  // per GPU uuid: the last NVML energy reading (J)
   std::vector<std::pair<Family<Gauge>*, Gauge*>> gpu_series;  // the GPU gauges of the last SetGpus
+  std::vector<Counter*> energy_series;                         // the energy counters of the last SetGpus
 };
 
 namespace {
@@ -200,10 +202,14 @@ class ModelMetrics final : public StatsSink {
     }
   }
 
+  // sluice_pending_requests: admitted and not answered (waiting or running).
+  // nv_inference_pending_request_count (Triton's meaning): admitted and not running yet.
   void OnAdmitted() override {
     pending_.Increment();
     nv_pending_.Increment();
   }
+
+  void OnStarted(int64_t requests) override { nv_pending_.Decrement(static_cast<double>(requests)); }
 
   void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) override {
     executions_.Increment();
@@ -217,7 +223,6 @@ class ModelMetrics final : public StatsSink {
   void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
                  Duration total) override {
     pending_.Decrement();
-    nv_pending_.Decrement();
     succeeded_.Increment();
     nv_success_.Increment();
     inferences_.Increment(static_cast<double>(rows));
@@ -232,11 +237,9 @@ class ModelMetrics final : public StatsSink {
     nv_output_us_.Increment(Micros(output));
   }
 
-  void OnFailure(FailureReason reason, Duration total, bool was_admitted) override {
-    if (was_admitted) {
-      pending_.Decrement();
-      nv_pending_.Decrement();
-    }
+  void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran) override {
+    if (was_admitted) pending_.Decrement();
+    if (was_admitted && !ran) nv_pending_.Decrement();
     failed_[static_cast<int>(reason)]->Increment();
     nv_failure_[static_cast<int>(reason)]->Increment();
   }
@@ -313,6 +316,7 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
   // Series of GPUs that disappeared are removed; the others are set again (Add returns the
   // existing series for the same labels).
   std::vector<std::pair<Family<Gauge>*, Gauge*>> keep;
+  std::vector<Counter*> energy_kept;
   auto set = [&](Family<Gauge>& family, const Labels& labels, double value) {
     Gauge& gauge = family.Add(labels);
     gauge.Set(value);
@@ -326,7 +330,15 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
     set(f.nv_gpu_memory_used, nv, gpu.memory_used_bytes);
     set(f.nv_gpu_power, nv, gpu.power_watts);
     set(f.nv_gpu_power_limit, nv, gpu.power_limit_watts);
-    set(f.nv_energy, nv, gpu.energy_joules);
+    // NVML counts energy since the driver loaded; Triton's counter counts since the server
+    // started: the first reading is the baseline, later ones add their difference.
+    Counter& energy = f.nv_energy.Add(nv);
+    auto seen = f.energy_seen.find(gpu.uuid);
+    if (seen != f.energy_seen.end() && gpu.energy_joules > seen->second) {
+      energy.Increment(gpu.energy_joules - seen->second);
+    }
+    f.energy_seen[gpu.uuid] = gpu.energy_joules;
+    energy_kept.push_back(&energy);
     set(f.gpu_utilization, ours, gpu.utilization);
     set(f.gpu_memory_used, ours, gpu.memory_used_bytes);
     set(f.gpu_memory_total, ours, gpu.memory_total_bytes);
@@ -336,7 +348,16 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
   for (const auto& old : f.gpu_series) {
     if (std::find(keep.begin(), keep.end(), old) == keep.end()) old.first->Remove(old.second);
   }
+  for (Counter* old : f.energy_series) {
+    if (std::find(energy_kept.begin(), energy_kept.end(), old) == energy_kept.end()) f.nv_energy.Remove(old);
+  }
+  for (auto it = f.energy_seen.begin(); it != f.energy_seen.end();) {
+    const bool present = std::any_of(samples.begin(), samples.end(),
+                                     [&](const GpuSample& gpu) { return gpu.uuid == it->first; });
+    it = present ? std::next(it) : f.energy_seen.erase(it);
+  }
   f.gpu_series = std::move(keep);
+  f.energy_series = std::move(energy_kept);
 }
 
 }  // namespace sluice

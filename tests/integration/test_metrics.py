@@ -153,6 +153,7 @@ def test_counts_match_the_traffic_exactly(traffic):
     assert value(s, "sluice_batch_size_bucket", le="4", **rows) == 1
     assert value(s, "sluice_request_duration_seconds_count", **rows) == 4
     assert value(s, "sluice_pending_requests", **rows) == 0
+    assert value(s, "nv_inference_pending_request_count", **rows) == 0
 
     throws = {"model": "throws", "version": "1"}
     assert value(s, "sluice_requests_succeeded_total", **throws) == 1
@@ -166,7 +167,7 @@ def test_counts_match_the_traffic_exactly(traffic):
     assert value(s, "sluice_requests_failed_total", reason="rejected", **slow) == 1
     assert value(s, "sluice_requests_succeeded_total", **slow) == 1
     assert value(s, "nv_inference_request_failure", reason="CANCELED", **slow) == 1
-    assert value(s, "nv_inference_request_failure", reason="REJECTED", **slow) == 1
+    assert value(s, "nv_inference_request_failure", reason="REJECTED", **slow) == 2  # and the timeout
     for model in ("rows", "throws", "slow_queue"):
         assert value(s, "sluice_model_state", model=model, version="1", state="READY") == 1
         assert value(s, "sluice_model_state", model=model, version="1", state="LOADING") == 0

@@ -58,6 +58,7 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   // Two requests of 3 and 1 rows, admitted, run as one batch of 4, answered OK.
   stats.RecordAdmitted();
   stats.RecordAdmitted();
+  stats.RecordStarted(2);
   stats.RecordExecution(4, 20us, 3ms, 10us);
   stats.RecordSuccess(3, 200us, 20us, 3ms, 10us, 3400us);
   stats.RecordSuccess(1, 300us, 20us, 3ms, 10us, 3500us);
@@ -66,9 +67,13 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   const std::string pending_text = Exposition(*registry_);
   EXPECT_EQ(Value(pending_text, R"(sluice_pending_requests{model="m",version="1"})"), 3);
   EXPECT_EQ(Value(pending_text, R"(nv_inference_pending_request_count{model="m",version="1"})"), 3);
-  stats.RecordFailure(2s, absl::DeadlineExceededError("late"));
-  stats.RecordFailure(1ms, absl::CancelledError("gone"));
-  stats.RecordFailure(4ms, absl::InternalError("boom"));
+  stats.RecordFailure(2s, absl::DeadlineExceededError("late"), /*ran=*/false);
+  stats.RecordFailure(1ms, absl::CancelledError("gone"), /*ran=*/false);
+  EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
+  stats.RecordStarted(1);  // Triton's pending count drops when the request starts running
+  EXPECT_EQ(Value(Exposition(*registry_), R"(nv_inference_pending_request_count{model="m",version="1"})"), 0);
+  EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
+  stats.RecordFailure(4ms, absl::InternalError("boom"), /*ran=*/true);
   stats.RecordRejected(absl::UnavailableError("queue full"));
   stats.RecordRejected(absl::InvalidArgumentError("bad shape"));
   stats.RecordRejected(absl::InvalidArgumentError("bad dtype"));
@@ -82,6 +87,7 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   EXPECT_EQ(Value(text, "sluice_executions_total" + labels), 1);
   EXPECT_EQ(Value(text, "nv_inference_exec_count" + labels), 1);
   EXPECT_EQ(Value(text, "sluice_pending_requests" + labels), 0);
+  EXPECT_EQ(Value(text, "nv_inference_pending_request_count" + labels), 0);
   auto failed = [&](const char* reason) {
     return Value(text, std::string(R"(sluice_requests_failed_total{model="m",reason=")") + reason + R"(",version="1"})");
   };
@@ -93,10 +99,10 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   auto nv_failed = [&](const char* reason) {
     return Value(text, std::string(R"(nv_inference_request_failure{model="m",reason=")") + reason + R"(",version="1"})");
   };
-  EXPECT_EQ(nv_failed("REJECTED"), 1);
+  EXPECT_EQ(nv_failed("REJECTED"), 2);  // Triton counts queue timeouts as rejections
   EXPECT_EQ(nv_failed("CANCELED"), 1);
   EXPECT_EQ(nv_failed("BACKEND"), 1);
-  EXPECT_EQ(nv_failed("OTHER"), 3);  // timeout and invalid input
+  EXPECT_EQ(nv_failed("OTHER"), 2);  // invalid input
   // Triton's cumulative microseconds: queue 200 + 300, infer charged to both requests.
   EXPECT_EQ(Value(text, "nv_inference_queue_duration_us" + labels), 500);
   EXPECT_EQ(Value(text, "nv_inference_compute_infer_duration_us" + labels), 6000);
@@ -180,13 +186,18 @@ TEST_F(MetricsTest, FakeNvmlFeedsTheGpuSeriesAndGoneGpusDisappear) {
   EXPECT_DOUBLE_EQ(Value(text, "nv_gpu_power_limit" + gpu0), 700);
   EXPECT_DOUBLE_EQ(Value(text, R"(sluice_gpu_temperature_celsius{gpu="1",gpu_uuid="GPU-fa4e0000-0000-4000-8000-000000000001",name="Fake GPU 1"})"), 56);
 
+  // Energy is a counter from the first reading on (the fake's reading does not change).
+  EXPECT_EQ(Value(text, "nv_energy_consumption" + gpu0), 0);
   // The poller samples on its own; a GPU that goes away loses its series.
   setenv("FAKE_NVML_GPUS", "1", 1);
-  GpuTelemetry telemetry(*std::move(nvml), &metrics_, 100ms);
-  EXPECT_EQ(telemetry.gpus(), 1);
-  text = Exposition(*registry_);
+  {
+    GpuTelemetry telemetry(*std::move(nvml), &metrics_, 100ms);
+    EXPECT_EQ(telemetry.gpus(), 1);
+    text = Exposition(*registry_);
+  }  // the poller thread is gone before the environment changes again
   EXPECT_DOUBLE_EQ(Value(text, "nv_gpu_utilization" + gpu0), 0.37);
   EXPECT_EQ(Value(text, "nv_gpu_utilization" + gpu1), -1);
+  EXPECT_EQ(Value(text, "nv_energy_consumption" + gpu1), -1);
   unsetenv("FAKE_NVML_GPUS");
 }
 
