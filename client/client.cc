@@ -1,8 +1,10 @@
 #include "client/client.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/pem.h"
 
 namespace sluice {
 namespace {
@@ -14,11 +16,26 @@ Status FromGrpc(const grpc::Status& status) {
 
 }  // namespace
 
-std::unique_ptr<Client> Client::Connect(const std::string& url, ClientOptions options) {
+StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& url, ClientOptions options) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(url, grpc::InsecureChannelCredentials(), arguments);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.enabled) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls.root_cert.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(options.tls.root_cert, "--root-cert"));
+    }
+    if (options.tls.client_cert.empty() != options.tls.client_key.empty()) {
+      return absl::InvalidArgumentError("--client-cert and --client-key go together");
+    }
+    if (!options.tls.client_cert.empty()) {
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(options.tls.client_cert, "--client-cert"));
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile(options.tls.client_key, "--client-key"));
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(url, credentials, arguments);
   return std::make_unique<Client>(inference::GRPCInferenceService::NewStub(channel), options);
 }
 

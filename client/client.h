@@ -12,16 +12,26 @@
 
 namespace sluice {
 
+// TLS to the server. Files are PEM.
+struct ClientTlsOptions {
+  bool enabled = false;
+  std::string root_cert;    // CA the server's certificate must be signed by; empty: the system's CAs
+  std::string client_cert;  // for mutual TLS: this client's certificate chain ...
+  std::string client_key;   // ... and its private key (both or neither)
+};
+
 struct ClientOptions {
   std::chrono::milliseconds timeout{30000};  // per call deadline
   int max_message_bytes = 1 << 30;           // per message, both directions
+  ClientTlsOptions tls;                      // plaintext unless enabled
 };
 
 // Thread-safe (gRPC stubs are). Every call returns the server's status with its message.
 class Client {
  public:
-  // Connects (lazily) to "host:port" without TLS.
-  static std::unique_ptr<Client> Connect(const std::string& url, ClientOptions options = {});
+  // Connects (lazily) to "host:port", with TLS when options.tls says so. INVALID_ARGUMENT when a
+  // TLS file cannot be read (connection errors come with the first call).
+  static StatusOr<std::unique_ptr<Client>> Connect(const std::string& url, ClientOptions options = {});
   // Uses the given stub: tests inject a mock here.
   Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub, ClientOptions options);
 

@@ -94,6 +94,11 @@ int main(int argc, char** argv) {
   int timeout_ms = 30000;
   app.add_option("--url", url, "Server address host:port")->capture_default_str();
   app.add_option("--timeout-ms", timeout_ms, "Deadline of each call")->capture_default_str();
+  sluice::ClientTlsOptions tls;
+  app.add_flag("--ssl", tls.enabled, "Connect with TLS");
+  app.add_option("--root-cert", tls.root_cert, "PEM CA the server's certificate must be signed by (default: the system's)");
+  app.add_option("--client-cert", tls.client_cert, "PEM certificate of this client, for mutual TLS");
+  app.add_option("--client-key", tls.client_key, "PEM private key of this client, for mutual TLS");
 
   auto* health = app.add_subcommand("health", "Print whether the server is live and ready (exit 1 if not ready)");
   auto* models = app.add_subcommand("models", "List the repository's models, versions and states");
@@ -121,7 +126,10 @@ int main(int argc, char** argv) {
 
   sluice::ClientOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
-  std::unique_ptr<sluice::Client> client = sluice::Client::Connect(url, options);
+  options.tls = tls;
+  auto connected = sluice::Client::Connect(url, options);
+  if (!connected.ok()) return Fail(connected.status());
+  std::unique_ptr<sluice::Client> client = *std::move(connected);
 
   if (*health) {
     auto live = client->ServerLive();

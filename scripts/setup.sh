@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev
   libb64-0d  # perf_analyzer's one shared-library need beyond libc and OpenSSL
+  openssl     # the TLS tests make certificates
   prometheus  # the metrics tests scrape the server with a real Prometheus
   valgrind    # the metrics cost benchmark counts instructions with callgrind
 )

@@ -45,6 +45,7 @@ struct Flags {
   bool allow_tf32 = true;
   bool warmup = true;
   bool print_env = false;
+  sluice::GrpcTlsOptions tls;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -118,6 +119,17 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "Run every shape of each model's shape set (and its model_warmup samples) on "
                  "every instance before the model reports ready; false: cold start")
       ->capture_default_str();
+  app.add_option("--grpc-use-ssl", flags.tls.enabled,
+                 "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)")
+      ->capture_default_str();
+  app.add_option("--grpc-use-ssl-mutual", flags.tls.mutual,
+                 "Mutual TLS: clients must present a certificate signed by --grpc-root-cert "
+                 "(implies --grpc-use-ssl)")
+      ->capture_default_str();
+  app.add_option("--grpc-server-cert", flags.tls.server_cert, "PEM certificate chain of the server (TLS)");
+  app.add_option("--grpc-server-key", flags.tls.server_key, "PEM private key of the server (TLS)");
+  app.add_option("--grpc-root-cert", flags.tls.root_cert,
+                 "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)");
   app.add_flag("--print-env", flags.print_env,
                "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
                "what is wrong with them, then exit");
@@ -266,6 +278,7 @@ int main(int argc, char** argv) {
   server_options.address = flags.grpc_address;
   server_options.port = flags.grpc_port;
   server_options.max_message_bytes = flags.grpc_max_message_bytes;
+  server_options.tls = flags.tls;
   auto server = sluice::GrpcServer::Start(server_options, &service);
   if (!server.ok()) {
     spdlog::critical("event=start_failed reason=\"{}\"", server.status().message());

@@ -7,17 +7,36 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/pem.h"
 
 namespace sluice {
 
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const GrpcTlsOptions& tls) {
+  if (!tls.enabled && !tls.mutual) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  SLUICE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(tls.server_cert, "--grpc-server-cert"));
+  SLUICE_ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(tls.server_key, "--grpc-server-key"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (tls.mutual) {
+    SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                            ReadPemFile(tls.root_cert, "--grpc-root-cert (the CA of client certificates, "
+                                                       "for --grpc-use-ssl-mutual)"));
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
                                                         InferenceService* service) {
+  SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                          MakeServerCredentials(options.tls));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
   const std::string address = absl::StrCat(options.address, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(address, credentials, &bound_port);
   // Without this, gRPC sets SO_REUSEPORT and a second server on the same port starts "fine" and
   // silently takes half of the traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -27,7 +46,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", address, " (is the port in use? choose another with --grpc-port)"));
+        "cannot listen on ", address, " (is the port in use? choose another with --grpc-port",
+        options.tls.enabled || options.tls.mutual ? "; or the server key does not match its certificate" : "",
+        ")"));
   }
   auto result = std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), service, bound_port));
   result->RefreshHealth();

@@ -33,7 +33,8 @@ def free_port():
 class ServerProcess:
     """One sluice-server process; `url` is host:port for clients."""
 
-    def __init__(self, repository, extra_args=(), log_path=None, env=None):
+    def __init__(self, repository, extra_args=(), log_path=None, env=None, credentials=None):
+        self.credentials = credentials  # grpc.ChannelCredentials for a TLS server, else None
         self.port = free_port()
         self.metrics_port = free_port()
         self.url = f"127.0.0.1:{self.port}"
@@ -55,7 +56,8 @@ class ServerProcess:
         """Waits until ServerLive answers (and ServerReady is true when `ready`)."""
         from tritonclient.grpc import service_pb2, service_pb2_grpc
         deadline = time.monotonic() + timeout
-        channel = grpc.insecure_channel(self.url)
+        channel = (grpc.secure_channel(self.url, self.credentials) if self.credentials
+                   else grpc.insecure_channel(self.url))
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         try:
             while time.monotonic() < deadline:
@@ -108,9 +110,9 @@ def bundled_repository(tmp_path_factory):
     return root
 
 
-def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None):
+def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None, credentials=None):
     log = tmp_path_factory.mktemp("log") / "server.log"
-    server = ServerProcess(repository, extra_args, log_path=str(log), env=env)
+    server = ServerProcess(repository, extra_args, log_path=str(log), env=env, credentials=credentials)
     try:
         server.wait_serving(ready=ready)
     except Exception:

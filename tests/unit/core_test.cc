@@ -1,3 +1,5 @@
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include <gmock/gmock.h>
@@ -5,6 +7,7 @@
 
 #include "server/core/data_type.h"
 #include "server/core/device.h"
+#include "server/core/pem.h"
 #include "server/core/tensor.h"
 #include "server/core/validation.h"
 
@@ -34,6 +37,22 @@ TEST(TensorTest, ElementCountRejectsNegativeAndOverflow) {
   const int64_t big = std::numeric_limits<int64_t>::max() / 2;
   EXPECT_THAT(ElementCount({big, 3}).status().message(), HasSubstr("too many elements"));
   EXPECT_EQ(ShapeToString({1, 2, 3}), "[1,2,3]");
+}
+
+TEST(PemTest, ReadsPemAndNamesTheFlagOnErrors) {
+  const auto directory = std::filesystem::temp_directory_path() / "sluice_pem_test";
+  std::filesystem::create_directories(directory);
+  std::ofstream(directory / "good.pem") << "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  std::ofstream(directory / "bad.pem") << "not a certificate";
+  auto good = ReadPemFile((directory / "good.pem").string(), "--grpc-server-cert");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_THAT(*good, ::testing::HasSubstr("BEGIN CERTIFICATE"));
+  EXPECT_THAT(ReadPemFile((directory / "bad.pem").string(), "--grpc-server-cert").status().message(),
+              ::testing::HasSubstr("--grpc-server-cert: " + (directory / "bad.pem").string() + " is not a PEM file"));
+  EXPECT_THAT(ReadPemFile((directory / "none.pem").string(), "--grpc-root-cert").status().message(),
+              ::testing::HasSubstr("--grpc-root-cert: cannot read"));
+  EXPECT_THAT(ReadPemFile("", "--grpc-server-key").status().message(), ::testing::HasSubstr("--grpc-server-key is required"));
+  std::filesystem::remove_all(directory);
 }
 
 TEST(DeviceTest, Rule) {

@@ -1,0 +1,175 @@
+"""TLS and mutual TLS on the gRPC port (Triton's --grpc-use-ssl* flags), with certificates made by
+openssl at test time: the right CA works, plaintext and a wrong CA are refused, and under mutual
+TLS a missing or untrusted client certificate is refused. tritonclient and sluice-client."""
+import os
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from conftest import CLIENT, SERVER, start_server
+from torch import nn
+from tritonclient.utils import InferenceServerException
+
+
+class Double(nn.Module):
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        return INPUT__0 + INPUT__0
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(directory, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN=Sluice test {name}",
+            cwd=directory)
+
+
+def make_certificate(directory, name, ca, extensions):
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
+    with open(os.path.join(directory, f"{name}.ext"), "w") as f:
+        f.write(extensions)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=directory)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    make_ca(directory, "ca")
+    make_ca(directory, "other_ca")
+    make_certificate(directory, "server", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+                                                "extendedKeyUsage=serverAuth\n")
+    make_certificate(directory, "client", "ca", "extendedKeyUsage=clientAuth\n")
+    make_certificate(directory, "stranger", "other_ca", "extendedKeyUsage=clientAuth\n")
+    return {name: str(directory / name) for name in ("ca", "other_ca", "server", "client", "stranger")}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tls_repository")
+    os.makedirs(root / "double" / "1")
+    (root / "double" / "config.pbtxt").write_text(
+        'max_batch_size: 4\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+    torch.jit.script(Double()).save(str(root / "double" / "1" / "model.pt"))
+    return root
+
+
+def credentials(certs, client=None, ca="ca"):
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+    if client is None:
+        return grpc.ssl_channel_credentials(root_certificates=read(certs[ca] + ".pem"))
+    return grpc.ssl_channel_credentials(root_certificates=read(certs[ca] + ".pem"),
+                                        private_key=read(certs[client] + ".key"),
+                                        certificate_chain=read(certs[client] + ".pem"))
+
+
+def tls_args(certs, mutual=False):
+    args = ["--device", "cpu", "--grpc-use-ssl", "true", "--grpc-server-cert", certs["server"] + ".pem",
+            "--grpc-server-key", certs["server"] + ".key"]
+    if mutual:
+        args += ["--grpc-use-ssl-mutual", "true", "--grpc-root-cert", certs["ca"] + ".pem"]
+    return args
+
+
+def triton_client(server, certs, client=None, ca="ca", ssl=True):
+    if not ssl:
+        return grpcclient.InferenceServerClient(url=server.url)
+    kwargs = {"ssl": True, "root_certificates": certs[ca] + ".pem"}
+    if client is not None:
+        kwargs.update(private_key=certs[client] + ".key", certificate_chain=certs[client] + ".pem")
+    return grpcclient.InferenceServerClient(url=server.url, **kwargs)
+
+
+def infer_double(client):
+    tensor = grpcclient.InferInput("INPUT__0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.5, -2.0]], np.float32))
+    return client.infer("double", [tensor]).as_numpy("OUTPUT__0")
+
+
+@pytest.fixture(scope="module")
+def tls_server(repository, certs, tmp_path_factory):
+    server = start_server(repository, tmp_path_factory, tls_args(certs), credentials=credentials(certs))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture(scope="module")
+def mutual_server(repository, certs, tmp_path_factory):
+    server = start_server(repository, tmp_path_factory, tls_args(certs, mutual=True),
+                          credentials=credentials(certs, client="client"))
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+def refused(client):
+    with pytest.raises(InferenceServerException) as error:
+        client.is_server_live()
+    client.close()
+    return str(error.value.status())
+
+
+def test_tls_client_with_the_right_ca_infers(tls_server, certs):
+    client = triton_client(tls_server, certs)
+    assert client.is_server_ready()
+    np.testing.assert_array_equal(infer_double(client), [[3.0, -4.0]])
+    client.close()
+
+
+def test_plaintext_and_a_wrong_ca_are_refused(tls_server, certs):
+    assert refused(triton_client(tls_server, certs, ssl=False)) == "StatusCode.UNAVAILABLE"
+    assert refused(triton_client(tls_server, certs, ca="other_ca")) == "StatusCode.UNAVAILABLE"
+
+
+def test_mutual_tls_needs_a_client_certificate_from_the_ca(mutual_server, certs):
+    client = triton_client(mutual_server, certs, client="client")
+    np.testing.assert_array_equal(infer_double(client), [[3.0, -4.0]])
+    client.close()
+    assert refused(triton_client(mutual_server, certs)) == "StatusCode.UNAVAILABLE"  # no certificate
+    assert refused(triton_client(mutual_server, certs, client="stranger")) == "StatusCode.UNAVAILABLE"
+    assert refused(triton_client(mutual_server, certs, ssl=False)) == "StatusCode.UNAVAILABLE"
+
+
+def run_client(server, *args):
+    return subprocess.run([CLIENT, "--url", server.url, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_sluice_client_over_mutual_tls(mutual_server, certs):
+    ok = run_client(mutual_server, "--ssl", "--root-cert", certs["ca"] + ".pem", "--client-cert",
+                    certs["client"] + ".pem", "--client-key", certs["client"] + ".key", "health")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ready: true" in ok.stdout
+    no_cert = run_client(mutual_server, "--ssl", "--root-cert", certs["ca"] + ".pem", "health")
+    assert no_cert.returncode != 0
+    assert "UNAVAILABLE" in no_cert.stdout + no_cert.stderr
+    half = run_client(mutual_server, "--ssl", "--client-cert", certs["client"] + ".pem", "health")
+    assert half.returncode != 0 and "--client-cert and --client-key go together" in half.stdout + half.stderr
+
+
+def test_bad_tls_configuration_fails_at_start_with_the_flag_named(repository, certs, tmp_path):
+    def start(*args):
+        return subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0",
+                               "--metrics-port", "0", "--device", "cpu", *args],
+                              capture_output=True, text=True, timeout=120)
+    missing = start("--grpc-use-ssl", "true")
+    assert missing.returncode != 0
+    assert "--grpc-server-cert is required" in missing.stdout + missing.stderr
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    bad = start("--grpc-use-ssl", "true", "--grpc-server-cert", str(not_pem), "--grpc-server-key",
+                certs["server"] + ".key")
+    assert bad.returncode != 0
+    assert f"--grpc-server-cert: {not_pem} is not a PEM file" in bad.stdout + bad.stderr
+    no_root = start(*tls_args(certs)[2:], "--grpc-use-ssl-mutual", "true")
+    assert no_root.returncode != 0
+    assert "--grpc-root-cert" in no_root.stdout + no_root.stderr
