@@ -46,6 +46,7 @@ struct Flags {
   bool warmup = true;
   bool print_env = false;
   sluice::GrpcTlsOptions tls;
+  std::vector<std::string> restricted_protocols;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
@@ -130,6 +131,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--grpc-server-key", flags.tls.server_key, "PEM private key of the server (TLS)");
   app.add_option("--grpc-root-cert", flags.tls.root_cert,
                  "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)");
+  app.add_option("--grpc-restricted-protocol", flags.restricted_protocols,
+                 "<group>[,<group>...]:<header>=<value>: calls of these protocol groups (health, "
+                 "metadata, inference, model-config, model-repository, statistics) must carry the "
+                 "header with that value (UNAUTHENTICATED without it, PERMISSION_DENIED with another "
+                 "value). Repeatable; grpc.health.v1 stays open");
   app.add_flag("--print-env", flags.print_env,
                "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
                "what is wrong with them, then exit");
@@ -272,6 +278,23 @@ int main(int argc, char** argv) {
   service_options.server_version = SLUICE_VERSION;
   service_options.readiness.strict = flags.strict_readiness;
   service_options.liveness = &liveness;
+  for (const std::string& text : flags.restricted_protocols) {
+    auto restriction = sluice::ParseProtocolRestriction(text);
+    if (!restriction.ok()) {
+      spdlog::critical("event=start_failed reason=\"{}\"", restriction.status().message());
+      return EXIT_FAILURE;
+    }
+    service_options.restrictions.push_back(*std::move(restriction));
+  }
+  if (sluice::Status distinct = sluice::CheckRestrictionsDistinct(service_options.restrictions); !distinct.ok()) {
+    spdlog::critical("event=start_failed reason=\"{}\"", distinct.message());
+    return EXIT_FAILURE;
+  }
+  for (const sluice::ProtocolRestriction& restriction : service_options.restrictions) {
+    for (sluice::ProtocolGroup group : restriction.groups) {
+      spdlog::info("event=protocol_restricted group={} header={}", sluice::ProtocolGroupName(group), restriction.key);
+    }
+  }
   sluice::InferenceService service(&manager, service_options);
 
   sluice::GrpcServerOptions server_options;

@@ -77,6 +77,11 @@ TimePoint RequestDeadline(const grpc::CallbackServerContext& context,
 InferenceService::InferenceService(ModelManager* manager, Options options)
     : manager_(manager), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {}
 
+Status InferenceService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {
+  if (options_.restrictions.empty()) return absl::OkStatus();
+  return CheckProtocolAccess(options_.restrictions, group, context.client_metadata());
+}
+
 bool InferenceService::Ready() const {
   if (!started_ || !Live()) return false;
   return !options_.readiness.strict || manager_->AllReady();
@@ -85,6 +90,9 @@ bool InferenceService::Ready() const {
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   response->set_live(Live());
   return FinishNow(context, absl::OkStatus());
 }
@@ -92,6 +100,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   response->set_ready(Ready());
   return FinishNow(context, absl::OkStatus());
 }
@@ -99,6 +110,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
                                                        const inference::ModelReadyRequest* request,
                                                        inference::ModelReadyResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   StatusOr<const RepositoryModel*> model = manager_->FindModel(request->name());
   if (!model.ok()) return FinishNow(context, model.status());
   response->set_ready(manager_->Find(request->name(), request->version()).ok());
@@ -108,6 +122,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   response->set_name("sluice");
   response->set_version(options_.server_version);
   // Only what Sluice really implements.
@@ -119,6 +136,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
 grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   StatusOr<ServableModel> servable = manager_->Find(request->name(), request->version());
   if (!servable.ok()) return FinishNow(context, servable.status());
   FillModelMetadata(servable->model->spec, manager_->ReadyVersions(request->name()), response);
@@ -128,6 +148,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
 grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
                                                         const inference::ModelConfigRequest* request,
                                                         inference::ModelConfigResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   StatusOr<ServableModel> servable = manager_->Find(request->name(), request->version());
   if (!servable.ok()) return FinishNow(context, servable.status());
   *response->mutable_config() = servable->model->config;
@@ -137,6 +160,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kModelRepository); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   if (!request->repository_name().empty()) {
     return FinishNow(context, absl::NotFoundError(absl::StrCat(
                                   "unknown repository '", request->repository_name(),
@@ -156,6 +182,9 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kStatistics); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   StatusOr<std::vector<VersionStatistics>> statistics =
       manager_->Statistics(request->name(), request->version());
   if (!statistics.ok()) return FinishNow(context, statistics.status());
@@ -168,6 +197,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const inference::ModelInferRequest* request,
                                                        inference::ModelInferResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
   StatusOr<ServableModel> servable = manager_->Find(request->model_name(), request->model_version());
   if (!servable.ok()) return FinishNow(context, servable.status());
   StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(*request);

@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "grpc_service.grpc.pb.h"
+#include "server/api/restricted_protocols.h"
 #include "server/core/clock.h"
 #include "server/core/liveness.h"
 #include "server/manager/model_manager.h"
@@ -26,6 +28,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     ReadinessPolicy readiness;
     LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
+    std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
   };
 
   // `manager` must outlive the service.
@@ -66,6 +69,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
                                        inference::ModelInferResponse* response) override;
 
  private:
+  // OK, or why the call may not use `group` (see restricted_protocols.h).
+  Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
+
   ModelManager* const manager_;
   const Options options_;
   SteadyTimeSource steady_;

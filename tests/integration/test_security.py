@@ -1,6 +1,7 @@
-"""TLS and mutual TLS on the gRPC port (Triton's --grpc-use-ssl* flags), with certificates made by
-openssl at test time: the right CA works, plaintext and a wrong CA are refused, and under mutual
-TLS a missing or untrusted client certificate is refused. tritonclient and sluice-client."""
+"""Security of the gRPC port: TLS and mutual TLS (Triton's --grpc-use-ssl* flags), with
+certificates made by openssl at test time (the right CA works; plaintext and a wrong CA are
+refused; under mutual TLS a missing or untrusted client certificate is refused), and restricted
+protocol groups (--grpc-restricted-protocol). tritonclient, sluice-client and grpc.health.v1."""
 import os
 import subprocess
 
@@ -173,3 +174,41 @@ def test_bad_tls_configuration_fails_at_start_with_the_flag_named(repository, ce
     no_root = start(*tls_args(certs)[2:], "--grpc-use-ssl-mutual", "true")
     assert no_root.returncode != 0
     assert "--grpc-root-cert" in no_root.stdout + no_root.stderr
+
+
+def test_restricted_protocols_need_the_header(repository, tmp_path_factory):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    server = start_server(repository, tmp_path_factory,
+                          ["--device", "cpu", "--grpc-restricted-protocol",
+                           "model-config,statistics,model-repository:admin-key=s3cret"])
+    try:
+        client = grpcclient.InferenceServerClient(url=server.url)
+        np.testing.assert_array_equal(infer_double(client), [[3.0, -4.0]])  # inference stays open
+        assert client.is_model_ready("double")                              # and health
+        for call in (lambda **kw: client.get_model_config("double", **kw),
+                     lambda **kw: client.get_inference_statistics("double", **kw),
+                     lambda **kw: client.get_model_repository_index(**kw)):
+            with pytest.raises(InferenceServerException) as missing:
+                call()
+            assert missing.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert "send the header 'admin-key'" in missing.value.message()
+            with pytest.raises(InferenceServerException) as wrong:
+                call(headers={"admin-key": "guess"})
+            assert wrong.value.status() == "StatusCode.PERMISSION_DENIED"
+            assert "s3cret" not in wrong.value.message()
+            call(headers={"admin-key": "s3cret"})
+        with grpc.insecure_channel(server.url) as channel:  # orchestrator probes stay open
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="ready"), timeout=5)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+        client.close()
+        assert "event=protocol_restricted group=model-config header=admin-key" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_bad_restriction_fails_at_start(repository):
+    result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--metrics-port", "0",
+                             "--device", "cpu", "--grpc-restricted-protocol", "shared-memory:key=value"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "unknown protocol group 'shared-memory'" in result.stdout + result.stderr

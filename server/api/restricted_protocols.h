@@ -1,0 +1,46 @@
+// Guarded APIs (Triton's --grpc-restricted-protocol): calls of a restricted protocol group must
+// carry a header with the expected value, so that a client allowed to infer cannot, say, read the
+// model configurations or statistics. grpc.health.v1 is never restricted (orchestrator probes).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/string_ref.h>
+
+#include "server/core/status.h"
+
+namespace sluice {
+
+// Triton's protocol groups, as far as Sluice serves them.
+enum class ProtocolGroup {
+  kHealth,           // ServerLive, ServerReady, ModelReady
+  kMetadata,         // ServerMetadata, ModelMetadata
+  kInference,        // ModelInfer
+  kModelConfig,      // ModelConfig
+  kModelRepository,  // RepositoryIndex (and model load/unload)
+  kStatistics,       // ModelStatistics
+};
+const char* ProtocolGroupName(ProtocolGroup group);  // "health", "model-config", ...
+
+struct ProtocolRestriction {
+  std::vector<ProtocolGroup> groups;
+  std::string key;    // header name, lower case (gRPC metadata keys are)
+  std::string value;
+};
+
+// Parses one --grpc-restricted-protocol value: "<group>[,<group>...]:<header>=<value>", e.g.
+// "model-repository,model-config,statistics:admin-key=s3cret". INVALID_ARGUMENT saying what is
+// wrong (unknown group, missing header or value, a header gRPC would not carry).
+StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text);
+
+// Checks that no group is restricted twice.
+Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions);
+
+// OK when `group` is unrestricted or the call's metadata carries the header with the value;
+// UNAUTHENTICATED when the header is missing, PERMISSION_DENIED when its value is wrong.
+Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+                           const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
+
+}  // namespace sluice
