@@ -16,6 +16,7 @@ APT_PACKAGES=(
   openssl     # the TLS tests make certificates
   prometheus  # the metrics tests scrape the server with a real Prometheus
   valgrind    # the metrics cost benchmark counts instructions with callgrind
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
 )
 
 log() { printf '[setup] %s\n' "$*"; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds with warnings as errors, runs every test
 # (unit, integration, GPU tests that skip without a GPU), then the scheduler tests again under
-# ThreadSanitizer. Exits non-zero on the first failure.
+# ThreadSanitizer, then 30 s of each libFuzzer target. Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,3 +17,6 @@ SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test" \
   scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread >/dev/null
 echo "== ThreadSanitizer: scheduler_test"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/scheduler_test --gtest_brief=1
+
+# Fuzzing, bounded: request decoding, validation and padding; config.pbtxt parsing.
+scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-30}"

@@ -47,7 +47,7 @@ class DynamicBatcher final : public Scheduler {
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;
   // the transport after a cancellation).
-  void Poke();
+  void Poke() override;
 
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const;

@@ -77,6 +77,11 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
   }
   for (size_t axis = 0; axis < padding.axes.size(); ++axis) {
     if (padded.lengths[axis] < 0) continue;
+    if (padded.lengths[axis] == 0) {
+      // Padding an empty axis would allocate from the other, declared dimensions alone.
+      return absl::InvalidArgumentError(absl::StrCat(length_source[axis], " is 0; padded axis '",
+                                                     padding.axes[axis].name, "' needs at least one position"));
+    }
     const std::vector<int64_t>& sizes = padding.axes[axis].sizes;
     auto bucket = std::lower_bound(sizes.begin(), sizes.end(), padded.lengths[axis]);
     if (bucket == sizes.end()) {

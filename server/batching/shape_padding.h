@@ -25,7 +25,8 @@ struct PaddedLengths {
 
 // Pads the bucketed dimensions of `request`'s inputs in place (the padded bytes live in the
 // request's owned_buffers) and adds the lengths input when the model has one. INVALID_ARGUMENT
-// when a length is above the largest bucket, or two inputs disagree on one axis.
+// when a length is 0 or above the largest bucket, or two inputs disagree on one axis. A padded
+// input is at most (bucket / length) times the bytes the request sent for it.
 StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request);
 
 // Cuts the bucketed dimensions of the outputs back to the true lengths. INTERNAL when an output

@@ -31,6 +31,19 @@ std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec) {
 
 ShapePlan ComputeShapePlan(const ModelSpec& spec) {
   ShapePlan plan;
+  // Count before building anything: max_batch_size and the buckets come from a config file.
+  const bool padded_batches = spec.dynamic_batching.enabled && spec.dynamic_batching.pad_to_preferred;
+  size_t count = !spec.batches() ? 1
+                 : padded_batches ? spec.dynamic_batching.preferred_batch_sizes.size() + 1
+                                  : static_cast<size_t>(spec.max_batch_size);
+  for (const BucketAxis& axis : spec.padding.axes) {
+    count = count > kMaxPlanShapes ? count : count * axis.sizes.size();
+  }
+  if (count > kMaxPlanShapes) {
+    plan.why_not = absl::StrCat("more than ", kMaxPlanShapes, " shapes (batch sizes x buckets); pad "
+                                "batches with sluice.pad_batch_to_preferred or use fewer buckets");
+    return plan;
+  }
   plan.batch_sizes = SchedulableBatchSizes(spec);
   for (const TensorSpec& input : spec.inputs) {
     if (input.filled_by_server) continue;

@@ -8,6 +8,7 @@
 // model ready.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ struct ShapePlan {
 // sizes and max_batch_size with sluice.pad_batch_to_preferred; otherwise 1..max_batch_size.
 std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec);
 
+// Not finite either when it would hold more than kMaxPlanShapes shapes: warming them all up
+// would take too long, and benchmark mode would keep searching.
+inline constexpr size_t kMaxPlanShapes = 4096;
 ShapePlan ComputeShapePlan(const ModelSpec& spec);
 
 struct CudnnBenchmarkDecision {

@@ -157,12 +157,14 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
   return passes;
 }
 
-void WarmupCollector::Report(StatusOr<std::vector<WarmupPass>> passes) {
+void WarmupCollector::Report(StatusOr<std::vector<WarmupPass>>&& passes) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (passes.ok()) {
     for (WarmupPass& pass : *passes) passes_.push_back(std::move(pass));
   } else if (failure_.ok()) {
-    failure_ = passes.status();
+    failure_ = std::move(passes).status();
+  } else {
+    passes = std::vector<WarmupPass>{};  // drop a later failure's message here, under the lock
   }
   if (--remaining_ == 0) done_.notify_all();
 }

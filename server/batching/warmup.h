@@ -36,7 +36,10 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
 class WarmupCollector {
  public:
   explicit WarmupCollector(int instances) : remaining_(instances) {}
-  void Report(StatusOr<std::vector<WarmupPass>> passes);
+  // Takes everything out of `passes` under the lock: nothing of it is shared with the reporting
+  // thread afterwards (absl::Status shares its message between copies, and the reporter's
+  // temporary may die after Wait has returned).
+  void Report(StatusOr<std::vector<WarmupPass>>&& passes);
   // Blocks until every instance reported; the passes in instance order, or the first failure.
   StatusOr<WarmupReport> Wait();
 

@@ -256,7 +256,8 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.cudnn_benchmark"};
 
 Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
-  for (const auto& [key, value] : parameters) {
+  for (const auto& parameter : parameters) {
+    const std::string& key = parameter.first;
     if (!absl::StartsWith(key, "sluice.")) continue;
     if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
                      [&](const char* known) { return key == known; }) == std::end(kSluiceParameters)) {

@@ -100,6 +100,18 @@ TEST(ShapePlanTest, BucketsMakeTheCrossProduct) {
   EXPECT_EQ(ComputeShapePlan(image).shapes.size(), 6u);
 }
 
+TEST(ShapePlanTest, AHugeSetIsNotWarmedUp) {
+  ModelSpec spec = FixedSpec(1 << 30);  // counted, never built
+  ShapePlan plan = ComputeShapePlan(spec);
+  EXPECT_FALSE(plan.finite);
+  EXPECT_THAT(plan.why_not, HasSubstr("more than 4096 shapes"));
+  ModelSpec buckets = FixedSpec(64);
+  buckets.inputs[0].dims = {-1, -1};
+  buckets.padding.axes = {{"a", std::vector<int64_t>(40, 1)}, {"b", std::vector<int64_t>(40, 1)}};
+  buckets.padding.dims = {{"x", true, 0, 0}, {"x", true, 1, 1}};
+  EXPECT_FALSE(ComputeShapePlan(buckets).finite);  // 64 x 40 x 40
+}
+
 TEST(CudnnBenchmarkDecisionTest, PerModelRule) {
   ModelSpec fixed = FixedSpec(2);
   ModelSpec open = FixedSpec(2);
@@ -168,6 +180,13 @@ TEST(ShapePaddingTest, AboveTheLargestBucketIsRejected) {
   EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(padded.status().message(),
               HasSubstr("input 'x' dimension 1 is 9, above the largest bucket (8) of padded axis 'seq'"));
+}
+
+TEST(ShapePaddingTest, AnEmptyPaddedAxisIsRejected) {
+  SeqCall call = SeqRequest(1, 0);
+  auto padded = PadRequest(PaddedSpec(), call.request.get());
+  EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(padded.status().message(), HasSubstr("is 0; padded axis 'seq' needs at least one position"));
 }
 
 TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {

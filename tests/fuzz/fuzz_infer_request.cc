@@ -1,0 +1,70 @@
+// Fuzzes what a client controls: the bytes of a ModelInferRequest, decoded, converted to our
+// request type, validated against model configs, and padded to buckets. Nothing may crash,
+// trip a sanitizer, or allocate from a declared shape the bytes do not back.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "grpc_service.pb.h"
+#include "server/api/protocol.h"
+#include "server/batching/shape_padding.h"
+#include "server/core/validation.h"
+
+namespace {
+
+sluice::ModelSpec BatchedSpec() {
+  sluice::ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"INPUT__0", sluice::DataType::kFp32, {3, -1}}, {"ids", sluice::DataType::kInt64, {-1}}};
+  spec.outputs = {{"OUTPUT__0", sluice::DataType::kFp32, {-1}}};
+  return spec;
+}
+
+sluice::ModelSpec PaddedSpec() {
+  sluice::ModelSpec spec;
+  spec.name = "seq";
+  spec.max_batch_size = 4;
+  spec.inputs = {{"tokens", sluice::DataType::kInt32, {-1, 2}}, {"mask", sluice::DataType::kBool, {-1}},
+                 {"lengths", sluice::DataType::kInt64, {1}}};
+  spec.inputs[2].filled_by_server = true;
+  spec.outputs = {{"y", sluice::DataType::kInt32, {-1, 2}}};
+  spec.padding.axes = {{"seq", {4, 16, 64}}};
+  spec.padding.dims = {{"tokens", true, 0, 0}, {"mask", true, 0, 0}, {"y", false, 0, 0}};
+  spec.padding.pad_value = -1;
+  spec.padding.lengths_input = "lengths";
+  return spec;
+}
+
+sluice::ModelSpec UnbatchedSpec() {
+  sluice::ModelSpec spec;
+  spec.name = "u";
+  spec.inputs = {{"x", sluice::DataType::kFp16, {2, 2}}};
+  spec.outputs = {{"y", sluice::DataType::kFp16, {2, 2}}};
+  return spec;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const sluice::ModelSpec specs[] = {BatchedSpec(), PaddedSpec(), UnbatchedSpec()};
+  inference::ModelInferRequest proto;
+  if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
+  auto request = sluice::InferRequestFromProto(proto);
+  if (!request.ok()) return 0;
+  for (const sluice::ModelSpec& spec : specs) {
+    if (!sluice::ValidateRequest(spec, request->get()).ok()) continue;
+    if (spec.padding.enabled()) {
+      auto padded = sluice::PadRequest(spec, request->get());
+      if (!padded.ok()) continue;
+      // What the model would answer: an output that follows the padded axis, cut back.
+      sluice::InferResponse response;
+      const sluice::TensorView& tokens = (*request)->inputs.front();
+      response.outputs.push_back({"y", sluice::DataType::kInt32, tokens.shape,
+                                  std::string(tokens.data, tokens.byte_size)});
+      (void)sluice::UnpadResponse(spec, *padded, &response);
+    }
+    return 0;
+  }
+  return 0;
+}
