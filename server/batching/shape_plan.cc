@@ -17,7 +17,7 @@ int AxisOf(const PaddingSpec& padding, const std::string& name, int dim) {
 
 }  // namespace
 
-std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec) {
+std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec, size_t limit) {
   if (!spec.batches()) return {0};
   std::vector<int64_t> sizes;
   if (spec.dynamic_batching.enabled && spec.dynamic_batching.pad_to_preferred) {
@@ -25,17 +25,15 @@ std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec) {
     if (sizes.empty() || sizes.back() != spec.max_batch_size) sizes.push_back(spec.max_batch_size);
     return sizes;
   }
-  for (int64_t size = 1; size <= spec.max_batch_size; ++size) sizes.push_back(size);
+  for (int64_t size = 1; size <= spec.max_batch_size && sizes.size() <= limit; ++size) sizes.push_back(size);
   return sizes;
 }
 
 ShapePlan ComputeShapePlan(const ModelSpec& spec) {
   ShapePlan plan;
-  // Count before building anything: max_batch_size and the buckets come from a config file.
-  const bool padded_batches = spec.dynamic_batching.enabled && spec.dynamic_batching.pad_to_preferred;
-  size_t count = !spec.batches() ? 1
-                 : padded_batches ? spec.dynamic_batching.preferred_batch_sizes.size() + 1
-                                  : static_cast<size_t>(spec.max_batch_size);
+  // Count before building the shapes: max_batch_size and the buckets come from a config file.
+  std::vector<int64_t> batch_sizes = SchedulableBatchSizes(spec, kMaxPlanShapes);
+  size_t count = batch_sizes.size();
   for (const BucketAxis& axis : spec.padding.axes) {
     count = count > kMaxPlanShapes ? count : count * axis.sizes.size();
   }
@@ -44,7 +42,7 @@ ShapePlan ComputeShapePlan(const ModelSpec& spec) {
                                 "batches with sluice.pad_batch_to_preferred or use fewer buckets");
     return plan;
   }
-  plan.batch_sizes = SchedulableBatchSizes(spec);
+  plan.batch_sizes = std::move(batch_sizes);
   for (const TensorSpec& input : spec.inputs) {
     if (input.filled_by_server) continue;
     for (size_t d = 0; d < input.dims.size(); ++d) {

@@ -35,7 +35,9 @@ struct ShapePlan {
 
 // The batch sizes a model instance can be handed: {0} without a batch dimension; the preferred
 // sizes and max_batch_size with sluice.pad_batch_to_preferred; otherwise 1..max_batch_size.
-std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec);
+// Stops after `limit` + 1 sizes (max_batch_size comes from a config file and may be huge), so a
+// result longer than `limit` means "more than limit".
+std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec, size_t limit = SIZE_MAX);
 
 // Not finite either when it would hold more than kMaxPlanShapes shapes: warming them all up
 // would take too long, and benchmark mode would keep searching.

@@ -56,6 +56,9 @@ TEST(ShapePlanTest, BatchSizesTheSchedulersCanForm) {
   EXPECT_THAT(SchedulableBatchSizes(padded), ElementsAre(4, 8, 16));
   padded.dynamic_batching.pad_to_preferred = false;  // batches of any size up to the max
   EXPECT_EQ(SchedulableBatchSizes(padded).size(), 16u);
+  // A huge max_batch_size is never materialised: the list stops one past the limit.
+  EXPECT_EQ(SchedulableBatchSizes(FixedSpec(1 << 30), 10).size(), 11u);
+  EXPECT_THAT(SchedulableBatchSizes(FixedSpec(4), 10), ElementsAre(1, 2, 3, 4));
 }
 
 TEST(ShapePlanTest, FixedDimsMakeAFiniteSet) {
