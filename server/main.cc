@@ -6,6 +6,7 @@
 #include <map>
 #include <cstdlib>
 #include <string>
+#include <algorithm>
 #include <thread>
 
 #include <unistd.h>
@@ -47,12 +48,30 @@ struct Flags {
   bool print_env = false;
   sluice::GrpcTlsOptions tls;
   std::vector<std::string> restricted_protocols;
+  std::string model_control_mode = "none";
+  std::vector<std::string> load_models;
+  int repository_poll_secs = 15;
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--model-repository", flags.model_repository,
                  "Model repository in Triton's layout: <dir>/<model>/config.pbtxt and "
                  "<dir>/<model>/<version>/model.pt")
+      ->capture_default_str();
+  app.add_option("--model-control-mode", flags.model_control_mode,
+                 "none: load every model at start-up, never change them; poll: also rescan the "
+                 "repository every --repository-poll-secs and load new, reload changed and unload "
+                 "removed models; explicit: load only the --load-model models at start-up, the "
+                 "others with RepositoryModelLoad/Unload (guard those with --grpc-restricted-protocol "
+                 "model-repository:...). A reload swaps versions without failing requests")
+      ->check(CLI::IsMember({"none", "poll", "explicit"}))
+      ->capture_default_str();
+  app.add_option("--load-model", flags.load_models,
+                 "With --model-control-mode explicit: a model to load at start-up (repeat it; '*' "
+                 "loads all)");
+  app.add_option("--repository-poll-secs", flags.repository_poll_secs,
+                 "With --model-control-mode poll: seconds between repository scans")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--grpc-address", flags.grpc_address, "Address to listen on")->capture_default_str();
   app.add_option("--grpc-port", flags.grpc_port,
@@ -234,7 +253,24 @@ int main(int argc, char** argv) {
     spdlog::critical("event=start_failed reason=\"{}\"", models.status().message());
     return EXIT_FAILURE;
   }
-  spdlog::info("event=repository path={} models={}", flags.model_repository, models->size());
+  const sluice::ModelControlMode control_mode = *sluice::ParseModelControlMode(flags.model_control_mode);
+  spdlog::info("event=repository path={} models={} model_control_mode={}", flags.model_repository,
+               models->size(), flags.model_control_mode);
+  if (!flags.load_models.empty() && control_mode != sluice::ModelControlMode::kExplicit) {
+    spdlog::critical("event=start_failed reason=\"--load-model needs --model-control-mode explicit (in mode "
+                     "{} every model loads)\"", flags.model_control_mode);
+    return EXIT_FAILURE;
+  }
+  for (const std::string& name : flags.load_models) {
+    const bool known = name == "*" || std::any_of(models->begin(), models->end(),
+                                                  [&](const sluice::RepositoryModel& m) { return m.name == name; });
+    if (!known) {
+      spdlog::critical("event=start_failed reason=\"--load-model {}: the repository {} has no such model\"",
+                       name, flags.model_repository);
+      return EXIT_FAILURE;
+    }
+  }
+  const sluice::DirectoryModelSource source(flags.model_repository);
 
   sluice::LivenessMonitor liveness;
   sluice::ModelManager::Options manager_options;
@@ -272,6 +308,9 @@ int main(int argc, char** argv) {
     spdlog::info("event=metrics_off reason=\"--allow-metrics false\"");
   }
   manager_options.warmup = flags.warmup;
+  manager_options.control_mode = control_mode;
+  manager_options.startup_models = flags.load_models;
+  manager_options.source = &source;
   sluice::ModelManager manager(*std::move(models), factory.get(), manager_options);
 
   sluice::InferenceService::Options service_options;
@@ -295,6 +334,7 @@ int main(int argc, char** argv) {
       spdlog::info("event=protocol_restricted group={} header={}", sluice::ProtocolGroupName(group), restriction.key);
     }
   }
+  service_options.model_control = control_mode;
   sluice::InferenceService service(&manager, service_options);
 
   sluice::GrpcServerOptions server_options;
@@ -309,6 +349,7 @@ int main(int argc, char** argv) {
   }
   spdlog::info("event=listening address={} port={}", flags.grpc_address, (*server)->port());
   liveness.SetListener([server = server->get()] { server->RefreshHealth(); });
+  manager.SetChangeListener([server = server->get()] { server->RefreshHealth(); });
 
   // Live from here on; ready once the models are (or at once without strict readiness).
   service.SetStarted();
@@ -318,11 +359,16 @@ int main(int argc, char** argv) {
   sluice::Status loaded;
   std::atomic<bool> loading{true};
   std::atomic<bool> load_failed{false};
+  std::unique_ptr<sluice::RepositoryPoller> poller;
   std::thread loader([&] {
     loaded = manager.LoadAll();
     (*server)->RefreshHealth();
     if (loaded.ok()) {
       spdlog::info("event=models_loaded all_ready={} server_ready={}", manager.AllReady(), service.Ready());
+      if (control_mode == sluice::ModelControlMode::kPoll) {
+        poller = std::make_unique<sluice::RepositoryPoller>(&manager, std::chrono::seconds(flags.repository_poll_secs));
+        spdlog::info("event=repository_polling interval_s={}", flags.repository_poll_secs);
+      }
     } else {
       spdlog::critical("event=start_failed reason=\"{}\"", loaded.message());
       load_failed = true;
@@ -341,11 +387,14 @@ int main(int argc, char** argv) {
   loader.join();
   liveness.SetListener(nullptr);
   if (!loaded.ok()) {
+    manager.SetChangeListener(nullptr);
     (*server)->Shutdown(0);
     return EXIT_FAILURE;
   }
   spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
+  if (poller) poller->Stop();
   (*server)->Shutdown(flags.shutdown_grace_ms);
+  manager.SetChangeListener(nullptr);
   manager.Stop();
   spdlog::info("event=stopped");
   return EXIT_SUCCESS;

@@ -75,7 +75,81 @@ TimePoint RequestDeadline(const grpc::CallbackServerContext& context,
 }  // namespace
 
 InferenceService::InferenceService(ModelManager* manager, Options options)
-    : manager_(manager), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {}
+    : manager_(manager), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_),
+      control_thread_([this] { ControlLoop(); }) {}
+
+InferenceService::~InferenceService() {
+  {
+    std::lock_guard<std::mutex> lock(control_mutex_);
+    control_stopping_ = true;
+  }
+  control_wake_.notify_all();
+  control_thread_.join();
+}
+
+void InferenceService::ControlLoop() {
+  std::unique_lock<std::mutex> lock(control_mutex_);
+  while (true) {
+    control_wake_.wait(lock, [this] { return control_stopping_ || !control_tasks_.empty(); });
+    if (control_tasks_.empty()) return;  // stopping, and nothing left to answer
+    std::function<void()> task = std::move(control_tasks_.front());
+    control_tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerContext* context,
+                                                       std::function<Status()> task) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  {
+    std::lock_guard<std::mutex> lock(control_mutex_);
+    control_tasks_.push_back([reactor, task = std::move(task)] { reactor->Finish(ToGrpcStatus(task())); });
+  }
+  control_wake_.notify_one();
+  return reactor;
+}
+
+template <typename Request>
+Status InferenceService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
+  SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
+  if (options_.model_control != ModelControlMode::kExplicit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "models cannot be loaded or unloaded over gRPC with --model-control-mode ",
+        ModelControlModeName(options_.model_control),
+        "; start the server with --model-control-mode explicit"));
+  }
+  if (!request.repository_name().empty()) {
+    return absl::NotFoundError(absl::StrCat("unknown repository '", request.repository_name(),
+                                            "'; Sluice serves one repository (leave repository_name empty)"));
+  }
+  if (!request.parameters().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", request.parameters().begin()->first,
+        "' is not supported: Sluice loads models only as the repository has them (edit config.pbtxt "
+        "and the version directories, then load)"));
+  }
+  if (request.model_name().empty()) return absl::InvalidArgumentError("model_name is empty");
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
+  return RunControl(context, [this, name = request->model_name()] { return manager_->LoadModel(name); });
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
+  return RunControl(context, [this, name = request->model_name()] {
+    spdlog::info("event=model_unload_requested model={}", name);
+    return manager_->UnloadModel(name);
+  });
+}
 
 Status InferenceService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {
   if (options_.restrictions.empty()) return absl::OkStatus();
@@ -113,7 +187,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<const RepositoryModel*> model = manager_->FindModel(request->name());
+  StatusOr<std::shared_ptr<const RepositoryModel>> model = manager_->FindModel(request->name());
   if (!model.ok()) return FinishNow(context, model.status());
   response->set_ready(manager_->Find(request->name(), request->version()).ok());
   return FinishNow(context, absl::OkStatus());
@@ -130,6 +204,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   // Only what Sluice really implements.
   response->add_extensions("model_configuration");
   response->add_extensions("statistics");
+  response->add_extensions("model_repository");
   return FinishNow(context, absl::OkStatus());
 }
 

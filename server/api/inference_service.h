@@ -5,7 +5,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
@@ -29,10 +34,14 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
+    // RepositoryModelLoad/Unload work only in explicit mode (see ModelControlMode).
+    ModelControlMode model_control = ModelControlMode::kNone;
   };
 
   // `manager` must outlive the service.
   InferenceService(ModelManager* manager, Options options);
+  // Joins the control thread. Destroy after the gRPC server has shut down.
+  ~InferenceService() override;
 
   // Marks the server as started (models may still be loading). Until then ServerReady is false.
   void SetStarted() { started_ = true; }
@@ -61,6 +70,14 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
                                             const inference::RepositoryIndexRequest* request,
                                             inference::RepositoryIndexResponse* response) override;
+  // Load and unload take seconds (loading, warm-up, draining): the handlers hand them to the
+  // service's control thread, which runs them one at a time and finishes the call.
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
+                                                const inference::RepositoryModelLoadRequest* request,
+                                                inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* context,
+                                                  const inference::RepositoryModelUnloadRequest* request,
+                                                  inference::RepositoryModelUnloadResponse* response) override;
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
@@ -71,12 +88,24 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
+  // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
+  template <typename Request>
+  Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;
+  // Runs `task` on the control thread and finishes the call with its status.
+  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context, std::function<Status()> task);
+  void ControlLoop();
 
   ModelManager* const manager_;
   const Options options_;
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
   std::atomic<bool> started_{false};
+
+  std::mutex control_mutex_;
+  std::condition_variable control_wake_;
+  std::deque<std::function<void()>> control_tasks_;  // guarded by control_mutex_
+  bool control_stopping_ = false;                    // guarded by control_mutex_
+  std::thread control_thread_;
 };
 
 }  // namespace sluice

@@ -82,6 +82,9 @@ class BackendFactory {
   // Whether CUDA is usable (a driver, a GPU, and a CUDA build of the runtime), and how many GPUs.
   virtual bool CudaUsable() const = 0;
   virtual int CudaDeviceCount() const = 0;
+  // Gives memory cached for instances that no longer exist back to the system (LibTorch's CUDA
+  // caching allocator keeps freed blocks reserved). Called after model versions are unloaded.
+  virtual void ReleaseCachedMemory() {}
 };
 
 }  // namespace sluice

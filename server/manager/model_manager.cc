@@ -1,5 +1,7 @@
 #include "server/manager/model_manager.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -25,18 +27,44 @@ const char* ModelStateName(ModelState state) {
   return "UNAVAILABLE";
 }
 
+const char* ModelControlModeName(ModelControlMode mode) {
+  switch (mode) {
+    case ModelControlMode::kNone: return "none";
+    case ModelControlMode::kPoll: return "poll";
+    case ModelControlMode::kExplicit: return "explicit";
+  }
+  return "none";
+}
+
+StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
+  for (ModelControlMode mode : {ModelControlMode::kNone, ModelControlMode::kPoll, ModelControlMode::kExplicit}) {
+    if (text == ModelControlModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model control mode '", std::string(text), "' (none, poll or explicit)"));
+}
+
 ModelManager::ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory,
                            Options options)
     : factory_(factory), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {
+  const bool explicit_mode = options_.control_mode == ModelControlMode::kExplicit;
+  const std::set<std::string> startup(options_.startup_models.begin(), options_.startup_models.end());
   for (RepositoryModel& model : models) {
     Entry entry;
-    for (const auto& [version, path] : model.versions) {
-      VersionSlot slot;
-      slot.version = version;
-      entry.versions.push_back(std::move(slot));
+    entry.wanted = !explicit_mode || startup.count("*") > 0 || startup.count(model.name) > 0;
+    if (entry.wanted && model.status.ok()) {
+      for (const auto& [version, path] : model.versions) {
+        VersionSlot slot;
+        slot.version = version;
+        entry.versions.push_back(std::move(slot));
+      }
     }
-    entry.model = std::move(model);
-    entries_.push_back(std::move(entry));
+    if (!entry.wanted) {
+      entry.reason = "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)";
+    }
+    const std::string name = model.name;
+    entry.model = std::make_shared<const RepositoryModel>(std::move(model));
+    entries_.emplace(name, std::move(entry));
   }
 }
 
@@ -163,12 +191,12 @@ StatusOr<std::unique_ptr<Scheduler>> ModelManager::MakeScheduler(
 
 int ModelManager::CountCpuInstances() const {
   int instances = 0;
-  for (const Entry& entry : entries_) {
-    if (!entry.model.status.ok()) continue;
-    for (const InstanceGroupSpec& group : entry.model.spec.instance_groups) {
+  for (const auto& [name, entry] : entries_) {
+    if (!entry.wanted || !entry.model->status.ok()) continue;
+    for (const InstanceGroupSpec& group : entry.model->spec.instance_groups) {
       auto decision = DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable());
       if (decision.ok() && !decision->use_cuda) {
-        instances += group.count * static_cast<int>(entry.versions.size());
+        instances += group.count * static_cast<int>(entry.model->versions.size());
       }
     }
   }
@@ -176,82 +204,329 @@ int ModelManager::CountCpuInstances() const {
 }
 
 Status ModelManager::LoadAll() {
+  std::lock_guard<std::mutex> control(control_mutex_);
   if (options_.device_policy == DevicePolicy::kCuda && !factory_->CudaUsable()) {
     SLUICE_RETURN_IF_ERROR(DecideDevice(options_.device_policy, InstanceKind::kGpu, false).status());
   }
+  std::vector<std::shared_ptr<const RepositoryModel>> wanted;
+  int cpu_instances = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cpu_instances = CountCpuInstances();
+    for (const auto& [name, entry] : entries_) {
+      if (entry.wanted) wanted.push_back(entry.model);
+    }
+  }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int cpu_instances = CountCpuInstances();
   default_intra_op_threads_ = std::max(1, cores / std::max(1, cpu_instances));
   spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores,
-               cpu_instances, default_intra_op_threads_);
+               cpu_instances, default_intra_op_threads_.load());
   if (options_.observer != nullptr) {
-    for (const Entry& entry : entries_) {
-      for (const VersionSlot& slot : entry.versions) {
-        options_.observer->OnState(entry.model.name, slot.version, ModelState::kLoading);
+    for (const auto& model : wanted) {
+      for (const auto& [version, path] : model->versions) {
+        options_.observer->OnState(model->name, version, ModelState::kLoading);
       }
     }
   }
-  for (Entry& entry : entries_) {
-    const RepositoryModel& model = entry.model;
-    if (!model.status.ok()) {
-      spdlog::error("event=model_unavailable model={} reason=\"{}\"", model.name,
-                    model.status.message());
-      continue;
-    }
-    for (size_t i = 0; i < entry.versions.size(); ++i) {
-      const int64_t version = entry.versions[i].version;
-      if (stopping_) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        entry.versions[i].state = ModelState::kUnavailable;
-        entry.versions[i].reason = "the server is shutting down";
-        if (options_.observer != nullptr) options_.observer->OnState(model.name, version, ModelState::kUnavailable);
-        continue;
-      }
-      const auto started = std::chrono::steady_clock::now();
-      std::string device;
-      auto stats = std::make_shared<ModelStats>(
-          options_.observer != nullptr ? options_.observer->SinkFor(model.name, version) : nullptr);
-      ModelTuning tuning;
-      tuning.name = model.name;
-      tuning.version = version;
-      StatusOr<std::shared_ptr<Scheduler>> scheduler =
-          LoadVersion(model, model.versions.at(version), stats, &device, &tuning);
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::steady_clock::now() - started).count();
-      std::unique_lock<std::mutex> lock(mutex_);
-      VersionSlot& slot = entry.versions[i];
-      if (scheduler.ok() && stopping_) {
-        // Stop ran while this version loaded and could not see its scheduler: stop it here.
-        lock.unlock();
-        (*scheduler)->Stop();
-        lock.lock();
-        scheduler = absl::UnavailableError("the server is shutting down");
-      }
-      if (scheduler.ok()) {
-        slot.state = ModelState::kReady;
-        slot.scheduler = *std::move(scheduler);
-        slot.stats = std::move(stats);
-        slot.device = device;
-        LogTuning(tuning);
-        if (options_.observer != nullptr) {
-          options_.observer->OnReady(tuning, std::chrono::steady_clock::now() - started);
-          options_.observer->OnState(model.name, version, ModelState::kReady);
-        }
-        slot.tuning = std::move(tuning);
-        spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}",
-                     model.name, version, device,
-                     model.spec.dynamic_batching.enabled ? "dynamic" : "none", ms);
-      } else {
-        slot.state = ModelState::kUnavailable;
-        slot.reason = std::string(scheduler.status().message());
-        if (options_.observer != nullptr) options_.observer->OnState(model.name, version, ModelState::kUnavailable);
-        spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", model.name,
-                      version, slot.reason);
-      }
-    }
-  }
+  // Install logs each model's failures; at start-up they leave the model UNAVAILABLE and the
+  // others load.
+  for (const auto& model : wanted) Install(model).IgnoreError();
   std::lock_guard<std::mutex> lock(mutex_);
   loaded_ = true;
+  return absl::OkStatus();
+}
+
+ModelManager::LoadedVersion ModelManager::LoadOneVersion(const RepositoryModel& model, int64_t version) {
+  LoadedVersion loaded;
+  loaded.version = version;
+  if (stopping_) {
+    loaded.status = absl::UnavailableError("the server is shutting down");
+    return loaded;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  loaded.stats = std::make_shared<ModelStats>(
+      options_.observer != nullptr ? options_.observer->SinkFor(model.name, version) : nullptr);
+  loaded.tuning.name = model.name;
+  loaded.tuning.version = version;
+  StatusOr<std::shared_ptr<Scheduler>> scheduler =
+      LoadVersion(model, model.versions.at(version), loaded.stats, &loaded.device, &loaded.tuning);
+  loaded.load_time = std::chrono::steady_clock::now() - started;
+  if (scheduler.ok()) {
+    loaded.scheduler = *std::move(scheduler);
+  } else {
+    loaded.status = scheduler.status();
+  }
+  return loaded;
+}
+
+Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
+  const std::string name = model->name;
+  bool serving = false;  // an old version serves (and keeps serving if this fails)
+  std::vector<int64_t> serving_versions;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& entry = entries_[name];
+    entry.tried_fingerprint = model->fingerprint;
+    for (const VersionSlot& slot : entry.versions) {
+      if (slot.state == ModelState::kReady) serving_versions.push_back(slot.version);
+    }
+    serving = !serving_versions.empty();
+    if (!serving) {
+      // Nothing to keep: the index shows the new versions loading (or the model's error) now.
+      entry.model = model;
+      entry.wanted = true;
+      entry.reason = model->status.ok() ? "" : std::string(model->status.message());
+      entry.versions.clear();
+      if (model->status.ok()) {
+        for (const auto& [version, path] : model->versions) {
+          VersionSlot slot;
+          slot.version = version;
+          entry.versions.push_back(std::move(slot));
+        }
+      }
+    }
+  }
+  const std::string kept =
+      serving ? absl::StrCat("; version(s) ", absl::StrJoin(serving_versions, ","), " keep serving") : "";
+  if (!model->status.ok()) {
+    spdlog::error("event=model_unavailable model={} reason=\"{}{}\"", name, model->status.message(), kept);
+    return Status(model->status.code(), absl::StrCat("model '", name, "' cannot load: ",
+                                                     model->status.message(), kept));
+  }
+  if (!serving && options_.observer != nullptr) {
+    for (const auto& [version, path] : model->versions) {
+      options_.observer->OnState(name, version, ModelState::kLoading);
+    }
+  }
+  std::vector<LoadedVersion> loaded;
+  for (const auto& [version, path] : model->versions) loaded.push_back(LoadOneVersion(*model, version));
+
+  const LoadedVersion* failed = nullptr;
+  for (const LoadedVersion& each : loaded) {
+    if (!each.status.ok() && failed == nullptr) failed = &each;
+  }
+  if (serving && failed != nullptr) {
+    const Status status(failed->status.code(),
+                        absl::StrCat("model '", name, "' was not reloaded: version ", failed->version,
+                                     ": ", failed->status.message(), kept));
+    spdlog::error("event=model_reload_failed model={} reason=\"{}\"", name, status.message());
+    for (LoadedVersion& each : loaded) {
+      if (each.scheduler) each.scheduler->Stop();
+    }
+    return status;
+  }
+
+  std::vector<VersionSlot> old;
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping = stopping_;
+    Entry& entry = entries_[name];
+    old = std::move(entry.versions);
+    entry.versions.clear();
+    entry.model = model;
+    entry.wanted = true;
+    entry.reason.clear();
+    for (LoadedVersion& each : loaded) {
+      if (each.scheduler && stopping) {
+        // Stop ran while this version loaded and could not see its scheduler.
+        each.scheduler->Stop();
+        each.scheduler.reset();
+        each.status = absl::UnavailableError("the server is shutting down");
+      }
+      VersionSlot slot;
+      slot.version = each.version;
+      if (each.scheduler) {
+        slot.state = ModelState::kReady;
+        slot.scheduler = each.scheduler;
+        slot.stats = each.stats;
+        slot.device = each.device;
+        slot.tuning = each.tuning;
+      } else {
+        slot.state = ModelState::kUnavailable;
+        slot.reason = std::string(each.status.message());
+      }
+      entry.versions.push_back(std::move(slot));
+    }
+  }
+  for (const LoadedVersion& each : loaded) {
+    if (each.scheduler) {
+      LogTuning(each.tuning);
+      if (options_.observer != nullptr) {
+        options_.observer->OnReady(each.tuning, each.load_time);
+        options_.observer->OnState(name, each.version, ModelState::kReady);
+      }
+      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}{}", name,
+                   each.version, each.device, model->spec.dynamic_batching.enabled ? "dynamic" : "none",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
+                   serving ? " reloaded=true" : "");
+    } else {
+      if (options_.observer != nullptr) options_.observer->OnState(name, each.version, ModelState::kUnavailable);
+      spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", name, each.version,
+                    each.status.message());
+    }
+  }
+  if (options_.observer != nullptr) {
+    for (const VersionSlot& slot : old) {
+      if (!model->versions.count(slot.version)) {
+        options_.observer->OnState(name, slot.version, ModelState::kUnavailable);
+      }
+    }
+  }
+  Retire(name, std::move(old));
+  if (failed != nullptr) {
+    return Status(failed->status.code(), absl::StrCat("model '", name, "' version ", failed->version,
+                                                      " cannot load: ", failed->status.message()));
+  }
+  return absl::OkStatus();
+}
+
+void ModelManager::Retire(const std::string& name, std::vector<VersionSlot> old) {
+  bool released = false;
+  for (VersionSlot& slot : old) {
+    if (!slot.scheduler) continue;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      retiring_.push_back(slot.scheduler);
+    }
+    // Every request given this version holds its scheduler (ServableModel, the call's reactor)
+    // until it is answered, and nothing hands it out any more: when this is the last holder,
+    // nothing is queued or running on it.
+    const auto started = std::chrono::steady_clock::now();
+    auto next_log = started + std::chrono::seconds(10);
+    while (slot.scheduler.use_count() > 1 && !stopping_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (std::chrono::steady_clock::now() >= next_log) {
+        spdlog::warn("event=model_draining model={} version={} holders={} waited_s={}", name, slot.version,
+                     slot.scheduler.use_count() - 1,
+                     std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
+        next_log += std::chrono::seconds(10);
+      }
+    }
+    slot.scheduler->Stop();
+    slot.scheduler.reset();  // the last reference: the instances are destroyed here
+    released = true;
+    spdlog::info("event=model_version_retired model={} version={} drain_ms={}", name, slot.version,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+  }
+  if (!released) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
+                                   [](const std::weak_ptr<Scheduler>& weak) { return weak.expired(); }),
+                    retiring_.end());
+  }
+  // The instances' memory goes back to where it came from: LibTorch's CUDA cache to the driver,
+  // glibc's free lists to the kernel. Without this, RSS keeps the high-water mark of every load.
+  factory_->ReleaseCachedMemory();
+  malloc_trim(0);
+}
+
+void ModelManager::SetChangeListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  change_listener_ = std::move(listener);
+}
+
+void ModelManager::NotifyChange() {
+  std::function<void()> listener;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listener = change_listener_;
+  }
+  if (listener) listener();
+}
+
+Status ModelManager::LoadModel(const std::string& name) {
+  if (options_.source == nullptr) {
+    return absl::FailedPreconditionError("model control has no model repository to read from");
+  }
+  Status status;
+  {
+    std::lock_guard<std::mutex> control(control_mutex_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    StatusOr<RepositoryModel> read = options_.source->Read(name);
+    if (!read.ok()) return read.status();
+    spdlog::info("event=model_load model={}", name);
+    status = Install(std::make_shared<const RepositoryModel>(*std::move(read)));
+  }
+  NotifyChange();
+  return status;
+}
+
+Status ModelManager::UnloadModel(const std::string& name) {
+  Status status;
+  {
+    std::lock_guard<std::mutex> control(control_mutex_);
+    status = Unload(name, /*forget=*/false);
+  }
+  NotifyChange();
+  return status;
+}
+
+Status ModelManager::Unload(const std::string& name, bool forget) {
+  std::vector<VersionSlot> old;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(name);
+    if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+    Entry& entry = it->second;
+    old = std::move(entry.versions);
+    entry.versions.clear();
+    entry.wanted = false;
+    entry.reason = "unloaded";
+    for (const VersionSlot& slot : old) {
+      VersionSlot unloaded;
+      unloaded.version = slot.version;
+      unloaded.state = ModelState::kUnavailable;
+      unloaded.reason = "unloaded";
+      entry.versions.push_back(std::move(unloaded));
+    }
+    if (forget) entries_.erase(it);
+  }
+  const bool any = std::any_of(old.begin(), old.end(), [](const VersionSlot& slot) { return slot.scheduler != nullptr; });
+  if (options_.observer != nullptr) {
+    for (const VersionSlot& slot : old) options_.observer->OnState(name, slot.version, ModelState::kUnavailable);
+  }
+  if (any) spdlog::info("event=model_unload model={}{}", name, forget ? " reason=\"removed from the repository\"" : "");
+  Retire(name, std::move(old));
+  return absl::OkStatus();
+}
+
+Status ModelManager::PollRepository() {
+  if (options_.source == nullptr) {
+    return absl::FailedPreconditionError("model control has no model repository to read from");
+  }
+  std::unique_lock<std::mutex> control(control_mutex_);
+  if (stopping_) return absl::OkStatus();
+  SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, options_.source->Scan());
+  std::set<std::string> present;
+  std::vector<std::shared_ptr<const RepositoryModel>> changed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (RepositoryModel& model : models) {
+      present.insert(model.name);
+      auto it = entries_.find(model.name);
+      if (it != entries_.end() && it->second.tried_fingerprint == model.fingerprint) continue;
+      changed.push_back(std::make_shared<const RepositoryModel>(std::move(model)));
+    }
+  }
+  for (const auto& model : changed) {
+    if (stopping_) break;
+    spdlog::info("event=model_changed model={} action=load", model->name);
+    Install(model).IgnoreError();  // logged by Install
+  }
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, entry] : entries_) {
+      if (!present.count(name)) gone.push_back(name);
+    }
+  }
+  for (const std::string& name : gone) Unload(name, /*forget=*/true).IgnoreError();
+  if (!changed.empty() || !gone.empty()) {
+    control.unlock();
+    NotifyChange();
+  }
   return absl::OkStatus();
 }
 
@@ -281,7 +556,7 @@ void ModelManager::LogTuning(const ModelTuning& tuning) {
 std::vector<ModelTuning> ModelManager::Tunings() const {
   std::vector<ModelTuning> tunings;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const Entry& entry : entries_) {
+  for (const auto& [name, entry] : entries_) {
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state == ModelState::kReady) tunings.push_back(slot.tuning);
     }
@@ -289,36 +564,29 @@ std::vector<ModelTuning> ModelManager::Tunings() const {
   return tunings;
 }
 
-const ModelManager::Entry* ModelManager::FindEntry(const std::string& name) const {
-  for (const Entry& entry : entries_) {
-    if (entry.model.name == name) return &entry;
-  }
-  return nullptr;
-}
-
-StatusOr<const RepositoryModel*> ModelManager::FindModel(const std::string& name) const {
-  const Entry* entry = FindEntry(name);
-  if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
-  }
-  return &entry->model;
+StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  return it->second.model;
 }
 
 StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::string& version) const {
-  const Entry* entry = FindEntry(name);
-  if (entry == nullptr) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!entry->model.status.ok()) {
-    return absl::UnavailableError(absl::StrCat("model '", name, "' is not ready: ",
-                                               entry->model.status.message()));
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  const Entry& entry = it->second;
+  if (entry.versions.empty()) {
+    const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
+    return absl::UnavailableError(absl::StrCat("model '", name, "' is not ready: ", why));
   }
   const VersionSlot* chosen = nullptr;
   if (version.empty()) {
-    for (const VersionSlot& slot : entry->versions) {
+    for (const VersionSlot& slot : entry.versions) {
       if (slot.state == ModelState::kReady) chosen = &slot;  // ascending: the last is the newest
     }
     if (chosen == nullptr) {
-      const VersionSlot& newest = entry->versions.back();
+      const VersionSlot& newest = entry.versions.back();
       return absl::UnavailableError(absl::StrCat(
           "model '", name, "' has no ready version",
           newest.reason.empty() ? " yet (still loading)" : absl::StrCat(": ", newest.reason)));
@@ -329,7 +597,7 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
       return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version,
                                               "' (versions are positive integers)"));
     }
-    for (const VersionSlot& slot : entry->versions) {
+    for (const VersionSlot& slot : entry.versions) {
       if (slot.version == wanted) chosen = &slot;
     }
     if (chosen == nullptr) {
@@ -342,15 +610,15 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
           chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
     }
   }
-  return ServableModel{&entry->model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
+  return ServableModel{entry.model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
 }
 
 std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {
   std::vector<int64_t> versions;
-  const Entry* entry = FindEntry(name);
-  if (entry == nullptr) return versions;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const VersionSlot& slot : entry->versions) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return versions;
+  for (const VersionSlot& slot : it->second.versions) {
     if (slot.state == ModelState::kReady) versions.push_back(slot.version);
   }
   return versions;
@@ -359,14 +627,14 @@ std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const 
 std::vector<ModelIndexEntry> ModelManager::Index() const {
   std::vector<ModelIndexEntry> index;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const Entry& entry : entries_) {
-    if (!entry.model.status.ok()) {
-      index.push_back({entry.model.name, "", ModelState::kUnavailable,
-                       std::string(entry.model.status.message())});
+  for (const auto& [name, entry] : entries_) {
+    if (entry.versions.empty()) {
+      const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
+      index.push_back({name, "", ModelState::kUnavailable, why});
       continue;
     }
     for (const VersionSlot& slot : entry.versions) {
-      index.push_back({entry.model.name, std::to_string(slot.version), slot.state, slot.reason});
+      index.push_back({name, std::to_string(slot.version), slot.state, slot.reason});
     }
   }
   return index;
@@ -381,11 +649,11 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
   }
   std::vector<VersionStatistics> result;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const Entry& entry : entries_) {
-    if (!name.empty() && entry.model.name != name) continue;
+  for (const auto& [model_name, entry] : entries_) {
+    if (!name.empty() && model_name != name) continue;
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state != ModelState::kReady || (wanted != 0 && slot.version != wanted)) continue;
-      result.push_back({entry.model.name, slot.version, slot.stats->Snapshot()});
+      result.push_back({model_name, slot.version, slot.stats->Snapshot()});
     }
   }
   if (!name.empty() && wanted != 0 && result.empty()) {
@@ -397,8 +665,9 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
 bool ModelManager::AllReady() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loaded_) return false;
-  for (const Entry& entry : entries_) {
-    if (!entry.model.status.ok()) return false;
+  for (const auto& [name, entry] : entries_) {
+    if (!entry.wanted) continue;
+    if (!entry.model->status.ok() || entry.versions.empty()) return false;
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state != ModelState::kReady) return false;
     }
@@ -411,13 +680,41 @@ void ModelManager::Stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
-    for (const Entry& entry : entries_) {
+    for (const auto& [name, entry] : entries_) {
       for (const VersionSlot& slot : entry.versions) {
         if (slot.scheduler) schedulers.push_back(slot.scheduler);
       }
     }
+    for (const std::weak_ptr<Scheduler>& weak : retiring_) {
+      if (auto scheduler = weak.lock()) schedulers.push_back(std::move(scheduler));
+    }
   }
   for (const auto& scheduler : schedulers) scheduler->Stop();
+}
+
+RepositoryPoller::RepositoryPoller(ModelManager* manager, Duration interval)
+    : manager_(manager), interval_(interval) {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
+      lock.unlock();
+      if (Status status = manager_->PollRepository(); !status.ok()) {
+        spdlog::error("event=repository_poll_failed reason=\"{}\"", status.message());
+      }
+      lock.lock();
+    }
+  });
+}
+
+RepositoryPoller::~RepositoryPoller() { Stop(); }
+
+void RepositoryPoller::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace sluice

@@ -1,14 +1,18 @@
 // Owns the loaded models: for each repository model and selected version, its instances (built
-// by an injected BackendFactory), its scheduler and its state.
+// by an injected BackendFactory), its scheduler and its state. Also model control: loading,
+// reloading and unloading models while the server serves (--model-control-mode).
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "server/batching/batch_queue.h"
@@ -26,10 +30,22 @@ namespace sluice {
 enum class ModelState { kLoading, kReady, kUnavailable };
 const char* ModelStateName(ModelState state);  // "LOADING", "READY", "UNAVAILABLE"
 
-// A ready model version, as handed to a request. Shared ownership keeps it (and its scheduler)
-// alive for as long as a request holds it.
+// --model-control-mode, with Triton's meaning:
+//   none:     every model loads at start-up; the repository is never read again and
+//             RepositoryModelLoad/Unload are refused.
+//   poll:     every model loads at start-up; the repository is rescanned every
+//             --repository-poll-secs and new, changed and removed models are loaded, reloaded
+//             and unloaded; RepositoryModelLoad/Unload are refused.
+//   explicit: only the --load-model models load at start-up ("*": all); RepositoryModelLoad and
+//             RepositoryModelUnload load, reload and unload the others.
+enum class ModelControlMode { kNone, kPoll, kExplicit };
+const char* ModelControlModeName(ModelControlMode mode);  // "none", "poll", "explicit"
+StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text);
+
+// A ready model version, as handed to a request. Shared ownership keeps it (its configuration
+// and its scheduler) alive for as long as a request holds it, across a reload or an unload.
 struct ServableModel {
-  const RepositoryModel* model = nullptr;  // owned by the manager, lives as long as it
+  std::shared_ptr<const RepositoryModel> model;  // the configuration this version was loaded with
   int64_t version = 0;
   std::string device;  // "cpu", "cuda:0", or a list for several instances
   std::shared_ptr<Scheduler> scheduler;
@@ -77,7 +93,8 @@ struct ModelIndexEntry {
   std::string reason;
 };
 
-// Thread-safe. Lookups may run while LoadAll is still loading.
+// Thread-safe. Lookups may run while models load. Control calls (LoadAll, LoadModel,
+// UnloadModel, PollRepository) run one at a time; lookups never wait for them.
 class ModelManager {
  public:
   struct Options {
@@ -89,15 +106,44 @@ class ModelManager {
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
     ModelObserver* observer = nullptr;  // told about states, tuning and request events; may be null
+    ModelControlMode control_mode = ModelControlMode::kNone;  // --model-control-mode
+    // In explicit mode, the models LoadAll loads (--load-model; "*" loads all); the others are
+    // listed by Index as not loaded until LoadModel loads them. Ignored in the other modes.
+    std::vector<std::string> startup_models;
+    const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
   };
 
   ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
   ~ModelManager();
 
-  // Loads every selected version of every model. A model that fails to load is logged with its
-  // reason and marked UNAVAILABLE; the others still load. Returns FAILED_PRECONDITION only for a
-  // start-up error that concerns every model (--device cuda without a usable GPU).
+  // Loads every selected version of every model (in explicit mode: of the start-up models). A
+  // model that fails to load is logged with its reason and marked UNAVAILABLE; the others still
+  // load. Returns FAILED_PRECONDITION only for a start-up error that concerns every model
+  // (--device cuda without a usable GPU).
   Status LoadAll();
+
+  // Loads `name` as the source has it now, or reloads it when it is loaded: every selected
+  // version is loaded and warmed up beside the versions serving now, and then swapped in at
+  // once. Requests already given an old version (queued or running) finish on it; requests that
+  // look the model up after the swap go to the new versions. The old versions stop once the last
+  // request holding them is answered, before this returns. If anything fails (config, a version's
+  // load or warm-up) while an old version serves, nothing changes and the error comes back; a
+  // model that served nothing shows each version's failure. NOT_FOUND or INVALID_ARGUMENT for a
+  // name the source does not have; FAILED_PRECONDITION without a source.
+  Status LoadModel(const std::string& name);
+
+  // Unloads every version of `name`: lookups answer UNAVAILABLE ("unloaded") at once, and this
+  // returns when every request already given one of its versions is answered, after stopping the
+  // schedulers and releasing the instances. OK when nothing of it is loaded; NOT_FOUND when the
+  // manager does not know the model.
+  Status UnloadModel(const std::string& name);
+
+  // One pass of poll mode: loads models that appeared in the source, reloads those whose files
+  // changed since they were last tried (RepositoryModel::fingerprint; a failed reload is not
+  // retried until the files change again, and the old version keeps serving), and unloads and
+  // forgets those whose directory is gone. Per-model problems are logged, not returned; an error
+  // only when the source cannot be scanned.
+  Status PollRepository();
 
   // The model version a request goes to. `version` empty: the newest ready one.
   // NOT_FOUND: no such model or version (or not a number); UNAVAILABLE: it exists but is not ready
@@ -105,7 +151,7 @@ class ModelManager {
   StatusOr<ServableModel> Find(const std::string& name, const std::string& version) const;
 
   // The repository entry of `name` (any state): NOT_FOUND when unknown.
-  StatusOr<const RepositoryModel*> FindModel(const std::string& name) const;
+  StatusOr<std::shared_ptr<const RepositoryModel>> FindModel(const std::string& name) const;
 
   // Ready version numbers of a model, ascending.
   std::vector<int64_t> ReadyVersions(const std::string& name) const;
@@ -120,12 +166,19 @@ class ModelManager {
   // The tuning of every ready version, in repository order.
   std::vector<ModelTuning> Tunings() const;
 
-  // True once LoadAll finished and every model in the repository has every selected version ready.
+  // Called (on the control caller's thread) after every LoadModel, UnloadModel and
+  // PollRepository, when readiness may have changed; the server refreshes its health service.
+  // Null: nothing. Not called with any manager lock held.
+  void SetChangeListener(std::function<void()> listener);
+
+  // True once LoadAll finished and every model the server is asked to serve (all of them, in
+  // explicit mode those loaded and not unloaded since) has every selected version ready.
   bool AllReady() const;
 
-  // Stops every scheduler (queued requests are answered UNAVAILABLE). Idempotent. May run while
-  // LoadAll is loading (a shutdown signal during start-up): warm-ups are abandoned, and the
-  // versions not loaded yet stay UNAVAILABLE.
+  // Stops every scheduler, the ones being drained after a reload or unload included (queued
+  // requests are answered UNAVAILABLE). Idempotent. May run while a load is in progress (a
+  // shutdown signal during start-up): warm-ups are abandoned, the versions not loaded yet stay
+  // UNAVAILABLE, and control calls after it load nothing.
   void Stop();
 
  private:
@@ -139,9 +192,32 @@ class ModelManager {
     ModelTuning tuning;
   };
   struct Entry {
-    RepositoryModel model;
-    std::vector<VersionSlot> versions;  // ascending
+    std::shared_ptr<const RepositoryModel> model;  // never null
+    std::vector<VersionSlot> versions;  // ascending; empty when never loaded or broken
+    bool wanted = true;   // the server is asked to serve it (false: never loaded, or unloaded)
+    std::string reason;   // why it serves nothing, when `versions` is empty
+    std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
   };
+  // One version loaded (or not) by Install, before it is swapped in.
+  struct LoadedVersion {
+    int64_t version = 0;
+    Status status;
+    std::shared_ptr<Scheduler> scheduler;
+    std::shared_ptr<ModelStats> stats;
+    std::string device;
+    ModelTuning tuning;
+    Duration load_time{0};
+  };
+
+  // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
+  Status Install(std::shared_ptr<const RepositoryModel> model);
+  LoadedVersion LoadOneVersion(const RepositoryModel& model, int64_t version);
+  void NotifyChange();
+  // Unload with control_mutex_ held; `forget` also removes the model from the index.
+  Status Unload(const std::string& name, bool forget);
+  // Waits until no request holds each old version's scheduler (or Stop is called), stops it and
+  // releases its instances and the memory they cached.
+  void Retire(const std::string& name, std::vector<VersionSlot> old);
 
   StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
                                                    const std::filesystem::path& file,
@@ -153,19 +229,39 @@ class ModelManager {
                                                      std::shared_ptr<ModelStats> stats,
                                                      std::function<void(const Status&)> on_fatal) const;
   static void LogTuning(const ModelTuning& tuning);
-  const Entry* FindEntry(const std::string& name) const;
-  // CPU instances over every loadable model version (for the default thread split).
+  // CPU instances over every loadable version of the models LoadAll loads (for the default
+  // thread split). mutex_ held.
   int CountCpuInstances() const;
 
   BackendFactory* const factory_;
   const Options options_;
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
-  mutable std::mutex mutex_;
-  std::vector<Entry> entries_;  // the vector itself never changes after construction
-  bool loaded_ = false;         // guarded by mutex_
-  std::atomic<bool> stopping_{false};  // Stop was called: LoadAll loads nothing more
-  int default_intra_op_threads_ = 1;  // set by LoadAll before anything loads
+  std::mutex control_mutex_;  // serialises LoadAll, LoadModel, UnloadModel, PollRepository
+  mutable std::mutex mutex_;  // guards what follows, never held while loading or draining
+  std::map<std::string, Entry> entries_;  // by name, which is repository order
+  std::vector<std::weak_ptr<Scheduler>> retiring_;  // old versions being drained
+  std::function<void()> change_listener_;
+  bool loaded_ = false;
+  std::atomic<bool> stopping_{false};  // Stop was called: nothing more loads
+  std::atomic<int> default_intra_op_threads_{1};  // set by LoadAll before anything loads
+};
+
+// Poll mode's thread: calls PollRepository every `interval` until Stop (or destruction).
+class RepositoryPoller {
+ public:
+  RepositoryPoller(ModelManager* manager, Duration interval);
+  ~RepositoryPoller();
+  // Returns once a pass in progress has ended. Idempotent.
+  void Stop();
+
+ private:
+  ModelManager* const manager_;
+  const Duration interval_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 }  // namespace sluice

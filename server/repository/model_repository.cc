@@ -67,12 +67,28 @@ Status FillModel(RepositoryModel* model) {
   return absl::OkStatus();
 }
 
+// Relative path, size and modification time of every regular file under `directory`, sorted.
+std::string Fingerprint(const fs::path& directory) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code file_ec;
+    if (!it->is_regular_file(file_ec)) continue;
+    const uintmax_t size = it->file_size(file_ec);
+    const auto mtime = it->last_write_time(file_ec).time_since_epoch().count();
+    files.push_back(absl::StrCat(fs::relative(it->path(), directory, file_ec).string(), ":", size, ":", mtime));
+  }
+  std::sort(files.begin(), files.end());
+  return absl::StrJoin(files, "\n");
+}
+
 }  // namespace
 
 RepositoryModel ReadModelDirectory(const fs::path& directory) {
   RepositoryModel model;
   model.name = directory.filename().string();
   model.directory = directory;
+  model.fingerprint = Fingerprint(directory);
   model.status = FillModel(&model);
   if (!model.status.ok()) model.spec = ModelSpec{};
   return model;
@@ -96,6 +112,22 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
   std::vector<RepositoryModel> models;
   for (const fs::path& directory : directories) models.push_back(ReadModelDirectory(directory));
   return models;
+}
+
+StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name) const {
+  if (name.empty() || name.front() == '.' || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name, "' is not a model name (a directory directly under the model repository, not "
+        "starting with '.')"));
+  }
+  const fs::path directory = root_ / name;
+  std::error_code ec;
+  if (!fs::is_directory(directory, ec)) {
+    return absl::NotFoundError(absl::StrCat("the model repository has no model '", name, "' (no directory ",
+                                            directory.string(), ")"));
+  }
+  return ReadModelDirectory(directory);
 }
 
 }  // namespace sluice

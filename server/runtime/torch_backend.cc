@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -366,6 +367,9 @@ class TorchBackendFactory final : public BackendFactory {
 
   bool CudaUsable() const override { return info_.cuda_usable; }
   int CudaDeviceCount() const override { return info_.cuda_device_count; }
+  void ReleaseCachedMemory() override {
+    if (info_.cuda_usable) c10::cuda::CUDACachingAllocator::emptyCache();
+  }
 
  private:
   ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module,

@@ -51,6 +51,10 @@ class FakeBackend final : public ModelBackend {
     started_cv_.wait(lock, [&] { return started_ >= count; });
   }
   int executed() const { return executed_; }
+  int started() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return started_;
+  }
 
  private:
   Behaviour behaviour_;

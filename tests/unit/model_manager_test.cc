@@ -14,6 +14,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::FakeBackend;
 using testing::FakeBackendFactory;
 
 RepositoryModel Model(const std::string& name, std::vector<int64_t> versions,
@@ -43,6 +44,66 @@ RepositoryModel Broken(const std::string& name, const std::string& why) {
 
 std::vector<RepositoryModel> Models(std::vector<RepositoryModel> models) { return models; }
 
+// A repository in memory for model control: what LoadModel and PollRepository read.
+class MemorySource final : public ModelSource {
+ public:
+  void Put(RepositoryModel model, const std::string& fingerprint) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    model.fingerprint = fingerprint;
+    models_[model.name] = std::move(model);
+  }
+  void Remove(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    models_.erase(name);
+  }
+  StatusOr<std::vector<RepositoryModel>> Scan() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<RepositoryModel> models;
+    for (const auto& [name, model] : models_) models.push_back(model);
+    return models;
+  }
+  StatusOr<RepositoryModel> Read(const std::string& name) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = models_.find(name);
+    if (it == models_.end()) return absl::NotFoundError("no model '" + name + "'");
+    return it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, RepositoryModel> models_;
+};
+
+// Enqueues a request with id `id` and returns where its answer will be.
+std::future<StatusOr<InferResponse>> Send(const ServableModel& servable, const std::string& id) {
+  auto answer = std::make_shared<std::promise<StatusOr<InferResponse>>>();
+  auto request = std::make_unique<InferRequest>();
+  request->id = id;
+  servable.scheduler->Enqueue(std::move(request),
+                              [answer](StatusOr<InferResponse> r) { answer->set_value(std::move(r)); });
+  return answer->get_future();
+}
+
+// Closes `backend`'s gate and sends request "1", which starts and blocks there, and request "2",
+// which waits in the queue behind it. Both are answered once the gate opens.
+std::pair<std::future<StatusOr<InferResponse>>, std::future<StatusOr<InferResponse>>> HoldTwoRequests(
+    FakeBackend* backend, const ServableModel& servable) {
+  const int warmup_runs = backend->started();
+  backend->CloseGate();
+  auto running = Send(servable, "1");
+  backend->WaitStarted(warmup_runs + 1);
+  return {std::move(running), Send(servable, "2")};
+}
+
+ModelManager::Options Control(ModelControlMode mode, const ModelSource* source,
+                              std::vector<std::string> startup = {}) {
+  ModelManager::Options options;
+  options.control_mode = mode;
+  options.source = source;
+  options.startup_models = std::move(startup);
+  return options;
+}
+
 TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   FakeBackendFactory factory;
   factory.failures["corrupt"] = "cannot load /repo/corrupt/1/model.pt: bad archive";
@@ -65,14 +126,15 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   EXPECT_THAT(bad.status().message(), HasSubstr("line 1: oops"));
   EXPECT_EQ(manager.Find("nope", "").status().code(), absl::StatusCode::kNotFound);
 
-  auto index = manager.Index();
+  auto index = manager.Index();  // by name, as the repository scan sorts them
   ASSERT_EQ(index.size(), 3u);
-  EXPECT_EQ(index[0].name, "good");
-  EXPECT_EQ(index[0].state, ModelState::kReady);
+  EXPECT_EQ(index[0].name, "badconfig");
+  EXPECT_EQ(index[0].version, "");
+  EXPECT_EQ(std::string(ModelStateName(index[0].state)), "UNAVAILABLE");
   EXPECT_EQ(index[1].state, ModelState::kUnavailable);
   EXPECT_THAT(index[1].reason, HasSubstr("bad archive"));
-  EXPECT_EQ(index[2].version, "");
-  EXPECT_EQ(std::string(ModelStateName(index[2].state)), "UNAVAILABLE");
+  EXPECT_EQ(index[2].name, "good");
+  EXPECT_EQ(index[2].state, ModelState::kReady);
 }
 
 TEST(ModelManagerTest, ReadinessWaitsForWarmUpOfEveryShapeOnEveryInstance) {
@@ -227,6 +289,232 @@ TEST(ModelManagerTest, ServesThroughSchedulerAndStops) {
   std::promise<StatusOr<InferResponse>> late;
   servable->scheduler->Enqueue(std::make_unique<InferRequest>(), [&](StatusOr<InferResponse> r) { late.set_value(std::move(r)); });
   EXPECT_EQ(late.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ModelControlTest, ParsesModes) {
+  EXPECT_EQ(*ParseModelControlMode("explicit"), ModelControlMode::kExplicit);
+  EXPECT_EQ(*ParseModelControlMode("poll"), ModelControlMode::kPoll);
+  EXPECT_EQ(*ParseModelControlMode("none"), ModelControlMode::kNone);
+  EXPECT_THAT(ParseModelControlMode("sometimes").status().message(), HasSubstr("none, poll or explicit"));
+}
+
+TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("a", {1}), "a1");
+  source.Put(Model("b", {1}), "b1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"a"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  EXPECT_TRUE(manager.Find("a", "").ok());
+  auto b = manager.Find("b", "");
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(b.status().message(), HasSubstr("not loaded"));
+  EXPECT_TRUE(manager.AllReady());  // readiness counts the models asked for
+  auto index = manager.Index();
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index[1].name, "b");
+  EXPECT_EQ(index[1].version, "");
+  EXPECT_THAT(index[1].reason, HasSubstr("RepositoryModelLoad"));
+
+  int changes = 0;
+  manager.SetChangeListener([&] { ++changes; });
+  ASSERT_TRUE(manager.LoadModel("b").ok());
+  EXPECT_EQ(changes, 1);
+  auto loaded = manager.Find("b", "");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(Send(*loaded, "3").get()->outputs[0].data, "3");
+  loaded = StatusOr<ServableModel>(absl::CancelledError("released"));
+
+  EXPECT_EQ(manager.LoadModel("nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(manager.UnloadModel("a").ok());
+  EXPECT_EQ(changes, 2);  // a name the source does not have changes nothing
+  auto a = manager.Find("a", "1");
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(a.status().message(), HasSubstr("unloaded"));
+  index = manager.Index();
+  EXPECT_EQ(index[0].version, "1");
+  EXPECT_EQ(index[0].state, ModelState::kUnavailable);
+  EXPECT_EQ(index[0].reason, "unloaded");
+  EXPECT_TRUE(manager.AllReady());  // an unloaded model is not asked for
+  EXPECT_TRUE(manager.UnloadModel("a").ok());  // again: nothing to do
+  EXPECT_EQ(manager.UnloadModel("zzz").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(manager.LoadModel("a").ok());  // back again
+  EXPECT_TRUE(manager.Find("a", "").ok());
+}
+
+TEST(ModelControlTest, StarLoadsEveryModelAndAFailedNewModelIsNotReady) {
+  FakeBackendFactory factory;
+  factory.failures["c"] = "cannot load c: bad archive";
+  MemorySource source;
+  source.Put(Model("a", {1}), "a1");
+  source.Put(Model("b", {1}), "b1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"*"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  EXPECT_TRUE(manager.Find("a", "").ok());
+  EXPECT_TRUE(manager.Find("b", "").ok());
+  EXPECT_TRUE(manager.AllReady());
+  source.Put(Model("c", {1}), "c1");
+  Status status = manager.LoadModel("c");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("bad archive"));
+  EXPECT_FALSE(manager.AllReady());  // asked for and not ready, as at start-up
+  ASSERT_TRUE(manager.UnloadModel("c").ok());
+  EXPECT_TRUE(manager.AllReady());
+}
+
+// The heart of a live reload: a request running on the old version and one queued behind it
+// both finish on it; lookups after the swap get the new version; the old one is stopped only
+// when its last request is answered, and LoadModel returns only then.
+TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("m", {1}), "v1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  auto old_version = manager.Find("m", "");
+  ASSERT_TRUE(old_version.ok());
+  FakeBackend* old_backend = factory.backend(0);
+  auto [running, queued] = HoldTwoRequests(old_backend, *old_version);
+
+  source.Put(Model("m", {2}), "v2");  // version 2 appears; the latest policy serves only it
+  auto reload = std::async(std::launch::async, [&] { return manager.LoadModel("m"); });
+  // The swap happens once version 2 is ready; the reload then waits for the old requests.
+  for (int i = 0; i < 2000 && !(manager.Find("m", "").ok() && manager.Find("m", "")->version == 2); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto new_version = manager.Find("m", "");
+  ASSERT_TRUE(new_version.ok());
+  EXPECT_EQ(new_version->version, 2);
+  EXPECT_EQ(Send(*new_version, "5").get()->outputs[0].data, "5");
+  EXPECT_EQ(manager.Find("m", "1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+
+  old_backend->OpenGate();
+  auto first = running.get();
+  auto second = queued.get();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->outputs[0].data, "1");
+  EXPECT_EQ(second->outputs[0].data, "2");
+  EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);  // still held here
+  old_version = StatusOr<ServableModel>(absl::CancelledError("released"));
+  ASSERT_TRUE(reload.get().ok());
+  // The old scheduler stopped; the new one serves.
+  EXPECT_EQ(Send(*new_version, "6").get()->outputs[0].data, "6");
+}
+
+TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("m", {1}), "v1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+
+  factory.failures["m/2"] = "cannot load /repo/m/2/model.pt: truncated";
+  source.Put(Model("m", {2}), "v2");
+  Status status = manager.LoadModel("m");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("truncated"));
+  EXPECT_THAT(status.message(), HasSubstr("version(s) 1 keep serving"));
+  auto still = manager.Find("m", "");
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->version, 1);
+  EXPECT_EQ(Send(*still, "4").get()->outputs[0].data, "4");
+
+  source.Put(Broken("m", "config.pbtxt line 3: oops"), "v3");
+  status = manager.LoadModel("m");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("line 3: oops"));
+  EXPECT_TRUE(manager.Find("m", "1").ok());
+  EXPECT_TRUE(manager.AllReady());
+  auto index = manager.Index();
+  ASSERT_EQ(index.size(), 1u);
+  EXPECT_EQ(index[0].state, ModelState::kReady);
+}
+
+TEST(ModelControlTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("m", {1}), "v1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  auto servable = manager.Find("m", "");
+  ASSERT_TRUE(servable.ok());
+  FakeBackend* backend = factory.backend(0);
+  auto [running, queued] = HoldTwoRequests(backend, *servable);
+  auto unload = std::async(std::launch::async, [&] { return manager.UnloadModel("m"); });
+  for (int i = 0; i < 2000 && manager.Find("m", "").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  backend->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_TRUE(queued.get().ok());
+  servable = StatusOr<ServableModel>(absl::CancelledError("released"));
+  EXPECT_TRUE(unload.get().ok());
+}
+
+TEST(ModelControlTest, StopEndsADrainThatWouldWaitForever) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("m", {1}), "v1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  auto held = manager.Find("m", "");  // never released during the test
+  ASSERT_TRUE(held.ok());
+  auto unload = std::async(std::launch::async, [&] { return manager.UnloadModel("m"); });
+  EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  manager.Stop();
+  EXPECT_TRUE(unload.get().ok());
+  EXPECT_EQ(Send(*held, "1").get().status().code(), absl::StatusCode::kUnavailable);  // stopped
+  EXPECT_EQ(manager.LoadModel("m").code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ModelControlTest, PollLoadsNewReloadsChangedAndForgetsRemovedModels) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("a", {1}), "a1");
+  source.Put(Model("b", {1}), "b1");
+  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kPoll, &source));
+  ASSERT_TRUE(manager.LoadAll().ok());
+  const size_t initial_loads = factory.loads.size();
+  ASSERT_TRUE(manager.PollRepository().ok());
+  EXPECT_EQ(factory.loads.size(), initial_loads);  // nothing changed: nothing loads
+
+  source.Put(Model("a", {1}), "a1-touched");
+  source.Put(Model("c", {1}), "c1");
+  source.Remove("b");
+  ASSERT_TRUE(manager.PollRepository().ok());
+  EXPECT_EQ(factory.loads.size(), initial_loads + 2);  // a again, and c
+  EXPECT_TRUE(manager.Find("a", "").ok());
+  EXPECT_TRUE(manager.Find("c", "").ok());
+  EXPECT_EQ(manager.Find("b", "").status().code(), absl::StatusCode::kNotFound);
+  auto index = manager.Index();
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index[0].name, "a");
+  EXPECT_EQ(index[1].name, "c");
+  EXPECT_TRUE(manager.AllReady());
+
+  // A change that fails to load keeps the old version, and is not retried until the files
+  // change again.
+  factory.failures["a"] = "cannot load: half-copied file";
+  source.Put(Model("a", {1}), "a1-half-copied");
+  ASSERT_TRUE(manager.PollRepository().ok());
+  ASSERT_TRUE(manager.PollRepository().ok());
+  EXPECT_EQ(factory.loads.size(), initial_loads + 3);
+  EXPECT_TRUE(manager.Find("a", "").ok());
+  factory.failures.clear();
+  source.Put(Model("a", {1}), "a1-complete");
+  ASSERT_TRUE(manager.PollRepository().ok());
+  EXPECT_EQ(factory.loads.size(), initial_loads + 4);
+  EXPECT_TRUE(manager.Find("a", "").ok());
+}
+
+TEST(ModelControlTest, WithoutASourceControlIsAnError) {
+  FakeBackendFactory factory;
+  ModelManager manager(Models({Model("m", {1})}), &factory, {});
+  ASSERT_TRUE(manager.LoadAll().ok());
+  EXPECT_EQ(manager.LoadModel("m").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager.PollRepository().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

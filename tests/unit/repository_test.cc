@@ -383,5 +383,35 @@ TEST_F(RepositoryTest, MissingRootIsNotFound) {
   EXPECT_THAT(models.status().message(), HasSubstr("--model-repository"));
 }
 
+TEST_F(RepositoryTest, FingerprintChangesWithAnyFileAndSourceReadsOneModel) {
+  Write("m/config.pbtxt", kMinimal);
+  Write("m/1/model.pt", "x");
+  const std::string first = ReadModelDirectory(root_ / "m").fingerprint;
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(ReadModelDirectory(root_ / "m").fingerprint, first);  // nothing changed
+  Write("m/1/model.pt", "xy");
+  const std::string resized = ReadModelDirectory(root_ / "m").fingerprint;
+  EXPECT_NE(resized, first);
+  Write("m/2/model.pt", "xy");
+  EXPECT_NE(ReadModelDirectory(root_ / "m").fingerprint, resized);
+  // A broken model has a fingerprint too, so that fixing it is noticed.
+  Write("broken/config.pbtxt", "max_batch_size: [");
+  EXPECT_FALSE(ReadModelDirectory(root_ / "broken").fingerprint.empty());
+
+  DirectoryModelSource source(root_);
+  auto model = source.Read("m");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->versions.size(), 1u);
+  EXPECT_EQ(model->versions.begin()->first, 2);
+  EXPECT_EQ(source.Read("absent").status().code(), absl::StatusCode::kNotFound);
+  // A client-supplied name never leaves the repository.
+  for (const std::string& name : std::vector<std::string>{"", ".", "..", "../m", "m/1", ".hidden", std::string("m\0x", 3)}) {
+    EXPECT_EQ(source.Read(name).status().code(), absl::StatusCode::kInvalidArgument) << name;
+  }
+  auto all = source.Scan();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 2u);
+}
+
 }  // namespace
 }  // namespace sluice
