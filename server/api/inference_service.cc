@@ -1,6 +1,7 @@
 #include "server/api/inference_service.h"
 
 #include <mutex>
+#include <type_traits>
 
 #include "server/core/logging.h"
 
@@ -124,9 +125,12 @@ Status InferenceService::CheckControl(const grpc::CallbackServerContext& context
     return absl::NotFoundError(absl::StrCat("unknown repository '", request.repository_name(),
                                             "'; Sluice serves one repository (leave repository_name empty)"));
   }
-  if (!request.parameters().empty()) {
+  for (const auto& [key, value] : request.parameters()) {
+    // Unload's unload_dependents concerns ensembles, which Sluice does not have: nothing depends
+    // on a model, so either value means the same.
+    if (std::is_same_v<Request, inference::RepositoryModelUnloadRequest> && key == "unload_dependents") continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", request.parameters().begin()->first,
+        "parameter '", key,
         "' is not supported: Sluice loads models only as the repository has them (edit config.pbtxt "
         "and the version directories, then load)"));
   }

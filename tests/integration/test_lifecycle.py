@@ -64,7 +64,8 @@ def test_help_documents_every_flag():
     for flag in ("--model-repository", "--grpc-port", "--metrics-port", "--strict-readiness",
                  "--grpc-max-message-bytes", "--device", "--log-level", "--allow-metrics",
                  "--metrics-address", "--metrics-interval-ms", "--cudnn-benchmark", "--cudnn-deterministic",
-                 "--allow-tf32", "--warmup", "--print-env"):
+                 "--allow-tf32", "--warmup", "--print-env", "--model-control-mode", "--load-model",
+                 "--repository-poll-secs"):
         assert flag in result.stdout, flag
 
 

@@ -89,7 +89,7 @@ def test_live_ready_and_server_metadata(triton):
     assert triton.is_server_ready()  # --strict-readiness false: ready although some models are broken
     metadata = triton.get_server_metadata()
     assert metadata.name == "sluice"
-    assert list(metadata.extensions) == ["model_configuration", "statistics"]
+    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository"]
 
 
 def test_model_metadata_has_leading_batch_dimension(triton):
@@ -152,8 +152,7 @@ def test_broken_model_requests_are_unavailable(stub):
 
 
 def test_unimplemented_rpcs(stub):
-    for call, request in [(stub.RepositoryModelLoad, service_pb2.RepositoryModelLoadRequest(model_name="x")),
-                          (stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
+    for call, request in [(stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
                           (stub.CudaSharedMemoryStatus, service_pb2.CudaSharedMemoryStatusRequest())]:
         with pytest.raises(grpc.RpcError) as error:
             call(request, timeout=5)

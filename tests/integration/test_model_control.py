@@ -1,0 +1,348 @@
+"""Model control while serving (--model-control-mode explicit and poll), through tritonclient:
+load, reload to a new version under load with no failed request, a failed reload that keeps the
+old version, unload that waits for the requests it admitted, polling, the access guard, and
+memory across load/unload cycles."""
+import os
+import re
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from conftest import start_server
+from torch import nn
+from tritonclient.utils import InferenceServerException
+
+
+class AddVersion(nn.Module):
+    """OUTPUT__0 = INPUT__0 + version, after a little work so that requests overlap a reload."""
+
+    def __init__(self, version: int):
+        super().__init__()
+        self.version = float(version)
+        self.weight = nn.Parameter(torch.eye(64) * 0.5, requires_grad=False)
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        x = INPUT__0
+        for _ in range(40):
+            x = torch.tanh(x @ self.weight)
+        return INPUT__0 + self.version + x * 0.0
+
+
+class Slow(nn.Module):
+    """About a quarter of a second per request on one thread."""
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        w = torch.full([64, 64], 0.01)
+        x = INPUT__0
+        for _ in range(2500):
+            x = torch.tanh(x @ w) + 0.5
+        return INPUT__0 + 1.0 + x * 0.0
+
+
+class Heavy(nn.Module):
+    """An 8 MiB weight: a leak of the module per load/unload cycle shows in RSS."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1024, 2048) * 0.01, requires_grad=False)
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        return INPUT__0 @ self.weight
+
+
+CONFIG = ('max_batch_size: 8\n'
+          'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+          'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {out} ] }} ]\n'
+          'instance_group [ {{ kind: KIND_CPU count: 1 }} ]\n'
+          'parameters {{ key: "INTRA_OP_THREAD_COUNT" value {{ string_value: "1" }} }}\n'
+          '{extra}')
+
+
+def write_model(root, name, module, version, dims=64, out=64, extra="dynamic_batching { }\n"):
+    directory = os.path.join(root, name)
+    os.makedirs(os.path.join(directory, str(version)), exist_ok=True)
+    with open(os.path.join(directory, "config.pbtxt"), "w") as f:
+        f.write(CONFIG.format(dims=dims, out=out, extra=extra))
+    torch.jit.script(module).save(os.path.join(directory, str(version), "model.pt"))
+
+
+def infer(client, model, value=1.0, version=""):
+    data = np.full((1, 64), value, dtype=np.float32)
+    inputs = [grpcclient.InferInput("INPUT__0", list(data.shape), "FP32")]
+    inputs[0].set_data_from_numpy(data)
+    return client.infer(model, inputs, model_version=version)
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+
+
+@pytest.fixture()
+def repository(tmp_path):
+    root = tmp_path / "repository"
+    write_model(root, "adder", AddVersion(1), 1)
+    write_model(root, "slow", Slow(), 1, extra="")
+    return root
+
+
+def explicit_server(repository, tmp_path_factory, *extra):
+    return start_server(repository, tmp_path_factory,
+                        ["--model-control-mode", "explicit", "--load-model", "adder", *extra])
+
+
+def test_explicit_mode_loads_on_request_and_unloads(repository, tmp_path_factory):
+    server = explicit_server(repository, tmp_path_factory)
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+        assert index["adder"]["state"] == "READY"
+        assert index["slow"]["state"] == "UNAVAILABLE"
+        assert "not loaded" in index["slow"]["reason"]
+        assert client.is_server_ready()  # readiness counts the models asked for
+        assert not client.is_model_ready("slow")
+
+        client.load_model("slow")
+        assert client.is_model_ready("slow")
+        assert infer(client, "slow").as_numpy("OUTPUT__0")[0, 0] == 2.0
+
+        client.unload_model("adder")
+        assert not client.is_model_ready("adder")
+        with pytest.raises(InferenceServerException) as error:
+            infer(client, "adder")
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        assert "unloaded" in error.value.message()
+        index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+        assert (index["adder"]["state"], index["adder"]["reason"]) == ("UNAVAILABLE", "unloaded")
+        client.load_model("adder")
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0
+
+        for name, status, words in [("nope", "NOT_FOUND", "no model 'nope'"),
+                                    ("../adder", "INVALID_ARGUMENT", "not a model name"),
+                                    ("", "INVALID_ARGUMENT", "model_name is empty")]:
+            with pytest.raises(InferenceServerException) as error:
+                client.load_model(name)
+            assert error.value.status() == f"StatusCode.{status}", name
+            assert words in error.value.message()
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("adder", config='{"max_batch_size": 4}')
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "'config' is not supported" in error.value.message()
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0  # still serving
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_control_is_refused_outside_explicit_mode(triton):
+    for call in (triton.load_model, triton.unload_model):
+        with pytest.raises(InferenceServerException) as error:
+            call("dtype_fp32")
+        assert error.value.status() == "StatusCode.FAILED_PRECONDITION"
+        assert "--model-control-mode explicit" in error.value.message()
+    assert triton.is_model_ready("dtype_fp32")
+
+
+def test_load_model_flag_needs_explicit_mode_and_a_known_model(repository, tmp_path_factory):
+    from conftest import SERVER
+    import subprocess
+    for args, words in [(["--load-model", "adder"], "--load-model needs --model-control-mode explicit"),
+                        (["--model-control-mode", "explicit", "--load-model", "nope"], "has no such model")]:
+        result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0",
+                                 "--metrics-port", "0", *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0
+        assert words in result.stdout + result.stderr
+
+
+def test_reload_to_a_new_version_under_load_fails_no_request(repository, tmp_path_factory):
+    """Four clients send all the time; version 2 is written and loaded. Every request succeeds,
+    every answer matches the version that says it answered, and each client sees 1s then 2s."""
+    server = explicit_server(repository, tmp_path_factory)
+    stop = threading.Event()
+    seen = {i: [] for i in range(4)}
+    errors = []
+
+    def run(i):
+        client = grpcclient.InferenceServerClient(server.url)
+        value = float(i)
+        while not stop.is_set():
+            try:
+                result = infer(client, "adder", value)
+                version = int(result.get_response().model_version)
+                output = result.as_numpy("OUTPUT__0")
+                if not np.allclose(output, value + version):
+                    errors.append(f"version {version} answered {output[0, 0]} for {value}")
+                seen[i].append(version)
+            except InferenceServerException as error:
+                errors.append(f"{error.status()}: {error.message()}")
+        client.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    control = grpcclient.InferenceServerClient(server.url)
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        write_model(repository, "adder", AddVersion(2), 2)
+        started = time.monotonic()
+        control.load_model("adder")
+        load_seconds = time.monotonic() - started
+        after = infer(control, "adder", 0.0)
+        assert after.get_response().model_version == "2"
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        control.close()
+    log = server.log()
+    assert server.stop() == 0, log
+    assert errors == []
+    for i, versions in seen.items():
+        assert 1 in versions and 2 in versions, (i, versions[:5], versions[-5:])
+        switch = versions.index(2)
+        assert set(versions[switch:]) == {2}, f"client {i} saw version 1 after version 2"
+    assert "event=model_version_retired model=adder version=1" in log
+    print(f"reload took {load_seconds:.2f} s; requests: {sum(len(v) for v in seen.values())}")
+
+
+def test_a_failed_reload_keeps_the_old_version_serving(repository, tmp_path_factory):
+    server = explicit_server(repository, tmp_path_factory)
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        os.makedirs(repository / "adder" / "2")
+        (repository / "adder" / "2" / "model.pt").write_bytes(b"not a torchscript archive")
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("adder")
+        assert "version(s) 1 keep serving" in error.value.message()
+        result = infer(client, "adder", 1.0)
+        assert result.get_response().model_version == "1"
+        assert result.as_numpy("OUTPUT__0")[0, 0] == 2.0
+
+        shutil.rmtree(repository / "adder" / "2")
+        (repository / "adder" / "config.pbtxt").write_text("max_batch_size: [")
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("adder")
+        assert "keep serving" in error.value.message()
+        assert infer(client, "adder", 1.0).as_numpy("OUTPUT__0")[0, 0] == 2.0
+        assert client.is_server_ready()
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_unload_waits_for_the_requests_it_admitted(repository, tmp_path_factory):
+    server = start_server(repository, tmp_path_factory,
+                          ["--model-control-mode", "explicit", "--load-model", "slow"])
+    client = grpcclient.InferenceServerClient(server.url)
+    answers = []
+    done = threading.Event()
+
+    def callback(result, error):
+        answers.append((time.monotonic(), result, error))
+        if len(answers) == 3:
+            done.set()
+    try:
+        data = np.ones((1, 64), dtype=np.float32)
+        for _ in range(3):
+            inputs = [grpcclient.InferInput("INPUT__0", [1, 64], "FP32")]
+            inputs[0].set_data_from_numpy(data)
+            client.async_infer("slow", inputs, callback)
+        time.sleep(0.1)  # one runs, two wait in the queue
+        client.unload_model("slow")
+        unloaded = time.monotonic()
+        assert done.wait(30)
+        assert [error for _, _, error in answers] == [None, None, None]
+        assert all(result.as_numpy("OUTPUT__0")[0, 0] == 2.0 for _, result, _ in answers)
+        assert max(at for at, _, _ in answers) <= unloaded
+        assert not client.is_model_ready("slow")
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_poll_mode_follows_the_repository(repository, tmp_path_factory):
+    server = start_server(repository, tmp_path_factory,
+                          ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
+    client = grpcclient.InferenceServerClient(server.url)
+
+    def wait_for(condition, what):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    return
+            except InferenceServerException:  # NOT_FOUND until the poll sees the model
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{what}:\n{server.log()}")
+    try:
+        assert client.is_model_ready("adder") and client.is_model_ready("slow")
+        write_model(repository, "late", AddVersion(5), 1)
+        wait_for(lambda: client.is_model_ready("late"), "a new model was not loaded")
+        assert infer(client, "late", 1.0).as_numpy("OUTPUT__0")[0, 0] == 6.0
+
+        write_model(repository, "adder", AddVersion(3), 3)
+        wait_for(lambda: client.is_model_ready("adder", "3"), "a new version was not loaded")
+        assert infer(client, "adder", 1.0).as_numpy("OUTPUT__0")[0, 0] == 4.0
+
+        shutil.rmtree(repository / "slow")
+        wait_for(lambda: "slow" not in [m["name"] for m in
+                                        client.get_model_repository_index(as_json=True)["models"]],
+                 "a removed model was not unloaded")
+        for call in (client.load_model, client.unload_model):
+            with pytest.raises(InferenceServerException) as error:
+                call("adder")
+            assert "--model-control-mode poll" in error.value.message()
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_model_control_can_be_restricted_to_a_header(repository, tmp_path_factory):
+    server = explicit_server(repository, tmp_path_factory,
+                             "--grpc-restricted-protocol", "model-repository:admin-key=s3cret")
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        with pytest.raises(InferenceServerException) as error:
+            client.unload_model("adder")
+        assert error.value.status() == "StatusCode.UNAUTHENTICATED"
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("slow", headers={"admin-key": "guess"})
+        assert error.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0  # inference stays open
+        client.load_model("slow", headers={"admin-key": "s3cret"})
+        assert client.is_model_ready("slow")
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_load_unload_cycles_keep_memory_bounded(tmp_path, tmp_path_factory):
+    """15 cycles of a model holding 8 MiB of weights: a leak of the module per cycle would add
+    at least 8 MiB each; RSS after cycle 15 must stay within 24 MiB of RSS after cycle 3.
+    benchmarks/model_cycle_benchmark.py runs 50 cycles and reports the figures."""
+    root = tmp_path / "repository"
+    write_model(root, "heavy", Heavy(), 1, dims=1024, out=2048)
+    server = start_server(root, tmp_path_factory, ["--model-control-mode", "explicit"])
+    client = grpcclient.InferenceServerClient(server.url)
+    data = np.ones((1, 1024), dtype=np.float32)
+    rss = []
+    try:
+        for _ in range(15):
+            client.load_model("heavy")
+            inputs = [grpcclient.InferInput("INPUT__0", [1, 1024], "FP32")]
+            inputs[0].set_data_from_numpy(data)
+            client.infer("heavy", inputs)
+            client.unload_model("heavy")
+            rss.append(rss_bytes(server.process.pid))
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+    growth = rss[-1] - rss[2]
+    print("RSS MiB per cycle:", [round(r / 2**20, 1) for r in rss])
+    assert growth < 24 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 12 cycles"
