@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& url, Client
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls.enabled) {
     grpc::SslCredentialsOptions ssl;
+    if (!options.tls.target_name.empty()) arguments.SetSslTargetNameOverride(options.tls.target_name);
     if (!options.tls.root_cert.empty()) {
       SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(options.tls.root_cert, "--root-cert"));
     }

@@ -18,6 +18,9 @@ struct ClientTlsOptions {
   std::string root_cert;    // CA the server's certificate must be signed by; empty: the system's CAs
   std::string client_cert;  // for mutual TLS: this client's certificate chain ...
   std::string client_key;   // ... and its private key (both or neither)
+  // The name the server's certificate must carry, when it is not the host of the URL (a probe
+  // inside a pod connects to 127.0.0.1 while the certificate names the Service). Empty: the host.
+  std::string target_name;
 };
 
 struct ClientOptions {

@@ -99,8 +99,13 @@ int main(int argc, char** argv) {
   app.add_option("--root-cert", tls.root_cert, "PEM CA the server's certificate must be signed by (default: the system's)");
   app.add_option("--client-cert", tls.client_cert, "PEM certificate of this client, for mutual TLS");
   app.add_option("--client-key", tls.client_key, "PEM private key of this client, for mutual TLS");
+  app.add_option("--ssl-target-name", tls.target_name,
+                 "Name the server's certificate must carry when it is not the URL's host (e.g. a "
+                 "probe connecting to 127.0.0.1)");
 
   auto* health = app.add_subcommand("health", "Print whether the server is live and ready (exit 1 if not ready)");
+  bool live_only = false;
+  health->add_flag("--live", live_only, "Exit 0 when the server is live, ready or not (a liveness probe)");
   auto* models = app.add_subcommand("models", "List the repository's models, versions and states");
   std::string model, version;
   auto* metadata = app.add_subcommand("metadata", "Print a model's inputs and outputs");
@@ -137,7 +142,7 @@ int main(int argc, char** argv) {
     auto ready = client->ServerReady();
     if (!ready.ok()) return Fail(ready.status());
     std::cout << "live: " << (*live ? "true" : "false") << "\nready: " << (*ready ? "true" : "false") << "\n";
-    return *ready ? EXIT_SUCCESS : EXIT_FAILURE;
+    return (live_only ? *live : *ready) ? EXIT_SUCCESS : EXIT_FAILURE;
   }
   if (*models) {
     auto index = client->RepositoryIndex();

@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Installs everything Sluice needs to build, run and test on a fresh Debian 12 machine:
-# Debian packages (compiler toolchain, gRPC, Protobuf, spdlog, prometheus-cpp, GoogleTest, CLI11),
-# a virtual environment in ./.venv with the pinned PyPI packages (torch provides LibTorch), and the
-# third-party perf_analyzer binary. Idempotent: each step checks whether it is already done.
+# Installs everything Sluice needs to build, run and test on a fresh Debian 12 or Ubuntu 24.04
+# machine: distribution packages (compiler toolchain, gRPC, Protobuf, spdlog, prometheus-cpp,
+# GoogleTest, CLI11), a virtual environment in ./.venv with the pinned PyPI packages (torch
+# provides LibTorch), and the third-party perf_analyzer binary. Idempotent: each step checks
+# whether it is already done.
+# SLUICE_SETUP_PROFILE=build (the container image's build stage) installs only what building
+# needs: no test tools (Prometheus, valgrind, clang, openssl, nginx, perf_analyzer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
+PROFILE=${SLUICE_SETUP_PROFILE:-test}
+case "$PROFILE" in build|test) ;; *) echo "SLUICE_SETUP_PROFILE must be build or test" >&2; exit 2 ;; esac
+
+# shellcheck source=/dev/null
+. /etc/os-release
+case "${ID}:${VERSION_ID}" in
+  debian:12) CLANG_RT=libclang-rt-14-dev NGINX=nginx-light ;;
+  ubuntu:24.04) CLANG_RT=libclang-rt-18-dev NGINX=nginx ;;
+  *) echo "[setup] warning: ${PRETTY_NAME:-this system} is not Debian 12 or Ubuntu 24.04; trying anyway" >&2
+     CLANG_RT=libclang-rt-dev NGINX=nginx ;;
+esac
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache git pkg-config python3-venv unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev
-  libb64-0d  # perf_analyzer's one shared-library need beyond libc and OpenSSL
-  openssl     # the TLS tests make certificates
-  prometheus  # the metrics tests scrape the server with a real Prometheus
-  valgrind    # the metrics cost benchmark counts instructions with callgrind
-  clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
 )
+if [ "$PROFILE" = test ]; then
+  APT_PACKAGES+=(
+    libb64-0d  # perf_analyzer's one shared-library need beyond libc and OpenSSL
+    openssl     # the TLS tests make certificates
+    prometheus  # the metrics tests scrape the server with a real Prometheus
+    valgrind    # the metrics cost benchmark counts instructions with callgrind
+    clang "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
+    "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)
+  )
+fi
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -47,6 +66,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" >"$stamp"
 else
   log "Python packages: up to date"
+fi
+
+if [ "$PROFILE" = build ]; then
+  log "done (build profile: no test tools)"
+  exit 0
 fi
 
 # perf_analyzer is not published on PyPI on its own any more (the perf-analyzer project there is a

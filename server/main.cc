@@ -1,6 +1,8 @@
 // sluice-server: serves the TorchScript models of a Triton-layout model repository over the
 // KServe v2 / Triton gRPC protocol.
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <csignal>
 #include <cstdio>
 #include <map>
@@ -40,13 +42,15 @@ struct Flags {
   std::string log_level = "info";
   size_t max_queue_size = 1024;
   size_t max_queued_bytes = size_t{2} << 30;
-  int shutdown_grace_ms = 5000;
+  double shutdown_delay_seconds = 0;
+  double shutdown_grace_seconds = 30;
   std::string cudnn_benchmark = "auto";
   bool cudnn_deterministic = false;
   bool allow_tf32 = true;
   bool warmup = true;
   bool print_env = false;
   sluice::GrpcTlsOptions tls;
+  sluice::GrpcConnectionOptions connections;
   std::vector<std::string> restricted_protocols;
   std::string model_control_mode = "none";
   std::vector<std::string> load_models;
@@ -118,8 +122,17 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "requests get UNAVAILABLE (memory stays bounded at any load)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
-                 "On SIGINT/SIGTERM, how long calls in flight may take to finish")
+  app.add_option("--shutdown-delay-seconds", flags.shutdown_delay_seconds,
+                 "On SIGINT/SIGTERM, readiness turns NOT_SERVING at once (liveness stays SERVING) "
+                 "and the server keeps serving new calls this long, so that load balancers and "
+                 "Kubernetes endpoints stop sending before it stops accepting; a second signal "
+                 "cuts the delay short")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--shutdown-grace-seconds", flags.shutdown_grace_seconds,
+                 "After the delay: new calls are refused, and the calls in flight (running and "
+                 "queued) have this long to finish before they are cancelled; then the process "
+                 "exits 0")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--cudnn-benchmark", flags.cudnn_benchmark,
@@ -138,6 +151,45 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--warmup", flags.warmup,
                  "Run every shape of each model's shape set (and its model_warmup samples) on "
                  "every instance before the model reports ready; false: cold start")
+      ->capture_default_str();
+  sluice::GrpcConnectionOptions& c = flags.connections;
+  app.add_option("--grpc-max-connection-age-ms", c.max_connection_age_ms,
+                 "Close each client connection after this long (the client reconnects): behind an "
+                 "L4 load balancer (kube-proxy, cloud LBs), which balances connections and not "
+                 "calls, long-lived clients then spread over the replicas. 0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-max-connection-age-grace-ms", c.max_connection_age_grace_ms,
+                 "How long calls in flight on an aged connection may still take. 0: unbounded")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-max-connection-idle-ms", c.max_connection_idle_ms,
+                 "Close connections idle this long. 0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-keepalive-time", c.keepalive_time_ms,
+                 "Milliseconds between the server's keepalive pings. 0: gRPC's default (2 hours)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-keepalive-timeout", c.keepalive_timeout_ms,
+                 "Milliseconds to wait for a keepalive ping's answer before closing. 0: gRPC's default (20 s)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-keepalive-permit-without-calls", c.keepalive_permit_without_calls,
+                 "Allow keepalive pings on connections without calls (both ways)")
+      ->capture_default_str();
+  app.add_option("--grpc-http2-max-pings-without-data", c.http2_max_pings_without_data,
+                 "Pings the server sends without data before it must wait for data. -1: gRPC's default")
+      ->check(CLI::Range(-1, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--grpc-http2-min-recv-ping-interval-without-data", c.http2_min_recv_ping_interval_without_data_ms,
+                 "Milliseconds a client must leave between pings without data; faster ones count as "
+                 "strikes. 0: gRPC's default (5 minutes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grpc-http2-max-ping-strikes", c.http2_max_ping_strikes,
+                 "Strikes before the server closes the connection (0: unlimited). -1: gRPC's default (2)")
+      ->check(CLI::Range(-1, 1 << 30))
       ->capture_default_str();
   app.add_option("--grpc-use-ssl", flags.tls.enabled,
                  "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)")
@@ -342,6 +394,7 @@ int main(int argc, char** argv) {
   server_options.port = flags.grpc_port;
   server_options.max_message_bytes = flags.grpc_max_message_bytes;
   server_options.tls = flags.tls;
+  server_options.connections = flags.connections;
   auto server = sluice::GrpcServer::Start(server_options, &service);
   if (!server.ok()) {
     spdlog::critical("event=start_failed reason=\"{}\"", server.status().message());
@@ -391,9 +444,23 @@ int main(int argc, char** argv) {
     (*server)->Shutdown(0);
     return EXIT_FAILURE;
   }
-  spdlog::info("event=shutdown signal={} grace_ms={}", strsignal(signal_number), flags.shutdown_grace_ms);
+  // Drain: not ready at once (probes and load balancers stop sending), still serving for the
+  // delay, then no new calls and the ones in flight finish within the grace period.
+  service.BeginDrain();
+  (*server)->RefreshHealth();
+  spdlog::info("event=draining signal={} delay_s={} grace_s={}", strsignal(signal_number),
+               flags.shutdown_delay_seconds, flags.shutdown_grace_seconds);
+  if (flags.shutdown_delay_seconds > 0) {
+    const auto delay = std::chrono::duration<double>(flags.shutdown_delay_seconds);
+    const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+    timespec timeout{static_cast<time_t>(nanos / 1000000000), static_cast<long>(nanos % 1000000000)};
+    if (sigtimedwait(&signals, nullptr, &timeout) > 0) {
+      spdlog::info("event=drain_delay_cut reason=\"second signal\"");
+    }
+  }
   if (poller) poller->Stop();
-  (*server)->Shutdown(flags.shutdown_grace_ms);
+  spdlog::info("event=shutdown action=\"refusing new calls, finishing those in flight\"");
+  (*server)->Shutdown(static_cast<int>(flags.shutdown_grace_seconds * 1000));
   manager.SetChangeListener(nullptr);
   manager.Stop();
   spdlog::info("event=stopped");

@@ -40,6 +40,20 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   // Without this, gRPC sets SO_REUSEPORT and a second server on the same port starts "fine" and
   // silently takes half of the traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const GrpcConnectionOptions& c = options.connections;
+  auto set = [&builder](const char* name, int value, bool wanted) {
+    if (wanted) builder.AddChannelArgument(name, value);
+  };
+  set(GRPC_ARG_MAX_CONNECTION_AGE_MS, c.max_connection_age_ms, c.max_connection_age_ms > 0);
+  set(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, c.max_connection_age_grace_ms, c.max_connection_age_grace_ms > 0);
+  set(GRPC_ARG_MAX_CONNECTION_IDLE_MS, c.max_connection_idle_ms, c.max_connection_idle_ms > 0);
+  set(GRPC_ARG_KEEPALIVE_TIME_MS, c.keepalive_time_ms, c.keepalive_time_ms > 0);
+  set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, c.keepalive_timeout_ms, c.keepalive_timeout_ms > 0);
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1, c.keepalive_permit_without_calls);
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, c.http2_max_pings_without_data, c.http2_max_pings_without_data >= 0);
+  set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, c.http2_min_recv_ping_interval_without_data_ms,
+      c.http2_min_recv_ping_interval_without_data_ms > 0);
+  set(GRPC_ARG_HTTP2_MAX_PING_STRIKES, c.http2_max_ping_strikes, c.http2_max_ping_strikes >= 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);

@@ -161,7 +161,7 @@ Status InferenceService::Allow(const grpc::CallbackServerContext& context, Proto
 }
 
 bool InferenceService::Ready() const {
-  if (!started_ || !Live()) return false;
+  if (!started_ || draining_ || !Live()) return false;
   return !options_.readiness.strict || manager_->AllReady();
 }
 

@@ -45,7 +45,10 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
 
   // Marks the server as started (models may still be loading). Until then ServerReady is false.
   void SetStarted() { started_ = true; }
-  // The readiness rule; see ReadinessPolicy. Never ready when not live.
+  // The server is shutting down: from now on never ready (liveness is unchanged), so that
+  // load balancers stop sending while calls are still served. Irreversible.
+  void BeginDrain() { draining_ = true; }
+  // The readiness rule; see ReadinessPolicy. Never ready when not live or draining.
   bool Ready() const;
   bool Live() const { return options_.liveness == nullptr || options_.liveness->live(); }
 
@@ -100,6 +103,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
   std::atomic<bool> started_{false};
+  std::atomic<bool> draining_{false};
 
   std::mutex control_mutex_;
   std::condition_variable control_wake_;

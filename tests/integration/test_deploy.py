@@ -1,0 +1,318 @@
+"""The container image and the Kubernetes manifests, checked without a Docker engine or a
+cluster: the Dockerfile is linted (hadolint) and every path it copies exists; the image's
+contents are staged with the same script the Dockerfile runs (scripts/package.sh) and the staged
+server must run from there alone; the kustomizations render (kubectl kustomize), the core kinds
+validate against the Kubernetes schemas (kubernetes-validate, strict), the custom resources
+(KEDA, KServe) carry what they need, everything passes yamllint, and the numbers that must agree
+(drain timings, ports, probe services, metric names) agree."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from conftest import BIN_DIR, ROOT, free_port
+
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
+K8S = os.path.join(ROOT, "deploy", "k8s")
+KUSTOMIZATIONS = ["base", "overlays/production", "overlays/example-models", "overlays/tls", "kserve"]
+KUBERNETES_VERSION = "1.32.0"
+
+
+def run(*args, **kwargs):
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+# ---- container image ---------------------------------------------------------------------------
+
+def dockerfile_instructions():
+    """(instruction, arguments) per logical line, continuation lines joined."""
+    text = open(DOCKERFILE).read().replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            yield word.upper(), rest.strip()
+
+
+def test_dockerfile_passes_hadolint():
+    result = run(os.path.join(VENV_BIN, "hadolint"), DOCKERFILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_path_the_dockerfile_copies_exists_and_is_not_ignored():
+    ignored = [line.strip() for line in open(os.path.join(ROOT, ".dockerignore"))
+               if line.strip() and not line.startswith("#")]
+    copied = []
+    for instruction, rest in dockerfile_instructions():
+        if instruction != "COPY" or "--from=" in rest:
+            continue
+        sources = shlex.split(rest)[:-1]
+        copied += sources
+        for source in sources:
+            assert os.path.exists(os.path.join(ROOT, source)), f"COPY {source}: no such path"
+            assert source.rstrip("/") not in ignored, f"COPY {source} is excluded by .dockerignore"
+    # What the build stage runs must be in what it copies.
+    assert {"scripts/", "server/", "proto/", "client/", "requirements.txt"} <= set(copied)
+    runs = " ".join(rest for instruction, rest in dockerfile_instructions() if instruction == "RUN")
+    for script in ("scripts/setup.sh", "scripts/build.sh", "scripts/package.sh"):
+        assert script in runs
+
+
+def test_runtime_stage_is_slim_non_root_and_healthchecked():
+    stages = [rest for instruction, rest in dockerfile_instructions() if instruction == "FROM"]
+    assert len(stages) == 2
+    assert re.match(r"nvidia/cuda:\$\{CUDA_VERSION\}-cudnn-devel-ubuntu\$\{UBUNTU_VERSION\} AS build", stages[0])
+    # The runtime base has no cuDNN: the torch wheel's is the only copy.
+    assert re.match(r"nvidia/cuda:\$\{CUDA_VERSION\}-base-ubuntu\$\{UBUNTU_VERSION\} AS runtime", stages[1])
+    runtime = list(dockerfile_instructions())
+    runtime = runtime[[i for i, (ins, rest) in enumerate(runtime) if ins == "FROM"][1]:]
+    by_instruction = {}
+    for instruction, rest in runtime:
+        by_instruction.setdefault(instruction, []).append(rest)
+    assert by_instruction["USER"] == ["10001:10001"]
+    assert "8001 8002" in by_instruction["EXPOSE"]
+    assert any("/models" in volume for volume in by_instruction["VOLUME"])
+    assert "sluice-client" in by_instruction["HEALTHCHECK"][0] and "health" in by_instruction["HEALTHCHECK"][0]
+    assert [rest for rest in by_instruction["COPY"]] == ["--from=build /opt/sluice /opt/sluice"]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """The image's /opt/sluice, staged by scripts/package.sh (torch and CUDA libraries linked)."""
+    destination = tmp_path_factory.mktemp("package") / "sluice"
+    result = run(os.path.join(ROOT, "scripts", "package.sh"), "--link", str(destination),
+                 env={**os.environ, "SLUICE_BUILD_DIR": os.path.dirname(BIN_DIR)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return destination
+
+
+def resolved_libraries(binary):
+    result = run("ldd", str(binary), env={"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    libraries = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>":
+            libraries[parts[0]] = parts[2]
+    return libraries
+
+
+def test_package_is_self_contained_with_one_copy_of_each_library(package):
+    for binary in ("sluice-server", "sluice-client"):
+        libraries = resolved_libraries(package / "bin" / binary)
+        assert "not" not in libraries.values(), f"{binary}: {libraries}"
+        for soname, path in libraries.items():
+            assert ROOT not in path, f"{binary} loads {soname} from the source tree: {path}"
+        if binary == "sluice-server":
+            for soname in ("libtorch_cuda.so", "libc10.so", "libcudnn.so.9", "libgrpc++.so.1.51"):
+                assert any(s.startswith(soname.split(".so")[0]) for s in libraries), soname
+            torch_paths = [p for s, p in libraries.items() if s.startswith(("libtorch", "libc10", "libcudnn"))]
+            assert all(p.startswith(str(package)) for p in torch_paths), torch_paths
+    sonames = {}
+    for directory, _, files in os.walk(package):
+        for name in files:
+            if ".so" in name:
+                sonames.setdefault(name, []).append(os.path.join(directory, name))
+    duplicates = {name: paths for name, paths in sonames.items() if len(paths) > 1}
+    assert duplicates == {}
+    assert not [name for name in sonames if name.startswith("libcudart")], "libcudart is the base image's"
+    assert [name for name in sonames if name.startswith("libcudnn.so")] == ["libcudnn.so.9"]
+
+
+def test_packaged_server_serves_the_example_models_and_the_tag_names_the_line_up(package):
+    versions = dict(line.split("=", 1) for line in (package / "VERSIONS").read_text().split())
+    tag = run(os.path.join(ROOT, "docker", "image-tag.sh"), str(package / "VERSIONS")).stdout.strip()
+    assert tag == (f"sluice:{versions['sluice']}-torch{versions['torch']}-cuda{versions['cuda']}"
+                   f"-cudnn{versions['cudnn']}")
+    assert re.fullmatch(r"sluice:\d+\.\d+\.\d+-torch[\d.]+-cuda[\d.]+-cudnn[\d.]+", tag)
+
+    port = free_port()
+    clean = {"PATH": f"{package}/bin:/usr/bin:/bin", "HOME": "/tmp"}  # as the image's, no venv
+    server = subprocess.Popen(["sluice-server", "--model-repository", str(package / "models"),
+                               "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
+                               "--metrics-port", "0", "--device", "cpu"],
+                              env=clean, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            health = run("sluice-client", "--url", f"127.0.0.1:{port}", "health", env=clean)
+            if health.returncode == 0 or time.monotonic() > deadline or server.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert health.returncode == 0, health.stdout + health.stderr
+        assert "ready: true" in health.stdout
+        models = run("sluice-client", "--url", f"127.0.0.1:{port}", "models", env=clean).stdout
+        assert "mlp\t1\tREADY" in models and "convnet\t1\tREADY" in models
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, output
+
+
+# ---- Kubernetes --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rendered():
+    documents = {}
+    for kustomization in KUSTOMIZATIONS:
+        result = run("kubectl", "kustomize", os.path.join(K8S, kustomization))
+        assert result.returncode == 0, f"{kustomization}: {result.stderr}"
+        documents[kustomization] = (result.stdout, [d for d in yaml.safe_load_all(result.stdout) if d])
+    return documents
+
+
+def one(documents, kind):
+    found = [d for d in documents if d["kind"] == kind]
+    assert len(found) == 1, f"{kind}: {len(found)}"
+    return found[0]
+
+
+def args_of(container):
+    return dict(arg.lstrip("-").split("=", 1) for arg in container["args"] if "=" in arg)
+
+
+def test_kustomizations_validate_against_the_kubernetes_schemas(rendered, tmp_path):
+    for kustomization, (text, documents) in rendered.items():
+        path = tmp_path / (kustomization.replace("/", "_") + ".yaml")
+        path.write_text(text)
+        result = run(os.path.join(VENV_BIN, "kubernetes-validate"), "--strict", "--quiet",
+                     "-k", KUBERNETES_VERSION, str(path))
+        assert result.returncode == 0, f"{kustomization}:\n{result.stdout}{result.stderr}"
+        # Only the custom resources are allowed to be unknown to the schemas.
+        for line in result.stdout.splitlines():
+            assert re.search(r"Couldn't find schema for kind (ScaledObject|ServingRuntime|InferenceService) ", line), line
+
+
+def test_yamllint_passes_on_sources_and_rendered_output(rendered, tmp_path):
+    config = os.path.join(ROOT, "deploy", ".yamllint.yaml")
+    files = [K8S]
+    for kustomization, (text, _) in rendered.items():
+        path = tmp_path / (kustomization.replace("/", "_") + ".yaml")
+        path.write_text(text)
+        files.append(str(path))
+    result = run(os.path.join(VENV_BIN, "yamllint"), "-c", config, "--strict", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_deployment_drain_probes_and_security(rendered):
+    documents = rendered["overlays/production"][1]
+    deployment = one(documents, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = args_of(container)
+    # The drain fits the grace period: preStop, then the server's delay and grace.
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = pre_stop + float(args["shutdown-delay-seconds"]) + float(args["shutdown-grace-seconds"])
+    assert pod["terminationGracePeriodSeconds"] > drain
+    assert float(args["shutdown-delay-seconds"]) > 0
+    assert int(args["grpc-max-connection-age-ms"]) > 0
+    # Native gRPC probes on the health service names the server answers for.
+    grpc_port = {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"]
+    assert int(args["grpc-port"]) == grpc_port
+    assert container["livenessProbe"]["grpc"] == {"port": grpc_port, "service": "live"}
+    assert container["readinessProbe"]["grpc"] == {"port": grpc_port, "service": "ready"}
+    assert container["startupProbe"]["grpc"] == {"port": grpc_port, "service": "ready"}
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == int(args["metrics-port"])
+    assert container["image"].startswith("sluice:") and "-torch" in container["image"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts[args["model-repository"]]["readOnly"] is True
+
+
+def test_services_budget_and_autoscaling(rendered):
+    documents = rendered["overlays/production"][1]
+    deployment = one(documents, "Deployment")
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    public = services["sluice"]
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert public["spec"]["selector"] == labels
+    assert public["spec"]["ports"][0]["appProtocol"] == "kubernetes.io/h2c"
+    headless = services["sluice-headless"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == labels
+    assert one(documents, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == labels
+    # One autoscaler: KEDA's ScaledObject (it owns the HPA), on a metric the server exports.
+    assert not [d for d in documents if d["kind"] == "HorizontalPodAutoscaler"]
+    scaled = one(documents, "ScaledObject")
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert scaled["spec"]["minReplicaCount"] >= 2
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "prometheus"
+    for key in ("serverAddress", "query", "threshold"):
+        assert trigger["metadata"][key]
+    metric = re.match(r"sum\((\w+)\{", trigger["metadata"]["query"]).group(1)
+    sources = open(os.path.join(ROOT, "server", "metrics", "server_metrics.cc")).read()
+    assert f'Name("{metric}")' in sources, f"the server exports no {metric}"
+
+
+def test_tls_overlay_wires_the_secret_and_probes_with_sluice_client(rendered):
+    documents = rendered["overlays/tls"][1]
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = args_of(container)
+    assert args["grpc-use-ssl"] == "true"
+    secret = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"]
+    assert secret == "sluice-tls"
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["tls"]
+    assert args["grpc-server-cert"] == f"{mount}/tls.crt" and args["grpc-server-key"] == f"{mount}/tls.key"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert "grpc" not in container[probe]
+        command = container[probe]["exec"]["command"]
+        assert command[0] == "sluice-client" and "--ssl" in command and "health" in command
+    assert "--live" in container["livenessProbe"]["exec"]["command"]
+    # The probe commands are ones sluice-client accepts.
+    help_text = run(os.path.join(BIN_DIR, "sluice-client"), "--help").stdout
+    for flag in ("--ssl-target-name", "--root-cert", "--timeout-ms"):
+        assert flag in help_text
+    assert "--live" in run(os.path.join(BIN_DIR, "sluice-client"), "health", "--help").stdout
+
+
+def test_example_models_overlay_needs_no_volume_claim(rendered):
+    documents = rendered["overlays/example-models"][1]
+    assert not [d for d in documents if d["kind"] == "PersistentVolumeClaim"]
+    pod = one(documents, "Deployment")["spec"]["template"]["spec"]
+    models = {v["name"]: v for v in pod["volumes"]}["models"]
+    assert "emptyDir" in models and "persistentVolumeClaim" not in models
+    init = pod["initContainers"][0]
+    assert init["image"] == pod["containers"][0]["image"]
+    assert "/opt/sluice/models/." in init["command"]
+
+
+def test_kserve_runtime_and_inference_service(rendered):
+    documents = rendered["kserve"][1]
+    runtime = one(documents, "ServingRuntime")
+    spec = runtime["spec"]
+    assert "grpc-v2" in spec["protocolVersions"]
+    formats = {f["name"] for f in spec["supportedModelFormats"]}
+    container = spec["containers"][0]
+    assert container["name"] == "kserve-container"
+    assert args_of(container)["model-repository"] == "/mnt/models"
+    assert container["ports"][0]["containerPort"] == int(args_of(container)["grpc-port"])
+    service = one(documents, "InferenceService")
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in formats
+    assert model["protocolVersion"] == "grpc-v2"
+    assert model["storageUri"]
+
+
+def test_metrics_the_dashboards_and_autoscaler_use_are_served(bundled_server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{bundled_server.metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert re.search(r"^sluice_pending_requests\{", text, re.M)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
