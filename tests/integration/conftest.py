@@ -23,6 +23,18 @@ CLIENT = os.path.join(BIN_DIR, "sluice-client")
 sys.path.insert(0, HERE)
 
 
+def _built_with_asan():
+    try:
+        return "libasan" in subprocess.run(["ldd", SERVER], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+# True for the AddressSanitizer build (scripts/sanitize.sh): its allocator keeps freed memory in
+# a quarantine, so RSS figures say nothing about leaks there (LeakSanitizer checks those).
+ASAN_BUILD = _built_with_asan()
+
+
 def free_port():
     """A port the OS says is free on loopback (bound, then released for the server to take)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

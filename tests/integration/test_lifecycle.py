@@ -65,7 +65,11 @@ def test_help_documents_every_flag():
                  "--grpc-max-message-bytes", "--device", "--log-level", "--allow-metrics",
                  "--metrics-address", "--metrics-interval-ms", "--cudnn-benchmark", "--cudnn-deterministic",
                  "--allow-tf32", "--warmup", "--print-env", "--model-control-mode", "--load-model",
-                 "--repository-poll-secs"):
+                 "--repository-poll-secs", "--shutdown-delay-seconds", "--shutdown-grace-seconds",
+                 "--grpc-max-connection-age-ms", "--grpc-max-connection-age-grace-ms",
+                 "--grpc-max-connection-idle-ms", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
+                 "--grpc-keepalive-permit-without-calls", "--grpc-http2-max-pings-without-data",
+                 "--grpc-http2-min-recv-ping-interval-without-data", "--grpc-http2-max-ping-strikes"):
         assert flag in result.stdout, flag
 
 
