@@ -9,6 +9,17 @@ from conftest import start_server
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no usable CUDA GPU")
 
 
+class Big(torch.nn.Module):
+    """256 MiB of weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8192, 8192) * 0.01, requires_grad=False)
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        return INPUT__0 @ self.weight
+
+
 def test_bundled_models_on_cuda_match_torch(bundled_repository, tmp_path_factory):
     server = start_server(bundled_repository, tmp_path_factory, ["--device", "cuda"])
     try:
@@ -77,3 +88,33 @@ def test_print_env_lists_the_gpus():
     assert f"gpu 0: {torch.cuda.get_device_name(0)}, compute capability " in out
     assert "result: " in out and "GPU(s) usable" in out
     assert "problem: " not in out, out
+
+
+def test_load_unload_cycles_give_gpu_memory_back(tmp_path_factory):
+    """10 load/unload cycles of a model with 256 MiB of weights on the GPU: the device's free
+    memory (all processes) must come back each time. A leaked module would keep 256 MiB per
+    cycle; the caching allocator keeping its blocks would keep them too (ReleaseCachedMemory
+    empties it after each unload)."""
+    from test_model_control import write_model
+
+    root = tmp_path_factory.mktemp("gpu_cycles")
+    write_model(root, "big", Big(), 1, dims=8192, out=8192)
+    config = (root / "big" / "config.pbtxt").read_text().replace("KIND_CPU", "KIND_GPU")
+    (root / "big" / "config.pbtxt").write_text(config)
+    server = start_server(root, tmp_path_factory, ["--device", "cuda", "--model-control-mode", "explicit"])
+    client = grpcclient.InferenceServerClient(url=server.url)
+    data = np.ones((1, 8192), dtype=np.float32)
+    free = []
+    try:
+        for _ in range(10):
+            client.load_model("big")
+            inputs = [grpcclient.InferInput("INPUT__0", [1, 8192], "FP32")]
+            inputs[0].set_data_from_numpy(data)
+            client.infer("big", inputs)
+            client.unload_model("big")
+            free.append(torch.cuda.mem_get_info(0)[0])
+    finally:
+        client.close()
+        assert server.stop() == 0, server.log()
+    print("free GPU MiB after each unload:", [f // 2**20 for f in free])
+    assert free[1] - free[-1] < 64 * 2**20, "GPU memory was not given back"
