@@ -386,7 +386,6 @@ int main(int argc, char** argv) {
       spdlog::info("event=protocol_restricted group={} header={}", sluice::ProtocolGroupName(group), restriction.key);
     }
   }
-  service_options.model_control = control_mode;
   sluice::InferenceService service(&manager, service_options);
 
   sluice::GrpcServerOptions server_options;

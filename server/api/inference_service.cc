@@ -115,10 +115,11 @@ grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerConte
 template <typename Request>
 Status InferenceService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
-  if (options_.model_control != ModelControlMode::kExplicit) {
+  // RepositoryModelLoad/Unload work only in explicit mode (see ModelControlMode).
+  if (manager_->control_mode() != ModelControlMode::kExplicit) {
     return absl::FailedPreconditionError(absl::StrCat(
         "models cannot be loaded or unloaded over gRPC with --model-control-mode ",
-        ModelControlModeName(options_.model_control),
+        ModelControlModeName(manager_->control_mode()),
         "; start the server with --model-control-mode explicit"));
   }
   if (!request.repository_name().empty()) {

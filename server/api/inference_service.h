@@ -34,8 +34,6 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
-    // RepositoryModelLoad/Unload work only in explicit mode (see ModelControlMode).
-    ModelControlMode model_control = ModelControlMode::kNone;
   };
 
   // `manager` must outlive the service.

@@ -52,14 +52,9 @@ ModelManager::ModelManager(std::vector<RepositoryModel> models, BackendFactory* 
   for (RepositoryModel& model : models) {
     Entry entry;
     entry.wanted = !explicit_mode || startup.count("*") > 0 || startup.count(model.name) > 0;
-    if (entry.wanted && model.status.ok()) {
-      for (const auto& [version, path] : model.versions) {
-        VersionSlot slot;
-        slot.version = version;
-        entry.versions.push_back(std::move(slot));
-      }
-    }
-    if (!entry.wanted) {
+    if (entry.wanted) {
+      entry.versions = LoadingSlots(model);
+    } else {
       entry.reason = "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)";
     }
     const std::string name = model.name;
@@ -69,6 +64,17 @@ ModelManager::ModelManager(std::vector<RepositoryModel> models, BackendFactory* 
 }
 
 ModelManager::~ModelManager() { Stop(); }
+
+std::vector<ModelManager::VersionSlot> ModelManager::LoadingSlots(const RepositoryModel& model) {
+  std::vector<VersionSlot> slots;
+  if (!model.status.ok()) return slots;
+  for (const auto& [version, path] : model.versions) {
+    VersionSlot slot;
+    slot.version = version;
+    slots.push_back(std::move(slot));
+  }
+  return slots;
+}
 
 StatusOr<std::shared_ptr<Scheduler>> ModelManager::LoadVersion(const RepositoryModel& model,
                                                                const std::filesystem::path& file,
@@ -276,14 +282,7 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
       entry.model = model;
       entry.wanted = true;
       entry.reason = model->status.ok() ? "" : std::string(model->status.message());
-      entry.versions.clear();
-      if (model->status.ok()) {
-        for (const auto& [version, path] : model->versions) {
-          VersionSlot slot;
-          slot.version = version;
-          entry.versions.push_back(std::move(slot));
-        }
-      }
+      entry.versions = LoadingSlots(*model);
     }
   }
   const std::string kept =

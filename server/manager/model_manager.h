@@ -166,6 +166,8 @@ class ModelManager {
   // The tuning of every ready version, in repository order.
   std::vector<ModelTuning> Tunings() const;
 
+  ModelControlMode control_mode() const { return options_.control_mode; }
+
   // Called (on the control caller's thread) after every LoadModel, UnloadModel and
   // PollRepository, when readiness may have changed; the server refreshes its health service.
   // Null: nothing. Not called with any manager lock held.
@@ -209,6 +211,8 @@ class ModelManager {
     Duration load_time{0};
   };
 
+  // A LOADING slot per selected version of `model` (none when it is broken).
+  static std::vector<VersionSlot> LoadingSlots(const RepositoryModel& model);
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
   Status Install(std::shared_ptr<const RepositoryModel> model);
   LoadedVersion LoadOneVersion(const RepositoryModel& model, int64_t version);

@@ -79,7 +79,7 @@ def test_runtime_stage_is_slim_non_root_and_healthchecked():
     assert "8001 8002" in by_instruction["EXPOSE"]
     assert any("/models" in volume for volume in by_instruction["VOLUME"])
     assert "sluice-client" in by_instruction["HEALTHCHECK"][0] and "health" in by_instruction["HEALTHCHECK"][0]
-    assert [rest for rest in by_instruction["COPY"]] == ["--from=build /opt/sluice /opt/sluice"]
+    assert by_instruction["COPY"] == ["--from=build /opt/sluice /opt/sluice"]
 
 
 @pytest.fixture(scope="module")

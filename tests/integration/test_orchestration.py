@@ -144,17 +144,15 @@ class Nginx:
         self.process.wait(timeout=30)
 
 
-COMMON = """daemon off;
-user {user};
-worker_processes 1;
-pid {dir}/nginx.pid;
-events {{ worker_connections 1024; }}
-"""
+def prologue(directory):
+    """What both nginx configs start with: foreground, this user, one worker."""
+    return (f"daemon off;\nuser {getpass.getuser()};\nworker_processes 1;\npid {directory}/nginx.pid;\n"
+            "events { worker_connections 1024; }\n")
 
 
 def l7_config(directory, port, replicas):
     servers = "\n".join(f"    server {r.url} max_fails=1 fail_timeout=2s;" for r in replicas)
-    return COMMON.format(dir=directory, user=getpass.getuser()) + f"""
+    return prologue(directory) + f"""
 http {{
   access_log off;
   client_body_temp_path {directory}/body;
@@ -178,7 +176,7 @@ http {{
 
 def l4_nginx(directory, port, replicas):
     servers = "\n".join(f"    server {r.url};" for r in replicas)
-    return Nginx(directory, f"load_module {STREAM_MODULE};\n" + COMMON.format(dir=directory, user=getpass.getuser()) + f"""
+    return Nginx(directory, f"load_module {STREAM_MODULE};\n" + prologue(directory) + f"""
 stream {{
   upstream sluice {{
 {servers}
