@@ -1,6 +1,7 @@
 // sluice-bench-inprocess: forward-pass throughput and latency of a TorchScript file called
 // directly through LibTorch, at several batch sizes: the ceiling a server is measured against.
-// Prints one JSON object per batch size on stdout.
+// Prints one JSON object per batch size on stdout. On --device cuda the input lives on the GPU
+// and every timed pass ends with a device synchronisation, so a latency is the whole forward.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 
 #include "server/runtime/torch_backend.h"
@@ -26,6 +28,8 @@ int main(int argc, char** argv) {
   bool worker_thread = false;
   int gap_us = 0;
   bool via_runtime = false;
+  std::string device_name = "cpu";
+  std::string dtype_name = "fp32";
   app.add_option("--model", model, "TorchScript file")->required();
   app.add_option("--row-shape", row_shape, "Shape of one row, without the batch dimension")->required()->delimiter(',');
   app.add_option("--batch-sizes", batch_sizes, "Batch sizes to measure")->delimiter(',')->capture_default_str();
@@ -41,7 +45,24 @@ int main(int argc, char** argv) {
                  "Call Sluice's TorchScript backend (Execute) instead of Module::forward, to see "
                  "what the runtime seam adds")
       ->capture_default_str();
+  app.add_option("--device", device_name, "Where the module and its input live: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype_name, "Input datatype: fp32, fp16 or bf16 (the module must take it)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  const torch::Device device(device_name);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "--device %s: no usable CUDA GPU\n", device_name.c_str());
+    return 1;
+  }
+  const torch::ScalarType scalar_type = dtype_name == "fp16"   ? torch::kHalf
+                                        : dtype_name == "bf16" ? torch::kBFloat16
+                                                               : torch::kFloat;
+  const sluice::DataType data_type = dtype_name == "fp16"   ? sluice::DataType::kFp16
+                                     : dtype_name == "bf16" ? sluice::DataType::kBf16
+                                                            : sluice::DataType::kFp32;
 
   std::unique_ptr<sluice::ModelBackend> backend;
   if (via_runtime) {
@@ -49,11 +70,12 @@ int main(int argc, char** argv) {
     spec.name = "bench";
     spec.max_batch_size = static_cast<int>(*std::max_element(batch_sizes.begin(), batch_sizes.end()));
     // The output's shape is not checked by this benchmark: accept any.
-    spec.inputs = {{"INPUT__0", sluice::DataType::kFp32, row_shape}};
-    spec.outputs = {{"OUTPUT__0", sluice::DataType::kFp32, {-1}}};
+    spec.inputs = {{"INPUT__0", data_type, row_shape}};
+    spec.outputs = {{"OUTPUT__0", data_type, {-1}}};
     spec.instance_groups = {sluice::InstanceGroupSpec{}};
     spec.intra_op_threads = threads;
-    auto loaded = sluice::MakeTorchBackendFactory()->Load(spec, model, sluice::Device{});
+    auto loaded = sluice::MakeTorchBackendFactory()->Load(
+        spec, model, sluice::Device{device.is_cuda(), device.is_cuda() ? std::max<int>(device.index(), 0) : 0});
     if (!loaded.ok()) {
       std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
       return 1;
@@ -61,7 +83,7 @@ int main(int argc, char** argv) {
     backend = *std::move(loaded);
   }
 
-  torch::jit::Module module = torch::jit::load(model);
+  torch::jit::Module module = torch::jit::load(model, device);
   module.eval();
   auto measure = [&] {
   if (threads > 0) at::set_num_threads(threads);
@@ -69,16 +91,20 @@ int main(int argc, char** argv) {
   for (int64_t batch : batch_sizes) {
     std::vector<int64_t> shape{batch};
     shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-    const at::Tensor input = torch::rand(shape);
+    // The runtime takes host bytes (as the server hands them over); the module takes the input
+    // where it lives.
+    const at::Tensor host_input = torch::rand(shape).to(scalar_type);
+    const at::Tensor input = host_input.to(device);
     sluice::InferRequest request;
     request.batch_size = batch;
-    request.inputs = {{"INPUT__0", sluice::DataType::kFp32, shape,
-                       static_cast<const char*>(input.data_ptr()), input.nbytes()}};
+    request.inputs = {{"INPUT__0", data_type, shape, static_cast<const char*>(host_input.data_ptr()),
+                       host_input.nbytes()}};
     auto forward = [&] {
       if (backend) {
         if (!backend->Execute(request).ok()) std::abort();
       } else {
         module.forward({input});
+        if (device.is_cuda()) torch::cuda::synchronize();
       }
     };
     for (int i = 0; i < warmup; ++i) forward();
@@ -96,11 +122,11 @@ int main(int argc, char** argv) {
     const double elapsed = std::chrono::duration<double>(now - start).count();
     std::sort(latencies_us.begin(), latencies_us.end());
     std::printf("{\"batch\": %lld, \"iterations\": %zu, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-                "\"rows_per_s\": %.1f, \"threads\": %d}\n",
+                "\"rows_per_s\": %.1f, \"threads\": %d, \"device\": \"%s\", \"dtype\": \"%s\"}\n",
                 static_cast<long long>(batch), latencies_us.size(), latencies_us[latencies_us.size() / 2],
                 latencies_us[latencies_us.size() * 99 / 100],
                 static_cast<double>(batch) * static_cast<double>(latencies_us.size()) / elapsed,
-                at::get_num_threads());
+                at::get_num_threads(), device_name.c_str(), dtype_name.c_str());
   }
   };
   if (worker_thread) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds with warnings as errors, runs every test
 # (unit, integration, GPU tests that skip without a GPU), then the scheduler tests again under
-# ThreadSanitizer, then 30 s of each libFuzzer target. Exits non-zero on the first failure.
+# ThreadSanitizer, then the GPU proof kit's self-test, then 30 s of each libFuzzer target.
+# Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,11 @@ SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test" \
   scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread >/dev/null
 echo "== ThreadSanitizer: scheduler_test"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/scheduler_test --gtest_brief=1
+
+# The GPU proof kit must not rot: stage it, run it from a copy under env -i with --no-gpu (every
+# step's logic runs on the CPU, GPU steps report skipped), check sizes and library resolution.
+echo "== GPU proof kit self-test"
+scripts/gpu_kit.sh selftest
 
 # Fuzzing, bounded: request decoding, validation and padding; config.pbtxt parsing.
 scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-30}"

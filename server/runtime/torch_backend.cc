@@ -55,20 +55,39 @@ bool IsStickyCudaError(const std::string& message) {
   return false;
 }
 
-// Runs `fn`, turning LibTorch exceptions into statuses.
+// An allocation failure, recognised by its message: the TorchScript interpreter rethrows every
+// error inside a scripted model as std::runtime_error ("The following operation failed in the
+// TorchScript interpreter ..."), so c10::OutOfMemoryError's type does not survive a forward pass,
+// and the CPU allocator reports failure as a plain c10::Error.
+bool IsOutOfMemory(const std::string& message) {
+  for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
+                             "DefaultCPUAllocator: not enough memory"}) {
+    if (message.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
+Status OutOfMemory(const std::string& what, const std::string& message) {
+  return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(message)));
+}
+
+// Runs `fn`, turning LibTorch exceptions into statuses: out of memory is RESOURCE_EXHAUSTED (the
+// instance serves on), a sticky CUDA error is INTERNAL marked fatal, anything else INTERNAL.
 template <typename Fn>
 auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(e.what_without_backtrace())));
+    return OutOfMemory(what, e.what_without_backtrace());
   } catch (const c10::Error& e) {
+    if (IsOutOfMemory(e.what_without_backtrace())) return OutOfMemory(what, e.what_without_backtrace());
     Status status = absl::InternalError(
         absl::StrCat(what, ": ", TruncateTorchMessage(e.what_without_backtrace())));
     return IsStickyCudaError(e.what_without_backtrace()) ? MarkFatal(std::move(status)) : status;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(e.what())));
+    if (IsOutOfMemory(e.what())) return OutOfMemory(what, e.what());
+    Status status = absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(e.what())));
+    return IsStickyCudaError(e.what()) ? MarkFatal(std::move(status)) : status;
   }
 }
 

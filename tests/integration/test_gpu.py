@@ -43,7 +43,7 @@ def test_cudnn_benchmark_per_model_and_warm_up_on_every_gpu_instance(tmp_path_fa
     """A fixed-shape conv model gets benchmark mode and a variable-shape one does not, in one
     process; every (instance, shape) pair of the fixed one is warmed on the GPU."""
     import re
-    from test_warmup import traced_convs_module, warmed_pairs, write
+    from repository_helpers import traced_convs_module, warmed_pairs, write
     root = str(tmp_path_factory.mktemp("gpu_benchmark_repository"))
     module = traced_convs_module()
     write(root, "fixed", """

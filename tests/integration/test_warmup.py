@@ -12,6 +12,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from conftest import SERVER, ServerProcess, start_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from repository_helpers import traced_convs_module, warmed_pairs, write
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
@@ -31,25 +32,6 @@ class MaskedSequence(nn.Module):
         return {"per_position": per_position, "pooled": pooled}
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.up = nn.ConvTranspose2d(4, 2, 2, stride=2)
-
-    def forward(self, x):
-        return self.up(torch.relu(self.conv(x)))
-
-
-class TracedConvs(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = Block()
-
-    def forward(self, image):
-        return self.block(image).mean(dim=(2, 3))
-
-
 class SlowToWarm(nn.Module):
     """Runs `n` small matmuls: cheap for clients (n = 1), slow for its warm-up sample (zeros, so
     that no denormal floats slow it down further)."""
@@ -59,19 +41,6 @@ class SlowToWarm(nn.Module):
         for _ in range(int(n[0])):
             x = torch.tanh(x @ w)
         return x
-
-
-def write(root, name, config, module):
-    os.makedirs(os.path.join(root, name, "1"), exist_ok=True)
-    with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-        f.write(config)
-    module.save(os.path.join(root, name, "1", "model.pt"))
-
-
-def traced_convs_module():
-    torch.manual_seed(7)
-    model = TracedConvs().eval()
-    return torch.jit.trace(model, torch.randn(1, 3, 8, 8))
 
 
 @pytest.fixture(scope="module")
@@ -199,11 +168,6 @@ def test_traced_nested_convolutions_are_rewritten_and_compute_the_reference(clie
     log = warm_server.log()
     assert re.search(r"event=cudnn_benchmark model=traced_convs version=1 benchmark=on "
                      r"reason=\"fixed shapes \(2 in the set\)\" convolutions=2 rewritten=2", log), log
-
-
-def warmed_pairs(log, model):
-    return {(int(m.group(1)), m.group(2)) for m in re.finditer(
-        rf"event=warmup_pass model={model} version=1 instance=(\d+) shape=\"([^\"]+)\"", log)}
 
 
 def test_warmed_pairs_equal_the_computed_shape_set(warm_server):

@@ -1,4 +1,5 @@
 // The LibTorch runtime on the CPU: loading, input/output binding, every datatype, failures.
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -236,6 +237,26 @@ def forward(self, INPUT__0):
   EXPECT_THAT(failed.status().message(), HasSubstr("negative input is not allowed"));
   auto good = MakeRequest(DataType::kFp32, {1}, {1, 1});
   EXPECT_TRUE((*backend)->Execute(good->request).ok());
+}
+
+// The TorchScript interpreter rethrows an allocation failure inside a model as a plain
+// std::runtime_error: it must still be RESOURCE_EXHAUSTED (the GPU proof kit does the same with
+// 200 GiB on a GPU), and the instance must serve on.
+TEST_F(TorchBackendTest, OutOfMemoryInsideAScriptedModelIsResourceExhausted) {
+  const auto path = SaveModule("allocate", R"(
+def forward(self, INPUT__0):
+    buffer = torch.empty([int(INPUT__0[0]) // 4])
+    return INPUT__0 + buffer[:1].long() * 0
+)");
+  auto backend = factory_->Load(Spec(DataType::kInt64, DataType::kInt64), path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto huge = MakeRequest(DataType::kInt64, {std::ldexp(1.0, 62)}, {1, 1});
+  auto failed = (*backend)->Execute(huge->request);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("out of memory"));
+  EXPECT_FALSE(IsFatal(failed.status()));
+  auto small = MakeRequest(DataType::kInt64, {1024.0}, {1, 1});
+  EXPECT_TRUE((*backend)->Execute(small->request).ok());
 }
 
 TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {

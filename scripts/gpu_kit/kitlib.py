@@ -1,0 +1,260 @@
+"""Helpers for the GPU proof kit's steps (see run.sh for the step contract).
+
+`python kitlib.py install-wheels WHEELS_DIR SITE` installs each carried wheel whose package this
+python lacks or has in a version outside the range the checks need (wheels/requirements.txt).
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+
+KIT = os.environ.get("KIT", os.path.dirname(os.path.abspath(__file__)))
+WORK = os.environ.get("WORK", "/tmp")
+STEP_DIR = os.environ.get("STEP_DIR", WORK)
+NO_GPU = os.environ.get("KIT_NO_GPU", "0") == "1"
+BIN = os.path.join(KIT, "bin")
+SERVER = os.path.join(BIN, "sluice-server")
+
+# Per-datatype tolerance for outputs computed on the GPU by the server against the same module
+# run by torch on the same GPU: batching and padding may pick other kernels (and TF32 in cuDNN),
+# so floats are compared with a tolerance and everything else must be byte-equal.
+TOLERANCE = {"FP64": (1e-9, 1e-9), "FP32": (1e-3, 1e-3), "FP16": (1e-2, 1e-2), "BF16": (2e-2, 2e-2)}
+
+
+class StepResult(Exception):
+    """Raised by a step to end with a status (pass, fail or skipped)."""
+
+    def __init__(self, status, summary, numbers=None, details=""):
+        super().__init__(summary)
+        self.status, self.summary, self.numbers, self.details = status, summary, numbers or {}, details
+
+
+def write_result(status, summary, numbers=None, details=""):
+    with open(os.path.join(STEP_DIR, "result.json"), "w") as f:
+        json.dump({"status": status, "summary": summary, "numbers": numbers or {}, "details": details}, f,
+                  indent=2, default=str)
+
+
+def run_step(body):
+    """Runs body() -> (status, summary, numbers, details); an exception is a failure with its
+    traceback. In --no-gpu mode a GPU step's body does a CPU dry run: its pass is reported as
+    `skipped: no GPU` (its failure stays a failure, so the dry run can catch a broken step)."""
+    try:
+        status, summary, numbers, details = body()
+    except StepResult as result:
+        status, summary, numbers, details = result.status, result.summary, result.numbers, result.details
+    except Exception as error:  # noqa: BLE001 - every failure becomes the step's result
+        status, summary, numbers = "fail", f"{type(error).__name__}: {error}"[:500], {}
+        details = "```\n" + traceback.format_exc()[-4000:] + "\n```"
+    write_result(status, summary, numbers, details)
+    print(f"{status}: {summary}")
+
+
+def gpu_outcome(passed, summary, numbers, details):
+    """The status for a GPU step's body: pass/fail on a GPU, skipped after a good CPU dry run."""
+    if NO_GPU:
+        if not passed:
+            return "fail", "CPU dry run failed: " + summary, numbers, details
+        return "skipped", "skipped: no GPU (CPU dry run of the step passed: " + summary + ")", numbers, details
+    return ("pass" if passed else "fail"), summary, numbers, details
+
+
+def device():
+    return "cpu" if NO_GPU else "cuda"
+
+
+def torch_device():
+    return "cpu" if NO_GPU else "cuda:0"
+
+
+def step_path(*parts):
+    path = os.path.join(STEP_DIR, *parts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def start_server(repository, extra_args=(), name="server", timeout=120.0, ready=True):
+    """A sluice-server on free loopback ports, its log in the step's folder, ready when it returns
+    (the conftest ServerProcess of the integration tests, so the kit and the tests agree)."""
+    from conftest import ServerProcess
+    server = ServerProcess(repository, list(extra_args), log_path=step_path(f"{name}.log"))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            server.wait_serving(timeout=2, ready=ready)
+            return server
+        except TimeoutError:
+            log = server.log()
+            # Every model has had its turn and one failed: it will never be ready.
+            if "event=models_loaded all_ready=false" in log or time.monotonic() > deadline:
+                server.stop()
+                errors = [line for line in log.splitlines() if " error " in line or " critical " in line]
+                raise RuntimeError("sluice-server did not become ready: " + " | ".join(errors[-3:])[:1500]) from None
+        except Exception:
+            server.stop()
+            raise
+
+
+def scrape(metrics_port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def metric_values(text, name, **labels):
+    """Every sample of `name` whose labels include `labels`, as floats."""
+    values = []
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        match = re.match(r"^(\w+)(\{[^}]*\})?\s+(\S+)", line)
+        if not match or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == str(v) for k, v in labels.items()):
+            values.append(float(match.group(3)))
+    return values
+
+
+def model_statistics(url, model):
+    """(inference_count, execution_count, queue_ns, compute_infer_ns, success_count) so far."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        stats = client.get_inference_statistics(model).model_stats[0]
+        s = stats.inference_stats
+        return {"inferences": stats.inference_count, "executions": stats.execution_count,
+                "queue_ns": s.queue.ns, "compute_infer_ns": s.compute_infer.ns, "success": s.success.count,
+                "batch_sizes": {b.batch_size: b.compute_infer.count for b in stats.batch_stats}}
+    finally:
+        client.close()
+
+
+def statistics_delta(after, before):
+    delta = {k: after[k] - before[k] for k in ("inferences", "executions", "queue_ns", "compute_infer_ns", "success")}
+    delta["batch_sizes"] = {b: n - before["batch_sizes"].get(b, 0) for b, n in after["batch_sizes"].items()
+                            if n - before["batch_sizes"].get(b, 0) > 0}
+    return delta
+
+
+def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=()):
+    """One perf_analyzer run at a fixed concurrency (three windows of window_ms), as a dict."""
+    out_csv = os.path.join(workdir, f"pa_{model}_c{concurrency}.csv")
+    args = [os.path.join(BIN, "perf_analyzer"), "-m", model, "-u", url, "-i", "grpc", "-b", "1",
+            "--concurrency-range", str(concurrency), "--async", "-f", out_csv,
+            "--measurement-interval", str(window_ms), "--stability-percentage", "1000", "--max-trials", "3",
+            *extra]
+    if shape:
+        args += ["--shape", shape]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=max(120, window_ms * 6 // 1000))
+    with open(step_path(f"perf_analyzer_{model}_c{concurrency}.txt"), "w") as f:
+        f.write(" ".join(args) + "\n" + result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(f"perf_analyzer {model} c={concurrency} exited {result.returncode}: "
+                           f"{(result.stdout + result.stderr)[-800:]}")
+    import csv
+    with open(out_csv) as f:
+        row = next(csv.DictReader(f))
+    return {"concurrency": concurrency, "infer_per_s": float(row["Inferences/Second"]),
+            "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),
+            "server_queue_us": float(row.get("Server Queue", 0) or 0),
+            "server_compute_us": float(row.get("Server Compute Infer", 0) or 0)}
+
+
+def inprocess(model_file, row_shape, batch_sizes, seconds, dtype="fp32", threads=0):
+    """sluice-bench-inprocess on this step's device: {batch: {rows_per_s, p50_us, ...}}."""
+    args = [os.path.join(BIN, "sluice-bench-inprocess"), "--model", model_file,
+            "--row-shape", ",".join(map(str, row_shape)), "--batch-sizes", ",".join(map(str, batch_sizes)),
+            "--seconds", str(seconds), "--device", device(), "--dtype", dtype, "--threads", str(threads)]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=300).stdout
+    return {row["batch"]: row for row in map(json.loads, out.splitlines())}
+
+
+def timed_infer(client, model, inputs, outputs=None):
+    started = time.perf_counter()
+    result = client.infer(model, inputs, outputs=outputs)
+    return (time.perf_counter() - started) * 1e6, result
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def table(header, rows):
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(cell) for cell in row) + " |")
+    return "\n".join(lines)
+
+
+def gpu_memory_used_mib():
+    """Used memory of GPU 0 as the driver sees it (all processes), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return float(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def resnet_geometry():
+    """(torchvision model, image side, batch sizes, dtypes): ResNet-18 at 32x32 and two sizes in
+    the CPU dry run, ResNet-50 at 224x224 on a GPU."""
+    if NO_GPU:
+        return "resnet18", 32, (1, 2), ("fp32",)
+    return "resnet50", 224, (1, 8, 32, 64), ("fp32", "fp16")
+
+
+def traced_resnet(dtype):
+    """WORK/models/resnet_<dtype>.pt, traced on this step's device (made once, reused)."""
+    import torchvision
+    arch, side, _, _ = resnet_geometry()
+    path = os.path.join(WORK, "models", f"resnet_{dtype}.pt")
+    if os.path.exists(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    import torch
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(weights=None).eval().to(torch_device())
+    example = torch.randn(1, 3, side, side, device=torch_device())
+    if dtype == "fp16":
+        model, example = model.half(), example.half()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, example)
+    traced.save(path)
+    return path
+
+
+def install_wheels(wheels_dir, site):
+    """Installs each wheel of requirements.txt (name, range, file) that this python needs."""
+    from importlib import metadata
+    from packaging.specifiers import SpecifierSet
+    needed = []
+    with open(os.path.join(wheels_dir, "requirements.txt")) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            name, wanted, file = line.split()
+            try:
+                have = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                have = None
+            if have is None or have not in SpecifierSet(wanted):
+                needed.append(os.path.join(wheels_dir, file))
+            print(f"{name}: have {have or 'none'}, need {wanted}: "
+                  f"{'installing ' + file if needed and needed[-1].endswith(file) else 'kept'}")
+    if needed:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--disable-pip-version-check", "--target", site, *needed], check=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "install-wheels":
+        install_wheels(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("usage: kitlib.py install-wheels WHEELS_DIR SITE")

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The GPU proof kit's runner (staged into build/gpu-kit by scripts/gpu_kit.sh build).
+#
+#   run.sh [--no-gpu] [--python PY] [--out DIR] [--budget SECONDS] [--only NAME[,NAME...]]
+#
+# Runs every step under steps/ in name order, each under its own time cap (a `# kit-timeout: N`
+# line in the step), all of them within --budget seconds (default 290). A step that fails, times
+# out or crashes never stops the others. After every step it rewrites the report, so a run cut
+# short still returns what finished. It returns exactly three files in --out (default $OUT, else
+# a new folder it prints): gpu-report.md, gpu-report.json, gpu-logs.tar.gz.
+#
+# --python is the interpreter with the machine's torch (default: python3). It must be torch
+# 2.11.0 built for CUDA 13.0 with the C++11 ABI: the kit's binaries were linked against exactly
+# that LibTorch, whose libraries are taken from this machine's torch at run time.
+# --no-gpu: steps that need a GPU do a small CPU dry run of their own logic and report
+# `skipped: no GPU` (the test command runs the kit this way so that it cannot rot).
+#
+# Step contract: a step is an executable *.py (run with --python) or *.sh file. It sees KIT, WORK
+# (scratch shared by the steps), STEP_DIR (its own folder: logs, and result.json with status
+# pass|fail|skipped, summary, numbers, details), KIT_NO_GPU (1 or 0), KIT_PYTHON, and PATH and
+# LD_LIBRARY_PATH that find the kit's binaries and libraries. No result.json counts as a failure.
+set -uo pipefail
+KIT=$(cd "$(dirname "$0")" && pwd)
+NO_GPU=0
+PY=python3
+OUT_DIR=${OUT:-}
+BUDGET=290
+ONLY=""
+while (($#)); do
+  case "$1" in
+    --no-gpu) NO_GPU=1 ;;
+    --python) PY=$2; shift ;;
+    --out) OUT_DIR=$2; shift ;;
+    --budget) BUDGET=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+START=$(date +%s)
+[ -n "$OUT_DIR" ] || OUT_DIR=$(mktemp -d /tmp/sluice-gpu-report.XXXXXX)
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+echo "[gpu-kit] report: $OUT_DIR/gpu-report.md"
+WORK=$(mktemp -d /tmp/sluice-gpu-kit-work.XXXXXX)
+mkdir -p "$WORK/steps"
+export KIT WORK KIT_NO_GPU=$NO_GPU KIT_PYTHON=$PY
+
+# The same LibTorch as the kit was built against, or nothing runs.
+if ! TORCH_LIB=$("$PY" - "$KIT/MANIFEST.json" <<'EOF'
+import json, os, sys
+try:
+    import torch
+except Exception as error:  # noqa: BLE001
+    sys.exit(f"{sys.executable} has no usable torch: {error}")
+want = json.load(open(sys.argv[1]))
+base = lambda v: v.split("+")[0]
+got = {"torch": torch.__version__, "cuda": torch.version.cuda, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)}
+if base(got["torch"]) != base(want["torch"]) or got["cuda"] != want["cuda"] or got["cxx11_abi"] != want["cxx11_abi"]:
+    sys.exit(f"this machine's torch is {got}; the kit was built against {want['torch']} (CUDA {want['cuda']}, "
+             f"cxx11_abi {want['cxx11_abi']}): its binaries would not load or would misbehave. Run it with "
+             "--python pointing at torch 2.11.0+cu130, or rebuild the kit against this torch.")
+# torch's lib dir, then the nvidia/* wheels' (libcudart, cuDNN, ...) that torch's own RUNPATH finds
+# but the kit's binaries, which need libcudart directly, would not.
+import glob
+site = os.path.dirname(os.path.dirname(torch.__file__))
+print(":".join([os.path.join(site, "torch", "lib")] + sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))))
+EOF
+); then
+  exit 3
+fi
+export LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB"
+export PATH="$KIT/bin:$PATH"
+export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT/bin"
+
+# The machine, as found: recorded before anything runs.
+{
+  echo "uname -r: $(uname -r)"
+  echo "started: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "no_gpu: $NO_GPU"
+  echo "python: $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+  echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())')"
+  echo "torch_libs: $TORCH_LIB"
+  echo "nproc: $(nproc)"
+  if command -v nvidia-smi >/dev/null; then
+    echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1)"
+    echo "--- nvidia-smi"
+    nvidia-smi 2>&1
+  else
+    echo "driver: nvidia-smi not found"
+  fi
+} >"$WORK/machine.txt" 2>&1
+
+# Python packages the checks need and this python lacks (wheels/requirements.txt).
+"$PY" "$KIT/kitlib.py" install-wheels "$KIT/wheels" "$WORK/site" >"$WORK/wheels.txt" 2>&1 \
+  || echo "[gpu-kit] warning: installing the kit's wheels failed (see wheels.txt in the logs)" >&2
+
+report() { "$PY" "$KIT/report.py" --kit "$KIT" --work "$WORK" --out "$OUT_DIR" --elapsed $(($(date +%s) - START)); }
+report
+
+for step in "$KIT"/steps/[0-9]*; do
+  file=$(basename "$step")
+  name=${file%.*}
+  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
+  dir=$WORK/steps/$name
+  mkdir -p "$dir"
+  cap=$(sed -n 's/^# kit-timeout: *\([0-9][0-9]*\).*/\1/p' "$step" | head -1)
+  cap=${cap:-60}
+  left=$((BUDGET - ($(date +%s) - START)))
+  if ((left < 10)); then
+    printf '{"status": "fail", "summary": "not run: the %s s budget was spent before it"}\n' "$BUDGET" >"$dir/result.json"
+    report
+    continue
+  fi
+  ((cap > left)) && cap=$left
+  echo "[gpu-kit] $name (cap ${cap}s)"
+  case "$file" in
+    *.py) cmd=("$PY" "$step") ;;
+    *) cmd=(bash "$step") ;;
+  esac
+  began=$(date +%s.%N)
+  # timeout signals the step's whole process group: servers a step started go with it.
+  STEP_DIR=$dir timeout -k 5 "$cap" "${cmd[@]}" >"$dir/log" 2>&1
+  rc=$?
+  ended=$(date +%s.%N)
+  "$PY" - "$dir" "$rc" "$cap" "$began" "$ended" <<'EOF'
+import json, os, sys
+directory, rc, cap, began, ended = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
+path = os.path.join(directory, "result.json")
+try:
+    result = json.load(open(path))
+except (OSError, ValueError):
+    tail = open(os.path.join(directory, "log"), errors="replace").read()[-3000:]
+    why = f"timed out after {cap} s" if rc in (124, 137) else f"exited {rc} without a result"
+    result = {"status": "fail", "summary": why, "details": "```\n" + tail + "\n```"}
+if rc in (124, 137) and result.get("status") != "fail":
+    result["status"], result["summary"] = "fail", f"timed out after {cap} s; " + result.get("summary", "")
+result["seconds"] = round(ended - began, 1)
+result["exit_code"] = rc
+json.dump(result, open(path, "w"), indent=2)
+EOF
+  echo "[gpu-kit] $name: $("$PY" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["status"], "-", r.get("summary", ""))' "$dir/result.json")"
+  report
+done
+echo "[gpu-kit] done in $(($(date +%s) - START)) s: $OUT_DIR/gpu-report.md"
+rm -rf "$WORK"

@@ -1,0 +1,101 @@
+"""ResNet-50 (torchvision, random weights, traced here) in FP32 and FP16, dynamic batching with
+preferred sizes {1, 8, 32, 64} and padding to them, cuDNN benchmark mode on and off (one model
+each, one server): warm-up time, and the first request after ready at each size against the
+steady p50 at that size. The traced files stay in WORK for the throughput step."""
+# kit-timeout: 100
+import os
+import re
+import shutil
+
+import numpy as np
+import torch
+
+import kitlib
+
+REQUESTS = 10
+
+
+def config(dtype, sizes, benchmark):
+    _, side, _, _ = kitlib.resnet_geometry()
+    data_type = "TYPE_FP16" if dtype == "fp16" else "TYPE_FP32"
+    return f"""max_batch_size: {max(sizes)}
+input [ {{ name: "INPUT__0" data_type: {data_type} format: FORMAT_NCHW dims: [ 3, {side}, {side} ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: {data_type} dims: [ 1000 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 }} ]
+dynamic_batching {{ preferred_batch_size: [ {", ".join(map(str, sizes))} ] max_queue_delay_microseconds: 2000 }}
+parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
+parameters {{ key: "sluice.cudnn_benchmark" value {{ string_value: "{benchmark}" }} }}
+"""
+
+
+def body():
+    import tritonclient.grpc as grpcclient
+    arch, side, sizes, dtypes = kitlib.resnet_geometry()
+    requests = 2 if kitlib.NO_GPU else REQUESTS
+    root = os.path.join(kitlib.WORK, "resnet")
+    shutil.rmtree(root, ignore_errors=True)
+    models = {}
+    for dtype in dtypes:
+        path = kitlib.traced_resnet(dtype)
+        for benchmark in ("on", "off"):
+            name = f"{arch}_{dtype}_benchmark_{benchmark}"
+            os.makedirs(os.path.join(root, name, "1"))
+            with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+                f.write(config(dtype, sizes, benchmark))
+            shutil.copy(path, os.path.join(root, name, "1", "model.pt"))
+            models[name] = (dtype, benchmark)
+    server = kitlib.start_server(root, ["--device", kitlib.device()], timeout=90)
+    rows, failures = [], []
+    try:
+        client = grpcclient.InferenceServerClient(url=server.url)
+        client.get_model_metadata(next(iter(models)))
+        rng = np.random.default_rng(3)
+        for name, (dtype, benchmark) in models.items():
+            np_dtype = np.float16 if dtype == "fp16" else np.float32
+            for batch in sizes:
+                data = rng.standard_normal((batch, 3, side, side)).astype(np_dtype)
+                tensor = grpcclient.InferInput("INPUT__0", list(data.shape), "FP16" if dtype == "fp16" else "FP32")
+                tensor.set_data_from_numpy(data)
+                first, result = kitlib.timed_infer(client, name, [tensor])
+                if result.as_numpy("OUTPUT__0").shape != (batch, 1000):
+                    failures.append(f"{name} batch {batch}: output shape {result.as_numpy('OUTPUT__0').shape}")
+                steady = kitlib.median([kitlib.timed_infer(client, name, [tensor])[0] for _ in range(requests)])
+                rows.append([name, dtype, benchmark, batch, round(first), round(steady), round(first / steady, 2)])
+        client.close()
+    finally:
+        code = server.stop()
+    if code != 0:
+        failures.append(f"the server exited {code}")
+    log = open(server.log_path).read()
+    warmup_ms = {m.group(1): int(m.group(2)) for m in re.finditer(r"event=warmup model=(\w+) version=1 .*warmup_ms=(\d+)", log)}
+    decisions = {m.group(1): m.group(2) for m in re.finditer(r"event=cudnn_benchmark model=(\w+) version=1 benchmark=(\w+)", log)}
+    for name, (_, benchmark) in models.items():
+        if decisions.get(name) != benchmark:
+            failures.append(f"{name}: decision {decisions.get(name)} instead of {benchmark}")
+        if name not in warmup_ms:
+            failures.append(f"{name}: no warm-up line in the log")
+    steady = {f"{r[0]}@{r[3]}": r[5] for r in rows}
+    speedup = {}
+    for dtype in dtypes:
+        for batch in sizes:
+            on, off = steady.get(f"{arch}_{dtype}_benchmark_on@{batch}"), steady.get(f"{arch}_{dtype}_benchmark_off@{batch}")
+            if on and off:
+                speedup[f"{dtype}@{batch}"] = round(off / on, 3)
+    numbers = {"model": arch, "image_side": side, "warmup_ms": warmup_ms, "steady_off_over_on": speedup,
+               "rows": [dict(zip(("model", "dtype", "benchmark", "batch", "first_us", "p50_us", "first_over_p50"), r))
+                        for r in rows]}
+    details = ("Warm-up per model (ms): " + ", ".join(f"{k} {v}" for k, v in warmup_ms.items()) + "\n\n"
+               + kitlib.table(["model", "dtype", "cuDNN benchmark", "batch", "first request us", "steady p50 us",
+                               "first / p50"], rows)
+               + "\n\nSteady p50 with benchmark off / on (above 1: benchmark mode pays): "
+               + ", ".join(f"{k} {v}" for k, v in speedup.items()))
+    if failures:
+        return kitlib.gpu_outcome(False, "; ".join(failures)[:400], numbers, details)
+    worst = max(r[6] for r in rows)
+    return kitlib.gpu_outcome(True, f"{arch} {'/'.join(dtypes)} at {list(sizes)}: warm-up "
+                              + ", ".join(f"{k.split('_', 1)[1]} {v} ms" for k, v in warmup_ms.items())
+                              + f"; worst first/p50 {worst:.2f}; off/on p50 {speedup}", numbers, details)
+
+
+if __name__ == "__main__":
+    kitlib.run_step(body)

@@ -1,0 +1,109 @@
+"""Throughput at concurrency 1, 8 and 64 (each held at least 10 s) through perf_analyzer, against
+in-process LibTorch (sluice-bench-inprocess) at the batch size the server formed, in the same run:
+the ratio, GPU utilisation from the server's own /metrics (--metrics-interval-ms 250), and queue
+against compute time from ModelStatistics. ResNet-50 FP16 with preferred sizes {1, 8, 32, 64} and
+padding on a GPU; the bundled MLP on the CPU in the dry run."""
+# kit-timeout: 75
+import os
+import shutil
+import threading
+
+import kitlib
+
+WINDOW_MS = 3400  # perf_analyzer measures three windows: about 10 s per concurrency
+
+
+def gpu_sampler(server, samples, stop):
+    while not stop.wait(0.5):
+        try:
+            values = kitlib.metric_values(kitlib.scrape(server.metrics_port), "sluice_gpu_utilization_ratio")
+        except OSError:
+            continue
+        if values:
+            samples.append(max(values))
+
+
+def body():
+    if kitlib.NO_GPU:
+        name, dtype, row_shape, sizes = "mlp", "fp32", [784], (1, 2, 4)
+        concurrencies, window_ms, seconds = (1, 4), 300, 0.2
+    else:
+        arch, side, sizes, _ = kitlib.resnet_geometry()
+        name, dtype, row_shape = f"{arch}_fp16", "fp16", [3, side, side]
+        concurrencies, window_ms, seconds = (1, 8, 64), WINDOW_MS, 2
+    root = os.path.join(kitlib.WORK, "throughput")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(os.path.join(root, name, "1"))
+    if kitlib.NO_GPU:
+        import subprocess
+        import sys
+        source = os.path.join(kitlib.KIT, "src", "models")
+        shutil.copy(os.path.join(source, "mlp", "config.pbtxt"), os.path.join(root, name, "config.pbtxt"))
+        with open(os.path.join(root, name, "config.pbtxt"), "a") as f:
+            f.write("\ndynamic_batching { }\n")
+        subprocess.run([sys.executable, os.path.join(source, "generate_models.py"), "--repository", root,
+                        "--models", "mlp"], check=True, stdout=subprocess.DEVNULL)
+    else:
+        shutil.copy(kitlib.traced_resnet(dtype), os.path.join(root, name, "1", "model.pt"))
+        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+            f.write(f"""max_batch_size: {max(sizes)}
+input [ {{ name: "INPUT__0" data_type: TYPE_FP16 format: FORMAT_NCHW dims: [ {", ".join(map(str, row_shape))} ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_FP16 dims: [ 1000 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 }} ]
+dynamic_batching {{ preferred_batch_size: [ {", ".join(map(str, sizes))} ] }}
+parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
+""")
+    model_file = os.path.join(root, name, "1", "model.pt")
+    ceiling = kitlib.inprocess(model_file, row_shape, list(sizes), seconds, dtype=dtype)
+
+    server = kitlib.start_server(root, ["--device", kitlib.device(), "--metrics-interval-ms", "250"], timeout=90)
+    levels = []
+    try:
+        for concurrency in concurrencies:
+            samples, stop = [], threading.Event()
+            sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
+            before = kitlib.model_statistics(server.url, name)
+            sampler.start()
+            try:
+                run = kitlib.perf_analyzer(server.url, name, concurrency, window_ms, kitlib.STEP_DIR)
+            finally:
+                stop.set()
+                sampler.join()
+            delta = kitlib.statistics_delta(kitlib.model_statistics(server.url, name), before)
+            executed = max(delta["batch_sizes"], key=delta["batch_sizes"].get) if delta["batch_sizes"] else 1
+            nearest = min(ceiling, key=lambda b: (abs(b - executed), b))
+            run.update({
+                "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
+                "executed_batch_sizes": delta["batch_sizes"], "dominant_batch": executed,
+                "queue_us_per_request": delta["queue_ns"] / max(delta["success"], 1) / 1e3,
+                "compute_us_per_execution": delta["compute_infer_ns"] / max(delta["executions"], 1) / 1e3,
+                "inprocess_batch": nearest, "inprocess_rows_per_s": ceiling[nearest]["rows_per_s"],
+                "ratio": run["infer_per_s"] / ceiling[nearest]["rows_per_s"],
+                "gpu_utilization_median": kitlib.median(samples) if samples else None,
+            })
+            levels.append(run)
+    finally:
+        code = server.stop()
+    rows = [[r["concurrency"], round(r["infer_per_s"]), round(r["p50_us"]), round(r["avg_rows_per_execution"], 1),
+             r["dominant_batch"], round(r["inprocess_rows_per_s"]), f"{r['ratio']:.2f}",
+             "n/a" if r["gpu_utilization_median"] is None else f"{r['gpu_utilization_median']:.2f}",
+             round(r["queue_us_per_request"]), round(r["compute_us_per_execution"])] for r in levels]
+    numbers = {"model": name, "dtype": dtype, "inprocess": ceiling, "levels": levels}
+    details = (kitlib.table(["concurrency", "infer/s", "p50 us", "rows per execution", "executed batch",
+                             "in-process rows/s at it", "ratio", "GPU util (median)", "queue us/request",
+                             "compute us/execution"], rows)
+               + "\n\nIn-process LibTorch: " + ", ".join(f"batch {b}: {r['rows_per_s']:.0f} rows/s, p50 {r['p50_us']:.0f} us"
+                                                  for b, r in ceiling.items()))
+    failures = []
+    if code != 0:
+        failures.append(f"the server exited {code}")
+    if not kitlib.NO_GPU and not any(r["gpu_utilization_median"] for r in levels):
+        failures.append("no GPU utilisation in /metrics")
+    if failures:
+        return kitlib.gpu_outcome(False, "; ".join(failures), numbers, details)
+    return kitlib.gpu_outcome(True, f"{name}: " + "; ".join(
+        f"c={r['concurrency']} {r['infer_per_s']:.0f}/s ratio {r['ratio']:.2f}" for r in levels), numbers, details)
+
+
+if __name__ == "__main__":
+    kitlib.run_step(body)
