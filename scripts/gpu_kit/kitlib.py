@@ -170,8 +170,10 @@ def inprocess(model_file, row_shape, batch_sizes, seconds, dtype="fp32", threads
     args = [os.path.join(BIN, "sluice-bench-inprocess"), "--model", model_file,
             "--row-shape", ",".join(map(str, row_shape)), "--batch-sizes", ",".join(map(str, batch_sizes)),
             "--seconds", str(seconds), "--device", device(), "--dtype", dtype, "--threads", str(threads)]
-    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=300).stdout
-    return {row["batch"]: row for row in map(json.loads, out.splitlines())}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"sluice-bench-inprocess exited {result.returncode}: {result.stderr[-800:]}")
+    return {row["batch"]: row for row in map(json.loads, result.stdout.splitlines())}
 
 
 def timed_infer(client, model, inputs, outputs=None):

@@ -4,7 +4,7 @@
 #   run.sh [--no-gpu] [--python PY] [--out DIR] [--budget SECONDS] [--only NAME[,NAME...]]
 #
 # Runs every step under steps/ in name order, each under its own time cap (a `# kit-timeout: N`
-# line in the step), all of them within --budget seconds (default 290). A step that fails, times
+# line in the step), all of them within --budget seconds (default 280). A step that fails, times
 # out or crashes never stops the others. After every step it rewrites the report, so a run cut
 # short still returns what finished. It returns exactly three files in --out (default $OUT, else
 # a new folder it prints): gpu-report.md, gpu-report.json, gpu-logs.tar.gz.
@@ -24,7 +24,7 @@ KIT=$(cd "$(dirname "$0")" && pwd)
 NO_GPU=0
 PY=python3
 OUT_DIR=${OUT:-}
-BUDGET=290
+BUDGET=280
 ONLY=""
 while (($#)); do
   case "$1" in
@@ -70,7 +70,9 @@ EOF
 ); then
   exit 3
 fi
-export LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB"
+# The machine's own path stays last: the driver's libraries (libcuda, libnvidia-ml) may be found
+# only through it.
+export LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$KIT/bin:$PATH"
 export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT/bin"

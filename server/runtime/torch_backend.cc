@@ -20,10 +20,13 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -150,21 +153,61 @@ class PinnedStagingBuffer final : public StagingBuffer {
   at::Tensor tensor_;
 };
 
+// CUDA streams for GPU instances: an instance hands its stream back when it is destroyed, and
+// the next instance on that device takes it again. LibTorch keeps a cuBLAS workspace (32 MiB on
+// Hopper) per (cuBLAS handle, stream) pair for the life of the process; handles already return
+// to LibTorch's pool when an instance's worker thread ends, so reusing streams too keeps the
+// pairs, and their workspaces, bounded by the instances alive at once. A fresh pool stream per
+// load would leave one more workspace behind on every reload that unloading never gives back.
+// Thread-safe.
+class StreamRecycler {
+ public:
+  c10::cuda::CUDAStream Take(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<c10::cuda::CUDAStream>& free = free_[device];
+    if (free.empty()) return c10::cuda::getStreamFromPool(false, device);
+    const c10::cuda::CUDAStream stream = free.back();
+    free.pop_back();
+    return stream;
+  }
+  // `stream` must have no work pending for its owner any more.
+  void Give(c10::cuda::CUDAStream stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[stream.device_index()].push_back(stream);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> free_ ABSL_GUARDED_BY(mutex_);
+};
+
 class TorchScriptBackend final : public ModelBackend {
  public:
   TorchScriptBackend(ModelSpec spec, torch::jit::Module module, torch::Device device,
-                     std::vector<int> input_positions, size_t forward_arity, ConvolutionTuning tuning)
+                     std::vector<int> input_positions, size_t forward_arity, ConvolutionTuning tuning,
+                     std::shared_ptr<StreamRecycler> streams)
       : spec_(std::move(spec)),
         module_(std::move(module)),
         device_(device),
         input_positions_(std::move(input_positions)),
         forward_arity_(forward_arity),
-        tuning_(std::move(tuning)) {
+        tuning_(std::move(tuning)),
+        streams_(std::move(streams)) {
     if (device_.is_cuda()) {
-      stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+      stream_ = streams_->Take(device_.index());
     } else {
       intra_op_threads_ = spec_.intra_op_threads;  // 0: LibTorch's own default
     }
+  }
+
+  ~TorchScriptBackend() override {
+    if (!stream_) return;
+    // Nothing of ours may still run on it when the next instance takes it.
+    CatchTorch("stream synchronize", [&]() -> Status {
+      stream_->synchronize();
+      return absl::OkStatus();
+    }).IgnoreError();
+    streams_->Give(*stream_);
   }
 
   StatusOr<InferResponse> Execute(const InferRequest& request) override {
@@ -331,6 +374,7 @@ class TorchScriptBackend final : public ModelBackend {
   std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
   int intra_op_threads_ = 0;  // CPU instances only; the manager sets the default split
   const ConvolutionTuning tuning_;
+  const std::shared_ptr<StreamRecycler> streams_;  // shared with the factory; outlives it if need be
 };
 
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {
@@ -380,7 +424,7 @@ class TorchBackendFactory final : public BackendFactory {
                         const size_t arity = spec.inputs.size();
                         return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
                             spec, std::move(module), torch_device, std::move(positions), arity,
-                            std::move(tuning)));
+                            std::move(tuning), streams_));
                       });
   }
 
@@ -391,6 +435,7 @@ class TorchBackendFactory final : public BackendFactory {
   }
 
  private:
+  const std::shared_ptr<StreamRecycler> streams_ = std::make_shared<StreamRecycler>();
   ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module,
                                      const torch::Device& device) {
     at::Context& context = at::globalContext();

@@ -32,8 +32,9 @@ def test_bundled_models_on_cuda_match_torch(bundled_repository, tmp_path_factory
         model = torch.jit.load(str(bundled_repository / "convnet" / "1" / "model.pt")).cuda()
         with torch.inference_mode():
             want = model(torch.from_numpy(image).cuda()).cpu().numpy()
-        # cuDNN picks its own convolution algorithms: FP32 tolerance for GPU.
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        # The server runs the conv net with cuDNN benchmark on (32 fixed shapes), the reference
+        # with it off: other algorithms, TF32 in both.
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
         client.close()
     finally:
         assert server.stop() == 0
