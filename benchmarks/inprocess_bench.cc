@@ -15,6 +15,8 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
+#include "absl/strings/ascii.h"
+#include "server/core/data_type.h"
 #include "server/runtime/torch_backend.h"
 
 int main(int argc, char** argv) {
@@ -60,9 +62,7 @@ int main(int argc, char** argv) {
   const torch::ScalarType scalar_type = dtype_name == "fp16"   ? torch::kHalf
                                         : dtype_name == "bf16" ? torch::kBFloat16
                                                                : torch::kFloat;
-  const sluice::DataType data_type = dtype_name == "fp16"   ? sluice::DataType::kFp16
-                                     : dtype_name == "bf16" ? sluice::DataType::kBf16
-                                                            : sluice::DataType::kFp32;
+  const sluice::DataType data_type = *sluice::ParseDataTypeName(absl::AsciiStrToUpper(dtype_name));
 
   std::unique_ptr<sluice::ModelBackend> backend;
   if (via_runtime) {

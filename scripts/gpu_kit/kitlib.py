@@ -6,6 +6,7 @@ python lacks or has in a version outside the range the checks need (wheels/requi
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,14 +27,6 @@ SERVER = os.path.join(BIN, "sluice-server")
 TOLERANCE = {"FP64": (1e-9, 1e-9), "FP32": (1e-3, 1e-3), "FP16": (1e-2, 1e-2), "BF16": (2e-2, 2e-2)}
 
 
-class StepResult(Exception):
-    """Raised by a step to end with a status (pass, fail or skipped)."""
-
-    def __init__(self, status, summary, numbers=None, details=""):
-        super().__init__(summary)
-        self.status, self.summary, self.numbers, self.details = status, summary, numbers or {}, details
-
-
 def write_result(status, summary, numbers=None, details=""):
     with open(os.path.join(STEP_DIR, "result.json"), "w") as f:
         json.dump({"status": status, "summary": summary, "numbers": numbers or {}, "details": details}, f,
@@ -46,8 +39,6 @@ def run_step(body):
     `skipped: no GPU` (its failure stays a failure, so the dry run can catch a broken step)."""
     try:
         status, summary, numbers, details = body()
-    except StepResult as result:
-        status, summary, numbers, details = result.status, result.summary, result.numbers, result.details
     except Exception as error:  # noqa: BLE001 - every failure becomes the step's result
         status, summary, numbers = "fail", f"{type(error).__name__}: {error}"[:500], {}
         details = "```\n" + traceback.format_exc()[-4000:] + "\n```"
@@ -194,14 +185,18 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def gpu_memory_used_mib():
-    """Used memory of GPU 0 as the driver sees it (all processes), or None."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return float(out.strip().splitlines()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+def write_bundled(root, names, dynamic_batching):
+    """The bundled example models `names` (src/models configs with `dynamic_batching` appended,
+    weights from their generator) in the repository `root`."""
+    source = os.path.join(KIT, "src", "models")
+    for name in names:
+        os.makedirs(os.path.join(root, name))
+        with open(os.path.join(source, name, "config.pbtxt")) as f:
+            config = f.read()
+        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+            f.write(config + "\n" + dynamic_batching + "\n")
+    subprocess.run([sys.executable, os.path.join(source, "generate_models.py"), "--repository", root,
+                    "--models", *names], check=True, stdout=subprocess.DEVNULL)
 
 
 def resnet_geometry():
@@ -232,6 +227,25 @@ def traced_resnet(dtype):
     return path
 
 
+def write_resnet(root, name, dtype, sizes, benchmark, max_queue_delay_us=0):
+    """<root>/<name>: the traced ResNet (traced_resnet) with dynamic batching, padded to the
+    preferred sizes `sizes`, and cuDNN benchmark mode `benchmark` (on, off or auto)."""
+    _, side, _, _ = resnet_geometry()
+    data_type = "TYPE_FP16" if dtype == "fp16" else "TYPE_FP32"
+    delay = f" max_queue_delay_microseconds: {max_queue_delay_us}" if max_queue_delay_us else ""
+    os.makedirs(os.path.join(root, name, "1"))
+    shutil.copy(traced_resnet(dtype), os.path.join(root, name, "1", "model.pt"))
+    with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+        f.write(f"""max_batch_size: {max(sizes)}
+input [ {{ name: "INPUT__0" data_type: {data_type} format: FORMAT_NCHW dims: [ 3, {side}, {side} ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: {data_type} dims: [ 1000 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 }} ]
+dynamic_batching {{ preferred_batch_size: [ {", ".join(map(str, sizes))} ]{delay} }}
+parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
+parameters {{ key: "sluice.cudnn_benchmark" value {{ string_value: "{benchmark}" }} }}
+""")
+
+
 def install_wheels(wheels_dir, site):
     """Installs each wheel of requirements.txt (name, range, file) that this python needs."""
     from importlib import metadata
@@ -246,10 +260,10 @@ def install_wheels(wheels_dir, site):
                 have = metadata.version(name)
             except metadata.PackageNotFoundError:
                 have = None
-            if have is None or have not in SpecifierSet(wanted):
+            install = have is None or have not in SpecifierSet(wanted)
+            if install:
                 needed.append(os.path.join(wheels_dir, file))
-            print(f"{name}: have {have or 'none'}, need {wanted}: "
-                  f"{'installing ' + file if needed and needed[-1].endswith(file) else 'kept'}")
+            print(f"{name}: have {have or 'none'}, need {wanted}: {'installing ' + file if install else 'kept'}")
     if needed:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--disable-pip-version-check", "--target", site, *needed], check=True)

@@ -70,27 +70,27 @@ bool IsOutOfMemory(const std::string& message) {
   return false;
 }
 
-Status OutOfMemory(const std::string& what, const std::string& message) {
-  return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(message)));
+// The status for a LibTorch exception's message: out of memory is RESOURCE_EXHAUSTED (the
+// instance serves on), a sticky CUDA error is INTERNAL marked fatal, anything else INTERNAL.
+Status TorchFailure(const std::string& what, const std::string& message, bool out_of_memory) {
+  if (out_of_memory || IsOutOfMemory(message)) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(message)));
+  }
+  Status status = absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(message)));
+  return IsStickyCudaError(message) ? MarkFatal(std::move(status)) : status;
 }
 
-// Runs `fn`, turning LibTorch exceptions into statuses: out of memory is RESOURCE_EXHAUSTED (the
-// instance serves on), a sticky CUDA error is INTERNAL marked fatal, anything else INTERNAL.
+// Runs `fn`, turning LibTorch exceptions into statuses (TorchFailure).
 template <typename Fn>
 auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const c10::OutOfMemoryError& e) {
-    return OutOfMemory(what, e.what_without_backtrace());
+    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/true);
   } catch (const c10::Error& e) {
-    if (IsOutOfMemory(e.what_without_backtrace())) return OutOfMemory(what, e.what_without_backtrace());
-    Status status = absl::InternalError(
-        absl::StrCat(what, ": ", TruncateTorchMessage(e.what_without_backtrace())));
-    return IsStickyCudaError(e.what_without_backtrace()) ? MarkFatal(std::move(status)) : status;
+    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/false);
   } catch (const std::exception& e) {
-    if (IsOutOfMemory(e.what())) return OutOfMemory(what, e.what());
-    Status status = absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(e.what())));
-    return IsStickyCudaError(e.what()) ? MarkFatal(std::move(status)) : status;
+    return TorchFailure(what, e.what(), /*out_of_memory=*/false);
   }
 }
 

@@ -6,29 +6,27 @@ GPU: byte-equal for integers and BOOL, within the per-datatype tolerance for flo
 import os
 import queue
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import torch
 
 import kitlib
 
-# datatype: (numpy dtype, torch dtype, what the model computes)
+# What a datatype's model computes (DtypeModel.forward).
+MATMUL, HALVE, TRIPLE_MINUS_ONE, TRIPLE_PLUS_ONE, NOT = range(5)
+# datatype: (numpy dtype, torch dtype, what its model computes)
 DTYPES = {
-    "FP32": (np.float32, torch.float32, "return x @ self.w + 1.0"),
-    "FP16": (np.float16, torch.float16, "return x @ self.w + 1.0"),
-    "BF16": (None, torch.bfloat16, "return x @ self.w + 1.0"),
-    "FP64": (np.float64, torch.float64, "return x * 0.5 + 1.0"),
-    "INT64": (np.int64, torch.int64, "return x * 3 - 1"),
-    "INT32": (np.int32, torch.int32, "return x * 3 - 1"),
-    "INT16": (np.int16, torch.int16, "return x * 3 - 1"),
-    "INT8": (np.int8, torch.int8, "return x * 3 - 1"),
-    "UINT8": (np.uint8, torch.uint8, "return x * 3 + 1"),
-    "BOOL": (np.bool_, torch.bool, "return torch.logical_not(x)"),
+    "FP32": (np.float32, torch.float32, MATMUL),
+    "FP16": (np.float16, torch.float16, MATMUL),
+    "BF16": (None, torch.bfloat16, MATMUL),
+    "FP64": (np.float64, torch.float64, HALVE),
+    "INT64": (np.int64, torch.int64, TRIPLE_MINUS_ONE),
+    "INT32": (np.int32, torch.int32, TRIPLE_MINUS_ONE),
+    "INT16": (np.int16, torch.int16, TRIPLE_MINUS_ONE),
+    "INT8": (np.int8, torch.int8, TRIPLE_MINUS_ONE),
+    "UINT8": (np.uint8, torch.uint8, TRIPLE_PLUS_ONE),
+    "BOOL": (np.bool_, torch.bool, NOT),
 }
-KINDS = {"return x @ self.w + 1.0": 0, "return x * 0.5 + 1.0": 1, "return x * 3 - 1": 2, "return x * 3 + 1": 3,
-         "return torch.logical_not(x)": 4}
 ROWS = 16
 CONFIG = """max_batch_size: 8
 input [ {{ name: "INPUT__0" data_type: TYPE_{dt} dims: [ {rows} ] }} ]
@@ -39,7 +37,7 @@ instance_group [ {{ kind: KIND_GPU count: 1 }} ]
 
 
 class DtypeModel(torch.nn.Module):
-    """One elementwise or matrix operation per datatype (KINDS), on a fixed random weight."""
+    """One elementwise or matrix operation per datatype (DTYPES), on a fixed random weight."""
 
     def __init__(self, kind, torch_dtype):
         super().__init__()
@@ -48,19 +46,19 @@ class DtypeModel(torch.nn.Module):
         self.register_buffer("w", w.to(torch_dtype) if torch_dtype.is_floating_point else w)
 
     def forward(self, x):
-        if self.kind == 0:
+        if self.kind == 0:  # MATMUL
             return x @ self.w + 1.0
-        if self.kind == 1:
+        if self.kind == 1:  # HALVE
             return x * 0.5 + 1.0
-        if self.kind == 2:
+        if self.kind == 2:  # TRIPLE_MINUS_ONE
             return x * 3 - 1
-        if self.kind == 3:
+        if self.kind == 3:  # TRIPLE_PLUS_ONE
             return x * 3 + 1
         return torch.logical_not(x)
 
 
 def dtype_module(datatype):
-    return torch.jit.script(DtypeModel(KINDS[DTYPES[datatype][2]], DTYPES[datatype][1]))
+    return torch.jit.script(DtypeModel(DTYPES[datatype][2], DTYPES[datatype][1]))
 
 
 def random_rows(datatype, rows, rng):
@@ -116,15 +114,7 @@ def body():
         with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
             f.write(CONFIG.format(dt=datatype, rows=ROWS))
         modules[name][1].save(os.path.join(root, name, "1", "model.pt"))
-    source = os.path.join(kitlib.KIT, "src", "models")
-    for name in ("mlp", "convnet"):
-        os.makedirs(os.path.join(root, name))
-        with open(os.path.join(source, name, "config.pbtxt")) as f:
-            config = f.read()
-        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-            f.write(config + "\ndynamic_batching { max_queue_delay_microseconds: 2000 }\n")
-    subprocess.run([sys.executable, os.path.join(source, "generate_models.py"), "--repository", root],
-                   check=True, stdout=subprocess.DEVNULL)
+    kitlib.write_bundled(root, ["mlp", "convnet"], "dynamic_batching { max_queue_delay_microseconds: 2000 }")
     bundled = {"mlp": ("INPUT__0", "OUTPUT__0", [784]), "convnet": ("image", "logits", [3, 32, 32])}
 
     device = kitlib.torch_device()

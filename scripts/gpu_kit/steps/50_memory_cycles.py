@@ -3,7 +3,6 @@ mode: each unload must give the model's memory back (the device's used memory af
 within 5% of the model's size of what it was after the first), and every request answers."""
 # kit-timeout: 60
 import os
-import re
 import shutil
 
 import numpy as np
@@ -31,8 +30,8 @@ class Big(torch.nn.Module):
 def used_mib(server):
     """Device memory in use (all processes) on a GPU; the server's RSS in the CPU dry run."""
     if kitlib.NO_GPU:
-        with open(f"/proc/{server.process.pid}/status") as f:
-            return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) / 1024
+        from test_model_control import rss_bytes
+        return rss_bytes(server.process.pid) / 2**20
     free, total = torch.cuda.mem_get_info(0)
     return (total - free) / 2**20
 

@@ -8,24 +8,10 @@ import re
 import shutil
 
 import numpy as np
-import torch
 
 import kitlib
 
 REQUESTS = 10
-
-
-def config(dtype, sizes, benchmark):
-    _, side, _, _ = kitlib.resnet_geometry()
-    data_type = "TYPE_FP16" if dtype == "fp16" else "TYPE_FP32"
-    return f"""max_batch_size: {max(sizes)}
-input [ {{ name: "INPUT__0" data_type: {data_type} format: FORMAT_NCHW dims: [ 3, {side}, {side} ] }} ]
-output [ {{ name: "OUTPUT__0" data_type: {data_type} dims: [ 1000 ] }} ]
-instance_group [ {{ kind: KIND_GPU count: 1 }} ]
-dynamic_batching {{ preferred_batch_size: [ {", ".join(map(str, sizes))} ] max_queue_delay_microseconds: 2000 }}
-parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
-parameters {{ key: "sluice.cudnn_benchmark" value {{ string_value: "{benchmark}" }} }}
-"""
 
 
 def body():
@@ -36,13 +22,9 @@ def body():
     shutil.rmtree(root, ignore_errors=True)
     models = {}
     for dtype in dtypes:
-        path = kitlib.traced_resnet(dtype)
         for benchmark in ("on", "off"):
             name = f"{arch}_{dtype}_benchmark_{benchmark}"
-            os.makedirs(os.path.join(root, name, "1"))
-            with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-                f.write(config(dtype, sizes, benchmark))
-            shutil.copy(path, os.path.join(root, name, "1", "model.pt"))
+            kitlib.write_resnet(root, name, dtype, sizes, benchmark, max_queue_delay_us=2000)
             models[name] = (dtype, benchmark)
     server = kitlib.start_server(root, ["--device", kitlib.device()], timeout=90)
     rows, failures = [], []

@@ -35,27 +35,10 @@ def body():
         concurrencies, window_ms, seconds = (1, 8, 64), WINDOW_MS, 1
     root = os.path.join(kitlib.WORK, "throughput")
     shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(os.path.join(root, name, "1"))
     if kitlib.NO_GPU:
-        import subprocess
-        import sys
-        source = os.path.join(kitlib.KIT, "src", "models")
-        shutil.copy(os.path.join(source, "mlp", "config.pbtxt"), os.path.join(root, name, "config.pbtxt"))
-        with open(os.path.join(root, name, "config.pbtxt"), "a") as f:
-            f.write("\ndynamic_batching { }\n")
-        subprocess.run([sys.executable, os.path.join(source, "generate_models.py"), "--repository", root,
-                        "--models", "mlp"], check=True, stdout=subprocess.DEVNULL)
+        kitlib.write_bundled(root, [name], "dynamic_batching { }")
     else:
-        shutil.copy(kitlib.traced_resnet(dtype), os.path.join(root, name, "1", "model.pt"))
-        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-            f.write(f"""max_batch_size: {max(sizes)}
-input [ {{ name: "INPUT__0" data_type: TYPE_FP16 format: FORMAT_NCHW dims: [ {", ".join(map(str, row_shape))} ] }} ]
-output [ {{ name: "OUTPUT__0" data_type: TYPE_FP16 dims: [ 1000 ] }} ]
-instance_group [ {{ kind: KIND_GPU count: 1 }} ]
-dynamic_batching {{ preferred_batch_size: [ {", ".join(map(str, sizes))} ] }}
-parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
-parameters {{ key: "sluice.cudnn_benchmark" value {{ string_value: "off" }} }}
-""")
+        kitlib.write_resnet(root, name, dtype, sizes, "off")
     model_file = os.path.join(root, name, "1", "model.pt")
     ceiling = kitlib.inprocess(model_file, row_shape, list(sizes), seconds, dtype=dtype)
 
