@@ -101,7 +101,9 @@ int main(int argc, char** argv) {
                        host_input.nbytes()}};
     auto forward = [&] {
       if (backend) {
-        if (!backend->Execute(request).ok()) std::abort();
+        sluice::TensorSink sink;  // what a caller gets: the outputs on the host, one copy each
+        const sluice::OutputTarget target{batch, nullptr, &sink};
+        if (!backend->Execute(request, absl::MakeConstSpan(&target, 1)).ok()) std::abort();
       } else {
         module.forward({input});
         if (device.is_cuda()) torch::cuda::synchronize();

@@ -3,6 +3,8 @@
 #include <mutex>
 #include <type_traits>
 
+#include "absl/base/thread_annotations.h"
+
 #include "server/core/logging.h"
 
 #include "absl/strings/str_cat.h"
@@ -19,64 +21,69 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
   return reactor;
 }
 
-// One ModelInfer call. Lives from the handler until gRPC calls OnDone (after Finish). Finish is
-// called exactly once, by whoever answers the request (the handler for early errors, else the
-// scheduler's completion). A cancellation only flags the queued request and pokes its
-// scheduler, which then answers it CANCELLED without running it.
+// One ModelInfer call. Lives from the handler until gRPC calls OnDone (after Finish), and owns
+// the call's output sink (the response message). Finish is called exactly once, by whoever
+// answers the request (the handler for early errors, else the scheduler's completion through
+// Answer). A cancellation only flags the queued request and pokes its model, which then answers
+// it CANCELLED without running it. The reactor holds the model reference (which counts as in
+// flight) from submission until the answer, not until OnDone.
 class InferReactor final : public grpc::ServerUnaryReactor {
  public:
-  InferReactor() : cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+  explicit InferReactor(inference::ModelInferResponse* response)
+      : cancelled_(std::make_shared<std::atomic<bool>>(false)), sink_(response) {}
 
-  void Watch(std::shared_ptr<Scheduler> scheduler) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    scheduler_ = std::move(scheduler);
-  }
+  OutputSink* sink() { return &sink_; }
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
+
+  void Watch(std::shared_ptr<ModelHandle> model) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    model_ = std::move(model);
+  }
+
+  // The completion: drops the model reference, then finishes the call. The reactor may be
+  // deleted as soon as Finish returns.
+  void Answer(const Status& status) {
+    std::shared_ptr<ModelHandle> model;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      model = std::move(model_);
+    }
+    model.reset();
+    Finish(ToGrpcStatus(status));
+  }
 
   void OnCancel() override {
     cancelled_->store(true);
-    std::shared_ptr<Scheduler> scheduler;
+    std::shared_ptr<ModelHandle> model;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      scheduler = scheduler_;
+      model = model_;
     }
-    if (scheduler) scheduler->Poke();
+    if (model) model->Poke();
   }
   void OnDone() override { delete this; }
 
  private:
-  std::shared_ptr<std::atomic<bool>> cancelled_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_;
+  ResponseSink sink_;
   std::mutex mutex_;
-  std::shared_ptr<Scheduler> scheduler_;
+  std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
 };
 
-// The request's deadline on our clock: the gRPC deadline, or the queue timeout (the request's
-// own "timeout" parameter in microseconds when the model allows it, else its default), whichever
-// comes first.
-TimePoint RequestDeadline(const grpc::CallbackServerContext& context,
-                          const inference::ModelInferRequest& proto, const DynamicBatchingSpec& batching,
-                          TimePoint now) {
-  TimePoint deadline = kNoDeadline;
+// The caller's gRPC deadline on our clock; kNoDeadline when it set none.
+TimePoint CallerDeadline(const grpc::CallbackServerContext& context, TimePoint now) {
   const auto grpc_deadline = context.deadline();
-  if (grpc_deadline != std::chrono::system_clock::time_point::max()) {
-    const auto left = grpc_deadline - std::chrono::system_clock::now();
-    deadline = now + std::chrono::duration_cast<Duration>(left);
-  }
-  int64_t timeout_us = batching.default_timeout_us;
-  auto parameter = proto.parameters().find("timeout");
-  if (batching.allow_timeout_override && parameter != proto.parameters().end() &&
-      parameter->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
-      parameter->second.int64_param() > 0) {
-    timeout_us = parameter->second.int64_param();
-  }
-  if (timeout_us > 0) deadline = std::min(deadline, now + std::chrono::microseconds(timeout_us));
-  return deadline;
+  if (grpc_deadline == std::chrono::system_clock::time_point::max()) return kNoDeadline;
+  return now + std::chrono::duration_cast<Duration>(grpc_deadline - std::chrono::system_clock::now());
 }
 
 }  // namespace
 
 InferenceService::InferenceService(ModelManager* manager, Options options)
-    : manager_(manager), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_),
+    : manager_(manager),
+      options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : &steady_),
+      lookup_(options_.lookup ? options_.lookup : manager),
       control_thread_([this] { ControlLoop(); }) {}
 
 InferenceService::~InferenceService() {
@@ -219,9 +226,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<ServableModel> servable = manager_->Find(request->name(), request->version());
-  if (!servable.ok()) return FinishNow(context, servable.status());
-  FillModelMetadata(servable->model->spec, manager_->ReadyVersions(request->name()), response);
+  StatusOr<std::shared_ptr<ModelHandle>> model = manager_->Find(request->name(), request->version());
+  if (!model.ok()) return FinishNow(context, model.status());
+  FillModelMetadata((*model)->spec(), manager_->ReadyVersions(request->name()), response);
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -231,9 +238,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<ServableModel> servable = manager_->Find(request->name(), request->version());
-  if (!servable.ok()) return FinishNow(context, servable.status());
-  *response->mutable_config() = servable->model->config;
+  StatusOr<std::shared_ptr<ModelHandle>> model = manager_->Find(request->name(), request->version());
+  if (!model.ok()) return FinishNow(context, model.status());
+  *response->mutable_config() = (*model)->model().config;
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -280,39 +287,28 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<ServableModel> servable = manager_->Find(request->model_name(), request->model_version());
-  if (!servable.ok()) return FinishNow(context, servable.status());
+  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request->model_name(), request->model_version());
+  if (!found.ok()) return FinishNow(context, found.status());
+  std::shared_ptr<ModelHandle> model = *std::move(found);
   StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(*request);
-  if (!converted.ok()) {
-    servable->stats->RecordRejected(converted.status());
-    return FinishNow(context, converted.status());
-  }
+  if (!converted.ok()) return FinishNow(context, model->Reject(converted.status()));
   std::unique_ptr<InferRequest> infer = *std::move(converted);
-  infer->model_version = servable->version;
-  if (Status valid = ValidateRequest(servable->model->spec, infer.get()); !valid.ok()) {
-    spdlog::debug("event=request_rejected model={} request_id={} reason=\"{}\"",
-                  request->model_name(), request->id(), valid.message());
-    servable->stats->RecordRejected(valid);
-    return FinishNow(context, valid);
-  }
-  infer->deadline = RequestDeadline(*context, *request, servable->model->spec.dynamic_batching,
-                                    clock_->Now());
-  auto* reactor = new InferReactor();
+  infer->deadline = CallerDeadline(*context, clock_->Now());
+  // Written before submission: from then on only the worker that answers touches the response.
+  FillInferResponseHeader(*infer, model->version(), response);
+  auto* reactor = new InferReactor(response);
   infer->cancelled = reactor->cancelled();
-  reactor->Watch(servable->scheduler);
-  // The request proto (and so the bytes `infer` views) lives until reactor->Finish.
-  const InferRequest* raw_request = infer.get();
-  servable->scheduler->Enqueue(
-      std::move(infer), [reactor, response, raw_request](StatusOr<InferResponse> result) {
-        if (!result.ok()) {
-          spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"",
-                        raw_request->model_name, raw_request->id, result.status().message());
-          reactor->Finish(ToGrpcStatus(result.status()));
-          return;
-        }
-        FillInferResponse(*raw_request, *std::move(result), response);
-        reactor->Finish(grpc::Status::OK);
-      });
+  // The reactor's copy keeps the version in flight until the answer; ours keeps it alive until
+  // Submit has returned (the answer may come before that).
+  reactor->Watch(model);
+  // The request proto (whose bytes `infer` views) and the sink live until reactor->Finish.
+  model->Submit(std::move(infer), reactor->sink(), [reactor, name = request->model_name(), id = request->id()](
+                                                           Status status) {
+    if (!status.ok()) {
+      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", name, id, status.message());
+    }
+    reactor->Answer(status);
+  });
   return reactor;
 }
 

@@ -34,6 +34,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
+    const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
   };
 
   // `manager` must outlive the service.
@@ -100,6 +101,7 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   const Options options_;
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
+  const ModelLookup* const lookup_;
   std::atomic<bool> started_{false};
   std::atomic<bool> draining_{false};
 

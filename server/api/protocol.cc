@@ -141,21 +141,31 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     request->inputs.push_back(std::move(view));
   }
   for (const auto& output : proto.outputs()) request->requested_outputs.push_back(output.name());
+  // Triton's "timeout" parameter: the queue timeout in microseconds (ModelHandle applies it when
+  // the model allows overrides). Other parameters are ignored, as Triton ignores unknown ones.
+  auto timeout = proto.parameters().find("timeout");
+  if (timeout != proto.parameters().end() &&
+      timeout->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+      timeout->second.int64_param() > 0) {
+    request->parameters.timeout_us = timeout->second.int64_param();
+  }
   return request;
 }
 
-void FillInferResponse(const InferRequest& request, InferResponse response,
-                       inference::ModelInferResponse* proto) {
+void FillInferResponseHeader(const InferRequest& request, int64_t version, inference::ModelInferResponse* proto) {
   proto->set_model_name(request.model_name);
-  proto->set_model_version(std::to_string(request.model_version));
+  proto->set_model_version(std::to_string(version));
   proto->set_id(request.id);
-  for (Tensor& tensor : response.outputs) {
-    auto* output = proto->add_outputs();
-    output->set_name(tensor.name);
-    output->set_datatype(std::string(DataTypeName(tensor.dtype)));
-    for (int64_t dim : tensor.shape) output->add_shape(dim);
-    proto->add_raw_output_contents(std::move(tensor.data));
-  }
+}
+
+StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {
+  auto* tensor = response_->add_outputs();
+  tensor->set_name(output.name);
+  tensor->set_datatype(std::string(DataTypeName(output.dtype)));
+  for (int64_t dim : output.shape) tensor->add_shape(dim);
+  std::string* bytes = response_->add_raw_output_contents();
+  bytes->resize(output.byte_size);
+  return bytes->data();
 }
 
 void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,

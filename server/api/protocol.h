@@ -8,6 +8,7 @@
 #include "server/batching/model_stats.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
+#include "server/core/output_sink.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -19,10 +20,20 @@ namespace sluice {
 // Errors are INVALID_ARGUMENT naming the tensor.
 StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto);
 
-// Writes outputs into `proto` as raw_output_contents (moving the bytes), echoing model name,
-// version and request id.
-void FillInferResponse(const InferRequest& request, InferResponse response,
-                       inference::ModelInferResponse* proto);
+// Echoes model name, version and request id into the response.
+void FillInferResponseHeader(const InferRequest& request, int64_t version, inference::ModelInferResponse* proto);
+
+// The gRPC path's output sink: each output the backend writes becomes an entry of `outputs` and
+// its bytes one raw_output_contents entry of the response message itself, written once. Outputs
+// appear in the order the backend delivers them (the requested order). `response` outlives it.
+class ResponseSink final : public OutputSink {
+ public:
+  explicit ResponseSink(inference::ModelInferResponse* response) : response_(response) {}
+  StatusOr<char*> Allocate(const OutputDescription& output) override;
+
+ private:
+  inference::ModelInferResponse* const response_;
+};
 
 // ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
 // model batches).

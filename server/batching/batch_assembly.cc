@@ -59,41 +59,4 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
   return assembled;
 }
 
-StatusOr<std::vector<InferResponse>> SplitBatch(const FormedBatch& batch, InferResponse outputs) {
-  for (const Tensor& output : outputs.outputs) {
-    if (output.shape.empty() || output.shape[0] != batch.padded_rows) {
-      return absl::InternalError(absl::StrCat(
-          "output '", output.name, "' has shape ", ShapeToString(output.shape),
-          ", which does not start with the batch dimension (", batch.padded_rows, ")"));
-    }
-  }
-  std::vector<InferResponse> responses(batch.requests.size());
-  int64_t row = 0;
-  for (size_t r = 0; r < batch.requests.size(); ++r) {
-    const InferRequest& request = *batch.requests[r].request;
-    auto slice = [&](const Tensor& output) {
-      const size_t row_bytes = output.data.size() / static_cast<size_t>(batch.padded_rows);
-      Tensor out;
-      out.name = output.name;
-      out.dtype = output.dtype;
-      out.shape = output.shape;
-      out.shape[0] = request.batch_size;
-      out.data.assign(output.data, static_cast<size_t>(row) * row_bytes,
-                      static_cast<size_t>(request.batch_size) * row_bytes);
-      responses[r].outputs.push_back(std::move(out));
-    };
-    if (request.requested_outputs.empty()) {
-      for (const Tensor& output : outputs.outputs) slice(output);
-    } else {
-      for (const std::string& name : request.requested_outputs) {
-        for (const Tensor& output : outputs.outputs) {
-          if (output.name == name) slice(output);
-        }
-      }
-    }
-    row += request.batch_size;
-  }
-  return responses;
-}
-
 }  // namespace sluice

@@ -1,6 +1,6 @@
-// Turning a FormedBatch into one batch request for the model, and the model's batch outputs back
-// into one response per request. Each request's input bytes are copied exactly once, into the
-// instance's staging buffers.
+// Turning a FormedBatch into one batch request for the model. Each request's input bytes are
+// copied exactly once, into the instance's staging buffers. (Outputs go the other way through
+// each request's OutputSink: see ModelBackend::Execute.)
 #pragma once
 
 #include <atomic>
@@ -34,10 +34,5 @@ class StagingPool {
 // Copies every request's inputs into `pool` (padding rows are zero) and returns the request the
 // model runs: the same inputs, `batch.padded_rows` rows, every output requested.
 InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, StagingPool* pool);
-
-// Slices the model's outputs (batch dimension first, `batch.padded_rows` rows) into one response
-// per request, in `batch.requests` order, each with the outputs that request asked for, in its
-// order. INTERNAL when an output does not carry the batch dimension.
-StatusOr<std::vector<InferResponse>> SplitBatch(const FormedBatch& batch, InferResponse outputs);
 
 }  // namespace sluice

@@ -47,7 +47,7 @@ Status BatchQueue::Add(PendingRequest& pending) {
         "brings ", pending.bytes, " (limit sluice.max_queued_bytes=", options_.max_bytes,
         "); retry later"));
   }
-  const std::string key = GroupKey(request);
+  const std::string key = options_.one_request_per_batch ? std::string() : GroupKey(request);
   auto group = groups_.find(key);
   if (group == groups_.end() && static_cast<int>(groups_.size()) >= options_.max_groups) {
     return absl::UnavailableError(absl::StrCat(
@@ -96,6 +96,7 @@ size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
   int64_t rows = 0;
   size_t fitting = 0;
   size_t preferred = 0;
+  if (options_.one_request_per_batch) return 1;
   for (const PendingRequest& pending : group.queue) {
     if (rows + pending.request->batch_size > options_.max_batch_size) break;
     rows += pending.request->batch_size;

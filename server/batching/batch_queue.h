@@ -36,6 +36,7 @@ class ByteBudget {
 // A request waiting in a queue, with what it costs there.
 struct PendingRequest {
   std::unique_ptr<InferRequest> request;
+  OutputSink* sink = nullptr;  // the caller's; alive until `done` has run
   InferCompletion done;
   TimePoint enqueued;
   size_t bytes = 0;
@@ -59,6 +60,9 @@ class BatchQueue {
     int max_groups = 16;                     // distinct shapes waiting at once
     bool pad_to_preferred = false;           // pad rows to the next preferred size / max
     std::shared_ptr<ByteBudget> server_budget;  // shared by every model; may be null
+    // Every batch is one request (with its own batch size, at most max_batch_size), and requests
+    // wait in one queue in arrival order whatever their shapes: a model without dynamic_batching.
+    bool one_request_per_batch = false;
   };
 
   explicit BatchQueue(Options options);

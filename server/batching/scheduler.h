@@ -8,14 +8,17 @@
 #include <vector>
 
 #include "server/core/infer_request.h"
+#include "server/core/output_sink.h"
 #include "server/core/status.h"
 
 namespace sluice {
 
-// Called exactly once per enqueued request, with its outputs or the reason it failed. It may run
-// on a scheduler worker thread (normal case) or on the enqueuing thread (immediate rejection), so
-// it must not block on model work and must be cheap.
-using InferCompletion = std::function<void(StatusOr<InferResponse>)>;
+// Called exactly once per enqueued request: OK when the request's sink holds every output it
+// asked for, else why it failed (the sink may then hold part of the outputs; discard them). It
+// may run on a scheduler worker thread (normal case) or on the enqueuing thread (immediate
+// rejection), so it must not block on model work and must be cheap. It must own (capture by
+// value) everything it uses: the scheduler destroys the request right after calling it.
+using InferCompletion = std::function<void(Status)>;
 
 // The answer for a request that left a queue without running because its caller cancelled it
 // (CANCELLED) or its deadline passed (DEADLINE_EXCEEDED). Every scheduler uses it.
@@ -53,9 +56,12 @@ class Scheduler {
  public:
   virtual ~Scheduler() = default;
 
-  // Takes ownership of `request` and answers it through `done`. Thread-safe; never blocks on
-  // model execution. UNAVAILABLE when the queue is full or the scheduler has stopped.
-  virtual void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) = 0;
+  // Takes ownership of `request` and answers it through `done`; the outputs go to `sink`.
+  // Lifetimes: the caller keeps `sink`, and the bytes `request`'s inputs view, alive and
+  // untouched until `done` has run; the scheduler owns `request` (and destroys it after `done`)
+  // and `done`. Thread-safe; never blocks on model execution. UNAVAILABLE when the queue is full
+  // or the scheduler has stopped.
+  virtual void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) = 0;
 
   // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
   virtual void Poke() {}

@@ -137,29 +137,47 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
   return padded;
 }
 
-Status UnpadResponse(const ModelSpec& spec, const PaddedLengths& padded, InferResponse* response) {
-  for (Tensor& output : response->outputs) {
-    Shape target = output.shape;
-    for (const BucketDim& bucketed : spec.padding.dims) {
-      if (bucketed.is_input || bucketed.tensor != output.name) continue;
-      if (padded.lengths[bucketed.axis] < 0) continue;
-      const size_t dim = static_cast<size_t>(Offset(spec) + bucketed.dim);
-      if (dim >= output.shape.size() || output.shape[dim] != padded.buckets[bucketed.axis]) {
-        return absl::InternalError(absl::StrCat(
-            "output '", output.name, "' of model '", spec.name, "' has shape ",
-            ShapeToString(output.shape), ", but sluice.bucket_dims says its dimension ", dim,
-            " follows padded axis '", spec.padding.axes[bucketed.axis].name, "' (padded to ",
-            padded.buckets[bucketed.axis], ")"));
-      }
-      target[dim] = padded.lengths[bucketed.axis];
+UnpaddingSink::UnpaddingSink(std::shared_ptr<const ModelSpec> spec, PaddedLengths padded, OutputSink* inner)
+    : spec_(std::move(spec)), padded_(std::move(padded)), inner_(inner) {}
+
+StatusOr<char*> UnpaddingSink::Allocate(const OutputDescription& output) {
+  bool follows_padding = false;
+  for (const BucketDim& bucketed : spec_->padding.dims) {
+    if (!bucketed.is_input && bucketed.tensor == output.name && padded_.lengths[bucketed.axis] >= 0) {
+      follows_padding = true;
     }
-    if (target == output.shape) continue;
+  }
+  // Once one output waits here, the later ones do too, so the caller's sink sees them in order.
+  if (!follows_padding && kept_.outputs().empty()) return inner_->Allocate(output);
+  return kept_.Allocate(output);
+}
+
+Status UnpaddingSink::Finish() {
+  for (Tensor& output : kept_.outputs()) {
+    Shape target = output.shape;
+    for (const BucketDim& bucketed : spec_->padding.dims) {
+      if (bucketed.is_input || bucketed.tensor != output.name) continue;
+      if (padded_.lengths[bucketed.axis] < 0) continue;
+      const size_t dim = static_cast<size_t>(Offset(*spec_) + bucketed.dim);
+      if (dim >= output.shape.size() || output.shape[dim] != padded_.buckets[bucketed.axis]) {
+        return absl::InternalError(absl::StrCat(
+            "output '", output.name, "' of model '", spec_->name, "' has shape ",
+            ShapeToString(output.shape), ", but sluice.bucket_dims says its dimension ", dim,
+            " follows padded axis '", spec_->padding.axes[bucketed.axis].name, "' (padded to ",
+            padded_.buckets[bucketed.axis], ")"));
+      }
+      target[dim] = padded_.lengths[bucketed.axis];
+    }
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(target));
     const size_t element_size = ElementSize(output.dtype);
-    std::string cut(static_cast<size_t>(elements) * element_size, '\0');
-    CopyCommonBox(output.data.data(), output.shape, cut.data(), target, element_size);
-    output.data = std::move(cut);
-    output.shape = std::move(target);
+    const size_t bytes = static_cast<size_t>(elements) * element_size;
+    SLUICE_ASSIGN_OR_RETURN(char* destination,
+                            inner_->Allocate({output.name, output.dtype, target, bytes, MemoryType::kCpu}));
+    if (target == output.shape) {
+      if (bytes > 0) std::memcpy(destination, output.data.data(), bytes);
+    } else {
+      CopyCommonBox(output.data.data(), output.shape, destination, target, element_size);
+    }
   }
   return absl::OkStatus();
 }
@@ -170,19 +188,18 @@ PaddingScheduler::PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> in
       inner_(std::move(inner)),
       stats_(std::move(stats)) {}
 
-void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) {
+void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
   StatusOr<PaddedLengths> padded = PadRequest(*spec_, request.get());
   if (!padded.ok()) {
     if (stats_) stats_->RecordRejected(padded.status());
     done(padded.status());
     return;
   }
-  inner_->Enqueue(std::move(request), [spec = spec_, padded = *std::move(padded),
-                                       done = std::move(done)](StatusOr<InferResponse> response) {
-    if (response.ok()) {
-      if (Status cut = UnpadResponse(*spec, padded, &*response); !cut.ok()) response = cut;
-    }
-    done(std::move(response));
+  auto unpadding = std::make_shared<UnpaddingSink>(spec_, *std::move(padded), sink);
+  OutputSink* inner_sink = unpadding.get();
+  inner_->Enqueue(std::move(request), inner_sink, [unpadding, done = std::move(done)](Status status) {
+    if (status.ok()) status = unpadding->Finish();
+    done(std::move(status));
   });
 }
 

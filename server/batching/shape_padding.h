@@ -1,6 +1,7 @@
 // Padding buckets: a request's variable dimensions are padded up to the next bucket size before
 // it is queued (so requests of one bucket batch together and the model sees a finite set of
-// shapes), and the outputs that follow a padded axis are cut back to the request's true length.
+// shapes), and the outputs that follow a padded axis are cut back to the request's true length
+// (UnpaddingSink).
 //
 // Padding changes what a model computes unless the model ignores padded positions: a model that
 // mixes positions (attention, pooling over a sequence, convolutions across the padded edge) must
@@ -29,9 +30,24 @@ struct PaddedLengths {
 // input is at most (bucket / length) times the bytes the request sent for it.
 StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request);
 
-// Cuts the bucketed dimensions of the outputs back to the true lengths. INTERNAL when an output
-// does not have the bucket size where sluice.bucket_dims says it follows a padded axis.
-Status UnpadResponse(const ModelSpec& spec, const PaddedLengths& padded, InferResponse* response);
+// The sink a padded request's outputs go to first: an output that follows a padded axis (and
+// every output after it, to keep their order) waits here at its bucket size; the others go
+// straight to the caller's sink. Finish cuts the waiting ones back to the request's true lengths
+// into the caller's sink: one more copy, for those outputs only. Thread-compatible (one request).
+class UnpaddingSink final : public OutputSink {
+ public:
+  UnpaddingSink(std::shared_ptr<const ModelSpec> spec, PaddedLengths padded, OutputSink* inner);
+  StatusOr<char*> Allocate(const OutputDescription& output) override;
+  // INTERNAL when an output does not have the bucket size where sluice.bucket_dims says it
+  // follows a padded axis; a caller's sink error as it is.
+  Status Finish();
+
+ private:
+  const std::shared_ptr<const ModelSpec> spec_;
+  const PaddedLengths padded_;
+  OutputSink* const inner_;
+  TensorSink kept_;
+};
 
 // The scheduler of a model with padding buckets: pads each request, hands it to `inner`, and
 // unpads its response. Thread-safe as `inner` is.
@@ -39,7 +55,7 @@ class PaddingScheduler final : public Scheduler {
  public:
   PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> inner, std::shared_ptr<ModelStats> stats);
 
-  void Enqueue(std::unique_ptr<InferRequest> request, InferCompletion done) override;
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override;
   void Poke() override { inner_->Poke(); }
   void Stop() override { inner_->Stop(); }
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;

@@ -1,5 +1,5 @@
 // Warm-up before a model reports ready: the requests to run (every shape of the model's shape
-// plan, then Triton's model_warmup samples) and the plumbing the schedulers share to run them on
+// plan, then Triton's model_warmup samples) and the plumbing InstancePool uses to run them on
 // each instance's worker thread.
 #pragma once
 

@@ -11,6 +11,7 @@
 #include "server/core/device.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
+#include "server/core/output_sink.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -48,10 +49,13 @@ struct ConvolutionTuning {
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
-  // Runs one forward pass over a validated request; outputs come back in the order of
-  // request.requested_outputs (every declared output, in config order, when that is empty).
-  // Never throws: model failures are statuses (INTERNAL, RESOURCE_EXHAUSTED for out of memory).
-  virtual StatusOr<InferResponse> Execute(const InferRequest& request) = 0;
+  // Runs one forward pass over `batch` (a validated request, or several requests' rows assembled
+  // into one) and hands each target its rows of the outputs it asked for (DeliverOutputs: one
+  // copy per output per request). `targets` cover the batch's rows in order; rows past the last
+  // target are padding and go nowhere. Never throws: model failures are statuses (INTERNAL,
+  // RESOURCE_EXHAUSTED for out of memory); when one comes back, a target's sink may hold part
+  // of the outputs, and the caller discards them.
+  virtual Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) = 0;
 
   // A staging buffer of at least `bytes` for this instance's batch inputs. Called from the
   // instance's worker thread; buffers are reused across batches (see StagingPool).

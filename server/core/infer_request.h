@@ -12,6 +12,13 @@
 
 namespace sluice {
 
+// The request's parameters that Sluice acts on.
+struct RequestParameters {
+  // Queue timeout in microseconds ("timeout"); 0: the model's default. Honoured only when the
+  // model's dynamic_batching allows timeout overrides.
+  int64_t timeout_us = 0;
+};
+
 // Ownership: `inputs` view bytes that belong either to the caller's transport message (which the
 // caller keeps alive until the request's completion has run) or to `owned_buffers` (typed
 // contents converted into raw bytes). Moving an InferRequest keeps the views valid: the buffers'
@@ -27,12 +34,16 @@ struct InferRequest {
   // Batch size of this request: the first dimension of its inputs when the model batches, else 1.
   int64_t batch_size = 1;
 
-  // Scheduling. `deadline`: the caller's deadline or queue timeout, whichever comes first; a
-  // request still queued then is answered DEADLINE_EXCEEDED without running. `cancelled` is
-  // set by the transport when the caller goes away (may be null).
+  // What the caller asked for besides tensors, protocol-neutral (later: priority, sequence
+  // controls, shared-memory references).
+  RequestParameters parameters;
+
+  // Scheduling. `deadline`: the transport sets the caller's own deadline (kNoDeadline: none);
+  // ModelHandle::Submit narrows it to the queue timeout. A request still queued then is answered
+  // DEADLINE_EXCEEDED without running. `cancelled` is set by the transport when the caller goes
+  // away (may be null).
   TimePoint deadline = kNoDeadline;
   std::shared_ptr<std::atomic<bool>> cancelled;
-  int64_t timeout_us = 0;  // the request's own "timeout" parameter, 0 when absent
 
   // Total bytes of input data (what the request costs while queued).
   size_t InputBytes() const {
@@ -41,11 +52,6 @@ struct InferRequest {
     return bytes;
   }
   bool IsCancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
-};
-
-// What the runtime produces for one request: outputs in the requested order.
-struct InferResponse {
-  std::vector<Tensor> outputs;
 };
 
 }  // namespace sluice

@@ -13,7 +13,6 @@
 #include "absl/strings/str_join.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/shape_padding.h"
-#include "server/batching/unbatched_scheduler.h"
 #include "server/batching/warmup.h"
 
 namespace sluice {
@@ -167,18 +166,11 @@ StatusOr<std::unique_ptr<Scheduler>> ModelManager::MakeScheduler(
     const ModelSpec& spec, std::vector<std::unique_ptr<ModelBackend>> instances,
     std::shared_ptr<ModelStats> stats, std::function<void(const Status&)> on_fatal) const {
   const DynamicBatchingSpec& batching = spec.dynamic_batching;
-  if (!batching.enabled) {
-    UnbatchedScheduler::Options scheduler_options;
-    scheduler_options.max_queue_size = options_.max_queue_size;
-    scheduler_options.clock = clock_;
-    scheduler_options.stats = std::move(stats);
-    scheduler_options.on_fatal = std::move(on_fatal);
-    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<UnbatchedScheduler> scheduler,
-                            UnbatchedScheduler::Create(std::move(instances), std::move(scheduler_options)));
-    return std::unique_ptr<Scheduler>(std::move(scheduler));
-  }
+  // Without dynamic_batching each request runs alone, with the batch size it sent (as Triton
+  // does), through the same queue: the same caps, expiry timer and messages.
   DynamicBatcher::Options batcher_options;
-  batcher_options.queue.max_batch_size = spec.max_batch_size;
+  batcher_options.queue.one_request_per_batch = !batching.enabled;
+  batcher_options.queue.max_batch_size = std::max(1, spec.max_batch_size);
   batcher_options.queue.preferred_batch_sizes = batching.preferred_batch_sizes;
   batcher_options.queue.max_queue_delay = std::chrono::microseconds(batching.max_queue_delay_us);
   batcher_options.queue.max_requests =
@@ -242,7 +234,9 @@ Status ModelManager::LoadAll() {
   return absl::OkStatus();
 }
 
-ModelManager::LoadedVersion ModelManager::LoadOneVersion(const RepositoryModel& model, int64_t version) {
+ModelManager::LoadedVersion ModelManager::LoadOneVersion(const std::shared_ptr<const RepositoryModel>& shared,
+                                                         int64_t version) {
+  const RepositoryModel& model = *shared;
   LoadedVersion loaded;
   loaded.version = version;
   if (stopping_) {
@@ -250,15 +244,17 @@ ModelManager::LoadedVersion ModelManager::LoadOneVersion(const RepositoryModel& 
     return loaded;
   }
   const auto started = std::chrono::steady_clock::now();
-  loaded.stats = std::make_shared<ModelStats>(
+  auto stats = std::make_shared<ModelStats>(
       options_.observer != nullptr ? options_.observer->SinkFor(model.name, version) : nullptr);
   loaded.tuning.name = model.name;
   loaded.tuning.version = version;
+  std::string device;
   StatusOr<std::shared_ptr<Scheduler>> scheduler =
-      LoadVersion(model, model.versions.at(version), loaded.stats, &loaded.device, &loaded.tuning);
+      LoadVersion(model, model.versions.at(version), stats, &device, &loaded.tuning);
   loaded.load_time = std::chrono::steady_clock::now() - started;
   if (scheduler.ok()) {
-    loaded.scheduler = *std::move(scheduler);
+    loaded.handle = std::make_shared<ModelHandle>(shared, version, std::move(device), *std::move(scheduler),
+                                                  std::move(stats), clock_);
   } else {
     loaded.status = scheduler.status();
   }
@@ -298,7 +294,7 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
     }
   }
   std::vector<LoadedVersion> loaded;
-  for (const auto& [version, path] : model->versions) loaded.push_back(LoadOneVersion(*model, version));
+  for (const auto& [version, path] : model->versions) loaded.push_back(LoadOneVersion(model, version));
 
   const LoadedVersion* failed = nullptr;
   for (const LoadedVersion& each : loaded) {
@@ -310,7 +306,7 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
                                      ": ", failed->status.message(), kept));
     spdlog::error("event=model_reload_failed model={} reason=\"{}\"", name, status.message());
     for (LoadedVersion& each : loaded) {
-      if (each.scheduler) each.scheduler->Stop();
+      if (each.handle) each.handle->Stop();
     }
     return status;
   }
@@ -327,19 +323,17 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
     entry.wanted = true;
     entry.reason.clear();
     for (LoadedVersion& each : loaded) {
-      if (each.scheduler && stopping) {
-        // Stop ran while this version loaded and could not see its scheduler.
-        each.scheduler->Stop();
-        each.scheduler.reset();
+      if (each.handle && stopping) {
+        // Stop ran while this version loaded and could not see it.
+        each.handle->Stop();
+        each.handle.reset();
         each.status = absl::UnavailableError("the server is shutting down");
       }
       VersionSlot slot;
       slot.version = each.version;
-      if (each.scheduler) {
+      if (each.handle) {
         slot.state = ModelState::kReady;
-        slot.scheduler = each.scheduler;
-        slot.stats = each.stats;
-        slot.device = each.device;
+        slot.handle = each.handle;
         slot.tuning = each.tuning;
       } else {
         slot.state = ModelState::kUnavailable;
@@ -349,14 +343,14 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
     }
   }
   for (const LoadedVersion& each : loaded) {
-    if (each.scheduler) {
+    if (each.handle) {
       LogTuning(each.tuning);
       if (options_.observer != nullptr) {
         options_.observer->OnReady(each.tuning, each.load_time);
         options_.observer->OnState(name, each.version, ModelState::kReady);
       }
       spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}{}", name,
-                   each.version, each.device, model->spec.dynamic_batching.enabled ? "dynamic" : "none",
+                   each.version, each.handle->device(), model->spec.dynamic_batching.enabled ? "dynamic" : "none",
                    std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
                    serving ? " reloaded=true" : "");
     } else {
@@ -383,27 +377,20 @@ Status ModelManager::Install(std::shared_ptr<const RepositoryModel> model) {
 void ModelManager::Retire(const std::string& name, std::vector<VersionSlot> old) {
   bool released = false;
   for (VersionSlot& slot : old) {
-    if (!slot.scheduler) continue;
+    if (!slot.handle) continue;
+    bool stopping = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      retiring_.push_back(slot.scheduler);
+      retiring_.push_back(slot.handle);
+      stopping = stopping_;  // else Stop will see it in retiring_ and end the wait
     }
-    // Every request given this version holds its scheduler (ServableModel, the call's reactor)
-    // until it is answered, and nothing hands it out any more: when this is the last holder,
-    // nothing is queued or running on it.
+    // Nothing hands this version out any more, and every request given it holds a reference
+    // (ModelHandle::Acquire) until it is answered: once none is left, nothing is queued or
+    // running on it.
     const auto started = std::chrono::steady_clock::now();
-    auto next_log = started + std::chrono::seconds(10);
-    while (slot.scheduler.use_count() > 1 && !stopping_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      if (std::chrono::steady_clock::now() >= next_log) {
-        spdlog::warn("event=model_draining model={} version={} holders={} waited_s={}", name, slot.version,
-                     slot.scheduler.use_count() - 1,
-                     std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
-        next_log += std::chrono::seconds(10);
-      }
-    }
-    slot.scheduler->Stop();
-    slot.scheduler.reset();  // the last reference: the instances are destroyed here
+    if (!stopping) slot.handle->WaitIdle();
+    slot.handle->Stop();
+    slot.handle.reset();  // normally the last reference: the instances are destroyed here
     released = true;
     spdlog::info("event=model_version_retired model={} version={} drain_ms={}", name, slot.version,
                  std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
@@ -412,7 +399,7 @@ void ModelManager::Retire(const std::string& name, std::vector<VersionSlot> old)
   {
     std::lock_guard<std::mutex> lock(mutex_);
     retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
-                                   [](const std::weak_ptr<Scheduler>& weak) { return weak.expired(); }),
+                                   [](const std::weak_ptr<ModelHandle>& weak) { return weak.expired(); }),
                     retiring_.end());
   }
   // The instances' memory goes back to where it came from: LibTorch's CUDA cache to the driver,
@@ -482,7 +469,7 @@ Status ModelManager::Unload(const std::string& name, bool forget) {
     }
     if (forget) entries_.erase(it);
   }
-  const bool any = std::any_of(old.begin(), old.end(), [](const VersionSlot& slot) { return slot.scheduler != nullptr; });
+  const bool any = std::any_of(old.begin(), old.end(), [](const VersionSlot& slot) { return slot.handle != nullptr; });
   if (options_.observer != nullptr) {
     for (const VersionSlot& slot : old) options_.observer->OnState(name, slot.version, ModelState::kUnavailable);
   }
@@ -570,7 +557,7 @@ StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const s
   return it->second.model;
 }
 
-StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::string& version) const {
+StatusOr<std::shared_ptr<ModelHandle>> ModelManager::Find(const std::string& name, const std::string& version) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
@@ -609,7 +596,7 @@ StatusOr<ServableModel> ModelManager::Find(const std::string& name, const std::s
           chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
     }
   }
-  return ServableModel{entry.model, chosen->version, chosen->device, chosen->scheduler, chosen->stats};
+  return chosen->handle->Acquire();
 }
 
 std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const {
@@ -652,7 +639,7 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
     if (!name.empty() && model_name != name) continue;
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state != ModelState::kReady || (wanted != 0 && slot.version != wanted)) continue;
-      result.push_back({model_name, slot.version, slot.stats->Snapshot()});
+      result.push_back({model_name, slot.version, slot.handle->Statistics()});
     }
   }
   if (!name.empty() && wanted != 0 && result.empty()) {
@@ -675,20 +662,20 @@ bool ModelManager::AllReady() const {
 }
 
 void ModelManager::Stop() {
-  std::vector<std::shared_ptr<Scheduler>> schedulers;
+  std::vector<std::shared_ptr<ModelHandle>> handles;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
     for (const auto& [name, entry] : entries_) {
       for (const VersionSlot& slot : entry.versions) {
-        if (slot.scheduler) schedulers.push_back(slot.scheduler);
+        if (slot.handle) handles.push_back(slot.handle);
       }
     }
-    for (const std::weak_ptr<Scheduler>& weak : retiring_) {
-      if (auto scheduler = weak.lock()) schedulers.push_back(std::move(scheduler));
+    for (const std::weak_ptr<ModelHandle>& weak : retiring_) {
+      if (auto handle = weak.lock()) handles.push_back(std::move(handle));
     }
   }
-  for (const auto& scheduler : schedulers) scheduler->Stop();
+  for (const auto& handle : handles) handle->Stop();
 }
 
 RepositoryPoller::RepositoryPoller(ModelManager* manager, Duration interval)

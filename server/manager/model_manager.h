@@ -23,6 +23,7 @@
 #include "server/core/liveness.h"
 #include "server/core/backend.h"
 #include "server/core/device.h"
+#include "server/manager/model_handle.h"
 #include "server/repository/model_repository.h"
 
 namespace sluice {
@@ -41,16 +42,6 @@ const char* ModelStateName(ModelState state);  // "LOADING", "READY", "UNAVAILAB
 enum class ModelControlMode { kNone, kPoll, kExplicit };
 const char* ModelControlModeName(ModelControlMode mode);  // "none", "poll", "explicit"
 StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text);
-
-// A ready model version, as handed to a request. Shared ownership keeps it (its configuration
-// and its scheduler) alive for as long as a request holds it, across a reload or an unload.
-struct ServableModel {
-  std::shared_ptr<const RepositoryModel> model;  // the configuration this version was loaded with
-  int64_t version = 0;
-  std::string device;  // "cpu", "cuda:0", or a list for several instances
-  std::shared_ptr<Scheduler> scheduler;
-  std::shared_ptr<ModelStats> stats;  // for requests the api rejects before they reach the scheduler
-};
 
 // Statistics of one loaded version, for ModelStatistics.
 struct VersionStatistics {
@@ -95,7 +86,7 @@ struct ModelIndexEntry {
 
 // Thread-safe. Lookups may run while models load. Control calls (LoadAll, LoadModel,
 // UnloadModel, PollRepository) run one at a time; lookups never wait for them.
-class ModelManager {
+class ModelManager final : public ModelLookup {
  public:
   struct Options {
     DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
@@ -114,7 +105,7 @@ class ModelManager {
   };
 
   ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
-  ~ModelManager();
+  ~ModelManager() override;
 
   // Loads every selected version of every model (in explicit mode: of the start-up models). A
   // model that fails to load is logged with its reason and marked UNAVAILABLE; the others still
@@ -145,10 +136,11 @@ class ModelManager {
   // only when the source cannot be scanned.
   Status PollRepository();
 
-  // The model version a request goes to. `version` empty: the newest ready one.
-  // NOT_FOUND: no such model or version (or not a number); UNAVAILABLE: it exists but is not ready
-  // (the reason is in the message).
-  StatusOr<ServableModel> Find(const std::string& name, const std::string& version) const;
+  // The model version a request goes to, as a reference that counts as in flight until it is
+  // dropped (ModelHandle::Acquire): an unload or a reload waits for it. `version` empty: the
+  // newest ready one. NOT_FOUND: no such model or version (or not a number); UNAVAILABLE: it
+  // exists but is not ready (the reason is in the message).
+  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const override;
 
   // The repository entry of `name` (any state): NOT_FOUND when unknown.
   StatusOr<std::shared_ptr<const RepositoryModel>> FindModel(const std::string& name) const;
@@ -188,9 +180,7 @@ class ModelManager {
     int64_t version = 0;
     ModelState state = ModelState::kLoading;
     std::string reason;
-    std::string device;
-    std::shared_ptr<Scheduler> scheduler;
-    std::shared_ptr<ModelStats> stats;
+    std::shared_ptr<ModelHandle> handle;  // ready versions only
     ModelTuning tuning;
   };
   struct Entry {
@@ -204,9 +194,7 @@ class ModelManager {
   struct LoadedVersion {
     int64_t version = 0;
     Status status;
-    std::shared_ptr<Scheduler> scheduler;
-    std::shared_ptr<ModelStats> stats;
-    std::string device;
+    std::shared_ptr<ModelHandle> handle;  // when loaded
     ModelTuning tuning;
     Duration load_time{0};
   };
@@ -215,12 +203,12 @@ class ModelManager {
   static std::vector<VersionSlot> LoadingSlots(const RepositoryModel& model);
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
   Status Install(std::shared_ptr<const RepositoryModel> model);
-  LoadedVersion LoadOneVersion(const RepositoryModel& model, int64_t version);
+  LoadedVersion LoadOneVersion(const std::shared_ptr<const RepositoryModel>& model, int64_t version);
   void NotifyChange();
   // Unload with control_mutex_ held; `forget` also removes the model from the index.
   Status Unload(const std::string& name, bool forget);
-  // Waits until no request holds each old version's scheduler (or Stop is called), stops it and
-  // releases its instances and the memory they cached.
+  // Waits until no request holds each old version (ModelHandle::WaitIdle; Stop ends the wait),
+  // stops it and releases its instances and the memory they cached.
   void Retire(const std::string& name, std::vector<VersionSlot> old);
 
   StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
@@ -244,7 +232,7 @@ class ModelManager {
   std::mutex control_mutex_;  // serialises LoadAll, LoadModel, UnloadModel, PollRepository
   mutable std::mutex mutex_;  // guards what follows, never held while loading or draining
   std::map<std::string, Entry> entries_;  // by name, which is repository order
-  std::vector<std::weak_ptr<Scheduler>> retiring_;  // old versions being drained
+  std::vector<std::weak_ptr<ModelHandle>> retiring_;  // old versions being drained
   std::function<void()> change_listener_;
   bool loaded_ = false;
   std::atomic<bool> stopping_{false};  // Stop was called: nothing more loads

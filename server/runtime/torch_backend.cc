@@ -210,14 +210,13 @@ class TorchScriptBackend final : public ModelBackend {
     streams_->Give(*stream_);
   }
 
-  StatusOr<InferResponse> Execute(const InferRequest& request) override {
-    return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"),
-                      [&]() -> StatusOr<InferResponse> {
-                        if (!stream_) return Run(request);
-                        // Each instance runs on its own stream, so instances on one GPU overlap.
-                        c10::cuda::CUDAStreamGuard guard(*stream_);
-                        return Run(request);
-                      });
+  Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) override {
+    return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"), [&]() -> Status {
+      if (!stream_) return Run(batch, targets);
+      // Each instance runs on its own stream, so instances on one GPU overlap.
+      c10::cuda::CUDAStreamGuard guard(*stream_);
+      return Run(batch, targets);
+    });
   }
 
   // Pinned host memory on a GPU instance, so the host-to-device copy can be asynchronous.
@@ -229,7 +228,7 @@ class TorchScriptBackend final : public ModelBackend {
   ConvolutionTuning Tuning() const override { return tuning_; }
 
  private:
-  StatusOr<InferResponse> Run(const InferRequest& request) {
+  Status Run(const InferRequest& request, absl::Span<const OutputTarget> targets) {
     // LibTorch's CPU pool (OpenMP in the torch wheel) takes its thread count per calling thread,
     // and each instance has its own worker thread: set it once on that thread.
     thread_local int configured_threads = 0;
@@ -253,20 +252,52 @@ class TorchScriptBackend final : public ModelBackend {
     c10::IValue result = module_.forward(std::move(arguments));
     SLUICE_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, BindOutputs(result));
 
-    InferResponse response;
-    auto emit = [&](size_t declared) -> Status {
-      SLUICE_ASSIGN_OR_RETURN(Tensor out, ToOutput(spec_.outputs[declared], outputs[declared], request));
-      response.outputs.push_back(std::move(out));
-      return absl::OkStatus();
-    };
-    if (request.requested_outputs.empty()) {
-      for (size_t i = 0; i < spec_.outputs.size(); ++i) SLUICE_RETURN_IF_ERROR(emit(i));
-    } else {
-      for (const std::string& name : request.requested_outputs) {
-        SLUICE_RETURN_IF_ERROR(emit(DeclaredIndex(spec_.outputs, name)));
+    // Only the outputs some target asked for are checked, brought to the host and delivered.
+    std::vector<bool> wanted(spec_.outputs.size(), false);
+    for (const OutputTarget& target : targets) {
+      if (target.requested == nullptr || target.requested->empty()) {
+        wanted.assign(wanted.size(), true);
+        break;
       }
+      for (const std::string& name : *target.requested) wanted[DeclaredIndex(spec_.outputs, name)] = true;
     }
-    return response;
+    std::vector<at::Tensor> host(spec_.outputs.size());
+    std::vector<HostOutput> delivered;
+    for (size_t i = 0; i < spec_.outputs.size(); ++i) {
+      if (!wanted[i]) continue;
+      SLUICE_RETURN_IF_ERROR(CheckOutput(spec_.outputs[i], outputs[i], request));
+      host[i] = ToHost(i, outputs[i]);
+    }
+    // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
+    if (stream_) stream_->synchronize();
+    for (size_t i = 0; i < spec_.outputs.size(); ++i) {
+      if (!wanted[i]) continue;
+      HostOutput output;
+      output.name = &spec_.outputs[i].name;
+      output.dtype = spec_.outputs[i].dtype;
+      output.shape.assign(outputs[i].sizes().begin(), outputs[i].sizes().end());
+      output.data = static_cast<const char*>(host[i].data_ptr());
+      output.byte_size = host[i].nbytes();
+      output.memory = device_.is_cuda() ? MemoryType::kCpuPinned : MemoryType::kCpu;
+      delivered.push_back(std::move(output));
+    }
+    return DeliverOutputs(delivered, targets, spec_.batches());
+  }
+
+  // Output `index` in contiguous host memory. CPU: the tensor itself when it is contiguous (the
+  // sink copy is then the only one). GPU: an asynchronous copy into this instance's pinned buffer
+  // for that output (reused, grown when a larger batch needs it); the caller synchronises.
+  at::Tensor ToHost(size_t index, const at::Tensor& value) {
+    if (!device_.is_cuda()) return value.contiguous();
+    if (pinned_outputs_.size() <= index) pinned_outputs_.resize(index + 1);
+    at::Tensor& pinned = pinned_outputs_[index];
+    const int64_t bytes = static_cast<int64_t>(value.nbytes());
+    if (!pinned.defined() || pinned.numel() < bytes) {
+      pinned = at::empty({std::max<int64_t>(bytes, 64)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    }
+    at::Tensor view = pinned.narrow(0, 0, bytes).view(value.scalar_type()).view(value.sizes());
+    view.copy_(value, /*non_blocking=*/true);
+    return view;
   }
 
   static size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
@@ -335,8 +366,7 @@ class TorchScriptBackend final : public ModelBackend {
     return bound;
   }
 
-  StatusOr<Tensor> ToOutput(const TensorSpec& declared, const at::Tensor& value,
-                            const InferRequest& request) {
+  Status CheckOutput(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) {
     std::optional<DataType> dtype = FromScalarType(value.scalar_type());
     if (!dtype || *dtype != declared.dtype) {
       return absl::InternalError(absl::StrCat(
@@ -356,14 +386,7 @@ class TorchScriptBackend final : public ModelBackend {
           declared.name, "', but config.pbtxt declares ", ShapeToString(expected),
           spec_.batches() ? absl::StrCat(" with batch size ", request.batch_size) : ""));
     }
-    at::Tensor host = value.to(torch::kCPU).contiguous();
-    Tensor out;
-    out.name = declared.name;
-    out.dtype = declared.dtype;
-    out.shape = std::move(shape);
-    out.data.resize(host.nbytes());
-    if (host.nbytes() > 0) std::memcpy(out.data.data(), host.data_ptr(), host.nbytes());
-    return out;
+    return absl::OkStatus();
   }
 
   const ModelSpec spec_;
@@ -372,6 +395,7 @@ class TorchScriptBackend final : public ModelBackend {
   const std::vector<int> input_positions_;  // forward argument index of each declared input
   const size_t forward_arity_;
   std::optional<c10::cuda::CUDAStream> stream_;  // GPU instances only
+  std::vector<at::Tensor> pinned_outputs_;  // GPU instances: per declared output, bytes; worker thread only
   int intra_op_threads_ = 0;  // CPU instances only; the manager sets the default split
   const ConvolutionTuning tuning_;
   const std::shared_ptr<StreamRecycler> streams_;  // shared with the factory; outlives it if need be

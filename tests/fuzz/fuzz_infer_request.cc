@@ -3,6 +3,8 @@
 // trip a sanitizer, or allocate from a declared shape the bytes do not back.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "grpc_service.pb.h"
@@ -58,11 +60,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto padded = sluice::PadRequest(spec, request->get());
       if (!padded.ok()) continue;
       // What the model would answer: an output that follows the padded axis, cut back.
-      sluice::InferResponse response;
+      static const std::string kOutput = "y";
       const sluice::TensorView& tokens = (*request)->inputs.front();
-      response.outputs.push_back({"y", sluice::DataType::kInt32, tokens.shape,
-                                  std::string(tokens.data, tokens.byte_size)});
-      (void)sluice::UnpadResponse(spec, *padded, &response);
+      sluice::TensorSink caller;
+      sluice::UnpaddingSink sink(std::make_shared<const sluice::ModelSpec>(spec), *padded, &caller);
+      auto memory = sink.Allocate({kOutput, sluice::DataType::kInt32, tokens.shape, tokens.byte_size,
+                                   sluice::MemoryType::kCpu});
+      if (memory.ok() && tokens.byte_size > 0) std::memcpy(*memory, tokens.data, tokens.byte_size);
+      (void)sink.Finish();
     }
     return 0;
   }

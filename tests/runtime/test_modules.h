@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "server/core/backend.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 
@@ -32,5 +33,18 @@ std::unique_ptr<ConvRequest> MakeConvRequest();
 // kConvSource's output bytes for a 1x1x4x4 input of ones (window sums: 4 at corners, 6 at edges,
 // 9 inside), as FP32.
 std::string ExpectedConvOutput();
+
+// What one caller got from an execution: its outputs, as its sink received them.
+struct Executed {
+  std::vector<Tensor> outputs;
+};
+// Runs `request` on `backend` as the only caller: one target with the request's rows and
+// requested outputs.
+inline StatusOr<Executed> Run(ModelBackend& backend, const InferRequest& request) {
+  TensorSink sink;
+  const OutputTarget target{request.batch_size, &request.requested_outputs, &sink};
+  SLUICE_RETURN_IF_ERROR(backend.Execute(request, absl::MakeConstSpan(&target, 1)));
+  return Executed{std::move(sink.outputs())};
+}
 
 }  // namespace sluice::testing

@@ -44,7 +44,7 @@ TEST_F(TorchBackendGpuTest, BenchmarkOnConvolutionMatchesTheCpu) {
   EXPECT_EQ((*backend)->Tuning().rewritten, 1);
   auto conv = testing::MakeConvRequest();
   for (int i = 0; i < 3; ++i) {  // the first run searches; the others use the cached algorithm
-    auto response = (*backend)->Execute(conv->request);
+    auto response = testing::Run(**backend, conv->request);
     ASSERT_TRUE(response.ok()) << response.status();
     // The algorithm cuDNN picks (Winograd, FFT) may round differently: compare as floats.
     const std::string expected = testing::ExpectedConvOutput();
@@ -64,7 +64,7 @@ TEST_F(TorchBackendGpuTest, RunsOnCudaAndReturnsHostBytes) {
   auto backend = factory->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{true, 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto conv = testing::MakeConvRequest();
-  auto response = (*backend)->Execute(conv->request);
+  auto response = testing::Run(**backend, conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
 }

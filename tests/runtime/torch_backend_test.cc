@@ -108,7 +108,7 @@ TEST_F(TorchBackendTest, EveryDatatypeRoundTrips) {
     auto backend = factory_->Load(Spec(type, type), path, Device{});
     ASSERT_TRUE(backend.ok()) << backend.status();
     auto owned = MakeRequest(type, {1, 2, 3, 0}, {2, 2});
-    auto response = (*backend)->Execute(owned->request);
+    auto response = testing::Run(**backend, owned->request);
     ASSERT_TRUE(response.ok()) << DataTypeName(type) << ": " << response.status();
     ASSERT_EQ(response->outputs.size(), 1u);
     const Tensor& out = response->outputs[0];
@@ -124,7 +124,7 @@ TEST_F(TorchBackendTest, BoolTensors) {
   auto backend = factory_->Load(Spec(DataType::kBool, DataType::kBool), path, Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto owned = MakeRequest(DataType::kBool, {1, 0, 1}, {1, 3});
-  auto response = (*backend)->Execute(owned->request);
+  auto response = testing::Run(**backend, owned->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, Encode(DataType::kBool, {0, 1, 0}));
 }
@@ -146,14 +146,14 @@ def forward(self, values: Tensor, counts: Tensor) -> Dict[str, Tensor]:
   InferRequest request;
   request.inputs = {{"counts", DataType::kInt64, {1, 2}, counts.data(), counts.size()},
                     {"values", DataType::kFp32, {1, 2}, values.data(), values.size()}};
-  auto response = (*backend)->Execute(request);
+  auto response = testing::Run(**backend, request);
   ASSERT_TRUE(response.ok()) << response.status();
   ASSERT_EQ(response->outputs.size(), 2u);
   EXPECT_EQ(response->outputs[0].name, "total");
   EXPECT_EQ(response->outputs[0].data, Encode(DataType::kFp32, {1.5, 3.5}));
   EXPECT_EQ(response->outputs[1].data, Encode(DataType::kInt64, {2, 4}));
   request.requested_outputs = {"twice"};
-  response = (*backend)->Execute(request);
+  response = testing::Run(**backend, request);
   ASSERT_TRUE(response.ok());
   ASSERT_EQ(response->outputs.size(), 1u);
   EXPECT_EQ(response->outputs[0].name, "twice");
@@ -169,18 +169,46 @@ def forward(self, INPUT__0):
   auto backend = factory_->Load(spec, path, Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto owned = MakeRequest(DataType::kFp32, {1, 2, 3}, {1, 3});
-  auto response = (*backend)->Execute(owned->request);
+  auto response = testing::Run(**backend, owned->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].name, "OUTPUT__1");
   EXPECT_EQ(response->outputs[0].data, Encode(DataType::kFp32, {6}));
   EXPECT_EQ(response->outputs[1].data, Encode(DataType::kFp32, {2, 4, 6}));
 }
 
+TEST_F(TorchBackendTest, EachTargetGetsItsRowsOfTheOutputsItAskedFor) {
+  const auto path = SaveModule("pair", R"(
+def forward(self, INPUT__0):
+    return INPUT__0 * 2.0, INPUT__0.sum(dim=1, keepdim=True)
+)");
+  ModelSpec spec = Spec(DataType::kFp32, DataType::kFp32, {2}, {1});
+  spec.outputs = {{"OUTPUT__0", DataType::kFp32, {2}}, {"OUTPUT__1", DataType::kFp32, {1}}};
+  auto backend = factory_->Load(spec, path, Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  // Three rows from two callers plus one padding row.
+  auto owned = MakeRequest(DataType::kFp32, {1, 2, 3, 4, 5, 6, 0, 0}, {4, 2});
+  owned->request.batch_size = 4;
+  TensorSink first, second;
+  const std::vector<std::string> only_sum = {"OUTPUT__1"};
+  const std::vector<OutputTarget> targets = {{1, &only_sum, &first}, {2, nullptr, &second}};
+  ASSERT_TRUE((*backend)->Execute(owned->request, targets).ok());
+  ASSERT_EQ(first.outputs().size(), 1u);
+  EXPECT_EQ(first.outputs()[0].name, "OUTPUT__1");
+  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 1));
+  EXPECT_EQ(first.outputs()[0].data, Encode(DataType::kFp32, {3}));
+  ASSERT_EQ(second.outputs().size(), 2u);
+  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 2));
+  EXPECT_EQ(second.outputs()[0].data, Encode(DataType::kFp32, {6, 8, 10, 12}));
+  EXPECT_EQ(second.outputs()[1].data, Encode(DataType::kFp32, {7, 11}));
+  // Exactly the callers' bytes were written: no padding row, no output nobody asked for.
+  EXPECT_EQ(first.bytes() + second.bytes(), 4u + 16u + 8u);
+}
+
 TEST_F(TorchBackendTest, ConvolutionOnCpu) {
   auto backend = factory_->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto conv = testing::MakeConvRequest();
-  auto response = (*backend)->Execute(conv->request);
+  auto response = testing::Run(**backend, conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
 }
@@ -193,7 +221,7 @@ TEST_F(TorchBackendTest, IntraOpThreadsApplyToTheInstanceThread) {
   int seen = 0;
   std::thread worker([&] {
     auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
-    ASSERT_TRUE((*backend)->Execute(owned->request).ok());
+    ASSERT_TRUE(testing::Run(**backend, owned->request).ok());
     seen = at::get_num_threads();
   });
   worker.join();
@@ -232,11 +260,11 @@ def forward(self, INPUT__0):
   auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32), path, Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto bad = MakeRequest(DataType::kFp32, {-1}, {1, 1});
-  auto failed = (*backend)->Execute(bad->request);
+  auto failed = testing::Run(**backend, bad->request);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(failed.status().message(), HasSubstr("negative input is not allowed"));
   auto good = MakeRequest(DataType::kFp32, {1}, {1, 1});
-  EXPECT_TRUE((*backend)->Execute(good->request).ok());
+  EXPECT_TRUE(testing::Run(**backend, good->request).ok());
 }
 
 // The TorchScript interpreter rethrows an allocation failure inside a model as a plain
@@ -251,12 +279,12 @@ def forward(self, INPUT__0):
   auto backend = factory_->Load(Spec(DataType::kInt64, DataType::kInt64), path, Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto huge = MakeRequest(DataType::kInt64, {std::ldexp(1.0, 62)}, {1, 1});
-  auto failed = (*backend)->Execute(huge->request);
+  auto failed = testing::Run(**backend, huge->request);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
   EXPECT_THAT(failed.status().message(), HasSubstr("out of memory"));
   EXPECT_FALSE(IsFatal(failed.status()));
   auto small = MakeRequest(DataType::kInt64, {1024.0}, {1, 1});
-  EXPECT_TRUE((*backend)->Execute(small->request).ok());
+  EXPECT_TRUE(testing::Run(**backend, small->request).ok());
 }
 
 TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
@@ -265,7 +293,7 @@ TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
                                   SaveModule("to_double", "def forward(self, INPUT__0):\n    return INPUT__0.double()\n"), Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
-    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+    EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),
                 HasSubstr("produced Double for output 'OUTPUT__0', but config.pbtxt declares FP32"));
   }
   {
@@ -273,7 +301,7 @@ TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
                                   SaveModule("same", "def forward(self, INPUT__0):\n    return INPUT__0\n"), Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1, 2}, {1, 2});
-    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+    EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),
                 HasSubstr("produced shape [1,2] for output 'OUTPUT__0', but config.pbtxt declares [-1,4]"));
   }
   {
@@ -281,7 +309,7 @@ TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
                                   SaveModule("number", "def forward(self, INPUT__0):\n    return 3\n"), Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
-    EXPECT_THAT((*backend)->Execute(owned->request).status().message(),
+    EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),
                 HasSubstr("expected a tensor, a tuple/list or a dict of tensors"));
   }
 }

@@ -44,7 +44,7 @@ class BatchQueueTest : public ::testing::Test {
   // Adds a request; keeps its data alive for the test.
   Status Add(BatchQueue& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline) {
     Owned owned = Make(rows, width, next_tag_++, deadline);
-    PendingRequest pending{std::move(owned.request), nullptr, clock_.Now(), owned.data.size() * 4};
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
     data_.push_back(std::move(owned.data));
     return queue.Add(pending);
   }
@@ -227,7 +227,7 @@ TEST_F(BatchQueueTest, PaddingToPreferredSizes) {
   EXPECT_EQ(batch->padded_rows, 8);  // above every preferred size: max_batch_size
 }
 
-TEST_F(BatchQueueTest, AssembleAndSplitRoundTripWithPadding) {
+TEST_F(BatchQueueTest, AssembleAndDeliverRoundTripWithPadding) {
   auto options = Options();
   options.preferred_batch_sizes = {4};
   options.pad_to_preferred = true;
@@ -248,14 +248,18 @@ TEST_F(BatchQueueTest, AssembleAndSplitRoundTripWithPadding) {
   std::vector<int32_t> staged(8);
   std::memcpy(staged.data(), assembled.inputs[0].data, 32);
   EXPECT_THAT(staged, ElementsAre(1, 1, 2, 2, 2, 2, 0, 0));  // padding rows are zero
-  auto outputs = echo.Execute(assembled);
-  ASSERT_TRUE(outputs.ok());
-  auto responses = SplitBatch(*batch, *std::move(outputs));
-  ASSERT_TRUE(responses.ok()) << responses.status();
-  ASSERT_EQ(responses->size(), 2u);
-  EXPECT_THAT((*responses)[0].outputs[0].shape, ElementsAre(1, 2));
-  EXPECT_THAT((*responses)[1].outputs[0].shape, ElementsAre(2, 2));  // padding never reaches a caller
-  EXPECT_EQ((*responses)[1].outputs[0].data.size(), 16u);
+  TensorSink first, second;
+  const std::vector<OutputTarget> targets = {{1, nullptr, &first}, {2, nullptr, &second}};
+  ASSERT_TRUE(echo.Execute(assembled, targets).ok());
+  ASSERT_EQ(first.outputs().size(), 1u);
+  ASSERT_EQ(second.outputs().size(), 1u);
+  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 2));
+  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 2));  // padding never reaches a caller
+  EXPECT_EQ(second.outputs()[0].data.size(), 16u);
+  std::vector<int32_t> rows(4);
+  std::memcpy(rows.data(), second.outputs()[0].data.data(), 16);
+  EXPECT_THAT(rows, ElementsAre(2, 2, 2, 2));
+  EXPECT_EQ(echo.bytes_copied(), 8u + 16u);  // each caller's rows, once; the padding rows never
   // The same pool serves later batches without allocating again.
   for (int i = 0; i < 50; ++i) {
     ASSERT_TRUE(Add(queue, 1 + i % 8).ok());
@@ -265,16 +269,34 @@ TEST_F(BatchQueueTest, AssembleAndSplitRoundTripWithPadding) {
   EXPECT_EQ(pool.allocations(), 1u);  // 64 bytes (the minimum) hold max_batch_size rows here
 }
 
-TEST_F(BatchQueueTest, SplitRejectsOutputsWithoutBatchDimension) {
+TEST_F(BatchQueueTest, DeliverRejectsOutputsWithoutBatchDimension) {
+  const std::string name = "y";
+  const std::string data(12, '\0');
+  const HostOutput wrong{&name, DataType::kFp32, {1, 3}, data.data(), data.size(), MemoryType::kCpu};
+  TensorSink a, b;
+  const std::vector<OutputTarget> targets = {{1, nullptr, &a}, {1, nullptr, &b}};
+  EXPECT_THAT(DeliverOutputs({&wrong, 1}, targets, /*batched=*/true).message(),
+              HasSubstr("does not start with the batch dimension (2 rows)"));
+  EXPECT_TRUE(a.outputs().empty());
+}
+
+TEST_F(BatchQueueTest, OneRequestPerBatchKeepsArrivalOrderAcrossShapes) {
   auto options = Options();
-  options.max_queue_delay = 0us;
+  options.one_request_per_batch = true;
+  options.max_groups = 1;  // never reached: every shape waits in the one queue
+  options.max_queue_delay = 1s;  // ignored: a lone request needs no company
   BatchQueue queue(options);
   ASSERT_TRUE(Add(queue, 2).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  InferResponse wrong;
-  wrong.outputs.push_back({"y", DataType::kFp32, {3}, std::string(12, '\0')});
-  EXPECT_THAT(SplitBatch(*batch, std::move(wrong)).status().message(),
-              HasSubstr("does not start with the batch dimension (2)"));
+  ASSERT_TRUE(Add(queue, 3, /*width=*/5).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
+  for (int64_t rows : {2, 3, 1}) {
+    auto batch = queue.TakeReadyBatch(clock_.Now());
+    ASSERT_TRUE(batch.has_value());
+    ASSERT_EQ(batch->requests.size(), 1u);
+    EXPECT_EQ(batch->rows, rows);
+    EXPECT_EQ(batch->padded_rows, rows);
+  }
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
 }
 
 }  // namespace

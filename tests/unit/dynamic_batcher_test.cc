@@ -20,7 +20,8 @@ using namespace std::chrono_literals;
 // A request for input "x" (INT32, `rows` x `width`) whose values all equal `tag`.
 struct Call {
   std::vector<int32_t> data;
-  std::promise<StatusOr<InferResponse>> answer;
+  TensorSink sink;
+  std::promise<StatusOr<testing::Outputs>> answer;
   std::atomic<int> answers{0};
 };
 
@@ -35,19 +36,12 @@ std::unique_ptr<InferRequest> Request(Call& call, int64_t rows, int64_t width, i
 }
 
 InferCompletion Answer(Call& call) {
-  return [&call](StatusOr<InferResponse> result) {
-    if (call.answers.fetch_add(1) == 0) call.answer.set_value(std::move(result));
+  return [&call](Status status) {
+    if (call.answers.fetch_add(1) == 0) call.answer.set_value(testing::Collected(status, call.sink));
   };
 }
 
-ModelSpec Spec() {
-  ModelSpec spec;
-  spec.name = "m";
-  spec.max_batch_size = 8;
-  spec.inputs = {{"x", DataType::kInt32, {-1}}};
-  spec.outputs = {{"y", DataType::kInt32, {-1}}};
-  return spec;
-}
+ModelSpec Spec() { return testing::EchoSpec(); }
 
 class DynamicBatcherTest : public ::testing::Test {
  protected:
@@ -77,9 +71,9 @@ class DynamicBatcherTest : public ::testing::Test {
 TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
   auto batcher = Make();
   Call a, b, c;
-  batcher->Enqueue(Request(a, 1, 2, 10), Answer(a));
-  batcher->Enqueue(Request(b, 3, 2, 20), Answer(b));  // carries its own batch dimension
-  batcher->Enqueue(Request(c, 2, 2, 30), Answer(c));
+  batcher->Enqueue(Request(a, 1, 2, 10), &a.sink, Answer(a));
+  batcher->Enqueue(Request(b, 3, 2, 20), &b.sink, Answer(b));  // carries its own batch dimension
+  batcher->Enqueue(Request(c, 2, 2, 30), &c.sink, Answer(c));
   clock_.Advance(1s);
   batcher->Poke();
   auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(), rc = c.answer.get_future().get();
@@ -100,9 +94,9 @@ TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
 TEST_F(DynamicBatcherTest, AThrowingBatchFailsOnlyItsOwnRequests) {
   auto batcher = Make();
   Call poisoned, same_group, other_group;
-  batcher->Enqueue(Request(poisoned, 1, 2, static_cast<int32_t>(0xEEEEEEEE)), Answer(poisoned));
-  batcher->Enqueue(Request(same_group, 1, 2, 5), Answer(same_group));
-  batcher->Enqueue(Request(other_group, 1, 3, 7), Answer(other_group));  // another shape
+  batcher->Enqueue(Request(poisoned, 1, 2, static_cast<int32_t>(0xEEEEEEEE)), &poisoned.sink, Answer(poisoned));
+  batcher->Enqueue(Request(same_group, 1, 2, 5), &same_group.sink, Answer(same_group));
+  batcher->Enqueue(Request(other_group, 1, 3, 7), &other_group.sink, Answer(other_group));  // another shape
   clock_.Advance(1s);
   batcher->Poke();
   EXPECT_THAT(poisoned.answer.get_future().get().status().message(), HasSubstr("poisoned row"));
@@ -116,11 +110,11 @@ TEST_F(DynamicBatcherTest, DeadlineAndCancellationWhileQueuedNeverReachTheModel)
   Call late, cancelled;
   auto request = Request(late, 1, 2, 1);
   request->deadline = clock_.Now() + 10ms;
-  batcher->Enqueue(std::move(request), Answer(late));
+  batcher->Enqueue(std::move(request), &late.sink, Answer(late));
   auto flagged = Request(cancelled, 1, 2, 2);
   flagged->cancelled = std::make_shared<std::atomic<bool>>(false);
   auto flag = flagged->cancelled;
-  batcher->Enqueue(std::move(flagged), Answer(cancelled));
+  batcher->Enqueue(std::move(flagged), &cancelled.sink, Answer(cancelled));
   flag->store(true);
   batcher->Poke();
   EXPECT_EQ(cancelled.answer.get_future().get().status().code(), absl::StatusCode::kCancelled);
@@ -132,7 +126,7 @@ TEST_F(DynamicBatcherTest, DeadlineAndCancellationWhileQueuedNeverReachTheModel)
 
 TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
   std::vector<std::unique_ptr<ModelBackend>> backends;
-  backends.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest&) -> StatusOr<InferResponse> {
+  backends.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
     return MarkFatal(absl::InternalError("CUDA error: an illegal memory access was encountered"));
   }));
   DynamicBatcher::Options options;
@@ -141,7 +135,7 @@ TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
   options.on_fatal = [this](const Status& status) { fatal_.set_value(std::string(status.message())); };
   auto batcher = *DynamicBatcher::Create(Spec(), std::move(backends), options);
   Call call;
-  batcher->Enqueue(Request(call, 1, 2, 1), Answer(call));
+  batcher->Enqueue(Request(call, 1, 2, 1), &call.sink, Answer(call));
   EXPECT_THAT(call.answer.get_future().get().status().message(), HasSubstr("illegal memory access"));
   EXPECT_THAT(fatal_.get_future().get(), HasSubstr("illegal memory access"));
 }
@@ -149,13 +143,13 @@ TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
 TEST_F(DynamicBatcherTest, StopAnswersEverythingQueued) {
   auto batcher = Make();
   Call a, b;
-  batcher->Enqueue(Request(a, 1, 2, 1), Answer(a));
-  batcher->Enqueue(Request(b, 1, 5, 2), Answer(b));
+  batcher->Enqueue(Request(a, 1, 2, 1), &a.sink, Answer(a));
+  batcher->Enqueue(Request(b, 1, 5, 2), &b.sink, Answer(b));
   batcher->Stop();
   EXPECT_EQ(a.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(b.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
   Call late;
-  batcher->Enqueue(Request(late, 1, 2, 3), Answer(late));
+  batcher->Enqueue(Request(late, 1, 2, 3), &late.sink, Answer(late));
   EXPECT_THAT(late.answer.get_future().get().status().message(), HasSubstr("shutting down"));
 }
 
@@ -165,13 +159,110 @@ TEST_F(DynamicBatcherTest, StagingIsReusedAcrossManyBatches) {
     std::vector<std::unique_ptr<Call>> calls;
     for (int i = 0; i < 1 + round % 3; ++i) {
       calls.push_back(std::make_unique<Call>());
-      batcher->Enqueue(Request(*calls.back(), 1 + i, 4, round), Answer(*calls.back()));
+      batcher->Enqueue(Request(*calls.back(), 1 + i, 4, round), &(*calls.back()).sink, Answer(*calls.back()));
     }
     for (auto& call : calls) ASSERT_TRUE(call->answer.get_future().get().ok());
   }
   // One input, so at most one allocation per growth: a handful, not one per batch.
   EXPECT_LE(batcher->StagingAllocations(), 3u);
   EXPECT_EQ(static_cast<size_t>(echoes_[0]->staging_allocations()), batcher->StagingAllocations());
+}
+
+TEST_F(DynamicBatcherTest, EachCallerGetsOnlyTheOutputsItAskedForWrittenOnce) {
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  auto echo = std::make_unique<testing::EchoBackend>(/*with_sum=*/true);
+  testing::EchoBackend* model = echo.get();
+  backends.push_back(std::move(echo));
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 8;
+  options.queue.max_queue_delay = 1s;
+  options.clock = &clock_;
+  ModelSpec spec = Spec();
+  spec.outputs.push_back({"sum", DataType::kInt64, {1}});
+  auto batcher = *DynamicBatcher::Create(spec, std::move(backends), options);
+  Call a, b, c;
+  auto only_sum = Request(a, 1, 2, 10);
+  only_sum->requested_outputs = {"sum"};
+  auto every = Request(b, 3, 2, 20);  // no outputs named: every output, in config order
+  auto reversed = Request(c, 2, 2, 30);
+  reversed->requested_outputs = {"sum", "y"};
+  batcher->Enqueue(std::move(only_sum), &a.sink, Answer(a));
+  batcher->Enqueue(std::move(every), &b.sink, Answer(b));
+  batcher->Enqueue(std::move(reversed), &c.sink, Answer(c));
+  clock_.Advance(1s);
+  batcher->Poke();
+  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(), rc = c.answer.get_future().get();
+  ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
+  EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{6}));  // one forward pass for all three
+  ASSERT_EQ(ra->outputs.size(), 1u);
+  EXPECT_EQ(ra->outputs[0].name, "sum");
+  EXPECT_EQ(ra->outputs[0].shape, (Shape{1, 1}));
+  int64_t sum = 0;
+  std::memcpy(&sum, ra->outputs[0].data.data(), 8);
+  EXPECT_EQ(sum, 20);  // the bytes of [10, 10]
+  ASSERT_EQ(rb->outputs.size(), 2u);
+  EXPECT_EQ(rb->outputs[0].name, "y");
+  EXPECT_EQ(rb->outputs[1].shape, (Shape{3, 1}));
+  ASSERT_EQ(rc->outputs.size(), 2u);
+  EXPECT_EQ(rc->outputs[0].name, "sum");  // the caller's order
+  EXPECT_EQ(rc->outputs[1].name, "y");
+  EXPECT_EQ(rc->outputs[1].shape, (Shape{2, 2}));
+  // Each requested output reaches its caller's sink in one copy, and nothing else is copied:
+  // a: sum 8 bytes; b: y 24 + sum 24; c: sum 16 + y 16.
+  EXPECT_EQ(model->bytes_copied(), 88u);
+  EXPECT_EQ(a.sink.bytes() + b.sink.bytes() + c.sink.bytes(), 88u);
+}
+
+// Without dynamic_batching: the same batcher, one request per forward pass.
+std::unique_ptr<DynamicBatcher> MakeUnbatched(std::unique_ptr<ModelBackend> backend, const TimeSource* clock,
+                                              size_t max_requests = 1024) {
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::move(backend));
+  DynamicBatcher::Options options;
+  options.queue.one_request_per_batch = true;
+  options.queue.max_batch_size = 8;
+  options.queue.max_requests = max_requests;
+  options.clock = clock;
+  return *DynamicBatcher::Create(Spec(), std::move(backends), options);
+}
+
+TEST_F(DynamicBatcherTest, WithoutDynamicBatchingEachRequestRunsAloneWithItsOwnBatchSize) {
+  auto echo = std::make_unique<testing::EchoBackend>();
+  testing::EchoBackend* model = echo.get();
+  auto batcher = MakeUnbatched(std::move(echo), &clock_);
+  Call a, b, c;
+  batcher->Enqueue(Request(a, 3, 2, 1), &a.sink, Answer(a));
+  batcher->Enqueue(Request(b, 1, 5, 2), &b.sink, Answer(b));
+  batcher->Enqueue(Request(c, 2, 2, 3), &c.sink, Answer(c));
+  auto rb = b.answer.get_future().get();
+  ASSERT_TRUE(a.answer.get_future().get().ok() && rb.ok() && c.answer.get_future().get().ok());
+  EXPECT_EQ(rb->outputs[0].shape, (Shape{1, 5}));
+  EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{3, 1, 2}));  // in arrival order, never merged
+  EXPECT_EQ(batcher->StagingAllocations(), 0u);  // a lone request runs on its own bytes
+}
+
+TEST_F(DynamicBatcherTest, WithoutDynamicBatchingQueueCapsAndExpiryApply) {
+  auto gated = std::make_unique<testing::FakeBackend>();
+  testing::FakeBackend* model = gated.get();
+  model->CloseGate();
+  auto batcher = MakeUnbatched(std::move(gated), &clock_, /*max_requests=*/1);
+  Call running, waiting, rejected;
+  batcher->Enqueue(Request(running, 1, 2, 1), &running.sink, Answer(running));
+  model->WaitStarted(1);
+  auto expiring = Request(waiting, 1, 2, 2);
+  expiring->deadline = clock_.Now() + 10ms;
+  batcher->Enqueue(std::move(expiring), &waiting.sink, Answer(waiting));
+  batcher->Enqueue(Request(rejected, 1, 2, 3), &rejected.sink, Answer(rejected));
+  auto full = rejected.answer.get_future().get();
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(full.status().message(), HasSubstr("requests waiting (its max_queue_size)"));
+  // The expiry timer answers the waiting request while the instance is still busy.
+  clock_.Advance(10ms);
+  batcher->Poke();
+  EXPECT_EQ(waiting.answer.get_future().get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  model->OpenGate();
+  EXPECT_TRUE(running.answer.get_future().get().ok());
+  EXPECT_EQ(model->executed(), 1);
 }
 
 // 64 threads x N requests with random sizes, shapes, deadlines and cancellations on the real
@@ -195,6 +286,7 @@ TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) 
 
   struct Slot {
     std::vector<int32_t> data;
+    TensorSink sink;
     std::atomic<int> answers{0};
     std::atomic<bool> correct{false};
     std::atomic<int> code{-1};
@@ -222,11 +314,11 @@ TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) 
           cancel = std::make_shared<std::atomic<bool>>(false);
           request->cancelled = cancel;
         }
-        batcher->Enqueue(std::move(request), [&slot, index](StatusOr<InferResponse> result) {
+        batcher->Enqueue(std::move(request), &slot.sink, [&slot, index](Status status) {
           slot.answers.fetch_add(1);
-          slot.code.store(static_cast<int>(result.status().code()));
-          if (result.ok()) {
-            const Tensor& y = result->outputs.at(0);
+          slot.code.store(static_cast<int>(status.code()));
+          if (status.ok()) {
+            const Tensor& y = slot.sink.outputs().at(0);
             bool mine = y.data.size() == slot.data.size() * 4;
             for (size_t k = 0; mine && k < slot.data.size(); ++k) {
               int32_t value;

@@ -14,15 +14,35 @@
 
 namespace sluice::testing {
 
-// Answers every request with one INT64 output holding the request's id parsed as a number, or
-// with whatever `behaviour` returns. Can be held at a gate to keep a request in flight.
+// What a test gets back for one request: the outputs its TensorSink received.
+struct Outputs {
+  std::vector<Tensor> outputs;
+};
+inline StatusOr<Outputs> Collected(const Status& status, TensorSink& sink) {
+  if (!status.ok()) return status;
+  return Outputs{std::move(sink.outputs())};
+}
+
+// A fake's whole-batch outputs handed to the targets: split by rows when the execution has
+// several targets, whole to a lone one.
+inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const OutputTarget> targets) {
+  std::vector<HostOutput> host;
+  for (const Tensor& tensor : outputs) {
+    host.push_back({&tensor.name, tensor.dtype, tensor.shape, tensor.data.data(), tensor.data.size(), MemoryType::kCpu});
+  }
+  return DeliverOutputs(host, targets, /*batched=*/targets.size() > 1);
+}
+
+// Answers every request with one INT64 output "y" of shape [1] whose bytes are the request's id,
+// or with whatever `behaviour` returns (see Deliver). Can be held at a gate to keep a request in
+// flight.
 class FakeBackend final : public ModelBackend {
  public:
-  using Behaviour = std::function<StatusOr<InferResponse>(const InferRequest&)>;
+  using Behaviour = std::function<StatusOr<std::vector<Tensor>>(const InferRequest&)>;
 
   explicit FakeBackend(Behaviour behaviour = nullptr) : behaviour_(std::move(behaviour)) {}
 
-  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+  Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       ++started_;
@@ -30,10 +50,11 @@ class FakeBackend final : public ModelBackend {
       gate_cv_.wait(lock, [this] { return open_; });
     }
     ++executed_;
-    if (behaviour_) return behaviour_(request);
-    InferResponse response;
-    response.outputs.push_back({"y", DataType::kInt64, {1}, request.id});
-    return response;
+    if (behaviour_) {
+      SLUICE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, behaviour_(request));
+      return Deliver(outputs, targets);
+    }
+    return Deliver({{"y", DataType::kInt64, {1}, request.id}}, targets);
   }
 
   // While closed, Execute blocks after counting itself as started.
@@ -65,12 +86,25 @@ class FakeBackend final : public ModelBackend {
   std::atomic<int> executed_{0};
 };
 
-// A model that echoes input "x" as output "y" (same bytes and shape) and remembers the batch
-// sizes it saw. Fails a batch when any row starts with the bytes EE EE EE EE (a "poisoned"
-// request).
+// The model EchoBackend serves: "x" INT32 [-1] -> "y" INT32 [-1], max_batch_size 8.
+inline ModelSpec EchoSpec() {
+  ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"x", DataType::kInt32, {-1}}};
+  spec.outputs = {{"y", DataType::kInt32, {-1}}};
+  return spec;
+}
+
+// A model that echoes input "x" as output "y" (same bytes and shape) and, with `with_sum`, also
+// returns "sum" (INT64 [rows, 1]: each row's byte sum), and remembers the batch sizes it saw.
+// Counts the output bytes it copies into sinks. Fails a batch when any row starts with the bytes
+// EE EE EE EE (a "poisoned" request).
 class EchoBackend final : public ModelBackend {
  public:
-  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+  explicit EchoBackend(bool with_sum = false) : with_sum_(with_sum) {}
+
+  Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     const TensorView& x = request.inputs.at(0);
     for (int64_t row = 0; row < request.batch_size; ++row) {
       const size_t row_bytes = x.byte_size / static_cast<size_t>(request.batch_size);
@@ -82,10 +116,31 @@ class EchoBackend final : public ModelBackend {
       std::lock_guard<std::mutex> lock(mutex_);
       batch_sizes_.push_back(request.batch_size);
     }
-    InferResponse response;
-    response.outputs.push_back({"y", x.dtype, x.shape, std::string(x.data, x.byte_size)});
-    return response;
+    const std::string y_name = "y", sum_name = "sum";
+    std::vector<HostOutput> outputs;
+    outputs.push_back({&y_name, x.dtype, x.shape, x.data, x.byte_size, MemoryType::kCpu});
+    std::vector<int64_t> sums;
+    if (with_sum_) {
+      const size_t row_bytes = x.byte_size / static_cast<size_t>(request.batch_size);
+      for (int64_t row = 0; row < request.batch_size; ++row) {
+        int64_t sum = 0;
+        for (size_t k = 0; k < row_bytes; ++k) sum += static_cast<unsigned char>(x.data[row * row_bytes + k]);
+        sums.push_back(sum);
+      }
+      outputs.push_back({&sum_name, DataType::kInt64, {request.batch_size, 1},
+                         reinterpret_cast<const char*>(sums.data()), sums.size() * 8, MemoryType::kCpu});
+    }
+    // Count what reaches the sinks: every Allocate is one copy of that many bytes.
+    std::vector<CountingSink> counting;
+    std::vector<OutputTarget> counted(targets.begin(), targets.end());
+    counting.reserve(counted.size());
+    for (OutputTarget& target : counted) {
+      counting.emplace_back(target.sink, &bytes_copied_);
+      target.sink = &counting.back();
+    }
+    return DeliverOutputs(outputs, counted, /*batched=*/true);
   }
+  size_t bytes_copied() const { return bytes_copied_; }
   std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) override {
     ++staging_allocations_;
     return ModelBackend::AllocateStaging(bytes);
@@ -97,9 +152,23 @@ class EchoBackend final : public ModelBackend {
   int staging_allocations() const { return staging_allocations_; }
 
  private:
+  class CountingSink final : public OutputSink {
+   public:
+    CountingSink(OutputSink* inner, std::atomic<size_t>* bytes) : inner_(inner), bytes_(bytes) {}
+    StatusOr<char*> Allocate(const OutputDescription& output) override {
+      *bytes_ += output.byte_size;
+      return inner_->Allocate(output);
+    }
+
+   private:
+    OutputSink* inner_;
+    std::atomic<size_t>* bytes_;
+  };
+  const bool with_sum_;
   std::mutex mutex_;
   std::vector<int64_t> batch_sizes_;
   std::atomic<int> staging_allocations_{0};
+  std::atomic<size_t> bytes_copied_{0};
 };
 
 // Loads FakeBackends; files named in `failures` fail to load with that message.

@@ -16,6 +16,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
+using testing::Outputs;
 
 RepositoryModel Model(const std::string& name, std::vector<int64_t> versions,
                       const std::string& extra_config = "") {
@@ -74,20 +75,28 @@ class MemorySource final : public ModelSource {
   std::map<std::string, RepositoryModel> models_;
 };
 
-// Enqueues a request with id `id` and returns where its answer will be.
-std::future<StatusOr<InferResponse>> Send(const ServableModel& servable, const std::string& id) {
-  auto answer = std::make_shared<std::promise<StatusOr<InferResponse>>>();
+// Submits a request with id `id` (one row of INPUT__0) and returns where its answer will be.
+std::future<StatusOr<Outputs>> Send(const std::shared_ptr<ModelHandle>& model, const std::string& id) {
+  struct Call {
+    std::vector<float> data = std::vector<float>(2, 1.0f);
+    TensorSink sink;
+    std::promise<StatusOr<Outputs>> answer;
+  };
+  auto call = std::make_shared<Call>();
   auto request = std::make_unique<InferRequest>();
+  request->model_name = model->spec().name;
   request->id = id;
-  servable.scheduler->Enqueue(std::move(request),
-                              [answer](StatusOr<InferResponse> r) { answer->set_value(std::move(r)); });
-  return answer->get_future();
+  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call->data.data()), 8});
+  auto answer = call->answer.get_future();
+  model->Submit(std::move(request), &call->sink,
+                [call](Status status) { call->answer.set_value(testing::Collected(status, call->sink)); });
+  return answer;
 }
 
 // Closes `backend`'s gate and sends request "1", which starts and blocks there, and request "2",
 // which waits in the queue behind it. Both are answered once the gate opens.
-std::pair<std::future<StatusOr<InferResponse>>, std::future<StatusOr<InferResponse>>> HoldTwoRequests(
-    FakeBackend* backend, const ServableModel& servable) {
+std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>> HoldTwoRequests(
+    FakeBackend* backend, const std::shared_ptr<ModelHandle>& servable) {
   const int warmup_runs = backend->started();
   backend->CloseGate();
   auto running = Send(servable, "1");
@@ -115,8 +124,8 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   EXPECT_FALSE(manager.AllReady());
   auto good = manager.Find("good", "");
   ASSERT_TRUE(good.ok()) << good.status();
-  EXPECT_EQ(good->version, 1);
-  EXPECT_EQ(good->device, "cpu x1");
+  EXPECT_EQ((*good)->version(), 1);
+  EXPECT_EQ((*good)->device(), "cpu x1");
 
   auto corrupt = manager.Find("corrupt", "");
   EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kUnavailable);
@@ -202,8 +211,8 @@ TEST(ModelManagerTest, VersionResolution) {
   factory.failures["m/3"] = "version 3 is broken";
   ModelManager manager(Models({Model("m", {1, 2, 3})}), &factory, {});
   ASSERT_TRUE(manager.LoadAll().ok());
-  EXPECT_EQ(manager.Find("m", "")->version, 2);  // newest *ready* version
-  EXPECT_EQ(manager.Find("m", "1")->version, 1);
+  EXPECT_EQ((*manager.Find("m", ""))->version(), 2);  // newest *ready* version
+  EXPECT_EQ((*manager.Find("m", "1"))->version(), 1);
   EXPECT_EQ(manager.Find("m", "3").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(manager.Find("m", "3").status().message(), HasSubstr("version 3 is broken"));
   EXPECT_EQ(manager.Find("m", "4").status().code(), absl::StatusCode::kNotFound);
@@ -222,7 +231,7 @@ TEST(ModelManagerTest, InstancesPerGroupAndDevice) {
   std::vector<std::string> devices;
   for (const auto& load : factory.loads) devices.push_back(load.device);
   EXPECT_THAT(devices, ElementsAre("cpu", "cpu", "cuda:0", "cuda:1"));
-  EXPECT_EQ(manager.Find("m", "")->device, "cpu,cuda:0,cuda:1 x4");
+  EXPECT_EQ((*manager.Find("m", ""))->device(), "cpu,cuda:0,cuda:1 x4");
 }
 
 TEST(ModelManagerTest, CpuInstancesOfAllModelsShareTheCores) {
@@ -278,17 +287,59 @@ TEST(ModelManagerTest, ServesThroughSchedulerAndStops) {
   ASSERT_TRUE(manager.LoadAll().ok());
   auto servable = manager.Find("m", "");
   ASSERT_TRUE(servable.ok());
-  std::promise<StatusOr<InferResponse>> answer;
-  auto request = std::make_unique<InferRequest>();
-  request->id = "7";
-  servable->scheduler->Enqueue(std::move(request), [&](StatusOr<InferResponse> r) { answer.set_value(std::move(r)); });
-  auto result = answer.get_future().get();
-  ASSERT_TRUE(result.ok());
+  auto result = Send(*servable, "7").get();
+  ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->outputs[0].data, "7");
   manager.Stop();
-  std::promise<StatusOr<InferResponse>> late;
-  servable->scheduler->Enqueue(std::make_unique<InferRequest>(), [&](StatusOr<InferResponse> r) { late.set_value(std::move(r)); });
-  EXPECT_EQ(late.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Send(*servable, "8").get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
+  FakeBackendFactory factory;
+  ModelManager manager(Models({Model("m", {1},
+                                     "dynamic_batching { default_queue_policy { default_timeout_microseconds: "
+                                     "60000000 allow_timeout_override: true } }")}),
+                       &factory, {});
+  ASSERT_TRUE(manager.LoadAll().ok());
+  auto model = manager.Find("m", "");
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ((*model)->in_flight(), 1);  // this lookup's reference
+  {
+    auto another = manager.Find("m", "");
+    EXPECT_EQ((*model)->in_flight(), 2);
+  }
+  EXPECT_EQ((*model)->in_flight(), 1);
+
+  // A request that does not fit the model is answered at once and counted as a failure.
+  auto wrong = std::make_unique<InferRequest>();
+  wrong->model_name = "m";
+  std::promise<Status> invalid;
+  TensorSink unused;
+  (*model)->Submit(std::move(wrong), &unused, [&](Status status) { invalid.set_value(status); });
+  EXPECT_EQ(invalid.get_future().get().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Statistics().fail.count, 1u);
+
+  // The request's own timeout (allowed by the config) replaces the 60 s default: it expires in
+  // the queue behind a request held in the model.
+  FakeBackend* backend = factory.backend(0);
+  const int warmup_runs = backend->started();
+  backend->CloseGate();
+  auto running = Send(*model, "1");
+  backend->WaitStarted(warmup_runs + 1);
+  struct Call {
+    std::vector<float> data = std::vector<float>(2, 0.0f);
+    TensorSink sink;
+    std::promise<Status> answer;
+  } call;
+  auto quick = std::make_unique<InferRequest>();
+  quick->model_name = "m";
+  quick->parameters.timeout_us = 1000;
+  quick->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+  (*model)->Submit(std::move(quick), &call.sink, [&](Status status) { call.answer.set_value(status); });
+  EXPECT_EQ(call.answer.get_future().get().code(), absl::StatusCode::kDeadlineExceeded);
+  backend->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_EQ(backend->executed(), warmup_runs + 1);
 }
 
 TEST(ModelControlTest, ParsesModes) {
@@ -323,7 +374,7 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   auto loaded = manager.Find("b", "");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(Send(*loaded, "3").get()->outputs[0].data, "3");
-  loaded = StatusOr<ServableModel>(absl::CancelledError("released"));
+  loaded = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
 
   EXPECT_EQ(manager.LoadModel("nope").code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(manager.UnloadModel("a").ok());
@@ -379,12 +430,12 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   source.Put(Model("m", {2}), "v2");  // version 2 appears; the latest policy serves only it
   auto reload = std::async(std::launch::async, [&] { return manager.LoadModel("m"); });
   // The swap happens once version 2 is ready; the reload then waits for the old requests.
-  for (int i = 0; i < 2000 && !(manager.Find("m", "").ok() && manager.Find("m", "")->version == 2); ++i) {
+  for (int i = 0; i < 2000 && !(manager.Find("m", "").ok() && (*manager.Find("m", ""))->version() == 2); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   auto new_version = manager.Find("m", "");
   ASSERT_TRUE(new_version.ok());
-  EXPECT_EQ(new_version->version, 2);
+  EXPECT_EQ((*new_version)->version(), 2);
   EXPECT_EQ(Send(*new_version, "5").get()->outputs[0].data, "5");
   EXPECT_EQ(manager.Find("m", "1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
@@ -397,7 +448,7 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   EXPECT_EQ(first->outputs[0].data, "1");
   EXPECT_EQ(second->outputs[0].data, "2");
   EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);  // still held here
-  old_version = StatusOr<ServableModel>(absl::CancelledError("released"));
+  old_version = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
   ASSERT_TRUE(reload.get().ok());
   // The old scheduler stopped; the new one serves.
   EXPECT_EQ(Send(*new_version, "6").get()->outputs[0].data, "6");
@@ -418,7 +469,7 @@ TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
   EXPECT_THAT(status.message(), HasSubstr("version(s) 1 keep serving"));
   auto still = manager.Find("m", "");
   ASSERT_TRUE(still.ok());
-  EXPECT_EQ(still->version, 1);
+  EXPECT_EQ((*still)->version(), 1);
   EXPECT_EQ(Send(*still, "4").get()->outputs[0].data, "4");
 
   source.Put(Broken("m", "config.pbtxt line 3: oops"), "v3");
@@ -449,7 +500,7 @@ TEST(ModelControlTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
   backend->OpenGate();
   EXPECT_TRUE(running.get().ok());
   EXPECT_TRUE(queued.get().ok());
-  servable = StatusOr<ServableModel>(absl::CancelledError("released"));
+  servable = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
   EXPECT_TRUE(unload.get().ok());
 }
 

@@ -163,15 +163,19 @@ TEST(ProtocolTest, Errors) {
   }
 }
 
-TEST(ProtocolTest, ResponseEchoesAndMovesBytes) {
+TEST(ProtocolTest, ResponseEchoesAndTheSinkWritesIntoTheMessage) {
   InferRequest request;
   request.model_name = "m";
-  request.model_version = 3;
   request.id = "req-1";
-  InferResponse response;
-  response.outputs.push_back({"y", DataType::kInt32, {1, 2}, std::string(8, '\x01')});
   inference::ModelInferResponse proto;
-  FillInferResponse(request, std::move(response), &proto);
+  FillInferResponseHeader(request, 3, &proto);
+  ResponseSink sink(&proto);
+  const std::string name = "y";
+  const Shape shape = {1, 2};
+  StatusOr<char*> memory = sink.Allocate({name, DataType::kInt32, shape, 8, MemoryType::kCpu});
+  ASSERT_TRUE(memory.ok());
+  std::memset(*memory, 1, 8);  // the backend's one copy lands in raw_output_contents itself
+  EXPECT_EQ(*memory, proto.raw_output_contents(0).data());
   EXPECT_EQ(proto.model_name(), "m");
   EXPECT_EQ(proto.model_version(), "3");
   EXPECT_EQ(proto.id(), "req-1");

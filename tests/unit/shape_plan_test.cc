@@ -12,7 +12,6 @@
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/shape_padding.h"
 #include "server/batching/shape_plan.h"
-#include "server/batching/unbatched_scheduler.h"
 #include "server/batching/warmup.h"
 #include "tests/unit/fakes.h"
 
@@ -204,36 +203,69 @@ TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {
   EXPECT_THAT(padded.status().message(), HasSubstr("inputs disagree on padded axis 'seq'"));
 }
 
-TEST(ShapePaddingTest, UnpadCutsOutputsBackAndChecksTheyFollowTheAxis) {
-  const ModelSpec spec = PaddedSpec();
-  PaddedLengths padded{{3}, {4}};
-  std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 0, 0};
-  InferResponse response;
-  response.outputs.push_back({"y", DataType::kInt32, {1, 4, 2}, std::string(reinterpret_cast<char*>(y.data()), 32)});
-  ASSERT_TRUE(UnpadResponse(spec, padded, &response).ok());
-  EXPECT_EQ(response.outputs[0].shape, (Shape{1, 3, 2}));
-  EXPECT_THAT(Ints(response.outputs[0].data.data(), response.outputs[0].data.size()), ElementsAre(1, 2, 3, 4, 5, 6));
+// Writes `bytes` as output `name` through `sink`, as a backend does.
+Status Write(OutputSink& sink, const std::string& name, const Shape& shape, const std::string& bytes) {
+  SLUICE_ASSIGN_OR_RETURN(char* memory, sink.Allocate({name, DataType::kInt32, shape, bytes.size(), MemoryType::kCpu}));
+  std::memcpy(memory, bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
 
-  InferResponse wrong;
-  wrong.outputs.push_back({"y", DataType::kInt32, {1, 5, 2}, std::string(40, '\0')});
-  Status status = UnpadResponse(spec, padded, &wrong);
+TEST(ShapePaddingTest, UnpaddingSinkCutsOutputsBackAndChecksTheyFollowTheAxis) {
+  ModelSpec spec = PaddedSpec();
+  spec.outputs.push_back({"n", DataType::kInt32, {1}});  // follows no padded axis
+  auto shared = std::make_shared<const ModelSpec>(spec);
+  const PaddedLengths padded{{3}, {4}};
+  std::vector<int32_t> y = {1, 2, 3, 4, 5, 6, 0, 0};
+  const std::string n(4, '\x07');
+
+  TensorSink caller;
+  UnpaddingSink sink(shared, padded, &caller);
+  ASSERT_TRUE(Write(sink, "y", {1, 4, 2}, std::string(reinterpret_cast<char*>(y.data()), 32)).ok());
+  ASSERT_TRUE(Write(sink, "n", {1, 1}, n).ok());
+  EXPECT_TRUE(caller.outputs().empty());  // "y" waits to be cut, and "n" behind it keeps the order
+  ASSERT_TRUE(sink.Finish().ok());
+  ASSERT_EQ(caller.outputs().size(), 2u);
+  EXPECT_EQ(caller.outputs()[0].shape, (Shape{1, 3, 2}));
+  EXPECT_THAT(Ints(caller.outputs()[0].data.data(), caller.outputs()[0].data.size()), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_EQ(caller.outputs()[1].name, "n");
+  EXPECT_EQ(caller.outputs()[1].data, n);
+
+  TensorSink direct_caller;
+  UnpaddingSink direct(shared, padded, &direct_caller);
+  ASSERT_TRUE(Write(direct, "n", {1, 1}, n).ok());
+  EXPECT_EQ(direct_caller.outputs().size(), 1u);  // nothing to cut: straight to the caller, one copy
+
+  TensorSink wrong_caller;
+  UnpaddingSink wrong(shared, padded, &wrong_caller);
+  ASSERT_TRUE(Write(wrong, "y", {1, 5, 2}, std::string(40, '\0')).ok());
+  Status status = wrong.Finish();
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("follows padded axis 'seq' (padded to 4)"));
+}
+
+// Without dynamic_batching: one request per forward pass, on the steady clock.
+std::unique_ptr<DynamicBatcher> OneAtATime(const ModelSpec& spec, std::unique_ptr<ModelBackend> backend) {
+  static SteadyTimeSource clock;
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  instances.push_back(std::move(backend));
+  DynamicBatcher::Options options;
+  options.queue.one_request_per_batch = true;
+  options.queue.max_batch_size = std::max(1, spec.max_batch_size);
+  options.clock = &clock;
+  return *DynamicBatcher::Create(spec, std::move(instances), options);
 }
 
 // Echoes input "x" as output "y", like fakes.h's EchoBackend, and records the thread of each call.
 class ThreadRecordingEcho final : public ModelBackend {
  public:
-  StatusOr<InferResponse> Execute(const InferRequest& request) override {
+  Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     const TensorView& x = request.inputs.at(0);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       threads_.insert(std::this_thread::get_id());
       shapes_.push_back(x.shape);
     }
-    InferResponse response;
-    response.outputs.push_back({"y", x.dtype, x.shape, std::string(x.data, x.byte_size)});
-    return response;
+    return testing::Deliver({{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}}, targets);
   }
   std::set<std::thread::id> threads() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -252,23 +284,22 @@ class ThreadRecordingEcho final : public ModelBackend {
 
 TEST(ShapePaddingTest, PaddingSchedulerServesTrueLengths) {
   const ModelSpec spec = PaddedSpec();
-  std::vector<std::unique_ptr<ModelBackend>> instances;
-  instances.push_back(std::make_unique<ThreadRecordingEcho>());
-  auto inner = UnbatchedScheduler::Create(std::move(instances), {});
-  ASSERT_TRUE(inner.ok());
-  PaddingScheduler scheduler(spec, *std::move(inner), nullptr);
+  PaddingScheduler scheduler(spec, OneAtATime(spec, std::make_unique<ThreadRecordingEcho>()), nullptr);
   SeqCall call = SeqRequest(2, 5);  // padded to 8, cut back to 5
-  std::promise<StatusOr<InferResponse>> answer;
-  scheduler.Enqueue(std::move(call.request), [&](StatusOr<InferResponse> r) { answer.set_value(std::move(r)); });
-  StatusOr<InferResponse> response = answer.get_future().get();
-  ASSERT_TRUE(response.ok()) << response.status();
-  EXPECT_EQ(response->outputs[0].shape, (Shape{2, 5, 2}));
-  EXPECT_EQ(Ints(response->outputs[0].data.data(), response->outputs[0].data.size()), call.data);
+  TensorSink sink;
+  std::promise<Status> answer;
+  scheduler.Enqueue(std::move(call.request), &sink, [&](Status status) { answer.set_value(status); });
+  const Status status = answer.get_future().get();
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(sink.outputs().size(), 1u);
+  EXPECT_EQ(sink.outputs()[0].shape, (Shape{2, 5, 2}));
+  EXPECT_EQ(Ints(sink.outputs()[0].data.data(), sink.outputs()[0].data.size()), call.data);
 
   SeqCall too_long = SeqRequest(1, 20);
-  std::promise<StatusOr<InferResponse>> rejected;
-  scheduler.Enqueue(std::move(too_long.request), [&](StatusOr<InferResponse> r) { rejected.set_value(std::move(r)); });
-  EXPECT_EQ(rejected.get_future().get().status().code(), absl::StatusCode::kInvalidArgument);
+  TensorSink unused;
+  std::promise<Status> rejected;
+  scheduler.Enqueue(std::move(too_long.request), &unused, [&](Status status) { rejected.set_value(status); });
+  EXPECT_EQ(rejected.get_future().get().code(), absl::StatusCode::kInvalidArgument);
   scheduler.Stop();
 }
 
@@ -323,14 +354,12 @@ TEST(WarmupTest, AFailingShapeFailsWarmUpWithItsLabel) {
   ModelSpec spec = FixedSpec(2);
   auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
   ASSERT_TRUE(warmup.ok());
-  std::vector<std::unique_ptr<ModelBackend>> instances;
-  instances.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest& request) -> StatusOr<InferResponse> {
-    if (request.batch_size == 2) return absl::InternalError("shape mismatch in layer 3");
-    return InferResponse{};
-  }));
-  auto scheduler = UnbatchedScheduler::Create(std::move(instances), {});
-  ASSERT_TRUE(scheduler.ok());
-  auto report = (*scheduler)->WarmUp(*std::move(warmup), nullptr);
+  auto scheduler = OneAtATime(spec, std::make_unique<testing::FakeBackend>(
+                                        [](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+                                          if (request.batch_size == 2) return absl::InternalError("shape mismatch in layer 3");
+                                          return std::vector<Tensor>{};
+                                        }));
+  auto report = scheduler->WarmUp(*std::move(warmup), nullptr);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(report.status().message(),
               HasSubstr("warm-up batch=2 x[2,3,4] on instance 0 failed: shape mismatch in layer 3"));

@@ -1,0 +1,207 @@
+#include "server/batching/instance_pool.h"
+
+#include <deque>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/batching/warmup.h"
+
+namespace sluice {
+namespace {
+
+// Stands between the backend and one request's sink. Notes when the first output of the
+// execution was asked for (the end of the forward pass, which splits compute_infer from
+// compute_output), and keeps a sink's refusal to itself: the backend writes that output into
+// scratch memory instead, so the other requests of the batch are still answered, and only this
+// one fails with the sink's error.
+class TargetSink final : public OutputSink {
+ public:
+  TargetSink(OutputSink* inner, const TimeSource* clock, TimePoint* first) : inner_(inner), clock_(clock), first_(first) {}
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    if (*first_ == TimePoint{}) *first_ = clock_->Now();
+    if (status_.ok()) {
+      StatusOr<char*> memory = inner_->Allocate(output);
+      if (memory.ok()) return memory;
+      status_ = memory.status();
+    }
+    scratch_.emplace_back(output.byte_size, '\0');
+    return scratch_.back().data();
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  OutputSink* const inner_;
+  const TimeSource* const clock_;
+  TimePoint* const first_;
+  Status status_;
+  std::deque<std::string> scratch_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<InstancePool>> InstancePool::Create(ModelSpec spec,
+                                                             std::vector<std::unique_ptr<ModelBackend>> instances,
+                                                             Options options) {
+  if (instances.empty()) return absl::InvalidArgumentError("an instance pool needs at least one instance");
+  if (options.clock == nullptr) return absl::InvalidArgumentError("an instance pool needs a clock");
+  return std::unique_ptr<InstancePool>(new InstancePool(std::move(spec), std::move(instances), std::move(options)));
+}
+
+InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options)
+    : spec_(std::move(spec)), options_(std::move(options)) {
+  for (auto& backend : instances) instances_.push_back(std::make_unique<Instance>(std::move(backend)));
+  idle_ = static_cast<int>(instances_.size());
+  for (auto& instance : instances_) workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
+}
+
+InstancePool::~InstancePool() { Stop(); }
+
+void InstancePool::Run(FormedBatch batch) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      idle_.fetch_sub(1, std::memory_order_acq_rel);
+      ready_.push_back(std::move(batch));
+      work_cv_.notify_one();
+      return;
+    }
+  }
+  Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
+}
+
+void InstancePool::Drop(std::vector<PendingRequest> requests, const Status& status) {
+  Fail(requests, status, /*ran=*/false);
+}
+
+void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran) {
+  const TimePoint now = options_.clock->Now();
+  for (PendingRequest& pending : requests) {
+    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status, ran);
+    pending.done(status);
+  }
+}
+
+StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
+  auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
+  WarmupCollector collector(static_cast<int>(instances_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return absl::UnavailableError("the scheduler has stopped");
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Instance* instance = instances_[i].get();
+      instance->tasks.push_back([this, instance, i, shared, abandon, &collector] {
+        collector.Report(RunWarmupOnInstance(
+            static_cast<int>(i), *shared, abandon, [&](const InferRequest& request) -> Status {
+              FormedBatch batch;
+              batch.requests.emplace_back();
+              batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));
+              batch.rows = batch.padded_rows = request.batch_size;
+              TensorSink discarded;
+              const OutputTarget target{request.batch_size, &request.requested_outputs, &discarded};
+              TimePoint assembled_at, infer_done;
+              // A model without a batch dimension has nothing to assemble: it runs on the
+              // request's own bytes, as its requests do.
+              Status status = Execute(instance, batch, /*assemble=*/spec_.batches(), absl::MakeConstSpan(&target, 1),
+                                      &assembled_at, &infer_done);
+              if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
+              return status;
+            }));
+      });
+    }
+  }
+  work_cv_.notify_all();
+  return collector.Wait();
+}
+
+Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool assemble,
+                             absl::Span<const OutputTarget> targets, TimePoint* assembled_at,
+                             TimePoint* infer_done) {
+  InferRequest assembled;
+  if (assemble) assembled = AssembleBatch(spec_, batch, &instance->staging);
+  *assembled_at = options_.clock->Now();
+  Status status = instance->backend->Execute(assemble ? assembled : *batch.requests[0].request, targets);
+  if (*infer_done == TimePoint{}) *infer_done = options_.clock->Now();
+  return status;
+}
+
+void InstancePool::WorkerLoop(Instance* instance) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || !instance->tasks.empty(); });
+    if (!instance->tasks.empty()) {
+      std::function<void()> task = std::move(instance->tasks.front());
+      instance->tasks.pop_front();
+      idle_.fetch_sub(1, std::memory_order_acq_rel);
+      lock.unlock();
+      task();
+    } else if (!ready_.empty()) {
+      FormedBatch batch = std::move(ready_.front());
+      ready_.pop_front();
+      lock.unlock();
+      RunBatch(instance, std::move(batch));
+    } else {
+      return;  // stopping, and nothing left to run
+    }
+    idle_.fetch_add(1, std::memory_order_acq_rel);
+    if (options_.on_idle) options_.on_idle();
+    lock.lock();
+  }
+}
+
+void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
+  const TimePoint started = options_.clock->Now();
+  // A lone request that needs no padding runs on its own bytes: nothing to assemble.
+  const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
+  if (options_.stats) options_.stats->RecordStarted(static_cast<int64_t>(batch.requests.size()));
+  TimePoint infer_done{};
+  std::vector<TargetSink> sinks;
+  std::vector<OutputTarget> targets;
+  sinks.reserve(batch.requests.size());
+  targets.reserve(batch.requests.size());
+  for (PendingRequest& pending : batch.requests) {
+    sinks.emplace_back(pending.sink, options_.clock, &infer_done);
+    targets.push_back({pending.request->batch_size, &pending.request->requested_outputs, &sinks.back()});
+  }
+  TimePoint assembled_at;
+  Status status = Execute(instance, batch, !alone, targets, &assembled_at, &infer_done);
+  const TimePoint delivered_at = options_.clock->Now();
+  if (!status.ok()) {
+    if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
+    Fail(batch.requests, status, /*ran=*/true);
+    return;
+  }
+  const Duration input = assembled_at - started, infer = infer_done - assembled_at, output = delivered_at - infer_done;
+  if (options_.stats) options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
+  for (size_t i = 0; i < batch.requests.size(); ++i) {
+    PendingRequest& pending = batch.requests[i];
+    const Status& refused = sinks[i].status();
+    if (options_.stats) {
+      if (refused.ok()) {
+        options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued, input, infer,
+                                      output, options_.clock->Now() - pending.enqueued);
+      } else {
+        options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused, /*ran=*/true);
+      }
+    }
+    pending.done(refused);
+  }
+}
+
+void InstancePool::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
+
+size_t InstancePool::StagingAllocations() const {
+  size_t total = 0;
+  for (const auto& instance : instances_) total += instance->staging.allocations();
+  return total;
+}
+
+}  // namespace sluice

@@ -1,0 +1,106 @@
+// The model instances of one model version and the threads that run them: one worker thread per
+// instance, its staging buffers, warm-up on each instance's own thread, fatal-error forwarding and
+// the request statistics. It knows nothing of queue policy: a scheduler (DynamicBatcher, and later
+// a sequence scheduler) decides which requests run together and hands the pool formed batches.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+
+#include "server/batching/batch_assembly.h"
+#include "server/batching/batch_queue.h"
+#include "server/batching/model_stats.h"
+#include "server/batching/scheduler.h"
+#include "server/core/backend.h"
+#include "server/core/clock.h"
+#include "server/core/model_spec.h"
+
+namespace sluice {
+
+// Thread-safe. Every request handed to Run or Drop is answered exactly once: OK with its outputs
+// in its sink, or the model's error (every request of the failing batch gets it), or its own
+// sink's error (only that request: the others of its batch are answered as usual), or the status
+// Drop was given.
+class InstancePool {
+ public:
+  struct Options {
+    const TimeSource* clock = nullptr;             // required; outlives the pool
+    std::shared_ptr<ModelStats> stats;             // may be null
+    std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
+    // An instance became free (a batch or a warm-up task ended). Runs on that instance's worker
+    // thread with no pool lock held; must be cheap. May be null.
+    std::function<void()> on_idle;
+  };
+
+  // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
+  static StatusOr<std::unique_ptr<InstancePool>> Create(ModelSpec spec,
+                                                        std::vector<std::unique_ptr<ModelBackend>> instances,
+                                                        Options options);
+  ~InstancePool();
+
+  // Instances neither running nor promised a batch. A scheduler hands over a batch only when this
+  // is positive, so that requests keep gathering while every instance is busy.
+  int idle() const { return idle_.load(std::memory_order_acquire); }
+
+  // Hands `batch` to the next free instance (it waits for one when none is). The worker assembles
+  // it in its staging buffers (unless it is one request that needs no padding, which runs on its
+  // own bytes), runs it, has the backend write each request's outputs into its sink and answers
+  // each request.
+  void Run(FormedBatch batch);
+
+  // Answers requests that leave a queue without running (expired, cancelled, shut down) with
+  // `status`, on the calling thread, and records them.
+  void Drop(std::vector<PendingRequest> requests, const Status& status);
+
+  // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
+  // one-request batch (so the buffers reach their largest size before traffic comes), unless the
+  // model has no batch dimension.
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon);
+
+  // Runs the batches already handed over, then joins the workers. Run after Stop answers the
+  // batch UNAVAILABLE. Idempotent.
+  void Stop();
+
+  ModelStats* stats() const { return options_.stats.get(); }  // may be null
+  size_t size() const { return instances_.size(); }
+  // Staging allocations so far, over all instances.
+  size_t StagingAllocations() const;
+
+ private:
+  struct Instance {
+    explicit Instance(std::unique_ptr<ModelBackend> model) : backend(std::move(model)), staging(backend.get()) {}
+    std::unique_ptr<ModelBackend> backend;
+    StagingPool staging;  // touched only by this instance's worker thread
+    std::deque<std::function<void()>> tasks;  // this instance's own work (warm-up), run first
+  };
+
+  InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
+  void WorkerLoop(Instance* instance);
+  void RunBatch(Instance* instance, FormedBatch batch);
+  // Assembles `batch` in the instance's staging buffers when `assemble`, runs it and delivers the
+  // outputs to `targets`. `*infer_done`: when the first output was asked for (else the end).
+  Status Execute(Instance* instance, const FormedBatch& batch, bool assemble,
+                 absl::Span<const OutputTarget> targets, TimePoint* assembled_at, TimePoint* infer_done);
+  void Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran);
+
+  const ModelSpec spec_;
+  const Options options_;
+  std::vector<std::unique_ptr<Instance>> instances_;
+  std::atomic<int> idle_{0};
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;  // a batch or a task is ready, or stop
+  std::deque<FormedBatch> ready_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,69 @@
+#include "server/core/output_sink.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+StatusOr<char*> TensorSink::Allocate(const OutputDescription& output) {
+  Tensor& tensor = outputs_.emplace_back();
+  tensor.name = output.name;
+  tensor.dtype = output.dtype;
+  tensor.shape = output.shape;
+  tensor.data.resize(output.byte_size);
+  bytes_ += output.byte_size;
+  return tensor.data.data();
+}
+
+Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const OutputTarget> targets,
+                      bool batched) {
+  int64_t total_rows = 0;
+  for (const OutputTarget& target : targets) total_rows += target.rows;
+  if (batched) {
+    for (const HostOutput& output : outputs) {
+      if (output.shape.empty() || output.shape[0] < total_rows) {
+        return absl::InternalError(absl::StrCat("output '", *output.name, "' has shape ",
+                                                ShapeToString(output.shape),
+                                                ", which does not start with the batch dimension (",
+                                                total_rows, " rows)"));
+      }
+    }
+  }
+  auto deliver = [&](const HostOutput& output, int64_t first_row, const OutputTarget& target) -> Status {
+    Shape shape = output.shape;
+    size_t offset = 0;
+    size_t bytes = output.byte_size;
+    if (batched) {
+      const size_t row_bytes = shape[0] == 0 ? 0 : output.byte_size / static_cast<size_t>(shape[0]);
+      offset = static_cast<size_t>(first_row) * row_bytes;
+      bytes = static_cast<size_t>(target.rows) * row_bytes;
+      shape[0] = target.rows;
+    }
+    SLUICE_ASSIGN_OR_RETURN(char* destination,
+                            target.sink->Allocate({*output.name, output.dtype, shape, bytes, output.memory}));
+    if (bytes > 0) std::memcpy(destination, output.data + offset, bytes);
+    return absl::OkStatus();
+  };
+  int64_t row = 0;
+  for (const OutputTarget& target : targets) {
+    if (target.requested == nullptr || target.requested->empty()) {
+      for (const HostOutput& output : outputs) SLUICE_RETURN_IF_ERROR(deliver(output, row, target));
+    } else {
+      for (const std::string& name : *target.requested) {
+        const HostOutput* found = nullptr;
+        for (const HostOutput& output : outputs) {
+          if (*output.name == name) found = &output;
+        }
+        if (found == nullptr) {
+          return absl::InternalError(absl::StrCat("the model has no output '", name, "'"));
+        }
+        SLUICE_RETURN_IF_ERROR(deliver(*found, row, target));
+      }
+    }
+    row += target.rows;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice

@@ -1,0 +1,90 @@
+// A ready model version as a protocol front end holds it: what it is (spec, config, version) and
+// how to send it a request. The request policy lives here, not in the front ends: validation,
+// the queue timeout, rejection statistics. The manager drains a version by waiting for its
+// in-flight count to reach zero (WaitIdle), without polling.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+
+#include "server/batching/model_stats.h"
+#include "server/batching/scheduler.h"
+#include "server/core/clock.h"
+#include "server/core/model_spec.h"
+#include "server/core/output_sink.h"
+#include "server/repository/model_repository.h"
+
+namespace sluice {
+
+// Thread-safe. Create it with std::make_shared (Acquire needs shared_from_this).
+class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
+ public:
+  // `clock` outlives the handle; `stats` never null.
+  ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
+              std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats, const TimeSource* clock);
+  ~ModelHandle();
+
+  const ModelSpec& spec() const { return model_->spec; }
+  const RepositoryModel& model() const { return *model_; }  // the configuration it was loaded with
+  int64_t version() const { return version_; }
+  const std::string& device() const { return device_; }    // "cpu", "cuda:0", or a list
+  ModelStatsSnapshot Statistics() const { return stats_->Snapshot(); }
+
+  // Validates `request` against the model (INVALID_ARGUMENT, answered at once), narrows its
+  // deadline to the queue timeout (its parameters.timeout_us when the model's dynamic_batching
+  // allows overrides, else the model's default_timeout_us; none when 0) and hands it to the
+  // scheduler, which writes the outputs into `sink` and calls `done` exactly once (see
+  // Scheduler::Enqueue for the lifetimes). Never blocks on model work.
+  void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
+
+  // Records a request that never became an InferRequest (the front end could not convert it) as
+  // rejected, and returns `status`.
+  Status Reject(Status status);
+
+  // The caller of a queued request went away (its `cancelled` flag is set): answer it now.
+  void Poke();
+
+  // A reference to this handle that counts as in flight until it is destroyed: the manager's
+  // lookups hand these out, and a front end keeps one until the request it serves is answered.
+  std::shared_ptr<ModelHandle> Acquire();
+  int64_t in_flight() const;
+
+  // Blocks until no reference from Acquire is alive, or Stop was called. Logs a line every 10 s
+  // while it waits (model, version, what is still in flight).
+  void WaitIdle();
+
+  // Stops the scheduler: queued requests are answered UNAVAILABLE, running ones finish, workers
+  // are joined. Wakes WaitIdle. Idempotent.
+  void Stop();
+
+ private:
+  void Release();
+
+  const std::shared_ptr<const RepositoryModel> model_;
+  const int64_t version_;
+  const std::string device_;
+  const std::shared_ptr<Scheduler> scheduler_;
+  const std::shared_ptr<ModelStats> stats_;
+  const TimeSource* const clock_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable idle_;
+  int64_t in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+// Where front ends find model versions. ModelManager implements it; tests fake it.
+class ModelLookup {
+ public:
+  virtual ~ModelLookup() = default;
+  // An Acquire'd reference to the version a request goes to. `version` empty: the newest ready
+  // one. NOT_FOUND: no such model or version; UNAVAILABLE: it exists but is not ready.
+  virtual StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const = 0;
+};
+
+}  // namespace sluice

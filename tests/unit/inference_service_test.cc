@@ -1,0 +1,254 @@
+// The real ModelInfer handler behind a real gRPC server on loopback, with a fake model lookup
+// whose models run on fake backends: every outcome a caller can see.
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "server/api/inference_service.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/repository/model_config_parser.h"
+#include "tests/unit/fakes.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// Models by name; "loading" exists but is not ready.
+class FakeLookup final : public ModelLookup {
+ public:
+  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const override {
+    if (name == "loading") return absl::UnavailableError("model 'loading' is not ready: still loading");
+    auto it = models.find(name);
+    if (it == models.end()) return absl::NotFoundError("unknown model '" + name + "'");
+    return it->second->Acquire();
+  }
+  std::map<std::string, std::shared_ptr<ModelHandle>> models;
+};
+
+// "x" INT32 [-1] -> "y" INT32 [-1] (and "sum" INT64 [1] with `with_sum`), batching up to 8 rows,
+// one waiting request at most, request timeouts allowed.
+std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<ModelBackend> backend,
+                                       const TimeSource* clock, bool with_sum = false) {
+  auto model = std::make_shared<RepositoryModel>();
+  model->name = name;
+  auto config = ParseModelConfigText(
+      std::string("max_batch_size: 8\n"
+                  "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                  "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] }") +
+          (with_sum ? ", { name: \"sum\" data_type: TYPE_INT64 dims: [ 1 ] }" : "") +
+          " ]\n"
+          "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }\n",
+      name);
+  EXPECT_TRUE(config.ok()) << config.status();
+  model->config = *config;
+  auto spec = BuildModelSpec(name, &model->config);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  model->spec = *spec;
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::move(backend));
+  auto stats = std::make_shared<ModelStats>();
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 8;
+  options.queue.max_requests = 1;
+  options.clock = clock;
+  options.stats = stats;
+  auto batcher = DynamicBatcher::Create(model->spec, std::move(backends), options);
+  EXPECT_TRUE(batcher.ok()) << batcher.status();
+  return std::make_shared<ModelHandle>(model, 1, "cpu x1", std::shared_ptr<Scheduler>(*std::move(batcher)),
+                                       std::move(stats), clock);
+}
+
+inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values, const std::string& id = "") {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  request.set_id(id);
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("INT32");
+  input->add_shape(1);
+  input->add_shape(static_cast<int64_t>(values.size()));
+  request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return request;
+}
+
+class InferenceServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto echo = std::make_unique<testing::EchoBackend>(/*with_sum=*/true);
+    auto gated = std::make_unique<testing::FakeBackend>();
+    gated_ = gated.get();
+    lookup_.models["echo"] = MakeModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
+    lookup_.models["gated"] = MakeModel("gated", std::move(gated), &clock_);
+    InferenceService::Options options;
+    options.lookup = &lookup_;
+    service_ = std::make_unique<InferenceService>(&manager_, options);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = inference::GRPCInferenceService::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    gated_->OpenGate();
+    server_->Shutdown();
+    for (auto& [name, model] : lookup_.models) model->Stop();
+  }
+
+  grpc::Status Infer(const inference::ModelInferRequest& request, inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 30s);
+    return stub_->ModelInfer(&context, request, response);
+  }
+
+  // Sends `request` without waiting; the answer comes through the returned future.
+  std::future<grpc::Status> Start(const inference::ModelInferRequest& request, grpc::ClientContext* context) {
+    auto done = std::make_shared<std::promise<grpc::Status>>();
+    auto response = std::make_shared<inference::ModelInferResponse>();
+    auto sent = std::make_shared<inference::ModelInferRequest>(request);
+    stub_->async()->ModelInfer(context, sent.get(), response.get(),
+                               [done, response, sent](grpc::Status status) { done->set_value(status); });
+    return done->get_future();
+  }
+
+  // Holds one request in the gated model; returns its answer.
+  std::future<grpc::Status> HoldOne(grpc::ClientContext* context) {
+    const int before = gated_->started();
+    gated_->CloseGate();
+    auto running = Start(Request("gated", {1}), context);
+    gated_->WaitStarted(before + 1);
+    return running;
+  }
+
+  // Waits (bounded) until `model` has counted `failures` failed requests.
+  void WaitForFailures(const std::string& model, uint64_t failures) {
+    for (int i = 0; i < 5000 && lookup_.models[model]->Statistics().fail.count < failures; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+
+  SteadyTimeSource clock_;
+  testing::FakeBackendFactory factory_;
+  ModelManager manager_{{}, &factory_, {}};
+  FakeLookup lookup_;
+  testing::FakeBackend* gated_ = nullptr;
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
+};
+
+TEST_F(InferenceServiceTest, OkWritesTheRequestedOutputsIntoTheResponse) {
+  inference::ModelInferRequest request = Request("echo", {3, 4, 5}, "req-7");
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.model_name(), "echo");
+  EXPECT_EQ(response.model_version(), "1");
+  EXPECT_EQ(response.id(), "req-7");
+  ASSERT_EQ(response.outputs_size(), 2);  // none named: every output, in config order
+  EXPECT_EQ(response.outputs(0).name(), "y");
+  EXPECT_EQ(response.outputs(0).datatype(), "INT32");
+  EXPECT_THAT(response.outputs(0).shape(), ::testing::ElementsAre(1, 3));
+  EXPECT_EQ(response.raw_output_contents(0), request.raw_input_contents(0));
+  EXPECT_EQ(response.outputs(1).name(), "sum");
+
+  request.add_outputs()->set_name("sum");
+  inference::ModelInferResponse only_sum;
+  ASSERT_TRUE(Infer(request, &only_sum).ok());
+  ASSERT_EQ(only_sum.outputs_size(), 1);
+  ASSERT_EQ(only_sum.raw_output_contents_size(), 1);
+  EXPECT_EQ(only_sum.outputs(0).name(), "sum");
+  EXPECT_EQ(only_sum.raw_output_contents(0).size(), 8u);
+}
+
+TEST_F(InferenceServiceTest, UnknownAndNotReadyModels) {
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(Request("nope", {1}), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("unknown model 'nope'"));
+  status = Infer(Request("loading", {1}), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("still loading"));
+}
+
+TEST_F(InferenceServiceTest, InvalidRequestsAreRejectedAndCounted) {
+  inference::ModelInferRequest bad_type = Request("echo", {1});
+  bad_type.mutable_inputs(0)->set_datatype("FOO");
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(bad_type, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("datatype 'FOO'"));
+
+  inference::ModelInferRequest bad_name = Request("echo", {1});
+  bad_name.mutable_inputs(0)->set_name("z");
+  status = Infer(bad_name, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(lookup_.models["echo"]->Statistics().fail.count, 2u);
+  EXPECT_TRUE(Infer(Request("echo", {1}), &response).ok());  // and the model serves on
+}
+
+TEST_F(InferenceServiceTest, AFullQueueIsUnavailable) {
+  grpc::ClientContext running_context, second_context, third_context;
+  auto running = HoldOne(&running_context);
+  // The queue holds one request: of two more, whichever comes second is refused at once.
+  auto second = Start(Request("gated", {2}), &second_context);
+  auto third = Start(Request("gated", {3}), &third_context);
+  std::future<grpc::Status>* refused = nullptr;
+  for (int i = 0; i < 10000 && refused == nullptr; ++i) {
+    if (second.wait_for(1ms) == std::future_status::ready) refused = &second;
+    if (third.wait_for(0ms) == std::future_status::ready) refused = &third;
+  }
+  ASSERT_NE(refused, nullptr);
+  const grpc::Status status = refused->get();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(status.error_message(), HasSubstr("requests waiting (its max_queue_size)"));
+  gated_->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_TRUE((refused == &second ? third : second).get().ok());
+}
+
+TEST_F(InferenceServiceTest, TheRequestsOwnTimeoutExpiresItInTheQueue) {
+  grpc::ClientContext running_context;
+  auto running = HoldOne(&running_context);
+  inference::ModelInferRequest quick = Request("gated", {2});
+  (*quick.mutable_parameters())["timeout"].set_int64_param(1000);  // 1 ms
+  inference::ModelInferResponse response;
+  grpc::Status status = Infer(quick, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(status.error_message(), HasSubstr("did not run"));
+  const int executed = gated_->executed();
+  gated_->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_EQ(gated_->executed(), executed + 1);  // only the held request ran
+}
+
+TEST_F(InferenceServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
+  grpc::ClientContext running_context, cancelled_context;
+  auto running = HoldOne(&running_context);
+  auto cancelled = Start(Request("gated", {2}), &cancelled_context);
+  // Let the request reach the queue before the caller gives up.
+  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+  cancelled_context.TryCancel();
+  EXPECT_EQ(cancelled.get().error_code(), grpc::StatusCode::CANCELLED);
+  // The server answers it CANCELLED from the queue (a failure), while the model is still held.
+  WaitForFailures("gated", 1);
+  EXPECT_EQ(lookup_.models["gated"]->Statistics().fail.count, 1u);
+  const int executed = gated_->executed();
+  gated_->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_EQ(gated_->executed(), executed + 1);
+  // Every reference the handler took is given back once its call is answered.
+  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
+}
+
+}  // namespace
+}  // namespace sluice

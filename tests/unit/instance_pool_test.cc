@@ -1,0 +1,139 @@
+// The instance pool on its own: batches handed over by a test instead of a queue policy.
+#include <future>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/batching/instance_pool.h"
+#include "tests/unit/fakes.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+ModelSpec Spec() { return testing::EchoSpec(); }
+
+// One request of `rows` x 2 INT32 values equal to `tag`, answered into `answer`.
+struct Call {
+  std::vector<int32_t> data;
+  TensorSink sink;
+  std::promise<StatusOr<testing::Outputs>> answer;
+
+  PendingRequest Pending(int64_t rows, int32_t tag, OutputSink* sink_override = nullptr) {
+    data.assign(static_cast<size_t>(rows * 2), tag);
+    PendingRequest pending;
+    pending.request = std::make_unique<InferRequest>();
+    pending.request->model_name = "m";
+    pending.request->batch_size = rows;
+    pending.request->inputs.push_back(
+        {"x", DataType::kInt32, {rows, 2}, reinterpret_cast<const char*>(data.data()), data.size() * 4});
+    pending.sink = sink_override != nullptr ? sink_override : &sink;
+    pending.done = [this](Status status) { answer.set_value(testing::Collected(status, sink)); };
+    return pending;
+  }
+};
+
+// A caller's sink that refuses every output (a shared-memory region that is too small, say).
+class RefusingSink final : public OutputSink {
+ public:
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    return absl::InvalidArgumentError("the output region is too small");
+  }
+};
+
+class InstancePoolTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<InstancePool> Make(std::unique_ptr<ModelBackend> backend) {
+    std::vector<std::unique_ptr<ModelBackend>> backends;
+    backends.push_back(std::move(backend));
+    InstancePool::Options options;
+    options.clock = &clock_;
+    options.stats = stats_;
+    options.on_idle = [this] { idle_calls_.fetch_add(1); };
+    return *InstancePool::Create(Spec(), std::move(backends), options);
+  }
+
+  FakeTimeSource clock_;
+  std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
+  std::atomic<int> idle_calls_{0};
+};
+
+TEST_F(InstancePoolTest, NeedsInstancesAndAClock) {
+  InstancePool::Options options;
+  options.clock = &clock_;
+  EXPECT_EQ(InstancePool::Create(Spec(), {}, options).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::make_unique<testing::EchoBackend>());
+  EXPECT_EQ(InstancePool::Create(Spec(), std::move(backends), InstancePool::Options{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
+  auto echo = std::make_unique<testing::EchoBackend>();
+  testing::EchoBackend* model = echo.get();
+  auto pool = Make(std::move(echo));
+  EXPECT_EQ(pool->idle(), 1);
+  Call a, b;
+  FormedBatch batch;
+  batch.requests.push_back(a.Pending(1, 7));
+  batch.requests.push_back(b.Pending(2, 9));
+  batch.rows = 3;
+  batch.padded_rows = 4;
+  pool->Run(std::move(batch));
+  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(ra->outputs[0].shape, (Shape{1, 2}));
+  EXPECT_EQ(rb->outputs[0].shape, (Shape{2, 2}));
+  EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{4}));  // padded
+  EXPECT_EQ(model->bytes_copied(), 8u + 16u);                   // each caller's rows, once
+  pool->Stop();  // joins the worker: its idle notification has happened
+  EXPECT_EQ(pool->idle(), 1);
+  EXPECT_EQ(idle_calls_.load(), 1);
+  const ModelStatsSnapshot stats = stats_->Snapshot();
+  EXPECT_EQ(stats.success.count, 2u);
+  EXPECT_EQ(stats.inference_count, 3u);
+  EXPECT_EQ(stats.batches.at(4).compute_output.count, 1u);
+}
+
+TEST_F(InstancePoolTest, ASinkThatRefusesFailsOnlyItsOwnRequest) {
+  auto pool = Make(std::make_unique<testing::EchoBackend>());
+  Call refused, served;
+  RefusingSink refusing;
+  FormedBatch batch;
+  batch.requests.push_back(refused.Pending(1, 1, &refusing));
+  batch.requests.push_back(served.Pending(1, 2));
+  batch.rows = batch.padded_rows = 2;
+  pool->Run(std::move(batch));
+  EXPECT_THAT(refused.answer.get_future().get().status().message(), HasSubstr("output region is too small"));
+  auto ok = served.answer.get_future().get();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  std::vector<int32_t> values(2);
+  std::memcpy(values.data(), ok->outputs[0].data.data(), 8);
+  EXPECT_EQ(values, (std::vector<int32_t>{2, 2}));  // its own row, not the refused one's
+  pool->Stop();
+  EXPECT_EQ(stats_->Snapshot().fail.count, 1u);
+  EXPECT_EQ(stats_->Snapshot().success.count, 1u);
+}
+
+TEST_F(InstancePoolTest, DropAnswersWithoutRunningAndRunAfterStopIsUnavailable) {
+  auto gated = std::make_unique<testing::FakeBackend>();
+  testing::FakeBackend* model = gated.get();
+  auto pool = Make(std::move(gated));
+  Call dropped, late;
+  std::vector<PendingRequest> requests;
+  requests.push_back(dropped.Pending(1, 1));
+  pool->Drop(std::move(requests), absl::DeadlineExceededError("expired"));
+  EXPECT_EQ(dropped.answer.get_future().get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  pool->Stop();
+  FormedBatch batch;
+  batch.requests.push_back(late.Pending(1, 2));
+  batch.rows = batch.padded_rows = 1;
+  pool->Run(std::move(batch));
+  EXPECT_EQ(late.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(model->executed(), 0);
+  EXPECT_EQ(stats_->Snapshot().fail.count, 2u);
+}
+
+}  // namespace
+}  // namespace sluice
