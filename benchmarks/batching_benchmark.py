@@ -6,7 +6,8 @@ side in one run, on the bundled MLP (784-512-512-10) and conv net.
 
 1. The ceiling: sluice-bench-inprocess, forward throughput and p50 at batch sizes 1, 2, 4, ... max.
 2. Sluice through perf_analyzer (--async) at concurrency 1, 4, 16, 32, 64 with batching on and
-   off (the same model files; "on" adds a dynamic_batching block, "off" has none), one server
+   off (the same model files; "on" keeps the bundled configs' dynamic_batching block, "off"
+   removes it), one server
    per model and mode.
 3. Ratios: Sluice at saturation / in-process at the batch size Sluice formed (the server shares
    the cores with perf_analyzer); batching on / off; Sluice p50 at concurrency 1 minus in-process
@@ -19,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,12 +51,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def without_dynamic_batching(config):
+    """`config` (config.pbtxt text) without its dynamic_batching block (the bundled configs have
+    one; its fields are flat, so the block ends at its first closing brace)."""
+    return re.sub(r"^dynamic_batching\s*\{[^}]*\}[ \t]*\n?", "", config, flags=re.M)
+
+
 def make_repository(directory, batching, names):
     os.makedirs(directory)
     for name in names:
         os.makedirs(os.path.join(directory, name))
         with open(os.path.join(ROOT, "models", name, "config.pbtxt")) as f:
-            config = f.read()
+            config = without_dynamic_batching(f.read())
         if batching:
             config += "\ndynamic_batching { }\n"
         with open(os.path.join(directory, name, "config.pbtxt"), "w") as f:
