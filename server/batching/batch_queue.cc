@@ -41,7 +41,10 @@ Status BatchQueue::Add(PendingRequest& pending) {
         "model '", request.model_name, "' has ", requests_,
         " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
   }
-  if (bytes_ + pending.bytes > options_.max_bytes) {
+  // A request larger than the cap alone is admitted into an empty queue: otherwise it could
+  // never run, and "retry later" would be a lie. The queue's bytes stay bounded by the larger of
+  // the cap and one request (itself bounded by the transport's message limit).
+  if (bytes_ > 0 && bytes_ + pending.bytes > options_.max_bytes) {
     return absl::UnavailableError(absl::StrCat(
         "model '", request.model_name, "' has ", bytes_, " input bytes waiting and this request "
         "brings ", pending.bytes, " (limit sluice.max_queued_bytes=", options_.max_bytes,

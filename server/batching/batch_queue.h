@@ -56,7 +56,7 @@ class BatchQueue {
     std::vector<int> preferred_batch_sizes;  // ascending
     Duration max_queue_delay{0};             // 0: a batch forms as soon as an instance is free
     size_t max_requests = 1024;              // waiting requests
-    size_t max_bytes = 256u << 20;           // waiting input bytes
+    size_t max_bytes = 256u << 20;           // waiting input bytes (one larger request may wait alone)
     int max_groups = 16;                     // distinct shapes waiting at once
     bool pad_to_preferred = false;           // pad rows to the next preferred size / max
     std::shared_ptr<ByteBudget> server_budget;  // shared by every model; may be null

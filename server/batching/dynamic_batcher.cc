@@ -6,6 +6,7 @@ namespace sluice {
 
 StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
+  if (instances.empty()) return absl::InvalidArgumentError("a batcher needs at least one instance");
   if (options.clock == nullptr) return absl::InvalidArgumentError("a batcher needs a clock");
   if (options.queue.max_batch_size < 1) return absl::InvalidArgumentError("max_batch_size must be >= 1");
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
@@ -14,6 +15,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.stats = std::move(options.stats);
   pool_options.on_fatal = std::move(options.on_fatal);
   pool_options.on_idle = [raw = batcher.get()] { raw->Poke(); };
+  pool_options.batches = !options.queue.one_request_per_batch;
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   batcher->batcher_ = std::thread([raw = batcher.get()] { raw->BatcherLoop(); });
@@ -99,7 +101,7 @@ void DynamicBatcher::Stop() {
   std::vector<PendingRequest> abandoned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopped_) return;
+    if (stopped_ || pool_ == nullptr) return;  // no pool: Create failed, nothing ever started
     stopped_ = true;
     stopping_ = true;
     abandoned = queue_.TakeAll();

@@ -99,9 +99,9 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
               TensorSink discarded;
               const OutputTarget target{request.batch_size, &request.requested_outputs, &discarded};
               TimePoint assembled_at, infer_done;
-              // A model without a batch dimension has nothing to assemble: it runs on the
-              // request's own bytes, as its requests do.
-              Status status = Execute(instance, batch, /*assemble=*/spec_.batches(), absl::MakeConstSpan(&target, 1),
+              // Where requests never run together they run on their own bytes: so does warm-up.
+              const bool assemble = spec_.batches() && options_.batches;
+              Status status = Execute(instance, batch, assemble, absl::MakeConstSpan(&target, 1),
                                       &assembled_at, &infer_done);
               if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
               return status;

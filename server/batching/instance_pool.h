@@ -38,6 +38,9 @@ class InstancePool {
     // An instance became free (a batch or a warm-up task ended). Runs on that instance's worker
     // thread with no pool lock held; must be cheap. May be null.
     std::function<void()> on_idle;
+    // Whether several requests may run together. False (a model without dynamic_batching): every
+    // request runs alone on its own bytes, so warm-up does not assemble either.
+    bool batches = true;
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
@@ -61,8 +64,8 @@ class InstancePool {
   void Drop(std::vector<PendingRequest> requests, const Status& status);
 
   // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
-  // one-request batch (so the buffers reach their largest size before traffic comes), unless the
-  // model has no batch dimension.
+  // one-request batch (so the buffers reach their largest size before traffic comes), unless
+  // requests of this model never run together (no batch dimension, or Options::batches false).
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon);
 
   // Runs the batches already handed over, then joins the workers. Run after Stop answers the

@@ -48,40 +48,45 @@ void ModelHandle::Poke() { scheduler_->Poke(); }
 
 std::shared_ptr<ModelHandle> ModelHandle::Acquire() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++in_flight_;
+    std::lock_guard<std::mutex> lock(in_flight_->mutex);
+    ++in_flight_->count;
   }
-  // The reference shares nothing with the manager's: its deleter only counts it back, and keeps
-  // the handle alive until then.
-  return std::shared_ptr<ModelHandle>(this, [self = shared_from_this()](ModelHandle*) { self->Release(); });
+  // The reference shares nothing with the manager's: its deleter keeps the handle alive until it
+  // runs, then lets go of it before counting itself out, so that when WaitIdle returns the
+  // manager's reference is the last one and the instances are freed where it chooses.
+  return std::shared_ptr<ModelHandle>(this, [self = shared_from_this(), state = in_flight_](ModelHandle*) mutable {
+    self.reset();
+    state->Release();
+  });
 }
 
-void ModelHandle::Release() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (--in_flight_ == 0) idle_.notify_all();
+void ModelHandle::InFlight::Release() {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (--count == 0) idle.notify_all();
 }
 
 int64_t ModelHandle::in_flight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return in_flight_;
+  std::lock_guard<std::mutex> lock(in_flight_->mutex);
+  return in_flight_->count;
 }
 
 void ModelHandle::WaitIdle() {
   const auto started = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!idle_.wait_for(lock, std::chrono::seconds(10), [this] { return in_flight_ == 0 || stopped_; })) {
+  InFlight& state = *in_flight_;
+  std::unique_lock<std::mutex> lock(state.mutex);
+  while (!state.idle.wait_for(lock, std::chrono::seconds(10), [&] { return state.count == 0 || state.stopped; })) {
     spdlog::warn("event=model_draining model={} version={} in_flight={} waited_s={}", model_->name, version_,
-                 in_flight_,
+                 state.count,
                  std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
   }
 }
 
 void ModelHandle::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopped_ = true;
+    std::lock_guard<std::mutex> lock(in_flight_->mutex);
+    in_flight_->stopped = true;
   }
-  idle_.notify_all();
+  in_flight_->idle.notify_all();
   scheduler_->Stop();
 }
 

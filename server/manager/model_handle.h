@@ -63,8 +63,6 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   void Stop();
 
  private:
-  void Release();
-
   const std::shared_ptr<const RepositoryModel> model_;
   const int64_t version_;
   const std::string device_;
@@ -72,10 +70,16 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<ModelStats> stats_;
   const TimeSource* const clock_;
 
-  mutable std::mutex mutex_;
-  std::condition_variable idle_;
-  int64_t in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
-  bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
+  // Shared with the references Acquire hands out, so that a reference can drop its hold on the
+  // handle before it signals: WaitIdle returning means no reference holds the handle any more.
+  struct InFlight {
+    void Release();
+    std::mutex mutex;
+    std::condition_variable idle;
+    int64_t count ABSL_GUARDED_BY(mutex) = 0;
+    bool stopped ABSL_GUARDED_BY(mutex) = false;
+  };
+  const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 // Where front ends find model versions. ModelManager implements it; tests fake it.

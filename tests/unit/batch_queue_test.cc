@@ -171,6 +171,16 @@ TEST_F(BatchQueueTest, CapsReject) {
   EXPECT_EQ(queue.bytes(), 24u);
 }
 
+TEST_F(BatchQueueTest, ARequestOverTheByteCapWaitsOnlyAlone) {
+  auto options = Options();
+  options.max_bytes = 40;
+  BatchQueue queue(options);
+  ASSERT_TRUE(Add(queue, 6).ok());  // 48 bytes: nothing else waits, so it may
+  EXPECT_THAT(Add(queue, 1).message(), HasSubstr("sluice.max_queued_bytes=40"));
+  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now() + 1s).has_value());
+  EXPECT_TRUE(Add(queue, 1).ok());
+}
+
 TEST_F(BatchQueueTest, ServerWideByteBudgetIsSharedAndReleased) {
   auto budget = std::make_shared<ByteBudget>(32);
   auto options = Options();

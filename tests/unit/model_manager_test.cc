@@ -336,7 +336,9 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   quick->parameters.timeout_us = 1000;
   quick->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
   (*model)->Submit(std::move(quick), &call.sink, [&](Status status) { call.answer.set_value(status); });
-  EXPECT_EQ(call.answer.get_future().get().code(), absl::StatusCode::kDeadlineExceeded);
+  auto answer = call.answer.get_future();
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)), std::future_status::ready);  // not the 60 s default
+  EXPECT_EQ(answer.get().code(), absl::StatusCode::kDeadlineExceeded);
   backend->OpenGate();
   EXPECT_TRUE(running.get().ok());
   EXPECT_EQ(backend->executed(), warmup_runs + 1);
