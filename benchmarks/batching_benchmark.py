@@ -122,9 +122,17 @@ def serve(bin_dir, repository, extra_args=()):
     raise TimeoutError(f"sluice-server did not become ready:\n{open(log.name).read()}")
 
 
+def perf_analyzer_path():
+    """perf_analyzer from the PATH, else the one scripts/setup.sh puts in .venv/bin."""
+    path = shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer")
+    if not os.path.exists(path):
+        raise RuntimeError("perf_analyzer not found on PATH or in .venv/bin (scripts/setup.sh installs it)")
+    return path
+
+
 def perf_analyzer(url, model, concurrency, smoke, workdir):
     out_csv = os.path.join(workdir, f"{model}_{concurrency}.csv")
-    args = [shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer"),
+    args = [perf_analyzer_path(),
             "-m", model, "-u", url, "-i", "grpc", "-b", "1", "--concurrency-range", str(concurrency),
             # Asynchronous clients: fewer client threads competing with the server for the cores.
             "--async",

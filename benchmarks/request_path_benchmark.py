@@ -57,7 +57,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, free_port, write_json  # noqa: E402
+from batching_benchmark import ROOT, free_port, perf_analyzer_path, write_json  # noqa: E402
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -287,13 +287,6 @@ def counts(url, model):
 # perf_analyzer
 
 
-def perf_analyzer_path():
-    path = shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer")
-    if not os.path.exists(path):
-        raise BenchmarkError("perf_analyzer not found on PATH or in .venv/bin (scripts/setup.sh installs it)")
-    return path
-
-
 def perf_analyzer(url, model, concurrency, mode, workdir, tag, client_prefix):
     out_csv = os.path.join(workdir, f"pa_{tag}_{model}_c{concurrency}.csv")
     args = [*client_prefix, perf_analyzer_path(), "-m", model, "-u", url, "-i", "grpc", "-b", "1",
@@ -478,6 +471,11 @@ def main():
         notes.append("smoke: no callgrind")
     elif args.no_callgrind:
         notes.append("--no-callgrind: instruction counts skipped")
+
+    try:
+        perf_analyzer_path()  # missing: say so now, before any server starts
+    except RuntimeError as error:
+        sys.exit(f"request_path_benchmark: {error}")
 
     started = time.monotonic()
     runs = {side: [] for side in sides}

@@ -63,12 +63,7 @@ void DynamicBatcher::BatcherLoop() {
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
     if (!expired.empty()) {
       lock.unlock();
-      for (PendingRequest& pending : expired) {  // each with its own reason (cancelled or expired)
-        const Status status = QueuedExpiryStatus(*pending.request);
-        std::vector<PendingRequest> one;
-        one.push_back(std::move(pending));
-        pool_->Drop(std::move(one), status);
-      }
+      for (PendingRequest& pending : expired) pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
       lock.lock();
       continue;
     }
@@ -107,7 +102,7 @@ void DynamicBatcher::Stop() {
     abandoned = queue_.TakeAll();
   }
   batcher_cv_.notify_all();
-  pool_->Drop(std::move(abandoned), ShutdownStatus());
+  for (PendingRequest& pending : abandoned) pool_->Drop(pending, ShutdownStatus());
   if (batcher_.joinable()) batcher_.join();
   // The workers finish the batches already handed over, then exit.
   pool_->Stop();

@@ -3,7 +3,6 @@
 #include <deque>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "server/batching/warmup.h"
 
 namespace sluice {
@@ -69,8 +68,9 @@ void InstancePool::Run(FormedBatch batch) {
   Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
 }
 
-void InstancePool::Drop(std::vector<PendingRequest> requests, const Status& status) {
-  Fail(requests, status, /*ran=*/false);
+void InstancePool::Drop(PendingRequest& pending, const Status& status) {
+  if (options_.stats) options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false);
+  pending.done(status);
 }
 
 void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran) {

@@ -59,9 +59,9 @@ class InstancePool {
   // each request.
   void Run(FormedBatch batch);
 
-  // Answers requests that leave a queue without running (expired, cancelled, shut down) with
-  // `status`, on the calling thread, and records them.
-  void Drop(std::vector<PendingRequest> requests, const Status& status);
+  // Answers a request that leaves a queue without running (expired, cancelled, shut down) with
+  // `status`, on the calling thread, and records it.
+  void Drop(PendingRequest& pending, const Status& status);
 
   // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
   // one-request batch (so the buffers reach their largest size before traffic comes), unless

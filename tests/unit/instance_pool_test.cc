@@ -121,9 +121,8 @@ TEST_F(InstancePoolTest, DropAnswersWithoutRunningAndRunAfterStopIsUnavailable) 
   testing::FakeBackend* model = gated.get();
   auto pool = Make(std::move(gated));
   Call dropped, late;
-  std::vector<PendingRequest> requests;
-  requests.push_back(dropped.Pending(1, 1));
-  pool->Drop(std::move(requests), absl::DeadlineExceededError("expired"));
+  PendingRequest pending = dropped.Pending(1, 1);
+  pool->Drop(pending, absl::DeadlineExceededError("expired"));
   EXPECT_EQ(dropped.answer.get_future().get().status().code(), absl::StatusCode::kDeadlineExceeded);
   pool->Stop();
   FormedBatch batch;
