@@ -75,7 +75,7 @@ GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* s
 GrpcServer::~GrpcServer() { Shutdown(0); }
 
 void GrpcServer::RefreshHealth() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   if (!server_) return;
   const bool ready = service_->Ready();
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
@@ -87,7 +87,7 @@ void GrpcServer::RefreshHealth() {
 void GrpcServer::Shutdown(int grace_ms) {
   std::unique_ptr<grpc::Server> server;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     server = std::move(server_);
   }
   if (!server) return;

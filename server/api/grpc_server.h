@@ -2,13 +2,15 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
+#include "absl/base/thread_annotations.h"
+
 #include "server/api/inference_service.h"
+#include "server/core/mutex.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -66,16 +68,16 @@ class GrpcServer {
 
   // Re-reads the service's liveness and readiness into the health service. Thread-safe; does
   // nothing after Shutdown.
-  void RefreshHealth();
+  void RefreshHealth() ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Stops accepting calls, lets calls in flight finish for up to `grace_ms`, then cancels them.
-  void Shutdown(int grace_ms);
+  void Shutdown(int grace_ms) ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port);
 
-  std::mutex mutex_;  // guards server_ (RefreshHealth may run on a worker thread)
-  std::unique_ptr<grpc::Server> server_;
+  Mutex mutex_;  // RefreshHealth may run on a worker thread
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mutex_);
   InferenceService* const service_;
   const int port_;
 };

@@ -36,7 +36,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
   ModelStats* stats = pool_->stats();
   Status admitted;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
                          : queue_.Add(pending);
@@ -48,23 +48,23 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     pending.done(std::move(admitted));
     return;
   }
-  batcher_cv_.notify_one();
+  batcher_cv_.Signal();
 }
 
 void DynamicBatcher::Poke() {
-  { std::lock_guard<std::mutex> lock(mutex_); }
-  batcher_cv_.notify_one();
+  { MutexLock lock(&mutex_); }
+  batcher_cv_.Signal();
 }
 
 void DynamicBatcher::BatcherLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
     if (!expired.empty()) {
-      lock.unlock();
+      lock.Unlock();
       for (PendingRequest& pending : expired) pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
-      lock.lock();
+      lock.Lock();
       continue;
     }
     const bool idle = pool_->idle() > 0;
@@ -80,10 +80,10 @@ void DynamicBatcher::BatcherLoop() {
     TimePoint wakeup = queue_.NextDeadline();
     if (idle) wakeup = std::min(wakeup, queue_.NextBatchTime());
     if (wakeup == kNoDeadline) {
-      batcher_cv_.wait(lock);
+      batcher_cv_.Wait(&mutex_);
     } else {
       // The clock may be a fake one: wait for the real time it says is left, or a Poke.
-      batcher_cv_.wait_for(lock, std::max(wakeup - now, Duration(std::chrono::microseconds(50))));
+      batcher_cv_.WaitFor(&mutex_, std::max(wakeup - now, Duration(std::chrono::microseconds(50))));
     }
   }
 }
@@ -95,13 +95,13 @@ StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> request
 void DynamicBatcher::Stop() {
   std::vector<PendingRequest> abandoned;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (stopped_ || pool_ == nullptr) return;  // no pool: Create failed, nothing ever started
     stopped_ = true;
     stopping_ = true;
     abandoned = queue_.TakeAll();
   }
-  batcher_cv_.notify_all();
+  batcher_cv_.SignalAll();
   for (PendingRequest& pending : abandoned) pool_->Drop(pending, ShutdownStatus());
   if (batcher_.joinable()) batcher_.join();
   // The workers finish the batches already handed over, then exit.

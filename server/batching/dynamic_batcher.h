@@ -4,9 +4,7 @@
 // one_request_per_batch): the same queue caps, expiry timer and messages.
 #pragma once
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "server/core/backend.h"
 #include "server/core/clock.h"
 #include "server/core/model_spec.h"
+#include "server/core/mutex.h"
 
 namespace sluice {
 
@@ -40,26 +39,27 @@ class DynamicBatcher final : public Scheduler {
       ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   ~DynamicBatcher() override;
 
-  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override;
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
-  void Stop() override;
+  void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;
   // the transport after a cancellation; the pool when an instance goes idle).
-  void Poke() override;
+  void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const { return pool_->StagingAllocations(); }
 
  private:
   explicit DynamicBatcher(Options options);
-  void BatcherLoop();
+  void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
 
   const Options options_;
   std::unique_ptr<InstancePool> pool_;  // set by Create before the batcher thread starts
 
-  std::mutex mutex_;
-  std::condition_variable batcher_cv_;  // queue changed, an instance went idle, or stop
+  Mutex mutex_;
+  CondVar batcher_cv_;  // queue changed, an instance went idle, or stop
   BatchQueue queue_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;

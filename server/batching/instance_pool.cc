@@ -50,18 +50,19 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
     : spec_(std::move(spec)), options_(std::move(options)) {
   for (auto& backend : instances) instances_.push_back(std::make_unique<Instance>(std::move(backend)));
   idle_ = static_cast<int>(instances_.size());
-  for (auto& instance : instances_) workers_.emplace_back([this, raw = instance.get()] { WorkerLoop(raw); });
+  tasks_.resize(instances_.size());
+  for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 InstancePool::~InstancePool() { Stop(); }
 
 void InstancePool::Run(FormedBatch batch) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (!stopping_) {
       idle_.fetch_sub(1, std::memory_order_acq_rel);
       ready_.push_back(std::move(batch));
-      work_cv_.notify_one();
+      work_cv_.Signal();
       return;
     }
   }
@@ -85,11 +86,11 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
   auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
   WarmupCollector collector(static_cast<int>(instances_.size()));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     if (stopping_) return absl::UnavailableError("the scheduler has stopped");
     for (size_t i = 0; i < instances_.size(); ++i) {
       Instance* instance = instances_[i].get();
-      instance->tasks.push_back([this, instance, i, shared, abandon, &collector] {
+      tasks_[i].push_back([this, instance, i, shared, abandon, &collector] {
         collector.Report(RunWarmupOnInstance(
             static_cast<int>(i), *shared, abandon, [&](const InferRequest& request) -> Status {
               FormedBatch batch;
@@ -109,7 +110,7 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
       });
     }
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   return collector.Wait();
 }
 
@@ -124,27 +125,28 @@ Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool 
   return status;
 }
 
-void InstancePool::WorkerLoop(Instance* instance) {
-  std::unique_lock<std::mutex> lock(mutex_);
+void InstancePool::WorkerLoop(size_t index) {
+  Instance* const instance = instances_[index].get();
+  MutexLock lock(&mutex_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || !instance->tasks.empty(); });
-    if (!instance->tasks.empty()) {
-      std::function<void()> task = std::move(instance->tasks.front());
-      instance->tasks.pop_front();
+    while (!stopping_ && ready_.empty() && tasks_[index].empty()) work_cv_.Wait(&mutex_);
+    if (!tasks_[index].empty()) {
+      std::function<void()> task = std::move(tasks_[index].front());
+      tasks_[index].pop_front();
       idle_.fetch_sub(1, std::memory_order_acq_rel);
-      lock.unlock();
+      lock.Unlock();
       task();
     } else if (!ready_.empty()) {
       FormedBatch batch = std::move(ready_.front());
       ready_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       RunBatch(instance, std::move(batch));
     } else {
       return;  // stopping, and nothing left to run
     }
     idle_.fetch_add(1, std::memory_order_acq_rel);
     if (options_.on_idle) options_.on_idle();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -189,10 +191,10 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
 
 void InstancePool::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
   }

@@ -5,11 +5,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "server/core/backend.h"
 #include "server/core/clock.h"
 #include "server/core/model_spec.h"
+#include "server/core/mutex.h"
 
 namespace sluice {
 
@@ -57,7 +56,7 @@ class InstancePool {
   // it in its staging buffers (unless it is one request that needs no padding, which runs on its
   // own bytes), runs it, has the backend write each request's outputs into its sink and answers
   // each request.
-  void Run(FormedBatch batch);
+  void Run(FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Answers a request that leaves a queue without running (expired, cancelled, shut down) with
   // `status`, on the calling thread, and records it.
@@ -66,11 +65,12 @@ class InstancePool {
   // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
   // one-request batch (so the buffers reach their largest size before traffic comes), unless
   // requests of this model never run together (no batch dimension, or Options::batches false).
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon);
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon)
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Runs the batches already handed over, then joins the workers. Run after Stop answers the
   // batch UNAVAILABLE. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mutex_);
 
   ModelStats* stats() const { return options_.stats.get(); }  // may be null
   size_t size() const { return instances_.size(); }
@@ -82,11 +82,11 @@ class InstancePool {
     explicit Instance(std::unique_ptr<ModelBackend> model) : backend(std::move(model)), staging(backend.get()) {}
     std::unique_ptr<ModelBackend> backend;
     StagingPool staging;  // touched only by this instance's worker thread
-    std::deque<std::function<void()>> tasks;  // this instance's own work (warm-up), run first
   };
 
   InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
-  void WorkerLoop(Instance* instance);
+  // Runs on the worker thread of instances_[index].
+  void WorkerLoop(size_t index) ABSL_LOCKS_EXCLUDED(mutex_);
   void RunBatch(Instance* instance, FormedBatch batch);
   // Assembles `batch` in the instance's staging buffers when `assemble`, runs it and delivers the
   // outputs to `targets`. `*infer_done`: when the first output was asked for (else the end).
@@ -99,9 +99,12 @@ class InstancePool {
   std::vector<std::unique_ptr<Instance>> instances_;
   std::atomic<int> idle_{0};
 
-  mutable std::mutex mutex_;
-  std::condition_variable work_cv_;  // a batch or a task is ready, or stop
+  mutable Mutex mutex_;
+  CondVar work_cv_;  // a batch or a task is ready, or stop
   std::deque<FormedBatch> ready_ ABSL_GUARDED_BY(mutex_);
+  // Each instance's own work (warm-up), by instance index, run before batches. Kept here rather
+  // than in Instance so that the analysis can see the pool's mutex guards it.
+  std::vector<std::deque<std::function<void()>>> tasks_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;
 };

@@ -34,7 +34,7 @@ void ModelStats::RecordStarted(int64_t requests) {
 
 void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) {
   if (sink_) sink_->OnExecution(batch_rows, input, infer, output);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   ++stats_.execution_count;
   ModelStatsSnapshot::Batch& batch = stats_.batches[static_cast<uint64_t>(batch_rows)];
   batch.compute_input.Add(input);
@@ -47,7 +47,7 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
   if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total);
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   stats_.inference_count += static_cast<uint64_t>(rows);
   stats_.last_inference_ms = static_cast<uint64_t>(now_ms);
   stats_.success.Add(total);
@@ -59,18 +59,18 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
 
 void ModelStats::RecordFailure(Duration total, const Status& status, bool ran) {
   if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true, ran);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   stats_.fail.Add(total);
 }
 
 void ModelStats::RecordRejected(const Status& status) {
   if (sink_) sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false, /*ran=*/false);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   stats_.fail.Add(Duration::zero());
 }
 
 ModelStatsSnapshot ModelStats::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return stats_;
 }
 

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
 
 #include "server/core/clock.h"
+#include "server/core/mutex.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -73,22 +75,23 @@ class ModelStats {
   // `requests` admitted requests start running in one forward pass (they stop waiting).
   void RecordStarted(int64_t requests);
   // One forward pass over `batch_rows` rows (padding included) with its phase durations.
-  void RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output);
+  void RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // One admitted request answered OK: its rows, time queued, the phases of its batch, and end to end.
   void RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
-                     Duration total);
+                     Duration total) ABSL_LOCKS_EXCLUDED(mutex_);
   // One admitted request answered with `status` (an error) after `total`; `ran`: RecordStarted
   // had counted it (the model failed), else it left the queue without running.
-  void RecordFailure(Duration total, const Status& status, bool ran);
+  void RecordFailure(Duration total, const Status& status, bool ran) ABSL_LOCKS_EXCLUDED(mutex_);
   // A request answered with `status` without being admitted (invalid, or a cap reached).
-  void RecordRejected(const Status& status);
+  void RecordRejected(const Status& status) ABSL_LOCKS_EXCLUDED(mutex_);
 
-  ModelStatsSnapshot Snapshot() const;
+  ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   const std::shared_ptr<StatsSink> sink_;  // may be null
-  mutable std::mutex mutex_;
-  ModelStatsSnapshot stats_;
+  mutable Mutex mutex_;
+  ModelStatsSnapshot stats_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

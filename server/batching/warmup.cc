@@ -158,7 +158,7 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
 }
 
 void WarmupCollector::Report(StatusOr<std::vector<WarmupPass>>&& passes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   if (passes.ok()) {
     for (WarmupPass& pass : *passes) passes_.push_back(std::move(pass));
   } else if (failure_.ok()) {
@@ -166,12 +166,12 @@ void WarmupCollector::Report(StatusOr<std::vector<WarmupPass>>&& passes) {
   } else {
     passes = std::vector<WarmupPass>{};  // drop a later failure's message here, under the lock
   }
-  if (--remaining_ == 0) done_.notify_all();
+  if (--remaining_ == 0) done_.SignalAll();
 }
 
 StatusOr<WarmupReport> WarmupCollector::Wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return remaining_ == 0; });
+  MutexLock lock(&mutex_);
+  while (remaining_ != 0) done_.Wait(&mutex_);
   if (!failure_.ok()) return failure_;
   WarmupReport report;
   report.passes = std::move(passes_);

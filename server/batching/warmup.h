@@ -4,15 +4,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
 
 #include "server/batching/scheduler.h"
 #include "server/batching/shape_plan.h"
 #include "server/core/model_spec.h"
+#include "server/core/mutex.h"
 
 namespace sluice {
 
@@ -39,16 +40,16 @@ class WarmupCollector {
   // Takes everything out of `passes` under the lock: nothing of it is shared with the reporting
   // thread afterwards (absl::Status shares its message between copies, and the reporter's
   // temporary may die after Wait has returned).
-  void Report(StatusOr<std::vector<WarmupPass>>&& passes);
+  void Report(StatusOr<std::vector<WarmupPass>>&& passes) ABSL_LOCKS_EXCLUDED(mutex_);
   // Blocks until every instance reported; the passes in instance order, or the first failure.
-  StatusOr<WarmupReport> Wait();
+  StatusOr<WarmupReport> Wait() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  std::mutex mutex_;
-  std::condition_variable done_;
-  int remaining_;
-  Status failure_;
-  std::vector<WarmupPass> passes_;
+  Mutex mutex_;
+  CondVar done_;  // remaining_ reached 0
+  int remaining_ ABSL_GUARDED_BY(mutex_);
+  Status failure_ ABSL_GUARDED_BY(mutex_);
+  std::vector<WarmupPass> passes_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+
+#include "server/core/mutex.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -16,16 +18,16 @@ class LivenessMonitor {
  public:
   bool live() const { return live_.load(); }
 
-  std::string reason() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+  std::string reason() const ABSL_LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(&mutex_);
     return reason_;
   }
 
   // Records the first fatal error and calls the listener (once).
-  void ReportFatal(const Status& status) {
+  void ReportFatal(const Status& status) ABSL_LOCKS_EXCLUDED(mutex_) {
     std::function<void()> listener;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       if (!live_.load()) return;
       live_.store(false);
       reason_ = std::string(status.message());
@@ -35,16 +37,16 @@ class LivenessMonitor {
   }
 
   // Called after a fatal error is recorded, from the thread that reported it.
-  void SetListener(std::function<void()> listener) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void SetListener(std::function<void()> listener) ABSL_LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(&mutex_);
     listener_ = std::move(listener);
   }
 
  private:
   std::atomic<bool> live_{true};
-  mutable std::mutex mutex_;
-  std::string reason_;
-  std::function<void()> listener_;
+  mutable Mutex mutex_;
+  std::string reason_ ABSL_GUARDED_BY(mutex_);
+  std::function<void()> listener_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

@@ -141,18 +141,23 @@ GpuTelemetry::GpuTelemetry(std::unique_ptr<Nvml> nvml, ServerMetrics* metrics,
 
 GpuTelemetry::~GpuTelemetry() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   thread_.join();
 }
 
 void GpuTelemetry::Loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   bool failing = false;
-  while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
-    lock.unlock();
+  for (;;) {
+    // Sleeps for interval_, or until the destructor sets stopping_ (other wake-ups are spurious).
+    const auto deadline = std::chrono::steady_clock::now() + interval_;
+    while (!stopping_ && wake_.WaitUntil(&mutex_, deadline)) {
+    }
+    if (stopping_) return;
+    lock.Unlock();
     StatusOr<std::vector<GpuSample>> samples = nvml_->Sample();
     if (samples.ok()) {
       if (failing) spdlog::info("event=gpu_telemetry_recovered gpus={}", samples->size());
@@ -167,7 +172,7 @@ void GpuTelemetry::Loop() {
       gpus_ = 0;
       metrics_->SetGpus({});
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -4,13 +4,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+
+#include "server/core/mutex.h"
 #include "server/core/status.h"
 #include "server/metrics/server_metrics.h"
 
@@ -43,20 +44,20 @@ std::string NvmlLibraryPath();
 class GpuTelemetry {
  public:
   GpuTelemetry(std::unique_ptr<Nvml> nvml, ServerMetrics* metrics, std::chrono::milliseconds interval);
-  ~GpuTelemetry();  // stops the thread
+  ~GpuTelemetry() ABSL_LOCKS_EXCLUDED(mutex_);  // stops the thread
 
   int gpus() const { return gpus_.load(); }  // GPUs in the last sample
 
  private:
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mutex_);
 
   std::unique_ptr<Nvml> nvml_;
   ServerMetrics* const metrics_;
   const std::chrono::milliseconds interval_;
   std::atomic<int> gpus_{0};
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar wake_;  // stopping_ set
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
 

@@ -280,12 +280,12 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
 ServerMetrics::~ServerMetrics() = default;
 
 std::shared_ptr<StatsSink> ServerMetrics::SinkFor(const std::string& model, int64_t version) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   return std::make_shared<ModelMetrics>(*families_, VersionLabels(model, version));
 }
 
 void ServerMetrics::OnState(const std::string& model, int64_t version, ModelState state) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   for (ModelState each : {ModelState::kLoading, ModelState::kReady, ModelState::kUnavailable}) {
     Labels labels = VersionLabels(model, version);
     labels["state"] = ModelStateName(each);
@@ -294,7 +294,7 @@ void ServerMetrics::OnState(const std::string& model, int64_t version, ModelStat
 }
 
 void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   const Labels labels = VersionLabels(tuning.name, tuning.version);
   families_->load_seconds.Add(labels).Set(Seconds(load_time));
   families_->warmup_seconds.Add(labels).Set(Seconds(tuning.warmup_time));
@@ -306,12 +306,12 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
 }
 
 void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& labels) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   families_->build_info.Add(Labels(labels.begin(), labels.end())).Set(1);
 }
 
 void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(&mutex_);
   Families& f = *families_;
   // Series of GPUs that disappeared are removed; the others are set again (Add returns the
   // existing series for the same labels).

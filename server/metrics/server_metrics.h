@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,9 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "absl/base/thread_annotations.h"
+
+#include "server/core/mutex.h"
 #include "server/manager/model_manager.h"
 
 namespace sluice {
@@ -52,14 +54,15 @@ class ServerMetrics final : public ModelObserver {
   ~ServerMetrics() override;
 
   // ModelObserver.
-  std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) override;
-  void OnState(const std::string& model, int64_t version, ModelState state) override;
-  void OnReady(const ModelTuning& tuning, Duration load_time) override;
+  std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnState(const std::string& model, int64_t version, ModelState state) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnReady(const ModelTuning& tuning, Duration load_time) override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // sluice_build_info{...} 1: the environment report's versions as labels.
-  void SetBuildInfo(const std::map<std::string, std::string>& labels);
+  void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
   // Replaces the GPU series with `samples` (an empty vector exports no GPU series).
-  void SetGpus(const std::vector<GpuSample>& samples);
+  void SetGpus(const std::vector<GpuSample>& samples) ABSL_LOCKS_EXCLUDED(mutex_);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -67,8 +70,9 @@ class ServerMetrics final : public ModelObserver {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<Families> families_;
-  std::mutex mutex_;  // guards the label children created after start-up (state, GPUs)
+  Mutex mutex_;
+  // The label children created after start-up (state, GPUs) and the GPU bookkeeping.
+  std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice
