@@ -1,11 +1,9 @@
 #include "server/api/inference_service.h"
 
-#include <mutex>
 #include <type_traits>
 
-#include "absl/base/thread_annotations.h"
-
 #include "server/core/logging.h"
+#include "server/core/mutex.h"
 
 #include "absl/strings/str_cat.h"
 #include "server/api/protocol.h"
@@ -36,7 +34,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
 
   void Watch(std::shared_ptr<ModelHandle> model) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(&mutex_);
     model_ = std::move(model);
   }
 
@@ -45,7 +43,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   void Answer(const Status& status) {
     std::shared_ptr<ModelHandle> model;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       model = std::move(model_);
     }
     model.reset();
@@ -56,7 +54,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
     cancelled_->store(true);
     std::shared_ptr<ModelHandle> model;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(&mutex_);
       model = model_;
     }
     if (model) model->Poke();
@@ -66,7 +64,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
  private:
   const std::shared_ptr<std::atomic<bool>> cancelled_;
   ResponseSink sink_;
-  std::mutex mutex_;
+  Mutex mutex_;
   std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
 };
 
@@ -79,43 +77,17 @@ TimePoint CallerDeadline(const grpc::CallbackServerContext& context, TimePoint n
 
 }  // namespace
 
-InferenceService::InferenceService(ModelManager* manager, Options options)
+InferenceService::InferenceService(ModelManager* manager, ModelControl* control, Options options)
     : manager_(manager),
+      control_(control),
       options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
-      lookup_(options_.lookup ? options_.lookup : manager),
-      control_thread_([this] { ControlLoop(); }) {}
-
-InferenceService::~InferenceService() {
-  {
-    std::lock_guard<std::mutex> lock(control_mutex_);
-    control_stopping_ = true;
-  }
-  control_wake_.notify_all();
-  control_thread_.join();
-}
-
-void InferenceService::ControlLoop() {
-  std::unique_lock<std::mutex> lock(control_mutex_);
-  while (true) {
-    control_wake_.wait(lock, [this] { return control_stopping_ || !control_tasks_.empty(); });
-    if (control_tasks_.empty()) return;  // stopping, and nothing left to answer
-    std::function<void()> task = std::move(control_tasks_.front());
-    control_tasks_.pop_front();
-    lock.unlock();
-    task();
-    lock.lock();
-  }
-}
+      lookup_(options_.lookup ? options_.lookup : manager) {}
 
 grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerContext* context,
                                                        std::function<Status()> task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  {
-    std::lock_guard<std::mutex> lock(control_mutex_);
-    control_tasks_.push_back([reactor, task = std::move(task)] { reactor->Finish(ToGrpcStatus(task())); });
-  }
-  control_wake_.notify_one();
+  control_->Submit(std::move(task), [reactor](const Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
 }
 
@@ -123,10 +95,10 @@ template <typename Request>
 Status InferenceService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
   // RepositoryModelLoad/Unload work only in explicit mode (see ModelControlMode).
-  if (manager_->control_mode() != ModelControlMode::kExplicit) {
+  const ModelControlMode mode = control_ != nullptr ? control_->mode() : ModelControlMode::kNone;
+  if (mode != ModelControlMode::kExplicit) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "models cannot be loaded or unloaded over gRPC with --model-control-mode ",
-        ModelControlModeName(manager_->control_mode()),
+        "models cannot be loaded or unloaded over gRPC with --model-control-mode ", ModelControlModeName(mode),
         "; start the server with --model-control-mode explicit"));
   }
   if (!request.repository_name().empty()) {
@@ -150,7 +122,7 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
-  return RunControl(context, [this, name = request->model_name()] { return manager_->LoadModel(name); });
+  return RunControl(context, [this, name = request->model_name()] { return control_->LoadModel(name); });
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
@@ -159,7 +131,7 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
   if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
   return RunControl(context, [this, name = request->model_name()] {
     spdlog::info("event=model_unload_requested model={}", name);
-    return manager_->UnloadModel(name);
+    return control_->UnloadModel(name);
   });
 }
 
@@ -240,7 +212,12 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   }
   StatusOr<std::shared_ptr<ModelHandle>> model = manager_->Find(request->name(), request->version());
   if (!model.ok()) return FinishNow(context, model.status());
-  *response->mutable_config() = (*model)->model().config;
+  const std::shared_ptr<const inference::ModelConfig>& config = (*model)->model().config;
+  if (config == nullptr) {
+    return FinishNow(context, absl::InternalError(absl::StrCat("model '", request->name(),
+                                                               "' was loaded without its config.pbtxt")));
+  }
+  *response->mutable_config() = *config;
   return FinishNow(context, absl::OkStatus());
 }
 

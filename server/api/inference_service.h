@@ -5,18 +5,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
 #include "server/api/restricted_protocols.h"
 #include "server/core/clock.h"
 #include "server/core/liveness.h"
+#include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 
 namespace sluice {
@@ -37,10 +34,9 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
   };
 
-  // `manager` must outlive the service.
-  InferenceService(ModelManager* manager, Options options);
-  // Joins the control thread. Destroy after the gRPC server has shut down.
-  ~InferenceService() override;
+  // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
+  // FAILED_PRECONDITION. Destroy the service after the gRPC server has shut down.
+  InferenceService(ModelManager* manager, ModelControl* control, Options options);
 
   // Marks the server as started (models may still be loading). Until then ServerReady is false.
   void SetStarted() { started_ = true; }
@@ -73,7 +69,8 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
                                             const inference::RepositoryIndexRequest* request,
                                             inference::RepositoryIndexResponse* response) override;
   // Load and unload take seconds (loading, warm-up, draining): the handlers hand them to the
-  // service's control thread, which runs them one at a time and finishes the call.
+  // model control thread (ModelControl::Submit), which runs them one at a time and finishes the
+  // call.
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
                                                 const inference::RepositoryModelLoadRequest* request,
                                                 inference::RepositoryModelLoadResponse* response) override;
@@ -95,21 +92,15 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;
   // Runs `task` on the control thread and finishes the call with its status.
   grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context, std::function<Status()> task);
-  void ControlLoop();
 
   ModelManager* const manager_;
+  ModelControl* const control_;
   const Options options_;
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
   const ModelLookup* const lookup_;
   std::atomic<bool> started_{false};
   std::atomic<bool> draining_{false};
-
-  std::mutex control_mutex_;
-  std::condition_variable control_wake_;
-  std::deque<std::function<void()>> control_tasks_;  // guarded by control_mutex_
-  bool control_stopping_ = false;                    // guarded by control_mutex_
-  std::thread control_thread_;
 };
 
 }  // namespace sluice

@@ -6,9 +6,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "server/core/data_type.h"
+#include "server/core/status.h"
 #include "server/core/tensor.h"
 
 namespace sluice {
@@ -86,6 +88,9 @@ struct WarmupSampleSpec {
 
 // --cudnn-benchmark, and its per-model override (parameter sluice.cudnn_benchmark).
 enum class CudnnBenchmarkMode { kAuto, kOn, kOff };
+const char* CudnnBenchmarkModeName(CudnnBenchmarkMode mode);  // "auto", "on", "off"
+// "auto", "on" or "off"; INVALID_ARGUMENT naming the three otherwise.
+StatusOr<CudnnBenchmarkMode> ParseCudnnBenchmarkMode(std::string_view text);
 
 struct ModelSpec {
   std::string name;
@@ -98,7 +103,7 @@ struct ModelSpec {
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
-  // as Triton's PyTorch backend). 0 in the config: ModelManager divides the cores among the
+  // as Triton's PyTorch backend). 0 in the config: VersionLoader divides the cores among the
   // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.
   int intra_op_threads = 0;
   PaddingSpec padding;
@@ -107,7 +112,7 @@ struct ModelSpec {
   int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance
   std::vector<WarmupSampleSpec> warmup_samples;  // Triton's model_warmup
   std::optional<CudnnBenchmarkMode> cudnn_benchmark_override;  // sluice.cudnn_benchmark
-  // Decided by ModelManager (see DecideCudnnBenchmark) before the instances load; the runtime
+  // Decided by VersionLoader (see DecideCudnnBenchmark) before the instances load; the runtime
   // writes it into every convolution of the model's graph.
   bool cudnn_benchmark = false;
 

@@ -48,7 +48,7 @@ void ModelHandle::Poke() { scheduler_->Poke(); }
 
 std::shared_ptr<ModelHandle> ModelHandle::Acquire() {
   {
-    std::lock_guard<std::mutex> lock(in_flight_->mutex);
+    MutexLock lock(&in_flight_->mutex);
     ++in_flight_->count;
   }
   // The reference shares nothing with the manager's: its deleter keeps the handle alive until it
@@ -61,20 +61,23 @@ std::shared_ptr<ModelHandle> ModelHandle::Acquire() {
 }
 
 void ModelHandle::InFlight::Release() {
-  std::lock_guard<std::mutex> lock(mutex);
-  if (--count == 0) idle.notify_all();
+  MutexLock lock(&mutex);
+  if (--count == 0) idle.SignalAll();
 }
 
 int64_t ModelHandle::in_flight() const {
-  std::lock_guard<std::mutex> lock(in_flight_->mutex);
+  MutexLock lock(&in_flight_->mutex);
   return in_flight_->count;
 }
 
 void ModelHandle::WaitIdle() {
   const auto started = std::chrono::steady_clock::now();
   InFlight& state = *in_flight_;
-  std::unique_lock<std::mutex> lock(state.mutex);
-  while (!state.idle.wait_for(lock, std::chrono::seconds(10), [&] { return state.count == 0 || state.stopped; })) {
+  MutexLock lock(&state.mutex);
+  auto next_report = started + std::chrono::seconds(10);
+  while (state.count > 0 && !state.stopped) {
+    if (state.idle.WaitUntil(&state.mutex, next_report) || std::chrono::steady_clock::now() < next_report) continue;
+    next_report += std::chrono::seconds(10);
     spdlog::warn("event=model_draining model={} version={} in_flight={} waited_s={}", model_->name, version_,
                  state.count,
                  std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
@@ -83,10 +86,10 @@ void ModelHandle::WaitIdle() {
 
 void ModelHandle::Stop() {
   {
-    std::lock_guard<std::mutex> lock(in_flight_->mutex);
+    MutexLock lock(&in_flight_->mutex);
     in_flight_->stopped = true;
   }
-  in_flight_->idle.notify_all();
+  in_flight_->idle.SignalAll();
   scheduler_->Stop();
 }
 

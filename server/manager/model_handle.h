@@ -4,10 +4,8 @@
 // in-flight count to reach zero (WaitIdle), without polling.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -16,8 +14,9 @@
 #include "server/batching/scheduler.h"
 #include "server/core/clock.h"
 #include "server/core/model_spec.h"
+#include "server/core/mutex.h"
 #include "server/core/output_sink.h"
-#include "server/repository/model_repository.h"
+#include "server/core/repository_model.h"
 
 namespace sluice {
 
@@ -74,8 +73,8 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.
   struct InFlight {
     void Release();
-    std::mutex mutex;
-    std::condition_variable idle;
+    Mutex mutex;
+    CondVar idle;
     int64_t count ABSL_GUARDED_BY(mutex) = 0;
     bool stopped ABSL_GUARDED_BY(mutex) = false;
   };

@@ -1,79 +1,31 @@
-// Owns the loaded models: for each repository model and selected version, its instances (built
-// by an injected BackendFactory), its scheduler and its state. Also model control: loading,
-// reloading and unloading models while the server serves (--model-control-mode).
+// The table of models the server knows: for each repository model, its versions and their states,
+// and the handles of the ready ones. Lookups (Find), the repository index, statistics, readiness
+// and the swap of a model's versions live here; loading is VersionLoader's and deciding what to
+// load when is ModelControl's.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
-#include <string_view>
-#include <thread>
 #include <vector>
 
-#include "server/batching/batch_queue.h"
 #include "server/batching/model_stats.h"
-#include "server/batching/scheduler.h"
-#include "server/batching/shape_plan.h"
-#include "server/core/clock.h"
-#include "server/core/liveness.h"
-#include "server/core/backend.h"
-#include "server/core/device.h"
+#include "server/core/mutex.h"
+#include "server/core/repository_model.h"
+#include "server/manager/model_events.h"
 #include "server/manager/model_handle.h"
-#include "server/repository/model_repository.h"
+#include "server/manager/version_loader.h"
 
 namespace sluice {
-
-enum class ModelState { kLoading, kReady, kUnavailable };
-const char* ModelStateName(ModelState state);  // "LOADING", "READY", "UNAVAILABLE"
-
-// --model-control-mode, with Triton's meaning:
-//   none:     every model loads at start-up; the repository is never read again and
-//             RepositoryModelLoad/Unload are refused.
-//   poll:     every model loads at start-up; the repository is rescanned every
-//             --repository-poll-secs and new, changed and removed models are loaded, reloaded
-//             and unloaded; RepositoryModelLoad/Unload are refused.
-//   explicit: only the --load-model models load at start-up ("*": all); RepositoryModelLoad and
-//             RepositoryModelUnload load, reload and unload the others.
-enum class ModelControlMode { kNone, kPoll, kExplicit };
-const char* ModelControlModeName(ModelControlMode mode);  // "none", "poll", "explicit"
-StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text);
 
 // Statistics of one loaded version, for ModelStatistics.
 struct VersionStatistics {
   std::string name;
   int64_t version = 0;
   ModelStatsSnapshot stats;
-};
-
-// What the server did to make one version fast from its first request: the cuDNN benchmark
-// decision and the warm-up.
-struct ModelTuning {
-  std::string name;
-  int64_t version = 0;
-  bool cudnn_benchmark = false;
-  std::string cudnn_reason;        // why (DecideCudnnBenchmark)
-  ConvolutionTuning convolutions;  // of the first instance (every instance loads the same graph)
-  bool shapes_finite = false;
-  size_t shape_count = 0;          // shapes in the plan (0 when not finite)
-  std::vector<WarmupPass> warmup;  // every (instance, shape) pair warmed, and the samples
-  Duration warmup_time{0};         // wall time of the warm-up
-};
-
-// What the manager reports about model versions, for the Prometheus metrics (server/metrics);
-// the manager knows nothing about how it is exported. Implementations are thread-safe.
-class ModelObserver {
- public:
-  virtual ~ModelObserver() = default;
-  // Where the request statistics of a version about to load also go (null: nowhere).
-  virtual std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) = 0;
-  virtual void OnState(const std::string& model, int64_t version, ModelState state) = 0;
-  // A version became ready: its tuning, and how long it took to load (warm-up included).
-  virtual void OnReady(const ModelTuning& tuning, Duration load_time) = 0;
 };
 
 // One row of RepositoryIndex.
@@ -84,57 +36,61 @@ struct ModelIndexEntry {
   std::string reason;
 };
 
-// Thread-safe. Lookups may run while models load. Control calls (LoadAll, LoadModel,
-// UnloadModel, PollRepository) run one at a time; lookups never wait for them.
+// Versions taken out of service by Swap or Remove, for the caller to drain (ModelHandle::WaitIdle)
+// and release. `stopped`: Stop has run, so the handles are stopped and no wait is needed.
+struct RetiredVersions {
+  std::vector<std::shared_ptr<ModelHandle>> handles;
+  bool stopped = false;
+};
+
+// Thread-safe. Every call takes the table's lock only for the time it reads or writes the table;
+// nothing waits for a model while holding it, so lookups never wait for a load or a drain.
+// Changes are expected from one thread at a time (ModelControl's); the table stays consistent
+// either way.
 class ModelManager final : public ModelLookup {
  public:
   struct Options {
-    DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
-    size_t max_queue_size = 1024;  // per model version, unless its config sets max_queue_size
-    const TimeSource* clock = nullptr;  // null: the steady clock
-    std::shared_ptr<ByteBudget> queued_bytes_budget;  // server-wide cap (--max-queued-bytes); may be null
-    LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
-    CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
-    bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
-    ModelObserver* observer = nullptr;  // told about states, tuning and request events; may be null
-    ModelControlMode control_mode = ModelControlMode::kNone;  // --model-control-mode
-    // In explicit mode, the models LoadAll loads (--load-model; "*" loads all); the others are
-    // listed by Index as not loaded until LoadModel loads them. Ignored in the other modes.
-    std::vector<std::string> startup_models;
-    const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
+    ModelObserver* observer = nullptr;  // told about every state change and ready version; may be null
   };
 
-  ModelManager(std::vector<RepositoryModel> models, BackendFactory* factory, Options options);
+  // Knows `models` (in repository order), none of them asked for yet: each is "not loaded" until
+  // BeginLoad or NotServed says otherwise.
+  ModelManager(std::vector<RepositoryModel> models, Options options);
   ~ModelManager() override;
 
-  // Loads every selected version of every model (in explicit mode: of the start-up models). A
-  // model that fails to load is logged with its reason and marked UNAVAILABLE; the others still
-  // load. Returns FAILED_PRECONDITION only for a start-up error that concerns every model
-  // (--device cuda without a usable GPU).
-  Status LoadAll();
+  // --- Changes (ModelControl) ---
 
-  // Loads `name` as the source has it now, or reloads it when it is loaded: every selected
-  // version is loaded and warmed up beside the versions serving now, and then swapped in at
-  // once. Requests already given an old version (queued or running) finish on it; requests that
-  // look the model up after the swap go to the new versions. The old versions stop once the last
-  // request holding them is answered, before this returns. If anything fails (config, a version's
-  // load or warm-up) while an old version serves, nothing changes and the error comes back; a
-  // model that served nothing shows each version's failure. NOT_FOUND or INVALID_ARGUMENT for a
-  // name the source does not have; FAILED_PRECONDITION without a source.
-  Status LoadModel(const std::string& name);
+  // `model` (new or newer files of a known one) is about to load. Records its fingerprint as
+  // tried. When no version of it serves, the index shows it LOADING now (or its error when it
+  // cannot load) and the observer hears LOADING for each version. Returns the versions serving
+  // now, which keep serving until Swap.
+  std::vector<int64_t> BeginLoad(const std::shared_ptr<const RepositoryModel>& model);
 
-  // Unloads every version of `name`: lookups answer UNAVAILABLE ("unloaded") at once, and this
-  // returns when every request already given one of its versions is answered, after stopping the
-  // schedulers and releasing the instances. OK when nothing of it is loaded; NOT_FOUND when the
-  // manager does not know the model.
-  Status UnloadModel(const std::string& name);
+  // Installs what loaded for `model` at once: lookups after it find the new versions, and every
+  // version that served before is returned for the caller to drain and release. A version that
+  // failed is listed UNAVAILABLE with its reason. When Stop has run, new handles are stopped and
+  // listed as not loaded. Tells the observer (READY and OnReady, UNAVAILABLE for the failed and
+  // for old versions the model no longer selects).
+  RetiredVersions Swap(const std::shared_ptr<const RepositoryModel>& model, std::vector<LoadedVersion>* loaded);
 
-  // One pass of poll mode: loads models that appeared in the source, reloads those whose files
-  // changed since they were last tried (RepositoryModel::fingerprint; a failed reload is not
-  // retried until the files change again, and the old version keeps serving), and unloads and
-  // forgets those whose directory is gone. Per-model problems are logged, not returned; an error
-  // only when the source cannot be scanned.
-  Status PollRepository();
+  // Takes every version of `name` out of service: lookups answer UNAVAILABLE (`reason`) at once,
+  // and AllReady no longer waits for it. `forget` also drops it from the index. NOT_FOUND for an
+  // unknown name.
+  StatusOr<RetiredVersions> Remove(const std::string& name, const std::string& reason, bool forget);
+
+  // Lists `name` as not served, with `reason` (explicit mode's models that are not loaded yet).
+  void NotServed(const std::string& name, const std::string& reason);
+
+  // Start-up has tried every model it was asked for: AllReady may now be true.
+  void SetStarted();
+
+  // Every model known, any state (the repository as last read), in repository order.
+  std::vector<std::shared_ptr<const RepositoryModel>> Models() const;
+  // The fingerprint of the files the last load of `name` read ("" when never tried); nullopt for
+  // a name the table does not know.
+  std::optional<std::string> TriedFingerprint(const std::string& name) const;
+
+  // --- Lookups (front ends) ---
 
   // The model version a request goes to, as a reference that counts as in flight until it is
   // dropped (ModelHandle::Acquire): an unload or a reload waits for it. `version` empty: the
@@ -152,27 +108,17 @@ class ModelManager final : public ModelLookup {
 
   // Statistics of ready versions: all models when `name` is empty, else that model (NOT_FOUND
   // when unknown), narrowed to `version` when given.
-  StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name,
-                                                      const std::string& version) const;
+  StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name, const std::string& version) const;
 
   // The tuning of every ready version, in repository order.
   std::vector<ModelTuning> Tunings() const;
 
-  ModelControlMode control_mode() const { return options_.control_mode; }
-
-  // Called (on the control caller's thread) after every LoadModel, UnloadModel and
-  // PollRepository, when readiness may have changed; the server refreshes its health service.
-  // Null: nothing. Not called with any manager lock held.
-  void SetChangeListener(std::function<void()> listener);
-
-  // True once LoadAll finished and every model the server is asked to serve (all of them, in
-  // explicit mode those loaded and not unloaded since) has every selected version ready.
+  // True once SetStarted ran and every model the server is asked to serve (BeginLoad and not
+  // Removed since) has every selected version ready.
   bool AllReady() const;
 
-  // Stops every scheduler, the ones being drained after a reload or unload included (queued
-  // requests are answered UNAVAILABLE). Idempotent. May run while a load is in progress (a
-  // shutdown signal during start-up): warm-ups are abandoned, the versions not loaded yet stay
-  // UNAVAILABLE, and control calls after it load nothing.
+  // Stops every version, those being drained after a Swap or Remove included (queued requests are
+  // answered UNAVAILABLE, which also ends their drain). Idempotent; Swap after it installs nothing.
   void Stop();
 
  private:
@@ -186,74 +132,23 @@ class ModelManager final : public ModelLookup {
   struct Entry {
     std::shared_ptr<const RepositoryModel> model;  // never null
     std::vector<VersionSlot> versions;  // ascending; empty when never loaded or broken
-    bool wanted = true;   // the server is asked to serve it (false: never loaded, or unloaded)
+    bool wanted = false;  // the server is asked to serve it
     std::string reason;   // why it serves nothing, when `versions` is empty
     std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
-  };
-  // One version loaded (or not) by Install, before it is swapped in.
-  struct LoadedVersion {
-    int64_t version = 0;
-    Status status;
-    std::shared_ptr<ModelHandle> handle;  // when loaded
-    ModelTuning tuning;
-    Duration load_time{0};
   };
 
   // A LOADING slot per selected version of `model` (none when it is broken).
   static std::vector<VersionSlot> LoadingSlots(const RepositoryModel& model);
-  // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
-  Status Install(std::shared_ptr<const RepositoryModel> model);
-  LoadedVersion LoadOneVersion(const std::shared_ptr<const RepositoryModel>& model, int64_t version);
-  void NotifyChange();
-  // Unload with control_mutex_ held; `forget` also removes the model from the index.
-  Status Unload(const std::string& name, bool forget);
-  // Waits until no request holds each old version (ModelHandle::WaitIdle; Stop ends the wait),
-  // stops it and releases its instances and the memory they cached.
-  void Retire(const std::string& name, std::vector<VersionSlot> old);
+  // Moves `slots`' handles into `retired` and remembers them until they are released.
+  void RetireLocked(std::vector<VersionSlot>* slots, RetiredVersions* retired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Observe(const std::string& name, int64_t version, ModelState state) const;
 
-  StatusOr<std::shared_ptr<Scheduler>> LoadVersion(const RepositoryModel& model,
-                                                   const std::filesystem::path& file,
-                                                   std::shared_ptr<ModelStats> stats,
-                                                   std::string* device_description,
-                                                   ModelTuning* tuning);
-  StatusOr<std::unique_ptr<Scheduler>> MakeScheduler(const ModelSpec& spec,
-                                                     std::vector<std::unique_ptr<ModelBackend>> instances,
-                                                     std::shared_ptr<ModelStats> stats,
-                                                     std::function<void(const Status&)> on_fatal) const;
-  static void LogTuning(const ModelTuning& tuning);
-  // CPU instances over every loadable version of the models LoadAll loads (for the default
-  // thread split). mutex_ held.
-  int CountCpuInstances() const;
-
-  BackendFactory* const factory_;
   const Options options_;
-  SteadyTimeSource steady_;
-  const TimeSource* const clock_;
-  std::mutex control_mutex_;  // serialises LoadAll, LoadModel, UnloadModel, PollRepository
-  mutable std::mutex mutex_;  // guards what follows, never held while loading or draining
-  std::map<std::string, Entry> entries_;  // by name, which is repository order
-  std::vector<std::weak_ptr<ModelHandle>> retiring_;  // old versions being drained
-  std::function<void()> change_listener_;
-  bool loaded_ = false;
-  std::atomic<bool> stopping_{false};  // Stop was called: nothing more loads
-  std::atomic<int> default_intra_op_threads_{1};  // set by LoadAll before anything loads
-};
-
-// Poll mode's thread: calls PollRepository every `interval` until Stop (or destruction).
-class RepositoryPoller {
- public:
-  RepositoryPoller(ModelManager* manager, Duration interval);
-  ~RepositoryPoller();
-  // Returns once a pass in progress has ended. Idempotent.
-  void Stop();
-
- private:
-  ModelManager* const manager_;
-  const Duration interval_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::thread thread_;
+  mutable Mutex mutex_;
+  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);  // by name, which is repository order
+  std::vector<std::weak_ptr<ModelHandle>> retiring_ ABSL_GUARDED_BY(mutex_);  // being drained
+  bool started_ ABSL_GUARDED_BY(mutex_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace sluice

@@ -427,14 +427,11 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
   SLUICE_ASSIGN_OR_RETURN(const int64_t runs, IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
   spec->warmup_runs = static_cast<int>(runs);
   if (auto it = spec->parameters.find("sluice.cudnn_benchmark"); it != spec->parameters.end()) {
-    if (it->second == "on") {
-      spec->cudnn_benchmark_override = CudnnBenchmarkMode::kOn;
-    } else if (it->second == "off") {
-      spec->cudnn_benchmark_override = CudnnBenchmarkMode::kOff;
-    } else if (it->second != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter sluice.cudnn_benchmark must be \"auto\", \"on\" or \"off\", found '", it->second, "'"));
+    StatusOr<CudnnBenchmarkMode> mode = ParseCudnnBenchmarkMode(it->second);
+    if (!mode.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter sluice.cudnn_benchmark ", mode.status().message()));
     }
+    if (*mode != CudnnBenchmarkMode::kAuto) spec->cudnn_benchmark_override = *mode;
   }
   for (const inference::ModelWarmup& warmup : config.model_warmup()) {
     WarmupSampleSpec sample;

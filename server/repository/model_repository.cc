@@ -29,8 +29,12 @@ Status FillModel(RepositoryModel* model) {
     return absl::NotFoundError(absl::StrCat("no config.pbtxt in ", model->directory.string()));
   }
   SLUICE_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
-  SLUICE_ASSIGN_OR_RETURN(model->config, ParseModelConfigText(text, config_path.string()));
-  SLUICE_ASSIGN_OR_RETURN(model->spec, BuildModelSpec(model->name, &model->config));
+  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigText(text, config_path.string()));
+  const StatusOr<ModelSpec> spec = BuildModelSpec(model->name, &config);
+  // Kept even when the spec is refused: the ModelConfig RPC shows what was read.
+  model->config = std::make_shared<const inference::ModelConfig>(std::move(config));
+  SLUICE_RETURN_IF_ERROR(spec.status());
+  model->spec = *spec;
 
   std::map<int64_t, fs::path> on_disk;
   for (const fs::directory_entry& entry : fs::directory_iterator(model->directory, ec)) {
@@ -48,10 +52,10 @@ Status FillModel(RepositoryModel* model) {
   }
   std::vector<int64_t> available;
   for (const auto& [version, path] : on_disk) available.push_back(version);
-  const std::vector<int64_t> chosen = SelectVersions(model->config.version_policy(), available);
-  if (model->config.version_policy().has_specific()) {
+  const std::vector<int64_t> chosen = SelectVersions(model->config->version_policy(), available);
+  if (model->config->version_policy().has_specific()) {
     std::vector<int64_t> missing;
-    for (int64_t wanted : model->config.version_policy().specific().versions()) {
+    for (int64_t wanted : model->config->version_policy().specific().versions()) {
       if (!on_disk.count(wanted)) missing.push_back(wanted);
     }
     if (!missing.empty()) {

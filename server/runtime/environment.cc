@@ -1,6 +1,19 @@
 #include "server/runtime/environment.h"
 
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +38,126 @@ int Minor(const std::string& version) {
 
 const char* YesNo(bool value) { return value ? "yes" : "no"; }
 
+constexpr size_t kMaxTorchMessage = 1024;
+
 }  // namespace
+
+std::string TruncateTorchMessage(std::string message) {
+  if (message.size() > kMaxTorchMessage) {
+    message.resize(kMaxTorchMessage);
+    message += " ...(truncated)";
+  }
+  return message;
+}
+
+RuntimeInfo ProbeRuntime(bool touch_gpus) {
+  RuntimeInfo info;
+  info.torch_version = TORCH_VERSION;
+  at::Context& context = at::globalContext();
+  info.cudnn_enabled = context.userEnabledCuDNN();
+  info.cudnn_benchmark = context.benchmarkCuDNN();
+  info.cudnn_deterministic = context.deterministicCuDNN();
+  info.cudnn_allow_tf32 = context.allowTF32CuDNN();
+  info.intra_op_threads = at::get_num_threads();
+  info.inter_op_threads = at::get_num_interop_threads();
+  const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+  try {
+    info.cuda_built = hooks.hasCUDA() || torch::cuda::is_available() || hooks.versionCUDART() > 0;
+  } catch (const std::exception&) {
+    info.cuda_built = false;
+  }
+  if (!info.cuda_built) {
+    info.problem = "LibTorch was loaded without its CUDA library (libtorch_cuda.so)";
+    return info;
+  }
+  try {
+    info.cuda_build_version = VersionFromInt(hooks.versionCUDART(), 1000, 0);
+  } catch (const std::exception&) {
+  }
+  // The runtime and driver versions come from the libraries actually loaded: libcudart is already
+  // in the process (libtorch_cuda needs it); libcuda.so.1 is the driver's and may be absent.
+  using VersionFn = int (*)(int*);
+  if (auto runtime_version = reinterpret_cast<VersionFn>(dlsym(RTLD_DEFAULT, "cudaRuntimeGetVersion"))) {
+    int version = 0;
+    if (runtime_version(&version) == 0) info.cuda_runtime_version = VersionFromInt(version, 1000, 0);
+  }
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    info.driver_found = true;
+    if (auto driver_version = reinterpret_cast<VersionFn>(dlsym(driver, "cuDriverGetVersion"))) {
+      int version = 0;
+      if (driver_version(&version) == 0) info.driver_cuda_version = VersionFromInt(version, 1000, 0);
+    }
+    dlclose(driver);
+  }
+  if (std::ifstream proc("/proc/driver/nvidia/version"); proc) {
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."
+    std::string line;
+    std::getline(proc, line);
+    const size_t module = line.find("Kernel Module");
+    if (module != std::string::npos) {
+      std::string rest = line.substr(module + std::strlen("Kernel Module"));
+      const size_t begin = rest.find_first_not_of(' ');
+      if (begin != std::string::npos) info.driver_version = rest.substr(begin, rest.find(' ', begin) - begin);
+    }
+  }
+  try {
+    if (hooks.hasCuDNN()) info.cudnn_version = CudnnVersionFromInt(hooks.versionCuDNN());
+    info.cudnn_loaded_version = CudnnVersionFromInt(hooks.versionRuntimeCuDNN());
+  } catch (const std::exception&) {
+  }
+  try {
+    info.cuda_device_count = static_cast<int>(torch::cuda::device_count());
+    info.cuda_usable = torch::cuda::is_available() && info.cuda_device_count > 0;
+  } catch (const std::exception& e) {
+    info.problem = TruncateTorchMessage(e.what());
+  }
+  if (!info.cuda_usable && info.problem.empty()) {
+    info.problem =
+        "no CUDA GPU is visible to this process (no NVIDIA driver, no device, or the container "
+        "was started without --gpus all)";
+  }
+  for (int index = 0; info.cuda_usable && index < info.cuda_device_count; ++index) {
+    GpuInfo gpu;
+    gpu.index = index;
+    try {
+      const cudaDeviceProp* properties = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+      gpu.name = properties->name;
+      gpu.major = properties->major;
+      gpu.minor = properties->minor;
+      gpu.memory_bytes = properties->totalGlobalMem;
+      const auto* uuid = reinterpret_cast<const unsigned char*>(properties->uuid.bytes);
+      gpu.uuid = "GPU-";
+      for (int i = 0; i < 16; ++i) {
+        absl::StrAppend(&gpu.uuid, absl::Hex(uuid[i], absl::kZeroPad2));
+        if (i == 3 || i == 5 || i == 7 || i == 9) gpu.uuid += "-";
+      }
+      // A kernel and a cuDNN convolution: "no kernel image is available" means this LibTorch
+      // build does not cover the GPU's compute capability; a cuDNN failure names its library.
+      if (!touch_gpus) {
+        info.gpus.push_back(std::move(gpu));
+        continue;
+      }
+      const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+      at::Tensor probe = torch::ones({1, 1, 4, 4}, torch::TensorOptions().device(device));
+      (void)torch::conv2d(probe.add(1), torch::ones({1, 1, 3, 3}, probe.options())).sum().item<float>();
+    } catch (const std::exception& e) {
+      const std::string message = e.what();
+      gpu.problem = message.find("no kernel image") != std::string::npos
+                        ? absl::StrCat("this LibTorch build has no kernels for compute capability ",
+                                       gpu.major, ".", gpu.minor,
+                                       "; install a torch build that covers it")
+                        : TruncateTorchMessage(message.substr(0, message.find('\n')));
+    }
+    info.gpus.push_back(std::move(gpu));
+  }
+  if (info.cuda_usable && std::all_of(info.gpus.begin(), info.gpus.end(),
+                                      [](const GpuInfo& gpu) { return !gpu.problem.empty(); })) {
+    info.cuda_usable = false;
+    info.problem = "no GPU can run this LibTorch build's kernels (see the problems above)";
+  }
+  return info;
+}
+
 
 std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
   if (version <= 0) return "";

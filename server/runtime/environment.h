@@ -1,6 +1,7 @@
 // What this process runs on (LibTorch, CUDA, driver, cuDNN, GPUs, threads), and what is wrong with
-// it, in words an operator can act on. ProbeRuntime (torch_backend.h) fills RuntimeInfo; the
-// formatting here is torch-free so that it can be tested with made-up environments.
+// it, in words an operator can act on. ProbeRuntime asks LibTorch, the CUDA runtime and the driver
+// and fills RuntimeInfo; the judgement and the formatting work on RuntimeInfo alone, so that they
+// can be tested with made-up environments.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,14 @@ struct RuntimeInfo {
   int inter_op_threads = 0;
   std::string problem;               // why CUDA is not usable; empty when it is
 };
+
+// What this process runs on. With `touch_gpus`, runs a tiny kernel and a tiny convolution on
+// every GPU to find the ones this LibTorch build cannot run on (each keeps a CUDA context, some
+// hundred MiB, for the life of the process); GPUs with a problem do not count as usable.
+RuntimeInfo ProbeRuntime(bool touch_gpus = true);
+
+// A LibTorch message cut to 1 KiB (enough to act on, not a C++ backtrace), for statuses and logs.
+std::string TruncateTorchMessage(std::string message);
 
 // "13.0" from 13000 (CUDA) or "9.19.0" from 91900 (cuDNN, with minor_divisor 100); empty for <= 0.
 std::string VersionFromInt(long version, int major_divisor, int minor_divisor);

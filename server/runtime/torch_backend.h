@@ -19,12 +19,6 @@ struct CudnnSettings {
 };
 void ConfigureCudnn(const CudnnSettings& settings);
 
-// What this process runs on (see environment.h). With `touch_gpus`, runs a tiny kernel and a tiny
-// convolution on every GPU to find the ones this LibTorch build cannot run on (each keeps a CUDA
-// context, some hundred MiB, for the life of the process); GPUs with a problem do not count as
-// usable.
-RuntimeInfo ProbeRuntime(bool touch_gpus = true);
-
 // Factory for TorchScript model instances.
 //
 // Input mapping (as Triton's PyTorch backend): config inputs bind to forward() arguments by name

@@ -46,8 +46,8 @@ std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<
           "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }\n",
       name);
   EXPECT_TRUE(config.ok()) << config.status();
-  model->config = *config;
-  auto spec = BuildModelSpec(name, &model->config);
+  auto spec = BuildModelSpec(name, &*config);
+  model->config = std::make_shared<const inference::ModelConfig>(*config);
   EXPECT_TRUE(spec.ok()) << spec.status();
   model->spec = *spec;
   std::vector<std::unique_ptr<ModelBackend>> backends;
@@ -87,7 +87,7 @@ class InferenceServiceTest : public ::testing::Test {
     lookup_.models["gated"] = MakeModel("gated", std::move(gated), &clock_);
     InferenceService::Options options;
     options.lookup = &lookup_;
-    service_ = std::make_unique<InferenceService>(&manager_, options);
+    service_ = std::make_unique<InferenceService>(&manager_, /*control=*/nullptr, options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -136,8 +136,7 @@ class InferenceServiceTest : public ::testing::Test {
   }
 
   SteadyTimeSource clock_;
-  testing::FakeBackendFactory factory_;
-  ModelManager manager_{{}, &factory_, {}};
+  ModelManager manager_{{}, {}};
   FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
   std::unique_ptr<InferenceService> service_;

@@ -5,8 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
-#include "server/repository/model_config_parser.h"
+#include "server/manager/version_loader.h"
 #include "tests/unit/fakes.h"
 
 namespace sluice {
@@ -18,22 +19,27 @@ using testing::FakeBackend;
 using testing::FakeBackendFactory;
 using testing::Outputs;
 
+// INPUT__0 FP32 [2] -> OUTPUT__0 FP32 [2], max_batch_size 4, one KIND_AUTO instance, as the
+// repository would build it from a config.pbtxt with nothing else in it. `edit` changes the spec
+// as more config would (the parser's own tests cover the config side).
 RepositoryModel Model(const std::string& name, std::vector<int64_t> versions,
-                      const std::string& extra_config = "") {
+                      const std::function<void(ModelSpec&)>& edit = nullptr) {
   RepositoryModel model;
   model.name = name;
   model.directory = "/repo/" + name;
-  auto config = ParseModelConfigText(
-      "max_batch_size: 4\n"
-      "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-      "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n" + extra_config, name);
-  EXPECT_TRUE(config.ok()) << config.status();
-  model.config = *config;
-  auto spec = BuildModelSpec(name, &model.config);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  model.spec = *spec;
+  ModelSpec& spec = model.spec;
+  spec.name = name;
+  spec.max_batch_size = 4;
+  spec.inputs.push_back({"INPUT__0", DataType::kFp32, {2}});
+  spec.outputs.push_back({"OUTPUT__0", DataType::kFp32, {2}});
+  spec.instance_groups.push_back({InstanceKind::kAuto, 1, {}});
+  if (edit) edit(spec);
   for (int64_t v : versions) model.versions[v] = model.directory / std::to_string(v) / "model.pt";
   return model;
+}
+
+std::function<void(ModelSpec&)> Groups(std::vector<InstanceGroupSpec> groups) {
+  return [groups](ModelSpec& spec) { spec.instance_groups = groups; };
 }
 
 RepositoryModel Broken(const std::string& name, const std::string& why) {
@@ -104,10 +110,22 @@ std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>> HoldTw
   return {std::move(running), Send(servable, "2")};
 }
 
-ModelManager::Options Control(ModelControlMode mode, const ModelSource* source,
+// The manager's three parts wired as the server wires them.
+struct ManagerParts {
+  ManagerParts(std::vector<RepositoryModel> models, FakeBackendFactory* factory, VersionLoader::Options loader_options = {},
+          ModelControl::Options control_options = {})
+      : loader(factory, std::move(loader_options)),
+        manager(std::move(models), {}),
+        control(&manager, &loader, std::move(control_options)) {}
+  VersionLoader loader;
+  ModelManager manager;
+  ModelControl control;
+};
+
+ModelControl::Options Control(ModelControlMode mode, const ModelSource* source,
                               std::vector<std::string> startup = {}) {
-  ModelManager::Options options;
-  options.control_mode = mode;
+  ModelControl::Options options;
+  options.mode = mode;
   options.source = source;
   options.startup_models = std::move(startup);
   return options;
@@ -116,11 +134,12 @@ ModelManager::Options Control(ModelControlMode mode, const ModelSource* source,
 TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   FakeBackendFactory factory;
   factory.failures["corrupt"] = "cannot load /repo/corrupt/1/model.pt: bad archive";
-  ModelManager manager(Models({Model("good", {1}), Model("corrupt", {1}), Broken("badconfig", "line 1: oops")}),
-                       &factory, {});
+  ManagerParts parts(Models({Model("good", {1}), Model("corrupt", {1}), Broken("badconfig", "line 1: oops")}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
   EXPECT_FALSE(manager.AllReady());  // before loading
   EXPECT_EQ(manager.Find("good", "").status().code(), absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_FALSE(manager.AllReady());
   auto good = manager.Find("good", "");
   ASSERT_TRUE(good.ok()) << good.status();
@@ -149,8 +168,10 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
 TEST(ModelManagerTest, ReadinessWaitsForWarmUpOfEveryShapeOnEveryInstance) {
   FakeBackendFactory factory;
   factory.closed_gates = true;  // the first warm-up run blocks until the test opens the gate
-  ModelManager manager(Models({Model("m", {1}, "instance_group [ { kind: KIND_CPU count: 2 } ]")}), &factory, {});
-  std::thread loader([&] { ASSERT_TRUE(manager.LoadAll().ok()); });
+  ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kCpu, 2, {}}}))}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  std::thread loader([&] { ASSERT_TRUE(control.LoadAll().ok()); });
   while (factory.backend(1) == nullptr) std::this_thread::yield();
   factory.backend(0)->WaitStarted(1);
   factory.backend(1)->WaitStarted(1);
@@ -181,11 +202,13 @@ TEST(ModelManagerTest, ReadinessWaitsForWarmUpOfEveryShapeOnEveryInstance) {
 
 TEST(ModelManagerTest, WarmupSwitchAndBenchmarkModes) {
   FakeBackendFactory factory;
-  ModelManager::Options options;
+  VersionLoader::Options options;
   options.warmup = false;
   options.cudnn_benchmark = CudnnBenchmarkMode::kOff;
-  ModelManager manager(Models({Model("m", {1})}), &factory, options);
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(Models({Model("m", {1})}), &factory, options);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_EQ(factory.backend(0)->executed(), 0);
   ASSERT_EQ(manager.Tunings().size(), 1u);
   EXPECT_TRUE(manager.Tunings()[0].warmup.empty());
@@ -196,11 +219,16 @@ TEST(ModelManagerTest, WarmupSwitchAndBenchmarkModes) {
 TEST(ModelManagerTest, AModelWhoseWarmUpFailsIsUnavailable) {
   FakeBackendFactory factory;
   // A model_warmup sample whose data file does not exist.
-  ModelManager manager(
-      Models({Model("m", {1}, "model_warmup [ { name: \"w\" batch_size: 1 inputs { key: \"INPUT__0\" "
-                              "value: { data_type: TYPE_FP32 dims: [ 2 ] input_data_file: \"none.bin\" } } } ]")}),
-      &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(
+      Models({Model("m", {1}, [](ModelSpec& spec) {
+        WarmupSampleSpec sample;
+        sample.name = "w";
+        sample.inputs.push_back({"INPUT__0", DataType::kFp32, {2}, WarmupInputSpec::Source::kFile, "none.bin"});
+        spec.warmup_samples.push_back(sample);
+      })}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto found = manager.Find("m", "");
   EXPECT_EQ(found.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(found.status().message(), HasSubstr("model_warmup 'w' input 'INPUT__0': cannot read"));
@@ -209,8 +237,10 @@ TEST(ModelManagerTest, AModelWhoseWarmUpFailsIsUnavailable) {
 TEST(ModelManagerTest, VersionResolution) {
   FakeBackendFactory factory;
   factory.failures["m/3"] = "version 3 is broken";
-  ModelManager manager(Models({Model("m", {1, 2, 3})}), &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(Models({Model("m", {1, 2, 3})}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_EQ((*manager.Find("m", ""))->version(), 2);  // newest *ready* version
   EXPECT_EQ((*manager.Find("m", "1"))->version(), 1);
   EXPECT_EQ(manager.Find("m", "3").status().code(), absl::StatusCode::kUnavailable);
@@ -223,10 +253,11 @@ TEST(ModelManagerTest, VersionResolution) {
 
 TEST(ModelManagerTest, InstancesPerGroupAndDevice) {
   FakeBackendFactory factory(/*cuda=*/true, /*gpus=*/2);
-  ModelManager manager(
-      Models({Model("m", {1}, "instance_group [ { kind: KIND_CPU count: 2 }, { kind: KIND_GPU count: 1 } ]")}),
-      &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(
+      Models({Model("m", {1}, Groups({{InstanceKind::kCpu, 2, {}}, {InstanceKind::kGpu, 1, {}}}))}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   ASSERT_TRUE(manager.AllReady());
   std::vector<std::string> devices;
   for (const auto& load : factory.loads) devices.push_back(load.device);
@@ -236,11 +267,11 @@ TEST(ModelManagerTest, InstancesPerGroupAndDevice) {
 
 TEST(ModelManagerTest, CpuInstancesOfAllModelsShareTheCores) {
   FakeBackendFactory factory;
-  ModelManager manager(
-      Models({Model("a", {1}, "instance_group [ { kind: KIND_CPU count: 2 } ]"), Model("b", {1}),
-              Model("c", {1}, "parameters { key: \"INTRA_OP_THREAD_COUNT\" value { string_value: \"3\" } }")}),
-      &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(
+      Models({Model("a", {1}, Groups({{InstanceKind::kCpu, 2, {}}})), Model("b", {1}),
+              Model("c", {1}, [](ModelSpec& spec) { spec.intra_op_threads = 3; })}), &factory);
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int share = std::max(1, cores / 4);  // 2 + 1 + 1 CPU instances
   ASSERT_EQ(factory.loads.size(), 4u);
@@ -251,31 +282,37 @@ TEST(ModelManagerTest, CpuInstancesOfAllModelsShareTheCores) {
 
 TEST(ModelManagerTest, GpuIdBeyondVisibleDevicesMakesModelUnavailable) {
   FakeBackendFactory factory(true, 1);
-  ModelManager manager(Models({Model("m", {1}, "instance_group [ { kind: KIND_GPU gpus: [ 3 ] } ]")}), &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {3}}}))}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_THAT(manager.Find("m", "").status().message(), HasSubstr("asks for GPU 3 but 1 GPU(s) are visible"));
 }
 
 TEST(ModelManagerTest, DevicePolicies) {
   {
     FakeBackendFactory factory(false, 0);
-    ModelManager::Options options;
+    VersionLoader::Options options;
     options.device_policy = DevicePolicy::kCuda;
-    ModelManager manager(Models({Model("m", {1})}), &factory, options);
-    EXPECT_EQ(manager.LoadAll().code(), absl::StatusCode::kFailedPrecondition);
+    ManagerParts parts(Models({Model("m", {1})}), &factory, options);
+  ModelControl& control = parts.control;
+    EXPECT_EQ(control.LoadAll().code(), absl::StatusCode::kFailedPrecondition);
   }
   {
     FakeBackendFactory factory(true, 1);
-    ModelManager::Options options;
+    VersionLoader::Options options;
     options.device_policy = DevicePolicy::kCpu;
-    ModelManager manager(Models({Model("m", {1}, "instance_group [ { kind: KIND_GPU } ]")}), &factory, options);
-    ASSERT_TRUE(manager.LoadAll().ok());
+    ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {}}}))}), &factory, options);
+  ModelControl& control = parts.control;
+    ASSERT_TRUE(control.LoadAll().ok());
     EXPECT_EQ(factory.loads.at(0).device, "cpu");
   }
   {
     FakeBackendFactory factory(false, 0);
-    ModelManager manager(Models({Model("m", {1}, "instance_group [ { kind: KIND_GPU } ]")}), &factory, {});
-    ASSERT_TRUE(manager.LoadAll().ok());
+    ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {}}}))}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+    ASSERT_TRUE(control.LoadAll().ok());
     EXPECT_EQ(factory.loads.at(0).device, "cpu");  // auto falls back
     EXPECT_TRUE(manager.AllReady());
   }
@@ -283,8 +320,10 @@ TEST(ModelManagerTest, DevicePolicies) {
 
 TEST(ModelManagerTest, ServesThroughSchedulerAndStops) {
   FakeBackendFactory factory;
-  ModelManager manager(Models({Model("m", {1})}), &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(Models({Model("m", {1})}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto servable = manager.Find("m", "");
   ASSERT_TRUE(servable.ok());
   auto result = Send(*servable, "7").get();
@@ -296,11 +335,14 @@ TEST(ModelManagerTest, ServesThroughSchedulerAndStops) {
 
 TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   FakeBackendFactory factory;
-  ModelManager manager(Models({Model("m", {1},
-                                     "dynamic_batching { default_queue_policy { default_timeout_microseconds: "
-                                     "60000000 allow_timeout_override: true } }")}),
-                       &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(Models({Model("m", {1}, [](ModelSpec& spec) {
+    spec.dynamic_batching.enabled = true;
+    spec.dynamic_batching.default_timeout_us = 60000000;
+    spec.dynamic_batching.allow_timeout_override = true;
+  })}), &factory);
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto model = manager.Find("m", "");
   ASSERT_TRUE(model.ok());
   EXPECT_EQ((*model)->in_flight(), 1);  // this lookup's reference
@@ -356,8 +398,10 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"a"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"a"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_TRUE(manager.Find("a", "").ok());
   auto b = manager.Find("b", "");
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
@@ -370,16 +414,16 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_THAT(index[1].reason, HasSubstr("RepositoryModelLoad"));
 
   int changes = 0;
-  manager.SetChangeListener([&] { ++changes; });
-  ASSERT_TRUE(manager.LoadModel("b").ok());
+  control.SetChangeListener([&] { ++changes; });
+  ASSERT_TRUE(control.LoadModel("b").ok());
   EXPECT_EQ(changes, 1);
   auto loaded = manager.Find("b", "");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(Send(*loaded, "3").get()->outputs[0].data, "3");
   loaded = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
 
-  EXPECT_EQ(manager.LoadModel("nope").code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(manager.UnloadModel("a").ok());
+  EXPECT_EQ(control.LoadModel("nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(control.UnloadModel("a").ok());
   EXPECT_EQ(changes, 2);  // a name the source does not have changes nothing
   auto a = manager.Find("a", "1");
   EXPECT_EQ(a.status().code(), absl::StatusCode::kUnavailable);
@@ -389,9 +433,9 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_EQ(index[0].state, ModelState::kUnavailable);
   EXPECT_EQ(index[0].reason, "unloaded");
   EXPECT_TRUE(manager.AllReady());  // an unloaded model is not asked for
-  EXPECT_TRUE(manager.UnloadModel("a").ok());  // again: nothing to do
-  EXPECT_EQ(manager.UnloadModel("zzz").code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(manager.LoadModel("a").ok());  // back again
+  EXPECT_TRUE(control.UnloadModel("a").ok());  // again: nothing to do
+  EXPECT_EQ(control.UnloadModel("zzz").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(control.LoadModel("a").ok());  // back again
   EXPECT_TRUE(manager.Find("a", "").ok());
 }
 
@@ -401,17 +445,19 @@ TEST(ModelControlTest, StarLoadsEveryModelAndAFailedNewModelIsNotReady) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"*"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"*"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   EXPECT_TRUE(manager.Find("a", "").ok());
   EXPECT_TRUE(manager.Find("b", "").ok());
   EXPECT_TRUE(manager.AllReady());
   source.Put(Model("c", {1}), "c1");
-  Status status = manager.LoadModel("c");
+  Status status = control.LoadModel("c");
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("bad archive"));
   EXPECT_FALSE(manager.AllReady());  // asked for and not ready, as at start-up
-  ASSERT_TRUE(manager.UnloadModel("c").ok());
+  ASSERT_TRUE(control.UnloadModel("c").ok());
   EXPECT_TRUE(manager.AllReady());
 }
 
@@ -422,15 +468,17 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto old_version = manager.Find("m", "");
   ASSERT_TRUE(old_version.ok());
   FakeBackend* old_backend = factory.backend(0);
   auto [running, queued] = HoldTwoRequests(old_backend, *old_version);
 
   source.Put(Model("m", {2}), "v2");  // version 2 appears; the latest policy serves only it
-  auto reload = std::async(std::launch::async, [&] { return manager.LoadModel("m"); });
+  auto reload = std::async(std::launch::async, [&] { return control.LoadModel("m"); });
   // The swap happens once version 2 is ready; the reload then waits for the old requests.
   for (int i = 0; i < 2000 && !(manager.Find("m", "").ok() && (*manager.Find("m", ""))->version() == 2); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -460,12 +508,14 @@ TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
 
   factory.failures["m/2"] = "cannot load /repo/m/2/model.pt: truncated";
   source.Put(Model("m", {2}), "v2");
-  Status status = manager.LoadModel("m");
+  Status status = control.LoadModel("m");
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("truncated"));
   EXPECT_THAT(status.message(), HasSubstr("version(s) 1 keep serving"));
@@ -475,7 +525,7 @@ TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
   EXPECT_EQ(Send(*still, "4").get()->outputs[0].data, "4");
 
   source.Put(Broken("m", "config.pbtxt line 3: oops"), "v3");
-  status = manager.LoadModel("m");
+  status = control.LoadModel("m");
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("line 3: oops"));
   EXPECT_TRUE(manager.Find("m", "1").ok());
@@ -489,13 +539,15 @@ TEST(ModelControlTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto servable = manager.Find("m", "");
   ASSERT_TRUE(servable.ok());
   FakeBackend* backend = factory.backend(0);
   auto [running, queued] = HoldTwoRequests(backend, *servable);
-  auto unload = std::async(std::launch::async, [&] { return manager.UnloadModel("m"); });
+  auto unload = std::async(std::launch::async, [&] { return control.UnloadModel("m"); });
   for (int i = 0; i < 2000 && manager.Find("m", "").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
@@ -510,16 +562,18 @@ TEST(ModelControlTest, StopEndsADrainThatWouldWaitForever) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kExplicit, &source, {"m"}));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   auto held = manager.Find("m", "");  // never released during the test
   ASSERT_TRUE(held.ok());
-  auto unload = std::async(std::launch::async, [&] { return manager.UnloadModel("m"); });
+  auto unload = std::async(std::launch::async, [&] { return control.UnloadModel("m"); });
   EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
-  manager.Stop();
+  control.Stop();
   EXPECT_TRUE(unload.get().ok());
   EXPECT_EQ(Send(*held, "1").get().status().code(), absl::StatusCode::kUnavailable);  // stopped
-  EXPECT_EQ(manager.LoadModel("m").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(control.LoadModel("m").code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(ModelControlTest, PollLoadsNewReloadsChangedAndForgetsRemovedModels) {
@@ -527,16 +581,18 @@ TEST(ModelControlTest, PollLoadsNewReloadsChangedAndForgetsRemovedModels) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ModelManager manager(*source.Scan(), &factory, Control(ModelControlMode::kPoll, &source));
-  ASSERT_TRUE(manager.LoadAll().ok());
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kPoll, &source));
+  ModelManager& manager = parts.manager;
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
   const size_t initial_loads = factory.loads.size();
-  ASSERT_TRUE(manager.PollRepository().ok());
+  ASSERT_TRUE(control.PollRepository().ok());
   EXPECT_EQ(factory.loads.size(), initial_loads);  // nothing changed: nothing loads
 
   source.Put(Model("a", {1}), "a1-touched");
   source.Put(Model("c", {1}), "c1");
   source.Remove("b");
-  ASSERT_TRUE(manager.PollRepository().ok());
+  ASSERT_TRUE(control.PollRepository().ok());
   EXPECT_EQ(factory.loads.size(), initial_loads + 2);  // a again, and c
   EXPECT_TRUE(manager.Find("a", "").ok());
   EXPECT_TRUE(manager.Find("c", "").ok());
@@ -551,23 +607,169 @@ TEST(ModelControlTest, PollLoadsNewReloadsChangedAndForgetsRemovedModels) {
   // change again.
   factory.failures["a"] = "cannot load: half-copied file";
   source.Put(Model("a", {1}), "a1-half-copied");
-  ASSERT_TRUE(manager.PollRepository().ok());
-  ASSERT_TRUE(manager.PollRepository().ok());
+  ASSERT_TRUE(control.PollRepository().ok());
+  ASSERT_TRUE(control.PollRepository().ok());
   EXPECT_EQ(factory.loads.size(), initial_loads + 3);
   EXPECT_TRUE(manager.Find("a", "").ok());
   factory.failures.clear();
   source.Put(Model("a", {1}), "a1-complete");
-  ASSERT_TRUE(manager.PollRepository().ok());
+  ASSERT_TRUE(control.PollRepository().ok());
   EXPECT_EQ(factory.loads.size(), initial_loads + 4);
   EXPECT_TRUE(manager.Find("a", "").ok());
 }
 
 TEST(ModelControlTest, WithoutASourceControlIsAnError) {
   FakeBackendFactory factory;
-  ModelManager manager(Models({Model("m", {1})}), &factory, {});
-  ASSERT_TRUE(manager.LoadAll().ok());
-  EXPECT_EQ(manager.LoadModel("m").code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(manager.PollRepository().code(), absl::StatusCode::kFailedPrecondition);
+  ManagerParts parts(Models({Model("m", {1})}), &factory);
+  ModelControl& control = parts.control;
+  ASSERT_TRUE(control.LoadAll().ok());
+  EXPECT_EQ(control.LoadModel("m").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(control.PollRepository().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ModelControlTest, TheControlThreadLoadsAtStartThenRunsTasksInOrder) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("m", {1}), "v1");
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  std::promise<Status> loaded;
+  parts.control.Start([&](const Status& status) { loaded.set_value(status); });
+  ASSERT_TRUE(loaded.get_future().get().ok());
+  EXPECT_TRUE(parts.manager.AllReady());
+
+  std::vector<int> order;
+  std::promise<void> both;
+  parts.control.Submit([&] { order.push_back(1); return parts.control.UnloadModel("m"); },
+                       [&](const Status& status) { EXPECT_TRUE(status.ok()); });
+  parts.control.Submit([&] { order.push_back(2); return absl::NotFoundError("second"); },
+                       [&](const Status& status) {
+                         EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+                         both.set_value();
+                       });
+  both.get_future().get();
+  EXPECT_THAT(order, ElementsAre(1, 2));
+  EXPECT_EQ(parts.manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
+
+  parts.control.Stop();
+  std::promise<Status> late;
+  parts.control.Submit([] { return absl::OkStatus(); }, [&](const Status& status) { late.set_value(status); });
+  EXPECT_EQ(late.get_future().get().code(), absl::StatusCode::kUnavailable);  // answered, never lost
+}
+
+TEST(ModelControlTest, TasksQueuedBeforeStartAreAnsweredWhenItNeverStarts) {
+  FakeBackendFactory factory;
+  ManagerParts parts(Models({Model("m", {1})}), &factory);
+  std::promise<Status> answer;
+  parts.control.Submit([] { return absl::OkStatus(); }, [&](const Status& status) { answer.set_value(status); });
+  parts.control.Stop();
+  EXPECT_EQ(answer.get_future().get().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ModelControlTest, PollModeRescansOnItsOwnThread) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  source.Put(Model("a", {1}), "a1");
+  ModelControl::Options options = Control(ModelControlMode::kPoll, &source);
+  options.poll_interval = std::chrono::milliseconds(5);
+  ManagerParts parts(*source.Scan(), &factory, {}, options);
+  std::atomic<int> changes{0};
+  parts.control.SetChangeListener([&] { ++changes; });
+  std::promise<Status> loaded;
+  parts.control.Start([&](const Status& status) { loaded.set_value(status); });
+  ASSERT_TRUE(loaded.get_future().get().ok());
+  source.Put(Model("b", {1}), "b1");
+  // The listener hears of the change once the pass is over.
+  for (int i = 0; i < 4000 && (!parts.manager.Find("b", "").ok() || changes.load() == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(parts.manager.Find("b", "").ok());
+  EXPECT_GE(changes.load(), 1);
+  parts.control.Stop();  // ends polling and joins the thread
+  source.Put(Model("c", {1}), "c1");
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(parts.manager.Find("c", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(VersionLoaderTest, LoadsComposesAndWarmsUpOneVersion) {
+  FakeBackendFactory factory;
+  VersionLoader loader(&factory, {});
+  auto model = std::make_shared<const RepositoryModel>(Model("m", {1, 2}, Groups({{InstanceKind::kCpu, 2, {}}})));
+  EXPECT_EQ(loader.SplitCpuThreads({model}), std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / 4));
+  LoadedVersion loaded = loader.Load(model, 2, nullptr);
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  ASSERT_NE(loaded.handle, nullptr);
+  EXPECT_EQ(loaded.handle->version(), 2);
+  EXPECT_EQ(loaded.handle->device(), "cpu x2");
+  EXPECT_EQ(loaded.tuning.name, "m");
+  EXPECT_EQ(loaded.tuning.warmup.size(), 8u);  // 4 batch sizes on 2 instances
+  ASSERT_EQ(factory.loads.size(), 2u);
+  EXPECT_EQ(factory.loads[0].file, "/repo/m/2/model.pt");
+  EXPECT_EQ(Send(loaded.handle, "9").get()->outputs[0].data, "9");
+  loaded.handle->Stop();
+
+  factory.failures["m/1"] = "bad archive";
+  LoadedVersion failed = loader.Load(model, 1, nullptr);
+  EXPECT_EQ(failed.handle, nullptr);
+  EXPECT_THAT(failed.status.message(), HasSubstr("bad archive"));
+
+  std::atomic<bool> abandon{true};
+  LoadedVersion abandoned = loader.Load(model, 2, &abandon);
+  EXPECT_EQ(abandoned.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(factory.loads.size(), 3u);  // nothing more loaded
+}
+
+TEST(VersionLoaderTest, DevicePolicyCuda) {
+  FakeBackendFactory without_gpu(false, 0);
+  VersionLoader::Options options;
+  options.device_policy = DevicePolicy::kCuda;
+  EXPECT_EQ(VersionLoader(&without_gpu, options).CheckDevicePolicy().code(), absl::StatusCode::kFailedPrecondition);
+  FakeBackendFactory with_gpu(true, 1);
+  EXPECT_TRUE(VersionLoader(&with_gpu, options).CheckDevicePolicy().ok());
+}
+
+// The table on its own: a swap installs at once and hands back what served before.
+TEST(ModelManagerTest, SwapAndRemoveHandBackTheOldVersions) {
+  FakeBackendFactory factory;
+  VersionLoader loader(&factory, {});
+  auto v1 = std::make_shared<const RepositoryModel>(Model("m", {1}));
+  ModelManager manager({*v1}, {});
+  EXPECT_THAT(manager.Find("m", "").status().message(), HasSubstr("not loaded yet"));
+  EXPECT_EQ(manager.TriedFingerprint("m"), std::string());
+  EXPECT_EQ(manager.TriedFingerprint("zzz"), std::nullopt);
+  EXPECT_TRUE(manager.BeginLoad(v1).empty());
+  EXPECT_THAT(manager.Find("m", "").status().message(), HasSubstr("still loading"));
+  std::vector<LoadedVersion> first;
+  first.push_back(loader.Load(v1, 1, nullptr));
+  EXPECT_TRUE(manager.Swap(v1, &first).handles.empty());
+  EXPECT_FALSE(manager.AllReady());  // start-up not over
+  manager.SetStarted();
+  EXPECT_TRUE(manager.AllReady());
+
+  auto v2 = std::make_shared<const RepositoryModel>(Model("m", {2}));
+  EXPECT_THAT(manager.BeginLoad(v2), ElementsAre(1));  // version 1 keeps serving meanwhile
+  EXPECT_EQ((*manager.Find("m", ""))->version(), 1);
+  std::vector<LoadedVersion> second;
+  second.push_back(loader.Load(v2, 2, nullptr));
+  RetiredVersions retired = manager.Swap(v2, &second);
+  ASSERT_EQ(retired.handles.size(), 1u);
+  EXPECT_EQ(retired.handles[0]->version(), 1);
+  EXPECT_FALSE(retired.stopped);
+  EXPECT_EQ((*manager.Find("m", ""))->version(), 2);
+  retired.handles[0]->Stop();
+
+  manager.Stop();
+  auto v3 = std::make_shared<const RepositoryModel>(Model("m", {3}));
+  std::vector<LoadedVersion> third;
+  third.push_back(loader.Load(v3, 3, nullptr));
+  RetiredVersions after_stop = manager.Swap(v3, &third);
+  EXPECT_TRUE(after_stop.stopped);
+  EXPECT_EQ(third[0].handle, nullptr);  // stopped and not installed
+  EXPECT_THAT(manager.Find("m", "3").status().message(), HasSubstr("shutting down"));
+
+  auto removed = manager.Remove("m", "unloaded", /*forget=*/true);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(manager.Find("m", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.Remove("m", "unloaded", false).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -1,0 +1,54 @@
+// A model of the repository as the server stages see it: its spec, its selected versions and
+// whether it can load at all. No protobuf: Triton's ModelConfig message rides along as an opaque
+// reference that only the repository (which fills it) and the api (which reports it) look into,
+// so the manager neither includes nor links protobuf.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/core/model_spec.h"
+#include "server/core/status.h"
+
+namespace inference {
+class ModelConfig;  // model_config.proto; complete in server/repository and server/api only
+}  // namespace inference
+
+namespace sluice {
+
+// One model directory as found on disk. When `status` is not OK the model cannot load and
+// `status.message()` says why (config error, no version directory, ...); `spec` is then empty.
+struct RepositoryModel {
+  std::string name;
+  std::filesystem::path directory;
+  Status status;
+  // The parsed config.pbtxt with Sluice's defaults filled in (what the ModelConfig RPC reports);
+  // null when the config could not be parsed, and in tests that need no protobuf.
+  std::shared_ptr<const inference::ModelConfig> config;
+  ModelSpec spec;
+  std::map<int64_t, std::filesystem::path> versions;    // chosen by the version policy
+  // The files as they were read (every file under the directory: relative path, size, mtime).
+  // Model control reloads a model in poll mode when this changes. Set for broken models too, so
+  // that fixing one is noticed.
+  std::string fingerprint;
+};
+
+// Where model control reads models from while the server runs (start-up, RepositoryModelLoad,
+// polling). An interface so that the manager's tests need no files. Thread-safe.
+class ModelSource {
+ public:
+  virtual ~ModelSource() = default;
+  // Every model, sorted by name, as ScanModelRepository (server/repository).
+  virtual StatusOr<std::vector<RepositoryModel>> Scan() const = 0;
+  // One model as it is now. INVALID_ARGUMENT for a name that is not a plain directory name
+  // ("", ".", "..", "a/b", ".hidden"): a client-supplied name never leaves the repository.
+  // NOT_FOUND when the repository has no such directory. A broken model is returned with its
+  // own status, as by ScanModelRepository.
+  virtual StatusOr<RepositoryModel> Read(const std::string& name) const = 0;
+};
+
+}  // namespace sluice

@@ -1,0 +1,298 @@
+#include "server/manager/model_control.h"
+
+#include <chrono>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/core/logging.h"
+
+namespace sluice {
+
+const char* ModelControlModeName(ModelControlMode mode) {
+  switch (mode) {
+    case ModelControlMode::kNone: return "none";
+    case ModelControlMode::kPoll: return "poll";
+    case ModelControlMode::kExplicit: return "explicit";
+  }
+  return "none";
+}
+
+StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
+  for (ModelControlMode mode : {ModelControlMode::kNone, ModelControlMode::kPoll, ModelControlMode::kExplicit}) {
+    if (text == ModelControlModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model control mode '", std::string(text), "' (none, poll or explicit)"));
+}
+
+ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options options)
+    : manager_(manager), loader_(loader), options_(std::move(options)) {}
+
+ModelControl::~ModelControl() { Stop(); }
+
+void ModelControl::Start(std::function<void(const Status&)> loaded) {
+  Submit(
+      [this] {
+        Status status = LoadAll();
+        if (status.ok() && options_.mode == ModelControlMode::kPoll && !stopping_) {
+          spdlog::info("event=repository_polling interval_s={}",
+                       std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
+          MutexLock lock(&mutex_);
+          polling_ = true;
+          next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
+        }
+        return status;
+      },
+      std::move(loaded));
+  MutexLock lock(&thread_mutex_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+}
+
+void ModelControl::Submit(std::function<Status()> task, std::function<void(const Status&)> done) {
+  {
+    MutexLock lock(&mutex_);
+    if (!thread_stopping_) {
+      tasks_.push_back({std::move(task), std::move(done)});
+      wake_.Signal();
+      return;
+    }
+  }
+  if (done) done(absl::UnavailableError("the server is shutting down"));
+}
+
+void ModelControl::Loop() {
+  MutexLock lock(&mutex_);
+  while (true) {
+    if (!tasks_.empty()) {
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.Unlock();
+      const Status status = task.run();
+      if (task.done) task.done(status);
+      lock.Lock();
+      continue;
+    }
+    if (thread_stopping_) return;
+    if (polling_ && std::chrono::steady_clock::now() >= next_poll_) {
+      lock.Unlock();
+      if (Status status = PollRepository(); !status.ok()) {
+        spdlog::error("event=repository_poll_failed reason=\"{}\"", status.message());
+      }
+      lock.Lock();
+      next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
+      continue;
+    }
+    if (polling_) {
+      wake_.WaitUntil(&mutex_, next_poll_);
+    } else {
+      wake_.Wait(&mutex_);
+    }
+  }
+}
+
+Status ModelControl::LoadAll() {
+  MutexLock control(&control_mutex_);
+  SLUICE_RETURN_IF_ERROR(loader_->CheckDevicePolicy());
+  const bool explicit_mode = options_.mode == ModelControlMode::kExplicit;
+  const std::set<std::string> startup(options_.startup_models.begin(), options_.startup_models.end());
+  std::vector<std::shared_ptr<const RepositoryModel>> wanted;
+  for (const auto& model : manager_->Models()) {
+    if (!explicit_mode || startup.count("*") > 0 || startup.count(model->name) > 0) {
+      wanted.push_back(model);
+    } else {
+      manager_->NotServed(model->name, "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
+    }
+  }
+  loader_->SplitCpuThreads(wanted);
+  // Every model shows LOADING before the first one loads.
+  for (const auto& model : wanted) manager_->BeginLoad(model);
+  // Install logs each model's failures; at start-up they leave the model UNAVAILABLE and the
+  // others load.
+  for (const auto& model : wanted) Install(model).IgnoreError();
+  manager_->SetStarted();
+  return absl::OkStatus();
+}
+
+Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model) {
+  const std::string& name = model->name;
+  const std::vector<int64_t> serving_versions = manager_->BeginLoad(model);
+  const bool serving = !serving_versions.empty();  // and keeps serving if this fails
+  const std::string kept =
+      serving ? absl::StrCat("; version(s) ", absl::StrJoin(serving_versions, ","), " keep serving") : "";
+  if (!model->status.ok()) {
+    spdlog::error("event=model_unavailable model={} reason=\"{}{}\"", name, model->status.message(), kept);
+    return Status(model->status.code(),
+                  absl::StrCat("model '", name, "' cannot load: ", model->status.message(), kept));
+  }
+  std::vector<LoadedVersion> loaded;
+  for (const auto& [version, path] : model->versions) loaded.push_back(loader_->Load(model, version, &stopping_));
+
+  const LoadedVersion* failed = nullptr;
+  for (const LoadedVersion& each : loaded) {
+    if (!each.status.ok() && failed == nullptr) failed = &each;
+  }
+  if (serving && failed != nullptr) {
+    const Status status(failed->status.code(),
+                        absl::StrCat("model '", name, "' was not reloaded: version ", failed->version, ": ",
+                                     failed->status.message(), kept));
+    spdlog::error("event=model_reload_failed model={} reason=\"{}\"", name, status.message());
+    for (LoadedVersion& each : loaded) {
+      if (each.handle) each.handle->Stop();
+    }
+    return status;
+  }
+
+  RetiredVersions retired = manager_->Swap(model, &loaded);
+  for (const LoadedVersion& each : loaded) {
+    if (each.handle) {
+      LogTuning(each.tuning);
+      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}{}", name, each.version,
+                   each.handle->device(), model->spec.dynamic_batching.enabled ? "dynamic" : "none",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
+                   serving ? " reloaded=true" : "");
+    } else {
+      spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", name, each.version,
+                    each.status.message());
+    }
+  }
+  Retire(name, std::move(retired));
+  for (const LoadedVersion& each : loaded) {
+    if (!each.status.ok()) {
+      return Status(each.status.code(), absl::StrCat("model '", name, "' version ", each.version,
+                                                     " cannot load: ", each.status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ModelControl::Retire(const std::string& name, RetiredVersions retired) {
+  if (retired.handles.empty()) return;
+  for (std::shared_ptr<ModelHandle>& handle : retired.handles) {
+    // Nothing hands this version out any more, and every request given it holds a reference
+    // (ModelHandle::Acquire) until it is answered: once none is left, nothing is queued or
+    // running on it.
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t version = handle->version();
+    if (!retired.stopped) handle->WaitIdle();
+    handle->Stop();
+    handle.reset();  // normally the last reference: the instances are destroyed here
+    spdlog::info("event=model_version_retired model={} version={} drain_ms={}", name, version,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+  }
+  loader_->ReleaseCachedMemory();
+}
+
+Status ModelControl::LoadModel(const std::string& name) {
+  if (options_.source == nullptr) {
+    return absl::FailedPreconditionError("model control has no model repository to read from");
+  }
+  Status status;
+  {
+    MutexLock control(&control_mutex_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    StatusOr<RepositoryModel> read = options_.source->Read(name);
+    if (!read.ok()) return read.status();
+    spdlog::info("event=model_load model={}", name);
+    status = Install(std::make_shared<const RepositoryModel>(*std::move(read)));
+  }
+  NotifyChange();
+  return status;
+}
+
+Status ModelControl::UnloadModel(const std::string& name) {
+  Status status;
+  {
+    MutexLock control(&control_mutex_);
+    status = Unload(name, /*forget=*/false);
+  }
+  NotifyChange();
+  return status;
+}
+
+Status ModelControl::Unload(const std::string& name, bool forget) {
+  SLUICE_ASSIGN_OR_RETURN(RetiredVersions retired, manager_->Remove(name, "unloaded", forget));
+  if (!retired.handles.empty()) {
+    spdlog::info("event=model_unload model={}{}", name, forget ? " reason=\"removed from the repository\"" : "");
+  }
+  Retire(name, std::move(retired));
+  return absl::OkStatus();
+}
+
+Status ModelControl::PollRepository() {
+  if (options_.source == nullptr) {
+    return absl::FailedPreconditionError("model control has no model repository to read from");
+  }
+  bool changed_any = false;
+  {
+    MutexLock control(&control_mutex_);
+    if (stopping_) return absl::OkStatus();
+    SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, options_.source->Scan());
+    std::set<std::string> present;
+    std::vector<std::shared_ptr<const RepositoryModel>> changed;
+    for (RepositoryModel& model : models) {
+      present.insert(model.name);
+      if (manager_->TriedFingerprint(model.name) == model.fingerprint) continue;
+      changed.push_back(std::make_shared<const RepositoryModel>(std::move(model)));
+    }
+    for (const auto& model : changed) {
+      if (stopping_) break;
+      spdlog::info("event=model_changed model={} action=load", model->name);
+      Install(model).IgnoreError();  // logged by Install
+    }
+    std::vector<std::string> gone;
+    for (const auto& model : manager_->Models()) {
+      if (!present.count(model->name)) gone.push_back(model->name);
+    }
+    for (const std::string& name : gone) Unload(name, /*forget=*/true).IgnoreError();
+    changed_any = !changed.empty() || !gone.empty();
+  }
+  if (changed_any) NotifyChange();
+  return absl::OkStatus();
+}
+
+void ModelControl::SetChangeListener(std::function<void()> listener) {
+  MutexLock lock(&mutex_);
+  change_listener_ = std::move(listener);
+}
+
+void ModelControl::NotifyChange() {
+  std::function<void()> listener;
+  {
+    MutexLock lock(&mutex_);
+    listener = change_listener_;
+  }
+  if (listener) listener();
+}
+
+void ModelControl::BeginStop() {
+  stopping_ = true;
+  MutexLock lock(&mutex_);
+  polling_ = false;
+  wake_.SignalAll();
+}
+
+void ModelControl::Stop() {
+  BeginStop();
+  manager_->Stop();
+  std::deque<Task> unanswered;
+  {
+    MutexLock lock(&mutex_);
+    thread_stopping_ = true;
+    wake_.SignalAll();
+  }
+  {
+    MutexLock lock(&thread_mutex_);
+    if (thread_.joinable()) {
+      thread_.join();
+    } else {
+      MutexLock queue(&mutex_);
+      unanswered.swap(tasks_);  // never started: nothing will run them
+    }
+  }
+  for (Task& task : unanswered) {
+    if (task.done) task.done(absl::UnavailableError("the server is shutting down"));
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,142 @@
+// Model control: what loads when. At start-up it loads the models the server is asked for; while
+// the server runs it loads, reloads and unloads models on request (RepositoryModelLoad/Unload) or
+// as the repository changes (poll mode). All of it happens on the control thread, one change at
+// a time: loading and warming up take seconds, and neither the gRPC threads nor lookups wait for
+// them.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "server/core/clock.h"
+#include "server/core/mutex.h"
+#include "server/core/repository_model.h"
+#include "server/core/status.h"
+#include "server/manager/model_manager.h"
+#include "server/manager/version_loader.h"
+
+namespace sluice {
+
+// --model-control-mode, with Triton's meaning:
+//   none:     every model loads at start-up; the repository is never read again and
+//             RepositoryModelLoad/Unload are refused.
+//   poll:     every model loads at start-up; the repository is rescanned every
+//             --repository-poll-secs and new, changed and removed models are loaded, reloaded
+//             and unloaded; RepositoryModelLoad/Unload are refused.
+//   explicit: only the --load-model models load at start-up ("*": all); RepositoryModelLoad and
+//             RepositoryModelUnload load, reload and unload the others.
+enum class ModelControlMode { kNone, kPoll, kExplicit };
+const char* ModelControlModeName(ModelControlMode mode);  // "none", "poll", "explicit"
+StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text);
+
+// Thread-safe. The synchronous calls (LoadAll, LoadModel, UnloadModel, PollRepository) run one
+// at a time on the caller's thread; the server runs them on the control thread (Start, Submit).
+class ModelControl {
+ public:
+  struct Options {
+    ModelControlMode mode = ModelControlMode::kNone;  // --model-control-mode
+    // In explicit mode, the models LoadAll loads (--load-model; "*" loads all); the others are
+    // listed as not loaded until LoadModel loads them. Ignored in the other modes.
+    std::vector<std::string> startup_models;
+    const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
+    Duration poll_interval = std::chrono::seconds(15);  // poll mode: --repository-poll-secs
+  };
+
+  // `manager` and `loader` outlive the control.
+  ModelControl(ModelManager* manager, VersionLoader* loader, Options options);
+  // Stop().
+  ~ModelControl();
+
+  ModelControlMode mode() const { return options_.mode; }
+
+  // Starts the control thread: LoadAll first, then `loaded` with its status (on that thread), then
+  // in poll mode a PollRepository every poll_interval, and Submit's tasks as they come.
+  void Start(std::function<void(const Status&)> loaded);
+
+  // Runs `task` on the control thread after the tasks before it, then `done` with its status (on
+  // that thread). After Stop the task still runs (the calls then load nothing).
+  void Submit(std::function<Status()> task, std::function<void(const Status&)> done);
+
+  // Loads every selected version of every model the server is asked for (in explicit mode: the
+  // start-up models). A model that fails to load is logged with its reason and marked
+  // UNAVAILABLE; the others still load. Returns FAILED_PRECONDITION only for a start-up error
+  // that concerns every model (--device cuda without a usable GPU).
+  Status LoadAll();
+
+  // Loads `name` as the source has it now, or reloads it when it is loaded: every selected
+  // version is loaded and warmed up beside the versions serving now, and then swapped in at
+  // once. Requests already given an old version (queued or running) finish on it; requests that
+  // look the model up after the swap go to the new versions. The old versions stop once the last
+  // request holding them is answered, before this returns. If anything fails (config, a version's
+  // load or warm-up) while an old version serves, nothing changes and the error comes back; a
+  // model that served nothing shows each version's failure. NOT_FOUND or INVALID_ARGUMENT for a
+  // name the source does not have; FAILED_PRECONDITION without a source.
+  Status LoadModel(const std::string& name);
+
+  // Unloads every version of `name`: lookups answer UNAVAILABLE ("unloaded") at once, and this
+  // returns when every request already given one of its versions is answered, after stopping the
+  // schedulers and releasing the instances. OK when nothing of it is loaded; NOT_FOUND when the
+  // manager does not know the model.
+  Status UnloadModel(const std::string& name);
+
+  // One pass of poll mode: loads models that appeared in the source, reloads those whose files
+  // changed since they were last tried (RepositoryModel::fingerprint; a failed reload is not
+  // retried until the files change again, and the old version keeps serving), and unloads and
+  // forgets those whose directory is gone. Per-model problems are logged, not returned; an error
+  // only when the source cannot be scanned.
+  Status PollRepository();
+
+  // Called (on the thread of the change) after every LoadModel, UnloadModel and PollRepository
+  // that changed something, when readiness may have changed; the server refreshes its health
+  // service. Null: nothing. Not called with any lock held.
+  void SetChangeListener(std::function<void()> listener);
+
+  // From now on nothing loads and polling ends: a load in progress abandons its warm-up, loads
+  // asked for later answer UNAVAILABLE. Does not wait. Idempotent.
+  void BeginStop();
+
+  // BeginStop, stops every model (ModelManager::Stop: queued requests are answered UNAVAILABLE,
+  // drains in progress end), then joins the control thread once the tasks queued before are
+  // answered. Idempotent.
+  void Stop();
+
+ private:
+  void Loop();
+  // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
+  Status Install(const std::shared_ptr<const RepositoryModel>& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // Unload with control_mutex_ held; `forget` also removes the model from the index.
+  Status Unload(const std::string& name, bool forget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // Waits until no request holds each retired version (ModelHandle::WaitIdle; Stop ends the
+  // wait), stops it and releases its instances and the memory they cached.
+  void Retire(const std::string& name, RetiredVersions retired);
+  void NotifyChange();
+
+  ModelManager* const manager_;
+  VersionLoader* const loader_;
+  const Options options_;
+  std::atomic<bool> stopping_{false};  // read by warm-ups as their abandon flag
+
+  Mutex control_mutex_;  // one change at a time; held while loading and draining
+
+  Mutex mutex_;  // the control thread's queue; never held while a task runs
+  CondVar wake_;
+  struct Task {
+    std::function<Status()> run;
+    std::function<void(const Status&)> done;
+  };
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool polling_ ABSL_GUARDED_BY(mutex_) = false;  // poll mode, once LoadAll ran
+  bool thread_stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::chrono::steady_clock::time_point next_poll_ ABSL_GUARDED_BY(mutex_);
+  std::function<void()> change_listener_ ABSL_GUARDED_BY(mutex_);
+
+  Mutex thread_mutex_;  // Start and Stop may run on different threads
+  std::thread thread_ ABSL_GUARDED_BY(thread_mutex_);
+};
+
+}  // namespace sluice

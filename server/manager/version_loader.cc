@@ -1,0 +1,204 @@
+#include "server/manager/version_loader.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/batching/shape_padding.h"
+#include "server/batching/shape_plan.h"
+#include "server/batching/warmup.h"
+#include "server/core/logging.h"
+
+namespace sluice {
+
+VersionLoader::VersionLoader(BackendFactory* factory, Options options)
+    : factory_(factory), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {}
+
+Status VersionLoader::CheckDevicePolicy() const {
+  if (options_.device_policy != DevicePolicy::kCuda || factory_->CudaUsable()) return absl::OkStatus();
+  return DecideDevice(options_.device_policy, InstanceKind::kGpu, false).status();
+}
+
+int VersionLoader::SplitCpuThreads(const std::vector<std::shared_ptr<const RepositoryModel>>& models) {
+  int cpu_instances = 0;
+  for (const auto& model : models) {
+    if (!model->status.ok()) continue;
+    for (const InstanceGroupSpec& group : model->spec.instance_groups) {
+      auto decision = DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable());
+      if (decision.ok() && !decision->use_cuda) {
+        cpu_instances += group.count * static_cast<int>(model->versions.size());
+      }
+    }
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  default_intra_op_threads_ = std::max(1, cores / std::max(1, cpu_instances));
+  spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores, cpu_instances,
+               default_intra_op_threads_);
+  return default_intra_op_threads_;
+}
+
+LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& model, int64_t version,
+                                  const std::atomic<bool>* abandon) const {
+  LoadedVersion loaded;
+  loaded.version = version;
+  loaded.tuning.name = model->name;
+  loaded.tuning.version = version;
+  if (abandon != nullptr && *abandon) {
+    loaded.status = absl::UnavailableError("the server is shutting down");
+    return loaded;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  auto stats = std::make_shared<ModelStats>(
+      options_.observer != nullptr ? options_.observer->SinkFor(model->name, version) : nullptr);
+  std::string device;
+  StatusOr<std::unique_ptr<Scheduler>> scheduler =
+      Compose(*model, version, stats, &device, &loaded.tuning, abandon);
+  loaded.load_time = std::chrono::steady_clock::now() - started;
+  if (scheduler.ok()) {
+    loaded.handle = std::make_shared<ModelHandle>(model, version, std::move(device),
+                                                  std::shared_ptr<Scheduler>(*std::move(scheduler)),
+                                                  std::move(stats), clock_);
+  } else {
+    loaded.status = scheduler.status();
+  }
+  return loaded;
+}
+
+StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstances(
+    const ModelSpec& spec, const std::filesystem::path& file, std::string* device) const {
+  std::vector<std::unique_ptr<ModelBackend>> instances;
+  std::vector<std::string> devices;
+  for (const InstanceGroupSpec& group : spec.instance_groups) {
+    SLUICE_ASSIGN_OR_RETURN(const DeviceDecision decision,
+                            DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
+    if (decision.fell_back_to_cpu) {
+      spdlog::warn("event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
+                   "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
+                   spec.name);
+    }
+    std::vector<Device> targets;
+    if (!decision.use_cuda) {
+      targets.push_back(Device{});
+    } else if (group.gpus.empty()) {
+      for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
+    } else {
+      for (int gpu : group.gpus) {
+        if (gpu >= factory_->CudaDeviceCount()) {
+          return absl::InvalidArgumentError(absl::StrCat("instance_group asks for GPU ", gpu, " but ",
+                                                         factory_->CudaDeviceCount(), " GPU(s) are visible"));
+        }
+        targets.push_back(Device{true, gpu});
+      }
+    }
+    for (const Device& target : targets) {
+      for (int i = 0; i < group.count; ++i) {
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance, factory_->Load(spec, file, target));
+        instances.push_back(std::move(instance));
+        devices.push_back(target.ToString());
+      }
+    }
+  }
+  const std::set<std::string> distinct(devices.begin(), devices.end());
+  *device = absl::StrCat(absl::StrJoin(distinct, ","), " x", devices.size());
+  return instances;
+}
+
+StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryModel& model, int64_t version,
+                                                            std::shared_ptr<ModelStats> stats, std::string* device,
+                                                            ModelTuning* tuning,
+                                                            const std::atomic<bool>* abandon) const {
+  ModelSpec spec = model.spec;
+  if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
+  const ShapePlan plan = ComputeShapePlan(spec);
+  const CudnnBenchmarkDecision decision = DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
+  spec.cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_reason = decision.reason;
+  tuning->shapes_finite = plan.finite;
+  tuning->shape_count = plan.shapes.size();
+  // Built before the instances load, so that a bad model_warmup sample fails fast. --warmup
+  // false skips the model_warmup samples too.
+  std::vector<WarmupRequest> warmup;
+  if (options_.warmup) {
+    SLUICE_ASSIGN_OR_RETURN(warmup, BuildWarmupRequests(spec, plan, model.directory));
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
+                          LoadInstances(spec, model.versions.at(version), device));
+  tuning->convolutions = instances.front()->Tuning();
+
+  // Without dynamic_batching each request runs alone, with the batch size it sent (as Triton
+  // does), through the same queue: the same caps, expiry timer and messages.
+  const DynamicBatchingSpec& batching = spec.dynamic_batching;
+  DynamicBatcher::Options batcher;
+  batcher.queue.one_request_per_batch = !batching.enabled;
+  batcher.queue.max_batch_size = std::max(1, spec.max_batch_size);
+  batcher.queue.preferred_batch_sizes = batching.preferred_batch_sizes;
+  batcher.queue.max_queue_delay = std::chrono::microseconds(batching.max_queue_delay_us);
+  batcher.queue.max_requests = batching.max_queue_size > 0 ? batching.max_queue_size : options_.max_queue_size;
+  batcher.queue.max_bytes = batching.max_queued_bytes;
+  batcher.queue.max_groups = batching.max_shape_groups;
+  batcher.queue.pad_to_preferred = batching.pad_to_preferred;
+  batcher.queue.server_budget = options_.queued_bytes_budget;
+  batcher.clock = clock_;
+  batcher.stats = stats;
+  if (options_.liveness != nullptr) {
+    batcher.on_fatal = [liveness = options_.liveness, name = model.name](const Status& status) {
+      spdlog::critical("event=fatal_device_error model={} reason=\"{}\" action=\"server is no longer "
+                       "live; restart it\"", name, status.message());
+      liveness->ReportFatal(status);
+    };
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DynamicBatcher> dynamic,
+                          DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
+  std::unique_ptr<Scheduler> scheduler = std::move(dynamic);
+  if (spec.padding.enabled()) {
+    scheduler = std::make_unique<PaddingScheduler>(spec, std::move(scheduler), std::move(stats));
+  }
+  if (!warmup.empty()) {
+    const auto started = std::chrono::steady_clock::now();
+    StatusOr<WarmupReport> report = scheduler->WarmUp(std::move(warmup), abandon);
+    tuning->warmup_time = std::chrono::steady_clock::now() - started;
+    if (!report.ok()) {
+      scheduler->Stop();
+      return report.status();
+    }
+    tuning->warmup = std::move(report->passes);
+  }
+  return scheduler;
+}
+
+void VersionLoader::ReleaseCachedMemory() const {
+  factory_->ReleaseCachedMemory();
+  malloc_trim(0);
+}
+
+void LogTuning(const ModelTuning& tuning) {
+  const ConvolutionTuning& convolutions = tuning.convolutions;
+  spdlog::info("event=cudnn_benchmark model={} version={} benchmark={} reason=\"{}\" convolutions={} "
+               "rewritten={}", tuning.name, tuning.version, tuning.cudnn_benchmark ? "on" : "off",
+               tuning.cudnn_reason, convolutions.convolutions, convolutions.rewritten);
+  if (!convolutions.fallback.empty()) {
+    spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
+                 tuning.version, convolutions.fallback);
+  }
+  for (const WarmupPass& pass : tuning.warmup) {
+    spdlog::debug("event=warmup_pass model={} version={} instance={} shape=\"{}\" first_ms={:.3f} "
+                  "last_ms={:.3f}", tuning.name, tuning.version, pass.instance, pass.label,
+                  std::chrono::duration<double, std::milli>(pass.first_run).count(),
+                  std::chrono::duration<double, std::milli>(pass.last_run).count());
+  }
+  std::set<int> instances;
+  for (const WarmupPass& pass : tuning.warmup) instances.insert(pass.instance);
+  spdlog::info("event=warmup model={} version={} shapes={} instances={} pairs={} warmup_ms={}",
+               tuning.name, tuning.version, tuning.shapes_finite ? std::to_string(tuning.shape_count) : "variable",
+               instances.size(), tuning.warmup.size(),
+               std::chrono::duration_cast<std::chrono::milliseconds>(tuning.warmup_time).count());
+}
+
+}  // namespace sluice

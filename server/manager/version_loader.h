@@ -1,0 +1,92 @@
+// Loads one version of a repository model into something that serves: decides the devices of
+// its instances, loads them through the BackendFactory, decides cuDNN benchmark mode, composes
+// the scheduler (the dynamic batcher, wrapped in padding when the model pads) and warms every
+// shape up. Holds no table and takes no locks: ModelControl calls it from its one thread and
+// hands the result to ModelManager::Swap.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/batching/batch_queue.h"
+#include "server/core/backend.h"
+#include "server/core/clock.h"
+#include "server/core/device.h"
+#include "server/core/liveness.h"
+#include "server/core/repository_model.h"
+#include "server/manager/model_events.h"
+#include "server/manager/model_handle.h"
+
+namespace sluice {
+
+// One version loaded (or not).
+struct LoadedVersion {
+  int64_t version = 0;
+  Status status;                        // why it did not load
+  std::shared_ptr<ModelHandle> handle;  // when it loaded (and warmed up)
+  ModelTuning tuning;
+  Duration load_time{0};                // load and warm-up
+};
+
+// Not thread-safe: one caller at a time (the control thread). The factory is thread-safe and
+// outlives the loader.
+class VersionLoader {
+ public:
+  struct Options {
+    DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
+    size_t max_queue_size = 1024;  // per model version, unless its config sets max_queue_size
+    const TimeSource* clock = nullptr;  // null: the steady clock
+    std::shared_ptr<ByteBudget> queued_bytes_budget;  // server-wide cap (--max-queued-bytes); may be null
+    LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
+    CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
+    bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
+    ModelObserver* observer = nullptr;  // where each version's statistics also go; may be null
+  };
+
+  VersionLoader(BackendFactory* factory, Options options);
+
+  // The CPU thread split: without INTRA_OP_THREAD_COUNT, each CPU instance of `models` (every
+  // loadable version counted) gets cores / instances threads, at least 1. More OpenMP threads
+  // than cores make libgomp stop spinning and every parallel region pays a futex wake-up
+  // (measured: a 784-512-512-10 MLP forward 74 us -> 250 us on 2 cores). Logged; returns it.
+  int SplitCpuThreads(const std::vector<std::shared_ptr<const RepositoryModel>>& models);
+
+  // Loads, composes and warms up `version` of `model` (which must be loadable and select that
+  // version). `abandon` set (a shutdown) abandons the warm-up. On failure the instances loaded so
+  // far are released and `status` says why, in the words of the step that failed.
+  LoadedVersion Load(const std::shared_ptr<const RepositoryModel>& model, int64_t version,
+                     const std::atomic<bool>* abandon) const;
+
+  // Gives memory that unloaded versions cached back: LibTorch's CUDA cache to the driver, glibc's
+  // free lists to the kernel. Without it RSS keeps the high-water mark of every load.
+  void ReleaseCachedMemory() const;
+
+  // Whether --device cuda can be met (a GPU is usable): FAILED_PRECONDITION, in DecideDevice's
+  // words, when it cannot.
+  Status CheckDevicePolicy() const;
+
+  const Options& options() const { return options_; }
+
+ private:
+  StatusOr<std::unique_ptr<Scheduler>> Compose(const RepositoryModel& model, int64_t version,
+                                               std::shared_ptr<ModelStats> stats, std::string* device,
+                                               ModelTuning* tuning, const std::atomic<bool>* abandon) const;
+  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
+                                                                     const std::filesystem::path& file,
+                                                                     std::string* device) const;
+
+  BackendFactory* const factory_;
+  const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;
+  int default_intra_op_threads_ = 1;  // SplitCpuThreads
+};
+
+// The lines a ready version logs about its tuning: the cuDNN decision, the convolution rewrite's
+// fallback, the warm-up (each pass at debug level).
+void LogTuning(const ModelTuning& tuning);
+
+}  // namespace sluice

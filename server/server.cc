@@ -1,0 +1,168 @@
+#include "server/server.h"
+
+#include <map>
+#include <string>
+
+#include "server/core/logging.h"
+#include "server/runtime/torch_backend.h"
+
+namespace sluice {
+namespace {
+
+// The environment report's versions, as labels of sluice_build_info.
+std::map<std::string, std::string> BuildInfoLabels(const RuntimeInfo& info, const ServerConfig& config) {
+  auto or_none = [](const std::string& value) { return value.empty() ? std::string("none") : value; };
+  return {{"sluice", SLUICE_VERSION},
+          {"libtorch", info.torch_version},
+          {"cuda_built_with", or_none(info.cuda_build_version)},
+          {"cuda_runtime", or_none(info.cuda_runtime_version)},
+          {"driver", info.driver_found ? or_none(info.driver_version) : "none"},
+          {"driver_cuda", or_none(info.driver_cuda_version)},
+          {"cudnn_compiled", or_none(info.cudnn_version)},
+          {"cudnn_loaded", or_none(info.cudnn_loaded_version)},
+          {"gpus", std::to_string(info.cuda_device_count)},
+          {"cudnn_benchmark", CudnnBenchmarkModeName(config.cudnn_benchmark)},
+          {"cudnn_deterministic", config.cudnn_deterministic ? "true" : "false"},
+          {"allow_tf32", config.allow_tf32 ? "true" : "false"}};
+}
+
+void LogRuntime(const RuntimeInfo& info, const ServerConfig& config) {
+  auto or_dash = [](const std::string& value) { return value.empty() ? std::string("-") : value; };
+  spdlog::info("event=runtime sluice={} libtorch={} cuda_built_with={} cuda_runtime={} driver={} "
+               "driver_cuda={} cudnn_compiled={} cudnn_loaded={} gpus={} cudnn_benchmark={} "
+               "cudnn_deterministic={} allow_tf32={} intra_op_threads={} inter_op_threads={}",
+               SLUICE_VERSION, info.torch_version, or_dash(info.cuda_build_version),
+               or_dash(info.cuda_runtime_version), info.driver_found ? or_dash(info.driver_version) : "none",
+               or_dash(info.driver_cuda_version), or_dash(info.cudnn_version), or_dash(info.cudnn_loaded_version),
+               info.cuda_device_count, CudnnBenchmarkModeName(config.cudnn_benchmark), info.cudnn_deterministic,
+               info.cudnn_allow_tf32, info.intra_op_threads, info.inter_op_threads);
+  for (const GpuInfo& gpu : info.gpus) {
+    spdlog::info("event=gpu index={} name=\"{}\" compute_capability={}.{} memory_mib={} uuid={}", gpu.index, gpu.name,
+                 gpu.major, gpu.minor, gpu.memory_bytes >> 20, gpu.uuid);
+  }
+  for (const std::string& problem : EnvironmentProblems(info, config.device == DevicePolicy::kCuda)) {
+    spdlog::warn("event=environment_problem problem=\"{}\"", problem);
+  }
+  if (!info.cuda_usable) {
+    spdlog::info("event=cpu_only reason=\"{}\" action=\"every model runs on the CPU\"", info.problem);
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, const RuntimeInfo& runtime,
+                                                std::function<void()> on_load_failed) {
+  std::unique_ptr<Server> server(new Server());
+  LogRuntime(runtime, config);
+  server->factory_ = MakeTorchBackendFactory(runtime);
+
+  VersionLoader::Options loader_options;
+  loader_options.device_policy = config.device;
+  loader_options.max_queue_size = config.max_queue_size;
+  loader_options.queued_bytes_budget = std::make_shared<ByteBudget>(config.max_queued_bytes);
+  loader_options.liveness = &server->liveness_;
+  loader_options.cudnn_benchmark = config.cudnn_benchmark;
+  loader_options.warmup = config.warmup;
+  SLUICE_RETURN_IF_ERROR(VersionLoader(server->factory_.get(), loader_options).CheckDevicePolicy());
+
+  SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, ScanModelRepository(config.model_repository));
+  spdlog::info("event=repository path={} models={} model_control_mode={}", config.model_repository, models.size(),
+               ModelControlModeName(config.model_control_mode));
+  SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
+
+  if (config.allow_metrics) {
+    server->metrics_ = std::make_unique<ServerMetrics>(std::make_shared<prometheus::Registry>());
+    server->metrics_->SetBuildInfo(BuildInfoLabels(runtime, config));
+    SLUICE_ASSIGN_OR_RETURN(server->metrics_endpoint_,
+                            MetricsEndpoint::Start(config.metrics_address, config.metrics_port,
+                                                   server->metrics_->registry()));
+    spdlog::info("event=metrics_listening address={} port={} path=/metrics", config.metrics_address,
+                 server->metrics_endpoint_->port());
+    StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load(NvmlLibraryPath());
+    if (nvml.ok()) {
+      server->gpu_telemetry_ = std::make_unique<GpuTelemetry>(*std::move(nvml), server->metrics_.get(),
+                                                              std::chrono::milliseconds(config.metrics_interval_ms));
+      spdlog::info("event=gpu_telemetry gpus={} interval_ms={}", server->gpu_telemetry_->gpus(),
+                   config.metrics_interval_ms);
+    } else {
+      spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
+    }
+    loader_options.observer = server->metrics_.get();
+  } else {
+    spdlog::info("event=metrics_off reason=\"--allow-metrics false\"");
+  }
+
+  server->source_ = std::make_unique<DirectoryModelSource>(config.model_repository);
+  server->loader_ = std::make_unique<VersionLoader>(server->factory_.get(), loader_options);
+  ModelManager::Options manager_options;
+  manager_options.observer = server->metrics_.get();
+  server->manager_ = std::make_unique<ModelManager>(std::move(models), manager_options);
+  ModelControl::Options control_options;
+  control_options.mode = config.model_control_mode;
+  control_options.startup_models = config.load_models;
+  control_options.source = server->source_.get();
+  control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
+  server->control_ = std::make_unique<ModelControl>(server->manager_.get(), server->loader_.get(), control_options);
+
+  InferenceService::Options service_options;
+  service_options.server_version = SLUICE_VERSION;
+  service_options.readiness.strict = config.strict_readiness;
+  service_options.liveness = &server->liveness_;
+  service_options.restrictions = config.restrictions;
+  for (const ProtocolRestriction& restriction : config.restrictions) {
+    for (ProtocolGroup group : restriction.groups) {
+      spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
+    }
+  }
+  server->service_ = std::make_unique<InferenceService>(server->manager_.get(), server->control_.get(), service_options);
+  SLUICE_ASSIGN_OR_RETURN(server->grpc_, GrpcServer::Start(config.grpc, server->service_.get()));
+  spdlog::info("event=listening address={} port={}", config.grpc.address, server->grpc_->port());
+  GrpcServer* grpc = server->grpc_.get();
+  server->liveness_.SetListener([grpc] { grpc->RefreshHealth(); });
+  server->control_->SetChangeListener([grpc] { grpc->RefreshHealth(); });
+  server->service_->SetStarted();
+  grpc->RefreshHealth();
+
+  // Models load (and warm up) on the control thread, so that a shutdown signal during a long
+  // warm-up is taken at once: it abandons the warm-up instead of waiting for it.
+  Server* self = server.get();
+  server->control_->Start([self, on_load_failed = std::move(on_load_failed)](const Status& status) {
+    self->grpc_->RefreshHealth();
+    if (status.ok()) {
+      spdlog::info("event=models_loaded all_ready={} server_ready={}", self->manager_->AllReady(),
+                   self->service_->Ready());
+    } else {
+      spdlog::critical("event=start_failed reason=\"{}\"", status.message());
+      self->load_failed_ = true;
+      if (on_load_failed) on_load_failed();
+    }
+    self->loading_ = false;
+  });
+  return server;
+}
+
+Server::~Server() { Shutdown(0); }
+
+void Server::AbandonLoading() { control_->Stop(); }
+
+void Server::BeginDrain() {
+  service_->BeginDrain();
+  grpc_->RefreshHealth();
+}
+
+void Server::Shutdown(int grace_ms) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  liveness_.SetListener(nullptr);
+  if (control_) control_->BeginStop();  // no more polls or loads
+  if (grpc_) {
+    spdlog::info("event=shutdown action=\"refusing new calls, finishing those in flight\"");
+    grpc_->Shutdown(grace_ms);
+  }
+  if (control_) {
+    control_->SetChangeListener(nullptr);
+    control_->Stop();
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,75 @@
+// The server as one object: the model repository, the models (VersionLoader, ModelManager,
+// ModelControl), the metrics endpoint and GPU telemetry, the inference service and the gRPC
+// server, started in order and stopped in reverse. main() owns signals and nothing else.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+
+#include "server/api/grpc_server.h"
+#include "server/api/inference_service.h"
+#include "server/core/backend.h"
+#include "server/core/liveness.h"
+#include "server/manager/model_control.h"
+#include "server/manager/model_manager.h"
+#include "server/manager/version_loader.h"
+#include "server/metrics/gpu_telemetry.h"
+#include "server/metrics/metrics_endpoint.h"
+#include "server/metrics/server_metrics.h"
+#include "server/repository/model_repository.h"
+#include "server/runtime/environment.h"
+#include "server/server_flags.h"
+
+namespace sluice {
+
+class Server {
+ public:
+  // Scans the repository, serves metrics (before the models load, so that a dashboard sees them
+  // go from LOADING to READY), listens for gRPC (live at once, ready once the models are, or at
+  // once without strict readiness), and starts loading the models on the control thread. Failures
+  // that stop the server from starting come back (a missing repository, a --load-model the
+  // repository lacks, --device cuda without a GPU, a port in use, unusable TLS files). Start-up
+  // loading that fails for every model (--device cuda without a usable GPU) is logged and
+  // `on_load_failed` is called, on the control thread; main then shuts down and exits non-zero.
+  static StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config, const RuntimeInfo& runtime,
+                                                 std::function<void()> on_load_failed);
+  ~Server();
+
+  int grpc_port() const { return grpc_->port(); }
+  // Start-up loading is still going on.
+  bool loading() const { return loading_; }
+  // Start-up loading failed (see Start).
+  bool load_failed() const { return load_failed_; }
+
+  // A shutdown signal while models load: warm-ups are abandoned, versions not loaded stay
+  // UNAVAILABLE, and this returns once the control thread has let go (ModelControl::Stop).
+  void AbandonLoading();
+  // Readiness goes NOT_SERVING at once (probes and load balancers stop sending); liveness stays
+  // SERVING and calls are still served.
+  void BeginDrain();
+  // Refuses new calls, lets the calls in flight (running and queued) finish for up to `grace_ms`,
+  // cancels the rest, then stops every model and the control thread. Idempotent.
+  void Shutdown(int grace_ms);
+
+ private:
+  Server() = default;
+
+  // Construction order; destroyed in reverse.
+  LivenessMonitor liveness_;
+  std::unique_ptr<BackendFactory> factory_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<GpuTelemetry> gpu_telemetry_;
+  std::unique_ptr<DirectoryModelSource> source_;
+  std::unique_ptr<VersionLoader> loader_;
+  std::unique_ptr<ModelManager> manager_;
+  std::unique_ptr<ModelControl> control_;
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::atomic<bool> loading_{true};
+  std::atomic<bool> load_failed_{false};
+  bool shut_down_ = false;  // main's thread only
+};
+
+}  // namespace sluice

@@ -1,0 +1,59 @@
+// sluice-server's command line: every flag, its --help text, and the checks that turn it into a
+// validated ServerConfig. Unit-tested (tests/unit/server_flags_test.cc); main() only calls it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "server/api/grpc_server.h"
+#include "server/api/restricted_protocols.h"
+#include "server/core/device.h"
+#include "server/core/model_spec.h"
+#include "server/core/repository_model.h"
+#include "server/core/status.h"
+#include "server/manager/model_control.h"
+
+namespace sluice {
+
+// What the server is asked to do. Defaults are the flags' defaults.
+struct ServerConfig {
+  std::string model_repository;                // --model-repository (default: the bundled models)
+  ModelControlMode model_control_mode = ModelControlMode::kNone;  // --model-control-mode
+  std::vector<std::string> load_models;        // --load-model (explicit mode only)
+  int repository_poll_secs = 15;               // --repository-poll-secs
+  GrpcServerOptions grpc;                      // --grpc-address, --grpc-port, TLS, connections
+  std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol, parsed and distinct
+  bool allow_metrics = true;                   // --allow-metrics
+  std::string metrics_address = "0.0.0.0";    // --metrics-address
+  int metrics_port = 8002;                     // --metrics-port (0: any free port)
+  int metrics_interval_ms = 2000;              // --metrics-interval-ms (NVML sampling)
+  bool strict_readiness = true;                // --strict-readiness
+  DevicePolicy device = DevicePolicy::kAuto;   // --device
+  std::string log_level = "info";              // --log-level
+  size_t max_queue_size = 1024;                // --max-queue-size (per model version)
+  size_t max_queued_bytes = size_t{2} << 30;   // --max-queued-bytes (all queues together)
+  double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds
+  double shutdown_grace_seconds = 30;          // --shutdown-grace-seconds
+  CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
+  bool cudnn_deterministic = false;            // --cudnn-deterministic
+  bool allow_tf32 = true;                      // --allow-tf32
+  bool warmup = true;                          // --warmup
+  bool print_env = false;                      // --print-env: print the environment and exit
+};
+
+// Parses and validates `args` (without the program name). INVALID_ARGUMENT with the reason, the
+// flag named, for anything CLI11 or the checks refuse (--help and --version too: nothing to
+// serve).
+StatusOr<ServerConfig> ParseServerFlags(const std::vector<std::string>& args);
+
+// main()'s entry: the config to serve with, or the exit code to return after --help or
+// --version (0, printed to stdout) or a refused flag (non-zero, the reason printed to stderr).
+std::variant<ServerConfig, int> ParseCommandLine(int argc, const char* const* argv);
+
+// The checks that need the repository: every --load-model name ("*" aside) is one of `models`.
+// INVALID_ARGUMENT naming the first unknown one and the repository.
+Status CheckStartupModels(const ServerConfig& config, const std::vector<RepositoryModel>& models);
+
+}  // namespace sluice

@@ -1,0 +1,122 @@
+#include "server/server_flags.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
+  auto config = ParseServerFlags({});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->model_repository.empty());
+  EXPECT_EQ(config->grpc.port, 8001);
+  EXPECT_EQ(config->grpc.address, "0.0.0.0");
+  EXPECT_EQ(config->metrics_port, 8002);
+  EXPECT_EQ(config->device, DevicePolicy::kAuto);
+  EXPECT_EQ(config->cudnn_benchmark, CudnnBenchmarkMode::kAuto);
+  EXPECT_EQ(config->model_control_mode, ModelControlMode::kNone);
+  EXPECT_TRUE(config->restrictions.empty());
+  EXPECT_TRUE(config->strict_readiness);
+  EXPECT_TRUE(config->warmup);
+  EXPECT_EQ(config->shutdown_grace_seconds, 30);
+}
+
+TEST(ServerFlagsTest, EveryKindOfFlagReachesTheConfig) {
+  auto config = ParseServerFlags(
+      {"--model-repository", "/models", "--model-control-mode", "explicit", "--load-model", "a", "--load-model", "b",
+       "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--device", "cpu", "--cudnn-benchmark", "off",
+       "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret", "--grpc-restricted-protocol",
+       "inference:tenant=x", "--max-queued-bytes", "1024", "--shutdown-delay-seconds", "2.5",
+       "--grpc-max-connection-age-ms", "60000", "--grpc-use-ssl", "true", "--warmup", "false", "--print-env"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_repository, "/models");
+  EXPECT_EQ(config->model_control_mode, ModelControlMode::kExplicit);
+  EXPECT_THAT(config->load_models, ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(config->grpc.port, 0);
+  EXPECT_EQ(config->grpc.address, "127.0.0.1");
+  EXPECT_EQ(config->device, DevicePolicy::kCpu);
+  EXPECT_EQ(config->cudnn_benchmark, CudnnBenchmarkMode::kOff);
+  ASSERT_EQ(config->restrictions.size(), 2u);
+  EXPECT_EQ(config->restrictions[0].key, "admin-key");
+  EXPECT_EQ(config->restrictions[0].groups.size(), 2u);
+  EXPECT_EQ(config->max_queued_bytes, 1024u);
+  EXPECT_DOUBLE_EQ(config->shutdown_delay_seconds, 2.5);
+  EXPECT_EQ(config->grpc.connections.max_connection_age_ms, 60000);
+  EXPECT_TRUE(config->grpc.tls.enabled);
+  EXPECT_FALSE(config->warmup);
+  EXPECT_TRUE(config->print_env);
+}
+
+// Each refusal names what was wrong.
+TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--device", "tpu"}, "--device"},
+      {{"--cudnn-benchmark", "sometimes"}, "--cudnn-benchmark"},
+      {{"--model-control-mode", "manual"}, "--model-control-mode"},
+      {{"--log-level", "loud"}, "--log-level"},
+      {{"--grpc-port", "70000"}, "--grpc-port"},
+      {{"--metrics-port", "-1"}, "--metrics-port"},
+      {{"--metrics-interval-ms", "5"}, "--metrics-interval-ms"},
+      {{"--grpc-max-message-bytes", "100"}, "--grpc-max-message-bytes"},
+      {{"--max-queue-size", "0"}, "--max-queue-size"},
+      {{"--repository-poll-secs", "0"}, "--repository-poll-secs"},
+      {{"--shutdown-grace-seconds", "-3"}, "--shutdown-grace-seconds"},
+      {{"--grpc-http2-max-ping-strikes", "-2"}, "--grpc-http2-max-ping-strikes"},
+      {{"--strict-readiness", "maybe"}, "--strict-readiness"},
+      {{"--no-such-flag"}, "--no-such-flag"},
+      {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit (in mode none every model loads)"},
+      {{"--model-control-mode", "poll", "--load-model", "a"}, "in mode poll"},
+      {{"--grpc-restricted-protocol", "shared-memory:key=value"}, "shared-memory"},
+      {{"--grpc-restricted-protocol", "inference"}, "inference"},
+      {{"--grpc-restricted-protocol", "inference:a=1", "--grpc-restricted-protocol", "inference:b=2"}, "inference"},
+      {{"--help"}, "help"},
+  };
+  for (const auto& [args, words] : cases) {
+    auto config = ParseServerFlags(args);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << args[0];
+    EXPECT_THAT(config.status().message(), HasSubstr(words)) << args[0];
+  }
+}
+
+TEST(ServerFlagsTest, StartupModelsMustBeInTheRepository) {
+  auto config = ParseServerFlags({"--model-repository", "/models", "--model-control-mode", "explicit",
+                                  "--load-model", "a", "--load-model", "nope"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<RepositoryModel> models(2);
+  models[0].name = "a";
+  models[1].name = "b";
+  Status status = CheckStartupModels(*config, models);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("--load-model nope: the repository /models has no such model"));
+  config->load_models = {"*"};
+  EXPECT_TRUE(CheckStartupModels(*config, models).ok());
+  config->load_models = {"b", "a"};
+  EXPECT_TRUE(CheckStartupModels(*config, models).ok());
+}
+
+TEST(ServerFlagsTest, CommandLineExitCodes) {
+  const char* version[] = {"sluice-server", "--version"};
+  testing::internal::CaptureStdout();
+  auto parsed = ParseCommandLine(2, version);
+  EXPECT_THAT(testing::internal::GetCapturedStdout(), HasSubstr("."));
+  ASSERT_TRUE(std::holds_alternative<int>(parsed));
+  EXPECT_EQ(std::get<int>(parsed), 0);
+
+  const char* bad[] = {"sluice-server", "--load-model", "a"};
+  testing::internal::CaptureStderr();
+  parsed = ParseCommandLine(3, bad);
+  EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("--load-model needs --model-control-mode explicit"));
+  ASSERT_TRUE(std::holds_alternative<int>(parsed));
+  EXPECT_NE(std::get<int>(parsed), 0);
+
+  const char* good[] = {"sluice-server", "--grpc-port", "0"};
+  parsed = ParseCommandLine(3, good);
+  ASSERT_TRUE(std::holds_alternative<ServerConfig>(parsed));
+  EXPECT_EQ(std::get<ServerConfig>(parsed).grpc.port, 0);
+}
+
+}  // namespace
+}  // namespace sluice
