@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds with warnings as errors, runs every test
-# (unit, integration, GPU tests that skip without a GPU), then the scheduler tests again under
-# ThreadSanitizer, then the GPU proof kit's self-test, then 30 s of each libFuzzer target.
+# (unit, integration, GPU tests that skip without a GPU), then the scheduler and manager tests
+# again under ThreadSanitizer, then server/ through clang's -Wthread-safety, then the GPU proof
+# kit's self-test, then 30 s of each libFuzzer target.
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,14 +11,21 @@ scripts/setup.sh
 scripts/build.sh -DSLUICE_WERROR=ON
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
 
-# The batching code has no torch and no protobuf in it, so a ThreadSanitizer build of its tests
-# (queue, batcher, stress test) is cheap: only that target is built in build-tsan. Tests that
-# parse configs stay out: Debian's libprotobuf is not instrumented, and protobuf's inline code
-# changes under -fsanitize=thread, so mixing the two crashes in map fields.
-SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test" \
+# The batching and manager code has no torch and no protobuf in it, so a ThreadSanitizer build of
+# their tests (queue, batcher, instance pool, stress test; the model table, loader and control
+# thread) is cheap: only those targets are built in build-tsan. Tests that parse configs stay
+# out: Debian's libprotobuf is not instrumented, and protobuf's inline code changes under
+# -fsanitize=thread, so mixing the two crashes in map fields.
+SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test" \
   scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread >/dev/null
-echo "== ThreadSanitizer: scheduler_test"
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/scheduler_test --gtest_brief=1
+for suite in scheduler_test manager_test; do
+  echo "== ThreadSanitizer: $suite"
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "build-tsan/bin/$suite" --gtest_brief=1
+done
+
+# Every lock's data is declared (ABSL_GUARDED_BY) and clang checks it at compile time.
+echo "== clang -Wthread-safety"
+scripts/thread_safety.sh
 
 # The GPU proof kit must not rot: stage it, run it from a copy under env -i with --no-gpu (every
 # step's logic runs on the CPU, GPU steps report skipped), check sizes and library resolution.
