@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
     spdlog::info("event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
                  strsignal(signal_number));
     (*server)->AbandonLoading();
+    // Abandoning can race a start-up failure that was already on its way.
+    if ((*server)->load_failed()) {
+      (*server)->Shutdown(0);
+      return EXIT_FAILURE;
+    }
   }
   // Drain: not ready at once (probes and load balancers stop sending), still serving for the
   // delay, then no new calls and the ones in flight finish within the grace period.

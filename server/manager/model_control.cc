@@ -32,19 +32,38 @@ ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options
 ModelControl::~ModelControl() { Stop(); }
 
 void ModelControl::Start(std::function<void(const Status&)> loaded) {
-  Submit(
-      [this] {
-        Status status = LoadAll();
-        if (status.ok() && options_.mode == ModelControlMode::kPoll && !stopping_) {
-          spdlog::info("event=repository_polling interval_s={}",
-                       std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
-          MutexLock lock(&mutex_);
-          polling_ = true;
-          next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
-        }
-        return status;
-      },
-      std::move(loaded));
+  {
+    // The index shows every start-up model LOADING (and, in explicit mode, the others not
+    // loaded) from the moment the server answers, not only once the control thread gets to them.
+    MutexLock control(&control_mutex_);
+    MarkStartupModels();
+  }
+  Task load_all{[this] {
+                  Status status = LoadAll();
+                  if (status.ok() && options_.mode == ModelControlMode::kPoll) {
+                    MutexLock lock(&mutex_);
+                    if (!thread_stopping_ && !stopping_) {
+                      spdlog::info("event=repository_polling interval_s={}",
+                                   std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
+                      polling_ = true;
+                      next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
+                    }
+                  }
+                  return status;
+                },
+                std::move(loaded)};
+  {
+    // First in the queue: a RepositoryModelLoad that came in before Start waits for the
+    // start-up models.
+    MutexLock lock(&mutex_);
+    if (thread_stopping_) {
+      lock.Unlock();
+      if (load_all.done) load_all.done(absl::UnavailableError("the server is shutting down"));
+      return;
+    }
+    tasks_.push_front(std::move(load_all));
+    wake_.Signal();
+  }
   MutexLock lock(&thread_mutex_);
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
@@ -91,9 +110,7 @@ void ModelControl::Loop() {
   }
 }
 
-Status ModelControl::LoadAll() {
-  MutexLock control(&control_mutex_);
-  SLUICE_RETURN_IF_ERROR(loader_->CheckDevicePolicy());
+std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupModels() {
   const bool explicit_mode = options_.mode == ModelControlMode::kExplicit;
   const std::set<std::string> startup(options_.startup_models.begin(), options_.startup_models.end());
   std::vector<std::shared_ptr<const RepositoryModel>> wanted;
@@ -104,9 +121,16 @@ Status ModelControl::LoadAll() {
       manager_->NotServed(model->name, "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
     }
   }
-  loader_->SplitCpuThreads(wanted);
   // Every model shows LOADING before the first one loads.
   for (const auto& model : wanted) manager_->BeginLoad(model);
+  return wanted;
+}
+
+Status ModelControl::LoadAll() {
+  MutexLock control(&control_mutex_);
+  SLUICE_RETURN_IF_ERROR(loader_->CheckDevicePolicy());
+  const std::vector<std::shared_ptr<const RepositoryModel>> wanted = MarkStartupModels();
+  loader_->SplitCpuThreads(wanted);
   // Install logs each model's failures; at start-up they leave the model UNAVAILABLE and the
   // others load.
   for (const auto& model : wanted) Install(model).IgnoreError();

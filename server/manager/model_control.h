@@ -54,8 +54,10 @@ class ModelControl {
 
   ModelControlMode mode() const { return options_.mode; }
 
-  // Starts the control thread: LoadAll first, then `loaded` with its status (on that thread), then
-  // in poll mode a PollRepository every poll_interval, and Submit's tasks as they come.
+  // Marks the start-up models LOADING (in explicit mode the others not loaded) before it returns,
+  // then starts the control thread: LoadAll first (ahead of tasks submitted before Start), then
+  // `loaded` with its status (on that thread), then in poll mode a PollRepository every
+  // poll_interval, and Submit's tasks as they come. After Stop, `loaded` gets UNAVAILABLE.
   void Start(std::function<void(const Status&)> loaded);
 
   // Runs `task` on the control thread after the tasks before it, then `done` with its status (on
@@ -107,6 +109,10 @@ class ModelControl {
 
  private:
   void Loop();
+  // The models LoadAll loads, each marked LOADING; in explicit mode the others are marked not
+  // loaded.
+  std::vector<std::shared_ptr<const RepositoryModel>> MarkStartupModels()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
   Status Install(const std::shared_ptr<const RepositoryModel>& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Unload with control_mutex_ held; `forget` also removes the model from the index.

@@ -37,10 +37,11 @@ int VersionLoader::SplitCpuThreads(const std::vector<std::shared_ptr<const Repos
     }
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  default_intra_op_threads_ = std::max(1, cores / std::max(1, cpu_instances));
+  const int threads = std::max(1, cores / std::max(1, cpu_instances));
+  default_intra_op_threads_ = threads;
   spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores, cpu_instances,
-               default_intra_op_threads_);
-  return default_intra_op_threads_;
+               threads);
+  return threads;
 }
 
 LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& model, int64_t version,

@@ -82,7 +82,7 @@ class VersionLoader {
   const Options options_;
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
-  int default_intra_op_threads_ = 1;  // SplitCpuThreads
+  std::atomic<int> default_intra_op_threads_{1};  // SplitCpuThreads (control thread); read by Load
 };
 
 // The lines a ready version logs about its tuning: the cuDNN decision, the convolution rewrite's

@@ -656,6 +656,36 @@ TEST(ModelControlTest, TheControlThreadLoadsAtStartThenRunsTasksInOrder) {
   EXPECT_EQ(late.get_future().get().code(), absl::StatusCode::kUnavailable);  // answered, never lost
 }
 
+TEST(ModelControlTest, StartMarksModelsAtOnceAndLoadsAheadOfEarlierTasks) {
+  FakeBackendFactory factory;
+  factory.closed_gates = true;  // a's warm-up blocks until the gate opens
+  MemorySource source;
+  source.Put(Model("a", {1}), "a1");
+  source.Put(Model("b", {1}), "b1");
+  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"a"}));
+  std::promise<bool> a_ready_when_task_ran;
+  parts.control.Submit([&] { a_ready_when_task_ran.set_value(parts.manager.Find("a", "").ok()); return absl::OkStatus(); },
+                       nullptr);
+  std::promise<Status> loaded;
+  parts.control.Start([&](const Status& status) { loaded.set_value(status); });
+
+  // Before the control thread gets anywhere: a is LOADING, b says why it is not loaded.
+  std::map<std::string, ModelIndexEntry> index;
+  for (const ModelIndexEntry& entry : parts.manager.Index()) index[entry.name] = entry;
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index["a"].state, ModelState::kLoading);
+  EXPECT_EQ(index["b"].state, ModelState::kUnavailable);
+  EXPECT_THAT(index["b"].reason, HasSubstr("--model-control-mode explicit"));
+
+  for (int i = 0; i < 4000 && factory.backend(0) == nullptr; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_NE(factory.backend(0), nullptr);
+  factory.backend(0)->OpenGate();
+  ASSERT_TRUE(loaded.get_future().get().ok());
+  // The task submitted before Start ran after the start-up load.
+  EXPECT_TRUE(a_ready_when_task_ran.get_future().get());
+  parts.control.Stop();
+}
+
 TEST(ModelControlTest, TasksQueuedBeforeStartAreAnsweredWhenItNeverStarts) {
   FakeBackendFactory factory;
   ManagerParts parts(Models({Model("m", {1})}), &factory);
