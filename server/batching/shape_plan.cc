@@ -92,6 +92,15 @@ ShapePlan ComputeShapePlan(const ModelSpec& spec) {
 
 CudnnBenchmarkDecision DecideCudnnBenchmark(CudnnBenchmarkMode server_mode, const ModelSpec& spec,
                                             const ShapePlan& plan) {
+  if (spec.format == ModelFormat::kAotInductor) {
+    // A package has no graph to rewrite: its convolutions read LibTorch's process-wide flag
+    // (--cudnn-benchmark on sets it) and TF32 was fixed when it was compiled.
+    const bool on = server_mode == CudnnBenchmarkMode::kOn;
+    return {on, absl::StrCat("AOTInductor package: convolutions follow the process-wide flag (--cudnn-benchmark=",
+                             CudnnBenchmarkModeName(server_mode), ")",
+                             spec.cudnn_benchmark_override ? "; sluice.cudnn_benchmark applies to TorchScript only" : "",
+                             "; TF32 was fixed at compile time")};
+  }
   const CudnnBenchmarkMode mode = spec.cudnn_benchmark_override.value_or(server_mode);
   const char* source = spec.cudnn_benchmark_override ? "sluice.cudnn_benchmark" : "--cudnn-benchmark";
   switch (mode) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/cord.h"
 
@@ -64,6 +65,9 @@ class ModelBackend {
   }
 
   virtual ConvolutionTuning Tuning() const { return {}; }
+
+  // What serves but deserves an operator's word (the model loader logs each once per version).
+  virtual std::vector<std::string> Warnings() const { return {}; }
 };
 
 // Marks a status as fatal for the whole process (a sticky CUDA error: every later kernel on
@@ -80,9 +84,19 @@ inline bool IsFatal(const Status& status) { return status.GetPayload(kFatalPaylo
 class BackendFactory {
  public:
   virtual ~BackendFactory() = default;
-  virtual StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec,
-                                                       const std::filesystem::path& model_file,
-                                                       const Device& device) = 0;
+  // Loads `count` (>= 1) instances of the model in `model_file` on `device`, all or none. A
+  // runtime may share between them what they can share (an AOTInductor package's weights);
+  // each instance still runs on its own worker thread.
+  virtual StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
+                                                                             const std::filesystem::path& model_file,
+                                                                             const Device& device, int count) = 0;
+  // One instance.
+  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec, const std::filesystem::path& model_file,
+                                               const Device& device) {
+    SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
+                            LoadInstances(spec, model_file, device, 1));
+    return std::move(instances.front());
+  }
   // Whether CUDA is usable (a driver, a GPU, and a CUDA build of the runtime), and how many GPUs.
   virtual bool CudaUsable() const = 0;
   virtual int CudaDeviceCount() const = 0;

@@ -92,14 +92,22 @@ const char* CudnnBenchmarkModeName(CudnnBenchmarkMode mode);  // "auto", "on", "
 // "auto", "on" or "off"; INVALID_ARGUMENT naming the three otherwise.
 StatusOr<CudnnBenchmarkMode> ParseCudnnBenchmarkMode(std::string_view text);
 
+// What a version's file is, from the config's platform.
+enum class ModelFormat {
+  kTorchScript,  // platform "pytorch_libtorch" (the default): model.pt
+  kAotInductor,  // platform "torch_aoti": a torch.export AOTInductor package, model.pt2
+};
+
 struct ModelSpec {
   std::string name;
   std::string platform = "pytorch_libtorch";
+  ModelFormat format = ModelFormat::kTorchScript;
   int max_batch_size = 0;  // 0: no batch dimension; >0: inputs carry it first, up to this size
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::vector<InstanceGroupSpec> instance_groups;  // never empty after validation
-  std::string model_filename = "model.pt";         // file inside each version directory
+  std::string model_filename = "model.pt";         // file inside each version directory (model.pt2 for
+                                                   // torch_aoti; see PackageFileFor for model.cpu.pt2)
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,

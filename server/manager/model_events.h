@@ -30,6 +30,7 @@ struct ModelTuning {
   size_t shape_count = 0;          // shapes in the plan (0 when not finite)
   std::vector<WarmupPass> warmup;  // every (instance, shape) pair warmed, and the samples
   Duration warmup_time{0};         // wall time of the warm-up
+  std::vector<std::string> warnings;  // the runtime's (ModelBackend::Warnings)
 };
 
 // Told about model versions as they load, become ready and go away. Implementations are

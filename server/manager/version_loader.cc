@@ -75,6 +75,7 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
     const ModelSpec& spec, const std::filesystem::path& file, std::string* device) const {
   std::vector<std::unique_ptr<ModelBackend>> instances;
   std::vector<std::string> devices;
+  std::vector<std::pair<Device, int>> per_device;  // instance count per device, first use first
   for (const InstanceGroupSpec& group : spec.instance_groups) {
     SLUICE_ASSIGN_OR_RETURN(const DeviceDecision decision,
                             DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
@@ -98,11 +99,24 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
       }
     }
     for (const Device& target : targets) {
-      for (int i = 0; i < group.count; ++i) {
-        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance, factory_->Load(spec, file, target));
-        instances.push_back(std::move(instance));
-        devices.push_back(target.ToString());
+      auto same = std::find_if(per_device.begin(), per_device.end(), [&](const std::pair<Device, int>& each) {
+        return each.first.ToString() == target.ToString();
+      });
+      if (same == per_device.end()) {
+        per_device.emplace_back(target, group.count);
+      } else {
+        same->second += group.count;
       }
+    }
+  }
+  // One call per device: a runtime may share what its instances on one device can share.
+  for (const auto& [target, count] : per_device) {
+    if (count < 1) continue;
+    SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> loaded,
+                            factory_->LoadInstances(spec, file, target, count));
+    for (std::unique_ptr<ModelBackend>& instance : loaded) {
+      instances.push_back(std::move(instance));
+      devices.push_back(target.ToString());
     }
   }
   const std::set<std::string> distinct(devices.begin(), devices.end());
@@ -131,7 +145,9 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
                           LoadInstances(spec, model.versions.at(version), device));
+  if (instances.empty()) return absl::InvalidArgumentError("instance_group places no instance");
   tuning->convolutions = instances.front()->Tuning();
+  tuning->warnings = instances.front()->Warnings();
 
   // Without dynamic_batching each request runs alone, with the batch size it sent (as Triton
   // does), through the same queue: the same caps, expiry timer and messages.
@@ -187,6 +203,9 @@ void LogTuning(const ModelTuning& tuning) {
   if (!convolutions.fallback.empty()) {
     spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
                  tuning.version, convolutions.fallback);
+  }
+  for (const std::string& warning : tuning.warnings) {
+    spdlog::warn("event=model_warning model={} version={} reason=\"{}\"", tuning.name, tuning.version, warning);
   }
   for (const WarmupPass& pass : tuning.warmup) {
     spdlog::debug("event=warmup_pass model={} version={} instance={} shape=\"{}\" first_ms={:.3f} "

@@ -503,13 +503,14 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
                                                    "' differs from its directory name '",
                                                    model_name, "'"));
   }
-  const bool torch_platform = config->platform().empty() || config->platform() == "pytorch_libtorch";
+  const bool aoti = config->platform() == "torch_aoti";
+  const bool torch_platform = config->platform().empty() || config->platform() == "pytorch_libtorch" || aoti;
   const bool torch_backend = config->backend().empty() || config->backend() == "pytorch";
   if (!torch_platform || !torch_backend) {
     return absl::InvalidArgumentError(absl::StrCat(
         "platform '", config->platform(), "' / backend '", config->backend(),
         "' is not supported: Sluice serves TorchScript models (platform: \"pytorch_libtorch\" "
-        "or backend: \"pytorch\")"));
+        "or backend: \"pytorch\") and AOTInductor packages (platform: \"torch_aoti\")"));
   }
   if (config->platform().empty()) config->set_platform("pytorch_libtorch");
   if (config->backend().empty()) config->set_backend("pytorch");
@@ -518,6 +519,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   ModelSpec spec;
   spec.name = config->name();
   spec.platform = config->platform();
+  spec.format = aoti ? ModelFormat::kAotInductor : ModelFormat::kTorchScript;
   if (config->max_batch_size() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch_size must be >= 0, found ", config->max_batch_size()));
@@ -525,7 +527,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   spec.max_batch_size = config->max_batch_size();
   if (config->input_size() == 0 || config->output_size() == 0) {
     return absl::InvalidArgumentError(
-        "a TorchScript model needs its inputs and outputs declared in config.pbtxt (input [...] "
+        "a PyTorch model needs its inputs and outputs declared in config.pbtxt (input [...] "
         "and output [...])");
   }
   std::set<std::string> names;
@@ -545,7 +547,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     spec.outputs.push_back(std::move(tensor));
   }
   SLUICE_RETURN_IF_ERROR(ConvertInstanceGroups(config, &spec));
-  if (config->default_model_filename().empty()) config->set_default_model_filename("model.pt");
+  if (config->default_model_filename().empty()) config->set_default_model_filename(aoti ? "model.pt2" : "model.pt");
   spec.model_filename = config->default_model_filename();
   if (spec.model_filename.find('/') != std::string::npos || spec.model_filename == "..") {
     return absl::InvalidArgumentError("default_model_filename must be a plain file name");

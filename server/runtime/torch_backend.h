@@ -1,4 +1,5 @@
-// LibTorch implementation of the backend seam: loads TorchScript files and runs them. This header
+// LibTorch implementation of the backend seam: loads TorchScript files and AOTInductor packages
+// and runs them. This header
 // is torch-free on purpose; only torch_backend.cc includes LibTorch.
 #pragma once
 
@@ -19,7 +20,8 @@ struct CudnnSettings {
 };
 void ConfigureCudnn(const CudnnSettings& settings);
 
-// Factory for TorchScript model instances.
+// Factory for model instances of both PyTorch formats: TorchScript files (below) and, for
+// platform "torch_aoti", AOTInductor packages (see aoti_backend.h and aoti_package.h).
 //
 // Input mapping (as Triton's PyTorch backend): config inputs bind to forward() arguments by name
 // when every config input name is a forward argument name; otherwise by the `<name>__<index>`

@@ -42,6 +42,9 @@ class FakeBackend final : public ModelBackend {
 
   explicit FakeBackend(Behaviour behaviour = nullptr) : behaviour_(std::move(behaviour)) {}
 
+  std::vector<std::string> Warnings() const override { return warnings; }
+  std::vector<std::string> warnings;  // set before the backend is handed out
+
   Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -176,18 +179,25 @@ class FakeBackendFactory final : public BackendFactory {
  public:
   explicit FakeBackendFactory(bool cuda = false, int gpus = 0) : cuda_(cuda), gpus_(gpus) {}
 
-  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec, const std::filesystem::path& file,
-                                               const Device& device) override {
+  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
+                                                                     const std::filesystem::path& file,
+                                                                     const Device& device, int count) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads});
-    for (const std::string& key : {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
-      auto failure = failures.find(key);
-      if (failure != failures.end()) return absl::InternalError(failure->second);
+    calls.push_back({device.ToString(), count});
+    std::vector<std::unique_ptr<ModelBackend>> instances;
+    for (int i = 0; i < count; ++i) {
+      loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads});
+      for (const std::string& key : {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
+        auto failure = failures.find(key);
+        if (failure != failures.end()) return absl::InternalError(failure->second);
+      }
+      auto backend = std::make_unique<FakeBackend>();
+      if (closed_gates) backend->CloseGate();
+      backend->warnings = warnings;
+      backends.push_back(backend.get());
+      instances.push_back(std::move(backend));
     }
-    auto backend = std::make_unique<FakeBackend>();
-    if (closed_gates) backend->CloseGate();
-    backends.push_back(backend.get());
-    return std::unique_ptr<ModelBackend>(std::move(backend));
+    return instances;
   }
   FakeBackend* backend(size_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -200,9 +210,11 @@ class FakeBackendFactory final : public BackendFactory {
     std::string model, file, device;
     int intra_op_threads = 0;
   };
-  std::vector<LoadCall> loads;
+  std::vector<LoadCall> loads;                   // one per instance
+  std::vector<std::pair<std::string, int>> calls;  // one per LoadInstances: device, count
   std::map<std::string, std::string> failures;  // "model" or "model/version" -> load error
   bool closed_gates = false;             // backends start with their gate closed
+  std::vector<std::string> warnings;     // what each backend's Warnings() says
   std::vector<FakeBackend*> backends;    // every backend loaded (owned by the schedulers)
 
  private:

@@ -748,6 +748,23 @@ TEST(VersionLoaderTest, LoadsComposesAndWarmsUpOneVersion) {
   EXPECT_EQ(factory.loads.size(), 3u);  // nothing more loaded
 }
 
+TEST(VersionLoaderTest, OneLoadPerDeviceAndTheRuntimesWarningsReachTheTuning) {
+  FakeBackendFactory factory(/*cuda=*/true, /*gpus=*/2);
+  factory.warnings = {"lone requests are padded"};
+  VersionLoader loader(&factory, {});
+  // Two groups on the CPU and one on both GPUs: the runtime is asked once per device, so that it
+  // can share what instances on one device share (an AOTInductor package's weights).
+  auto model = std::make_shared<const RepositoryModel>(Model(
+      "m", {1}, Groups({{InstanceKind::kCpu, 2, {}}, {InstanceKind::kGpu, 1, {}}, {InstanceKind::kCpu, 1, {}}})));
+  LoadedVersion loaded = loader.Load(model, 1, nullptr);
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_THAT(factory.calls, ElementsAre(std::make_pair(std::string("cpu"), 3), std::make_pair(std::string("cuda:0"), 1),
+                                         std::make_pair(std::string("cuda:1"), 1)));
+  EXPECT_EQ(loaded.handle->device(), "cpu,cuda:0,cuda:1 x5");
+  EXPECT_THAT(loaded.tuning.warnings, ElementsAre("lone requests are padded"));
+  loaded.handle->Stop();
+}
+
 TEST(VersionLoaderTest, DevicePolicyCuda) {
   FakeBackendFactory without_gpu(false, 0);
   VersionLoader::Options options;

@@ -211,6 +211,24 @@ TEST(ModelConfigParserTest, EnsembleIsRejected) {
   EXPECT_THAT(spec.status().message(), HasSubstr("unsupported configuration field: ensemble_scheduling"));
 }
 
+TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
+  const std::string io = R"pb(max_batch_size: 8
+                              input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  auto spec = Build("platform: \"torch_aoti\"\n" + io);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->format, ModelFormat::kAotInductor);
+  EXPECT_EQ(spec->platform, "torch_aoti");
+  EXPECT_EQ(spec->model_filename, "model.pt2");
+  spec = Build("platform: \"torch_aoti\" backend: \"pytorch\" default_model_filename: \"net.pt2\"\n" + io);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model_filename, "net.pt2");
+  spec = Build(io);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->format, ModelFormat::kTorchScript);
+  EXPECT_EQ(spec->model_filename, "model.pt");
+}
+
 TEST(ModelConfigParserTest, ValidationErrors) {
   struct Case {
     std::string config;

@@ -1,0 +1,244 @@
+#include "server/runtime/torch_common.h"
+
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+// CUDA errors after which the device context is unusable: every later call fails too, so the
+// process must be restarted (see MarkFatal).
+bool IsStickyCudaError(const std::string& message) {
+  if (message.find("CUDA error") == std::string::npos) return false;
+  for (const char* sticky : {"illegal memory access", "unspecified launch failure", "device-side assert",
+                             "misaligned address", "illegal instruction", "uncorrectable ECC",
+                             "launch timed out", "hardware stack error"}) {
+    if (message.find(sticky) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// An allocation failure, recognised by its message: the TorchScript interpreter rethrows every
+// error inside a scripted model as std::runtime_error ("The following operation failed in the
+// TorchScript interpreter ..."), so c10::OutOfMemoryError's type does not survive a forward pass,
+// and the CPU allocator reports failure as a plain c10::Error.
+bool IsOutOfMemory(const std::string& message) {
+  for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
+                             "DefaultCPUAllocator: not enough memory"}) {
+    if (message.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status TorchFailure(const std::string& what, const std::string& message, bool out_of_memory) {
+  if (out_of_memory || IsOutOfMemory(message)) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(message)));
+  }
+  Status status = absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(message)));
+  return IsStickyCudaError(message) ? MarkFatal(std::move(status)) : status;
+}
+
+at::ScalarType ToScalarType(DataType type) {
+  switch (type) {
+    case DataType::kBool: return at::kBool;
+    case DataType::kUint8: return at::kByte;
+    case DataType::kInt8: return at::kChar;
+    case DataType::kInt16: return at::kShort;
+    case DataType::kInt32: return at::kInt;
+    case DataType::kInt64: return at::kLong;
+    case DataType::kFp16: return at::kHalf;
+    case DataType::kBf16: return at::kBFloat16;
+    case DataType::kFp32: return at::kFloat;
+    case DataType::kFp64: return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+std::optional<DataType> FromScalarType(at::ScalarType type) {
+  for (DataType candidate : kAllDataTypes) {
+    if (ToScalarType(candidate) == type) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> IndexSuffix(const std::string& name) {
+  const size_t pos = name.rfind("__");
+  int index = 0;
+  if (pos == std::string::npos || !absl::SimpleAtoi(name.substr(pos + 2), &index) || index < 0) {
+    return std::nullopt;
+  }
+  return index;
+}
+
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count) {
+  std::vector<int> positions;
+  std::vector<bool> taken(count, false);
+  for (const TensorSpec& tensor : tensors) {
+    std::optional<int> index = IndexSuffix(tensor.name);
+    if (!index || static_cast<size_t>(*index) >= count || taken[*index]) return std::nullopt;
+    taken[*index] = true;
+    positions.push_back(*index);
+  }
+  return positions;
+}
+
+size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == name) return i;
+  }
+  return 0;
+}
+
+void ApplyIntraOpThreads(int threads) {
+  thread_local int configured_threads = 0;
+  if (threads > 0 && configured_threads != threads) {
+    at::set_num_threads(threads);
+    configured_threads = threads;
+  }
+}
+
+PinnedStagingBuffer::PinnedStagingBuffer(size_t bytes)
+    : tensor_(at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))) {}
+
+c10::cuda::CUDAStream StreamRecycler::Take(c10::DeviceIndex device) {
+  MutexLock lock(&mutex_);
+  std::vector<c10::cuda::CUDAStream>& free = free_[device];
+  if (free.empty()) return c10::cuda::getStreamFromPool(false, device);
+  const c10::cuda::CUDAStream stream = free.back();
+  free.pop_back();
+  return stream;
+}
+
+void StreamRecycler::Give(c10::cuda::CUDAStream stream) {
+  MutexLock lock(&mutex_);
+  free_[stream.device_index()].push_back(stream);
+}
+
+InstanceStream::InstanceStream(std::shared_ptr<StreamRecycler> streams, const at::Device& device)
+    : streams_(std::move(streams)) {
+  if (device.is_cuda()) stream_ = streams_->Take(device.index());
+}
+
+InstanceStream::~InstanceStream() {
+  if (!stream_) return;
+  // Nothing of ours may still run on it when the next instance takes it.
+  CatchTorch("stream synchronize", [&]() -> Status {
+    stream_->synchronize();
+    return absl::OkStatus();
+  }).IgnoreError();
+  streams_->Give(*stream_);
+}
+
+Status OutputDelivery::Deliver(const std::vector<at::Tensor>& outputs, const InferRequest& request,
+                               absl::Span<const OutputTarget> targets) {
+  const std::vector<TensorSpec>& declared = spec_->outputs;
+  // Only the outputs some target asked for are checked, brought to the host and delivered.
+  std::vector<bool> wanted(declared.size(), false);
+  for (const OutputTarget& target : targets) {
+    if (target.requested == nullptr || target.requested->empty()) {
+      wanted.assign(wanted.size(), true);
+      break;
+    }
+    for (const std::string& name : *target.requested) wanted[DeclaredIndex(declared, name)] = true;
+  }
+  std::vector<at::Tensor> host(declared.size());
+  for (size_t i = 0; i < declared.size(); ++i) {
+    if (!wanted[i]) continue;
+    SLUICE_RETURN_IF_ERROR(Check(declared[i], outputs[i], request));
+    host[i] = ToHost(i, outputs[i]);
+  }
+  // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
+  if (stream_ != nullptr) stream_->synchronize();
+  std::vector<HostOutput> delivered;
+  for (size_t i = 0; i < declared.size(); ++i) {
+    if (!wanted[i]) continue;
+    HostOutput output;
+    output.name = &declared[i].name;
+    output.dtype = declared[i].dtype;
+    output.shape.assign(outputs[i].sizes().begin(), outputs[i].sizes().end());
+    output.data = static_cast<const char*>(host[i].data_ptr());
+    output.byte_size = host[i].nbytes();
+    output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
+    delivered.push_back(std::move(output));
+  }
+  return DeliverOutputs(delivered, targets, spec_->batches());
+}
+
+at::Tensor OutputDelivery::ToHost(size_t index, const at::Tensor& value) {
+  if (stream_ == nullptr) return value.contiguous();
+  if (pinned_outputs_.size() <= index) pinned_outputs_.resize(index + 1);
+  at::Tensor& pinned = pinned_outputs_[index];
+  const int64_t bytes = static_cast<int64_t>(value.nbytes());
+  if (!pinned.defined() || pinned.numel() < bytes) {
+    pinned = at::empty({std::max<int64_t>(bytes, 64)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  at::Tensor view = pinned.narrow(0, 0, bytes).view(value.scalar_type()).view(value.sizes());
+  view.copy_(value, /*non_blocking=*/true);
+  return view;
+}
+
+Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const {
+  const std::string& model = spec_->name;
+  std::optional<DataType> dtype = FromScalarType(value.scalar_type());
+  if (!dtype || *dtype != declared.dtype) {
+    return absl::InternalError(absl::StrCat("model '", model, "' produced ", c10::toString(value.scalar_type()),
+                                            " for output '", declared.name, "', but config.pbtxt declares ",
+                                            DataTypeName(declared.dtype)));
+  }
+  Shape shape(value.sizes().begin(), value.sizes().end());
+  const Shape expected = spec_->FullShape(declared);
+  bool matches = shape.size() == expected.size();
+  for (size_t i = 0; matches && i < shape.size(); ++i) {
+    matches = expected[i] == -1 || expected[i] == shape[i];
+  }
+  if (matches && spec_->batches()) matches = shape[0] == request.batch_size;
+  if (!matches) {
+    return absl::InternalError(absl::StrCat(
+        "model '", model, "' produced shape ", ShapeToString(shape), " for output '", declared.name,
+        "', but config.pbtxt declares ", ShapeToString(expected),
+        spec_->batches() ? absl::StrCat(" with batch size ", request.batch_size) : ""));
+  }
+  return absl::OkStatus();
+}
+
+TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<StreamRecycler> streams)
+    : spec_(std::move(spec)),
+      device_(device),
+      stream_(std::move(streams), device_),
+      delivery_(&spec_, stream_.get()),
+      intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {}
+
+Status TorchInstance::Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
+  return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"), [&]() -> Status {
+    std::optional<c10::cuda::CUDAStreamGuard> guard;
+    if (stream_.get() != nullptr) guard.emplace(*stream_.get());
+    ApplyIntraOpThreads(intra_op_threads_);
+    c10::InferenceMode inference_mode;
+    return Run(batch, targets);
+  });
+}
+
+std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {
+  if (!device_.is_cuda()) return ModelBackend::AllocateStaging(bytes);
+  return std::make_unique<PinnedStagingBuffer>(bytes);
+}
+
+at::Tensor TorchInstance::InputTensor(const TensorView& view) const {
+  // The request's bytes stay alive and untouched until completion (InferRequest contract).
+  at::Tensor tensor = at::from_blob(const_cast<char*>(view.data), view.shape,
+                                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
+  if (device_.is_cuda()) tensor = tensor.to(device_, /*non_blocking=*/true);
+  return tensor;
+}
+
+}  // namespace sluice

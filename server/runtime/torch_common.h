@@ -1,0 +1,162 @@
+// What the TorchScript and AOTInductor runtimes share: LibTorch exceptions as statuses, datatype
+// mapping, `__<index>` binding, pinned staging memory, recycled CUDA streams and the delivery of
+// a forward pass's outputs. Includes LibTorch: for server/runtime's .cc files only.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "server/core/backend.h"
+#include "server/core/mutex.h"
+#include "server/runtime/environment.h"
+
+namespace sluice {
+
+// The status for a LibTorch exception's message: out of memory is RESOURCE_EXHAUSTED (the
+// instance serves on), a sticky CUDA error is INTERNAL marked fatal, anything else INTERNAL.
+// `what` leads the message; the torch message is truncated (TruncateTorchMessage).
+Status TorchFailure(const std::string& what, const std::string& message, bool out_of_memory);
+
+// Runs `fn`, turning LibTorch exceptions into statuses (TorchFailure).
+template <typename Fn>
+auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::OutOfMemoryError& e) {
+    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/true);
+  } catch (const c10::Error& e) {
+    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/false);
+  } catch (const std::exception& e) {
+    return TorchFailure(what, e.what(), /*out_of_memory=*/false);
+  }
+}
+
+at::ScalarType ToScalarType(DataType type);
+std::optional<DataType> FromScalarType(at::ScalarType type);
+
+// "INPUT__3" -> 3; nullopt without a `__<non-negative integer>` suffix.
+std::optional<int> IndexSuffix(const std::string& name);
+
+// For each declared tensor, its position (a forward argument, or an element of the returned
+// tuple): by `__<index>` suffix when every name has a distinct one below `count`, else nullopt.
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count);
+
+// Index of `name` among `tensors` (0 when absent: requests are validated before they get here).
+size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
+
+// LibTorch's CPU pool (OpenMP in the torch wheel) takes its thread count per calling thread, and
+// each instance has its own worker thread: sets it on the calling thread when it differs. 0: leave
+// LibTorch's default.
+void ApplyIntraOpThreads(int threads);
+
+class PinnedStagingBuffer final : public StagingBuffer {
+ public:
+  explicit PinnedStagingBuffer(size_t bytes);
+  char* data() override { return static_cast<char*>(tensor_.data_ptr()); }
+  size_t size() const override { return tensor_.nbytes(); }
+
+ private:
+  at::Tensor tensor_;
+};
+
+// CUDA streams for GPU instances: an instance hands its stream back when it is destroyed, and
+// the next instance on that device takes it again. LibTorch keeps a cuBLAS workspace (32 MiB on
+// Hopper) per (cuBLAS handle, stream) pair for the life of the process; handles already return
+// to LibTorch's pool when an instance's worker thread ends, so reusing streams too keeps the
+// pairs, and their workspaces, bounded by the instances alive at once. A fresh pool stream per
+// load would leave one more workspace behind on every reload that unloading never gives back.
+// Thread-safe.
+class StreamRecycler {
+ public:
+  c10::cuda::CUDAStream Take(c10::DeviceIndex device) ABSL_LOCKS_EXCLUDED(mutex_);
+  // `stream` must have no work pending for its owner any more.
+  void Give(c10::cuda::CUDAStream stream) ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  Mutex mutex_;
+  std::unordered_map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> free_ ABSL_GUARDED_BY(mutex_);
+};
+
+// A GPU instance's CUDA stream, taken from the recycler and given back (after synchronising) when
+// the instance goes. Empty on a CPU instance.
+class InstanceStream {
+ public:
+  InstanceStream(std::shared_ptr<StreamRecycler> streams, const at::Device& device);
+  ~InstanceStream();
+  InstanceStream(const InstanceStream&) = delete;
+  InstanceStream& operator=(const InstanceStream&) = delete;
+  c10::cuda::CUDAStream* get() { return stream_ ? &*stream_ : nullptr; }
+
+ private:
+  std::shared_ptr<StreamRecycler> streams_;
+  std::optional<c10::cuda::CUDAStream> stream_;
+};
+
+// Checks a forward pass's outputs against the config, brings the ones some target asked for to
+// the host and hands each target its rows (DeliverOutputs). One per instance: it keeps that
+// instance's pinned output buffers. Worker thread only.
+class OutputDelivery {
+ public:
+  // `spec` outlives this; `stream`: the instance's stream on a GPU, null on the CPU.
+  OutputDelivery(const ModelSpec* spec, c10::cuda::CUDAStream* stream) : spec_(spec), stream_(stream) {}
+
+  // `outputs`: one tensor per declared output, config order. `request` is the batch they came
+  // from (its batch_size is what a batched output's first dimension must be).
+  Status Deliver(const std::vector<at::Tensor>& outputs, const InferRequest& request,
+                 absl::Span<const OutputTarget> targets);
+
+ private:
+  Status Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const;
+  // Output `index` in contiguous host memory. CPU: the tensor itself when it is contiguous (the
+  // sink copy is then the only one). GPU: an asynchronous copy into this instance's pinned buffer
+  // for that output (reused, grown when a larger batch needs it); the caller synchronises.
+  at::Tensor ToHost(size_t index, const at::Tensor& value);
+
+  const ModelSpec* const spec_;
+  c10::cuda::CUDAStream* const stream_;
+  std::vector<at::Tensor> pinned_outputs_;  // GPU: per declared output, bytes
+};
+
+// What a LibTorch model instance of either format is around its forward pass: the instance's
+// CUDA stream on a GPU (made current for the pass, so instances on one GPU overlap), its CPU
+// thread count on the CPU (the manager's split), inference mode, LibTorch exceptions as
+// statuses, pinned staging memory on a GPU and the delivery of the outputs. Subclasses run the
+// model (Run). Thread-compatible, like every ModelBackend.
+class TorchInstance : public ModelBackend {
+ public:
+  TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<StreamRecycler> streams);
+
+  Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) final;
+  // Pinned host memory on a GPU instance, so the host-to-device copy can be asynchronous.
+  std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) final;
+
+ protected:
+  // One forward pass over `batch` (under the stream guard, the thread count and inference mode);
+  // hands the outputs to delivery().Deliver.
+  virtual Status Run(const InferRequest& batch, absl::Span<const OutputTarget> targets) = 0;
+
+  const ModelSpec& spec() const { return spec_; }
+  const at::Device& device() const { return device_; }
+  c10::cuda::CUDAStream* stream() { return stream_.get(); }  // null on the CPU
+  OutputDelivery& delivery() { return delivery_; }
+  // `view`'s bytes as a tensor, without a copy on the CPU; on a GPU copied to the device
+  // (asynchronously from pinned staging memory, on the instance's stream; the delivery
+  // synchronises before the staging buffer is reused).
+  at::Tensor InputTensor(const TensorView& view) const;
+
+ private:
+  const ModelSpec spec_;
+  const at::Device device_;
+  InstanceStream stream_;
+  OutputDelivery delivery_;     // worker thread only
+  const int intra_op_threads_;  // CPU instances only (0: LibTorch's default)
+};
+
+}  // namespace sluice
