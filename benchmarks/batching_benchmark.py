@@ -95,16 +95,17 @@ def statistics(url, model):
         client.close()
 
 
-def serve(bin_dir, repository, extra_args=()):
-    """Starts sluice-server on `repository` and returns (process, url) once it is ready."""
+def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
+    """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
+    `repository`.log) and returns (process, url) once it is ready."""
     port = free_port()
     log = open(repository + ".log", "w")
-    process = subprocess.Popen([os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
+    process = subprocess.Popen([*prefix, os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
                                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
-                                "--metrics-port", "0", "--log-level", "warn", *extra_args],
+                                "--metrics-port", "0", "--log-level", log_level, *extra_args],
                                stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout
     import tritonclient.grpc as grpcclient
     while time.monotonic() < deadline:
         try:

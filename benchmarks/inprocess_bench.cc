@@ -1,10 +1,13 @@
-// sluice-bench-inprocess: forward-pass throughput and latency of a TorchScript file called
-// directly through LibTorch, at several batch sizes: the ceiling a server is measured against.
+// sluice-bench-inprocess: forward-pass throughput and latency of a TorchScript file (or an
+// AOTInductor package, .pt2) called directly through LibTorch, at several batch sizes: the
+// ceiling a server is measured against.
 // Prints one JSON object per batch size on stdout. On --device cuda the input lives on the GPU
 // and every timed pass ends with a device synchronisation, so a latency is the whole forward.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/script.h>
 
 #include "absl/strings/ascii.h"
@@ -32,7 +36,7 @@ int main(int argc, char** argv) {
   bool via_runtime = false;
   std::string device_name = "cpu";
   std::string dtype_name = "fp32";
-  app.add_option("--model", model, "TorchScript file")->required();
+  app.add_option("--model", model, "TorchScript file, or an AOTInductor package (.pt2)")->required();
   app.add_option("--row-shape", row_shape, "Shape of one row, without the batch dimension")->required()->delimiter(',');
   app.add_option("--batch-sizes", batch_sizes, "Batch sizes to measure")->delimiter(',')->capture_default_str();
   app.add_option("--seconds", seconds, "Measuring time per batch size")->capture_default_str();
@@ -64,10 +68,15 @@ int main(int argc, char** argv) {
                                                                : torch::kFloat;
   const sluice::DataType data_type = *sluice::ParseDataTypeName(absl::AsciiStrToUpper(dtype_name));
 
+  const bool package = model.size() > 4 && model.compare(model.size() - 4, 4, ".pt2") == 0;
   std::unique_ptr<sluice::ModelBackend> backend;
   if (via_runtime) {
     sluice::ModelSpec spec;
     spec.name = "bench";
+    if (package) {
+      spec.platform = "torch_aoti";
+      spec.format = sluice::ModelFormat::kAotInductor;
+    }
     spec.max_batch_size = static_cast<int>(*std::max_element(batch_sizes.begin(), batch_sizes.end()));
     // The output's shape is not checked by this benchmark: accept any.
     spec.inputs = {{"INPUT__0", data_type, row_shape}};
@@ -83,8 +92,17 @@ int main(int argc, char** argv) {
     backend = *std::move(loaded);
   }
 
-  torch::jit::Module module = torch::jit::load(model, device);
-  module.eval();
+  // The package's own input check, as the server runs it: a dynamic batch starts at 2.
+  if (package) setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", 1);
+  std::optional<torch::jit::Module> module;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  if (package) {
+    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        model, "model", false, 1, device.is_cuda() ? std::max<int>(device.index(), 0) : -1);
+  } else {
+    module = torch::jit::load(model, device);
+    module->eval();
+  }
   auto measure = [&] {
   if (threads > 0) at::set_num_threads(threads);
   c10::InferenceMode inference_mode;
@@ -105,7 +123,11 @@ int main(int argc, char** argv) {
         const sluice::OutputTarget target{batch, nullptr, &sink};
         if (!backend->Execute(request, absl::MakeConstSpan(&target, 1)).ok()) std::abort();
       } else {
-        module.forward({input});
+        if (loader) {
+          loader->run({input});
+        } else {
+          module->forward({input});
+        }
         if (device.is_cuda()) torch::cuda::synchronize();
       }
     };

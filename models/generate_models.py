@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""Writes the TorchScript files of the bundled example models (models/<name>/1/model.pt).
+"""Writes the bundled example models: TorchScript files (models/mlp/1/model.pt,
+models/convnet/1/model.pt) and the same networks as CPU AOTInductor packages with a dynamic batch
+(models/mlp_aoti/1/model.cpu.pt2, models/convnet_aoti/1/model.cpu.pt2).
 
 The configs (config.pbtxt) are committed; the weights are not: they are made here from a fixed
-seed, so every machine serves the same numbers. Run with the venv's python (scripts/setup.sh):
+seed, so every machine serves the same numbers. Compiling a package takes about a minute on two
+cores, so packages are compiled into .cache/aoti and copied from there; they are compiled again
+only when the torch version or the source changes (a .stamp file beside each records both). Run
+with the venv's python (scripts/setup.sh):
 
     .venv/bin/python models/generate_models.py [--repository DIR] [--force] [--models NAME ...]
 """
 import argparse
 import os
+import shutil
+import sys
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sluice_export import cached, export_package, source_key  # noqa: E402
 
 
 class Mlp(nn.Module):
@@ -49,7 +59,44 @@ def build(name):
     raise ValueError(name)
 
 
-MODELS = ("mlp", "convnet")
+def package_module(name):
+    """The module and an example input of package `name` ("mlp_aoti" or "convnet_aoti"), and its
+    largest batch: the same weights as the TorchScript model it mirrors."""
+    torch.manual_seed(0)
+    if name == "mlp_aoti":
+        return Mlp().eval(), torch.zeros(2, 784), 64
+    if name == "convnet_aoti":
+        # 8, not the TorchScript model's 32: in torch 2.11 inductor compiles this network's
+        # package for batches of at most 15 whatever the export declares (see
+        # sluice_export.accepted_batches).
+        return ConvNet().eval(), torch.zeros(2, 3, 32, 32), 8
+    raise ValueError(name)
+
+
+def export(name, path, device="cpu"):
+    """The package of `name` for `device`, batch 1..max_batch_size."""
+    module, example, max_batch = package_module(name)
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    export_package(module.to(device), (example.to(device),), path, dynamic_shapes=({0: batch},))
+
+
+MODELS = ("mlp", "convnet", "mlp_aoti", "convnet_aoti")
+
+
+def cached_package(name, force=False):
+    """The package of `name`, compiled into .cache/aoti at the top of the checkout when it is not
+    there yet for this torch version and these sources (see sluice_export.cached)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cache = os.path.join(os.path.dirname(here), ".cache", "aoti")
+    key = source_key(os.path.join(here, "generate_models.py"), os.path.join(here, "sluice_export.py"))
+    if force:
+        key += f"forced {os.getpid()}\n"
+
+    def build(path):
+        print(f"{name}: compiling the package (about a minute on two cores)", file=sys.stderr, flush=True)
+        export(name, path)
+
+    return cached(cache, f"{name}.cpu", key, build)
 
 
 def main():
@@ -61,6 +108,12 @@ def main():
                         help="which models to write (default: all)")
     args = parser.parse_args()
     for name in args.models:
+        if name.endswith("_aoti"):
+            path = os.path.join(args.repository, name, "1", "model.cpu.pt2")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            shutil.copyfile(cached_package(name, args.force), path)
+            print(f"{path}: written")
+            continue
         path = os.path.join(args.repository, name, "1", "model.pt")
         if os.path.exists(path) and not args.force:
             print(f"{path}: present")

@@ -102,7 +102,7 @@ build_kit() {
   # bundled models' configs and generator.
   cp -r tests/integration "$KIT/src/tests/"
   find "$KIT/src" -name __pycache__ -prune -exec rm -rf {} +
-  cp models/generate_models.py "$KIT/src/models/"
+  cp models/generate_models.py models/sluice_export.py "$KIT/src/models/"
   for config in models/*/config.pbtxt; do
     mkdir -p "$KIT/src/models/$(basename "$(dirname "$config")")"
     cp "$config" "$KIT/src/models/$(basename "$(dirname "$config")")/"
@@ -139,6 +139,8 @@ selftest() {
   tmp=$(mktemp -d /tmp/sluice-gpu-kit-selftest.XXXXXX)
   trap 'rm -rf "$tmp"' RETURN
   cp -a "$KIT" "$tmp/kit"
+  # The .pt2 step's dry run serves the CPU package the tests compiled (about a minute to compile).
+  if [ -d "$ROOT/.cache/aoti" ]; then mkdir -p "$tmp/kit/src/.cache" && cp -r "$ROOT/.cache/aoti" "$tmp/kit/src/.cache/"; fi
   # The wheels must install into a python 3.12 (what the GPU machine has), not just this one.
   "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check --dry-run --no-index --no-deps \
     --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \

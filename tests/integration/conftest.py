@@ -107,19 +107,23 @@ def test_repository(tmp_path_factory):
     return root
 
 
+def write_bundled(root, names=None):
+    """The bundled models/ configs `names` (default: all) with freshly generated weights in `root`."""
+    import shutil
+    names = names or [name for name in os.listdir(os.path.join(ROOT, "models"))
+                      if os.path.exists(os.path.join(ROOT, "models", name, "config.pbtxt"))]
+    for name in names:
+        os.makedirs(root / name)
+        shutil.copy(os.path.join(ROOT, "models", name, "config.pbtxt"), root / name / "config.pbtxt")
+    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
+                    "--repository", str(root), "--models", *names], check=True, stdout=subprocess.DEVNULL)
+    return root
+
+
 @pytest.fixture(scope="session")
 def bundled_repository(tmp_path_factory):
     """The bundled models/ configs with freshly generated weights, outside the source tree."""
-    import shutil
-    root = tmp_path_factory.mktemp("bundled")
-    for name in os.listdir(os.path.join(ROOT, "models")):
-        config = os.path.join(ROOT, "models", name, "config.pbtxt")
-        if os.path.exists(config):
-            os.makedirs(root / name)
-            shutil.copy(config, root / name / "config.pbtxt")
-    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
-                    "--repository", str(root)], check=True, stdout=subprocess.DEVNULL)
-    return root
+    return write_bundled(tmp_path_factory.mktemp("bundled"))
 
 
 def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None, credentials=None):

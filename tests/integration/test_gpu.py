@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from conftest import start_server
+from conftest import start_server, write_bundled
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no usable CUDA GPU")
 
@@ -20,7 +20,10 @@ class Big(torch.nn.Module):
         return INPUT__0 @ self.weight
 
 
-def test_bundled_models_on_cuda_match_torch(bundled_repository, tmp_path_factory):
+def test_bundled_models_on_cuda_match_torch(tmp_path_factory):
+    # The TorchScript models only: the CPU packages (mlp_aoti, convnet_aoti) would be compiled
+    # first, and the .pt2 test below covers packages on the GPU.
+    bundled_repository = write_bundled(tmp_path_factory.mktemp("bundled"), ["mlp", "convnet"])
     server = start_server(bundled_repository, tmp_path_factory, ["--device", "cuda"])
     try:
         assert "device=cuda:0" in server.log()
@@ -119,3 +122,38 @@ def test_load_unload_cycles_give_gpu_memory_back(tmp_path_factory):
         assert server.stop() == 0, server.log()
     print("free GPU MiB after each unload:", [f // 2**20 for f in free])
     assert free[1] - free[-1] < 64 * 2**20, "GPU memory was not given back"
+
+
+def test_aoti_package_compiled_for_cuda_serves_on_the_gpu(tmp_path_factory):
+    """The bundled MLP compiled on this GPU (model.cuda.pt2, batch 1..64) and served by two GPU
+    instances sharing one loader: answers equal the package run by torch in Python."""
+    import os
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, os.path.join(ROOT, "models"))
+    import generate_models
+    root = tmp_path_factory.mktemp("aoti_gpu")
+    os.makedirs(root / "mlp_aoti" / "1")
+    with open(os.path.join(ROOT, "models", "mlp_aoti", "config.pbtxt")) as f:
+        config = f.read().replace("kind: KIND_CPU\n    count: 1", "kind: KIND_GPU\n    count: 2")
+    assert "KIND_GPU" in config
+    (root / "mlp_aoti" / "config.pbtxt").write_text(config)
+    package = str(root / "mlp_aoti" / "1" / "model.cuda.pt2")
+    generate_models.export("mlp_aoti", package, device="cuda")
+    server = start_server(root, tmp_path_factory, ["--device", "cuda"])
+    try:
+        assert "model=mlp_aoti version=1 device=cuda:0 x2" in server.log()
+        client = grpcclient.InferenceServerClient(url=server.url)
+        reference = torch._inductor.aoti_load_package(package)
+        rng = np.random.default_rng(3)
+        for rows in (1, 3, 64):
+            x = rng.random((rows, 784), dtype=np.float32)
+            inp = grpcclient.InferInput("INPUT__0", [rows, 784], "FP32")
+            inp.set_data_from_numpy(x)
+            got = client.infer("mlp_aoti", [inp]).as_numpy("OUTPUT__0")
+            with torch.no_grad():
+                want = reference(torch.from_numpy(x).cuda()).cpu().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+        client.close()
+    finally:
+        assert server.stop() == 0

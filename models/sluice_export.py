@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The export recipe for Sluice's torch_aoti platform: torch.export, then an AOTInductor package
+(.pt2) whose metadata tells the server what the 2.11 loader cannot (input and output dtypes and
+shapes, the batch range, the torch version), so that a config that does not match the package is
+refused at load with a message naming the mismatch (server/runtime/aoti_package.h).
+
+    from sluice_export import export_package
+    batch = torch.export.Dim("batch", min=1, max=64)
+    export_package(model.eval(), (torch.randn(2, 784),), "models/mlp_aoti/1/model.cpu.pt2",
+                   dynamic_shapes=({0: batch},))
+
+Example inputs need a batch of 2 or more: torch.export specialises a dimension of size 1 to 1.
+"""
+import json
+import os
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+# torch dtype -> the protocol's datatype name (config.pbtxt's TYPE_ without the prefix).
+DTYPES = {
+    torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
+    torch.int32: "INT32", torch.int64: "INT64", torch.float16: "FP16", torch.bfloat16: "BF16",
+    torch.float32: "FP32", torch.float64: "FP64",
+}
+
+
+def _dim(size, ranges) -> Any:
+    """A size, [min, max] for a dynamic dimension (max None: unbounded), or None."""
+    if isinstance(size, int):
+        return size
+    expr = size.node.expr
+    if expr.is_number:
+        return int(expr)
+    bounds = ranges.get(expr)
+    if bounds is None:
+        return None
+    upper = bounds.upper
+    return [int(bounds.lower), int(upper) if upper.is_finite else None]
+
+
+def _tensor(name: str, value, ranges) -> Dict[str, Any]:
+    if value.dtype not in DTYPES:
+        raise ValueError(f"{name}: dtype {value.dtype} has no protocol datatype")
+    return {"name": name, "dtype": DTYPES[value.dtype], "shape": [_dim(s, ranges) for s in value.shape]}
+
+
+def describe(program: torch.export.ExportedProgram, batched: bool = True) -> Dict[str, str]:
+    """The sluice.* metadata of an exported program. `batched`: dimension 0 of every input and
+    output is the batch (config.pbtxt's max_batch_size > 0)."""
+    nodes = {node.name: node for node in program.graph.nodes}
+    signature = program.graph_signature
+    ranges = program.range_constraints
+    inputs = [_tensor(name, nodes[name].meta["val"], ranges) for name in signature.user_inputs]
+    outputs = [_tensor(name, nodes[name].meta["val"], ranges) for name in signature.user_outputs]
+    batch = None
+    if batched:
+        first = inputs[0]["shape"][0]
+        batch = first if isinstance(first, list) else [first, first]
+    return {
+        "sluice.format": "1",
+        "sluice.torch_version": torch.__version__,
+        "sluice.batch": json.dumps(batch),
+        "sluice.inputs": json.dumps(inputs),
+        "sluice.outputs": json.dumps(outputs),
+    }
+
+
+def accepted_batches(path: str, example_inputs: Sequence[torch.Tensor], low: int, high: int):
+    """The batch sizes in [low, high] the compiled package at `path` accepts with its input check
+    on (AOTI_RUNTIME_CHECK_INPUTS=1, as the server runs it), as [min, max], or None when none
+    does. Inductor may compile a narrower range than the export declared (in 2.11 the bundled
+    conv net exported with a batch of 1..32 accepts 2..15), so the recipe asks the package."""
+    previous = os.environ.get("AOTI_RUNTIME_CHECK_INPUTS")
+    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
+    try:
+        runner = torch._inductor.aoti_load_package(path)
+
+        def runs(batch):
+            inputs = [torch.zeros((batch, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in example_inputs]
+            try:
+                with torch.no_grad():
+                    runner(*inputs)
+                return True
+            except Exception:  # noqa: BLE001 - the check refused this batch size
+                return False
+
+        smallest = next((b for b in range(low, min(high, low + 2) + 1) if runs(b)), None)
+        if smallest is None:
+            return None
+        lo, hi = smallest, high  # the largest that runs, assuming the accepted sizes are contiguous
+        if not runs(hi):
+            good, bad = lo, hi
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                good, bad = (middle, bad) if runs(middle) else (good, middle)
+            hi = good
+        return [lo, hi]
+    finally:
+        if previous is None:
+            del os.environ["AOTI_RUNTIME_CHECK_INPUTS"]
+        else:
+            os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = previous
+
+
+def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], path: str, *,
+                   dynamic_shapes: Optional[Sequence[Any]] = None, batched: bool = True,
+                   inductor_configs: Optional[Dict[str, Any]] = None) -> str:
+    """Exports `module` (in eval mode) and compiles it into an AOTInductor package at `path`, for
+    the device the example inputs are on. With a dynamic batch, the package is then asked which
+    batch sizes it accepts; when that is narrower than the export declared, it is compiled again
+    with metadata that says so (the server then refuses a max_batch_size above it at load, rather
+    than failing warm-up). Returns the path."""
+    with torch.no_grad():
+        program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    metadata = describe(program, batched)
+    configs = {
+        "aot_inductor.metadata": metadata,
+        # CPU kernels take their thread count from the calling thread (at::set_num_threads), so the
+        # server's division of the cores among instances applies.
+        "cpp.dynamic_threads": True,
+    }
+    configs.update(inductor_configs or {})
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    path = torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
+    declared = json.loads(metadata["sluice.batch"])
+    if declared is None or declared[0] == declared[1] or declared[1] is None:
+        return path
+    accepted = accepted_batches(path, example_inputs, max(declared[0], 2), declared[1])
+    if accepted is None:
+        raise RuntimeError(f"{path}: the compiled package accepts no batch size in {declared}")
+    if accepted[1] != declared[1]:
+        print(f"{path}: the compiled package accepts batches {accepted[0]}..{accepted[1]}, not "
+              f"{declared[0]}..{declared[1]}; compiling it again with metadata that says so", flush=True)
+        metadata["sluice.batch"] = json.dumps(accepted)
+        for key in ("sluice.inputs", "sluice.outputs"):
+            tensors = json.loads(metadata[key])
+            for tensor in tensors:
+                if tensor["shape"] and isinstance(tensor["shape"][0], list):
+                    tensor["shape"][0] = accepted
+            metadata[key] = json.dumps(tensors)
+        path = torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
+    return path
+
+
+def cached(cache: str, name: str, key: str, build) -> str:
+    """<cache>/<name>.pt2, built by build(path) first when it is missing or was built for another
+    `key` (record it: the torch version and the hash of the sources the package comes from).
+    Concurrent callers (test suites running in parallel) wait for one another instead of
+    compiling twice."""
+    import fcntl
+    os.makedirs(cache, exist_ok=True)
+    path = os.path.join(cache, f"{name}.pt2")
+    with open(os.path.join(cache, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(path) and os.path.exists(path + ".stamp"):
+            with open(path + ".stamp") as file:
+                if file.read() == key:
+                    return path
+        partial = os.path.join(cache, f"{name}.partial.pt2")
+        build(partial)
+        os.replace(partial, path)
+        with open(path + ".stamp", "w") as file:
+            file.write(key)
+    return path
+
+
+def source_key(*files: str) -> str:
+    """The torch version and the SHA-256 of `files`: what cached() compares."""
+    import hashlib
+    digest = hashlib.sha256()
+    for name in files:
+        with open(name, "rb") as file:
+            digest.update(file.read())
+    return f"torch {torch.__version__} source {digest.hexdigest()}\n"
