@@ -377,6 +377,9 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
   for (size_t i = 0; i < input_positions.size(); ++i) binding.input_config_index[input_positions[i]] = static_cast<int>(i);
   binding.output_package_index = output_positions;
   if (!package.described) {
+    // Without the recipe's metadata the batch range is unknown; a dynamic batch starts at 2, so
+    // lone requests are padded to 2 unless the model takes batches of 1 only.
+    if (spec.batches() && spec.max_batch_size > 1) binding.pad_batch_to = kSmallestDynamicSize;
     warnings->push_back("the package has no Sluice metadata (sluice.*): its inputs are checked only by warm-up; "
                         "export it with models/sluice_export.py to have the config checked at load");
     return binding;

@@ -46,15 +46,20 @@ def write(root, name, config, package, filename="model.pt2", edit=None):
         edit(package, target)
 
 
-def with_metadata(**changes):
-    """Copies a package, changing keys of the metadata inductor and the recipe wrote."""
+def with_metadata(drop_sluice=False, **changes):
+    """Copies a package, changing keys of the metadata inductor and the recipe wrote (the archive's
+    JSON, which is what the server reads before it loads any of the package's code);
+    `drop_sluice` removes the recipe's keys, as in a package exported by hand."""
 
     def edit(source, target):
         with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as copy:
             for item in original.infolist():
                 data = original.read(item.filename)
                 if item.filename.endswith("wrapper_metadata.json"):
-                    data = json.dumps({**json.loads(data), **changes}).encode()
+                    metadata = {**json.loads(data), **changes}
+                    if drop_sluice:
+                        metadata = {k: v for k, v in metadata.items() if not k.startswith("sluice.")}
+                    data = json.dumps(metadata).encode()
                 copy.writestr(item, data)
     return edit
 
@@ -92,6 +97,9 @@ def repository(packages, tmp_path_factory):
           + 'parameters { key: "sluice.buckets" value { string_value: "seq=4,8,16" } }\n'
           + 'parameters { key: "sluice.bucket_dims" value { string_value: "tokens:0=seq, OUTPUT__0:0=seq" } }\n',
           packages["sequence"])
+    # Exported by hand, without the recipe's metadata: served, checked by warm-up only.
+    write(root, "undescribed", "max_batch_size: 8\n" + LIST_IO + CPU + "dynamic_batching { }\n",
+          packages["list_min2"], edit=with_metadata(drop_sluice=True))
     # Bad packages: each fails to load with a reason; the models above still serve.
     write(root, "bad_corrupt", "max_batch_size: 8\n" + LIST_IO + CPU, packages["list_min2"], edit=corrupt)
     write(root, "bad_device", "max_batch_size: 8\n" + LIST_IO + CPU, packages["list_min2"],
@@ -222,9 +230,16 @@ def test_shape_buckets_pad_and_cut_back(client, server):
     assert "event=warmup model=sequence version=1 shapes=12" in server.log()
 
 
+def test_a_package_without_the_recipes_metadata_serves_lone_requests(client, server):
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)
+    result = infer(client, "undescribed", {"INPUT__0": ("FP32", x)})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x * 2)
+    assert "model=undescribed version=1 reason=\"the package has no Sluice metadata" in server.log()
+
+
 def test_bad_packages_fail_to_load_with_the_reason_and_the_others_serve(client):
     index = {m.name: m for m in client.get_model_repository_index().models}
-    for name in ("every_dtype", "list_min2", "dict_fixed1", "sequence"):
+    for name in ("every_dtype", "list_min2", "dict_fixed1", "sequence", "undescribed"):
         assert index[name].state == "READY", (name, index[name].reason)
     expected = {
         "bad_corrupt": "cannot load",

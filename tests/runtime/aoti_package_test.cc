@@ -197,6 +197,10 @@ TEST(AotiPackageTest, SmallBatchesAndUndescribedPackages) {
   binding = Bind({{"AOTI_DEVICE_KEY", "cpu"}}, Spec(), &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(warnings, ElementsAre(HasSubstr("no Sluice metadata")));
+  EXPECT_EQ(binding->pad_batch_to, 2);  // a dynamic batch starts at 2
+  binding = Bind({{"AOTI_DEVICE_KEY", "cpu"}}, Spec(1), &warnings);
+  ASSERT_TRUE(binding.ok()) << binding.status();
+  EXPECT_EQ(binding->pad_batch_to, 1);  // batches of 1 only: nothing to pad to
   // Counts are checked even without metadata.
   binding = Bind({}, Spec(), &warnings, /*inputs=*/2);
   EXPECT_THAT(binding.status().message(), HasSubstr("takes 2 input(s) but config.pbtxt declares 1"));
