@@ -3,6 +3,8 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "server/core/cpu_budget.h"
 #include "server/core/logging.h"
 #include "server/runtime/torch_backend.h"
 
@@ -63,6 +65,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   loader_options.liveness = &server->liveness_;
   loader_options.cudnn_benchmark = config.cudnn_benchmark;
   loader_options.warmup = config.warmup;
+  const CpuBudget cpus = DetectCpuBudget();
+  loader_options.cpus = cpus.cpus;
+  loader_options.cpu_limit = absl::StrCat(cpus.limit, ": ", cpus.detail);
   SLUICE_RETURN_IF_ERROR(VersionLoader(server->factory_.get(), loader_options).CheckDevicePolicy());
 
   SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, ScanModelRepository(config.model_repository));

@@ -36,11 +36,11 @@ int VersionLoader::SplitCpuThreads(const std::vector<std::shared_ptr<const Repos
       }
     }
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = std::max(1, cores / std::max(1, cpu_instances));
+  const int cpus = options_.cpus > 0 ? options_.cpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, cpus / std::max(1, cpu_instances));
   default_intra_op_threads_ = threads;
-  spdlog::info("event=cpu_threads cores={} cpu_instances={} default_intra_op_threads={}", cores, cpu_instances,
-               threads);
+  spdlog::info("event=cpu_threads cpus={} limit=\"{}\" cpu_instances={} default_intra_op_threads={}", cpus,
+               options_.cpu_limit.empty() ? "cores" : options_.cpu_limit, cpu_instances, threads);
   return threads;
 }
 

@@ -44,12 +44,16 @@ class VersionLoader {
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
     ModelObserver* observer = nullptr;  // where each version's statistics also go; may be null
+    // The CPUs the split divides (DetectCpuBudget: cores, affinity mask, cgroup quota) and which
+    // limit applied, for the log. 0: the machine's cores.
+    int cpus = 0;
+    std::string cpu_limit;
   };
 
   VersionLoader(BackendFactory* factory, Options options);
 
   // The CPU thread split: without INTRA_OP_THREAD_COUNT, each CPU instance of `models` (every
-  // loadable version counted) gets cores / instances threads, at least 1. More OpenMP threads
+  // loadable version counted) gets Options::cpus / instances threads, at least 1. More OpenMP threads
   // than cores make libgomp stop spinning and every parallel region pays a futex wake-up
   // (measured: a 784-512-512-10 MLP forward 74 us -> 250 us on 2 cores). Logged; returns it.
   int SplitCpuThreads(const std::vector<std::shared_ptr<const RepositoryModel>>& models);

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -5,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/core/cpu_budget.h"
 #include "server/core/data_type.h"
 #include "server/core/device.h"
 #include "server/core/pem.h"
@@ -53,6 +56,72 @@ TEST(PemTest, ReadsPemAndNamesTheFlagOnErrors) {
               ::testing::HasSubstr("--grpc-root-cert: cannot read"));
   EXPECT_THAT(ReadPemFile("", "--grpc-server-key").status().message(), ::testing::HasSubstr("--grpc-server-key is required"));
   std::filesystem::remove_all(directory);
+}
+
+TEST(CpuBudgetTest, QuotaFilesParse) {
+  EXPECT_EQ(ParseCpuMax("max 100000\n"), std::nullopt);
+  EXPECT_DOUBLE_EQ(*ParseCpuMax("150000 100000\n"), 1.5);
+  EXPECT_EQ(ParseCpuMax("garbage"), std::nullopt);
+  EXPECT_DOUBLE_EQ(*ParseCfsQuota("200000\n", "100000\n"), 2.0);
+  EXPECT_EQ(ParseCfsQuota("-1\n", "100000\n"), std::nullopt);
+}
+
+TEST(CpuBudgetTest, TheSmallestLimitWinsAndAQuotaRoundsUp) {
+  CpuBudget budget = DecideCpuBudget(16, 16, std::nullopt);
+  EXPECT_EQ(budget.cpus, 16);
+  EXPECT_EQ(budget.limit, "cores");
+  budget = DecideCpuBudget(16, 2, std::nullopt);  // taskset -c 0,1
+  EXPECT_EQ(budget.cpus, 2);
+  EXPECT_EQ(budget.limit, "affinity");
+  budget = DecideCpuBudget(16, 16, 1.5);  // docker --cpus 1.5
+  EXPECT_EQ(budget.cpus, 2);
+  EXPECT_EQ(budget.limit, "cgroup quota");
+  EXPECT_EQ(budget.detail, "16 cores, affinity 16, cgroup quota 1.5");
+  EXPECT_EQ(DecideCpuBudget(4, 4, 0.2).cpus, 1);
+  EXPECT_EQ(DecideCpuBudget(0, 0, std::nullopt).cpus, 1);
+}
+
+// A fake /sys/fs/cgroup and /proc/self/cgroup under a temporary directory.
+class CpuBudgetFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() / ("sluice_cgroup_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void Write(const std::string& relative, const std::string& text) {
+    std::filesystem::create_directories((root_ / relative).parent_path());
+    std::ofstream(root_ / relative) << text;
+  }
+  std::filesystem::path root_;
+};
+
+TEST_F(CpuBudgetFilesTest, CgroupV2QuotaOnTheProcessOrAnAncestor) {
+  Write("proc_cgroup", "0::/kubepods/pod1/container\n");
+  Write("sys/kubepods/cpu.max", "max 100000\n");
+  Write("sys/kubepods/pod1/cpu.max", "100000 100000\n");  // the pod's limit: 1 CPU
+  Write("sys/kubepods/pod1/container/cpu.max", "max 100000\n");
+  CpuBudget budget = DetectCpuBudget((root_ / "proc_cgroup").string(), (root_ / "sys").string());
+  EXPECT_EQ(budget.cpus, 1);
+  EXPECT_EQ(budget.limit, "cgroup quota");
+  EXPECT_THAT(budget.detail, ::testing::HasSubstr("kubepods/pod1"));
+  // No limit anywhere: the cores (or the affinity mask).
+  Write("sys/kubepods/pod1/cpu.max", "max 100000\n");
+  budget = DetectCpuBudget((root_ / "proc_cgroup").string(), (root_ / "sys").string());
+  EXPECT_NE(budget.limit, "cgroup quota");
+}
+
+TEST_F(CpuBudgetFilesTest, CgroupV1CfsQuota) {
+  Write("proc_cgroup", "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n");
+  Write("sys/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "50000\n");
+  Write("sys/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  CpuBudget budget = DetectCpuBudget((root_ / "proc_cgroup").string(), (root_ / "sys").string());
+  EXPECT_EQ(budget.cpus, 1);
+  EXPECT_EQ(budget.limit, "cgroup quota");
+  // Missing files: no quota, no error.
+  budget = DetectCpuBudget((root_ / "absent").string(), (root_ / "absent_sys").string());
+  EXPECT_NE(budget.limit, "cgroup quota");
 }
 
 TEST(DeviceTest, Rule) {

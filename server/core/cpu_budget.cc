@@ -1,0 +1,142 @@
+#include "server/core/cpu_budget.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace sluice {
+namespace {
+
+std::optional<std::string> ReadFile(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  if (!file) return std::nullopt;
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::optional<double> Quotient(const std::string& quota, const std::string& period) {
+  double q = 0, p = 0;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(quota), &q) ||
+      !absl::SimpleAtod(absl::StripAsciiWhitespace(period), &p) || q <= 0 || p <= 0) {
+    return std::nullopt;
+  }
+  return q / p;
+}
+
+// The process's cgroup paths from /proc/self/cgroup: the v2 path ("0::/a/b") and the v1 cpu
+// controller's ("N:cpu,cpuacct:/a/b"), empty when absent.
+void CgroupPaths(const std::string& text, std::string* v2, std::string* v1_cpu) {
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    if (parts[0] == "0" && parts[1].empty()) *v2 = parts[2];
+    for (absl::string_view controller : absl::StrSplit(parts[1], ',')) {
+      if (controller == "cpu") *v1_cpu = parts[2];
+    }
+  }
+}
+
+// The smallest quota on `relative` and its ancestors under `base`, read by `quota_at`.
+template <typename QuotaAt>
+std::optional<double> SmallestOnPath(const std::filesystem::path& base, const std::string& relative,
+                                     QuotaAt quota_at, std::string* where) {
+  std::optional<double> smallest;
+  std::filesystem::path path = base / std::filesystem::path(relative).relative_path();
+  while (true) {
+    std::optional<double> quota = quota_at(path);
+    if (quota && (!smallest || *quota < *smallest)) {
+      smallest = quota;
+      *where = path.string();
+    }
+    if (path == base || !path.has_parent_path() || path.parent_path() == path) break;
+    path = path.parent_path();
+    if (path.string().size() < base.string().size()) break;
+  }
+  return smallest;
+}
+
+}  // namespace
+
+std::optional<double> ParseCpuMax(const std::string& text) {
+  std::vector<std::string> fields = absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
+  if (fields.size() != 2 || fields[0] == "max") return std::nullopt;
+  return Quotient(fields[0], fields[1]);
+}
+
+std::optional<double> ParseCfsQuota(const std::string& quota_us, const std::string& period_us) {
+  return Quotient(quota_us, period_us);  // -1 (unlimited) is not positive: nullopt
+}
+
+CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota) {
+  CpuBudget budget;
+  cores = std::max(1, cores);
+  budget.cpus = cores;
+  budget.limit = "cores";
+  budget.detail = absl::StrCat(cores, " cores");
+  if (affinity > 0) {
+    absl::StrAppend(&budget.detail, ", affinity ", affinity);
+    if (affinity < budget.cpus) {
+      budget.cpus = affinity;
+      budget.limit = "affinity";
+    }
+  }
+  if (quota) {
+    const int quota_cpus = std::max(1, static_cast<int>(std::ceil(*quota - 1e-9)));
+    absl::StrAppend(&budget.detail, ", cgroup quota ", std::round(*quota * 100) / 100);
+    if (quota_cpus < budget.cpus) {
+      budget.cpus = quota_cpus;
+      budget.limit = "cgroup quota";
+    }
+  }
+  return budget;
+}
+
+CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  int affinity = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) affinity = CPU_COUNT(&set);
+
+  std::string v2, v1_cpu;
+  if (std::optional<std::string> text = ReadFile(proc_self_cgroup)) CgroupPaths(*text, &v2, &v1_cpu);
+  const std::filesystem::path root(cgroup_root);
+  std::optional<double> quota;
+  std::string where;
+  if (!v1_cpu.empty()) {
+    // v1: the cpu controller is mounted at <root>/cpu (or cpu,cpuacct).
+    for (const char* mount : {"cpu", "cpu,cpuacct"}) {
+      const std::filesystem::path base = root / mount;
+      if (!std::filesystem::exists(base)) continue;
+      quota = SmallestOnPath(base, v1_cpu, [](const std::filesystem::path& path) -> std::optional<double> {
+        std::optional<std::string> q = ReadFile(path / "cpu.cfs_quota_us");
+        std::optional<std::string> p = ReadFile(path / "cpu.cfs_period_us");
+        return q && p ? ParseCfsQuota(*q, *p) : std::nullopt;
+      }, &where);
+      break;
+    }
+  } else {
+    // v2 (a container with its own cgroup namespace sees its cgroup as "/").
+    quota = SmallestOnPath(root, v2.empty() ? "/" : v2, [](const std::filesystem::path& path) -> std::optional<double> {
+      std::optional<std::string> text = ReadFile(path / "cpu.max");
+      return text ? ParseCpuMax(*text) : std::nullopt;
+    }, &where);
+  }
+  CpuBudget budget = DecideCpuBudget(cores, affinity, quota);
+  if (quota) absl::StrAppend(&budget.detail, " (", where, ")");
+  return budget;
+}
+
+}  // namespace sluice

@@ -1,0 +1,36 @@
+// How many CPUs this process may use: the machine's cores, narrowed by its CPU affinity mask
+// (taskset, a container's cpuset) and by a cgroup CPU quota (Docker --cpus, a Kubernetes CPU
+// limit), whichever is smallest. The CPU thread split divides this number, not the machine's
+// cores: more OpenMP threads than CPUs make every parallel region pay for the oversubscription.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace sluice {
+
+struct CpuBudget {
+  int cpus = 1;        // what the split divides: at least 1
+  std::string limit;   // which limit applied, for the log: "cores", "affinity" or "cgroup quota"
+  std::string detail;  // the numbers behind it, e.g. "16 cores, affinity 2, quota 1.5 (cpu.max 150000 100000)"
+};
+
+// cgroup v2's cpu.max ("max 100000", "150000 100000"): the quota in CPUs, nullopt when unlimited or
+// unreadable.
+std::optional<double> ParseCpuMax(const std::string& text);
+// cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us: the quota in CPUs, nullopt when unlimited
+// (quota -1) or unreadable.
+std::optional<double> ParseCfsQuota(const std::string& quota_us, const std::string& period_us);
+
+// `cores`: the machine's (hardware_concurrency); `affinity`: CPUs in the affinity mask (0:
+// unknown); `quota`: the cgroup quota in CPUs. A quota rounds up (1.5 CPUs of quota keep 2
+// threads busy half the time, which beats one thread idle half the time).
+CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota);
+
+// Reads this process's affinity mask and the CPU quota of its cgroup (v2: cpu.max of its cgroup
+// and every ancestor under `cgroup_root`; v1: the cpu controller's cfs files), then decides.
+// `proc_self_cgroup` and `cgroup_root` are parameters for tests.
+CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup = "/proc/self/cgroup",
+                          const std::string& cgroup_root = "/sys/fs/cgroup");
+
+}  // namespace sluice
