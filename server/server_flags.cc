@@ -24,7 +24,8 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.set_version_flag("--version", SLUICE_VERSION);
   app.add_option("--model-repository", config.model_repository,
                  "Model repository in Triton's layout: <dir>/<model>/config.pbtxt and "
-                 "<dir>/<model>/<version>/model.pt")
+                 "<dir>/<model>/<version>/model.pt (platform torch_aoti: model.pt2, or model.cpu.pt2 / "
+                 "model.cuda.pt2)")
       ->capture_default_str();
   app.add_option("--model-control-mode", text.model_control_mode,
                  "none: load every model at start-up, never change them; poll: also rescan the "
@@ -201,7 +202,9 @@ ServerConfig Defaults() {
   return config;
 }
 
-constexpr char kDescription[] = "sluice-server: TorchScript inference over the KServe v2 / Triton gRPC protocol";
+constexpr char kDescription[] =
+    "sluice-server: PyTorch inference (TorchScript and AOTInductor .pt2 packages) over the KServe v2 / Triton gRPC "
+    "protocol";
 
 }  // namespace
 
