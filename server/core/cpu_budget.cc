@@ -48,21 +48,23 @@ void CgroupPaths(const std::string& text, std::string* v2, std::string* v1_cpu) 
   }
 }
 
-// The smallest quota on `relative` and its ancestors under `base`, read by `quota_at`.
+// The smallest quota on `base`/`relative` and its ancestors up to `base`, read by `quota_at`.
 template <typename QuotaAt>
 std::optional<double> SmallestOnPath(const std::filesystem::path& base, const std::string& relative,
                                      QuotaAt quota_at, std::string* where) {
   std::optional<double> smallest;
-  std::filesystem::path path = base / std::filesystem::path(relative).relative_path();
-  while (true) {
+  std::filesystem::path path = base;
+  auto consider = [&] {
     std::optional<double> quota = quota_at(path);
     if (quota && (!smallest || *quota < *smallest)) {
       smallest = quota;
       *where = path.string();
     }
-    if (path == base || !path.has_parent_path() || path.parent_path() == path) break;
-    path = path.parent_path();
-    if (path.string().size() < base.string().size()) break;
+  };
+  consider();
+  for (const std::filesystem::path& part : std::filesystem::path(relative).relative_path()) {
+    path /= part;
+    consider();
   }
   return smallest;
 }

@@ -25,6 +25,16 @@ struct TensorSpec {
   bool filled_by_server = false;
 };
 
+// Binding declared tensors to a model's positional arguments or returned values (Triton's
+// PyTorch naming convention), shared by both PyTorch runtimes:
+// "INPUT__3" -> 3; nullopt without a `__<non-negative integer>` suffix.
+std::optional<int> IndexSuffix(const std::string& name);
+// For each declared tensor, its position (an argument, or an element of the returned tuple): by
+// `__<index>` suffix when every name has a distinct one below `count`, else nullopt.
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count);
+// Index of `name` among `tensors` (0 when absent: requests are validated before they get there).
+size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
+
 // Where an instance group asks to run (Triton's ModelInstanceGroup.Kind).
 enum class InstanceKind { kAuto, kGpu, kCpu };
 

@@ -52,32 +52,32 @@ void ModelControl::Start(std::function<void(const Status&)> loaded) {
                   return status;
                 },
                 std::move(loaded)};
-  {
-    // First in the queue: a RepositoryModelLoad that came in before Start waits for the
-    // start-up models.
-    MutexLock lock(&mutex_);
-    if (thread_stopping_) {
-      lock.Unlock();
-      if (load_all.done) load_all.done(absl::UnavailableError("the server is shutting down"));
-      return;
-    }
-    tasks_.push_front(std::move(load_all));
-    wake_.Signal();
-  }
+  // First in the queue: a RepositoryModelLoad that came in before Start waits for the start-up
+  // models.
+  if (!Enqueue(std::move(load_all), /*first=*/true)) return;
   MutexLock lock(&thread_mutex_);
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
 void ModelControl::Submit(std::function<Status()> task, std::function<void(const Status&)> done) {
+  Enqueue({std::move(task), std::move(done)}, /*first=*/false);
+}
+
+bool ModelControl::Enqueue(Task task, bool first) {
   {
     MutexLock lock(&mutex_);
     if (!thread_stopping_) {
-      tasks_.push_back({std::move(task), std::move(done)});
+      if (first) {
+        tasks_.push_front(std::move(task));
+      } else {
+        tasks_.push_back(std::move(task));
+      }
       wake_.Signal();
-      return;
+      return true;
     }
   }
-  if (done) done(absl::UnavailableError("the server is shutting down"));
+  if (task.done) task.done(absl::UnavailableError("the server is shutting down"));
+  return false;
 }
 
 void ModelControl::Loop() {

@@ -136,6 +136,9 @@ class ModelControl {
     std::function<void(const Status&)> done;
   };
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mutex_);
+  // Queues `task` (at the front when `first`) for the control thread; after Stop, answers its
+  // `done` with UNAVAILABLE instead and returns false.
+  bool Enqueue(Task task, bool first) ABSL_LOCKS_EXCLUDED(mutex_);
   bool polling_ ABSL_GUARDED_BY(mutex_) = false;  // poll mode, once LoadAll ran
   bool thread_stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::chrono::steady_clock::time_point next_poll_ ABSL_GUARDED_BY(mutex_);

@@ -99,9 +99,8 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
       }
     }
     for (const Device& target : targets) {
-      auto same = std::find_if(per_device.begin(), per_device.end(), [&](const std::pair<Device, int>& each) {
-        return each.first.ToString() == target.ToString();
-      });
+      auto same = std::find_if(per_device.begin(), per_device.end(),
+                               [&](const std::pair<Device, int>& each) { return each.first == target; });
       if (same == per_device.end()) {
         per_device.emplace_back(target, group.count);
       } else {

@@ -23,7 +23,6 @@ Mutex& LoaderConstruction() {
 struct LoadedPackage {
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
   AotiBinding binding;
-  std::string file;
 };
 
 // Whether the archive holds a compiled model; a package_cpp_only package holds sources only and
@@ -56,24 +55,17 @@ class AotiBackend final : public TorchInstance {
     // A batch below the package's smallest is padded with zero rows; their outputs are dropped.
     const int64_t padded_rows =
         spec().batches() && request.batch_size < binding.pad_batch_to ? binding.pad_batch_to : 0;
-    std::vector<at::Tensor> inputs;
-    inputs.reserve(binding.input_config_index.size());
-    for (int config_index : binding.input_config_index) {
-      const std::string& name = spec().inputs[config_index].name;
-      const TensorView* view = nullptr;
-      for (const TensorView& input : request.inputs) {
-        if (input.name == name) view = &input;
-      }
-      if (view == nullptr) return absl::InternalError(absl::StrCat("input '", name, "' missing from the batch"));
-      at::Tensor tensor = InputTensor(*view);
+    std::vector<at::Tensor> inputs(binding.input_package_index.size());
+    for (const TensorView& input : request.inputs) {
+      at::Tensor tensor = InputTensor(input);
       if (padded_rows > 0) {
-        std::vector<int64_t> shape = view->shape;
+        std::vector<int64_t> shape = input.shape;
         shape[0] = padded_rows;
         at::Tensor padded = at::zeros(shape, tensor.options());
-        padded.narrow(0, 0, view->shape[0]).copy_(tensor);
+        padded.narrow(0, 0, input.shape[0]).copy_(tensor);
         tensor = padded;
       }
-      inputs.push_back(std::move(tensor));
+      inputs[binding.input_package_index[DeclaredIndex(spec().inputs, input.name)]] = std::move(tensor);
     }
     void* stream_handle = stream() != nullptr ? static_cast<void*>(stream()->stream()) : nullptr;
     std::vector<at::Tensor> flat = package_->loader->run(inputs, stream_handle);
@@ -128,7 +120,6 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const Mod
         // Before any of the package's code is loaded: a package for another CPU would crash here.
         SLUICE_RETURN_IF_ERROR(CheckPackageHost(info, device, host, &warnings));
         auto package = std::make_shared<LoadedPackage>();
-        package->file = package_file;
         {
           MutexLock lock(&LoaderConstruction());
           package->loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
@@ -141,8 +132,7 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const Mod
         SLUICE_ASSIGN_OR_RETURN(CallSpecSide out, ParseCallSpec(call_spec[1]));
         SLUICE_ASSIGN_OR_RETURN(package->binding,
                                 BindAotiPackage(info, in.leaves, in.keys, out.leaves, out.keys, spec, &warnings));
-        const at::Device torch_device = device.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index))
-                                                    : at::Device(at::kCPU);
+        const at::Device torch_device = ToTorchDevice(device);
         std::vector<std::unique_ptr<ModelBackend>> instances;
         for (int i = 0; i < count; ++i) {
           instances.push_back(std::make_unique<AotiBackend>(spec, package, torch_device, streams, warnings));

@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -138,21 +137,7 @@ StatusOr<std::vector<int>> BindPositions(const std::vector<TensorSpec>& declared
     by_name.push_back(static_cast<int>(it - names.begin()));
   }
   if (by_name.size() == declared.size()) return by_name;
-  // "__<index>" suffixes, when every declared name has a distinct one below count.
-  std::vector<int> by_suffix;
-  std::vector<bool> taken(count, false);
-  for (const TensorSpec& tensor : declared) {
-    const size_t pos = tensor.name.rfind("__");
-    int index = -1;
-    if (pos == std::string::npos || !absl::SimpleAtoi(tensor.name.substr(pos + 2), &index) || index < 0 ||
-        static_cast<size_t>(index) >= count || taken[index]) {
-      by_suffix.clear();
-      break;
-    }
-    taken[index] = true;
-    by_suffix.push_back(index);
-  }
-  if (by_suffix.size() == declared.size()) return by_suffix;
+  if (auto by_suffix = PositionsBySuffix(declared, count)) return *by_suffix;
   std::vector<int> in_order;
   for (size_t i = 0; i < declared.size(); ++i) in_order.push_back(static_cast<int>(i));
   return in_order;
@@ -373,8 +358,7 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
     }
   }
   AotiBinding binding;
-  binding.input_config_index.assign(package_inputs, 0);
-  for (size_t i = 0; i < input_positions.size(); ++i) binding.input_config_index[input_positions[i]] = static_cast<int>(i);
+  binding.input_package_index = input_positions;
   binding.output_package_index = output_positions;
   if (!package.described) {
     // Without the recipe's metadata the batch range is unknown; a dynamic batch starts at 2, so
@@ -406,6 +390,7 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
   }
   return binding;
 }
+
 std::string PackageFileFor(const std::string& file, const Device& device) {
   const std::filesystem::path path(file);
   const std::filesystem::path specific =
@@ -428,15 +413,16 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected call spec node: ", node.dump()));
     }
     const Json& children = node["children_spec"];
-    if (node["type"].is_null() && children.empty()) {
+    if (node.value("type", Json()).is_null() && children.empty()) {
       ++side.leaves;
       side.keys.push_back(key);
       return absl::OkStatus();
     }
     std::vector<std::string> child_keys(children.size());
-    const std::string type = node["type"].is_string() ? node["type"].get<std::string>() : "";
-    if ((type == "builtins.dict" || type == "collections.OrderedDict") && node["context"].is_string()) {
-      Json keys = Json::parse(node["context"].get<std::string>(), nullptr, false);
+    const std::string type = node.value("type", Json()).is_string() ? node["type"].get<std::string>() : "";
+    const Json context = node.value("context", Json());
+    if ((type == "builtins.dict" || type == "collections.OrderedDict") && context.is_string()) {
+      Json keys = Json::parse(context.get<std::string>(), nullptr, false);
       if (keys.is_array() && keys.size() == children.size()) {
         for (size_t i = 0; i < keys.size(); ++i) {
           if (keys[i].is_string()) child_keys[i] = keys[i].get<std::string>();

@@ -83,7 +83,7 @@ Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, co
 
 // How a package's flat inputs and outputs bind to the config's, once checked.
 struct AotiBinding {
-  std::vector<int> input_config_index;   // per package input: the config input it takes
+  std::vector<int> input_package_index;   // per config input: the package input it is
   std::vector<int> output_package_index;  // per config output: the package output it is
   int64_t pad_batch_to = 1;  // the package's smallest batch: smaller batches are padded to it
 };

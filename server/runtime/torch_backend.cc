@@ -173,9 +173,7 @@ class TorchBackendFactory final : public BackendFactory {
     if (!std::filesystem::is_regular_file(model_file, ec)) {
       return absl::NotFoundError(absl::StrCat("model file ", model_file.string(), " does not exist"));
     }
-    const torch::Device torch_device =
-        device.cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
-                    : torch::Device(torch::kCPU);
+    const torch::Device torch_device = ToTorchDevice(device);
     return CatchTorch(absl::StrCat("cannot load ", model_file.string()),
                       [&]() -> StatusOr<std::unique_ptr<ModelBackend>> {
                         torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);

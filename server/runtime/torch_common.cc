@@ -8,7 +8,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace sluice {
@@ -64,39 +63,15 @@ at::ScalarType ToScalarType(DataType type) {
   return at::kFloat;
 }
 
+at::Device ToTorchDevice(const Device& device) {
+  return device.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)) : at::Device(at::kCPU);
+}
+
 std::optional<DataType> FromScalarType(at::ScalarType type) {
   for (DataType candidate : kAllDataTypes) {
     if (ToScalarType(candidate) == type) return candidate;
   }
   return std::nullopt;
-}
-
-std::optional<int> IndexSuffix(const std::string& name) {
-  const size_t pos = name.rfind("__");
-  int index = 0;
-  if (pos == std::string::npos || !absl::SimpleAtoi(name.substr(pos + 2), &index) || index < 0) {
-    return std::nullopt;
-  }
-  return index;
-}
-
-std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count) {
-  std::vector<int> positions;
-  std::vector<bool> taken(count, false);
-  for (const TensorSpec& tensor : tensors) {
-    std::optional<int> index = IndexSuffix(tensor.name);
-    if (!index || static_cast<size_t>(*index) >= count || taken[*index]) return std::nullopt;
-    taken[*index] = true;
-    positions.push_back(*index);
-  }
-  return positions;
-}
-
-size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name == name) return i;
-  }
-  return 0;
 }
 
 void ApplyIntraOpThreads(int threads) {

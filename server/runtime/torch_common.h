@@ -1,5 +1,5 @@
 // What the TorchScript and AOTInductor runtimes share: LibTorch exceptions as statuses, datatype
-// mapping, `__<index>` binding, pinned staging memory, recycled CUDA streams and the delivery of
+// and device mapping, pinned staging memory, recycled CUDA streams and the delivery of
 // a forward pass's outputs. Includes LibTorch: for server/runtime's .cc files only.
 #pragma once
 
@@ -39,17 +39,8 @@ auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
 }
 
 at::ScalarType ToScalarType(DataType type);
+at::Device ToTorchDevice(const Device& device);
 std::optional<DataType> FromScalarType(at::ScalarType type);
-
-// "INPUT__3" -> 3; nullopt without a `__<non-negative integer>` suffix.
-std::optional<int> IndexSuffix(const std::string& name);
-
-// For each declared tensor, its position (a forward argument, or an element of the returned
-// tuple): by `__<index>` suffix when every name has a distinct one below `count`, else nullopt.
-std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count);
-
-// Index of `name` among `tensors` (0 when absent: requests are validated before they get here).
-size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
 
 // LibTorch's CPU pool (OpenMP in the torch wheel) takes its thread count per calling thread, and
 // each instance has its own worker thread: sets it on the calling thread when it differs. 0: leave

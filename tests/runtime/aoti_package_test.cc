@@ -140,7 +140,7 @@ TEST(AotiPackageTest, BindsAndChecksTheConfig) {
   std::vector<std::string> warnings;
   StatusOr<AotiBinding> binding = Bind(Metadata(), Spec(), &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
-  EXPECT_THAT(binding->input_config_index, ElementsAre(0));
+  EXPECT_THAT(binding->input_package_index, ElementsAre(0));
   EXPECT_EQ(binding->pad_batch_to, 2);  // lone requests are padded to the package's smallest batch
   EXPECT_THAT(warnings, IsEmpty());
 
@@ -213,15 +213,15 @@ TEST(AotiPackageTest, InputsBindByNameThenSuffixThenOrder) {
   // Keyword arguments name the package's inputs.
   auto binding = BindAotiPackage(AotiPackageInfo{}, 2, {"a", "b"}, 1, {""}, spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
-  EXPECT_THAT(binding->input_config_index, ElementsAre(1, 0));
+  EXPECT_THAT(binding->input_package_index, ElementsAre(1, 0));
   spec.inputs = {{"IN__1", DataType::kFp32, {2}}, {"IN__0", DataType::kInt32, {2}}};
   binding = BindAotiPackage(AotiPackageInfo{}, 2, {"", ""}, 1, {""}, spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
-  EXPECT_THAT(binding->input_config_index, ElementsAre(1, 0));
+  EXPECT_THAT(binding->input_package_index, ElementsAre(1, 0));
   spec.inputs = {{"p", DataType::kFp32, {2}}, {"q", DataType::kInt32, {2}}};
   binding = BindAotiPackage(AotiPackageInfo{}, 2, {"", ""}, 1, {""}, spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
-  EXPECT_THAT(binding->input_config_index, ElementsAre(0, 1));
+  EXPECT_THAT(binding->input_package_index, ElementsAre(0, 1));
 }
 
 TEST(AotiPackageTest, DictOutputsBindByKey) {
