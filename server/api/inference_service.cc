@@ -218,6 +218,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
                                                                "' was loaded without its config.pbtxt")));
   }
   *response->mutable_config() = *config;
+  AddBatchSizeChoice((*model)->batch_sizes(), response->mutable_config());
   return FinishNow(context, absl::OkStatus());
 }
 

@@ -168,6 +168,13 @@ StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {
   return bytes->data();
 }
 
+void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config) {
+  if (!choice.measured) return;
+  auto& parameters = *config->mutable_parameters();
+  parameters[kAutoBatchSizesChosenKey].set_string_value(choice.SizesText());
+  parameters[kAutoBatchSizesRatesKey].set_string_value(choice.RatesText());
+}
+
 void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
                        inference::ModelMetadataResponse* proto) {
   proto->set_name(spec.name);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "grpc_service.pb.h"
+#include "server/batching/batch_sizes.h"
 #include "server/batching/model_stats.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
@@ -39,6 +40,10 @@ class ResponseSink final : public OutputSink {
 // model batches).
 void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
                        inference::ModelMetadataResponse* proto);
+
+// Adds the batch sizes warm-up chose to a ModelConfig answer's parameters (kAutoBatchSizesChosenKey,
+// kAutoBatchSizesRatesKey); nothing when they were not measured.
+void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config);
 
 // One ModelStatistics entry with Triton's meaning (durations in nanoseconds).
 void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,

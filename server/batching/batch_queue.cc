@@ -1,6 +1,7 @@
 #include "server/batching/batch_queue.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -100,8 +101,9 @@ size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
   size_t fitting = 0;
   size_t preferred = 0;
   if (options_.one_request_per_batch) return 1;
+  const int64_t largest = ladder_.empty() ? options_.max_batch_size : ladder_.back();
   for (const PendingRequest& pending : group.queue) {
-    if (rows + pending.request->batch_size > options_.max_batch_size) break;
+    if (rows + pending.request->batch_size > largest) break;
     rows += pending.request->batch_size;
     ++fitting;
     if (std::binary_search(options_.preferred_batch_sizes.begin(),
@@ -109,10 +111,23 @@ size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
       preferred = fitting;
     }
   }
-  const bool full = fitting < group.queue.size() || rows == options_.max_batch_size;
+  // A request larger than the ladder's largest size (at most max_batch_size) runs alone.
+  if (fitting == 0) return 1;
+  const bool full = fitting < group.queue.size() || rows == largest;
   const bool waited = now - group.queue.front().enqueued >= options_.max_queue_delay;
-  if (full || waited) return fitting;
-  return preferred;
+  if (!full && !waited) return preferred;
+  if (ladder_.empty()) return fitting;
+  // The largest ladder size the rows reach, and the longest prefix within it.
+  const auto reached = std::upper_bound(ladder_.begin(), ladder_.end(), rows);
+  const int64_t cap = reached == ladder_.begin() ? rows : *std::prev(reached);
+  int64_t kept_rows = 0;
+  size_t kept = 0;
+  for (const PendingRequest& pending : group.queue) {
+    if (kept == fitting || kept_rows + pending.request->batch_size > cap) break;
+    kept_rows += pending.request->batch_size;
+    ++kept;
+  }
+  return std::max<size_t>(kept, 1);
 }
 
 int64_t BatchQueue::PaddedRows(int64_t rows) const {

@@ -87,6 +87,13 @@ class BatchQueue {
   // The earliest deadline of a waiting request; kNoDeadline when none has one.
   TimePoint NextDeadline() const;
 
+  // Limits the batches formed from now on to the rows in `sizes` (ascending, each in
+  // [1, max_batch_size]; empty: every size up to max_batch_size): a group whose waiting rows
+  // reach sizes.back() is full, and a batch takes the longest prefix of requests whose rows stay
+  // within the largest size in `sizes` that the waiting rows reach (at least one request, so a
+  // request larger than sizes.back() still runs, alone). Ignored with one_request_per_batch.
+  void SetBatchSizeLadder(std::vector<int> sizes) { ladder_ = std::move(sizes); }
+
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
 
@@ -108,6 +115,7 @@ class BatchQueue {
   int64_t PaddedRows(int64_t rows) const;
 
   const Options options_;
+  std::vector<int> ladder_;  // SetBatchSizeLadder's sizes; empty: no limit below max_batch_size
   std::map<std::string, Group> groups_;
   size_t requests_ = 0;
   size_t bytes_ = 0;

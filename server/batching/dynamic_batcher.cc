@@ -92,6 +92,11 @@ StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> request
   return pool_->WarmUp(std::move(requests), abandon);
 }
 
+void DynamicBatcher::SetBatchSizeLadder(std::vector<int> sizes) {
+  MutexLock lock(&mutex_);
+  queue_.SetBatchSizeLadder(std::move(sizes));
+}
+
 void DynamicBatcher::Stop() {
   std::vector<PendingRequest> abandoned;
   {

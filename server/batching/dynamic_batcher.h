@@ -42,6 +42,7 @@ class DynamicBatcher final : public Scheduler {
   void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override
       ABSL_LOCKS_EXCLUDED(mutex_);
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
+  void SetBatchSizeLadder(std::vector<int> sizes) override ABSL_LOCKS_EXCLUDED(mutex_);
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;

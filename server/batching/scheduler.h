@@ -38,6 +38,9 @@ struct WarmupRequest {
   std::string label;                      // "batch=4 image[4,3,32,32]", for logs and errors
   std::unique_ptr<InferRequest> request;  // owns its bytes (owned_buffers)
   int runs = 1;                           // times it runs on each instance
+  // Runs after `runs`, each timed; their median is WarmupPass::median_timed (0: none).
+  int timed_runs = 0;
+  int64_t batch_size = 0;  // rows, for a shape-plan request; 0 for a model_warmup sample
 };
 
 // One (instance, request) pair the warm-up ran.
@@ -46,6 +49,8 @@ struct WarmupPass {
   std::string label;
   Duration first_run{0};  // what the first client request of this shape would have paid
   Duration last_run{0};   // the last warm-up run, close to the steady state
+  int64_t batch_size = 0;     // WarmupRequest::batch_size
+  Duration median_timed{0};   // median of the timed runs; 0 when there were none
 };
 
 struct WarmupReport {
@@ -73,6 +78,10 @@ class Scheduler {
   // CANCELLED as soon as `*abandon` (may be null) turns true (the server is shutting down).
   virtual StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
                                         const std::atomic<bool>* abandon) = 0;
+
+  // The batch sizes to form from now on (ascending; see BatchQueue::SetBatchSizeLadder). Call it
+  // before the scheduler takes traffic. A scheduler that forms no batches ignores it.
+  virtual void SetBatchSizeLadder(std::vector<int> sizes) = 0;
 
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.

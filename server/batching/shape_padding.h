@@ -59,6 +59,7 @@ class PaddingScheduler final : public Scheduler {
   void Poke() override { inner_->Poke(); }
   void Stop() override { inner_->Stop(); }
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
+  void SetBatchSizeLadder(std::vector<int> sizes) override { inner_->SetBatchSizeLadder(std::move(sizes)); }
 
  private:
   const std::shared_ptr<const ModelSpec> spec_;  // shared with the completions in flight

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "server/batching/batch_sizes.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -82,10 +83,13 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
                                                          const std::filesystem::path& model_directory) {
   std::vector<WarmupRequest> requests;
   if (spec.warmup && plan.finite) {
+    const bool timed = AutoBatchSizesOffReason(spec, plan, true).empty();
     for (const ShapePlan::Entry& entry : plan.shapes) {
       WarmupRequest warmup;
       warmup.label = entry.label;
       warmup.runs = spec.warmup_runs;
+      warmup.timed_runs = timed ? kBatchSizeTimedRuns : 0;
+      warmup.batch_size = entry.batch_size;
       warmup.request = NewRequest(spec);
       warmup.request->batch_size = std::max<int64_t>(entry.batch_size, 1);
       for (size_t i = 0; i < spec.inputs.size(); ++i) {
@@ -139,7 +143,10 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     WarmupPass pass;
     pass.instance = instance;
     pass.label = warmup.label;
-    for (int i = 0; i < std::max(1, warmup.runs); ++i) {
+    pass.batch_size = warmup.batch_size;
+    const int runs = std::max(1, warmup.runs);
+    std::vector<Duration> timed;
+    for (int i = 0; i < runs + std::max(0, warmup.timed_runs); ++i) {
       if (abandon != nullptr && abandon->load()) {
         return absl::CancelledError("warm-up abandoned: the server is shutting down");
       }
@@ -150,7 +157,15 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
       }
       const Duration took = std::chrono::steady_clock::now() - started;
       if (i == 0) pass.first_run = took;
-      pass.last_run = took;
+      if (i < runs) {
+        pass.last_run = took;
+      } else {
+        timed.push_back(took);
+      }
+    }
+    if (!timed.empty()) {
+      std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
+      pass.median_timed = timed[timed.size() / 2];
     }
     passes.push_back(std::move(pass));
   }

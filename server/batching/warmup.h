@@ -18,9 +18,11 @@
 namespace sluice {
 
 // One zero-filled request per shape of `plan` (when the plan is finite and spec.warmup is on),
-// each run spec.warmup_runs times, then each model_warmup sample (zero, random or file data;
-// files are read from <model_directory>/warmup/), run `count` times. INVALID_ARGUMENT for a
-// sample that does not fit the model's inputs or whose file is missing or of the wrong size.
+// each run spec.warmup_runs times and, where sluice.auto_batch_sizes applies
+// (AutoBatchSizesOffReason), kBatchSizeTimedRuns more times, timed; then each model_warmup
+// sample (zero, random or file data; files are read from <model_directory>/warmup/), run
+// `count` times. INVALID_ARGUMENT for a sample that does not fit the model's inputs or whose
+// file is missing or of the wrong size.
 StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,
                                                          const std::filesystem::path& model_directory);
 
@@ -28,7 +30,8 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
 InferRequest ViewOf(const InferRequest& request);
 
 // Runs `requests` on one instance through `run` (the scheduler's execution path), timing each
-// run; CANCELLED before the next run once `*abandon` (may be null) is true.
+// run (the median of each request's timed runs goes to WarmupPass::median_timed); CANCELLED
+// before the next run once `*abandon` (may be null) is true.
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const std::function<Status(const InferRequest&)>& run);

@@ -57,7 +57,17 @@ struct DynamicBatchingSpec {
                                    // preferred size (or max_batch_size) so the model sees few shapes
   int max_shape_groups = 16;       // sluice.max_shape_groups: live shape groups per model version
   size_t max_queued_bytes = 256u << 20;  // sluice.max_queued_bytes: input bytes waiting per version
+  // sluice.auto_batch_sizes: without preferred_batch_size, warm-up times every batch size and the
+  // batcher forms a larger batch only where it serves more rows per second (server/batching/
+  // batch_sizes.h).
+  bool auto_batch_sizes = true;
 };
+
+// The ModelConfig answer's parameters with the measured choice ("1,2,4,8" and
+// "1:25000,2:41000,..."); a config.pbtxt may carry them (written back from an answer) and they
+// are ignored there.
+inline constexpr const char* kAutoBatchSizesChosenKey = "sluice.auto_batch_sizes.chosen";
+inline constexpr const char* kAutoBatchSizesRatesKey = "sluice.auto_batch_sizes.rows_per_second";
 
 // Padding buckets: variable dimensions of inputs are padded up to the next bucket size so that a
 // model sees a finite set of shapes (config parameters sluice.buckets, sluice.bucket_dims,

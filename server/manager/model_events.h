@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "server/batching/batch_sizes.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
@@ -31,6 +32,7 @@ struct ModelTuning {
   std::vector<WarmupPass> warmup;  // every (instance, shape) pair warmed, and the samples
   Duration warmup_time{0};         // wall time of the warm-up
   std::vector<std::string> warnings;  // the runtime's (ModelBackend::Warnings)
+  BatchSizeChoice batch_sizes;        // sluice.auto_batch_sizes: measured, or why not
 };
 
 // Told about model versions as they load, become ready and go away. Implementations are

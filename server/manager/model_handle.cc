@@ -10,13 +10,14 @@ namespace sluice {
 
 ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
                          std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats,
-                         const TimeSource* clock)
+                         const TimeSource* clock, BatchSizeChoice batch_sizes)
     : model_(std::move(model)),
       version_(version),
       device_(std::move(device)),
       scheduler_(std::move(scheduler)),
       stats_(std::move(stats)),
-      clock_(clock) {}
+      clock_(clock),
+      batch_sizes_(std::move(batch_sizes)) {}
 
 ModelHandle::~ModelHandle() { Stop(); }
 

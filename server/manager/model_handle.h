@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 
+#include "server/batching/batch_sizes.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/clock.h"
@@ -25,13 +26,16 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
  public:
   // `clock` outlives the handle; `stats` never null.
   ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
-              std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats, const TimeSource* clock);
+              std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats, const TimeSource* clock,
+              BatchSizeChoice batch_sizes = {});
   ~ModelHandle();
 
   const ModelSpec& spec() const { return model_->spec; }
   const RepositoryModel& model() const { return *model_; }  // the configuration it was loaded with
   int64_t version() const { return version_; }
   const std::string& device() const { return device_; }    // "cpu", "cuda:0", or a list
+  // The batch sizes warm-up measured and the batcher forms (sluice.auto_batch_sizes).
+  const BatchSizeChoice& batch_sizes() const { return batch_sizes_; }
   ModelStatsSnapshot Statistics() const { return stats_->Snapshot(); }
 
   // Validates `request` against the model (INVALID_ARGUMENT, answered at once), narrows its
@@ -68,6 +72,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<Scheduler> scheduler_;
   const std::shared_ptr<ModelStats> stats_;
   const TimeSource* const clock_;
+  const BatchSizeChoice batch_sizes_;
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.

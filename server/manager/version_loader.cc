@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/batching/batch_sizes.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/shape_padding.h"
 #include "server/batching/shape_plan.h"
@@ -64,7 +65,7 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
   if (scheduler.ok()) {
     loaded.handle = std::make_shared<ModelHandle>(model, version, std::move(device),
                                                   std::shared_ptr<Scheduler>(*std::move(scheduler)),
-                                                  std::move(stats), clock_);
+                                                  std::move(stats), clock_, loaded.tuning.batch_sizes);
   } else {
     loaded.status = scheduler.status();
   }
@@ -186,6 +187,13 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     }
     tuning->warmup = std::move(report->passes);
   }
+  const std::string auto_off = AutoBatchSizesOffReason(spec, plan, options_.warmup);
+  if (auto_off.empty()) {
+    tuning->batch_sizes = ChooseBatchSizes(tuning->warmup);
+    if (tuning->batch_sizes.measured) scheduler->SetBatchSizeLadder(tuning->batch_sizes.sizes);
+  } else {
+    tuning->batch_sizes.off_reason = auto_off;
+  }
   return scheduler;
 }
 
@@ -211,6 +219,14 @@ void LogTuning(const ModelTuning& tuning) {
                   "last_ms={:.3f}", tuning.name, tuning.version, pass.instance, pass.label,
                   std::chrono::duration<double, std::milli>(pass.first_run).count(),
                   std::chrono::duration<double, std::milli>(pass.last_run).count());
+  }
+  const BatchSizeChoice& batch_sizes = tuning.batch_sizes;
+  if (batch_sizes.measured) {
+    spdlog::info("event=auto_batch_sizes model={} version={} sizes={} rows_per_s=\"{}\"", tuning.name,
+                 tuning.version, batch_sizes.SizesText(), batch_sizes.RatesText());
+  } else {
+    spdlog::info("event=auto_batch_sizes model={} version={} off=\"{}\"", tuning.name, tuning.version,
+                 batch_sizes.off_reason);
   }
   std::set<int> instances;
   for (const WarmupPass& pass : tuning.warmup) instances.insert(pass.instance);

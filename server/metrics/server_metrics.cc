@@ -68,6 +68,9 @@ struct ServerMetrics::Families {
                    .Help("Shapes in the version's shape set; 0 when the set is open-ended").Register(r)),
         cudnn_benchmark(prometheus::BuildGauge().Name("sluice_model_cudnn_benchmark")
                             .Help("1 when cuDNN benchmark mode is on for the version, with the reason").Register(r)),
+        auto_batch_rows(prometheus::BuildGauge().Name("sluice_model_auto_batch_rows_per_second")
+                            .Help("Rows per second warm-up measured at each batch size the batcher forms "
+                                  "(sluice.auto_batch_sizes); sizes it does not form have no series").Register(r)),
         request_seconds(prometheus::BuildHistogram().Name("sluice_request_duration_seconds")
                             .Help("Time in the server per successful request, from admission to answer").Register(r)),
         queue_seconds(prometheus::BuildHistogram().Name("sluice_queue_duration_seconds")
@@ -133,6 +136,7 @@ struct ServerMetrics::Families {
   Family<Gauge>& warmup_pairs;
   Family<Gauge>& shapes;
   Family<Gauge>& cudnn_benchmark;
+  Family<Gauge>& auto_batch_rows;
   Family<Histogram>& request_seconds;
   Family<Histogram>& queue_seconds;
   Family<Histogram>& input_seconds;
@@ -303,6 +307,17 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
   Labels decision = labels;
   decision["reason"] = tuning.cudnn_reason;
   families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
+  std::vector<Gauge*>& series = auto_batch_series_[{tuning.name, tuning.version}];
+  for (Gauge* old : series) families_->auto_batch_rows.Remove(old);
+  series.clear();
+  for (const BatchSizeRate& rate : tuning.batch_sizes.rates) {
+    if (!rate.kept) continue;
+    Labels size = labels;
+    size["batch_size"] = std::to_string(rate.batch_size);
+    Gauge& gauge = families_->auto_batch_rows.Add(size);
+    gauge.Set(rate.rows_per_second);
+    series.push_back(&gauge);
+  }
 }
 
 void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& labels) {

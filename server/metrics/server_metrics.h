@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -73,6 +74,9 @@ class ServerMetrics final : public ModelObserver {
   Mutex mutex_;
   // The label children created after start-up (state, GPUs) and the GPU bookkeeping.
   std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mutex_);
+  // The auto batch size series of each (model, version), replaced when it loads again.
+  std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

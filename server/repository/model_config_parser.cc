@@ -188,6 +188,12 @@ StatusOr<bool> BoolParameter(const std::map<std::string, std::string>& parameter
       absl::StrCat("parameter ", key, " must be \"true\" or \"false\", found '", it->second, "'"));
 }
 
+StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& parameters,
+                               const std::string& key, bool fallback) {
+  if (parameters.count(key) == 0) return fallback;
+  return BoolParameter(parameters, key);
+}
+
 Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* spec) {
   if (!config.has_dynamic_batching()) return absl::OkStatus();
   const inference::ModelDynamicBatching& batching = config.dynamic_batching();
@@ -239,13 +245,9 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
                           IntParameter(spec->parameters, "sluice.max_queued_bytes", 256 << 20, 1,
                                        int64_t{1} << 40));
   out.max_queued_bytes = static_cast<size_t>(bytes);
+  SLUICE_ASSIGN_OR_RETURN(out.auto_batch_sizes,
+                          BoolParameterOr(spec->parameters, "sluice.auto_batch_sizes", true));
   return absl::OkStatus();
-}
-
-StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& parameters,
-                               const std::string& key, bool fallback) {
-  if (parameters.count(key) == 0) return fallback;
-  return BoolParameter(parameters, key);
 }
 
 // Every Sluice parameter; a misspelt sluice.* key is an error rather than silently ignored.
@@ -253,12 +255,20 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.pad_batch_to_preferred", "sluice.max_shape_groups", "sluice.max_queued_bytes",
     "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
-    "sluice.cudnn_benchmark"};
+    "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes"};
+
+// What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
+// answer loads, and these are ignored (measured again).
+constexpr const char* kSluiceReportedParameters[] = {kAutoBatchSizesChosenKey, kAutoBatchSizesRatesKey};
 
 Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
   for (const auto& parameter : parameters) {
     const std::string& key = parameter.first;
     if (!absl::StartsWith(key, "sluice.")) continue;
+    if (std::find(std::begin(kSluiceReportedParameters), std::end(kSluiceReportedParameters), key) !=
+        std::end(kSluiceReportedParameters)) {
+      continue;
+    }
     if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
                      [&](const char* known) { return key == known; }) == std::end(kSluiceParameters)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown parameter '", key, "' (Sluice knows: ",

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -43,6 +44,21 @@ class SlowToWarm(nn.Module):
         return x
 
 
+class SlowAboveFour(nn.Module):
+    """Doubles its input; a batch of more than 4 rows also burns about 100 small matmuls, so that
+    sizes 5-8 serve far fewer rows per second than size 4 (like a CPU conv net whose kernels
+    change with the batch size)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            w = torch.full([64, 64], 0.001)
+            y = torch.ones([64, 64])
+            for _ in range(100):
+                y = torch.tanh(y @ w)
+            return x * 2.0 + y[0, 0] * 0.0
+        return x * 2.0
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("warmup_repository"))
@@ -72,6 +88,14 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """, torch.jit.script(nn.Identity()))
+    write(root, "cliff", """
+max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 300000 }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "1" } }
+""", torch.jit.script(SlowAboveFour()))
     return root
 
 
@@ -182,6 +206,45 @@ def test_warmed_pairs_equal_the_computed_shape_set(warm_server):
     assert re.search(r"event=cudnn_benchmark model=variable version=1 benchmark=off reason=\"variable "
                      r"shapes: input 'INPUT__0' dimension 0 is variable", log), log
     assert "event=warmup model=variable version=1 shapes=variable instances=0 pairs=0" in log
+
+
+def test_auto_batch_sizes_skip_the_sizes_that_serve_fewer_rows_per_second(client, warm_server):
+    log = warm_server.log()
+    found = re.search(r"event=auto_batch_sizes model=cliff version=1 sizes=(\S+) rows_per_s=\"([^\"]+)\"", log)
+    assert found, log
+    assert found.group(1) == "1,2,3,4", found.group(0)
+    rates = dict(pair.split(":") for pair in found.group(2).split(","))
+    assert sorted(int(size) for size in rates) == list(range(1, 9))
+    assert "event=auto_batch_sizes model=seq_padded version=1 off=\"preferred_batch_size is set\"" in log
+    assert "event=auto_batch_sizes model=traced_convs version=1 off=\"no dynamic_batching\"" in log
+
+    # The ModelConfig answer and the metrics say the same.
+    parameters = client.get_model_config("cliff").config.parameters
+    assert parameters["sluice.auto_batch_sizes.chosen"].string_value == "1,2,3,4"
+    assert parameters["sluice.auto_batch_sizes.rows_per_second"].string_value == found.group(2)
+    assert "sluice.auto_batch_sizes.chosen" not in client.get_model_config("seq_padded").config.parameters
+    with urllib.request.urlopen(f"http://127.0.0.1:{warm_server.metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    series = set(re.findall(r'sluice_model_auto_batch_rows_per_second\{batch_size="(\d+)",model="cliff"', text))
+    assert series == {"1", "2", "3", "4"}, text
+
+    # Eight requests waiting together (a 300 ms delay) run as two batches of 4, not one of 8.
+    results = []
+    for row in range(8):
+        data = np.full((1, 4), row, dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(data)
+        client.async_infer("cliff", [tensor], lambda result, error, row=row: results.append((row, result, error)))
+    deadline = time.monotonic() + 30
+    while len(results) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(results) == 8
+    for row, result, error in results:
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), np.full((1, 4), row * 2.0, dtype=np.float32))
+    stats = client.get_inference_statistics("cliff", as_json=True)["model_stats"][0]
+    counts = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
+    assert max(counts) <= 4 and counts.get(4) == 2, counts
 
 
 def test_cudnn_benchmark_flag_and_warmup_switch(repository, tmp_path_factory):

@@ -122,6 +122,51 @@ TEST_F(BatchQueueTest, ZeroDelayBatchesWhateverWaits) {
   EXPECT_EQ(batch->rows, 3);
 }
 
+TEST_F(BatchQueueTest, BatchSizeLadderCutsAtTheLargestSizeReached) {
+  auto options = Options();
+  options.max_queue_delay = 0us;
+  BatchQueue queue(options);
+  queue.SetBatchSizeLadder({1, 2, 4});
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  std::vector<int64_t> rows;
+  while (auto batch = queue.TakeReadyBatch(clock_.Now())) rows.push_back(batch->rows);
+  EXPECT_THAT(rows, ElementsAre(4, 2, 1));  // not 7: sizes 5-8 serve fewer rows per second
+
+  // Requests of several rows: the longest prefix within the size reached, at least one request.
+  ASSERT_TRUE(Add(queue, 3).ok());
+  ASSERT_TRUE(Add(queue, 3).ok());
+  auto batch = queue.TakeReadyBatch(clock_.Now());  // 3 rows reach 2 only; the first runs alone
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 3);
+  ASSERT_TRUE(Add(queue, 1).ok());
+  batch = queue.TakeReadyBatch(clock_.Now());  // 3 + 1 = 4, a ladder size
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 4);
+  // A request larger than the ladder's largest size (within max_batch_size) runs, alone.
+  ASSERT_TRUE(Add(queue, 6).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
+  batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 6);
+  EXPECT_EQ(queue.size(), 1u);
+}
+
+TEST_F(BatchQueueTest, BatchSizeLadderLargestSizeIsFull) {
+  BatchQueue queue(Options());  // 100 us delay
+  queue.SetBatchSizeLadder({1, 2, 4});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // 3 rows wait for company
+  ASSERT_TRUE(Add(queue, 1).ok());
+  auto batch = queue.TakeReadyBatch(clock_.Now());  // 4 rows: as full as the ladder goes
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 4);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  clock_.Advance(100us);
+  batch = queue.TakeReadyBatch(clock_.Now());  // the delay passed: 3 rows reach 2
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 2);
+}
+
 TEST_F(BatchQueueTest, ShapeGroupsDoNotDisturbEachOther) {
   BatchQueue queue(Options());
   ASSERT_TRUE(Add(queue, 1, /*width=*/2).ok());

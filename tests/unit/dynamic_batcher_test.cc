@@ -91,6 +91,19 @@ TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
   EXPECT_EQ(stats.batches.at(6).compute_infer.count, 1u);
 }
 
+TEST_F(DynamicBatcherTest, ABatchSizeLadderLimitsTheBatchesFormed) {
+  auto batcher = Make();
+  batcher->SetBatchSizeLadder({1, 2});  // as sluice.auto_batch_sizes sets it after warm-up
+  Call calls[5];
+  for (int i = 0; i < 5; ++i) batcher->Enqueue(Request(calls[i], 1, 2, i), &calls[i].sink, Answer(calls[i]));
+  // Two rows are as full as the ladder goes: those batches run without waiting for the delay.
+  ASSERT_TRUE(calls[3].answer.get_future().get().ok());
+  clock_.Advance(1s);
+  batcher->Poke();
+  ASSERT_TRUE(calls[4].answer.get_future().get().ok());
+  EXPECT_EQ(echoes_[0]->batch_sizes(), (std::vector<int64_t>{2, 2, 1}));
+}
+
 TEST_F(DynamicBatcherTest, AThrowingBatchFailsOnlyItsOwnRequests) {
   auto batcher = Make();
   Call poisoned, same_group, other_group;

@@ -151,6 +151,9 @@ TEST_F(MetricsTest, StatesTuningAndBuildInfo) {
   tuning.shape_count = 4;
   tuning.warmup.resize(8);
   tuning.warmup_time = 1500ms;
+  tuning.batch_sizes.measured = true;
+  tuning.batch_sizes.sizes = {1, 4};
+  tuning.batch_sizes.rates = {{1, 1000, true}, {2, 800, false}, {4, 3000, true}};
   metrics_.OnReady(tuning, 2s);
   metrics_.OnState("m", 2, ModelState::kReady);
   metrics_.SetBuildInfo({{"libtorch", "2.11.0"}, {"cudnn_loaded", "9.19.0"}});
@@ -163,6 +166,15 @@ TEST_F(MetricsTest, StatesTuningAndBuildInfo) {
   EXPECT_EQ(Value(text, R"(sluice_model_shapes{model="m",version="2"})"), 4);
   EXPECT_EQ(Value(text, R"x(sluice_model_cudnn_benchmark{model="m",reason="fixed shapes (4 in the set)",version="2"})x"), 1);
   EXPECT_EQ(Value(text, R"(sluice_build_info{cudnn_loaded="9.19.0",libtorch="2.11.0"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="1",model="m",version="2"})"), 1000);
+  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="4",model="m",version="2"})"), 3000);
+  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="2")"), std::string::npos);
+  // Loaded again with another choice: the old sizes' series go.
+  tuning.batch_sizes.rates = {{1, 1100, true}, {2, 2000, true}, {4, 1500, false}};
+  metrics_.OnReady(tuning, 2s);
+  text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="2",model="m",version="2"})"), 2000);
+  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="4")"), std::string::npos);
 }
 
 TEST_F(MetricsTest, FakeNvmlFeedsTheGpuSeriesAndGoneGpusDisappear) {

@@ -204,5 +204,22 @@ TEST(ProtocolTest, MetadataShowsBatchDimension) {
   EXPECT_THAT(proto.inputs(0).shape(), ElementsAre(3, -1));
 }
 
+TEST(ProtocolTest, ModelConfigCarriesTheMeasuredBatchSizes) {
+  inference::ModelConfig config;
+  (*config.mutable_parameters())["INTRA_OP_THREAD_COUNT"].set_string_value("1");
+  BatchSizeChoice choice;
+  choice.off_reason = "preferred_batch_size is set";
+  AddBatchSizeChoice(choice, &config);
+  EXPECT_EQ(config.parameters().size(), 1);  // not measured: nothing added
+  choice.measured = true;
+  choice.sizes = {1, 2};
+  choice.rates = {{1, 1000.4, true}, {2, 2500.6, true}, {3, 2000, false}};
+  AddBatchSizeChoice(choice, &config);
+  EXPECT_EQ(config.parameters().at("sluice.auto_batch_sizes.chosen").string_value(), "1,2");
+  EXPECT_EQ(config.parameters().at("sluice.auto_batch_sizes.rows_per_second").string_value(),
+            "1:1000,2:2501,3:2000");
+  EXPECT_EQ(config.parameters().at("INTRA_OP_THREAD_COUNT").string_value(), "1");
+}
+
 }  // namespace
 }  // namespace sluice

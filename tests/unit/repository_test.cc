@@ -303,6 +303,27 @@ TEST(ModelConfigParserTest, DynamicBatching) {
   EXPECT_TRUE(batching.pad_to_preferred);
   EXPECT_EQ(batching.max_shape_groups, 3);
   EXPECT_EQ(batching.max_queued_bytes, 1000u);
+  EXPECT_TRUE(batching.auto_batch_sizes);  // on by default
+}
+
+TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "false" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->dynamic_batching.auto_batch_sizes);
+  // A config written back from a ModelConfig answer carries the measured choice: it loads, and
+  // the choice is measured again.
+  spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes.chosen" value: { string_value: "1,2" } }
+      parameters: { key: "sluice.auto_batch_sizes.rows_per_second" value: { string_value: "1:10,2:30" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->dynamic_batching.auto_batch_sizes);
+  spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "sometimes" } })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
 }
 
 TEST(ModelConfigParserTest, DynamicBatchingErrors) {

@@ -1,0 +1,66 @@
+#include "server/batching/batch_sizes.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sluice {
+
+std::string AutoBatchSizesOffReason(const ModelSpec& spec, const ShapePlan& plan, bool warmup) {
+  const DynamicBatchingSpec& batching = spec.dynamic_batching;
+  if (!batching.enabled) return "no dynamic_batching";
+  if (spec.max_batch_size <= 1) return "max_batch_size is 1";
+  if (!batching.auto_batch_sizes) return "sluice.auto_batch_sizes is false";
+  if (!batching.preferred_batch_sizes.empty()) return "preferred_batch_size is set";
+  if (!warmup || !spec.warmup) return "warm-up is off";
+  if (!plan.finite) return absl::StrCat("the shape set is open-ended (", plan.why_not, ")");
+  return "";
+}
+
+std::string BatchSizeChoice::SizesText() const { return absl::StrJoin(sizes, ","); }
+
+std::string BatchSizeChoice::RatesText() const {
+  return absl::StrJoin(rates, ",", [](std::string* out, const BatchSizeRate& rate) {
+    absl::StrAppend(out, rate.batch_size, ":", std::llround(rate.rows_per_second));
+  });
+}
+
+BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
+  struct Sum {
+    double seconds = 0;
+    int64_t rows = 0;
+  };
+  std::map<int64_t, std::map<int, Sum>> per_size;  // batch size -> instance -> sums
+  for (const WarmupPass& pass : passes) {
+    if (pass.batch_size < 1 || pass.median_timed <= Duration::zero()) continue;
+    Sum& sum = per_size[pass.batch_size][pass.instance];
+    sum.seconds += std::chrono::duration<double>(pass.median_timed).count();
+    sum.rows += pass.batch_size;
+  }
+  BatchSizeChoice choice;
+  if (per_size.empty()) {
+    choice.off_reason = "warm-up timed no batch size";
+    return choice;
+  }
+  choice.measured = true;
+  double best = 0;
+  for (const auto& [size, instances] : per_size) {
+    std::vector<double> rates;
+    for (const auto& [instance, sum] : instances) rates.push_back(static_cast<double>(sum.rows) / sum.seconds);
+    std::sort(rates.begin(), rates.end());
+    const size_t n = rates.size();
+    BatchSizeRate rate;
+    rate.batch_size = static_cast<int>(size);
+    rate.rows_per_second = n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
+    rate.kept = choice.sizes.empty() || rate.rows_per_second >= kBatchSizeKeepRatio * best;
+    if (rate.kept) choice.sizes.push_back(rate.batch_size);
+    best = std::max(best, rate.rows_per_second);
+    choice.rates.push_back(rate);
+  }
+  return choice;
+}
+
+}  // namespace sluice
