@@ -1,0 +1,191 @@
+// sluice-bench-load: a C++ load client for one unary gRPC method with fixed request bytes (a
+// serialized message from --request-file), so that a server and the echo floor
+// (sluice-bench-echo) are measured by the same client with the same bytes. One thread drives the
+// calls on a completion queue: closed loop with --concurrency calls in flight, or open loop at
+// --rate calls per second (at most --concurrency in flight). Warm-up calls are not measured.
+// Prints one JSON object: calls, errors, seconds, calls_per_s, latency percentiles (us), and
+// client_cpu_busy (this process's user+system CPU time / wall time over the measured window;
+// a load client near one full core is itself the bottleneck).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// gRPC takes deadlines on the system clock only.
+std::chrono::system_clock::time_point Wall(Clock::time_point t) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+struct Call {
+  grpc::ClientContext context;
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> reader;
+  Clock::time_point started;
+};
+
+double Percentile(std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const size_t index = std::min(sorted.size() - 1, static_cast<size_t>(p * static_cast<double>(sorted.size())));
+  return sorted[index];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Closed- or open-loop load on one unary gRPC method with fixed request bytes"};
+  std::string target;
+  std::string method = "/inference.GRPCInferenceService/ModelInfer";
+  std::string request_file;
+  int concurrency = 1;
+  double rate = 0;
+  double warmup_seconds = 1;
+  double seconds = 5;
+  double timeout_seconds = 30;
+  app.add_option("--target", target, "host:port")->required();
+  app.add_option("--method", method, "Full method name")->capture_default_str();
+  app.add_option("--request-file", request_file, "The serialized request message")->required();
+  app.add_option("--concurrency", concurrency, "Calls in flight (closed loop), or the cap with --rate")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--rate", rate, "Calls per second, open loop (0: closed loop)")->capture_default_str();
+  app.add_option("--warmup-seconds", warmup_seconds, "Unmeasured time first")->capture_default_str();
+  app.add_option("--seconds", seconds, "Measured time")->capture_default_str();
+  app.add_option("--timeout-seconds", timeout_seconds, "Deadline per call")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::ifstream file(request_file, std::ios::binary);
+  if (!file) {
+    std::fprintf(stderr, "cannot read %s\n", request_file.c_str());
+    return 2;
+  }
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  const std::string bytes = contents.str();
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    std::fprintf(stderr, "cannot connect to %s\n", target.c_str());
+    return 2;
+  }
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+
+  const Clock::time_point begin = Clock::now();
+  const Clock::time_point measure_from = begin + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(warmup_seconds));
+  const Clock::time_point end = measure_from + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(seconds));
+  const auto interval = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
+                                 : Clock::duration::zero();
+  Clock::time_point next_send = begin;
+  int in_flight = 0;
+  int64_t measured = 0, errors = 0, not_sent = 0;
+  std::string first_error;
+  std::vector<double> latencies_us;
+  double cpu_at_start = -1, cpu_at_end = -1;
+  Clock::time_point measured_start{}, measured_end{};
+
+  auto start_call = [&](Clock::time_point now) {
+    auto* call = new Call();
+    call->context.set_deadline(Wall(now + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(timeout_seconds))));
+    call->started = now;
+    call->reader = stub.PrepareUnaryCall(&call->context, method, request, &cq);
+    call->reader->StartCall();
+    call->reader->Finish(&call->response, &call->status, call);
+    ++in_flight;
+  };
+
+  bool sending = true;
+  while (sending || in_flight > 0) {
+    Clock::time_point now = Clock::now();
+    if (cpu_at_start < 0 && now >= measure_from) {
+      cpu_at_start = CpuSeconds();
+      measured_start = now;
+    }
+    if (sending && now >= end) {
+      sending = false;
+      cpu_at_end = CpuSeconds();
+      measured_end = now;
+    }
+    if (!sending && in_flight == 0) break;
+    if (sending) {
+      if (rate > 0) {
+        while (now >= next_send) {
+          if (in_flight < concurrency) {
+            start_call(now);
+          } else if (now >= measure_from) {
+            ++not_sent;  // the cap is reached: the server does not keep up with the rate
+          }
+          next_send += interval;
+        }
+      } else {
+        while (in_flight < concurrency) start_call(now);
+      }
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    const Clock::time_point wait_until = sending ? (rate > 0 ? std::min(next_send, end) : end)
+                                                 : now + std::chrono::seconds(60);
+    const auto result = cq.AsyncNext(&tag, &ok, Wall(wait_until));
+    if (result == grpc::CompletionQueue::SHUTDOWN) break;
+    if (result == grpc::CompletionQueue::TIMEOUT) continue;
+    std::unique_ptr<Call> call(static_cast<Call*>(tag));
+    --in_flight;
+    const Clock::time_point done = Clock::now();
+    const bool in_window = call->started >= measure_from && done <= end;
+    if (!ok || !call->status.ok()) {
+      ++errors;
+      if (first_error.empty()) first_error = call->status.error_message();
+    } else if (in_window) {
+      ++measured;
+      latencies_us.push_back(std::chrono::duration<double, std::micro>(done - call->started).count());
+    }
+  }
+  std::sort(latencies_us.begin(), latencies_us.end());
+  const double wall = std::chrono::duration<double>(measured_end - measured_start).count();
+  double mean = 0;
+  for (double each : latencies_us) mean += each;
+  if (!latencies_us.empty()) mean /= static_cast<double>(latencies_us.size());
+  std::string escaped;
+  for (char c : first_error) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
+  }
+  std::printf(
+      "{\"calls\": %lld, \"errors\": %lld, \"not_sent\": %lld, \"seconds\": %.4f, \"calls_per_s\": %.1f, "
+      "\"p50_us\": %.1f, \"p90_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, \"client_cpu_busy\": %.3f, "
+      "\"concurrency\": %d, \"rate\": %.1f, \"first_error\": \"%s\"}\n",
+      static_cast<long long>(measured), static_cast<long long>(errors), static_cast<long long>(not_sent), wall,
+      wall > 0 ? static_cast<double>(measured) / wall : 0.0, Percentile(latencies_us, 0.5),
+      Percentile(latencies_us, 0.9), Percentile(latencies_us, 0.99), mean,
+      wall > 0 ? (cpu_at_end - cpu_at_start) / wall : 0.0, concurrency, rate, escaped.c_str());
+  return errors > 0 ? 1 : 0;
+}
