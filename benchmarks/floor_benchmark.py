@@ -12,6 +12,8 @@ Models (sluice-server with its default flags: metrics, statistics and protocol c
 --device cpu; one instance each, so its intra-op threads = the CPUs it may use = 1):
   mlp      the bundled 784-512-512-10 MLP and config (dynamic_batching, max_batch_size 64)
   convnet  the bundled conv net and config (dynamic_batching, max_batch_size 32)
+  convnet_every_size  the same conv net with sluice.auto_batch_sizes false (the batcher forms
+           any size up to 32, as before the rule): the A/B for the rule
   addsub   two INT32 [16] inputs, a + b and a - b (request_path_benchmark's trivial model)
 The ModelInfer request for the echo is the MLP's (3,136 bytes of FP32 plus the header).
 
@@ -20,7 +22,7 @@ Measured, per repetition (servers started fresh, sides alternating), medians rep
       calls/s at concurrency 32, server CPU per call at a fixed 2,000 calls/s
   sluice mlp: the same three, and the batch size the server formed at 32 (ModelStatistics)
   sluice addsub: p50 at concurrency 1 and server CPU per request at 2,000/s
-  sluice convnet: requests/s at concurrency 8 and at 32
+  sluice convnet, convnet_every_size: requests/s at concurrency 8 and at 32
 Server CPU time is utime + stime of the server process (/proc/<pid>/stat) over the window.
 
 Targets (issue 20):
@@ -40,6 +42,7 @@ nothing.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,9 +76,9 @@ def request_bytes(model):
             request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
             request.raw_input_contents.append(rng.integers(0, 100, (1, 16), dtype=np.int32).tobytes())
     else:
-        name = "INPUT__0" if model == "mlp" else "image"
-        request.inputs.add(name=name, datatype="FP32", shape=[1, *MODEL_ROWS[model]])
-        request.raw_input_contents.append(rng.random((1, *MODEL_ROWS[model]), dtype=np.float32).tobytes())
+        name, rows = ("INPUT__0", MODEL_ROWS["mlp"]) if model == "mlp" else ("image", MODEL_ROWS["convnet"])
+        request.inputs.add(name=name, datatype="FP32", shape=[1, *rows])
+        request.raw_input_contents.append(rng.random((1, *rows), dtype=np.float32).tobytes())
     return request.SerializeToString()
 
 
@@ -162,6 +165,9 @@ def measure_sluice(bin_dir, repository, prefixes, load, request_files, workdir, 
             load.run(server.url, request_files["addsub"], 32, rate=FIXED_RATE, server_pid=pid))
         result.setdefault("sluice_convnet_c8", []).append(load.run(server.url, request_files["convnet"], 8))
         result.setdefault("sluice_convnet_c32", []).append(load.run(server.url, request_files["convnet"], 32))
+        for concurrency in (8, 32):
+            result.setdefault(f"sluice_convnet_every_size_c{concurrency}", []).append(
+                load.run(server.url, request_files["convnet_every_size"], concurrency))
         result.setdefault("auto_batch_sizes", []).append(chosen_batch_sizes(server.url))
 
 
@@ -237,6 +243,8 @@ def summarize(result, inproc):
         "addsub_cpu_us": s["sluice_addsub_fixed"]["server_cpu_us_per_call"],
         "convnet_c8_per_s": s["sluice_convnet_c8"]["calls_per_s"],
         "convnet_c32_per_s": s["sluice_convnet_c32"]["calls_per_s"],
+        "convnet_every_size_c8_per_s": s["sluice_convnet_every_size_c8"]["calls_per_s"],
+        "convnet_every_size_c32_per_s": s["sluice_convnet_every_size_c32"]["calls_per_s"],
         "inprocess_convnet_best_rows_per_s": conv[best_batch]["rows_per_s"],
         "inprocess_convnet_best_batch": best_batch,
     }
@@ -285,8 +293,14 @@ def main():
         repository = os.path.join(workdir, "repository")
         make_bundled(repository, True, ["mlp", "convnet"])
         make_trivial(repository, models=("addsub",))
+        every_size = os.path.join(repository, "convnet_every_size")
+        shutil.copytree(os.path.join(repository, "convnet"), every_size)
+        with open(os.path.join(every_size, "config.pbtxt")) as f:
+            config = f.read().replace('name: "convnet"', 'name: "convnet_every_size"')
+        with open(os.path.join(every_size, "config.pbtxt"), "w") as f:
+            f.write(config + '\nparameters { key: "sluice.auto_batch_sizes" value { string_value: "false" } }\n')
         request_files = {}
-        for model in ("mlp", "convnet", "addsub"):
+        for model in ("mlp", "convnet", "convnet_every_size", "addsub"):
             request_files[model] = os.path.join(workdir, f"{model}.request")
             with open(request_files[model], "wb") as f:
                 f.write(request_bytes(model))
