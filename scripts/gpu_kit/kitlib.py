@@ -111,6 +111,21 @@ def metric_values(text, name, **labels):
     return values
 
 
+def chosen_batch_sizes(url, model):
+    """The batch sizes warm-up chose for `model` (sluice.auto_batch_sizes), from its ModelConfig
+    answer: {"sizes": "1,2,4", "rows_per_second": "1:900,2:1700,..."}, empty strings when the rule
+    did not apply."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        parameters = client.get_model_config(model).config.parameters
+        return {key: parameters[f"sluice.auto_batch_sizes.{name}"].string_value
+                if f"sluice.auto_batch_sizes.{name}" in parameters else ""
+                for key, name in (("sizes", "chosen"), ("rows_per_second", "rows_per_second"))}
+    finally:
+        client.close()
+
+
 def model_statistics(url, model):
     """(inference_count, execution_count, queue_ns, compute_infer_ns, success_count) so far."""
     import tritonclient.grpc as grpcclient

@@ -4,7 +4,8 @@ the ratio, GPU utilisation from the server's own /metrics (--metrics-interval-ms
 against compute time from ModelStatistics. ResNet-50 FP16 with preferred sizes {1, 8, 32, 64} and
 padding on a GPU, cuDNN benchmark off as in the traced module that the in-process run calls
 (70_resnet50 compares on and off); the bundled MLP on the CPU in the dry run. The numbers so far
-are written after every level, so a run cut short keeps them."""
+are written after every level, so a run cut short keeps them. Also reports the batch sizes warm-up
+chose for the bundled MLP (no preferred sizes: sluice.auto_batch_sizes), loaded beside it."""
 # kit-timeout: 100
 import os
 import shutil
@@ -39,12 +40,14 @@ def body():
         kitlib.write_bundled(root, [name], "dynamic_batching { }")
     else:
         kitlib.write_resnet(root, name, dtype, sizes, "off")
+        kitlib.write_bundled(root, ["mlp"], "dynamic_batching { }")
     model_file = os.path.join(root, name, "1", "model.pt")
     ceiling = kitlib.inprocess(model_file, row_shape, list(sizes), seconds, dtype=dtype)
 
     server = kitlib.start_server(root, ["--device", kitlib.device(), "--metrics-interval-ms", "250"], timeout=90)
     levels = []
     try:
+        auto_sizes = kitlib.chosen_batch_sizes(server.url, "mlp")
         for concurrency in concurrencies:
             samples, stop = [], threading.Event()
             sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
@@ -76,12 +79,16 @@ def body():
              r["dominant_batch"], round(r["inprocess_rows_per_s"]), f"{r['ratio']:.2f}",
              "n/a" if r["gpu_utilization_median"] is None else f"{r['gpu_utilization_median']:.2f}",
              round(r["queue_us_per_request"]), round(r["compute_us_per_execution"])] for r in levels]
-    numbers = {"model": name, "dtype": dtype, "inprocess": ceiling, "levels": levels}
+    numbers = {"model": name, "dtype": dtype, "inprocess": ceiling, "levels": levels,
+               "mlp_auto_batch_sizes": auto_sizes}
     details = (kitlib.table(["concurrency", "infer/s", "p50 us", "rows per execution", "executed batch",
                              "in-process rows/s at it", "ratio", "GPU util (median)", "queue us/request",
                              "compute us/execution"], rows)
                + "\n\nIn-process LibTorch: " + ", ".join(f"batch {b}: {r['rows_per_s']:.0f} rows/s, p50 {r['p50_us']:.0f} us"
-                                                  for b, r in ceiling.items()))
+                                                  for b, r in ceiling.items())
+               + f"\n\nBatch sizes warm-up chose for the bundled MLP (sluice.auto_batch_sizes): "
+                 f"{auto_sizes['sizes'] or 'none (the rule did not apply)'}; rows/s per size: "
+                 f"{auto_sizes['rows_per_second'] or 'n/a'}")
     failures = []
     if code != 0:
         failures.append(f"the server exited {code}")
@@ -90,7 +97,8 @@ def body():
     if failures:
         return kitlib.gpu_outcome(False, "; ".join(failures), numbers, details)
     return kitlib.gpu_outcome(True, f"{name}: " + "; ".join(
-        f"c={r['concurrency']} {r['infer_per_s']:.0f}/s ratio {r['ratio']:.2f}" for r in levels), numbers, details)
+        f"c={r['concurrency']} {r['infer_per_s']:.0f}/s ratio {r['ratio']:.2f}" for r in levels)
+        + f"; mlp auto batch sizes {auto_sizes['sizes'] or 'none'}", numbers, details)
 
 
 if __name__ == "__main__":
