@@ -9,9 +9,13 @@ side in one run, on the bundled MLP (784-512-512-10) and conv net.
    off (the same model files; "on" keeps the bundled configs' dynamic_batching block, "off"
    removes it), one server
    per model and mode.
-3. Ratios: Sluice at saturation / in-process at the batch size Sluice formed (the server shares
-   the cores with perf_analyzer); batching on / off; Sluice p50 at concurrency 1 minus in-process
-   p50 at batch 1 (the single-request overhead).
+3. Ratios: Sluice at saturation / in-process at the batch size Sluice formed; batching on / off;
+   Sluice p50 at concurrency 1 minus in-process p50 at batch 1 (the single-request overhead).
+
+The server and the ceiling run on one CPU and perf_analyzer on another (taskset; one intra-op
+thread, as the server's default split gives a single instance on one CPU), so that latencies
+measure the server, not its contention with the client. --no-pin shares every CPU, as runs
+before 2026-12-01 did.
 
 Prints a table and writes JSON. --smoke runs a tiny version (the test command runs it so the
 script keeps working); its numbers mean nothing.
@@ -51,6 +55,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def pinning(enabled):
+    """(server prefix, client prefix): taskset onto two different CPUs, or nothing."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not enabled:
+        return ((), ()), "off (--no-pin)"
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        return ((), ()), f"off ({len(cpus)} CPU(s), taskset {'found' if shutil.which('taskset') else 'missing'})"
+    return ((("taskset", "-c", str(cpus[0])), ("taskset", "-c", str(cpus[1]))),
+            f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
+
+
 def without_dynamic_batching(config):
     """`config` (config.pbtxt text) without its dynamic_batching block (the bundled configs have
     one; its fields are flat, so the block ends at its first closing brace)."""
@@ -71,12 +86,12 @@ def make_repository(directory, batching, names):
                     "--repository", directory, "--models", *names], check=True, stdout=subprocess.DEVNULL)
 
 
-def inprocess(bin_dir, repository, smoke, threads):
+def inprocess(bin_dir, repository, smoke, threads, prefix=()):
     results = {}
     for name, (row_shape, max_batch) in MODELS.items():
         sizes = [1, 2] if smoke else [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
         out = subprocess.run(
-            [os.path.join(bin_dir, "sluice-bench-inprocess"), "--model",
+            [*prefix, os.path.join(bin_dir, "sluice-bench-inprocess"), "--model",
              os.path.join(repository, name, "1", "model.pt"), "--row-shape", ",".join(map(str, row_shape)),
              "--batch-sizes", ",".join(map(str, sizes)), "--seconds", "0.05" if smoke else "2",
              "--threads", str(threads)],
@@ -131,9 +146,9 @@ def perf_analyzer_path():
     return path
 
 
-def perf_analyzer(url, model, concurrency, smoke, workdir):
+def perf_analyzer(url, model, concurrency, smoke, workdir, prefix=()):
     out_csv = os.path.join(workdir, f"{model}_{concurrency}.csv")
-    args = [perf_analyzer_path(),
+    args = [*prefix, perf_analyzer_path(),
             "-m", model, "-u", url, "-i", "grpc", "-b", "1", "--concurrency-range", str(concurrency),
             # Asynchronous clients: fewer client threads competing with the server for the cores.
             "--async",
@@ -170,9 +185,15 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="tiny run: checks the script, measures nothing")
     parser.add_argument("--json", default=os.path.join(ROOT, "build", "batching_benchmark.json"))
     parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    parser.add_argument("--no-pin", action="store_true",
+                        help="share every CPU between server and perf_analyzer (how runs before 2026-12-01 "
+                             "were measured: their latencies measure the contention)")
     args = parser.parse_args()
     concurrencies = [1, 4] if args.smoke else [1, 4, 16, 32, 64]
-    cores = os.cpu_count() or 1
+    (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
+    # Pinned, the server (and the ceiling, on the same CPU) has one CPU: one intra-op thread.
+    cores = 1 if server_prefix else (os.cpu_count() or 1)
+    print(f"pinning: {pin_note}")
 
     workdir = tempfile.mkdtemp(prefix="sluice-bench-")
     try:
@@ -180,15 +201,16 @@ def main():
         # instance gets all cores (the server's default split), and so does the ceiling.
         ceiling_repo = os.path.join(workdir, "ceiling")
         make_repository(ceiling_repo, batching=False, names=list(MODELS))
-        ceiling = inprocess(args.bin_dir, ceiling_repo, args.smoke, threads=cores)
+        ceiling = inprocess(args.bin_dir, ceiling_repo, args.smoke, threads=cores, prefix=server_prefix)
         served = {"on": {}, "off": {}}
         for mode in served:
             for name in MODELS:
                 path = os.path.join(workdir, f"{mode}-{name}")
                 make_repository(path, batching=(mode == "on"), names=[name])
-                process, url = serve(args.bin_dir, path)
+                process, url = serve(args.bin_dir, path, prefix=server_prefix)
                 try:
-                    served[mode][name] = [perf_analyzer(url, name, c, args.smoke, workdir) for c in concurrencies]
+                    served[mode][name] = [perf_analyzer(url, name, c, args.smoke, workdir, client_prefix)
+                                          for c in concurrencies]
                 finally:
                     process.send_signal(signal.SIGTERM)
                     process.wait(timeout=30)
@@ -224,7 +246,7 @@ def main():
     print("\nRatios (targets: convnet saturation >= 0.90, mlp on/off at c32 >= 3.0, overhead <= 150 us)")
     for key, value in ratios.items():
         print(f"  {key:32} {value:10.3f}")
-    report = {"smoke": args.smoke, "cores": cores, "inprocess": ceiling, "sluice": served,
+    report = {"smoke": args.smoke, "cores": cores, "pinning": pin_note, "inprocess": ceiling, "sluice": served,
               "ratios": ratios, "targets": TARGETS}
     write_json(args.json, report)
 

@@ -18,8 +18,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import floor_benchmark as fb  # noqa: E402
-from batching_benchmark import ROOT, make_repository as make_bundled  # noqa: E402
-from request_path_benchmark import Server, make_repository as make_trivial, pinning  # noqa: E402
+from batching_benchmark import ROOT, make_repository as make_bundled, pinning  # noqa: E402
+from request_path_benchmark import Server, make_repository as make_trivial  # noqa: E402
 
 
 def main():

@@ -57,7 +57,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, free_port, perf_analyzer_path, write_json  # noqa: E402
+from batching_benchmark import ROOT, free_port, perf_analyzer_path, pinning, write_json  # noqa: E402
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -416,17 +416,6 @@ def callgrind_run(binary, repository, requests, warm, rounds, workdir, tag, pin,
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def pinning(enabled):
-    """(server prefix, client prefix): taskset onto two different CPUs, or nothing."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if not enabled:
-        return ((), ()), "off (--no-pin)"
-    if len(cpus) < 2 or shutil.which("taskset") is None:
-        return ((), ()), f"off ({len(cpus)} CPU(s), taskset {'found' if shutil.which('taskset') else 'missing'})"
-    return ((("taskset", "-c", str(cpus[0])), ("taskset", "-c", str(cpus[1]))),
-            f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
 
 
 def main():
