@@ -63,6 +63,25 @@ TARGETS = {  # key: (limit, higher is better)
     "convnet_vs_inprocess": (0.9, True),
 }
 MODEL_ROWS = {"mlp": [784], "convnet": [3, 32, 32]}
+# Figures read straight from a window's medians: figure -> (window, field).
+WINDOW_FIGURES = {
+    "echo_callback_c1_p50_us": ("echo_callback_c1", "p50_us"),
+    "echo_cq_c1_p50_us": ("echo_cq_c1", "p50_us"),
+    "echo_callback_c32_per_s": ("echo_callback_c32", "calls_per_s"),
+    "echo_cq_c32_per_s": ("echo_cq_c32", "calls_per_s"),
+    "echo_callback_cpu_us": ("echo_callback_fixed", "server_cpu_us_per_call"),
+    "echo_cq_cpu_us": ("echo_cq_fixed", "server_cpu_us_per_call"),
+    "mlp_c1_p50_us": ("sluice_mlp_c1", "p50_us"),
+    "mlp_c32_per_s": ("sluice_mlp_c32", "calls_per_s"),
+    "mlp_c32_avg_batch": ("sluice_mlp_c32", "avg_batch"),
+    "mlp_cpu_us": ("sluice_mlp_fixed", "server_cpu_us_per_call"),
+    "addsub_c1_p50_us": ("sluice_addsub_c1", "p50_us"),
+    "addsub_cpu_us": ("sluice_addsub_fixed", "server_cpu_us_per_call"),
+    "convnet_c8_per_s": ("sluice_convnet_c8", "calls_per_s"),
+    "convnet_c32_per_s": ("sluice_convnet_c32", "calls_per_s"),
+    "convnet_every_size_c8_per_s": ("sluice_convnet_every_size_c8", "calls_per_s"),
+    "convnet_every_size_c32_per_s": ("sluice_convnet_every_size_c32", "calls_per_s"),
+}
 
 
 def request_bytes(model):
@@ -219,35 +238,19 @@ def summarize(result, inproc):
             s[key]["server_cpu_us_per_call"] = median(runs, "server_cpu_us_per_call")
         if "avg_batch" in runs[0]:
             s[key]["avg_batch"] = median(runs, "avg_batch")
+    figures = {figure: s[window][field] for figure, (window, field) in WINDOW_FIGURES.items()}
     mlp = inproc["mlp"]
     b1_p50 = mlp[1]["p50_us"]
-    formed = s["sluice_mlp_c32"]["avg_batch"]
-    nearest = min(mlp, key=lambda b: abs(b - formed))
+    nearest = min(mlp, key=lambda b: abs(b - figures["mlp_c32_avg_batch"]))
     per_row_us = 1e6 / mlp[nearest]["rows_per_s"]
     conv = inproc["convnet"]
     best_batch = max(conv, key=lambda b: conv[b]["rows_per_s"])
-    figures = {
-        "echo_callback_c1_p50_us": s["echo_callback_c1"]["p50_us"],
-        "echo_cq_c1_p50_us": s["echo_cq_c1"]["p50_us"],
-        "echo_callback_c32_per_s": s["echo_callback_c32"]["calls_per_s"],
-        "echo_cq_c32_per_s": s["echo_cq_c32"]["calls_per_s"],
-        "echo_callback_cpu_us": s["echo_callback_fixed"]["server_cpu_us_per_call"],
-        "echo_cq_cpu_us": s["echo_cq_fixed"]["server_cpu_us_per_call"],
+    figures.update({
         "inprocess_mlp_b1_p50_us": b1_p50,
-        "mlp_c1_p50_us": s["sluice_mlp_c1"]["p50_us"],
-        "mlp_c32_per_s": s["sluice_mlp_c32"]["calls_per_s"],
-        "mlp_c32_avg_batch": formed,
         "inprocess_mlp_us_per_row_at_formed_batch": per_row_us,
-        "mlp_cpu_us": s["sluice_mlp_fixed"]["server_cpu_us_per_call"],
-        "addsub_c1_p50_us": s["sluice_addsub_c1"]["p50_us"],
-        "addsub_cpu_us": s["sluice_addsub_fixed"]["server_cpu_us_per_call"],
-        "convnet_c8_per_s": s["sluice_convnet_c8"]["calls_per_s"],
-        "convnet_c32_per_s": s["sluice_convnet_c32"]["calls_per_s"],
-        "convnet_every_size_c8_per_s": s["sluice_convnet_every_size_c8"]["calls_per_s"],
-        "convnet_every_size_c32_per_s": s["sluice_convnet_every_size_c32"]["calls_per_s"],
         "inprocess_convnet_best_rows_per_s": conv[best_batch]["rows_per_s"],
         "inprocess_convnet_best_batch": best_batch,
-    }
+    })
     echo_cost_us = 1e6 / figures["echo_callback_c32_per_s"]
     figures.update({
         "mlp_c1_overhead_us": figures["mlp_c1_p50_us"] - (figures["echo_callback_c1_p50_us"] + b1_p50),
@@ -256,6 +259,11 @@ def summarize(result, inproc):
         "convnet_vs_inprocess": figures["convnet_c32_per_s"] / figures["inprocess_convnet_best_rows_per_s"],
     })
     return s, figures
+
+
+def target_met(key, value):
+    limit, higher = TARGETS[key]
+    return value >= limit if higher else value <= limit
 
 
 def print_table(windows, figures, pin_note):
@@ -270,8 +278,8 @@ def print_table(windows, figures, pin_note):
     print(f"\n{'target':24} {'value':>9} {'limit':>8}  met")
     for key, (limit, higher) in TARGETS.items():
         value = figures[key]
-        met = value >= limit if higher else value <= limit
-        print(f"{key:24} {value:9.2f} {('>= ' if higher else '<= ') + str(limit):>8}  {'yes' if met else 'NO'}")
+        print(f"{key:24} {value:9.2f} {('>= ' if higher else '<= ') + str(limit):>8}  "
+              f"{'yes' if target_met(key, value) else 'NO'}")
 
 
 def main():
@@ -341,7 +349,7 @@ def main():
         "benchmark": "floor", "smoke": args.smoke, "pinning": pin_note, "reps": reps,
         "window_seconds": windows[1], "fixed_rate": FIXED_RATE, "windows": summary, "figures": figures,
         "targets": {key: {"limit": limit, "higher_is_better": higher,
-                          "met": (figures[key] >= limit) if higher else (figures[key] <= limit)}
+                          "met": target_met(key, figures[key])}
                     for key, (limit, higher) in TARGETS.items()},
         "inprocess": {model: {str(b): row for b, row in rows.items()} for model, rows in inproc.items()},
         "auto_batch_sizes": result["auto_batch_sizes"],
