@@ -20,16 +20,30 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
 }
 
 // One ModelInfer call. Lives from the handler until gRPC calls OnDone (after Finish), and owns
-// the call's output sink (the response message). Finish is called exactly once, by whoever
-// answers the request (the handler for early errors, else the scheduler's completion through
-// Answer). A cancellation only flags the queued request and pokes its model, which then answers
+// the parsed request, the response message (which is the call's output sink) and the pointer to
+// gRPC's response bytes. Finish is called exactly once, by whoever answers the request (the
+// handler for early errors, else the scheduler's completion through Answer). A cancellation only flags the queued request and pokes its model, which then answers
 // it CANCELLED without running it. The reactor holds the model reference (which counts as in
 // flight) from submission until the answer, not until OnDone.
 class InferReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit InferReactor(inference::ModelInferResponse* response)
-      : cancelled_(std::make_shared<std::atomic<bool>>(false)), sink_(response) {}
+  explicit InferReactor(grpc::ByteBuffer* response_bytes)
+      : response_bytes_(response_bytes), cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
 
+  // Parses the call's request bytes into request(); INVALID_ARGUMENT when they are no
+  // ModelInferRequest.
+  Status Parse(const grpc::ByteBuffer& bytes) {
+    grpc::ByteBuffer consumed(bytes);  // shares the slices; parsing consumes the copy
+    const grpc::Status parsed =
+        grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&consumed, &request_);
+    if (parsed.ok()) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request is not a valid inference.ModelInferRequest message (", parsed.error_message(),
+                     "); is the client built from the KServe v2 grpc_service.proto?"));
+  }
+
+  const inference::ModelInferRequest& request() const { return request_; }
+  inference::ModelInferResponse* response() { return &response_; }
   OutputSink* sink() { return &sink_; }
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
 
@@ -47,7 +61,14 @@ class InferReactor final : public grpc::ServerUnaryReactor {
       model = std::move(model_);
     }
     model.reset();
-    Finish(ToGrpcStatus(status));
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    bool own_buffer = false;
+    const grpc::Status serialized =
+        grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(response_, response_bytes_, &own_buffer);
+    Finish(serialized);
   }
 
   void OnCancel() override {
@@ -62,8 +83,11 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
+  grpc::ByteBuffer* const response_bytes_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;
-  ResponseSink sink_;
+  inference::ModelInferRequest request_;
+  inference::ModelInferResponse response_;
+  ResponseSink sink_{&response_};
   Mutex mutex_;
   std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
 };
@@ -260,30 +284,41 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
-                                                       const inference::ModelInferRequest* request,
-                                                       inference::ModelInferResponse* response) {
+                                                       const grpc::ByteBuffer* request_bytes,
+                                                       grpc::ByteBuffer* response_bytes) {
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request->model_name(), request->model_version());
-  if (!found.ok()) return FinishNow(context, found.status());
+  auto* reactor = new InferReactor(response_bytes);
+  const inference::ModelInferRequest& request = reactor->request();
+  if (Status parsed = reactor->Parse(*request_bytes); !parsed.ok()) {
+    reactor->Answer(parsed);
+    return reactor;
+  }
+  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request.model_name(), request.model_version());
+  if (!found.ok()) {
+    reactor->Answer(found.status());
+    return reactor;
+  }
   std::shared_ptr<ModelHandle> model = *std::move(found);
-  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(*request);
-  if (!converted.ok()) return FinishNow(context, model->Reject(converted.status()));
+  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request);
+  if (!converted.ok()) {
+    reactor->Answer(model->Reject(converted.status()));
+    return reactor;
+  }
   std::unique_ptr<InferRequest> infer = *std::move(converted);
   infer->deadline = CallerDeadline(*context, clock_->Now());
   // Written before submission: from then on only the worker that answers touches the response.
-  FillInferResponseHeader(*infer, model->version(), response);
-  auto* reactor = new InferReactor(response);
+  FillInferResponseHeader(*infer, model->version(), reactor->response());
   infer->cancelled = reactor->cancelled();
   // The reactor's copy keeps the version in flight until the answer; ours keeps it alive until
   // Submit has returned (the answer may come before that).
   reactor->Watch(model);
   // The request proto (whose bytes `infer` views) and the sink live until reactor->Finish.
-  model->Submit(std::move(infer), reactor->sink(), [reactor, name = request->model_name(), id = request->id()](
-                                                           Status status) {
+  model->Submit(std::move(infer), reactor->sink(), [reactor](Status status) {
     if (!status.ok()) {
-      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", name, id, status.message());
+      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", reactor->request().model_name(),
+                    reactor->request().id(), status.message());
     }
     reactor->Answer(status);
   });

@@ -23,7 +23,12 @@ struct ReadinessPolicy {
   bool strict = true;  // --strict-readiness: ready only when every model is ready
 };
 
-class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+// ModelInfer is a raw method (message bytes in and out): the service parses the request itself,
+// so that bytes that are no ModelInferRequest get INVALID_ARGUMENT with a reason (gRPC's typed
+// callback handler answers them UNIMPLEMENTED with no message). Marking it raw over the
+// callback base logs one line at GRPC_VERBOSITY=info.
+class InferenceService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+                                   inference::GRPCInferenceService::CallbackService> {
  public:
   struct Options {
     std::string server_version = "0.1.0";  // reported by ServerMetadata
@@ -80,9 +85,10 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
+  // `request` holds a serialized ModelInferRequest; `response` gets the serialized
+  // ModelInferResponse.
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).

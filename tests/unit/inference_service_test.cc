@@ -6,6 +6,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "server/api/inference_service.h"
@@ -94,8 +95,8 @@ class InferenceServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    stub_ = inference::GRPCInferenceService::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+    stub_ = inference::GRPCInferenceService::NewStub(channel_);
   }
   void TearDown() override {
     gated_->OpenGate();
@@ -141,6 +142,7 @@ class InferenceServiceTest : public ::testing::Test {
   testing::FakeBackend* gated_ = nullptr;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
 };
 
@@ -246,6 +248,50 @@ TEST_F(InferenceServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   EXPECT_EQ(gated_->executed(), executed + 1);
   // Every reference the handler took is given back once its call is answered.
   for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
+}
+
+TEST_F(InferenceServiceTest, BytesThatAreNoRequestAreInvalidAndTheServerServesOn) {
+  // The handler parses the request bytes itself (a raw method): bytes that are no
+  // ModelInferRequest get INVALID_ARGUMENT with the reason, not gRPC's bare UNIMPLEMENTED.
+  grpc::GenericStub generic(channel_);
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 30s);
+    const std::string garbage = "\xff\xff\xff\xff not a ModelInferRequest";
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, "/inference.GRPCInferenceService/ModelInfer", grpc::StubOptions(), &request,
+                      &response, [&done](grpc::Status status) { done.set_value(status); });
+    const grpc::Status status = done.get_future().get();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("not a valid inference.ModelInferRequest"));
+  }
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(Infer(Request("echo", {1}), &response).ok());
+}
+
+TEST_F(InferenceServiceTest, ShutdownCancelsQueuedCallsAfterItsGraceAndWaitsForRunningOnes) {
+  grpc::ClientContext running_context, queued_context;
+  auto running = HoldOne(&running_context);
+  auto queued = Start(Request("gated", {2}), &queued_context);
+  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+  const int executed = gated_->executed();
+  auto stopped = std::async(std::launch::async, [this] {
+    server_->Shutdown(std::chrono::system_clock::now() + 50ms);
+    server_->Wait();
+  });
+  // After the grace the queued call is cancelled and answered without running; the running one
+  // keeps the shutdown waiting until its model answers it.
+  EXPECT_NE(queued.get().error_code(), grpc::StatusCode::OK);
+  WaitForFailures("gated", 1);
+  EXPECT_EQ(lookup_.models["gated"]->Statistics().fail.count, 1u);
+  EXPECT_EQ(stopped.wait_for(100ms), std::future_status::timeout);
+  gated_->OpenGate();
+  ASSERT_EQ(stopped.wait_for(30s), std::future_status::ready);
+  EXPECT_NE(running.get().error_code(), grpc::StatusCode::OK);  // cancelled at the caller's end
+  EXPECT_EQ(gated_->executed(), executed + 1);
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
 
