@@ -18,8 +18,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import floor_benchmark as fb  # noqa: E402
-from batching_benchmark import ROOT, make_repository as make_bundled, pinning  # noqa: E402
-from request_path_benchmark import Server, make_repository as make_trivial  # noqa: E402
+from batching_benchmark import ROOT, pinning  # noqa: E402
+from request_path_benchmark import Server  # noqa: E402
 
 
 def main():
@@ -44,14 +44,7 @@ def main():
     binaries = {"before": args.before, "after": args.after}
     raw = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory(prefix="sluice-floor-ab-") as workdir:
-        repository = os.path.join(workdir, "repository")
-        make_bundled(repository, True, ["mlp"])
-        make_trivial(repository, models=("addsub",))
-        files = {}
-        for model in ("mlp", "addsub"):
-            files[model] = os.path.join(workdir, f"{model}.request")
-            with open(files[model], "wb") as f:
-                f.write(fb.request_bytes(model))
+        repository, files = fb.make_mlp_addsub(workdir)
         load = fb.Load(args.bin_dir, client_prefix, workdir, (0.1 if args.smoke else 1.0, args.seconds))
         for rep in range(args.reps):
             for side in (["before", "after"] if rep % 2 == 0 else ["after", "before"]):

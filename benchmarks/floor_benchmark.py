@@ -101,6 +101,25 @@ def request_bytes(model):
     return request.SerializeToString()
 
 
+def write_request_files(workdir, models):
+    """{model: path} of one serialized request (request_bytes) per model, written in `workdir`."""
+    files = {}
+    for model in models:
+        files[model] = os.path.join(workdir, f"{model}.request")
+        with open(files[model], "wb") as f:
+            f.write(request_bytes(model))
+    return files
+
+
+def make_mlp_addsub(workdir):
+    """(repository, request files) with the bundled MLP and the trivial addsub model: what the
+    A/B and the profile measure."""
+    repository = os.path.join(workdir, "repository")
+    make_bundled(repository, True, ["mlp"])
+    make_trivial(repository, models=("addsub",))
+    return repository, write_request_files(workdir, ("mlp", "addsub"))
+
+
 def cpu_seconds(pid):
     """utime + stime of process `pid`, all threads, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
@@ -307,11 +326,7 @@ def main():
             config = f.read().replace('name: "convnet"', 'name: "convnet_every_size"')
         with open(os.path.join(every_size, "config.pbtxt"), "w") as f:
             f.write(config + '\nparameters { key: "sluice.auto_batch_sizes" value { string_value: "false" } }\n')
-        request_files = {}
-        for model in ("mlp", "convnet", "convnet_every_size", "addsub"):
-            request_files[model] = os.path.join(workdir, f"{model}.request")
-            with open(request_files[model], "wb") as f:
-                f.write(request_bytes(model))
+        request_files = write_request_files(workdir, ("mlp", "convnet", "convnet_every_size", "addsub"))
         load = Load(args.bin_dir, client_prefix, workdir, windows)
         result = {}
         try:

@@ -33,6 +33,7 @@ if [ "$PROFILE" = test ]; then
     openssl     # the TLS tests make certificates
     prometheus  # the metrics tests scrape the server with a real Prometheus
     valgrind    # the metrics cost benchmark counts instructions with callgrind
+    linux-perf  # benchmarks/request_path_profile.py samples the server with perf
     patchelf    # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
     clang "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
     "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)

@@ -1,6 +1,7 @@
 #include "server/batching/dynamic_batcher.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/core/thread_name.h"
 
 namespace sluice {
 
@@ -57,6 +58,7 @@ void DynamicBatcher::Poke() {
 }
 
 void DynamicBatcher::BatcherLoop() {
+  NameThisThread("sluice-batcher");
   MutexLock lock(&mutex_);
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "server/batching/warmup.h"
+#include "server/core/thread_name.h"
 
 namespace sluice {
 namespace {
@@ -126,6 +127,7 @@ Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool 
 }
 
 void InstancePool::WorkerLoop(size_t index) {
+  NameThisThread("sluice-worker-" + std::to_string(index));
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/logging.h"
+#include "server/core/thread_name.h"
 
 namespace sluice {
 
@@ -81,6 +82,7 @@ bool ModelControl::Enqueue(Task task, bool first) {
 }
 
 void ModelControl::Loop() {
+  NameThisThread("sluice-control");
   MutexLock lock(&mutex_);
   while (true) {
     if (!tasks_.empty()) {

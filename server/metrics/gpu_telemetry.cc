@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
+#include "server/core/thread_name.h"
 
 namespace sluice {
 namespace {
@@ -149,6 +150,7 @@ GpuTelemetry::~GpuTelemetry() {
 }
 
 void GpuTelemetry::Loop() {
+  NameThisThread("sluice-nvml");
   MutexLock lock(&mutex_);
   bool failing = false;
   for (;;) {

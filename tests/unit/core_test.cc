@@ -1,8 +1,10 @@
+#include <pthread.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include "server/core/device.h"
 #include "server/core/pem.h"
 #include "server/core/tensor.h"
+#include "server/core/thread_name.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -122,6 +125,19 @@ TEST_F(CpuBudgetFilesTest, CgroupV1CfsQuota) {
   // Missing files: no quota, no error.
   budget = DetectCpuBudget((root_ / "absent").string(), (root_ / "absent_sys").string());
   EXPECT_NE(budget.limit, "cgroup quota");
+}
+
+TEST(ThreadNameTest, LinuxKeepsFifteenCharacters) {
+  std::thread named([] {
+    NameThisThread("sluice-a-very-long-name");
+    char name[32] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    EXPECT_STREQ(name, "sluice-a-very-l");
+    NameThisThread("short");
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    EXPECT_STREQ(name, "short");
+  });
+  named.join();
 }
 
 TEST(DeviceTest, Rule) {

@@ -1,8 +1,11 @@
 // The threaded batcher: fakes for the model, a fake clock moved by the test (no sleeps), and a
 // stress test on the real clock. Also run under ThreadSanitizer by scripts/test.sh.
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -67,6 +70,32 @@ class DynamicBatcherTest : public ::testing::Test {
   std::vector<testing::EchoBackend*> echoes_;
   std::promise<std::string> fatal_;
 };
+
+// The names of this process's threads (/proc/self/task/*/comm).
+std::multiset<std::string> ThreadNames() {
+  std::multiset<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.insert(name);
+  }
+  return names;
+}
+
+TEST_F(DynamicBatcherTest, ItsThreadsAreNamedForTopAndPerf) {
+  auto batcher = Make(/*instances=*/2);
+  std::multiset<std::string> names;
+  for (int i = 0; i < 5000; ++i) {  // each thread names itself when it starts
+    names = ThreadNames();
+    if (names.count("sluice-batcher") == 1 && names.count("sluice-worker-1") == 1) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(names.count("sluice-batcher"), 1u);
+  EXPECT_EQ(names.count("sluice-worker-0"), 1u);
+  EXPECT_EQ(names.count("sluice-worker-1"), 1u);
+  batcher->Stop();
+}
 
 TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
   auto batcher = Make();
