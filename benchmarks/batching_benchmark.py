@@ -110,9 +110,27 @@ def statistics(url, model):
         client.close()
 
 
-def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
+def lost_port_race(log_path):
+    """Whether a server's log says its port was taken between free_port() and its bind (another
+    process's outgoing connection, or its own metrics endpoint on port 0, can get the port the OS
+    just called free): worth a new port, not a failure."""
+    with open(log_path) as f:
+        log = f.read()
+    return "cannot listen on" in log or "cannot serve metrics on" in log
+
+
+def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60, attempts=3):
     """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
     `repository`.log) and returns (process, url) once it is ready."""
+    for attempt in range(attempts):
+        try:
+            return _serve_once(bin_dir, repository, extra_args, prefix, log_level, timeout)
+        except RuntimeError:
+            if attempt + 1 == attempts or not lost_port_race(repository + ".log"):
+                raise
+
+
+def _serve_once(bin_dir, repository, extra_args, prefix, log_level, timeout):
     port = free_port()
     log = open(repository + ".log", "w")
     process = subprocess.Popen([*prefix, os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
@@ -132,6 +150,7 @@ def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeo
         except Exception:  # noqa: BLE001 - not up yet
             pass
         if process.poll() is not None:
+            log.close()
             raise RuntimeError(f"sluice-server exited: {open(log.name).read()}")
         time.sleep(0.1)
     process.kill()

@@ -57,7 +57,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, free_port, perf_analyzer_path, pinning, write_json  # noqa: E402
+from batching_benchmark import ROOT, free_port, lost_port_race, perf_analyzer_path, pinning, write_json  # noqa: E402
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -143,30 +143,41 @@ class Server:
     manager that stops it (SIGTERM, then SIGKILL) whatever happens."""
 
     def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0):
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.url = f"127.0.0.1:{self.port}"
+        self.binary, self.repository, self.prefix = binary, repository, tuple(prefix)
         self.log_path = log_path
-        self.command = [*prefix, binary, "--model-repository", repository,
-                        "--grpc-address", "127.0.0.1", "--grpc-port", str(self.port),
-                        "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                        "--device", "cpu", "--log-level", "warn"]
         self.ready_timeout = ready_timeout
         self.process = None
         self.ready_s = None
+        self._choose_ports()
 
-    def __enter__(self):
-        self.log = open(self.log_path, "w")
-        started = time.monotonic()
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.ready_s = time.monotonic() - started
-        return self
+    def _choose_ports(self):
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.command = [*self.prefix, self.binary, "--model-repository", self.repository,
+                        "--grpc-address", "127.0.0.1", "--grpc-port", str(self.port),
+                        "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
+                        "--device", "cpu", "--log-level", "warn"]
+
+    def __enter__(self, attempts=3):
+        for attempt in range(attempts):
+            self.log = open(self.log_path, "w")
+            started = time.monotonic()
+            self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+            try:
+                self._wait_ready()
+            except BenchmarkError:
+                self.stop()
+                if attempt + 1 < attempts and lost_port_race(self.log_path):
+                    self._choose_ports()
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            self.ready_s = time.monotonic() - started
+            return self
 
     def __exit__(self, *exc):
         self.stop()

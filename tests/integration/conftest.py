@@ -47,16 +47,32 @@ class ServerProcess:
 
     def __init__(self, repository, extra_args=(), log_path=None, env=None, credentials=None):
         self.credentials = credentials  # grpc.ChannelCredentials for a TLS server, else None
+        self.log_path = log_path
+        self._repository, self._extra_args, self._env = str(repository), list(extra_args), env
+        self._log = subprocess.DEVNULL
+        self._spawns_left = 3
+        self._spawn()
+
+    def _spawn(self):
+        """Starts the process on ports the OS calls free. Between that and the server's bind
+        another process's outgoing connection (or the server's own metrics endpoint on port 0)
+        can take the port; wait_serving then starts it again on new ports (with a log to tell)."""
+        self._spawns_left -= 1
         self.port = free_port()
         self.metrics_port = free_port()
         self.url = f"127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
-        self.args = [SERVER, "--model-repository", str(repository), "--grpc-address", "127.0.0.1",
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        self.args = [SERVER, "--model-repository", self._repository, "--grpc-address", "127.0.0.1",
                      "--grpc-port", str(self.port), "--metrics-address", "127.0.0.1",
-                     "--metrics-port", str(self.metrics_port), "--log-level", "debug", *extra_args]
+                     "--metrics-port", str(self.metrics_port), "--log-level", "debug", *self._extra_args]
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})})
+                                        env={**os.environ, **(self._env or {})})
+
+    def _lost_port_race(self):
+        if self.process.poll() is None or self._spawns_left == 0 or not self.log_path:
+            return False
+        log = self.log()
+        return "cannot listen on" in log or "cannot serve metrics on" in log
 
     def log(self):
         if not self.log_path:
@@ -73,6 +89,13 @@ class ServerProcess:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         try:
             while time.monotonic() < deadline:
+                if self._lost_port_race():
+                    self._log.close()
+                    self._spawn()
+                    channel.close()
+                    channel = (grpc.secure_channel(self.url, self.credentials) if self.credentials
+                               else grpc.insecure_channel(self.url))
+                    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
                 if self.process.poll() is not None:
                     raise RuntimeError(f"sluice-server exited with {self.process.returncode}:\n{self.log()}")
                 try:
