@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
 namespace sluice {
@@ -22,7 +23,7 @@ BatchQueue::~BatchQueue() {
 }
 
 std::string BatchQueue::GroupKey(const InferRequest& request) {
-  std::vector<const TensorView*> inputs;
+  absl::InlinedVector<const TensorView*, 4> inputs;
   for (const TensorView& input : request.inputs) inputs.push_back(&input);
   std::sort(inputs.begin(), inputs.end(),
             [](const TensorView* a, const TensorView* b) { return a->name < b->name; });
@@ -33,6 +34,11 @@ std::string BatchQueue::GroupKey(const InferRequest& request) {
     absl::StrAppend(&key, "]");
   }
   return key;
+}
+
+void BatchQueue::EraseGroup(Groups::iterator group) {
+  Groups::node_type node = groups_.extract(group);
+  if (!spare_group_) spare_group_ = std::move(node);
 }
 
 Status BatchQueue::Add(PendingRequest& pending) {
@@ -64,7 +70,14 @@ Status BatchQueue::Add(PendingRequest& pending) {
         "the server has ", options_.server_budget->used(), " input bytes waiting (limit ",
         options_.server_budget->limit(), ", --max-queued-bytes); retry later"));
   }
-  if (group == groups_.end()) group = groups_.emplace(key, Group{}).first;
+  if (group == groups_.end()) {
+    if (spare_group_) {
+      spare_group_.key() = key;
+      group = groups_.insert(std::move(spare_group_)).position;
+    } else {
+      group = groups_.try_emplace(key).first;
+    }
+  }
   group->second.queue.push_back(std::move(pending));
   ++requests_;
   bytes_ += group->second.queue.back().bytes;
@@ -90,7 +103,11 @@ std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
         ++entry;
       }
     }
-    it = group.queue.empty() ? groups_.erase(it) : std::next(it);
+    if (group.queue.empty()) {
+      EraseGroup(it++);
+    } else {
+      ++it;
+    }
   }
   return expired;
 }
@@ -141,7 +158,7 @@ int64_t BatchQueue::PaddedRows(int64_t rows) const {
 std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   Group* chosen = nullptr;
   size_t take = 0;
-  std::map<std::string, Group>::iterator chosen_it;
+  Groups::iterator chosen_it;
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     const size_t prefix = ReadyPrefix(it->second, now);
     if (prefix == 0) continue;
@@ -153,6 +170,7 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   }
   if (chosen == nullptr) return std::nullopt;
   FormedBatch batch;
+  batch.requests.reserve(take);
   for (size_t i = 0; i < take; ++i) {
     PendingRequest& front = chosen->queue.front();
     batch.rows += front.request->batch_size;
@@ -160,7 +178,7 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
     batch.requests.push_back(std::move(front));
     chosen->queue.pop_front();
   }
-  if (chosen->queue.empty()) groups_.erase(chosen_it);
+  if (chosen->queue.empty()) EraseGroup(chosen_it);
   batch.padded_rows = PaddedRows(batch.rows);
   return batch;
 }

@@ -114,9 +114,15 @@ class BatchQueue {
   void Forget(const PendingRequest& pending);
   int64_t PaddedRows(int64_t rows) const;
 
+  using Groups = std::map<std::string, Group>;
+  // Removes an emptied group, keeping its map node (key, deque and their memory) for the next
+  // new group: a steady stream of one shape then allocates nothing per request for its group.
+  void EraseGroup(Groups::iterator group);
+
   const Options options_;
   std::vector<int> ladder_;  // SetBatchSizeLadder's sizes; empty: no limit below max_batch_size
-  std::map<std::string, Group> groups_;
+  Groups groups_;
+  Groups::node_type spare_group_;  // EraseGroup's kept node; empty when none
   size_t requests_ = 0;
   size_t bytes_ = 0;
 };

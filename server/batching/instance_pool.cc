@@ -1,7 +1,11 @@
 #include "server/batching/instance_pool.h"
 
+#include <algorithm>
 #include <deque>
+#include <memory>
 #include <string>
+
+#include "absl/container/inlined_vector.h"
 
 #include "server/batching/warmup.h"
 #include "server/core/thread_name.h"
@@ -24,8 +28,9 @@ class TargetSink final : public OutputSink {
       if (memory.ok()) return memory;
       status_ = memory.status();
     }
-    scratch_.emplace_back(output.byte_size, '\0');
-    return scratch_.back().data();
+    // Somewhere to write what the caller will not get (its request failed already).
+    scratch_.push_back(std::make_unique<char[]>(std::max<size_t>(output.byte_size, 1)));
+    return scratch_.back().get();
   }
   const Status& status() const { return status_; }
 
@@ -34,7 +39,7 @@ class TargetSink final : public OutputSink {
   const TimeSource* const clock_;
   TimePoint* const first_;
   Status status_;
-  std::deque<std::string> scratch_;
+  std::vector<std::unique_ptr<char[]>> scratch_;  // empty, and unallocated, unless the sink failed
 };
 
 }  // namespace
@@ -158,8 +163,9 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
   if (options_.stats) options_.stats->RecordStarted(static_cast<int64_t>(batch.requests.size()));
   TimePoint infer_done{};
-  std::vector<TargetSink> sinks;
-  std::vector<OutputTarget> targets;
+  // Inline for the usual batch sizes: no allocation per batch.
+  absl::InlinedVector<TargetSink, 8> sinks;
+  absl::InlinedVector<OutputTarget, 8> targets;
   sinks.reserve(batch.requests.size());
   targets.reserve(batch.requests.size());
   for (PendingRequest& pending : batch.requests) {

@@ -1,7 +1,6 @@
 #include "server/core/validation.h"
 
-#include <set>
-
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
 namespace sluice {
@@ -20,20 +19,23 @@ std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
   return names;
 }
 
+// Compares against the model's full shape (FullShape) without building it: this runs for every
+// input of every request, and only an error needs the expected shape spelt out.
 Status CheckShape(const ModelSpec& model, const TensorSpec& spec, const TensorView& input) {
-  const Shape expected = model.FullShape(spec);
   auto mismatch = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(
         "input '", input.name, "' of model '", model.name, "': ", what, "; got shape ",
-        ShapeToString(input.shape), ", expected ", ShapeToString(expected), " (-1: any size)"));
+        ShapeToString(input.shape), ", expected ", ShapeToString(model.FullShape(spec)), " (-1: any size)"));
   };
-  if (input.shape.size() != expected.size()) {
-    return mismatch(absl::StrCat("rank ", input.shape.size(), " where the model takes rank ",
-                                 expected.size()));
+  const size_t batch_dims = model.batches() ? 1 : 0;
+  const size_t rank = batch_dims + spec.dims.size();
+  if (input.shape.size() != rank) {
+    return mismatch(absl::StrCat("rank ", input.shape.size(), " where the model takes rank ", rank));
   }
-  for (size_t i = 0; i < expected.size(); ++i) {
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t expected = i < batch_dims ? -1 : spec.dims[i - batch_dims];
     if (input.shape[i] < 0) return mismatch(absl::StrCat("dimension ", i, " is negative"));
-    if (expected[i] != -1 && input.shape[i] != expected[i]) {
+    if (expected != -1 && input.shape[i] != expected) {
       return mismatch(absl::StrCat("dimension ", i, " is ", input.shape[i]));
     }
   }
@@ -43,18 +45,21 @@ Status CheckShape(const ModelSpec& model, const TensorSpec& spec, const TensorVi
 }  // namespace
 
 Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
-  std::set<std::string> seen;
+  // Which declared inputs came, by declaration index (no allocation for up to 16 inputs: this
+  // runs for every request).
+  absl::InlinedVector<bool, 16> seen(spec.inputs.size(), false);
   for (const TensorView& input : request->inputs) {
-    if (!seen.insert(input.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input '", input.name, "' is given more than once"));
-    }
     const TensorSpec* declared = FindSpec(spec.inputs, input.name);
     if (declared == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected input '", input.name,
                                                      "' for model '", spec.name,
                                                      "'; it takes: ", ExpectedNames(spec.inputs)));
     }
+    if (seen[static_cast<size_t>(declared - spec.inputs.data())]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", input.name, "' is given more than once"));
+    }
+    seen[static_cast<size_t>(declared - spec.inputs.data())] = true;
     if (declared->filled_by_server) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", input.name, "' of model '", spec.name,
@@ -75,8 +80,9 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
           ShapeToString(input.shape), " of ", DataTypeName(input.dtype), " needs ", expected_bytes));
     }
   }
-  for (const TensorSpec& declared : spec.inputs) {
-    if (seen.count(declared.name) == 0 && !declared.filled_by_server) {
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const TensorSpec& declared = spec.inputs[i];
+    if (!seen[i] && !declared.filled_by_server) {
       return absl::InvalidArgumentError(absl::StrCat("missing input '", declared.name,
                                                      "' for model '", spec.name, "'"));
     }
@@ -100,17 +106,19 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     request->batch_size = batch;
   }
 
-  std::set<std::string> requested;
+  absl::InlinedVector<bool, 16> requested(spec.outputs.size(), false);
   for (const std::string& output : request->requested_outputs) {
-    if (FindSpec(spec.outputs, output) == nullptr) {
+    const TensorSpec* declared = FindSpec(spec.outputs, output);
+    if (declared == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown requested output '", output,
                                                      "' for model '", spec.name,
                                                      "'; it has: ", ExpectedNames(spec.outputs)));
     }
-    if (!requested.insert(output).second) {
+    if (requested[static_cast<size_t>(declared - spec.outputs.data())]) {
       return absl::InvalidArgumentError(
           absl::StrCat("output '", output, "' is requested more than once"));
     }
+    requested[static_cast<size_t>(declared - spec.outputs.data())] = true;
   }
   return absl::OkStatus();
 }

@@ -10,9 +10,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "server/api/inference_service.h"
-#include "server/batching/dynamic_batcher.h"
-#include "server/repository/model_config_parser.h"
 #include "tests/unit/fakes.h"
+#include "tests/unit/handle_factory.h"
 
 namespace sluice {
 namespace {
@@ -36,33 +35,15 @@ class FakeLookup final : public ModelLookup {
 // one waiting request at most, request timeouts allowed.
 std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<ModelBackend> backend,
                                        const TimeSource* clock, bool with_sum = false) {
-  auto model = std::make_shared<RepositoryModel>();
-  model->name = name;
-  auto config = ParseModelConfigText(
+  return testing::MakeHandle(
+      name,
       std::string("max_batch_size: 8\n"
                   "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
                   "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] }") +
           (with_sum ? ", { name: \"sum\" data_type: TYPE_INT64 dims: [ 1 ] }" : "") +
           " ]\n"
           "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }\n",
-      name);
-  EXPECT_TRUE(config.ok()) << config.status();
-  auto spec = BuildModelSpec(name, &*config);
-  model->config = std::make_shared<const inference::ModelConfig>(*config);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  model->spec = *spec;
-  std::vector<std::unique_ptr<ModelBackend>> backends;
-  backends.push_back(std::move(backend));
-  auto stats = std::make_shared<ModelStats>();
-  DynamicBatcher::Options options;
-  options.queue.max_batch_size = 8;
-  options.queue.max_requests = 1;
-  options.clock = clock;
-  options.stats = stats;
-  auto batcher = DynamicBatcher::Create(model->spec, std::move(backends), options);
-  EXPECT_TRUE(batcher.ok()) << batcher.status();
-  return std::make_shared<ModelHandle>(model, 1, "cpu x1", std::shared_ptr<Scheduler>(*std::move(batcher)),
-                                       std::move(stats), clock);
+      std::move(backend), clock, /*max_requests=*/1);
 }
 
 inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values, const std::string& id = "") {
