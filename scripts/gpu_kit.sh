@@ -44,7 +44,8 @@ torch_libs() {
 
 build_kit() {
   local bin=$BUILD_DIR/bin
-  local binaries=(sluice-server sluice-client sluice-bench-inprocess torch_backend_gpu_test)
+  local binaries=(sluice-server sluice-client sluice-bench-inprocess sluice-bench-echo sluice-bench-load
+                  torch_backend_gpu_test)
   for b in "${binaries[@]}"; do
     [ -x "$bin/$b" ] || die "no $bin/$b: run scripts/build.sh first"
   done

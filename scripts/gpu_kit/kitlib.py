@@ -69,11 +69,12 @@ def step_path(*parts):
     return path
 
 
-def start_server(repository, extra_args=(), name="server", timeout=120.0, ready=True):
+def start_server(repository, extra_args=(), name="server", timeout=120.0, ready=True, prefix=()):
     """A sluice-server on free loopback ports, its log in the step's folder, ready when it returns
-    (the conftest ServerProcess of the integration tests, so the kit and the tests agree)."""
+    (the conftest ServerProcess of the integration tests, so the kit and the tests agree).
+    `prefix`: a command that execs it (taskset)."""
     from conftest import ServerProcess
-    server = ServerProcess(repository, list(extra_args), log_path=step_path(f"{name}.log"))
+    server = ServerProcess(repository, list(extra_args), log_path=step_path(f"{name}.log"), prefix=prefix)
     deadline = time.monotonic() + timeout
     while True:
         try:

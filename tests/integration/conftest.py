@@ -45,10 +45,12 @@ def free_port():
 class ServerProcess:
     """One sluice-server process; `url` is host:port for clients."""
 
-    def __init__(self, repository, extra_args=(), log_path=None, env=None, credentials=None):
+    def __init__(self, repository, extra_args=(), log_path=None, env=None, credentials=None, prefix=()):
+        """`prefix`: a command that execs the server (taskset), so that the pid stays the server's."""
         self.credentials = credentials  # grpc.ChannelCredentials for a TLS server, else None
         self.log_path = log_path
         self._repository, self._extra_args, self._env = str(repository), list(extra_args), env
+        self._prefix = list(prefix)
         self._log = subprocess.DEVNULL
         self._spawns_left = 3
         self._spawn()
@@ -62,7 +64,7 @@ class ServerProcess:
         self.metrics_port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.args = [SERVER, "--model-repository", self._repository, "--grpc-address", "127.0.0.1",
+        self.args = [*self._prefix, SERVER, "--model-repository", self._repository, "--grpc-address", "127.0.0.1",
                      "--grpc-port", str(self.port), "--metrics-address", "127.0.0.1",
                      "--metrics-port", str(self.metrics_port), "--log-level", "debug", *self._extra_args]
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
