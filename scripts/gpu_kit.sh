@@ -54,7 +54,7 @@ build_kit() {
   command -v patchelf >/dev/null || die "patchelf is missing: run scripts/setup.sh"
 
   rm -rf "$KIT"
-  mkdir -p "$KIT"/{bin,lib,wheels,src/tests,src/models}
+  mkdir -p "$KIT"/{bin,lib,wheels,src/tests,src/models,src/benchmarks}
   for b in "${binaries[@]}"; do
     strip --strip-unneeded -o "$KIT/bin/$b" "$bin/$b"
   done
@@ -99,9 +99,12 @@ build_kit() {
     echo "$name $range $file" >>"$KIT/wheels/requirements.txt"
   done
 
-  # What the steps import: the integration test helpers (and the GPU tests themselves) and the
-  # bundled models' configs and generator.
+  # What the steps import: the integration test helpers (and the GPU tests themselves), the floor
+  # benchmark's load driver and the modules it imports, and the bundled models' configs and
+  # generator.
   cp -r tests/integration "$KIT/src/tests/"
+  cp benchmarks/floor_benchmark.py benchmarks/batching_benchmark.py benchmarks/request_path_benchmark.py \
+    "$KIT/src/benchmarks/"
   find "$KIT/src" -name __pycache__ -prune -exec rm -rf {} +
   cp models/generate_models.py models/sluice_export.py "$KIT/src/models/"
   for config in models/*/config.pbtxt; do

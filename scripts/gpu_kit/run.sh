@@ -74,7 +74,7 @@ fi
 # only through it.
 export LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$KIT/bin:$PATH"
-export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT"
+export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT/src/benchmarks:$KIT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT/bin"
 
 # The machine, as found: recorded before anything runs.

@@ -55,11 +55,12 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
                                                      "' for model '", spec.name,
                                                      "'; it takes: ", ExpectedNames(spec.inputs)));
     }
-    if (seen[static_cast<size_t>(declared - spec.inputs.data())]) {
+    const size_t index = static_cast<size_t>(declared - spec.inputs.data());
+    if (seen[index]) {
       return absl::InvalidArgumentError(
           absl::StrCat("input '", input.name, "' is given more than once"));
     }
-    seen[static_cast<size_t>(declared - spec.inputs.data())] = true;
+    seen[index] = true;
     if (declared->filled_by_server) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", input.name, "' of model '", spec.name,
@@ -114,11 +115,12 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
                                                      "' for model '", spec.name,
                                                      "'; it has: ", ExpectedNames(spec.outputs)));
     }
-    if (requested[static_cast<size_t>(declared - spec.outputs.data())]) {
+    const size_t index = static_cast<size_t>(declared - spec.outputs.data());
+    if (requested[index]) {
       return absl::InvalidArgumentError(
           absl::StrCat("output '", output, "' is requested more than once"));
     }
-    requested[static_cast<size_t>(declared - spec.outputs.data())] = true;
+    requested[index] = true;
   }
   return absl::OkStatus();
 }
