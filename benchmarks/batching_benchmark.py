@@ -135,7 +135,7 @@ def _serve_once(bin_dir, repository, extra_args, prefix, log_level, timeout):
     log = open(repository + ".log", "w")
     process = subprocess.Popen([*prefix, os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
                                 "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
-                                "--metrics-port", "0", "--log-level", log_level, *extra_args],
+                                "--metrics-port", "0", "--http-port", "0", "--log-level", log_level, *extra_args],
                                stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

@@ -76,7 +76,7 @@ def measure(bin_dir, repository, metrics, requests, warm, workdir):
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}.%p",
          os.path.join(bin_dir, "sluice-server"), "--model-repository", repository, "--grpc-address", "127.0.0.1",
          "--grpc-port", str(port), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
-         "--allow-metrics", "true" if metrics else "false", "--warmup", "false", "--device", "cpu",
+         "--allow-http", "false", "--allow-metrics", "true" if metrics else "false", "--warmup", "false", "--device", "cpu",
          "--log-level", "warn"],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"127.0.0.1:{port}"

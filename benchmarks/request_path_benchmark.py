@@ -138,6 +138,14 @@ def make_repository(directory, models=("addsub", "mlp", "big_output")):
 # Servers
 
 
+
+def http_off(binary):
+    """--allow-http false for a binary that has the HTTP endpoint (an older one, as floor_ab.py may
+    run, knows no such flag): the gRPC path is measured alone, and no two servers race for port
+    8000."""
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
+    return ["--allow-http", "false"] if "--allow-http" in help_text else []
+
 class Server:
     """sluice-server (optionally under a prefix: taskset, valgrind) on a free port; a context
     manager that stops it (SIGTERM, then SIGKILL) whatever happens."""
@@ -157,7 +165,7 @@ class Server:
         self.command = [*self.prefix, self.binary, "--model-repository", self.repository,
                         "--grpc-address", "127.0.0.1", "--grpc-port", str(self.port),
                         "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                        "--device", "cpu", "--log-level", "warn"]
+                        "--device", "cpu", "--log-level", "warn", *http_off(self.binary)]
 
     def __enter__(self, attempts=3):
         for attempt in range(attempts):

@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 
 CC=clang CXX=clang++ SLUICE_BUILD_DIR=build-fuzz \
-  SLUICE_BUILD_TARGETS="fuzz_infer_request fuzz_model_config" \
+  SLUICE_BUILD_TARGETS="fuzz_infer_request fuzz_model_config fuzz_http_request" \
   scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=address,undefined \
   -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=all >/dev/null
 
-for target in infer_request model_config; do
+for target in infer_request model_config http_request; do
   mkdir -p "build-fuzz/corpus/$target"
   log="build-fuzz/fuzz_$target.log"
   echo "== libFuzzer: fuzz_$target for ${seconds}s"

@@ -26,6 +26,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache git pkg-config python3-venv unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  libevent-dev rapidjson-dev zlib1g-dev  # the HTTP/REST endpoint
 )
 if [ "$PROFILE" = test ]; then
   APT_PACKAGES+=(

@@ -1,6 +1,8 @@
 // sluice-server: serves the TorchScript models of a Triton-layout model repository over the
 // KServe v2 / Triton gRPC protocol. main() parses the command line (server_flags.h), probes the
 // runtime, starts the Server (server.h) and turns signals into its drain and shutdown.
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +49,18 @@ int main(int argc, char** argv) {
   }
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(config.log_level));
+
+  // Every HTTP keep-alive connection holds a file descriptor, and a container's soft limit is
+  // often 1024 while its hard limit is far higher: take the hard limit.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    if (files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &files);
+      getrlimit(RLIMIT_NOFILE, &files);
+    }
+    spdlog::info("event=open_files_limit limit={}", static_cast<unsigned long long>(files.rlim_cur));
+  }
 
   // A start-up load that fails for every model wakes the sigwait below.
   auto server = sluice::Server::Start(config, runtime, [] { kill(getpid(), SIGTERM); });

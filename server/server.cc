@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 
@@ -125,6 +127,36 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   GrpcServer* grpc = server->grpc_.get();
   server->liveness_.SetListener([grpc] { grpc->RefreshHealth(); });
   server->control_->SetChangeListener([grpc] { grpc->RefreshHealth(); });
+  if (config.allow_http) {
+    HttpService::Options http_options;
+    http_options.server_version = SLUICE_VERSION;
+    InferenceService* service = server->service_.get();
+    http_options.ready = [service] { return service->Ready(); };
+    http_options.live = [service] { return service->Live(); };
+    http_options.restrictions = config.http_restrictions;
+    for (const ProtocolRestriction& restriction : config.http_restrictions) {
+      for (ProtocolGroup group : restriction.groups) {
+        spdlog::info("event=http_api_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
+      }
+    }
+    server->http_service_ =
+        std::make_unique<HttpService>(server->manager_.get(), server->control_.get(), http_options);
+    HttpService* http_service = server->http_service_.get();
+    SLUICE_ASSIGN_OR_RETURN(server->http_, HttpServer::Start(config.http, [http_service](HttpExchange* exchange) {
+                              http_service->Handle(exchange);
+                            }));
+    spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={}", config.http.address,
+                 server->http_->port(), config.http.max_body_bytes, config.http.max_connections);
+    if (config.http_plaintext_beside_tls) {
+      spdlog::warn("event=http_plaintext reason=\"--allow-http true with TLS on gRPC: the HTTP port is not "
+                   "encrypted\"");
+    }
+  } else {
+    spdlog::info("event=http_off reason=\"{}\"", config.grpc.tls.enabled || config.grpc.tls.mutual
+                                                     ? "gRPC uses TLS and the HTTP port has none (--allow-http true "
+                                                       "opens it in plaintext)"
+                                                     : "--allow-http false");
+  }
   server->service_->SetStarted();
   grpc->RefreshHealth();
 
@@ -160,14 +192,24 @@ void Server::Shutdown(int grace_ms) {
   shut_down_ = true;
   liveness_.SetListener(nullptr);
   if (control_) control_->BeginStop();  // no more polls or loads
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+  if (http_) http_->StopAccepting();
   if (grpc_) {
     spdlog::info("event=shutdown action=\"refusing new calls, finishing those in flight\"");
     grpc_->Shutdown(grace_ms);
+  }
+  if (http_) {
+    // What the gRPC grace left; HTTP requests answered after it are cut off with the models below.
+    const auto left = std::max(std::chrono::steady_clock::duration::zero(), deadline - std::chrono::steady_clock::now());
+    if (!http_->WaitIdle(std::chrono::duration_cast<std::chrono::milliseconds>(left))) {
+      spdlog::warn("event=shutdown_http_unfinished action=\"stopping the models answers them\"");
+    }
   }
   if (control_) {
     control_->SetChangeListener(nullptr);
     control_->Stop();
   }
+  if (http_) http_->Stop();
 }
 
 }  // namespace sluice

@@ -8,6 +8,8 @@
 #include <memory>
 
 #include "server/api/grpc_server.h"
+#include "server/api/http_server.h"
+#include "server/api/http_service.h"
 #include "server/api/inference_service.h"
 #include "server/core/backend.h"
 #include "server/core/liveness.h"
@@ -37,6 +39,7 @@ class Server {
   ~Server();
 
   int grpc_port() const { return grpc_->port(); }
+  int http_port() const { return http_ ? http_->port() : 0; }  // 0: HTTP is off
   // Start-up loading is still going on.
   bool loading() const { return loading_; }
   // Start-up loading failed (see Start).
@@ -67,6 +70,8 @@ class Server {
   std::unique_ptr<ModelControl> control_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<HttpService> http_service_;  // null with --allow-http false
+  std::unique_ptr<HttpServer> http_;
   std::atomic<bool> loading_{true};
   std::atomic<bool> load_failed_{false};
   bool shut_down_ = false;  // main's thread only

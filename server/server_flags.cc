@@ -17,6 +17,8 @@ struct TextFlags {
   std::string device = "auto";
   std::string cudnn_benchmark = "auto";
   std::vector<std::string> restricted_protocols;
+  std::vector<std::string> http_restricted_apis;
+  std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
 };
 
 // Every flag, bound to `config` (or to `text` for those converted after parsing).
@@ -171,6 +173,33 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "metadata, inference, model-config, model-repository, statistics) must carry the "
                  "header with that value (UNAUTHENTICATED without it, PERMISSION_DENIED with another "
                  "value). Repeatable; grpc.health.v1 stays open");
+  HttpServerOptions& http = config.http;
+  app.add_option("--allow-http", text.allow_http,
+                 "Serve the KServe v2 REST API (Triton's HTTP endpoints, tritonclient.http, curl) beside gRPC. "
+                 "Default: true, but false when gRPC uses TLS (the HTTP port has no TLS): give --allow-http true "
+                 "to open it in plaintext anyway")
+      ->check(CLI::IsMember({"true", "false"}));
+  app.add_option("--http-address", http.address, "Address the HTTP endpoint listens on")->capture_default_str();
+  app.add_option("--http-port", http.port, "Port of the HTTP endpoint; 0 picks a free one (logged)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--http-max-body-bytes", http.max_body_bytes,
+                 "Largest HTTP request body, also once decompressed (413 beyond it)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-max-connections", http.max_connections,
+                 "Open HTTP connections the server keeps; a request on one more gets 503 and its connection closes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-timeout-ms", http.timeout_ms,
+                 "An HTTP connection that sends or takes nothing for this long is closed (idle keep-alive "
+                 "connections, bodies that stall)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-restricted-api", text.http_restricted_apis,
+                 "<group>[,<group>...]:<header>=<value>: HTTP requests of these API groups (as "
+                 "--grpc-restricted-protocol) must carry the header with that value (401 without it, 403 with "
+                 "another value). Repeatable");
   app.add_flag("--print-env", config.print_env,
                "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
                "what is wrong with them, then exit");
@@ -192,19 +221,34 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
     SLUICE_ASSIGN_OR_RETURN(ProtocolRestriction restriction, ParseProtocolRestriction(each));
     config->restrictions.push_back(std::move(restriction));
   }
-  return CheckRestrictionsDistinct(config->restrictions);
+  SLUICE_RETURN_IF_ERROR(CheckRestrictionsDistinct(config->restrictions));
+  config->http_restrictions.clear();
+  for (const std::string& each : text.http_restricted_apis) {
+    StatusOr<ProtocolRestriction> restriction = ParseProtocolRestriction(each);
+    if (!restriction.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--http-restricted-api: ", restriction.status().message()));
+    }
+    config->http_restrictions.push_back(*std::move(restriction));
+  }
+  SLUICE_RETURN_IF_ERROR(CheckRestrictionsDistinct(config->http_restrictions, "--http-restricted-api"));
+  // The HTTP port has no TLS: with TLS on gRPC it stays closed unless asked for by name.
+  config->allow_http = text.allow_http.empty() ? !config->grpc.tls.enabled && !config->grpc.tls.mutual
+                                               : text.allow_http == "true";
+  config->http_plaintext_beside_tls = config->allow_http && (config->grpc.tls.enabled || config->grpc.tls.mutual);
+  return absl::OkStatus();
 }
 
 ServerConfig Defaults() {
   ServerConfig config;
   config.model_repository = SLUICE_DEFAULT_MODEL_REPOSITORY;
   config.grpc.port = 8001;
+  config.http.port = 8000;
   return config;
 }
 
 constexpr char kDescription[] =
     "sluice-server: PyTorch inference (TorchScript and AOTInductor .pt2 packages) over the KServe v2 / Triton gRPC "
-    "protocol";
+    "and REST protocols";
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/api/grpc_server.h"
+#include "server/api/http_server.h"
 #include "server/api/restricted_protocols.h"
 #include "server/core/device.h"
 #include "server/core/model_spec.h"
@@ -25,6 +26,10 @@ struct ServerConfig {
   int repository_poll_secs = 15;               // --repository-poll-secs
   GrpcServerOptions grpc;                      // --grpc-address, --grpc-port, TLS, connections
   std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol, parsed and distinct
+  bool allow_http = true;                      // --allow-http (false by default when gRPC uses TLS)
+  bool http_plaintext_beside_tls = false;      // --allow-http true given with gRPC TLS (logged as a warning)
+  HttpServerOptions http;                      // --http-address, --http-port, limits
+  std::vector<ProtocolRestriction> http_restrictions;  // --http-restricted-api, parsed and distinct
   bool allow_metrics = true;                   // --allow-metrics
   std::string metrics_address = "0.0.0.0";    // --metrics-address
   int metrics_port = 8002;                     // --metrics-port (0: any free port)

@@ -6,6 +6,7 @@
 #include "server/core/mutex.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/api/model_queries.h"
 #include "server/api/protocol.h"
 #include "server/api/status_mapping.h"
 #include "server/core/validation.h"
@@ -47,20 +48,12 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   OutputSink* sink() { return &sink_; }
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
 
-  void Watch(std::shared_ptr<ModelHandle> model) {
-    MutexLock lock(&mutex_);
-    model_ = std::move(model);
-  }
+  void Watch(std::shared_ptr<ModelHandle> model) { model_.Set(std::move(model)); }
 
   // The completion: drops the model reference, then finishes the call. The reactor may be
   // deleted as soon as Finish returns.
   void Answer(const Status& status) {
-    std::shared_ptr<ModelHandle> model;
-    {
-      MutexLock lock(&mutex_);
-      model = std::move(model_);
-    }
-    model.reset();
+    model_.Release();
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -73,12 +66,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
 
   void OnCancel() override {
     cancelled_->store(true);
-    std::shared_ptr<ModelHandle> model;
-    {
-      MutexLock lock(&mutex_);
-      model = model_;
-    }
-    if (model) model->Poke();
+    model_.Poke();
   }
   void OnDone() override { delete this; }
 
@@ -88,8 +76,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   inference::ModelInferRequest request_;
   inference::ModelInferResponse response_;
   ResponseSink sink_{&response_};
-  Mutex mutex_;
-  std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
+  ModelHold model_;
 };
 
 // The caller's gRPC deadline on our clock; kNoDeadline when it set none.
@@ -118,28 +105,10 @@ grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerConte
 template <typename Request>
 Status InferenceService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
-  // RepositoryModelLoad/Unload work only in explicit mode (see ModelControlMode).
-  const ModelControlMode mode = control_ != nullptr ? control_->mode() : ModelControlMode::kNone;
-  if (mode != ModelControlMode::kExplicit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "models cannot be loaded or unloaded over gRPC with --model-control-mode ", ModelControlModeName(mode),
-        "; start the server with --model-control-mode explicit"));
-  }
-  if (!request.repository_name().empty()) {
-    return absl::NotFoundError(absl::StrCat("unknown repository '", request.repository_name(),
-                                            "'; Sluice serves one repository (leave repository_name empty)"));
-  }
-  for (const auto& [key, value] : request.parameters()) {
-    // Unload's unload_dependents concerns ensembles, which Sluice does not have: nothing depends
-    // on a model, so either value means the same.
-    if (std::is_same_v<Request, inference::RepositoryModelUnloadRequest> && key == "unload_dependents") continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", key,
-        "' is not supported: Sluice loads models only as the repository has them (edit config.pbtxt "
-        "and the version directories, then load)"));
-  }
-  if (request.model_name().empty()) return absl::InvalidArgumentError("model_name is empty");
-  return absl::OkStatus();
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : request.parameters()) keys.push_back(key);
+  return CheckModelControl(control_, "gRPC", request.repository_name(), request.model_name(), keys,
+                           std::is_same_v<Request, inference::RepositoryModelUnloadRequest>);
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
@@ -195,10 +164,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<std::shared_ptr<const RepositoryModel>> model = manager_->FindModel(request->name());
-  if (!model.ok()) return FinishNow(context, model.status());
-  response->set_ready(manager_->Find(request->name(), request->version()).ok());
-  return FinishNow(context, absl::OkStatus());
+  StatusOr<bool> ready = AnswerModelReady(*manager_, request->name(), request->version());
+  if (ready.ok()) response->set_ready(*ready);
+  return FinishNow(context, ready.status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
@@ -207,12 +175,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  response->set_name("sluice");
-  response->set_version(options_.server_version);
-  // Only what Sluice really implements.
-  response->add_extensions("model_configuration");
-  response->add_extensions("statistics");
-  response->add_extensions("model_repository");
+  AnswerServerMetadata(options_.server_version, response);
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -222,10 +185,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<std::shared_ptr<ModelHandle>> model = manager_->Find(request->name(), request->version());
-  if (!model.ok()) return FinishNow(context, model.status());
-  FillModelMetadata((*model)->spec(), manager_->ReadyVersions(request->name()), response);
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, AnswerModelMetadata(*manager_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
@@ -234,16 +194,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<std::shared_ptr<ModelHandle>> model = manager_->Find(request->name(), request->version());
-  if (!model.ok()) return FinishNow(context, model.status());
-  const std::shared_ptr<const inference::ModelConfig>& config = (*model)->model().config;
-  if (config == nullptr) {
-    return FinishNow(context, absl::InternalError(absl::StrCat("model '", request->name(),
-                                                               "' was loaded without its config.pbtxt")));
-  }
-  *response->mutable_config() = *config;
-  AddBatchSizeChoice((*model)->batch_sizes(), response->mutable_config());
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, AnswerModelConfig(*manager_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
@@ -252,20 +203,7 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
   if (Status allowed = Allow(*context, ProtocolGroup::kModelRepository); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  if (!request->repository_name().empty()) {
-    return FinishNow(context, absl::NotFoundError(absl::StrCat(
-                                  "unknown repository '", request->repository_name(),
-                                  "'; Sluice serves one repository (leave repository_name empty)")));
-  }
-  for (const ModelIndexEntry& entry : manager_->Index()) {
-    if (request->ready() && entry.state != ModelState::kReady) continue;
-    auto* model = response->add_models();
-    model->set_name(entry.name);
-    model->set_version(entry.version);
-    model->set_state(std::string(ModelStateName(entry.state)));
-    model->set_reason(entry.reason);
-  }
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, AnswerRepositoryIndex(*manager_, request->repository_name(), request->ready(), response));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
@@ -274,13 +212,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   if (Status allowed = Allow(*context, ProtocolGroup::kStatistics); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  StatusOr<std::vector<VersionStatistics>> statistics =
-      manager_->Statistics(request->name(), request->version());
-  if (!statistics.ok()) return FinishNow(context, statistics.status());
-  for (const VersionStatistics& version : *statistics) {
-    FillModelStatistics(version.name, version.version, version.stats, response->add_model_stats());
-  }
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, AnswerModelStatistics(*manager_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,

@@ -67,13 +67,13 @@ StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text) 
   return restriction;
 }
 
-Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions) {
+Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions, const std::string& flag) {
   std::vector<ProtocolGroup> seen;
   for (const ProtocolRestriction& restriction : restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       if (std::find(seen.begin(), seen.end(), group) != seen.end()) {
         return absl::InvalidArgumentError(absl::StrCat("protocol group '", ProtocolGroupName(group),
-                                                       "' is restricted twice (--grpc-restricted-protocol)"));
+                                                       "' is restricted twice (", flag, ")"));
       }
       seen.push_back(group);
     }
@@ -82,29 +82,35 @@ Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restric
 }
 
 Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
-                           const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+                           absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values) {
   for (const ProtocolRestriction& restriction : restrictions) {
     if (std::find(restriction.groups.begin(), restriction.groups.end(), group) == restriction.groups.end()) {
       continue;
     }
-    auto [begin, end] = metadata.equal_range(grpc::string_ref(restriction.key));
-    if (begin == end) {
+    const std::vector<absl::string_view> sent = values(restriction.key);
+    if (sent.empty()) {
       return absl::UnauthenticatedError(absl::StrCat("the '", ProtocolGroupName(group),
                                                      "' protocol is restricted on this server: send the header '",
                                                      restriction.key, "'"));
     }
-    for (auto it = begin; it != end; ++it) {
-      const grpc::string_ref& value = it->second;
-      if (value.size() == restriction.value.size() &&
-          std::memcmp(value.data(), restriction.value.data(), value.size()) == 0) {
-        return absl::OkStatus();
-      }
+    for (absl::string_view value : sent) {
+      if (value == restriction.value) return absl::OkStatus();
     }
     return absl::PermissionDeniedError(absl::StrCat("the '", ProtocolGroupName(group),
                                                     "' protocol is restricted on this server and header '",
                                                     restriction.key, "' does not have the expected value"));
   }
   return absl::OkStatus();
+}
+
+Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+                           const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+  return CheckProtocolAccess(restrictions, group, [&metadata](const std::string& key) {
+    std::vector<absl::string_view> values;
+    auto [begin, end] = metadata.equal_range(grpc::string_ref(key));
+    for (auto it = begin; it != end; ++it) values.emplace_back(it->second.data(), it->second.size());
+    return values;
+  });
 }
 
 }  // namespace sluice

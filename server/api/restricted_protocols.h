@@ -1,4 +1,4 @@
-// Guarded APIs (Triton's --grpc-restricted-protocol): calls of a restricted protocol group must
+// Guarded APIs (Triton's --grpc-restricted-protocol and --http-restricted-api): calls of a restricted protocol group must
 // carry a header with the expected value, so that a client allowed to infer cannot, say, read the
 // model configurations or statistics. grpc.health.v1 is never restricted (orchestrator probes).
 #pragma once
@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <grpcpp/support/string_ref.h>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
 
 #include "server/core/status.h"
 
@@ -35,12 +38,17 @@ struct ProtocolRestriction {
 // wrong (unknown group, missing header or value, a header gRPC would not carry).
 StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text);
 
-// Checks that no group is restricted twice.
-Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions);
+// Checks that no group is restricted twice by the values of `flag`.
+Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions,
+                                 const std::string& flag = "--grpc-restricted-protocol");
 
 // OK when `group` is unrestricted or the call's metadata carries the header with the value;
 // UNAUTHENTICATED when the header is missing, PERMISSION_DENIED when its value is wrong.
 Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
                            const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
+// The same over any transport's headers: `values(key)` is what the call sent for header `key`
+// (lower case; the HTTP front end looks headers up case-insensitively).
+Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+                           absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values);
 
 }  // namespace sluice

@@ -86,6 +86,39 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
+// A front end's hold on the version one request runs on: set at submission (an Acquire'd
+// reference, which keeps the version in flight), dropped when the request is answered, so that an
+// unload waits for the answer and not for the transport to let go. Thread-safe: the answer (on a
+// worker) and a cancellation (on a transport thread) may race.
+class ModelHold {
+ public:
+  void Set(std::shared_ptr<ModelHandle> model) ABSL_LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(&mutex_);
+    model_ = std::move(model);
+  }
+  // Drops the reference (outside the lock: the last reference may wake an unload).
+  void Release() ABSL_LOCKS_EXCLUDED(mutex_) {
+    std::shared_ptr<ModelHandle> model;
+    {
+      MutexLock lock(&mutex_);
+      model = std::move(model_);
+    }
+  }
+  // The caller went away: the model answers the request now if it is still queued.
+  void Poke() ABSL_LOCKS_EXCLUDED(mutex_) {
+    std::shared_ptr<ModelHandle> model;
+    {
+      MutexLock lock(&mutex_);
+      model = model_;
+    }
+    if (model) model->Poke();
+  }
+
+ private:
+  Mutex mutex_;
+  std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
+};
+
 // Where front ends find model versions. ModelManager implements it; tests fake it.
 class ModelLookup {
  public:

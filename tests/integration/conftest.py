@@ -62,11 +62,14 @@ class ServerProcess:
         self._spawns_left -= 1
         self.port = free_port()
         self.metrics_port = free_port()
+        self.http_port = free_port()
         self.url = f"127.0.0.1:{self.port}"
+        self.http_url = f"127.0.0.1:{self.http_port}"
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.args = [*self._prefix, SERVER, "--model-repository", self._repository, "--grpc-address", "127.0.0.1",
                      "--grpc-port", str(self.port), "--metrics-address", "127.0.0.1",
-                     "--metrics-port", str(self.metrics_port), "--log-level", "debug", *self._extra_args]
+                     "--metrics-port", str(self.metrics_port), "--http-address", "127.0.0.1",
+                     "--http-port", str(self.http_port), "--log-level", "debug", *self._extra_args]
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **(self._env or {})})
 

@@ -20,7 +20,8 @@ from conftest import BIN_DIR, ROOT, free_port
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
 K8S = os.path.join(ROOT, "deploy", "k8s")
-KUSTOMIZATIONS = ["base", "overlays/production", "overlays/example-models", "overlays/tls", "kserve"]
+KUSTOMIZATIONS = ["base", "overlays/production", "overlays/example-models", "overlays/tls", "overlays/http-probes",
+                  "kserve"]
 KUBERNETES_VERSION = "1.32.0"
 
 
@@ -76,7 +77,7 @@ def test_runtime_stage_is_slim_non_root_and_healthchecked():
     for instruction, rest in runtime:
         by_instruction.setdefault(instruction, []).append(rest)
     assert by_instruction["USER"] == ["10001:10001"]
-    assert "8001 8002" in by_instruction["EXPOSE"]
+    assert "8000 8001 8002" in by_instruction["EXPOSE"]
     assert any("/models" in volume for volume in by_instruction["VOLUME"])
     assert "sluice-client" in by_instruction["HEALTHCHECK"][0] and "health" in by_instruction["HEALTHCHECK"][0]
     assert by_instruction["COPY"] == ["--from=build /opt/sluice /opt/sluice"]
@@ -239,6 +240,10 @@ def test_services_budget_and_autoscaling(rendered):
     assert public["spec"]["type"] == "LoadBalancer"
     assert public["spec"]["selector"] == labels
     assert public["spec"]["ports"][0]["appProtocol"] == "kubernetes.io/h2c"
+    container_ports = {p["name"]: p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    http = {p["name"]: p for p in public["spec"]["ports"]}["http"]
+    assert (http["port"], http["targetPort"]) == (8000, "http")
+    assert int(args_of(deployment["spec"]["template"]["spec"]["containers"][0])["http-port"]) == container_ports["http"]
     headless = services["sluice-headless"]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == labels
     assert one(documents, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == labels
@@ -277,6 +282,33 @@ def test_tls_overlay_wires_the_secret_and_probes_with_sluice_client(rendered):
     for flag in ("--ssl-target-name", "--root-cert", "--timeout-ms"):
         assert flag in help_text
     assert "--live" in run(os.path.join(BIN_DIR, "sluice-client"), "health", "--help").stdout
+
+
+def test_tls_overlay_closes_the_plaintext_http_port(rendered):
+    documents = rendered["overlays/tls"][1]
+    container = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "http" not in {p["name"] for p in container["ports"]}
+    assert "allow-http" not in args_of(container)  # the server's default beside TLS: closed
+    public = [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice"][0]
+    assert [p["name"] for p in public["spec"]["ports"]] == ["grpc"]
+
+
+def test_http_probes_overlay_probes_paths_the_server_answers(rendered, bundled_server):
+    import http.client as httplib
+    container = one(rendered["overlays/http-probes"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    paths = {}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert "grpc" not in container[probe]
+        assert container[probe]["httpGet"]["port"] == "http"
+        paths[probe] = container[probe]["httpGet"]["path"]
+    assert paths == {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready",
+                     "startupProbe": "/v2/health/ready"}
+    assert container["startupProbe"]["failureThreshold"] == 120  # kept from the base
+    for path in set(paths.values()):
+        connection = httplib.HTTPConnection("127.0.0.1", bundled_server.http_port, timeout=10)
+        connection.request("GET", path)
+        assert connection.getresponse().status == 200, path
+        connection.close()
 
 
 def test_example_models_overlay_needs_no_volume_claim(rendered):

@@ -46,7 +46,7 @@ def test_strict_readiness_all_good_models_ready(bundled_server):
 
 
 def test_missing_repository_fails_at_start(tmp_path):
-    result = subprocess.run([SERVER, "--model-repository", str(tmp_path / "absent"), "--grpc-port", "0"],
+    result = subprocess.run([SERVER, "--model-repository", str(tmp_path / "absent"), "--grpc-port", "0", "--http-port", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "is not a directory (check --model-repository)" in result.stdout + result.stderr
@@ -75,7 +75,7 @@ def test_help_documents_every_flag():
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU; the failure path needs none")
 def test_device_cuda_without_gpu_fails_at_start(bundled_repository):
-    result = subprocess.run([SERVER, "--model-repository", str(bundled_repository), "--grpc-port", "0",
+    result = subprocess.run([SERVER, "--model-repository", str(bundled_repository), "--grpc-port", "0", "--http-port", "0",
                              "--device", "cuda"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "no CUDA GPU is usable" in result.stdout + result.stderr

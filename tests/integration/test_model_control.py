@@ -152,7 +152,7 @@ def test_load_model_flag_needs_explicit_mode_and_a_known_model(repository, tmp_p
     import subprocess
     for args, words in [(["--load-model", "adder"], "--load-model needs --model-control-mode explicit"),
                         (["--model-control-mode", "explicit", "--load-model", "nope"], "has no such model")]:
-        result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0",
+        result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--http-port", "0",
                                  "--metrics-port", "0", *args], capture_output=True, text=True, timeout=60)
         assert result.returncode != 0
         assert words in result.stdout + result.stderr

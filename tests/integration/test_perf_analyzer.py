@@ -11,21 +11,35 @@ PERF_ANALYZER = shutil.which("perf_analyzer", path=os.path.dirname(os.environ.ge
     or shutil.which("perf_analyzer")
 
 
-@pytest.mark.parametrize("model", ["mlp", "convnet"])
-def test_perf_analyzer_reports_no_errors(bundled_server, model, tmp_path):
+def run_perf_analyzer(*args):
+    """perf_analyzer over two concurrency levels with `args`; fails on any error, else returns."""
     assert PERF_ANALYZER, "perf_analyzer is not on PATH (scripts/setup.sh installs it into .venv/bin)"
-    csv = tmp_path / "result.csv"
     result = subprocess.run(
-        [PERF_ANALYZER, "-m", model, "-u", bundled_server.url, "-i", "grpc", "-b", "4",
-         "--concurrency-range", "1:8:7", "--measurement-mode", "count_windows",
-         "--measurement-request-count", "100", "--max-trials", "10",
+        [PERF_ANALYZER, *args, "--measurement-mode", "count_windows", "--measurement-request-count", "100",
+         "--max-trials", "10",
          # This checks interoperability, not speed: on a shared 2-core machine the windows are
          # never "stable", so accept any spread.
-         "--stability-percentage", "1000", "-f", str(csv)],
+         "--stability-percentage", "1000"],
         capture_output=True, text=True, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "error" not in output.lower(), output
     throughputs = [float(x) for x in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", output)]
     assert len(throughputs) == 2 and all(t > 0 for t in throughputs), output
+
+
+@pytest.mark.parametrize("model", ["mlp", "convnet"])
+def test_perf_analyzer_reports_no_errors(bundled_server, model, tmp_path):
+    csv = tmp_path / "result.csv"
+    run_perf_analyzer("-m", model, "-u", bundled_server.url, "-i", "grpc", "-b", "4", "--concurrency-range", "1:8:7",
+                      "-f", str(csv))
     assert csv.exists()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_perf_analyzer_over_http_reports_no_errors(bundled_server, binary, tmp_path):
+    """perf_analyzer -i http at concurrency 1 and 16 against the REST endpoint (binary tensors by
+    default, JSON with --input-tensor-format/--output-tensor-format json)."""
+    formats = [] if binary else ["--input-tensor-format", "json", "--output-tensor-format", "json"]
+    run_perf_analyzer("-m", "mlp", "-u", bundled_server.http_url, "-i", "http", "-b", "1", *formats,
+                      "--concurrency-range", "1:16:15")

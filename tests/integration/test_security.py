@@ -159,7 +159,7 @@ def test_sluice_client_over_mutual_tls(mutual_server, certs):
 
 def test_bad_tls_configuration_fails_at_start_with_the_flag_named(repository, certs, tmp_path):
     def start(*args):
-        return subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0",
+        return subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--http-port", "0",
                                "--metrics-port", "0", "--device", "cpu", *args],
                               capture_output=True, text=True, timeout=120)
     missing = start("--grpc-use-ssl", "true")
@@ -207,8 +207,27 @@ def test_restricted_protocols_need_the_header(repository, tmp_path_factory):
 
 
 def test_bad_restriction_fails_at_start(repository):
-    result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--metrics-port", "0",
+    result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--http-port", "0", "--metrics-port", "0",
                              "--device", "cpu", "--grpc-restricted-protocol", "shared-memory:key=value"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "unknown protocol group 'shared-memory'" in result.stdout + result.stderr
+
+
+def test_http_stays_closed_beside_tls_unless_asked_for(tls_server, repository, certs, tmp_path_factory):
+    import http.client as httplib
+    assert "event=http_off" in tls_server.log() and "gRPC uses TLS" in tls_server.log()
+    with pytest.raises(OSError):
+        connection = httplib.HTTPConnection("127.0.0.1", tls_server.http_port, timeout=5)
+        connection.request("GET", "/v2/health/live")
+        connection.getresponse()
+    server = start_server(repository, tmp_path_factory, tls_args(certs) + ["--allow-http", "true"],
+                          credentials=credentials(certs))
+    try:
+        connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=5)
+        connection.request("GET", "/v2/health/live")
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert "event=http_plaintext" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -89,7 +89,7 @@ def test_live_ready_and_server_metadata(triton):
     assert triton.is_server_ready()  # --strict-readiness false: ready although some models are broken
     metadata = triton.get_server_metadata()
     assert metadata.name == "sluice"
-    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository"]
+    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository", "binary_tensor_data"]
 
 
 def test_model_metadata_has_leading_batch_dimension(triton):

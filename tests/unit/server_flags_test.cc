@@ -81,6 +81,54 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
   }
 }
 
+TEST(ServerFlagsTest, HttpEndpointFlags) {
+  auto defaults = ParseServerFlags({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_TRUE(defaults->allow_http);
+  EXPECT_EQ(defaults->http.port, 8000);
+  EXPECT_EQ(defaults->http.address, "0.0.0.0");
+  EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
+  EXPECT_FALSE(defaults->http_plaintext_beside_tls);
+
+  auto config = ParseServerFlags({"--http-port", "0", "--http-address", "127.0.0.1", "--http-max-body-bytes", "4096",
+                                  "--http-max-connections", "10", "--http-timeout-ms", "250", "--http-restricted-api",
+                                  "model-config:admin-key=s3cret"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->http.port, 0);
+  EXPECT_EQ(config->http.address, "127.0.0.1");
+  EXPECT_EQ(config->http.max_body_bytes, 4096u);
+  EXPECT_EQ(config->http.max_connections, 10);
+  EXPECT_EQ(config->http.timeout_ms, 250);
+  ASSERT_EQ(config->http_restrictions.size(), 1u);
+  EXPECT_EQ(config->http_restrictions[0].key, "admin-key");
+  EXPECT_TRUE(config->restrictions.empty());  // the gRPC ones are separate
+
+  // TLS on gRPC closes the plaintext HTTP port unless it is asked for by name.
+  auto tls = ParseServerFlags({"--grpc-use-ssl", "true"});
+  ASSERT_TRUE(tls.ok());
+  EXPECT_FALSE(tls->allow_http);
+  auto asked = ParseServerFlags({"--grpc-use-ssl", "true", "--allow-http", "true"});
+  ASSERT_TRUE(asked.ok());
+  EXPECT_TRUE(asked->allow_http);
+  EXPECT_TRUE(asked->http_plaintext_beside_tls);
+  auto off = ParseServerFlags({"--allow-http", "false"});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->allow_http);
+
+  for (const auto& [args, words] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--allow-http", "maybe"}, "--allow-http"},
+           {{"--http-port", "70000"}, "--http-port"},
+           {{"--http-max-body-bytes", "0"}, "--http-max-body-bytes"},
+           {{"--http-restricted-api", "shared-memory:k=v"}, "--http-restricted-api: unknown protocol group"},
+           {{"--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"},
+            "restricted twice (--http-restricted-api)"},
+       }) {
+    auto refused = ParseServerFlags(args);
+    ASSERT_FALSE(refused.ok()) << args[0];
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(words));
+  }
+}
+
 TEST(ServerFlagsTest, StartupModelsMustBeInTheRepository) {
   auto config = ParseServerFlags({"--model-repository", "/models", "--model-control-mode", "explicit",
                                   "--load-model", "a", "--load-model", "nope"});

@@ -1,0 +1,113 @@
+// The HTTP/1.1 transport beside gRPC: libevent's event-driven HTTP server on one thread
+// (sluice-http), no thread per connection. It parses requests (keep-alive, chunked bodies, the
+// body-size limit, timeouts), decompresses gzip/deflate bodies, and hands each request to a
+// handler as an HttpExchange. Whoever answers calls Respond once, from any thread (a model's
+// worker for inference); the response is compressed on that thread when the client asked for it
+// and written by the event loop. Nothing here knows the KServe protocol (http_service.h does).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+#include "server/core/status.h"
+
+struct evhttp_request;
+
+namespace sluice {
+
+struct HttpServerOptions {
+  std::string address = "0.0.0.0";       // --http-address
+  int port = 8000;                        // --http-port; 0: any free port (see HttpServer::port)
+  size_t max_body_bytes = size_t{1} << 30;  // --http-max-body-bytes: larger bodies (also once
+                                            // decompressed) get 413
+  int max_connections = 2048;             // --http-max-connections: a request on a connection past
+                                          // this gets 503 and the connection is closed
+  int timeout_ms = 60000;                 // --http-timeout-ms: a connection silent this long (an
+                                          // idle keep-alive one, a body that stalls) is closed
+};
+
+// A response: status code, headers (Content-Length is added), and the body as segments written
+// one after the other. Segments move into the connection's buffer without being copied.
+struct HttpResponse {
+  int code = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::string> body;
+};
+
+// One request, from its arrival until Respond. Owned by the server: the handler and whoever it
+// hands the exchange to may use it (and the body's bytes) until they call Respond.
+class HttpExchange {
+ public:
+  HttpExchange(const HttpExchange&) = delete;
+  HttpExchange& operator=(const HttpExchange&) = delete;
+
+  const std::string& method() const { return method_; }  // "GET", "POST"
+  const std::string& path() const { return path_; }      // as sent (still percent-encoded), no query
+  // The value of request header `name` (case-insensitive); null when absent.
+  const char* Header(const char* name) const;
+  // The request body, decompressed when it came with Content-Encoding gzip or deflate.
+  absl::string_view body() const { return body_; }
+  // Set when the client's connection closes before the response is sent.
+  const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
+  // `on_cancel` runs on the server's thread when the connection closes before Respond; set it
+  // before handing the exchange on, and make it safe to run concurrently with Respond.
+  void OnCancel(std::function<void()> on_cancel) { on_cancel_ = std::move(on_cancel); }
+
+  // Sends `response` and ends the exchange (it is destroyed; do not touch it afterwards). Any
+  // thread, exactly once. A response to a client that has gone is dropped.
+  void Respond(HttpResponse response);
+
+ private:
+  friend class HttpServer;
+  struct Loop;
+  HttpExchange() = default;
+
+  std::shared_ptr<Loop> loop_;
+  evhttp_request* request_ = nullptr;
+  void* connection_ = nullptr;  // the connection's bookkeeping entry; null once it closed
+  std::string method_;
+  std::string path_;
+  absl::string_view body_;
+  std::string inflated_;  // body_ points here when the body was compressed
+  int accept_encoding_ = 0;  // 0: identity, 1: gzip, 2: deflate
+  std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
+  std::function<void()> on_cancel_;
+};
+
+// Called on the server's thread for every request; must not block (hand model work on and
+// return). Calls exchange->Respond now or later.
+using HttpHandler = std::function<void(HttpExchange* exchange)>;
+
+class HttpServer {
+ public:
+  // Binds and starts the event loop. UNAVAILABLE when the address cannot be bound.
+  static StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, HttpHandler handler);
+  // Stop().
+  ~HttpServer();
+
+  int port() const { return port_; }
+
+  // Closes the listening socket: no new connections; open ones are still served. Idempotent.
+  void StopAccepting();
+  // Waits until every exchange has been answered, or `timeout`. True when none is left.
+  bool WaitIdle(std::chrono::milliseconds timeout);
+  // Stops the event loop and closes every connection. An exchange answered later is dropped.
+  // Idempotent.
+  void Stop();
+
+ private:
+  HttpServer(std::shared_ptr<HttpExchange::Loop> loop, int port) : loop_(std::move(loop)), port_(port) {}
+
+  std::shared_ptr<HttpExchange::Loop> loop_;
+  const int port_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,313 @@
+#include "server/api/http_service.h"
+
+#include <charconv>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include "server/api/json_protocol.h"
+#include "server/api/model_queries.h"
+#include "server/api/status_mapping.h"
+#include "server/core/logging.h"
+
+namespace sluice {
+namespace {
+
+void RespondJson(HttpExchange* exchange, int code, std::string json) {
+  HttpResponse response;
+  response.code = code;
+  response.headers.emplace_back("Content-Type", "application/json");
+  response.body.push_back(std::move(json));
+  exchange->Respond(std::move(response));
+}
+
+void RespondStatus(HttpExchange* exchange, const Status& status) {
+  if (status.ok()) {
+    exchange->Respond(HttpResponse{});
+    return;
+  }
+  RespondJson(exchange, ToHttpStatusCode(status), ErrorJson(status.message()));
+}
+
+// 200 with an empty body, or 400 (Triton's answer for "not live", "not ready").
+void RespondCondition(HttpExchange* exchange, bool holds) {
+  HttpResponse response;
+  response.code = holds ? 200 : 400;
+  exchange->Respond(std::move(response));
+}
+
+// A path segment with its %XX escapes decoded; nullopt when an escape is malformed.
+std::optional<std::string> PercentDecode(absl::string_view segment) {
+  std::string decoded;
+  decoded.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] != '%') {
+      decoded.push_back(segment[i]);
+      continue;
+    }
+    int value = 0;
+    if (i + 2 >= segment.size()) return std::nullopt;
+    const auto [end, error] = std::from_chars(segment.data() + i + 1, segment.data() + i + 3, value, 16);
+    if (error != std::errc() || end != segment.data() + i + 3) return std::nullopt;
+    decoded.push_back(static_cast<char>(value));
+    i += 2;
+  }
+  return decoded;
+}
+
+// One inference request from the handler to its answer: owns what the parsed request views
+// (through the exchange's body), the sink, and the model reference that keeps the version in
+// flight. The worker that finishes the request answers it (Answer) and deletes it.
+class HttpInferCall {
+ public:
+  HttpInferCall(HttpExchange* exchange, JsonInferRequest parsed, std::string model_name, int64_t version)
+      : exchange_(exchange), parsed_(std::move(parsed)), model_name_(std::move(model_name)), version_(version) {}
+
+  OutputSink* sink() { return &sink_; }
+  void Watch(std::shared_ptr<ModelHandle> model) { model_.Set(std::move(model)); }
+
+  // Drops the model reference, answers the exchange, and deletes the call.
+  void Answer(const Status& status) {
+    model_.Release();
+    if (!status.ok()) {
+      spdlog::debug("event=infer_failed protocol=http model={} request_id={} reason=\"{}\"", model_name_, id_,
+                    status.message());
+      RespondJson(exchange_, ToHttpStatusCode(status), ErrorJson(status.message()));
+    } else {
+      HttpResponse response;
+      size_t header_length = 0;
+      response.body = InferResponseToJson(model_name_, version_, id_, parsed_, &sink_.outputs(), &header_length);
+      if (header_length > 0) {
+        response.headers.emplace_back("Content-Type", "application/octet-stream");
+        response.headers.emplace_back("Inference-Header-Content-Length", std::to_string(header_length));
+      } else {
+        response.headers.emplace_back("Content-Type", "application/json");
+      }
+      exchange_->Respond(std::move(response));
+    }
+    delete this;
+  }
+
+  JsonInferRequest& parsed() { return parsed_; }
+  void set_id(std::string id) { id_ = std::move(id); }
+
+ private:
+  HttpExchange* const exchange_;
+  JsonInferRequest parsed_;  // its `request` has moved to the model; the output forms stay
+  const std::string model_name_;
+  const int64_t version_;
+  std::string id_;
+  HttpOutputSink sink_;
+  ModelHold model_;
+};
+
+// FP16 and BF16 have no JSON form: an output of those types must be asked for as binary.
+Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
+  for (const TensorSpec& output : spec.outputs) {
+    if (output.dtype != DataType::kFp16 && output.dtype != DataType::kBf16) continue;
+    const bool requested = parsed.outputs.empty() ||
+                           std::any_of(parsed.outputs.begin(), parsed.outputs.end(),
+                                       [&](const RequestedOutput& each) { return each.name == output.name; });
+    if (requested && !parsed.Binary(output.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("output '", output.name, "' is ", DataTypeName(output.dtype),
+                                                     ", which has no JSON form; ask for it with the binary_data "
+                                                     "parameter (or binary_data_output)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+HttpService::HttpService(ModelManager* manager, ModelControl* control, Options options)
+    : manager_(manager),
+      control_(control),
+      options_(std::move(options)),
+      lookup_(options_.lookup ? options_.lookup : manager) {}
+
+Status HttpService::Allow(const HttpExchange& exchange, ProtocolGroup group) const {
+  if (options_.restrictions.empty()) return absl::OkStatus();
+  return CheckProtocolAccess(options_.restrictions, group, [&exchange](const std::string& key) {
+    std::vector<absl::string_view> values;
+    if (const char* value = exchange.Header(key.c_str()); value != nullptr) values.emplace_back(value);
+    return values;
+  });
+}
+
+void HttpService::Handle(HttpExchange* exchange) {
+  std::vector<std::string> path;
+  for (absl::string_view raw : absl::StrSplit(exchange->path(), '/', absl::SkipEmpty())) {
+    std::optional<std::string> segment = PercentDecode(raw);
+    if (!segment) {
+      RespondStatus(exchange, absl::InvalidArgumentError(absl::StrCat("malformed percent-escape in the path '",
+                                                                      exchange->path(), "'")));
+      return;
+    }
+    path.push_back(*std::move(segment));
+  }
+  const bool get = exchange->method() == "GET" || exchange->method() == "HEAD";
+  const bool post = exchange->method() == "POST";
+  auto wrong_method = [&](const char* allowed) {
+    RespondJson(exchange, 405,
+                ErrorJson(absl::StrCat(exchange->method(), " is not allowed on ", exchange->path(), "; use ", allowed)));
+  };
+  auto unknown = [&] {
+    RespondJson(exchange, 404,
+                ErrorJson(absl::StrCat("no endpoint ", exchange->path(), " (the KServe v2 REST paths start with /v2)")));
+  };
+  // Runs `answer` after the restriction check, for a GET endpoint.
+  auto guarded_get = [&](ProtocolGroup group, auto answer) {
+    if (!get) return wrong_method("GET");
+    if (Status allowed = Allow(*exchange, group); !allowed.ok()) return RespondStatus(exchange, allowed);
+    answer();
+  };
+
+  if (path.empty() || path[0] != "v2") return unknown();
+  if (path.size() == 1) {
+    return guarded_get(ProtocolGroup::kMetadata, [&] {
+      inference::ServerMetadataResponse metadata;
+      AnswerServerMetadata(options_.server_version, &metadata);
+      RespondJson(exchange, 200, ProtoToJson(metadata));
+    });
+  }
+  if (path[1] == "health" && path.size() == 3 && (path[2] == "live" || path[2] == "ready")) {
+    return guarded_get(ProtocolGroup::kHealth, [&] {
+      const bool live = !options_.live || options_.live();
+      RespondCondition(exchange, path[2] == "live" ? live : live && (!options_.ready || options_.ready()));
+    });
+  }
+  if (path[1] == "repository") {
+    if (path.size() == 3 && path[2] == "index") {
+      if (!post) return wrong_method("POST");
+      if (Status allowed = Allow(*exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
+        return RespondStatus(exchange, allowed);
+      }
+      StatusOr<bool> ready_only = ParseIndexRequest(exchange->body());
+      if (!ready_only.ok()) return RespondStatus(exchange, ready_only.status());
+      inference::RepositoryIndexResponse index;
+      Status answered = AnswerRepositoryIndex(*manager_, "", *ready_only, &index);
+      if (!answered.ok()) return RespondStatus(exchange, answered);
+      return RespondJson(exchange, 200, RepeatedProtoToJson(index, "models"));
+    }
+    if (path.size() == 5 && path[2] == "models" && (path[4] == "load" || path[4] == "unload")) {
+      if (!post) return wrong_method("POST");
+      return Control(exchange, path[3], path[4] == "unload");
+    }
+    return unknown();
+  }
+  if (path[1] != "models" || path.size() < 3) return unknown();
+  if (path.size() == 3 && path[2] == "stats") {
+    return guarded_get(ProtocolGroup::kStatistics, [&] {
+      inference::ModelStatisticsResponse statistics;
+      Status answered = AnswerModelStatistics(*manager_, "", "", &statistics);
+      if (!answered.ok()) return RespondStatus(exchange, answered);
+      RespondJson(exchange, 200, ProtoToJson(statistics));
+    });
+  }
+  const std::string& model = path[2];
+  std::string version;
+  size_t next = 3;
+  if (path.size() >= 5 && path[3] == "versions") {
+    version = path[4];
+    next = 5;
+  }
+  const std::string action = next < path.size() ? path[next] : "";
+  if (next + 1 < path.size()) return unknown();
+  if (action.empty()) {
+    return guarded_get(ProtocolGroup::kMetadata, [&] {
+      inference::ModelMetadataResponse metadata;
+      Status answered = AnswerModelMetadata(*manager_, model, version, &metadata);
+      if (!answered.ok()) return RespondStatus(exchange, answered);
+      RespondJson(exchange, 200, ProtoToJson(metadata));
+    });
+  }
+  if (action == "ready") {
+    return guarded_get(ProtocolGroup::kHealth, [&] {
+      StatusOr<bool> ready = AnswerModelReady(*manager_, model, version);
+      if (!ready.ok()) return RespondStatus(exchange, ready.status());
+      RespondCondition(exchange, *ready);
+    });
+  }
+  if (action == "config") {
+    return guarded_get(ProtocolGroup::kModelConfig, [&] {
+      inference::ModelConfigResponse config;
+      Status answered = AnswerModelConfig(*manager_, model, version, &config);
+      if (!answered.ok()) return RespondStatus(exchange, answered);
+      RespondJson(exchange, 200, ProtoToJson(config.config()));
+    });
+  }
+  if (action == "stats") {
+    return guarded_get(ProtocolGroup::kStatistics, [&] {
+      inference::ModelStatisticsResponse statistics;
+      Status answered = AnswerModelStatistics(*manager_, model, version, &statistics);
+      if (!answered.ok()) return RespondStatus(exchange, answered);
+      RespondJson(exchange, 200, ProtoToJson(statistics));
+    });
+  }
+  if (action == "infer") {
+    if (!post) return wrong_method("POST");
+    return Infer(exchange, model, version);
+  }
+  unknown();
+}
+
+void HttpService::Control(HttpExchange* exchange, const std::string& model, bool unload) {
+  if (Status allowed = Allow(*exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
+    return RespondStatus(exchange, allowed);
+  }
+  StatusOr<std::vector<std::string>> keys = ParseControlRequest(exchange->body());
+  if (!keys.ok()) return RespondStatus(exchange, keys.status());
+  if (Status checked = CheckModelControl(control_, "HTTP", "", model, *keys, unload); !checked.ok()) {
+    return RespondStatus(exchange, checked);
+  }
+  // Load and unload take seconds: the control thread runs them and answers.
+  control_->Submit(
+      [this, model, unload] {
+        if (!unload) return control_->LoadModel(model);
+        spdlog::info("event=model_unload_requested model={} protocol=http", model);
+        return control_->UnloadModel(model);
+      },
+      [exchange](const Status& status) { RespondStatus(exchange, status); });
+}
+
+void HttpService::Infer(HttpExchange* exchange, const std::string& model_name, const std::string& version) {
+  if (Status allowed = Allow(*exchange, ProtocolGroup::kInference); !allowed.ok()) {
+    return RespondStatus(exchange, allowed);
+  }
+  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(model_name, version);
+  if (!found.ok()) return RespondStatus(exchange, found.status());
+  std::shared_ptr<ModelHandle> model = *std::move(found);
+
+  std::optional<size_t> header_length;
+  if (const char* length = exchange->Header("Inference-Header-Content-Length"); length != nullptr) {
+    size_t value = 0;
+    const absl::string_view text(length);
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      return RespondStatus(exchange, model->Reject(absl::InvalidArgumentError(absl::StrCat(
+                                         "Inference-Header-Content-Length '", length, "' is not a byte count"))));
+    }
+    header_length = value;
+  }
+  StatusOr<JsonInferRequest> parsed = InferRequestFromJson(exchange->body(), header_length);
+  if (!parsed.ok()) return RespondStatus(exchange, model->Reject(parsed.status()));
+  if (Status json = CheckJsonOutputs(model->spec(), *parsed); !json.ok()) {
+    return RespondStatus(exchange, model->Reject(json));
+  }
+  std::unique_ptr<InferRequest> request = std::move(parsed->request);
+  request->model_name = model_name;
+  request->cancelled = exchange->cancelled();
+  auto* call = new HttpInferCall(exchange, *std::move(parsed), model_name, model->version());
+  call->set_id(request->id);
+  // A client that goes away while its request is queued: the model answers it CANCELLED at once.
+  exchange->OnCancel([weak = std::weak_ptr<ModelHandle>(model)] {
+    if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
+  });
+  call->Watch(model);
+  // The exchange (whose body the binary inputs view) and the sink live until call->Answer.
+  model->Submit(std::move(request), call->sink(), [call](Status status) { call->Answer(status); });
+}
+
+}  // namespace sluice

@@ -1,0 +1,61 @@
+// The KServe v2 REST binding (Triton's HTTP API on port 8000) over HttpServer: health, server
+// and model metadata, model configuration, statistics, inference (JSON and Triton's binary tensor
+// extension) and the model repository extension. Each endpoint answers what the gRPC service
+// answers (model_queries.h); inference takes the same path after parsing (the model handle's
+// validation, batching with gRPC requests, statistics), with its own output sink. Handlers run on
+// the HTTP thread and never wait for a model: the worker that finishes a request answers it.
+//
+// Endpoints (a model name is percent-decoded; /versions/{v} is optional wherever {m} is):
+//   GET  /v2/health/live, /v2/health/ready      200, or 400 when not (Triton's choice)
+//   GET  /v2                                    server metadata
+//   GET  /v2/models/{m}                         model metadata
+//   GET  /v2/models/{m}/ready                   200, or 400 when not ready
+//   GET  /v2/models/{m}/config                  config.pbtxt as JSON
+//   GET  /v2/models/stats, /v2/models/{m}/stats statistics
+//   POST /v2/models/{m}/infer                   inference
+//   POST /v2/repository/index                   repository index ({"ready": true} optional)
+//   POST /v2/repository/models/{m}/load|unload  model control (explicit mode)
+// Errors are {"error": "..."} with ToHttpStatusCode's code.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "server/api/http_server.h"
+#include "server/api/restricted_protocols.h"
+#include "server/manager/model_control.h"
+#include "server/manager/model_manager.h"
+
+namespace sluice {
+
+class HttpService {
+ public:
+  struct Options {
+    std::string server_version = "0.1.0";  // reported by GET /v2
+    std::function<bool()> ready;            // the server's readiness; null: ready
+    std::function<bool()> live;             // the server's liveness; null: live
+    std::vector<ProtocolRestriction> restrictions;  // --http-restricted-api; empty: all open
+    const ModelLookup* lookup = nullptr;    // where inference finds models; null: the manager
+  };
+
+  // `manager` and `control` outlive the service (`control` null: load and unload answer
+  // FAILED_PRECONDITION), and the service outlives the HttpServer that calls it.
+  HttpService(ModelManager* manager, ModelControl* control, Options options);
+
+  // HttpServer's handler.
+  void Handle(HttpExchange* exchange);
+
+ private:
+  // OK, or why the request may not use `group` (its headers lack the restriction's).
+  Status Allow(const HttpExchange& exchange, ProtocolGroup group) const;
+  void Infer(HttpExchange* exchange, const std::string& model, const std::string& version);
+  void Control(HttpExchange* exchange, const std::string& model, bool unload);
+
+  ModelManager* const manager_;
+  ModelControl* const control_;
+  const Options options_;
+  const ModelLookup* const lookup_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,45 @@
+// The answers both front ends give to the non-inference calls, as KServe v2 messages: the gRPC
+// service sends them as they are, the HTTP service prints them as JSON (json_protocol.h). One
+// place decides what each call answers, so that the two protocols cannot drift apart.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "grpc_service.pb.h"
+#include "server/core/status.h"
+#include "server/manager/model_control.h"
+#include "server/manager/model_manager.h"
+
+namespace sluice {
+
+// ServerMetadata: name "sluice", `version`, and the extensions Sluice really implements.
+void AnswerServerMetadata(const std::string& version, inference::ServerMetadataResponse* response);
+
+// ModelReady: NOT_FOUND for a model the repository lacks; else whether `version` (empty: the
+// newest) is ready.
+StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name, const std::string& version);
+
+// ModelMetadata and ModelConfig of a ready version (NOT_FOUND / UNAVAILABLE as ModelManager::Find).
+Status AnswerModelMetadata(const ModelManager& manager, const std::string& name, const std::string& version,
+                           inference::ModelMetadataResponse* response);
+Status AnswerModelConfig(const ModelManager& manager, const std::string& name, const std::string& version,
+                         inference::ModelConfigResponse* response);
+
+// RepositoryIndex: every model version the server knows (only the ready ones when `ready_only`).
+// NOT_FOUND for a repository name other than "" (Sluice serves one repository).
+Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name, bool ready_only,
+                             inference::RepositoryIndexResponse* response);
+
+// ModelStatistics of one model (`name` empty: every model) and version (empty: every version).
+Status AnswerModelStatistics(const ModelManager& manager, const std::string& name, const std::string& version,
+                             inference::ModelStatisticsResponse* response);
+
+// The checks a repository load or unload request passes before it is queued: explicit model
+// control (`control` null counts as none), the one repository, a model name, and parameters
+// (none for load; unload accepts unload_dependents). `transport` ("gRPC", "HTTP") goes into the
+// message.
+Status CheckModelControl(const ModelControl* control, const std::string& transport, const std::string& repository_name,
+                         const std::string& model_name, const std::vector<std::string>& parameter_keys, bool unload);
+
+}  // namespace sluice

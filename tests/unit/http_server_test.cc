@@ -1,0 +1,354 @@
+// HttpServer over real loopback sockets: a raw client writes exactly the bytes each case needs
+// (chunked bodies, a stalled body, too many connections) and reads the raw answer.
+#include "server/api/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+#include "server/core/mutex.h"
+
+namespace sluice {
+namespace {
+
+struct Reply {
+  int code = 0;
+  std::string headers;  // lower case
+  std::string body;
+  bool closed = false;  // the server closed the connection instead of answering
+};
+
+class Client {
+ public:
+  explicit Client(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~Client() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  bool connected() const { return connected_; }
+
+  void Send(const std::string& bytes) { ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
+
+  // Reads one response (Content-Length framed), or notes that the connection closed.
+  Reply Read(int timeout_ms = 5000) {
+    Reply reply;
+    while (true) {
+      const size_t end = buffer_.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        reply.headers = absl::AsciiStrToLower(buffer_.substr(0, end));
+        const size_t space = reply.headers.find(' ');
+        EXPECT_TRUE(absl::SimpleAtoi(reply.headers.substr(space + 1, 3), &reply.code));
+        size_t length = 0;
+        const size_t at = reply.headers.find("content-length: ");
+        if (at != std::string::npos) {
+          EXPECT_TRUE(absl::SimpleAtoi(reply.headers.substr(at + 16, reply.headers.find("\r\n", at) - at - 16), &length));
+        }
+        if (buffer_.size() >= end + 4 + length) {
+          reply.body = buffer_.substr(end + 4, length);
+          buffer_.erase(0, end + 4 + length);
+          return reply;
+        }
+      }
+      pollfd wait{fd_, POLLIN, 0};
+      if (poll(&wait, 1, timeout_ms) <= 0) return reply;  // code 0: nothing came
+      char chunk[65536];
+      const ssize_t got = read(fd_, chunk, sizeof(chunk));
+      if (got <= 0) {
+        reply.closed = true;
+        return reply;
+      }
+      buffer_.append(chunk, static_cast<size_t>(got));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buffer_;
+};
+
+std::string Get(const std::string& path, const std::string& extra = "") {
+  return "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + extra + "\r\n";
+}
+
+std::string Post(const std::string& path, const std::string& body, const std::string& extra = "") {
+  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n", extra, "\r\n",
+                      body);
+}
+
+std::string Gzip(const std::string& text, int window_bits) {
+  z_stream stream{};
+  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY);
+  std::string out(deflateBound(&stream, text.size()) + 32, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  stream.avail_in = static_cast<uInt>(text.size());
+  stream.next_out = reinterpret_cast<Bytef*>(out.data());
+  stream.avail_out = static_cast<uInt>(out.size());
+  deflate(&stream, Z_FINISH);
+  out.resize(out.size() - stream.avail_out);
+  deflateEnd(&stream);
+  return out;
+}
+
+std::string Gunzip(const std::string& data) {
+  z_stream stream{};
+  inflateInit2(&stream, 15 + 32);
+  std::string out(1 << 20, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  stream.avail_in = static_cast<uInt>(data.size());
+  stream.next_out = reinterpret_cast<Bytef*>(out.data());
+  stream.avail_out = static_cast<uInt>(out.size());
+  inflate(&stream, Z_FINISH);
+  out.resize(out.size() - stream.avail_out);
+  inflateEnd(&stream);
+  return out;
+}
+
+// Echoes method, path and body back; paths starting /later hand the exchange to `parked`.
+class HttpServerTest : public testing::Test {
+ protected:
+  std::unique_ptr<HttpServer> Start(HttpServerOptions options = {}) {
+    options.address = "127.0.0.1";
+    options.port = 0;
+    StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, [this](HttpExchange* exchange) {
+      if (absl::StartsWith(exchange->path(), "/later")) {
+        exchange->OnCancel([this] { cancels_.fetch_add(1); });
+        MutexLock lock(&mutex_);
+        parked_.push_back(exchange);
+        return;
+      }
+      HttpResponse response;
+      response.headers.emplace_back("X-Path", exchange->path());
+      response.body.push_back(exchange->method() + " ");
+      response.body.push_back(std::string(exchange->body()));
+      exchange->Respond(std::move(response));
+    });
+    EXPECT_TRUE(server.ok()) << server.status();
+    return *std::move(server);
+  }
+
+  HttpExchange* WaitParked() {
+    for (int i = 0; i < 500; ++i) {
+      {
+        MutexLock lock(&mutex_);
+        if (!parked_.empty()) {
+          HttpExchange* exchange = parked_.front();
+          parked_.erase(parked_.begin());
+          return exchange;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return nullptr;
+  }
+
+  Mutex mutex_;
+  std::vector<HttpExchange*> parked_ ABSL_GUARDED_BY(mutex_);
+  std::atomic<int> cancels_{0};
+};
+
+TEST_F(HttpServerTest, AnswersOnAKeepAliveConnectionWithPathAndBody) {
+  auto server = Start();
+  ASSERT_GT(server->port(), 0);
+  Client client(server->port());
+  ASSERT_TRUE(client.connected());
+  client.Send(Get("/v2/health/live?x=1"));
+  Reply first = client.Read();
+  EXPECT_EQ(first.code, 200);
+  EXPECT_EQ(first.body, "GET ");
+  EXPECT_TRUE(absl::StrContains(first.headers, "x-path: /v2/health/live\r\n")) << first.headers;
+  client.Send(Post("/infer", "payload"));
+  Reply second = client.Read();  // same connection
+  EXPECT_EQ(second.code, 200);
+  EXPECT_EQ(second.body, "POST payload");
+}
+
+TEST_F(HttpServerTest, ChunkedBodiesArriveWhole) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send("POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+  Reply reply = client.Read();
+  EXPECT_EQ(reply.code, 200);
+  EXPECT_EQ(reply.body, "POST hello world");
+}
+
+TEST_F(HttpServerTest, BodiesPastTheLimitGet413) {
+  HttpServerOptions options;
+  options.max_body_bytes = 100;
+  auto server = Start(options);
+  Client client(server->port());
+  client.Send(Post("/big", std::string(101, 'x')));
+  EXPECT_EQ(client.Read().code, 413);
+  Client exact(server->port());
+  exact.Send(Post("/ok", std::string(100, 'x')));
+  EXPECT_EQ(exact.Read().code, 200);
+  // A small gzip body that inflates past the limit: 413 too.
+  Client bomb(server->port());
+  bomb.Send(Post("/bomb", Gzip(std::string(1000, 'a'), 15 + 16), "Content-Encoding: gzip\r\n"));
+  Reply refused = bomb.Read();
+  EXPECT_EQ(refused.code, 413);
+  EXPECT_TRUE(absl::StrContains(refused.body, "--http-max-body-bytes")) << refused.body;
+}
+
+TEST_F(HttpServerTest, CompressedBodiesInflateAndResponsesCompressWhenAsked) {
+  auto server = Start();
+  const std::string text(5000, 'z');
+  for (int window_bits : {15 + 16, 15, -15}) {  // gzip, zlib ("deflate"), raw deflate
+    Client client(server->port());
+    client.Send(Post("/z", Gzip(text, window_bits),
+                     absl::StrCat("Content-Encoding: ", window_bits == 15 + 16 ? "gzip" : "deflate", "\r\n")));
+    Reply reply = client.Read();
+    EXPECT_EQ(reply.code, 200) << window_bits;
+    EXPECT_EQ(reply.body, "POST " + text) << window_bits;
+  }
+  for (const char* accept : {"gzip", "deflate", "br;q=1.0, gzip;q=0.5"}) {
+    Client client(server->port());
+    client.Send(Post("/z", text, absl::StrCat("Accept-Encoding: ", accept, "\r\n")));
+    Reply reply = client.Read();
+    EXPECT_EQ(reply.code, 200);
+    EXPECT_TRUE(absl::StrContains(reply.headers, "content-encoding: ")) << reply.headers;
+    EXPECT_LT(reply.body.size(), text.size() / 10);
+    EXPECT_EQ(Gunzip(reply.body), "POST " + text) << accept;
+  }
+  Client refused(server->port());
+  refused.Send(Post("/z", text, "Accept-Encoding: gzip;q=0\r\n"));
+  Reply plain = refused.Read();
+  EXPECT_FALSE(absl::StrContains(plain.headers, "content-encoding")) << plain.headers;
+  Client broken(server->port());
+  broken.Send(Post("/z", "not gzip at all", "Content-Encoding: gzip\r\n"));
+  EXPECT_EQ(broken.Read().code, 400);
+  Client unknown(server->port());
+  unknown.Send(Post("/z", "x", "Content-Encoding: br\r\n"));
+  EXPECT_EQ(unknown.Read().code, 415);
+}
+
+TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send(Get("/later/1"));
+  HttpExchange* exchange = WaitParked();
+  ASSERT_NE(exchange, nullptr);
+  std::thread worker([exchange] {
+    HttpResponse response;
+    response.code = 202;
+    response.body.push_back(std::string(100000, 'w'));  // a segment that moves by reference
+    exchange->Respond(std::move(response));
+  });
+  Reply reply = client.Read();
+  worker.join();
+  EXPECT_EQ(reply.code, 202);
+  EXPECT_EQ(reply.body.size(), 100000u);
+  EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));
+
+  // The client goes away while its request is being worked on: on_cancel runs, and the late
+  // answer is dropped without harm.
+  Client leaving(server->port());
+  leaving.Send(Get("/later/2"));
+  HttpExchange* abandoned = WaitParked();
+  ASSERT_NE(abandoned, nullptr);
+  EXPECT_FALSE(abandoned->cancelled()->load());
+  leaving.Close();
+  for (int i = 0; i < 200 && cancels_.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(cancels_.load(), 1);
+  EXPECT_TRUE(abandoned->cancelled()->load());
+  EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(10)));
+  abandoned->Respond(HttpResponse{});
+  EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));
+
+  Client after(server->port());
+  after.Send(Get("/still"));
+  EXPECT_EQ(after.Read().code, 200);
+}
+
+TEST_F(HttpServerTest, ConnectionsPastTheLimitGet503AndAreClosed) {
+  HttpServerOptions options;
+  options.max_connections = 2;
+  auto server = Start(options);
+  Client first(server->port());
+  Client second(server->port());
+  first.Send(Get("/a"));
+  EXPECT_EQ(first.Read().code, 200);
+  second.Send(Get("/b"));
+  EXPECT_EQ(second.Read().code, 200);
+  Client third(server->port());
+  third.Send(Get("/c"));
+  Reply refused = third.Read();
+  EXPECT_EQ(refused.code, 503);
+  EXPECT_TRUE(absl::StrContains(refused.body, "--http-max-connections")) << refused.body;
+  EXPECT_TRUE(third.Read().closed);
+  first.Close();  // frees a place
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Client fourth(server->port());
+  fourth.Send(Get("/d"));
+  EXPECT_EQ(fourth.Read().code, 200);
+}
+
+TEST_F(HttpServerTest, AStalledBodyTimesOutAndOthersAreServed) {
+  HttpServerOptions options;
+  options.timeout_ms = 300;
+  auto server = Start(options);
+  Client slow(server->port());
+  slow.Send("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part");
+  Client other(server->port());
+  other.Send(Get("/fast"));
+  EXPECT_EQ(other.Read().code, 200);
+  const auto started = std::chrono::steady_clock::now();
+  Reply stalled = slow.Read(5000);
+  EXPECT_TRUE(stalled.closed || stalled.code >= 400) << stalled.code;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
+}
+
+TEST_F(HttpServerTest, StopAcceptingThenStopWithAnExchangeStillOpen) {
+  auto server = Start();
+  Client open(server->port());
+  open.Send(Get("/later/x"));
+  HttpExchange* exchange = WaitParked();
+  ASSERT_NE(exchange, nullptr);
+  server->StopAccepting();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Client refused(server->port());
+  EXPECT_FALSE(refused.connected());
+  EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(20)));
+  server->Stop();
+  exchange->Respond(HttpResponse{});  // after Stop: dropped, no crash
+  EXPECT_TRUE(open.Read().closed);
+}
+
+TEST(HttpServerStartTest, APortInUseIsUnavailableWithTheFlagNamed) {
+  StatusOr<std::unique_ptr<HttpServer>> first =
+      HttpServer::Start({"127.0.0.1", 0}, [](HttpExchange* exchange) { exchange->Respond({}); });
+  ASSERT_TRUE(first.ok());
+  HttpServerOptions taken;
+  taken.address = "127.0.0.1";
+  taken.port = (*first)->port();
+  StatusOr<std::unique_ptr<HttpServer>> second =
+      HttpServer::Start(taken, [](HttpExchange* exchange) { exchange->Respond({}); });
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "--http-port")) << second.status();
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,318 @@
+#include "server/api/json_protocol.h"
+
+#include <gtest/gtest.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "grpc_service.pb.h"
+#include "model_config.pb.h"
+
+namespace sluice {
+namespace {
+
+template <typename T>
+std::vector<T> Values(const TensorView& view) {
+  std::vector<T> values(view.byte_size / sizeof(T));
+  std::memcpy(values.data(), view.data, view.byte_size);
+  return values;
+}
+
+StatusOr<JsonInferRequest> Parse(const std::string& body, std::optional<size_t> header = std::nullopt) {
+  return InferRequestFromJson(body, header);
+}
+
+TEST(JsonProtocolTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
+  for (const char* data : {"[1, 2.5, -3, 4, 5, 6]", "[[1, 2.5, -3], [4, 5, 6]]", "[[[1], [2.5], [-3]], [[4], [5], [6]]]"}) {
+    StatusOr<JsonInferRequest> parsed = Parse(std::string(R"({"id": "r1", "inputs": [{"name": "x", "shape": [2, 3],
+        "datatype": "FP32", "data": )") + data + "}]}");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    const InferRequest& request = *parsed->request;
+    EXPECT_EQ(request.id, "r1");
+    ASSERT_EQ(request.inputs.size(), 1u);
+    EXPECT_EQ(request.inputs[0].shape, (Shape{2, 3}));
+    EXPECT_EQ(request.inputs[0].dtype, DataType::kFp32);
+    EXPECT_EQ(Values<float>(request.inputs[0]), (std::vector<float>{1, 2.5f, -3, 4, 5, 6}));
+    EXPECT_TRUE(request.requested_outputs.empty());
+    EXPECT_FALSE(parsed->binary_default);
+  }
+}
+
+TEST(JsonProtocolTest, EveryJsonDatatypeConverts) {
+  auto one = [](const std::string& datatype, const std::string& data) {
+    return Parse(R"({"inputs": [{"name": "x", "shape": [2], "datatype": ")" + datatype + R"(", "data": )" + data +
+                 "}]}");
+  };
+  StatusOr<JsonInferRequest> b = one("BOOL", "[true, false]");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(Values<uint8_t>(b->request->inputs[0]), (std::vector<uint8_t>{1, 0}));
+  StatusOr<JsonInferRequest> u8 = one("UINT8", "[0, 255]");
+  ASSERT_TRUE(u8.ok());
+  EXPECT_EQ(Values<uint8_t>(u8->request->inputs[0]), (std::vector<uint8_t>{0, 255}));
+  StatusOr<JsonInferRequest> i8 = one("INT8", "[-128, 127]");
+  ASSERT_TRUE(i8.ok());
+  EXPECT_EQ(Values<int8_t>(i8->request->inputs[0]), (std::vector<int8_t>{-128, 127}));
+  StatusOr<JsonInferRequest> i16 = one("INT16", "[-32768, 32767]");
+  ASSERT_TRUE(i16.ok());
+  EXPECT_EQ(Values<int16_t>(i16->request->inputs[0]), (std::vector<int16_t>{-32768, 32767}));
+  StatusOr<JsonInferRequest> i32 = one("INT32", "[-2147483648, 2147483647]");
+  ASSERT_TRUE(i32.ok());
+  EXPECT_EQ(Values<int32_t>(i32->request->inputs[0]), (std::vector<int32_t>{INT32_MIN, INT32_MAX}));
+  StatusOr<JsonInferRequest> i64 = one("INT64", "[-9223372036854775808, 9223372036854775807]");
+  ASSERT_TRUE(i64.ok());
+  EXPECT_EQ(Values<int64_t>(i64->request->inputs[0]), (std::vector<int64_t>{INT64_MIN, INT64_MAX}));
+  StatusOr<JsonInferRequest> f64 = one("FP64", "[0.1, NaN]");
+  ASSERT_TRUE(f64.ok()) << f64.status();
+  EXPECT_EQ(Values<double>(f64->request->inputs[0])[0], 0.1);
+  EXPECT_TRUE(std::isnan(Values<double>(f64->request->inputs[0])[1]));
+
+  // Out of range, wrong kinds, and the types JSON cannot carry.
+  for (const auto& [datatype, data, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"UINT8", "[0, 256]", "does not fit UINT8"},
+           {"UINT8", "[-1, 0]", "does not fit UINT8"},
+           {"INT8", "[128, 0]", "does not fit INT8"},
+           {"INT32", "[2147483648, 0]", "does not fit INT32"},
+           {"INT64", "[9223372036854775808, 0]", "does not fit INT64"},
+           {"INT32", "[1.5, 0]", "not an integer"},
+           {"BOOL", "[1, 0]", "not true or false"},
+           {"FP32", "[\"1\", 0]", "not a number"},
+           {"FP16", "[1, 0]", "no JSON form"},
+           {"BF16", "[1, 0]", "no JSON form"},
+           {"BYTES", "[\"a\", \"b\"]", "datatype 'BYTES' is not supported"},
+       }) {
+    StatusOr<JsonInferRequest> parsed = one(datatype, data);
+    ASSERT_FALSE(parsed.ok()) << datatype << " " << data;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(words), std::string::npos) << parsed.status();
+  }
+}
+
+TEST(JsonProtocolTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
+  const std::string json = R"({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32",
+      "parameters": {"binary_data_size": 8}}, {"name": "b", "shape": [1], "datatype": "INT64", "data": [7]},
+      {"name": "c", "shape": [3], "datatype": "UINT8", "parameters": {"binary_data_size": 3}}],
+      "outputs": [{"name": "y", "parameters": {"binary_data": true}}, {"name": "z"}],
+      "parameters": {"timeout": 2500, "something_else": "ignored"}})";
+  const float a[2] = {1.5f, -2.0f};
+  std::string body = json;
+  body.append(reinterpret_cast<const char*>(a), sizeof(a));
+  body.append("\x01\x02\x03", 3);
+  StatusOr<JsonInferRequest> parsed = Parse(body, json.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const InferRequest& request = *parsed->request;
+  ASSERT_EQ(request.inputs.size(), 3u);
+  EXPECT_EQ(request.inputs[0].data, body.data() + json.size());  // no copy
+  EXPECT_EQ(Values<float>(request.inputs[0]), (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(Values<int64_t>(request.inputs[1]), (std::vector<int64_t>{7}));
+  EXPECT_EQ(request.inputs[2].data, body.data() + json.size() + 8);
+  EXPECT_EQ(request.parameters.timeout_us, 2500);
+  EXPECT_EQ(request.requested_outputs, (std::vector<std::string>{"y", "z"}));
+  EXPECT_TRUE(parsed->Binary("y"));
+  EXPECT_FALSE(parsed->Binary("z"));
+
+  // binary_data_output sets the default for outputs that do not say.
+  StatusOr<JsonInferRequest> all = Parse(R"({"inputs": [], "parameters": {"binary_data_output": true},
+      "outputs": [{"name": "p"}, {"name": "q", "parameters": {"binary_data": false}}]})");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->Binary("p"));
+  EXPECT_FALSE(all->Binary("q"));
+  EXPECT_TRUE(all->Binary("unnamed"));
+}
+
+TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
+  const std::string binary_header = R"({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32",
+      "parameters": {"binary_data_size": 8}}]})";
+  const std::vector<std::tuple<std::string, std::optional<size_t>, std::string>> cases = {
+      {"{\"inputs\": [", std::nullopt, "not valid JSON"},
+      {"[1, 2]", std::nullopt, "not a JSON object"},
+      {"{}", std::nullopt, "no 'inputs' array"},
+      {R"({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]})", std::nullopt, "no 'name'"},
+      {R"({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]})", std::nullopt, "no 'shape'"},
+      {R"({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]})", std::nullopt,
+       "non-negative integers"},
+      {R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]})", std::nullopt,
+       "has 2 values in 'data', but shape [3] needs 3"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", std::nullopt, "no 'data'"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+          "parameters": {"binary_data_size": 4}}]})", std::nullopt, "both 'data' and"},
+      {binary_header, std::nullopt, "no Inference-Header-Content-Length"},
+      {binary_header + "1234", binary_header.size(), "only 4 bytes of binary data are left"},
+      {binary_header + "123456789", binary_header.size(), "1 bytes after the JSON header"},
+      {binary_header, binary_header.size() + 1, "Inference-Header-Content-Length is"},
+      {R"({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 3}}]})", std::nullopt,
+       "classification extension is not supported"},
+      {R"({"inputs": [], "parameters": {"timeout": "soon"}})", std::nullopt, "'timeout' must be"},
+      {R"({"inputs": [], "parameters": {"binary_data_output": 1}})", std::nullopt, "must be true or false"},
+      {R"({"id": 5, "inputs": []})", std::nullopt, "'id' must be a string"},
+  };
+  for (const auto& [body, header, words] : cases) {
+    StatusOr<JsonInferRequest> parsed = Parse(body, header);
+    ASSERT_FALSE(parsed.ok()) << body;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_NE(parsed.status().message().find(words), std::string::npos) << parsed.status() << "\n" << body;
+  }
+  // Hostile nesting: refused, not a stack overflow (the parser is iterative, the flattening capped).
+  std::string deep = R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": )";
+  deep += std::string(100000, '[') + "1" + std::string(100000, ']') + "}]}";
+  StatusOr<JsonInferRequest> nested = Parse(deep);
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("nested more than"), std::string::npos) << nested.status();
+}
+
+TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
+  JsonInferRequest request;
+  request.outputs = {{"json", false}, {"bin", true}};
+  std::vector<HttpOutputSink::Output> outputs(2);
+  outputs[0].name = "json";
+  outputs[0].dtype = DataType::kInt32;
+  outputs[0].shape = {1, 2};
+  outputs[0].data.resize(8);
+  const int32_t values[2] = {-5, 7};
+  std::memcpy(outputs[0].data.data(), values, 8);
+  outputs[1].name = "bin";
+  outputs[1].dtype = DataType::kFp32;
+  outputs[1].shape = {4096};
+  outputs[1].data.assign(4096 * 4, '\x7f');
+  const char* binary_bytes = outputs[1].data.data();
+  size_t header_length = 0;
+  std::vector<std::string> body = InferResponseToJson("m", 3, "id-1", request, &outputs, &header_length);
+  ASSERT_EQ(body.size(), 2u);
+  EXPECT_EQ(header_length, body[0].size());
+  EXPECT_EQ(body[1].data(), binary_bytes);  // moved, not copied
+  EXPECT_EQ(body[0],
+            R"({"model_name":"m","model_version":"3","id":"id-1","outputs":[{"name":"json","datatype":"INT32",)"
+            R"("shape":[1,2],"data":[-5,7]},{"name":"bin","datatype":"FP32","shape":[4096],)"
+            R"("parameters":{"binary_data_size":16384}}]})");
+
+  // All JSON: no binary part, no header length, no id when the request had none.
+  JsonInferRequest plain;
+  std::vector<HttpOutputSink::Output> one(1);
+  one[0].name = "b";
+  one[0].dtype = DataType::kBool;
+  one[0].shape = {2};
+  one[0].data = std::string("\x01\x00", 2);
+  body = InferResponseToJson("m", 1, "", plain, &one, &header_length);
+  ASSERT_EQ(body.size(), 1u);
+  EXPECT_EQ(header_length, 0u);
+  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"b","datatype":"BOOL","shape":[2],)"
+                     R"("data":[true,false]}]})");
+}
+
+TEST(JsonProtocolTest, Fp32ValuesRoundTripExactlyThroughJson) {
+  std::mt19937 random(7);
+  std::vector<float> values = {0.1f, 1.0f / 3.0f, std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                               -0.0f, 16777217.0f};
+  std::uniform_int_distribution<uint32_t> bits;
+  while (values.size() < 2000) {
+    const uint32_t pattern = bits(random);
+    float value;
+    std::memcpy(&value, &pattern, 4);
+    if (std::isfinite(value)) values.push_back(value);
+  }
+  JsonInferRequest request;
+  std::vector<HttpOutputSink::Output> outputs(1);
+  outputs[0].name = "y";
+  outputs[0].dtype = DataType::kFp32;
+  outputs[0].shape = {static_cast<int64_t>(values.size())};
+  outputs[0].data.assign(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  size_t header_length = 0;
+  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &outputs, &header_length);
+  rapidjson::Document document;
+  document.Parse(body[0].c_str());
+  ASSERT_FALSE(document.HasParseError());
+  const auto& data = document["outputs"][0]["data"];
+  ASSERT_EQ(data.Size(), values.size());
+  for (rapidjson::SizeType i = 0; i < data.Size(); ++i) {
+    const float back = static_cast<float>(data[i].GetDouble());
+    EXPECT_EQ(std::memcmp(&back, &values[i], 4), 0) << values[i];
+  }
+
+  // And the way in: the printed values parse into the same floats.
+  const std::string in = R"({"inputs": [{"name": "x", "shape": [)" + std::to_string(values.size()) +
+                         R"(], "datatype": "FP32", "data": )" + [&] {
+                           rapidjson::StringBuffer printed;
+                           rapidjson::Writer<rapidjson::StringBuffer> writer(printed);
+                           data.Accept(writer);
+                           return std::string(printed.GetString());
+                         }() + "}]}";
+  StatusOr<JsonInferRequest> parsed = Parse(in);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(std::memcmp(parsed->request->inputs[0].data, values.data(), values.size() * 4), 0);
+}
+
+TEST(JsonProtocolTest, ProtocolMessagesPrintAsTritonsHttpJson) {
+  inference::ModelMetadataResponse metadata;
+  metadata.set_name("mlp");
+  metadata.add_versions("1");
+  auto* input = metadata.add_inputs();
+  input->set_name("INPUT__0");
+  input->set_datatype("FP32");
+  input->add_shape(-1);
+  input->add_shape(784);
+  EXPECT_EQ(ProtoToJson(metadata),
+            R"({"name":"mlp","versions":["1"],"platform":"","inputs":[{"name":"INPUT__0","datatype":"FP32",)"
+            R"("shape":[-1,784]}],"outputs":[]})");
+
+  inference::ModelConfig config;
+  config.set_name("m");
+  config.set_max_batch_size(8);
+  config.mutable_version_policy()->mutable_latest()->set_num_versions(2);
+  auto* tensor = config.add_input();
+  tensor->set_data_type(inference::TYPE_FP16);
+  tensor->add_dims(3);
+  (*config.mutable_parameters())["k"].set_string_value("v");
+  rapidjson::Document document;
+  const std::string json = ProtoToJson(config);
+  document.Parse(json.c_str());
+  ASSERT_FALSE(document.HasParseError()) << json;
+  EXPECT_EQ(document["max_batch_size"].GetInt(), 8);
+  EXPECT_EQ(document["version_policy"]["latest"]["num_versions"].GetInt(), 2);
+  EXPECT_FALSE(document["version_policy"].HasMember("all"));  // unset oneof members stay out
+  EXPECT_STREQ(document["input"][0]["data_type"].GetString(), "TYPE_FP16");
+  EXPECT_TRUE(document["input"][0]["dims"][0].IsInt64());  // numbers, not proto3 JSON's strings
+  EXPECT_STREQ(document["parameters"]["k"]["string_value"].GetString(), "v");
+  EXPECT_FALSE(document.HasMember("dynamic_batching"));  // unset message
+  EXPECT_TRUE(document["output"].IsArray());             // empty repeated fields print
+
+  inference::RepositoryIndexResponse index;
+  auto* model = index.add_models();
+  model->set_name("a");
+  model->set_version("1");
+  model->set_state("READY");
+  EXPECT_EQ(RepeatedProtoToJson(index, "models"), R"([{"name":"a","version":"1","state":"READY","reason":""}])");
+  EXPECT_EQ(RepeatedProtoToJson(inference::RepositoryIndexResponse(), "models"), "[]");
+  EXPECT_EQ(ErrorJson("a \"quoted\"\nline"), R"({"error":"a \"quoted\"\nline"})");
+}
+
+TEST(JsonProtocolTest, RepositoryRequestBodies) {
+  EXPECT_EQ(*ParseIndexRequest(""), false);
+  EXPECT_EQ(*ParseIndexRequest(R"({"ready": true})"), true);
+  EXPECT_FALSE(ParseIndexRequest(R"({"ready": "yes"})").ok());
+  EXPECT_FALSE(ParseIndexRequest("nope").ok());
+  EXPECT_TRUE(ParseControlRequest("")->empty());
+  EXPECT_EQ(*ParseControlRequest(R"({"parameters": {"unload_dependents": true, "config": "{}"}})"),
+            (std::vector<std::string>{"unload_dependents", "config"}));
+  EXPECT_FALSE(ParseControlRequest(R"({"parameters": 3})").ok());
+}
+
+TEST(JsonProtocolTest, SinkKeepsEachOutputWithItsDescription) {
+  HttpOutputSink sink;
+  const std::string name = "y";
+  const Shape shape = {2, 3};
+  StatusOr<char*> memory = sink.Allocate({name, DataType::kInt16, shape, 12, MemoryType::kCpu});
+  ASSERT_TRUE(memory.ok());
+  std::memset(*memory, 1, 12);
+  ASSERT_EQ(sink.outputs().size(), 1u);
+  EXPECT_EQ(sink.outputs()[0].name, "y");
+  EXPECT_EQ(sink.outputs()[0].shape, shape);
+  EXPECT_EQ(sink.outputs()[0].data, std::string(12, '\x01'));
+}
+
+}  // namespace
+}  // namespace sluice
