@@ -1,6 +1,7 @@
 // The server as one object: the model repository, the models (VersionLoader, ModelManager,
-// ModelControl), the metrics endpoint and GPU telemetry, the inference service and the gRPC
-// server, started in order and stopped in reverse. main() owns signals and nothing else.
+// ModelControl), the metrics endpoint and GPU telemetry, the inference service, the gRPC server
+// and the HTTP/REST endpoint, started in order and stopped in reverse. main() owns signals and
+// nothing else.
 #pragma once
 
 #include <atomic>

@@ -287,17 +287,19 @@ void HttpService::Infer(HttpExchange* exchange, const std::string& model_name, c
     const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (error != std::errc() || end != text.data() + text.size()) {
       return RespondStatus(exchange, model->Reject(absl::InvalidArgumentError(absl::StrCat(
-                                         "Inference-Header-Content-Length '", length, "' is not a byte count"))));
+                                         "Inference-Header-Content-Length '", length, "' is not a byte count")),
+                                     Protocol::kHttp));
     }
     header_length = value;
   }
   StatusOr<JsonInferRequest> parsed = InferRequestFromJson(exchange->body(), header_length);
-  if (!parsed.ok()) return RespondStatus(exchange, model->Reject(parsed.status()));
+  if (!parsed.ok()) return RespondStatus(exchange, model->Reject(parsed.status(), Protocol::kHttp));
   if (Status json = CheckJsonOutputs(model->spec(), *parsed); !json.ok()) {
-    return RespondStatus(exchange, model->Reject(json));
+    return RespondStatus(exchange, model->Reject(json, Protocol::kHttp));
   }
   std::unique_ptr<InferRequest> request = std::move(parsed->request);
   request->model_name = model_name;
+  request->protocol = Protocol::kHttp;
   request->cancelled = exchange->cancelled();
   auto* call = new HttpInferCall(exchange, *std::move(parsed), model_name, model->version());
   call->set_id(request->id);

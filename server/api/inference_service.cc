@@ -235,7 +235,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   std::shared_ptr<ModelHandle> model = *std::move(found);
   StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request);
   if (!converted.ok()) {
-    reactor->Answer(model->Reject(converted.status()));
+    reactor->Answer(model->Reject(converted.status(), Protocol::kGrpc));
     return reactor;
   }
   std::unique_ptr<InferRequest> infer = *std::move(converted);

@@ -45,7 +45,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     if (admitted.ok() && stats) stats->RecordAdmitted();
   }
   if (!admitted.ok()) {
-    if (stats) stats->RecordRejected(admitted);
+    if (stats) stats->RecordRejected(admitted, pending.request->protocol);
     pending.done(std::move(admitted));
     return;
   }

@@ -76,14 +76,17 @@ void InstancePool::Run(FormedBatch batch) {
 }
 
 void InstancePool::Drop(PendingRequest& pending, const Status& status) {
-  if (options_.stats) options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false);
+  if (options_.stats) {
+    options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false,
+                                  pending.request->protocol);
+  }
   pending.done(status);
 }
 
 void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran) {
   const TimePoint now = options_.clock->Now();
   for (PendingRequest& pending : requests) {
-    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status, ran);
+    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
     pending.done(status);
   }
 }
@@ -188,9 +191,10 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     if (options_.stats) {
       if (refused.ok()) {
         options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued, input, infer,
-                                      output, options_.clock->Now() - pending.enqueued);
+                                      output, options_.clock->Now() - pending.enqueued, pending.request->protocol);
       } else {
-        options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused, /*ran=*/true);
+        options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused, /*ran=*/true,
+                                      pending.request->protocol);
       }
     }
     pending.done(refused);

@@ -43,8 +43,8 @@ void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration in
 }
 
 void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer,
-                               Duration output, Duration total) {
-  if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total);
+                               Duration output, Duration total, Protocol protocol) {
+  if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total, protocol);
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
   MutexLock lock(&mutex_);
@@ -57,14 +57,16 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
   stats_.compute_output.Add(output);
 }
 
-void ModelStats::RecordFailure(Duration total, const Status& status, bool ran) {
-  if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true, ran);
+void ModelStats::RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol) {
+  if (sink_) sink_->OnFailure(FailureReasonOf(status), total, /*was_admitted=*/true, ran, protocol);
   MutexLock lock(&mutex_);
   stats_.fail.Add(total);
 }
 
-void ModelStats::RecordRejected(const Status& status) {
-  if (sink_) sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false, /*ran=*/false);
+void ModelStats::RecordRejected(const Status& status, Protocol protocol) {
+  if (sink_) {
+    sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false, /*ran=*/false, protocol);
+  }
   MutexLock lock(&mutex_);
   stats_.fail.Add(Duration::zero());
 }

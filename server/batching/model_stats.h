@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 
 #include "server/core/clock.h"
+#include "server/core/infer_request.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
 
@@ -60,10 +61,10 @@ class StatsSink {
   virtual void OnStarted(int64_t requests) = 0;
   virtual void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) = 0;
   virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
-                         Duration total) = 0;
+                         Duration total, Protocol protocol) = 0;
   // `was_admitted`: the request had been admitted to a queue (it stops being pending); `ran`: it
   // had started running (OnStarted), so it was no longer waiting.
-  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran) = 0;
+  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran, Protocol protocol) = 0;
 };
 
 class ModelStats {
@@ -77,14 +78,15 @@ class ModelStats {
   // One forward pass over `batch_rows` rows (padding included) with its phase durations.
   void RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output)
       ABSL_LOCKS_EXCLUDED(mutex_);
-  // One admitted request answered OK: its rows, time queued, the phases of its batch, and end to end.
+  // One admitted request answered OK: its rows, time queued, the phases of its batch, and end to
+  // end; `protocol`: the front end it came through.
   void RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
-                     Duration total) ABSL_LOCKS_EXCLUDED(mutex_);
+                     Duration total, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   // One admitted request answered with `status` (an error) after `total`; `ran`: RecordStarted
   // had counted it (the model failed), else it left the queue without running.
-  void RecordFailure(Duration total, const Status& status, bool ran) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   // A request answered with `status` without being admitted (invalid, or a cap reached).
-  void RecordRejected(const Status& status) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordRejected(const Status& status, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
 
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 

@@ -191,7 +191,7 @@ PaddingScheduler::PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> in
 void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
   StatusOr<PaddedLengths> padded = PadRequest(*spec_, request.get());
   if (!padded.ok()) {
-    if (stats_) stats_->RecordRejected(padded.status());
+    if (stats_) stats_->RecordRejected(padded.status(), request->protocol);
     done(padded.status());
     return;
   }

@@ -12,6 +12,11 @@
 
 namespace sluice {
 
+// The front end a request came through; metrics label the per-request series with it.
+enum class Protocol { kGrpc, kHttp };
+inline constexpr Protocol kAllProtocols[] = {Protocol::kGrpc, Protocol::kHttp};
+inline const char* ProtocolName(Protocol protocol) { return protocol == Protocol::kHttp ? "http" : "grpc"; }
+
 // The request's parameters that Sluice acts on.
 struct RequestParameters {
   // Queue timeout in microseconds ("timeout"); 0: the model's default. Honoured only when the
@@ -27,6 +32,7 @@ struct InferRequest {
   std::string model_name;
   int64_t model_version = 0;  // resolved version; 0 before resolution
   std::string id;             // client's request id, echoed back
+  Protocol protocol = Protocol::kGrpc;
   std::vector<TensorView> inputs;
   std::vector<std::string> requested_outputs;  // empty: every output, in config order
   std::vector<std::unique_ptr<std::string>> owned_buffers;

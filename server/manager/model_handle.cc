@@ -26,7 +26,7 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
   if (Status valid = ValidateRequest(model_->spec, request.get()); !valid.ok()) {
     spdlog::debug("event=request_rejected model={} version={} request_id={} reason=\"{}\"", model_->name,
                   version_, request->id, valid.message());
-    done(Reject(std::move(valid)));
+    done(Reject(std::move(valid), request->protocol));
     return;
   }
   const DynamicBatchingSpec& batching = model_->spec.dynamic_batching;
@@ -40,8 +40,8 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
   scheduler_->Enqueue(std::move(request), sink, std::move(done));
 }
 
-Status ModelHandle::Reject(Status status) {
-  stats_->RecordRejected(status);
+Status ModelHandle::Reject(Status status, Protocol protocol) {
+  stats_->RecordRejected(status, protocol);
   return status;
 }
 

@@ -47,7 +47,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
 
   // Records a request that never became an InferRequest (the front end could not convert it) as
   // rejected, and returns `status`.
-  Status Reject(Status status);
+  Status Reject(Status status, Protocol protocol);
 
   // The caller of a queued request went away (its `cancelled` flag is set): answer it now.
   void Poke();

@@ -177,12 +177,8 @@ namespace {
 class ModelMetrics final : public StatsSink {
  public:
   ModelMetrics(ServerMetrics::Families& f, const Labels& labels)
-      : succeeded_(f.succeeded.Add(labels)),
-        inferences_(f.inferences.Add(labels)),
-        executions_(f.executions.Add(labels)),
+      : executions_(f.executions.Add(labels)),
         pending_(f.pending.Add(labels)),
-        request_seconds_(f.request_seconds.Add(labels, LatencyBucketsSeconds())),
-        queue_seconds_(f.queue_seconds.Add(labels, LatencyBucketsSeconds())),
         input_seconds_(f.input_seconds.Add(labels, LatencyBucketsSeconds())),
         infer_seconds_(f.infer_seconds.Add(labels, LatencyBucketsSeconds())),
         output_seconds_(f.output_seconds.Add(labels, LatencyBucketsSeconds())),
@@ -196,11 +192,24 @@ class ModelMetrics final : public StatsSink {
         nv_infer_us_(f.nv_infer_us.Add(labels)),
         nv_output_us_(f.nv_output_us.Add(labels)),
         nv_pending_(f.nv_pending.Add(labels)) {
-    // Every reason exists from the start (at 0), so rate() and dashboards see the series.
+    // Every reason and protocol exists from the start (at 0), so rate() and dashboards see the
+    // series. The per-request sluice_* series carry the front end as `protocol`; Triton's nv_*
+    // series keep Triton's labels.
+    for (Protocol protocol : kAllProtocols) {
+      Labels with_protocol = labels;
+      with_protocol["protocol"] = ProtocolName(protocol);
+      PerProtocol& series = per_protocol_[static_cast<int>(protocol)];
+      series.succeeded = &f.succeeded.Add(with_protocol);
+      series.inferences = &f.inferences.Add(with_protocol);
+      series.request_seconds = &f.request_seconds.Add(with_protocol, LatencyBucketsSeconds());
+      series.queue_seconds = &f.queue_seconds.Add(with_protocol, LatencyBucketsSeconds());
+      for (FailureReason reason : kAllFailureReasons) {
+        with_protocol["reason"] = FailureReasonName(reason);
+        series.failed[static_cast<int>(reason)] = &f.failed.Add(with_protocol);
+      }
+    }
     for (FailureReason reason : kAllFailureReasons) {
       Labels with_reason = labels;
-      with_reason["reason"] = FailureReasonName(reason);
-      failed_[static_cast<int>(reason)] = &f.failed.Add(with_reason);
       with_reason["reason"] = TritonReason(reason);
       nv_failure_[static_cast<int>(reason)] = &f.nv_failure.Add(with_reason);
     }
@@ -224,15 +233,16 @@ class ModelMetrics final : public StatsSink {
     output_seconds_.Observe(Seconds(output));
   }
 
-  void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
-                 Duration total) override {
+  void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output, Duration total,
+                 Protocol protocol) override {
+    const PerProtocol& series = per_protocol_[static_cast<int>(protocol)];
     pending_.Decrement();
-    succeeded_.Increment();
+    series.succeeded->Increment();
     nv_success_.Increment();
-    inferences_.Increment(static_cast<double>(rows));
+    series.inferences->Increment(static_cast<double>(rows));
     nv_count_.Increment(static_cast<double>(rows));
-    request_seconds_.Observe(Seconds(total));
-    queue_seconds_.Observe(Seconds(queue));
+    series.request_seconds->Observe(Seconds(total));
+    series.queue_seconds->Observe(Seconds(queue));
     // Triton charges each request of a batch with the batch's compute times.
     nv_request_us_.Increment(Micros(total));
     nv_queue_us_.Increment(Micros(queue));
@@ -241,21 +251,24 @@ class ModelMetrics final : public StatsSink {
     nv_output_us_.Increment(Micros(output));
   }
 
-  void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran) override {
+  void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran, Protocol protocol) override {
     if (was_admitted) pending_.Decrement();
     if (was_admitted && !ran) nv_pending_.Decrement();
-    failed_[static_cast<int>(reason)]->Increment();
+    per_protocol_[static_cast<int>(protocol)].failed[static_cast<int>(reason)]->Increment();
     nv_failure_[static_cast<int>(reason)]->Increment();
   }
 
  private:
-  Counter& succeeded_;
-  Counter* failed_[std::size(kAllFailureReasons)] = {};
-  Counter& inferences_;
+  struct PerProtocol {
+    Counter* succeeded = nullptr;
+    Counter* failed[std::size(kAllFailureReasons)] = {};
+    Counter* inferences = nullptr;
+    Histogram* request_seconds = nullptr;
+    Histogram* queue_seconds = nullptr;
+  };
+  PerProtocol per_protocol_[std::size(kAllProtocols)];
   Counter& executions_;
   Gauge& pending_;
-  Histogram& request_seconds_;
-  Histogram& queue_seconds_;
   Histogram& input_seconds_;
   Histogram& infer_seconds_;
   Histogram& output_seconds_;

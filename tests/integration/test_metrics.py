@@ -144,28 +144,28 @@ def traffic(server):
 def test_counts_match_the_traffic_exactly(traffic):
     s = traffic
     rows = {"model": "rows", "version": "1"}
-    assert value(s, "sluice_requests_succeeded_total", **rows) == 4
+    assert value(s, "sluice_requests_succeeded_total", protocol="grpc", **rows) == 4
     assert value(s, "nv_inference_request_success", **rows) == 4
-    assert value(s, "sluice_inferences_total", **rows) == 4
+    assert value(s, "sluice_inferences_total", protocol="grpc", **rows) == 4
     assert value(s, "sluice_executions_total", **rows) == 1  # one batch of four
     assert value(s, "nv_inference_exec_count", **rows) == 1
     assert value(s, "sluice_batch_size_bucket", le="3", **rows) == 0
     assert value(s, "sluice_batch_size_bucket", le="4", **rows) == 1
-    assert value(s, "sluice_request_duration_seconds_count", **rows) == 4
+    assert value(s, "sluice_request_duration_seconds_count", protocol="grpc", **rows) == 4
     assert value(s, "sluice_pending_requests", **rows) == 0
     assert value(s, "nv_inference_pending_request_count", **rows) == 0
 
     throws = {"model": "throws", "version": "1"}
-    assert value(s, "sluice_requests_succeeded_total", **throws) == 1
-    assert value(s, "sluice_requests_failed_total", reason="model_error", **throws) == 1
-    assert value(s, "sluice_requests_failed_total", reason="invalid_input", **throws) == 2
+    assert value(s, "sluice_requests_succeeded_total", protocol="grpc", **throws) == 1
+    assert value(s, "sluice_requests_failed_total", protocol="grpc", reason="model_error", **throws) == 1
+    assert value(s, "sluice_requests_failed_total", protocol="grpc", reason="invalid_input", **throws) == 2
     assert value(s, "nv_inference_request_failure", reason="BACKEND", **throws) == 1
 
     slow = {"model": "slow_queue", "version": "1"}
-    assert value(s, "sluice_requests_failed_total", reason="timeout", **slow) == 1
-    assert value(s, "sluice_requests_failed_total", reason="cancelled", **slow) == 1
-    assert value(s, "sluice_requests_failed_total", reason="rejected", **slow) == 1
-    assert value(s, "sluice_requests_succeeded_total", **slow) == 1
+    assert value(s, "sluice_requests_failed_total", protocol="grpc", reason="timeout", **slow) == 1
+    assert value(s, "sluice_requests_failed_total", protocol="grpc", reason="cancelled", **slow) == 1
+    assert value(s, "sluice_requests_failed_total", protocol="grpc", reason="rejected", **slow) == 1
+    assert value(s, "sluice_requests_succeeded_total", protocol="grpc", **slow) == 1
     assert value(s, "nv_inference_request_failure", reason="CANCELED", **slow) == 1
     assert value(s, "nv_inference_request_failure", reason="REJECTED", **slow) == 2  # and the timeout
     for model in ("rows", "throws", "slow_queue"):
@@ -179,13 +179,31 @@ def test_latency_histograms_are_consistent(traffic):
     labels = {"model": "rows", "version": "1"}
     for name in ("sluice_request_duration_seconds", "sluice_queue_duration_seconds"):
         buckets = sorted((float(dict(l)["le"]), v) for (n, l), v in s.items()
-                         if n == name + "_bucket" and ("model", "rows") in l)
+                         if n == name + "_bucket" and ("model", "rows") in l and ("protocol", "grpc") in l)
         counts = [v for _, v in buckets]
         assert counts == sorted(counts), name  # cumulative
         assert buckets[-1] == (float("inf"), 4)
     # The batch waited for its fourth request, so each request spent a while in the queue.
-    assert value(s, "sluice_queue_duration_seconds_sum", **labels) > 0
+    assert value(s, "sluice_queue_duration_seconds_sum", protocol="grpc", **labels) > 0
     assert value(s, "sluice_compute_infer_duration_seconds_count", **labels) == 1
+
+
+def test_http_requests_count_under_their_own_protocol_label(server, traffic):
+    import json
+    import urllib.request
+    before = scrape(server)
+    labels = {"model": "throws", "version": "1"}
+    body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/throws/infer", body.encode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    after = scrape(server)
+    succeeded = "sluice_requests_succeeded_total"
+    assert value(after, succeeded, protocol="http", **labels) - value(before, succeeded, protocol="http", **labels) == 1
+    assert value(after, succeeded, protocol="grpc", **labels) == value(before, succeeded, protocol="grpc", **labels)
+    # Triton's series have no protocol label and count both.
+    nv = "nv_inference_request_success"
+    assert value(after, nv, **labels) - value(before, nv, **labels) == 1
 
 
 def test_tuning_build_info_and_fake_gpu_telemetry(traffic):

@@ -60,42 +60,50 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   stats.RecordAdmitted();
   stats.RecordStarted(2);
   stats.RecordExecution(4, 20us, 3ms, 10us);
-  stats.RecordSuccess(3, 200us, 20us, 3ms, 10us, 3400us);
-  stats.RecordSuccess(1, 300us, 20us, 3ms, 10us, 3500us);
+  stats.RecordSuccess(3, 200us, 20us, 3ms, 10us, 3400us, Protocol::kGrpc);
+  stats.RecordSuccess(1, 300us, 20us, 3ms, 10us, 3500us, Protocol::kHttp);
   // One of each failure: admitted ones (timeout, cancelled, model error) and rejected ones.
   for (int i = 0; i < 3; ++i) stats.RecordAdmitted();
   const std::string pending_text = Exposition(*registry_);
   EXPECT_EQ(Value(pending_text, R"(sluice_pending_requests{model="m",version="1"})"), 3);
   EXPECT_EQ(Value(pending_text, R"(nv_inference_pending_request_count{model="m",version="1"})"), 3);
-  stats.RecordFailure(2s, absl::DeadlineExceededError("late"), /*ran=*/false);
-  stats.RecordFailure(1ms, absl::CancelledError("gone"), /*ran=*/false);
+  stats.RecordFailure(2s, absl::DeadlineExceededError("late"), /*ran=*/false, Protocol::kGrpc);
+  stats.RecordFailure(1ms, absl::CancelledError("gone"), /*ran=*/false, Protocol::kHttp);
   EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
   stats.RecordStarted(1);  // Triton's pending count drops when the request starts running
   EXPECT_EQ(Value(Exposition(*registry_), R"(nv_inference_pending_request_count{model="m",version="1"})"), 0);
   EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
-  stats.RecordFailure(4ms, absl::InternalError("boom"), /*ran=*/true);
-  stats.RecordRejected(absl::UnavailableError("queue full"));
-  stats.RecordRejected(absl::InvalidArgumentError("bad shape"));
-  stats.RecordRejected(absl::InvalidArgumentError("bad dtype"));
+  stats.RecordFailure(4ms, absl::InternalError("boom"), /*ran=*/true, Protocol::kGrpc);
+  stats.RecordRejected(absl::UnavailableError("queue full"), Protocol::kGrpc);
+  stats.RecordRejected(absl::InvalidArgumentError("bad shape"), Protocol::kHttp);
+  stats.RecordRejected(absl::InvalidArgumentError("bad dtype"), Protocol::kGrpc);
 
   const std::string text = Exposition(*registry_);
   const std::string labels = R"({model="m",version="1"})";
-  EXPECT_EQ(Value(text, "sluice_requests_succeeded_total" + labels), 2);
+  // The per-request sluice_* series are split by front end; Triton's are not.
+  const std::string grpc = R"({model="m",protocol="grpc",version="1"})";
+  const std::string http = R"({model="m",protocol="http",version="1"})";
+  EXPECT_EQ(Value(text, "sluice_requests_succeeded_total" + grpc), 1);
+  EXPECT_EQ(Value(text, "sluice_requests_succeeded_total" + http), 1);
   EXPECT_EQ(Value(text, "nv_inference_request_success" + labels), 2);
-  EXPECT_EQ(Value(text, "sluice_inferences_total" + labels), 4);
+  EXPECT_EQ(Value(text, "sluice_inferences_total" + grpc), 3);
+  EXPECT_EQ(Value(text, "sluice_inferences_total" + http), 1);
   EXPECT_EQ(Value(text, "nv_inference_count" + labels), 4);
   EXPECT_EQ(Value(text, "sluice_executions_total" + labels), 1);
   EXPECT_EQ(Value(text, "nv_inference_exec_count" + labels), 1);
   EXPECT_EQ(Value(text, "sluice_pending_requests" + labels), 0);
   EXPECT_EQ(Value(text, "nv_inference_pending_request_count" + labels), 0);
-  auto failed = [&](const char* reason) {
-    return Value(text, std::string(R"(sluice_requests_failed_total{model="m",reason=")") + reason + R"(",version="1"})");
+  auto failed = [&](const char* reason, const char* protocol) {
+    return Value(text, std::string(R"(sluice_requests_failed_total{model="m",protocol=")") + protocol +
+                           R"(",reason=")" + reason + R"(",version="1"})");
   };
-  EXPECT_EQ(failed("timeout"), 1);
-  EXPECT_EQ(failed("cancelled"), 1);
-  EXPECT_EQ(failed("model_error"), 1);
-  EXPECT_EQ(failed("rejected"), 1);
-  EXPECT_EQ(failed("invalid_input"), 2);
+  EXPECT_EQ(failed("timeout", "grpc"), 1);
+  EXPECT_EQ(failed("cancelled", "http"), 1);
+  EXPECT_EQ(failed("cancelled", "grpc"), 0);
+  EXPECT_EQ(failed("model_error", "grpc"), 1);
+  EXPECT_EQ(failed("rejected", "grpc"), 1);
+  EXPECT_EQ(failed("invalid_input", "grpc"), 1);
+  EXPECT_EQ(failed("invalid_input", "http"), 1);
   auto nv_failed = [&](const char* reason) {
     return Value(text, std::string(R"(nv_inference_request_failure{model="m",reason=")") + reason + R"(",version="1"})");
   };
@@ -113,13 +121,18 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   auto bucket = [&](const std::string& name, const std::string& le) {
     return Value(text, name + R"(_bucket{model="m",version="1",le=")" + le + R"("})");
   };
-  EXPECT_EQ(bucket("sluice_request_duration_seconds", "0.0025"), 0);
-  EXPECT_EQ(bucket("sluice_request_duration_seconds", "0.005"), 2);
-  EXPECT_EQ(bucket("sluice_request_duration_seconds", "+Inf"), 2);
-  EXPECT_NEAR(Value(text, "sluice_request_duration_seconds_sum" + labels), 0.0069, 1e-12);
-  EXPECT_EQ(bucket("sluice_queue_duration_seconds", "0.0001"), 0);
-  EXPECT_EQ(bucket("sluice_queue_duration_seconds", "0.00025"), 1);
-  EXPECT_EQ(bucket("sluice_queue_duration_seconds", "0.0005"), 2);
+  auto per_protocol = [&](const std::string& name, const std::string& protocol, const std::string& le) {
+    return Value(text, name + R"(_bucket{model="m",protocol=")" + protocol + R"(",version="1",le=")" + le + R"("})");
+  };
+  EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "grpc", "0.0025"), 0);
+  EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "grpc", "0.005"), 1);
+  EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "http", "0.005"), 1);
+  EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "http", "+Inf"), 1);
+  EXPECT_NEAR(Value(text, "sluice_request_duration_seconds_sum" + grpc), 0.0034, 1e-12);
+  EXPECT_EQ(per_protocol("sluice_queue_duration_seconds", "grpc", "0.0001"), 0);
+  EXPECT_EQ(per_protocol("sluice_queue_duration_seconds", "grpc", "0.00025"), 1);
+  EXPECT_EQ(per_protocol("sluice_queue_duration_seconds", "http", "0.00025"), 0);
+  EXPECT_EQ(per_protocol("sluice_queue_duration_seconds", "http", "0.0005"), 1);
   EXPECT_EQ(bucket("sluice_compute_infer_duration_seconds", "0.0025"), 0);
   EXPECT_EQ(bucket("sluice_compute_infer_duration_seconds", "0.005"), 1);
   EXPECT_EQ(bucket("sluice_batch_size", "3"), 0);

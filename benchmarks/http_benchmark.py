@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The REST endpoint against gRPC on the bundled MLP (784-512-512-10), side by side in one run,
+with the same third-party client (perf_analyzer) and one server:
+
+    .venv/bin/python benchmarks/http_benchmark.py [--smoke] [--repetitions 3] [--json out.json]
+
+Modes, each at concurrency 1 and 16 (batch 1, dynamic batching as the bundled config has it):
+  grpc          perf_analyzer -i grpc
+  http-binary   perf_analyzer -i http (Triton's binary tensor extension, its default)
+  http-json     perf_analyzer -i http --input-tensor-format json --output-tensor-format json
+
+Repetitions are interleaved (every mode once, then again) so that a slow stretch of a noisy host
+hits every mode; the table shows medians and each HTTP mode's ratio to gRPC. The server runs on
+one CPU and perf_analyzer on another (taskset), as in batching_benchmark.py.
+
+Prints a table and writes JSON. --smoke runs a tiny version (the test command runs it so the
+script keeps working); its numbers mean nothing.
+"""
+import argparse
+import csv
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batching_benchmark import make_repository, perf_analyzer_path, pinning, serve, write_json  # noqa: E402
+
+MODES = {
+    "grpc": ["-i", "grpc"],
+    "http-binary": ["-i", "http"],
+    "http-json": ["-i", "http", "--input-tensor-format", "json", "--output-tensor-format", "json"],
+}
+CONCURRENCY = (1, 16)
+
+
+def measure(mode, url, concurrency, smoke, workdir, prefix):
+    out_csv = os.path.join(workdir, f"{mode}_{concurrency}.csv")
+    args = [*prefix, perf_analyzer_path(), "-m", "mlp", "-u", url, *MODES[mode], "-b", "1",
+            "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", "5",
+            # A noisy shared host never looks "stable": accept any spread and take medians over
+            # the interleaved repetitions instead.
+            "--stability-percentage", "1000"]
+    if smoke:
+        args += ["--measurement-mode", "count_windows", "--measurement-request-count", "20"]
+    else:
+        args += ["--measurement-interval", "2000"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"perf_analyzer {mode} c={concurrency} failed:\n{result.stdout}\n{result.stderr}")
+    with open(out_csv) as f:
+        row = next(csv.DictReader(f))
+    return {"infer_per_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
+            "p99_us": float(row["p99 latency"])}
+
+
+def http_port(log_path):
+    with open(log_path) as f:
+        found = re.search(r"event=http_listening address=\S+ port=(\d+)", f.read())
+    if not found:
+        raise RuntimeError(f"no event=http_listening line in {log_path}")
+    return int(found.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                          "build", "bin"))
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    repetitions = 1 if args.smoke else args.repetitions
+    (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
+
+    runs = {(mode, c): [] for mode in MODES for c in CONCURRENCY}
+    with tempfile.TemporaryDirectory() as workdir:
+        repository = os.path.join(workdir, "models")
+        make_repository(repository, batching=True, names=["mlp"])
+        process, grpc_url = serve(args.bin_dir, repository, ["--device", "cpu", "--http-address", "127.0.0.1"],
+                                  prefix=server_prefix, log_level="info")
+        try:
+            urls = {"grpc": grpc_url}
+            urls["http-binary"] = urls["http-json"] = f"127.0.0.1:{http_port(repository + '.log')}"
+            for _ in range(repetitions):
+                for mode in MODES:
+                    for c in CONCURRENCY:
+                        runs[(mode, c)].append(measure(mode, urls[mode], c, args.smoke, workdir, client_prefix))
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+
+    rows = []
+    for (mode, c), results in runs.items():
+        median = {key: statistics.median(r[key] for r in results) for key in ("infer_per_s", "p50_us", "p99_us")}
+        rows.append({"mode": mode, "concurrency": c, **median, "runs": results})
+    grpc = {row["concurrency"]: row for row in rows if row["mode"] == "grpc"}
+    for row in rows:
+        base = grpc[row["concurrency"]]
+        row["p50_vs_grpc"] = row["p50_us"] / base["p50_us"] if base["p50_us"] else 0.0
+        row["throughput_vs_grpc"] = row["infer_per_s"] / base["infer_per_s"] if base["infer_per_s"] else 0.0
+
+    print(f"\nMLP, batch 1, perf_analyzer; medians of {repetitions} interleaved run(s); pinning: {pin_note}")
+    print(f"{'mode':<12} {'c':>3} {'infer/s':>9} {'p50 us':>9} {'p99 us':>9} {'p50/gRPC':>9} {'thru/gRPC':>10}")
+    for row in rows:
+        print(f"{row['mode']:<12} {row['concurrency']:>3} {row['infer_per_s']:>9.0f} {row['p50_us']:>9.0f} "
+              f"{row['p99_us']:>9.0f} {row['p50_vs_grpc']:>9.2f} {row['throughput_vs_grpc']:>10.2f}")
+    if args.json:
+        write_json(args.json, {"benchmark": "http", "smoke": args.smoke, "repetitions": repetitions,
+                               "pinning": pin_note, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
