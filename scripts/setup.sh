@@ -32,6 +32,7 @@ if [ "$PROFILE" = test ]; then
   APT_PACKAGES+=(
     libb64-0d  # perf_analyzer's one shared-library need beyond libc and OpenSSL
     openssl     # the TLS tests make certificates
+    curl        # the HTTP tests call the REST endpoint as users do
     prometheus  # the metrics tests scrape the server with a real Prometheus
     valgrind    # the metrics cost benchmark counts instructions with callgrind
     linux-perf  # benchmarks/request_path_profile.py samples the server with perf

@@ -11,6 +11,7 @@ import resource
 import signal
 import socket
 import statistics
+import subprocess
 import time
 
 import ml_dtypes
@@ -93,6 +94,32 @@ def test_endpoint_json_equals_golden_file_and_tritonclient_reads_it(server, rest
         got.pop("version")
     assert got == want
     assert read() == json.loads(body)
+
+
+def curl(*args):
+    """curl's body and, last line, the status code."""
+    result = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", *args], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    body, _, code = result.stdout.rpartition("\n")
+    return int(code), body
+
+
+def test_curl_reads_the_endpoints_and_infers(server, tmp_path):
+    base = f"http://{server.http_url}"
+    assert curl(f"{base}/v2/health/ready") == (200, "")
+    code, body = curl(f"{base}/v2/models/multi_io")
+    with open(os.path.join(GOLDEN, "model_metadata.json")) as f:
+        assert (code, json.loads(body)) == (200, json.load(f))
+    request = tmp_path / "request.json"
+    request.write_text(infer_body())
+    for extra in ([], ["--compressed"], ["-H", "Transfer-Encoding: chunked"]):
+        code, body = curl("-X", "POST", "-H", "Content-Type: application/json", "--data-binary", f"@{request}",
+                          *extra, f"{base}/v2/models/dtype_fp32/infer")
+        assert code == 200, (extra, body)
+        assert json.loads(body)["outputs"][0]["data"] == [2.0, 4.0, 6.0], extra
+    code, body = curl("-X", "POST", "--data-binary", '{"inputs": [', f"{base}/v2/models/dtype_fp32/infer")
+    assert code == 400 and "not valid JSON" in json.loads(body)["error"]
 
 
 def test_model_name_is_percent_decoded(server):
