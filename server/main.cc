@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that goes away while an answer is written must not kill the server: the write fails
+  // with EPIPE instead (gRPC sends with MSG_NOSIGNAL; libevent's HTTP writes do not).
+  std::signal(SIGPIPE, SIG_IGN);
 
   sluice::ConfigureCudnn({config.cudnn_benchmark == sluice::CudnnBenchmarkMode::kOn, config.cudnn_deterministic,
                           config.allow_tf32});

@@ -184,8 +184,8 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   app.add_option("--http-max-body-bytes", http.max_body_bytes,
-                 "Largest HTTP request body, also once decompressed (413 beyond it)")
-      ->check(CLI::PositiveNumber)
+                 "Largest HTTP request body, also once decompressed (413 beyond it); at most 4294967295")
+      ->check(CLI::Range(size_t{1}, size_t{4294967295}))
       ->capture_default_str();
   app.add_option("--http-max-connections", http.max_connections,
                  "Open HTTP connections the server keeps; a request on one more gets 503 and its connection closes")

@@ -12,6 +12,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -143,6 +144,9 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   Mutex mutex;
   CondVar idle;
   bool stopping ABSL_GUARDED_BY(mutex) = false;  // Stop asked the loop to end
+  bool draining = false;                          // loop thread only: StopAccepting ran
+  event* flush_check = nullptr;                   // while stopping: are the answers written?
+  std::chrono::steady_clock::time_point flush_deadline;
   bool stopped ABSL_GUARDED_BY(mutex) = false;   // the loop has ended
   int64_t in_flight ABSL_GUARDED_BY(mutex) = 0;
   std::deque<std::pair<HttpExchange*, HttpResponse>> answered ABSL_GUARDED_BY(mutex);
@@ -164,6 +168,7 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   static thread_local const Loop* current;  // the loop this thread runs, if any
 
   ~Loop() {
+    if (flush_check != nullptr) event_free(flush_check);
     if (wake != nullptr) event_free(wake);
     if (http != nullptr) evhttp_free(http);
     if (base != nullptr) event_base_free(base);
@@ -175,6 +180,9 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   void Post(HttpExchange* exchange, HttpResponse response);
   void End(HttpExchange* exchange);
   void ConnectionClosed(evhttp_connection* connection);
+  // Stop's last step on the loop: ends it once every answer has been written to its socket, or
+  // after a second. Loop thread.
+  void FinishWriting();
   // Marks the exchanges waiting on `connection` cancelled and runs their on_cancel (once each).
   static void CancelWaiting(Connection* connection);
   // Answers a request no exchange was made for. Loop thread.
@@ -186,7 +194,10 @@ thread_local const HttpExchange::Loop* HttpExchange::Loop::current = nullptr;
 const char* HttpExchange::Header(const char* name) const { return FindHeader(request_, name); }
 
 void HttpExchange::Respond(HttpResponse response) {
-  if (accept_encoding_ != kIdentity && !response.body.empty()) {
+  size_t length = 0;
+  for (const std::string& segment : response.body) length += segment.size();
+  // zlib counts in 32 bits: bodies past 1 GiB go out as they are.
+  if (accept_encoding_ != kIdentity && length > 0 && length <= (size_t{1} << 30)) {
     std::string compressed = Deflate(response.body, accept_encoding_);
     response.body.clear();
     response.body.push_back(std::move(compressed));
@@ -304,6 +315,16 @@ void HttpExchange::Loop::Send(HttpExchange* exchange, HttpResponse response) {
   evhttp_request* request = exchange->request_;
   evkeyvalq* headers = evhttp_request_get_output_headers(request);
   for (const auto& [key, value] : response.headers) evhttp_add_header(headers, key.c_str(), value.c_str());
+  // Draining: the client reconnects elsewhere for its next request.
+  if (draining) evhttp_add_header(headers, "Connection", "close");
+  if (exchange->method_ == "HEAD") {
+    // libevent writes whatever the output buffer holds, HEAD or not, and leaves Content-Length
+    // out: the length of the body a GET would get, and no body.
+    size_t length = 0;
+    for (const std::string& segment : response.body) length += segment.size();
+    evhttp_add_header(headers, "Content-Length", std::to_string(length).c_str());
+    response.body.clear();
+  }
   evbuffer* out = evhttp_request_get_output_buffer(request);
   for (std::string& segment : response.body) {
     if (segment.size() < 4096) {
@@ -342,6 +363,23 @@ void HttpExchange::Loop::ConnectionClosed(evhttp_connection* connection) {
   for (HttpExchange* exchange : entry->waiting) exchange->connection_ = nullptr;
 }  // frees the close watch before libevent closes the socket
 
+void HttpExchange::Loop::FinishWriting() {
+  if (flush_check == nullptr) {
+    flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    flush_check = event_new(
+        base, -1, EV_PERSIST, [](evutil_socket_t, short, void* arg) { static_cast<Loop*>(arg)->FinishWriting(); },
+        this);
+    const timeval every{0, 10000};
+    event_add(flush_check, &every);
+  }
+  bool written = true;
+  for (const auto& [connection, entry] : connections) {
+    bufferevent* socket = evhttp_connection_get_bufferevent(connection);
+    if (socket != nullptr && evbuffer_get_length(bufferevent_get_output(socket)) > 0) written = false;
+  }
+  if (written || std::chrono::steady_clock::now() >= flush_deadline) event_base_loopbreak(base);
+}
+
 void HttpExchange::Loop::CancelWaiting(Connection* connection) {
   for (HttpExchange* exchange : connection->waiting) {
     if (!exchange->cancelled_->exchange(true) && exchange->on_cancel_) exchange->on_cancel_();
@@ -349,10 +387,15 @@ void HttpExchange::Loop::CancelWaiting(Connection* connection) {
 }
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options, HttpHandler handler) {
-  static std::once_flag threads;
-  // Before any event base exists: makes bases lockable and notifiable, so that event_active and
-  // event_base_loopbreak may be called from other threads.
-  std::call_once(threads, [] { evthread_use_pthreads(); });
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Before any event base exists: makes bases lockable and notifiable, so that event_active and
+    // event_base_loopbreak may be called from other threads.
+    evthread_use_pthreads();
+    // libevent writes with writev: a client gone mid-response would raise SIGPIPE and kill the
+    // process. The write fails with EPIPE instead and libevent closes the connection.
+    std::signal(SIGPIPE, SIG_IGN);
+  });
   auto loop = std::make_shared<HttpExchange::Loop>();
   loop->options = options;
   loop->handler = std::move(handler);
@@ -364,6 +407,9 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   evhttp_set_max_body_size(loop->http, static_cast<ev_ssize_t>(options.max_body_bytes));
   evhttp_set_max_headers_size(loop->http, 64 << 10);
   evhttp_set_default_content_type(loop->http, "application/json");
+  // A body refused for its size is read to its end before the connection closes, so that the
+  // client sees the 413 instead of a reset mid-upload.
+  evhttp_set_flags(loop->http, EVHTTP_SERVER_LINGERING_CLOSE);
   timeval timeout{options.timeout_ms / 1000, (options.timeout_ms % 1000) * 1000};
   evhttp_set_timeout_tv(loop->http, &timeout);
   evhttp_set_gencb(
@@ -381,7 +427,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
           stopping = self->stopping;
         }
         for (auto& [exchange, response] : answered) self->Send(exchange, std::move(response));
-        if (stopping) event_base_loopbreak(self->base);
+        if (stopping) self->FinishWriting();
       },
       loop.get());
   loop->socket = evhttp_bind_socket_with_handle(loop->http, options.address.c_str(), static_cast<uint16_t>(options.port));
@@ -417,6 +463,7 @@ void HttpServer::StopAccepting() {
         auto* self = static_cast<HttpExchange::Loop*>(arg);
         if (self->socket != nullptr) evhttp_del_accept_socket(self->http, self->socket);
         self->socket = nullptr;
+        self->draining = true;
       },
       loop, nullptr);
 }

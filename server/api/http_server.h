@@ -27,7 +27,7 @@ struct HttpServerOptions {
   std::string address = "0.0.0.0";       // --http-address
   int port = 8000;                        // --http-port; 0: any free port (see HttpServer::port)
   size_t max_body_bytes = size_t{1} << 30;  // --http-max-body-bytes: larger bodies (also once
-                                            // decompressed) get 413
+                                            // decompressed) get 413; at most 4 GiB - 1
   int max_connections = 2048;             // --http-max-connections: a request on a connection past
                                           // this gets 503 and the connection is closed
   int timeout_ms = 60000;                 // --http-timeout-ms: a connection silent this long (an
@@ -88,19 +88,23 @@ using HttpHandler = std::function<void(HttpExchange* exchange)>;
 
 class HttpServer {
  public:
-  // Binds and starts the event loop. UNAVAILABLE when the address cannot be bound.
+  // Binds and starts the event loop. UNAVAILABLE when the address cannot be bound. The first
+  // call sets SIGPIPE to be ignored, process-wide (a client gone mid-response must not kill the
+  // process).
   static StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, HttpHandler handler);
   // Stop().
   ~HttpServer();
 
   int port() const { return port_; }
 
-  // Closes the listening socket: no new connections; open ones are still served. Idempotent.
+  // Closes the listening socket: no new connections; open ones are still served, and each
+  // answer from now on closes its connection (Connection: close). Idempotent.
   void StopAccepting();
   // Waits until every exchange has been answered, or `timeout`. True when none is left.
   bool WaitIdle(std::chrono::milliseconds timeout);
-  // Stops the event loop and closes every connection. An exchange answered later is dropped.
-  // Idempotent.
+  // Sends the answers already given (waiting up to a second for them to be written), stops the
+  // event loop and closes every connection. An exchange answered later is dropped; the bodies and
+  // headers of exchanges still out are invalid from here on. Idempotent.
   void Stop();
 
  private:

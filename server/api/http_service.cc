@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -47,11 +48,11 @@ std::optional<std::string> PercentDecode(absl::string_view segment) {
       decoded.push_back(segment[i]);
       continue;
     }
-    int value = 0;
-    if (i + 2 >= segment.size()) return std::nullopt;
-    const auto [end, error] = std::from_chars(segment.data() + i + 1, segment.data() + i + 3, value, 16);
-    if (error != std::errc() || end != segment.data() + i + 3) return std::nullopt;
-    decoded.push_back(static_cast<char>(value));
+    if (i + 2 >= segment.size() || !absl::ascii_isxdigit(segment[i + 1]) || !absl::ascii_isxdigit(segment[i + 2])) {
+      return std::nullopt;
+    }
+    auto digit = [](char c) { return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10; };
+    decoded.push_back(static_cast<char>(digit(segment[i + 1]) * 16 + digit(segment[i + 2])));
     i += 2;
   }
   return decoded;

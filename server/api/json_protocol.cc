@@ -5,6 +5,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -361,7 +362,8 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
         return absl::InvalidArgumentError(absl::StrCat(where, " has no 'data' and no binary_data_size parameter"));
       }
       auto buffer = std::make_unique<std::string>();
-      buffer->reserve(static_cast<size_t>(elements) * ElementSize(view.dtype));
+      // Not from the shape alone, which the client chose: every JSON value takes at least a byte.
+      buffer->reserve(std::min(static_cast<size_t>(elements), json.size()) * ElementSize(view.dtype));
       int64_t count = 0;
       SLUICE_RETURN_IF_ERROR(AppendData(*data, view.dtype, view.name, 0, buffer.get(), &count));
       if (count != elements) {
@@ -415,7 +417,7 @@ StatusOr<char*> HttpOutputSink::Allocate(const OutputDescription& output) {
 
 std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version, const std::string& id,
                                              const JsonInferRequest& request,
-                                             std::vector<HttpOutputSink::Output>* outputs, size_t* header_length) {
+                                             std::deque<HttpOutputSink::Output>* outputs, size_t* header_length) {
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);
   writer.StartObject();

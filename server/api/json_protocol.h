@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,10 +56,10 @@ class HttpOutputSink final : public OutputSink {
     std::string data;
   };
   StatusOr<char*> Allocate(const OutputDescription& output) override;
-  std::vector<Output>& outputs() { return outputs_; }
+  std::deque<Output>& outputs() { return outputs_; }
 
  private:
-  std::vector<Output> outputs_;
+  std::deque<Output> outputs_;  // a deque: earlier outputs' memory stays where it is
 };
 
 // The body of a successful inference response: the JSON header first, then the bytes of every
@@ -68,7 +69,7 @@ class HttpOutputSink final : public OutputSink {
 // float.
 std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version, const std::string& id,
                                              const JsonInferRequest& request,
-                                             std::vector<HttpOutputSink::Output>* outputs, size_t* header_length);
+                                             std::deque<HttpOutputSink::Output>* outputs, size_t* header_length);
 
 // A protocol message as JSON, the way Triton's HTTP endpoints print them: field names as in the
 // .proto, 64-bit integers as numbers, enums by name, maps as objects, every scalar field printed

@@ -1,5 +1,7 @@
 #include "server/core/validation.h"
 
+#include <limits>
+
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
@@ -74,6 +76,11 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     }
     SLUICE_RETURN_IF_ERROR(CheckShape(spec, *declared, input));
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(input.shape));
+    // ElementCount bounds the count, not the bytes: 2^62 FP64 elements would wrap to 0 bytes.
+    if (static_cast<uint64_t>(elements) > std::numeric_limits<uint64_t>::max() / ElementSize(input.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", input.name, "': shape ", ShapeToString(input.shape),
+                                                     " of ", DataTypeName(input.dtype), " has too many bytes"));
+    }
     const uint64_t expected_bytes = static_cast<uint64_t>(elements) * ElementSize(input.dtype);
     if (input.byte_size != expected_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(

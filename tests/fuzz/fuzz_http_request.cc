@@ -5,6 +5,7 @@
 // not back.
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!parsed.ok()) return 0;
   static const sluice::ModelSpec spec = Spec();
   (void)sluice::ValidateRequest(spec, parsed->request.get());
-  std::vector<sluice::HttpOutputSink::Output> outputs;
+  std::deque<sluice::HttpOutputSink::Output> outputs;
   for (const sluice::TensorView& input : parsed->request->inputs) {
     const size_t element = sluice::ElementSize(input.dtype);
     if (element == 0 || input.byte_size % element != 0) continue;

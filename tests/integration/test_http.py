@@ -126,6 +126,20 @@ def test_model_name_is_percent_decoded(server):
     status, _, body = call(server, "GET", "/v2/models/dtype%5Ffp32")  # dtype_fp32
     assert status == 200 and json.loads(body)["name"] == "dtype_fp32"
     assert call(server, "GET", "/v2/models/bad%zzname")[0] == 400
+    assert call(server, "GET", "/v2/models/bad%-1name")[0] == 400
+
+
+def test_head_answers_headers_only_and_keeps_the_connection_usable(server):
+    connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    try:
+        connection.request("HEAD", "/v2/models/dtype_fp32")
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b""
+        assert int(response.getheader("Content-Length")) == len(call(server, "GET", "/v2/models/dtype_fp32")[2])
+        connection.request("GET", "/v2/health/live")  # the same connection: nothing stray in it
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
 
 
 def test_repository_index_and_statistics(server, rest):
@@ -290,6 +304,11 @@ BAD = {
                                    {"Inference-Header-Content-Length": "ten"}, 400, "is not a byte count"),
     "header length past body": ("POST", "/v2/models/throws/infer", infer_body(),
                                 {"Inference-Header-Content-Length": "100000"}, 400, "but the body has only"),
+    "byte count overflow": ("POST", "/v2/models/dtype_fp64/infer",
+                            *(lambda h: (h + b"", {"Inference-Header-Content-Length": str(len(h))}))(json.dumps(
+                                {"inputs": [{"name": "INPUT__0", "shape": [1, 2**62], "datatype": "FP64",
+                                             "parameters": {"binary_data_size": 0}}]}).encode()),
+                            400, "has too many bytes"),
     "unknown output": ("POST", "/v2/models/throws/infer",
                        json.dumps({"inputs": json.loads(infer_body(values=((1.0, 2.0),)))["inputs"],
                                    "outputs": [{"name": "NOPE"}]}), None, 400, "unknown requested output 'NOPE'"),
@@ -473,8 +492,9 @@ def test_drain_reports_not_ready_and_finishes_requests_in_flight(test_repository
             assert call(server, "GET", "/v2/health/ready")[0] == 400
             assert call(server, "GET", "/v2/health/live")[0] == 200
             assert_still_serving(server)
-            status, _, answer = queued.result(timeout=30)
+            status, headers, answer = queued.result(timeout=30)
         assert status == 200, answer
+        assert headers.get("Connection") == "close"  # answered after the server stopped accepting
         assert len(json.loads(answer)["outputs"][0]["data"]) == 4
         assert server.process.wait(timeout=30) == 0
     finally:

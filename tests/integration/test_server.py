@@ -342,6 +342,8 @@ BAD_REQUESTS = {
                        grpc.StatusCode.INVALID_ARGUMENT, "unknown requested output 'NOPE'"),
     "overflowing shape": (lambda: raw_request("dtype_fp32", [("INPUT__0", "FP32", [1, 2**62, 2**62], b"")]),
                           grpc.StatusCode.INVALID_ARGUMENT, "too many elements"),
+    "byte count overflow": (lambda: raw_request("dtype_fp64", [("INPUT__0", "FP64", [1, 2**62], b"")]),
+                            grpc.StatusCode.INVALID_ARGUMENT, "has too many bytes"),
     "model not ready": (lambda: raw_request("wrong_arity", [("INPUT__0", "FP32", [1, 2], FP32_2)]),
                         grpc.StatusCode.UNAVAILABLE, "has no ready version: forward() takes 1 input(s)"),
 }

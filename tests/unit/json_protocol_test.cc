@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <random>
 
@@ -149,6 +150,9 @@ TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
       {R"({"inputs": [], "parameters": {"timeout": "soon"}})", std::nullopt, "'timeout' must be"},
       {R"({"inputs": [], "parameters": {"binary_data_output": 1}})", std::nullopt, "must be true or false"},
       {R"({"id": 5, "inputs": []})", std::nullopt, "'id' must be a string"},
+      // A huge shape with one value: refused on the count, nothing allocated for the shape.
+      {R"({"inputs": [{"name": "x", "shape": [1000000000000], "datatype": "FP32", "data": [1]}]})", std::nullopt,
+       "has 1 values in 'data', but shape [1000000000000] needs 1000000000000"},
   };
   for (const auto& [body, header, words] : cases) {
     StatusOr<JsonInferRequest> parsed = Parse(body, header);
@@ -167,7 +171,7 @@ TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
 TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   JsonInferRequest request;
   request.outputs = {{"json", false}, {"bin", true}};
-  std::vector<HttpOutputSink::Output> outputs(2);
+  std::deque<HttpOutputSink::Output> outputs(2);
   outputs[0].name = "json";
   outputs[0].dtype = DataType::kInt32;
   outputs[0].shape = {1, 2};
@@ -191,7 +195,7 @@ TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
 
   // All JSON: no binary part, no header length, no id when the request had none.
   JsonInferRequest plain;
-  std::vector<HttpOutputSink::Output> one(1);
+  std::deque<HttpOutputSink::Output> one(1);
   one[0].name = "b";
   one[0].dtype = DataType::kBool;
   one[0].shape = {2};
@@ -216,7 +220,7 @@ TEST(JsonProtocolTest, Fp32ValuesRoundTripExactlyThroughJson) {
     if (std::isfinite(value)) values.push_back(value);
   }
   JsonInferRequest request;
-  std::vector<HttpOutputSink::Output> outputs(1);
+  std::deque<HttpOutputSink::Output> outputs(1);
   outputs[0].name = "y";
   outputs[0].dtype = DataType::kFp32;
   outputs[0].shape = {static_cast<int64_t>(values.size())};
