@@ -2,7 +2,7 @@
 # The test command: installs what is missing, builds with warnings as errors, runs every test
 # (unit, integration, GPU tests that skip without a GPU), then the scheduler and manager tests
 # again under ThreadSanitizer, then server/ through clang's -Wthread-safety, then the GPU proof
-# kit's self-test, then 20 s of each libFuzzer target.
+# kit's self-test, then 15 s of each libFuzzer target.
 # Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +38,4 @@ scripts/gpu_kit.sh selftest
 
 # Fuzzing, bounded: request decoding (gRPC messages, HTTP JSON and binary bodies), validation and
 # padding; config.pbtxt parsing.
-scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-15}"
