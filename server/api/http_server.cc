@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
+#include "server/api/json_protocol.h"
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
 #include "server/core/thread_name.h"
@@ -117,17 +118,6 @@ const char* FindHeader(evhttp_request* request, const char* name) {
 
 void DeleteString(const void*, size_t, void* string) { delete static_cast<std::string*>(string); }
 
-std::string ErrorBody(absl::string_view message) {
-  std::string body = "{\"error\":\"";
-  for (char c : message) {
-    if (c == '"' || c == '\\') body.push_back('\\');
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    body.push_back(c);
-  }
-  body += "\"}";
-  return body;
-}
-
 }  // namespace
 
 // The event loop's state, shared by the server and every exchange (an exchange answered after
@@ -211,7 +201,7 @@ void HttpExchange::Loop::Refuse(evhttp_request* request, int code, absl::string_
   evkeyvalq* headers = evhttp_request_get_output_headers(request);
   evhttp_add_header(headers, "Content-Type", "application/json");
   if (close) evhttp_add_header(headers, "Connection", "close");
-  const std::string body = ErrorBody(message);
+  const std::string body = ErrorJson(message);
   evbuffer_add(evhttp_request_get_output_buffer(request), body.data(), body.size());
   evhttp_send_reply(request, code, nullptr, nullptr);
 }
