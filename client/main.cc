@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/tensor_io.h"
+#include "server/core/bytes_tensor.h"
 
 namespace {
 
@@ -23,12 +24,17 @@ struct InferFlags {
   std::string model;
   std::string version;
   std::vector<std::string> inputs;  // NAME=path.npy
+  std::vector<std::string> texts;   // NAME=STRING, one element each (BYTES inputs)
   std::vector<std::string> outputs;
   int64_t batch_size = 1;
   uint64_t seed = 0;
   size_t max_values = 8;
   std::string id;
 };
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return "[" + absl::StrJoin(shape, ",") + "]";
+}
 
 int RunInfer(sluice::Client& client, const InferFlags& flags) {
   auto metadata = client.ModelMetadata(flags.model, flags.version);
@@ -41,9 +47,43 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
     }
     files[spec.substr(0, eq)] = spec.substr(eq + 1);
   }
+  std::map<std::string, std::vector<std::string>> texts;
+  for (const std::string& spec : flags.texts) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos) {
+      return Fail(absl::InvalidArgumentError("--text takes NAME=STRING, got '" + spec + "'"));
+    }
+    texts[spec.substr(0, eq)].push_back(spec.substr(eq + 1));
+  }
   std::mt19937_64 rng(flags.seed);
   std::vector<sluice::Tensor> inputs;
   for (const auto& meta : metadata->inputs()) {
+    if (auto text = texts.find(meta.name()); text != texts.end()) {
+      if (meta.datatype() != "BYTES") {
+        return Fail(absl::InvalidArgumentError("--text: input '" + meta.name() + "' is " + meta.datatype() +
+                                               ", not BYTES"));
+      }
+      // The strings fill the first variable dimension (the batch, when the model batches); the
+      // other variable dimensions are 1.
+      const int64_t count = static_cast<int64_t>(text->second.size());
+      int64_t fixed = 1;
+      for (int64_t dim : meta.shape()) fixed *= dim >= 0 ? dim : 1;
+      sluice::Shape shape;
+      bool filled = false;
+      for (int64_t dim : meta.shape()) {
+        shape.push_back(dim >= 0 ? dim : (filled ? 1 : count / fixed));
+        filled = filled || dim < 0;
+      }
+      if ((filled && count % fixed != 0) || (!filled && count != fixed)) {
+        return Fail(absl::InvalidArgumentError("--text: " + std::to_string(count) + " strings do not fit input '" +
+                                               meta.name() + "' of shape " + ShapeText(meta.shape())));
+      }
+      sluice::Tensor tensor{meta.name(), sluice::DataType::kBytes, shape, ""};
+      for (const std::string& element : text->second) sluice::AppendBytesElement(element, &tensor.data);
+      inputs.push_back(std::move(tensor));
+      texts.erase(text);
+      continue;
+    }
     auto file = files.find(meta.name());
     if (file != files.end()) {
       auto tensor = sluice::ReadNpyFile(file->second, meta.name());
@@ -64,9 +104,9 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
     if (!tensor.ok()) return Fail(tensor.status());
     inputs.push_back(*std::move(tensor));
   }
-  if (!files.empty()) {
+  if (!files.empty() || !texts.empty()) {
     return Fail(absl::InvalidArgumentError("model '" + flags.model + "' has no input '" +
-                                           files.begin()->first + "'"));
+                                           (files.empty() ? texts.begin()->first : files.begin()->first) + "'"));
   }
   for (const auto& input : inputs) {
     std::cout << "input  " << input.name << " " << sluice::DataTypeName(input.dtype) << " "
@@ -79,10 +119,6 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
               << sluice::ShapeToString(output.shape) << " " << sluice::PreviewValues(output, flags.max_values) << "\n";
   }
   return EXIT_SUCCESS;
-}
-
-std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
-  return "[" + absl::StrJoin(shape, ",") + "]";
 }
 
 }  // namespace
@@ -120,6 +156,8 @@ int main(int argc, char** argv) {
   infer->add_option("model", infer_flags.model, "Model name")->required();
   infer->add_option("--model-version", infer_flags.version, "Version (default: newest ready)");
   infer->add_option("--input", infer_flags.inputs, "NAME=FILE.npy; inputs not given get random data");
+  infer->add_option("--text", infer_flags.texts,
+                    "NAME=STRING: one element of a BYTES input; repeat for more (they fill the batch)");
   infer->add_option("--output", infer_flags.outputs, "Output to request (default: all)");
   infer->add_option("-b,--batch-size", infer_flags.batch_size, "Batch size of random inputs")
       ->check(CLI::PositiveNumber)->capture_default_str();

@@ -4,10 +4,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -139,6 +141,17 @@ StatusOr<Tensor> ReadNpyFile(const std::string& path, const std::string& name) {
 StatusOr<Tensor> RandomTensor(const std::string& name, DataType dtype, const Shape& shape,
                               std::mt19937_64& rng) {
   SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(shape));
+  if (dtype == DataType::kBytes) {
+    // Short lowercase words: any string model can take them.
+    Tensor tensor{name, dtype, shape, ""};
+    std::uniform_int_distribution<int> length(1, 8), letter('a', 'z');
+    for (int64_t i = 0; i < elements; ++i) {
+      std::string word(static_cast<size_t>(length(rng)), 'a');
+      for (char& c : word) c = static_cast<char>(letter(rng));
+      AppendBytesElement(word, &tensor.data);
+    }
+    return tensor;
+  }
   Tensor tensor{name, dtype, shape, std::string(elements * ElementSize(dtype), '\0')};
   std::uniform_real_distribution<float> real(0.0f, 1.0f);
   std::uniform_int_distribution<int> integer(0, 9);
@@ -175,6 +188,7 @@ StatusOr<Tensor> RandomTensor(const std::string& name, DataType dtype, const Sha
         store(static_cast<uint16_t>(bits >> 16), i);
         break;
       }
+      case DataType::kBytes: break;  // above
     }
   }
   return tensor;
@@ -197,11 +211,21 @@ double ElementAsDouble(const Tensor& tensor, size_t i) {
     }
     case DataType::kFp32: return Load<float>(tensor.data, i);
     case DataType::kFp64: return Load<double>(tensor.data, i);
+    case DataType::kBytes: return 0.0;  // no number: see PreviewValues
   }
   return 0.0;
 }
 
 std::string PreviewValues(const Tensor& tensor, size_t max_values) {
+  if (tensor.dtype == DataType::kBytes) {
+    const std::vector<std::string_view> elements = SplitBytesTensor(tensor.data);
+    std::string text = "[";
+    for (size_t i = 0; i < elements.size() && i < max_values; ++i) {
+      absl::StrAppend(&text, i ? ", " : "", "\"", absl::CHexEscape(absl::string_view(elements[i].data(), elements[i].size())), "\"");
+    }
+    if (elements.size() > max_values) absl::StrAppend(&text, ", ... (", elements.size(), " values)");
+    return text + "]";
+  }
   const size_t count = tensor.data.size() / ElementSize(tensor.dtype);
   std::string text = "[";
   for (size_t i = 0; i < count && i < max_values; ++i) {

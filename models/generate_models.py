@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the bundled example models: TorchScript files (models/mlp/1/model.pt,
-models/convnet/1/model.pt) and the same networks as CPU AOTInductor packages with a dynamic batch
-(models/mlp_aoti/1/model.cpu.pt2, models/convnet_aoti/1/model.cpu.pt2).
+models/convnet/1/model.pt, models/text_classifier/1/model.pt: strings in and out) and the mlp and
+convnet networks as CPU AOTInductor packages with a dynamic batch (models/mlp_aoti/1/model.cpu.pt2,
+models/convnet_aoti/1/model.cpu.pt2).
 
 The configs (config.pbtxt) are committed; the weights are not: they are made here from a fixed
 seed, so every machine serves the same numbers. Compiling a package takes about a minute on two
@@ -15,6 +16,7 @@ import argparse
 import os
 import shutil
 import sys
+from typing import List, Tuple
 
 import torch
 from torch import nn
@@ -49,10 +51,41 @@ class ConvNet(nn.Module):
         return self.classifier(torch.flatten(self.features(image), 1))
 
 
+class TextClassifier(nn.Module):
+    """A character-level classifier of raw strings (TYPE_STRING in, List[str] for the model): the
+    share of each string's characters in five classes, and the name of the largest ("empty" for an
+    empty string). TorchScript iterates a str by UTF-8 byte, so a non-ASCII character counts once
+    per byte, as a letter."""
+
+    def __init__(self):
+        super().__init__()
+        self.classes: List[str] = ["digits", "letters", "space", "punctuation", "other"]
+        table = torch.zeros(129, len(self.classes))  # 128 ASCII codes, then every byte >= 128
+        for code in range(128):
+            ch = chr(code)
+            k = 0 if ch.isdigit() else 1 if ch.isalpha() else 2 if ch.isspace() else 3 if 33 <= code < 127 else 4
+            table[code, k] = 1.0
+        table[128, 1] = 1.0
+        self.register_buffer("table", table)
+
+    def forward(self, TEXT: List[str]) -> Tuple[torch.Tensor, List[str]]:
+        counts = torch.zeros(len(TEXT), 129)
+        for i, text in enumerate(TEXT):
+            codes = torch.tensor([min(ord(ch), 128) for ch in text], dtype=torch.long)
+            counts[i] = torch.bincount(codes, minlength=129).to(torch.float32)
+        scores = (counts / counts.sum(1, keepdim=True).clamp(min=1.0)) @ self.table
+        labels: List[str] = []
+        for i, text in enumerate(TEXT):
+            labels.append(self.classes[int(scores[i].argmax())] if len(text) > 0 else "empty")
+        return scores, labels
+
+
 def build(name):
     torch.manual_seed(0)
     if name == "mlp":
         return torch.jit.script(Mlp().eval())
+    if name == "text_classifier":
+        return torch.jit.script(TextClassifier().eval())
     if name == "convnet":
         with torch.no_grad():
             return torch.jit.trace(ConvNet().eval(), torch.zeros(1, 3, 32, 32))
@@ -80,7 +113,7 @@ def export(name, path, device="cpu"):
     export_package(module.to(device), (example.to(device),), path, dynamic_shapes=({0: batch},))
 
 
-MODELS = ("mlp", "convnet", "mlp_aoti", "convnet_aoti")
+MODELS = ("mlp", "convnet", "text_classifier", "mlp_aoti", "convnet_aoti")
 
 
 def cached_package(name, force=False):

@@ -14,6 +14,7 @@
 #include <google/protobuf/reflection.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -91,6 +92,13 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
         AppendBytes(value.GetDouble(), out);
       }
       return absl::OkStatus();
+    case DataType::kBytes:
+      if (!value.IsString()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input '", name, "' of datatype BYTES has a value that is not a string"));
+      }
+      AppendBytesElement(std::string_view(value.GetString(), value.GetStringLength()), out);
+      return absl::OkStatus();
     case DataType::kFp16:
     case DataType::kBf16:
       break;
@@ -136,6 +144,13 @@ Status CheckParameters(const rapidjson::Value* parameters, const std::string& wh
 }
 
 void WriteElements(const HttpOutputSink::Output& output, Writer* writer) {
+  if (output.dtype == DataType::kBytes) {
+    // The model's str values, as JSON strings (Triton's JSON form of BYTES).
+    for (std::string_view element : SplitBytesTensor(output.data)) {
+      writer->String(element.data(), static_cast<rapidjson::SizeType>(element.size()));
+    }
+    return;
+  }
   const char* data = output.data.data();
   const size_t size = ElementSize(output.dtype);
   const size_t count = size == 0 ? 0 : output.data.size() / size;
@@ -161,6 +176,8 @@ void WriteElements(const HttpOutputSink::Output& output, Writer* writer) {
     case DataType::kFp16:
     case DataType::kBf16:
       break;  // refused before the request ran (binary only)
+    case DataType::kBytes:
+      break;  // written above
   }
 }
 
@@ -315,7 +332,7 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     if (!dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", view.name, "': datatype '", datatype->GetString(),
-          "' is not supported (BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64)"));
+          "' is not supported (", SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
     const rapidjson::Value* shape = Member(input, "shape");

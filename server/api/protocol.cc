@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -63,6 +64,10 @@ Status TypedToRaw(const inference::InferTensorContents& contents, const TensorVi
     case DataType::kFp64:
       *count = contents.fp64_contents_size();
       return CopyTyped<double>(contents.fp64_contents(), view, out);
+    case DataType::kBytes:
+      *count = contents.bytes_contents_size();
+      for (const std::string& element : contents.bytes_contents()) AppendBytesElement(element, out);
+      return absl::OkStatus();
     case DataType::kFp16:
     case DataType::kBf16:
       return absl::InvalidArgumentError(absl::StrCat(
@@ -100,7 +105,7 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     if (!dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", input.name(), "': datatype '", input.datatype(),
-          "' is not supported (BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64)"));
+          "' is not supported (", SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
     view.shape.assign(input.shape().begin(), input.shape().end());

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -36,9 +37,21 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
   assembled.batch_size = batch.padded_rows;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     const TensorView* model_input = FindInput(first, spec.inputs[i].name);
-    // Every request of a batch has the same non-batch shape (one group), so the same row size.
-    const size_t row_bytes = model_input->byte_size / static_cast<size_t>(first.batch_size);
-    const size_t total = row_bytes * static_cast<size_t>(batch.padded_rows);
+    size_t total = 0;
+    if (model_input->dtype == DataType::kBytes) {
+      // Rows of strings have no fixed size; padding rows hold empty strings (each a zero length),
+      // as many per row as the group's shape has.
+      for (const PendingRequest& pending : batch.requests) {
+        total += FindInput(*pending.request, spec.inputs[i].name)->byte_size;
+      }
+      int64_t per_row = 1;
+      for (size_t d = 1; d < model_input->shape.size(); ++d) per_row *= model_input->shape[d];
+      total += static_cast<size_t>(batch.padded_rows - batch.rows) * static_cast<size_t>(per_row) * kBytesLengthSize;
+    } else {
+      // Every request of a batch has the same non-batch shape (one group), so the same row size.
+      const size_t row_bytes = model_input->byte_size / static_cast<size_t>(first.batch_size);
+      total = row_bytes * static_cast<size_t>(batch.padded_rows);
+    }
     char* staging = pool->Get(i, total);
     size_t offset = 0;
     for (const PendingRequest& pending : batch.requests) {

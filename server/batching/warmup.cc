@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/batching/batch_sizes.h"
+#include "server/core/bytes_tensor.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -37,10 +38,11 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
                                   const Shape& shape, const std::filesystem::path& model_directory,
                                   std::mt19937* random) {
   SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(shape));
+  const bool strings = input.dtype == DataType::kBytes;
   const size_t bytes = static_cast<size_t>(elements) * ElementSize(input.dtype);
   switch (input.source) {
     case WarmupInputSpec::Source::kZero:
-      return std::string(bytes, '\0');
+      return strings ? EmptyBytesElements(elements) : std::string(bytes, '\0');
     case WarmupInputSpec::Source::kRandom: {
       // Values in [0, 1) for floating types and 0..9 for integers: valid for any model input,
       // and never NaN (random bytes could be).
@@ -51,7 +53,7 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
       std::string data;
       data.reserve(bytes);
       for (int64_t i = 0; i < elements; ++i) {
-        data += ScalarBytes(input.dtype, floating ? unit(*random) : digit(*random));
+        data += ScalarBytes(input.dtype, floating ? unit(*random) : digit(*random));  // BYTES: "0".."9"
       }
       return data;
     }
@@ -65,7 +67,12 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
       std::ostringstream contents;
       contents << file.rdbuf();
       std::string data = contents.str();
-      if (data.size() != bytes) {
+      if (strings) {
+        // Triton's input_data_file for strings: the serialized elements (4-byte length, bytes).
+        SLUICE_RETURN_IF_ERROR(CheckBytesTensor(
+            absl::StrCat("model_warmup '", sample.name, "' input '", input.name, "' (", path.string(), ")"), data,
+            elements, /*require_utf8=*/true));
+      } else if (data.size() != bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "model_warmup '", sample.name, "' input '", input.name, "': ", path.string(), " has ",
             data.size(), " bytes, shape ", ShapeToString(shape), " of ", DataTypeName(input.dtype),
@@ -97,7 +104,9 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
         if (input.filled_by_server) continue;
         SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(entry.input_shapes[i]));
         AddInput(warmup.request.get(), input.name, input.dtype, entry.input_shapes[i],
-                 std::string(static_cast<size_t>(elements) * ElementSize(input.dtype), '\0'));
+                 input.dtype == DataType::kBytes
+                     ? EmptyBytesElements(elements)
+                     : std::string(static_cast<size_t>(elements) * ElementSize(input.dtype), '\0'));
       }
       requests.push_back(std::move(warmup));
     }

@@ -17,10 +17,12 @@
 
 namespace sluice {
 
-// One zero-filled request per shape of `plan` (when the plan is finite and spec.warmup is on),
+// One zero-filled request per shape of `plan` (when the plan is finite and spec.warmup is on;
+// BYTES inputs hold empty strings),
 // each run spec.warmup_runs times and, where sluice.auto_batch_sizes applies
 // (AutoBatchSizesOffReason), kBatchSizeTimedRuns more times, timed; then each model_warmup
-// sample (zero, random or file data; files are read from <model_directory>/warmup/), run
+// sample (zero, random or file data; files are read from <model_directory>/warmup/; for BYTES:
+// empty strings, random digits, or a file of serialized elements), run
 // `count` times. INVALID_ARGUMENT for a sample that does not fit the model's inputs or whose
 // file is missing or of the wrong size.
 StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,

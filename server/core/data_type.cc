@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+
 namespace sluice {
 namespace {
 
@@ -61,6 +63,11 @@ std::string ScalarBytes(DataType type, double value) {
     case DataType::kBf16: return BytesOf(FloatToBfloat16(static_cast<float>(value)));
     case DataType::kFp32: return BytesOf(static_cast<float>(value));
     case DataType::kFp64: return BytesOf(value);
+    case DataType::kBytes: {
+      std::string text = absl::StrCat(value);
+      std::string element = BytesOf(static_cast<uint32_t>(text.size()));
+      return element + text;
+    }
   }
   return "";
 }
@@ -77,6 +84,7 @@ const char* DataTypeName(DataType type) {
     case DataType::kBf16: return "BF16";
     case DataType::kFp32: return "FP32";
     case DataType::kFp64: return "FP64";
+    case DataType::kBytes: return "BYTES";
   }
   return "INVALID";
 }
@@ -100,8 +108,13 @@ size_t ElementSize(DataType type) {
     case DataType::kFp32: return 4;
     case DataType::kInt64:
     case DataType::kFp64: return 8;
+    case DataType::kBytes: return 0;
   }
   return 0;
+}
+
+const char* SupportedDataTypeNames() {
+  return "BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64, BYTES";
 }
 
 }  // namespace sluice

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 
@@ -30,11 +31,29 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
       }
     }
   }
+  // BYTES rows have no fixed size: where each row starts, found once per output (nothing is
+  // allocated for models without strings: this runs for every batch).
+  std::vector<std::vector<size_t>> bytes_rows;
+  if (batched) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const HostOutput& output = outputs[i];
+      if (output.dtype != DataType::kBytes) continue;
+      bytes_rows.resize(outputs.size());
+      const Shape row_shape(output.shape.begin() + 1, output.shape.end());
+      SLUICE_ASSIGN_OR_RETURN(const int64_t per_row, ElementCount(row_shape));
+      bytes_rows[i] = BytesRowOffsets(std::string_view(output.data, output.byte_size), output.shape[0], per_row);
+    }
+  }
   auto deliver = [&](const HostOutput& output, int64_t first_row, const OutputTarget& target) -> Status {
     Shape shape = output.shape;
     size_t offset = 0;
     size_t bytes = output.byte_size;
-    if (batched) {
+    if (batched && output.dtype == DataType::kBytes) {
+      const std::vector<size_t>& rows = bytes_rows[static_cast<size_t>(&output - outputs.data())];
+      offset = rows[static_cast<size_t>(first_row)];
+      bytes = rows[static_cast<size_t>(first_row + target.rows)] - offset;
+      shape[0] = target.rows;
+    } else if (batched) {
       const size_t row_bytes = shape[0] == 0 ? 0 : output.byte_size / static_cast<size_t>(shape[0]);
       offset = static_cast<size_t>(first_row) * row_bytes;
       bytes = static_cast<size_t>(target.rows) * row_bytes;

@@ -78,8 +78,10 @@ struct HostOutput {
 // Hands every target its rows of every output it asked for: one Allocate and one memcpy per
 // (target, requested output). `outputs` are the model's declared outputs in config order;
 // `batched`: their first dimension is the batch (rows are split across targets, padding rows at
-// the end are dropped), else the one target gets each output whole. INTERNAL when a batched
-// output's first dimension is not the execution's rows; a sink's error is returned as it is.
+// the end are dropped), else the one target gets each output whole. A BYTES output's data is in
+// the serialized form of server/core/bytes_tensor.h, and its rows are found by element count.
+// INTERNAL when a batched output's first dimension is not the execution's rows; a sink's error is
+// returned as it is.
 Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const OutputTarget> targets,
                       bool batched);
 

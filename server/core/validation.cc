@@ -4,6 +4,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -76,6 +77,14 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     }
     SLUICE_RETURN_IF_ERROR(CheckShape(spec, *declared, input));
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(input.shape));
+    if (input.dtype == DataType::kBytes) {
+      // Every backend that takes BYTES hands the elements to the model as str, so they must be
+      // UTF-8; checked here so that a bad request fails alone, before it can join a batch.
+      SLUICE_RETURN_IF_ERROR(CheckBytesTensor(absl::StrCat("input '", input.name, "'"),
+                                              std::string_view(input.data, input.byte_size), elements,
+                                              /*require_utf8=*/true));
+      continue;
+    }
     // ElementCount bounds the count, not the bytes: 2^62 FP64 elements would wrap to 0 bytes.
     if (static_cast<uint64_t>(elements) > std::numeric_limits<uint64_t>::max() / ElementSize(input.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("input '", input.name, "': shape ", ShapeToString(input.shape),

@@ -41,13 +41,14 @@ StatusOr<DataType> ConvertDataType(inference::DataType type, const std::string& 
     case inference::TYPE_BF16: return DataType::kBf16;
     case inference::TYPE_FP32: return DataType::kFp32;
     case inference::TYPE_FP64: return DataType::kFp64;
+    case inference::TYPE_STRING: return DataType::kBytes;
     case inference::TYPE_INVALID:
       return absl::InvalidArgumentError(absl::StrCat(where, ": data_type is missing"));
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": data_type ", inference::DataType_Name(type),
           " is not supported (Sluice serves BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, "
-          "FP32, FP64)"));
+          "FP32, FP64, STRING)"));
   }
 }
 
@@ -61,10 +62,40 @@ Status CheckDims(const google::protobuf::RepeatedField<int64_t>& dims, const std
   return absl::OkStatus();
 }
 
+// A string tensor reaches a TorchScript model as one flat List[str] (every element of every
+// request of the batch, in order), as in Triton's PyTorch backend. So at most one dimension
+// besides the batch, and a `reshape` (which Triton's string models use to drop a [1]) changes
+// nothing the model sees: it is accepted for strings when it keeps the element count, and refused
+// for every other type.
+Status CheckStringShape(const google::protobuf::RepeatedField<int64_t>& dims, bool has_reshape,
+                        const inference::ModelTensorReshape& reshape, const std::string& where) {
+  if (dims.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": a TYPE_STRING tensor is a flat List[str] for the model; declare at most one dimension "
+               "(besides the batch), found dims ",
+        ShapeToString(Shape(dims.begin(), dims.end()))));
+  }
+  if (!has_reshape) return absl::OkStatus();
+  const Shape to(reshape.shape().begin(), reshape.shape().end());
+  const bool fixed = std::none_of(dims.begin(), dims.end(), [](int64_t d) { return d == -1; }) &&
+                     std::none_of(to.begin(), to.end(), [](int64_t d) { return d == -1; });
+  int64_t from_count = 1, to_count = 1;
+  for (int64_t d : dims) from_count *= d;
+  for (int64_t d : to) to_count *= d;
+  if (to.size() > 1 || (fixed && from_count != to_count)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": reshape ", ShapeToString(to),
+                                                   " must keep the element count of dims and have at most one "
+                                                   "dimension"));
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
   const std::string where = absl::StrCat("input '", input.name(), "'");
   if (input.name().empty()) return absl::InvalidArgumentError("an input has no name");
-  if (input.has_reshape()) return absl::InvalidArgumentError(where + ": 'reshape' is not supported");
+  if (input.has_reshape() && input.data_type() != inference::TYPE_STRING) {
+    return absl::InvalidArgumentError(where + ": 'reshape' is not supported (except on TYPE_STRING)");
+  }
   if (input.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
@@ -79,6 +110,9 @@ StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
   spec.name = input.name();
   SLUICE_ASSIGN_OR_RETURN(spec.dtype, ConvertDataType(input.data_type(), where));
   SLUICE_RETURN_IF_ERROR(CheckDims(input.dims(), where));
+  if (spec.dtype == DataType::kBytes) {
+    SLUICE_RETURN_IF_ERROR(CheckStringShape(input.dims(), input.has_reshape(), input.reshape(), where));
+  }
   spec.dims.assign(input.dims().begin(), input.dims().end());
   return spec;
 }
@@ -86,7 +120,9 @@ StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
 StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
   const std::string where = absl::StrCat("output '", output.name(), "'");
   if (output.name().empty()) return absl::InvalidArgumentError("an output has no name");
-  if (output.has_reshape()) return absl::InvalidArgumentError(where + ": 'reshape' is not supported");
+  if (output.has_reshape() && output.data_type() != inference::TYPE_STRING) {
+    return absl::InvalidArgumentError(where + ": 'reshape' is not supported (except on TYPE_STRING)");
+  }
   if (output.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
@@ -100,6 +136,9 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
   spec.name = output.name();
   SLUICE_ASSIGN_OR_RETURN(spec.dtype, ConvertDataType(output.data_type(), where));
   SLUICE_RETURN_IF_ERROR(CheckDims(output.dims(), where));
+  if (spec.dtype == DataType::kBytes) {
+    SLUICE_RETURN_IF_ERROR(CheckStringShape(output.dims(), output.has_reshape(), output.reshape(), where));
+  }
   spec.dims.assign(output.dims().begin(), output.dims().end());
   return spec;
 }
@@ -295,6 +334,7 @@ bool Representable(DataType type, double value) {
     case DataType::kBf16:
     case DataType::kFp32: return !std::isfinite(value) || std::fabs(value) <= 3.4028234663852886e38;
     case DataType::kFp64: return true;
+    case DataType::kBytes: return false;  // strings are not padded (refused in ConvertPadding)
   }
   return false;
 }
@@ -380,6 +420,11 @@ Status ConvertPadding(ModelSpec* spec) {
     if (tensor == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no input or output '", bucketed.tensor, "'"));
     }
+    if (tensor->dtype == DataType::kBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": '", bucketed.tensor, "' is TYPE_STRING; padding buckets pad fixed-size elements with "
+          "sluice.pad_value, and a List[str] has no such element (send the strings unpadded, or pad token ids)"));
+    }
     if (dim < 0 || static_cast<size_t>(dim) >= tensor->dims.size() || tensor->dims[dim] != -1) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": dimension ", dim, " of '", bucketed.tensor, "' must exist and be -1 in its dims ",
@@ -433,7 +478,13 @@ Status ConvertPadding(ModelSpec* spec) {
 }
 
 Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
-  SLUICE_ASSIGN_OR_RETURN(spec->warmup, BoolParameterOr(spec->parameters, "sluice.warmup", true));
+  // Shape warm-up feeds zeros, which any tensor model takes; for strings that is empty strings,
+  // which a model that parses its strings (int(s), a vocabulary lookup) may refuse, failing the
+  // load of a model that would serve real requests. So a model with a string input warms its
+  // shapes only when its config asks (sluice.warmup: "true"); model_warmup samples still run.
+  const bool takes_strings = std::any_of(spec->inputs.begin(), spec->inputs.end(),
+                                         [](const TensorSpec& input) { return input.dtype == DataType::kBytes; });
+  SLUICE_ASSIGN_OR_RETURN(spec->warmup, BoolParameterOr(spec->parameters, "sluice.warmup", !takes_strings));
   SLUICE_ASSIGN_OR_RETURN(const int64_t runs, IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
   spec->warmup_runs = static_cast<int>(runs);
   if (auto it = spec->parameters.find("sluice.cudnn_benchmark"); it != spec->parameters.end()) {
@@ -555,6 +606,16 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
       return absl::InvalidArgumentError(absl::StrCat("output '", tensor.name, "' is declared twice"));
     }
     spec.outputs.push_back(std::move(tensor));
+  }
+  if (aoti) {
+    for (const auto* tensors : {&spec.inputs, &spec.outputs}) {
+      for (const TensorSpec& tensor : *tensors) {
+        if (tensor.dtype != DataType::kBytes) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", tensor.name, "' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and "
+            "returns tensors only; serve string models as TorchScript (List[str])"));
+      }
+    }
   }
   SLUICE_RETURN_IF_ERROR(ConvertInstanceGroups(config, &spec));
   if (config->default_model_filename().empty()) config->set_default_model_filename(aoti ? "model.pt2" : "model.pt");

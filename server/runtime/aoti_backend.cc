@@ -69,7 +69,7 @@ class AotiBackend final : public TorchInstance {
     }
     void* stream_handle = stream() != nullptr ? static_cast<void*>(stream()->stream()) : nullptr;
     std::vector<at::Tensor> flat = package_->loader->run(inputs, stream_handle);
-    std::vector<at::Tensor> outputs;
+    std::vector<c10::IValue> outputs;
     outputs.reserve(spec().outputs.size());
     for (int index : binding.output_package_index) {
       if (static_cast<size_t>(index) >= flat.size()) {

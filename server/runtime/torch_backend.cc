@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/bytes_tensor.h"
 #include "server/core/mutex.h"
 #include "server/runtime/aoti_backend.h"
 #include "server/runtime/convolution_rewrite.h"
@@ -45,31 +46,38 @@ class TorchScriptBackend final : public TorchInstance {
   Status Run(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     std::vector<c10::IValue> arguments(spec().inputs.size());
     for (const TensorView& input : request.inputs) {
-      arguments[input_positions_[DeclaredIndex(spec().inputs, input.name)]] = InputTensor(input);
+      arguments[input_positions_[DeclaredIndex(spec().inputs, input.name)]] =
+          input.dtype == DataType::kBytes ? StringList(input) : c10::IValue(InputTensor(input));
     }
     c10::IValue result = module_.forward(std::move(arguments));
-    SLUICE_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, BindOutputs(result));
+    SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, BindOutputs(result));
     return delivery().Deliver(outputs, request, targets);
   }
 
-  // The returned value's tensors, one per declared output, in config order.
-  StatusOr<std::vector<at::Tensor>> BindOutputs(const c10::IValue& result) {
+  // A BYTES input (validated, or assembled from validated requests) as the one flat List[str] the
+  // model takes: every element of every row, in order, padding rows as empty strings.
+  static c10::IValue StringList(const TensorView& input) {
+    const std::vector<std::string_view> elements = SplitBytesTensor(std::string_view(input.data, input.byte_size));
+    c10::List<std::string> list;
+    list.reserve(elements.size());
+    for (std::string_view element : elements) list.push_back(std::string(element));
+    return list;
+  }
+
+  // The returned values, one per declared output, in config order: tensors, or List[str] for
+  // TYPE_STRING outputs (OutputDelivery checks which is which).
+  StatusOr<std::vector<c10::IValue>> BindOutputs(const c10::IValue& result) {
     const size_t declared = spec().outputs.size();
-    std::vector<at::Tensor> bound(declared);
-    auto expect_tensor = [&](const c10::IValue& value, const std::string& what) -> StatusOr<at::Tensor> {
-      if (!value.isTensor()) {
-        return absl::InternalError(absl::StrCat("model '", spec().name, "' returned a ",
-                                                value.tagKind(), " for ", what, ", not a tensor"));
-      }
-      return value.toTensor();
-    };
-    if (result.isTensor()) {
+    std::vector<c10::IValue> bound(declared);
+    // A List[str] returned alone is the value of a single TYPE_STRING output, not a list of outputs.
+    const bool single_string_output = declared == 1 && spec().outputs[0].dtype == DataType::kBytes;
+    if (result.isTensor() || (single_string_output && result.isList())) {
       if (declared != 1) {
         return absl::InternalError(absl::StrCat("model '", spec().name,
                                                 "' returned one tensor but its config declares ",
                                                 declared, " outputs"));
       }
-      bound[0] = result.toTensor();
+      bound[0] = result;
       return bound;
     }
     if (result.isGenericDict()) {
@@ -81,7 +89,7 @@ class TorchScriptBackend final : public TorchInstance {
           return absl::InternalError(absl::StrCat("model '", spec().name,
                                                   "' returned a dict without key '", name, "'"));
         }
-        SLUICE_ASSIGN_OR_RETURN(bound[i], expect_tensor(it->value(), absl::StrCat("key '", name, "'")));
+        bound[i] = it->value();
       }
       return bound;
     }
@@ -105,8 +113,7 @@ class TorchScriptBackend final : public TorchInstance {
                                               " values but its config declares ", declared, " outputs"));
     }
     for (size_t i = 0; i < declared; ++i) {
-      SLUICE_ASSIGN_OR_RETURN(bound[i], expect_tensor(elements[positions[i]],
-                                                      absl::StrCat("output '", spec().outputs[i].name, "'")));
+      bound[i] = elements[positions[i]];
     }
     return bound;
   }
@@ -119,8 +126,11 @@ class TorchScriptBackend final : public TorchInstance {
 StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::Module& module) {
   const c10::FunctionSchema& schema = module.get_method("forward").function().getSchema();
   std::vector<std::string> arguments;
+  std::vector<std::string> types;
   for (const c10::Argument& argument : schema.arguments()) {
-    if (argument.name() != "self") arguments.push_back(argument.name());
+    if (argument.name() == "self") continue;
+    arguments.push_back(argument.name());
+    types.push_back(argument.type()->annotation_str());
   }
   if (arguments.size() != spec.inputs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -133,11 +143,27 @@ StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::M
     if (it == arguments.end()) break;
     positions.push_back(static_cast<int>(it - arguments.begin()));
   }
-  if (positions.size() == spec.inputs.size()) return positions;
-  if (auto by_suffix = PositionsBySuffix(spec.inputs, arguments.size())) return *by_suffix;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "cannot bind config inputs to forward(", absl::StrJoin(arguments, ", "),
-      "): name inputs after the forward arguments or INPUT__0, INPUT__1, ..."));
+  if (positions.size() != spec.inputs.size()) {
+    std::optional<std::vector<int>> by_suffix = PositionsBySuffix(spec.inputs, arguments.size());
+    if (!by_suffix) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot bind config inputs to forward(", absl::StrJoin(arguments, ", "),
+          "): name inputs after the forward arguments or INPUT__0, INPUT__1, ..."));
+    }
+    positions = *std::move(by_suffix);
+  }
+  // Strings and tensors cannot stand in for each other: say so at load, not on the first request.
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const std::string& type = types[static_cast<size_t>(positions[i])];
+    const bool strings = spec.inputs[i].dtype == DataType::kBytes;
+    if (strings != (type == "List[str]")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", spec.inputs[i].name, "' is ", strings ? "TYPE_STRING" : DataTypeName(spec.inputs[i].dtype),
+          " in config.pbtxt, but forward() takes '", arguments[static_cast<size_t>(positions[i])], "' as ", type,
+          strings ? " (a TYPE_STRING input is passed as List[str])" : " (only TYPE_STRING inputs are passed as List[str])"));
+    }
+  }
+  return positions;
 }
 
 std::map<int, std::string> ComputeCapabilities(const RuntimeInfo& info) {

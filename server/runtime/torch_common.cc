@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -59,6 +60,7 @@ at::ScalarType ToScalarType(DataType type) {
     case DataType::kBf16: return at::kBFloat16;
     case DataType::kFp32: return at::kFloat;
     case DataType::kFp64: return at::kDouble;
+    case DataType::kBytes: break;  // List[str]: no tensor holds it
   }
   return at::kFloat;
 }
@@ -69,7 +71,7 @@ at::Device ToTorchDevice(const Device& device) {
 
 std::optional<DataType> FromScalarType(at::ScalarType type) {
   for (DataType candidate : kAllDataTypes) {
-    if (ToScalarType(candidate) == type) return candidate;
+    if (HasFixedSize(candidate) && ToScalarType(candidate) == type) return candidate;
   }
   return std::nullopt;
 }
@@ -114,7 +116,7 @@ InstanceStream::~InstanceStream() {
   streams_->Give(*stream_);
 }
 
-Status OutputDelivery::Deliver(const std::vector<at::Tensor>& outputs, const InferRequest& request,
+Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const InferRequest& request,
                                absl::Span<const OutputTarget> targets) {
   const std::vector<TensorSpec>& declared = spec_->outputs;
   // Only the outputs some target asked for are checked, brought to the host and delivered.
@@ -127,10 +129,25 @@ Status OutputDelivery::Deliver(const std::vector<at::Tensor>& outputs, const Inf
     for (const std::string& name : *target.requested) wanted[DeclaredIndex(declared, name)] = true;
   }
   std::vector<at::Tensor> host(declared.size());
+  // Serialized List[str] outputs and their shapes; left empty (no allocation) without strings.
+  std::vector<std::string> strings;
+  std::vector<Shape> string_shapes;
   for (size_t i = 0; i < declared.size(); ++i) {
     if (!wanted[i]) continue;
-    SLUICE_RETURN_IF_ERROR(Check(declared[i], outputs[i], request));
-    host[i] = ToHost(i, outputs[i]);
+    if (declared[i].dtype == DataType::kBytes) {
+      strings.resize(declared.size());
+      string_shapes.resize(declared.size());
+      SLUICE_ASSIGN_OR_RETURN(string_shapes[i], SerializeStrings(declared[i], outputs[i], request, &strings[i]));
+      continue;
+    }
+    if (!outputs[i].isTensor()) {
+      return absl::InternalError(absl::StrCat("model '", spec_->name, "' returned a ", outputs[i].tagKind(),
+                                              " for output '", declared[i].name, "', not a tensor (config.pbtxt declares ",
+                                              DataTypeName(declared[i].dtype), ")"));
+    }
+    const at::Tensor& value = outputs[i].toTensor();
+    SLUICE_RETURN_IF_ERROR(Check(declared[i], value, request));
+    host[i] = ToHost(i, value);
   }
   // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
   if (stream_ != nullptr) stream_->synchronize();
@@ -140,10 +157,17 @@ Status OutputDelivery::Deliver(const std::vector<at::Tensor>& outputs, const Inf
     HostOutput output;
     output.name = &declared[i].name;
     output.dtype = declared[i].dtype;
-    output.shape.assign(outputs[i].sizes().begin(), outputs[i].sizes().end());
-    output.data = static_cast<const char*>(host[i].data_ptr());
-    output.byte_size = host[i].nbytes();
-    output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
+    if (declared[i].dtype == DataType::kBytes) {
+      output.shape = std::move(string_shapes[i]);
+      output.data = strings[i].data();
+      output.byte_size = strings[i].size();
+      output.memory = MemoryType::kCpu;
+    } else {
+      output.shape.assign(outputs[i].toTensor().sizes().begin(), outputs[i].toTensor().sizes().end());
+      output.data = static_cast<const char*>(host[i].data_ptr());
+      output.byte_size = host[i].nbytes();
+      output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
+    }
     delivered.push_back(std::move(output));
   }
   return DeliverOutputs(delivered, targets, spec_->batches());
@@ -160,6 +184,45 @@ at::Tensor OutputDelivery::ToHost(size_t index, const at::Tensor& value) {
   at::Tensor view = pinned.narrow(0, 0, bytes).view(value.scalar_type()).view(value.sizes());
   view.copy_(value, /*non_blocking=*/true);
   return view;
+}
+
+StatusOr<Shape> OutputDelivery::SerializeStrings(const TensorSpec& declared, const c10::IValue& value,
+                                                 const InferRequest& request, std::string* bytes) const {
+  const std::string& model = spec_->name;
+  auto not_strings = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("model '", model, "' returned ", what, " for output '", declared.name,
+                                            "', which config.pbtxt declares TYPE_STRING: return a List[str]"));
+  };
+  if (!value.isList()) return not_strings(absl::StrCat("a ", value.tagKind()));
+  const c10::List<c10::IValue> list = value.toList();
+  size_t total = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue element = list.get(i);
+    if (!element.isString()) return not_strings(absl::StrCat("a list holding a ", element.tagKind()));
+    total += kBytesLengthSize + element.toStringRef().size();
+  }
+  bytes->reserve(total);
+  for (size_t i = 0; i < list.size(); ++i) AppendBytesElement(list.get(i).toStringRef(), bytes);
+
+  const int64_t count = static_cast<int64_t>(list.size());
+  const int64_t rows = spec_->batches() ? request.batch_size : 1;
+  const int64_t per_row = rows > 0 ? count / rows : 0;
+  Shape shape;
+  if (spec_->batches()) shape.push_back(rows);
+  bool fits = rows > 0 && count % rows == 0;
+  if (declared.dims.empty()) {
+    fits = fits && per_row == 1;
+  } else {
+    fits = fits && (declared.dims[0] == -1 || declared.dims[0] == per_row);
+    shape.push_back(per_row);
+  }
+  if (!fits) {
+    return absl::InternalError(absl::StrCat(
+        "model '", model, "' returned ", count, " strings for output '", declared.name, "', but config.pbtxt declares ",
+        ShapeToString(spec_->FullShape(declared)),
+        spec_->batches() ? absl::StrCat(" with batch size ", rows, " (the list is split evenly over the rows)") : ""));
+  }
+  return shape;
 }
 
 Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -38,6 +39,7 @@ auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+// BYTES has no scalar type (it maps to List[str]); the others map one to one.
 at::ScalarType ToScalarType(DataType type);
 at::Device ToTorchDevice(const Device& device);
 std::optional<DataType> FromScalarType(at::ScalarType type);
@@ -98,13 +100,19 @@ class OutputDelivery {
   // `spec` outlives this; `stream`: the instance's stream on a GPU, null on the CPU.
   OutputDelivery(const ModelSpec* spec, c10::cuda::CUDAStream* stream) : spec_(spec), stream_(stream) {}
 
-  // `outputs`: one tensor per declared output, config order. `request` is the batch they came
-  // from (its batch_size is what a batched output's first dimension must be).
-  Status Deliver(const std::vector<at::Tensor>& outputs, const InferRequest& request,
+  // `outputs`: one value per declared output, config order: a tensor, or a List[str] for a
+  // TYPE_STRING output (serialized per server/core/bytes_tensor.h; its elements split evenly over
+  // the batch's rows). `request` is the batch they came from (its batch_size is what a batched
+  // output's first dimension must be).
+  Status Deliver(const std::vector<c10::IValue>& outputs, const InferRequest& request,
                  absl::Span<const OutputTarget> targets);
 
  private:
   Status Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const;
+  // A List[str] output serialized into `bytes`; returns its shape (the batch's rows first when
+  // the model batches, then the declared dims with -1 resolved).
+  StatusOr<Shape> SerializeStrings(const TensorSpec& declared, const c10::IValue& value, const InferRequest& request,
+                                   std::string* bytes) const;
   // Output `index` in contiguous host memory. CPU: the tensor itself when it is contiguous (the
   // sink copy is then the only one). GPU: an asynchronous copy into this instance's pinned buffer
   // for that output (reused, grown when a larger batch needs it); the caller synchronises.

@@ -1,7 +1,7 @@
 // Fuzzes what an HTTP client controls: an inference request body (JSON, or a JSON header of a
 // length the first bytes choose followed by binary tensor data), decoded, validated against a
-// model config, and answered (every decoded input printed back as an output, in JSON and as
-// binary). Nothing may crash, trip a sanitizer, or allocate from a declared shape the body does
+// model config (BYTES inputs included), and answered (every decoded input printed back as an
+// output, in JSON and as binary). Nothing may crash, trip a sanitizer, or allocate from a declared shape the body does
 // not back.
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +20,9 @@ sluice::ModelSpec Spec() {
   sluice::ModelSpec spec;
   spec.name = "m";
   spec.max_batch_size = 8;
-  spec.inputs = {{"x", sluice::DataType::kFp32, {-1}}, {"ids", sluice::DataType::kInt64, {2}}};
+  spec.inputs = {{"x", sluice::DataType::kFp32, {-1}},
+                 {"ids", sluice::DataType::kInt64, {2}},
+                 {"text", sluice::DataType::kBytes, {-1}}};
   spec.outputs = {{"y", sluice::DataType::kFp32, {-1}}};
   return spec;
 }
@@ -43,9 +45,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parsed = sluice::InferRequestFromJson(body, header_length);
   if (!parsed.ok()) return 0;
   static const sluice::ModelSpec spec = Spec();
-  (void)sluice::ValidateRequest(spec, parsed->request.get());
+  const bool valid = sluice::ValidateRequest(spec, parsed->request.get()).ok();
   std::deque<sluice::HttpOutputSink::Output> outputs;
   for (const sluice::TensorView& input : parsed->request->inputs) {
+    if (input.dtype == sluice::DataType::kBytes) {
+      // Strings are printed back only once validation has checked their framing, as the server
+      // only ever prints what a model returned.
+      if (!valid) continue;
+      sluice::HttpOutputSink::Output& output = outputs.emplace_back();
+      output.name = input.name;
+      output.dtype = input.dtype;
+      output.shape = input.shape;
+      output.data.assign(input.data, input.byte_size);
+      continue;
+    }
     const size_t element = sluice::ElementSize(input.dtype);
     if (element == 0 || input.byte_size % element != 0) continue;
     sluice::HttpOutputSink::Output& output = outputs.emplace_back();

@@ -1,5 +1,6 @@
 // Fuzzes what a client controls: the bytes of a ModelInferRequest, decoded, converted to our
-// request type, validated against model configs, and padded to buckets. Nothing may crash,
+// request type, validated against model configs (strings included, split back by rows), and
+// padded to buckets. Nothing may crash,
 // trip a sanitizer, or allocate from a declared shape the bytes do not back.
 #include <cstddef>
 #include <cstdint>
@@ -46,16 +47,39 @@ sluice::ModelSpec UnbatchedSpec() {
   return spec;
 }
 
+sluice::ModelSpec StringSpec() {
+  sluice::ModelSpec spec;
+  spec.name = "text";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"text", sluice::DataType::kBytes, {-1}}};
+  spec.outputs = {{"text", sluice::DataType::kBytes, {-1}}};
+  return spec;
+}
+
+// A validated string request's text handed back as the model's output, split over two callers
+// by rows (DeliverOutputs finds each row's bytes by element count).
+void EchoStrings(const sluice::InferRequest& request) {
+  const sluice::TensorView& text = request.inputs.front();
+  static const std::string kName = "text";
+  const sluice::HostOutput output{&kName, text.dtype, text.shape, text.data, text.byte_size,
+                                  sluice::MemoryType::kCpu};
+  sluice::TensorSink first, second;
+  const int64_t rows = text.shape.front();
+  const sluice::OutputTarget targets[] = {{rows / 2, nullptr, &first}, {rows - rows / 2, nullptr, &second}};
+  (void)sluice::DeliverOutputs({&output, 1}, targets, /*batched=*/true);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const sluice::ModelSpec specs[] = {BatchedSpec(), PaddedSpec(), UnbatchedSpec()};
+  static const sluice::ModelSpec specs[] = {BatchedSpec(), PaddedSpec(), UnbatchedSpec(), StringSpec()};
   inference::ModelInferRequest proto;
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   auto request = sluice::InferRequestFromProto(proto);
   if (!request.ok()) return 0;
   for (const sluice::ModelSpec& spec : specs) {
     if (!sluice::ValidateRequest(spec, request->get()).ok()) continue;
+    if (spec.name == "text") EchoStrings(**request);
     if (spec.padding.enabled()) {
       auto padded = sluice::PadRequest(spec, request->get());
       if (!padded.ok()) continue;

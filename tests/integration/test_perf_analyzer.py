@@ -1,4 +1,4 @@
-"""The third-party perf_analyzer drives both bundled models with batch 4 and concurrency 1..8 and
+"""The third-party perf_analyzer drives the bundled models (strings included) at concurrency 1..8 and
 sees no failed request. (A smoke check of interoperability, not a performance measurement.)"""
 import os
 import re
@@ -43,3 +43,11 @@ def test_perf_analyzer_over_http_reports_no_errors(bundled_server, binary, tmp_p
     formats = [] if binary else ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     run_perf_analyzer("-m", "mlp", "-u", bundled_server.http_url, "-i", "http", "-b", "1", *formats,
                       "--concurrency-range", "1:16:15")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_sends_strings(bundled_server, protocol):
+    """perf_analyzer's random strings (BYTES) to the bundled text classifier, over both protocols."""
+    url = bundled_server.url if protocol == "grpc" else bundled_server.http_url
+    run_perf_analyzer("-m", "text_classifier", "-u", url, "-i", protocol, "-b", "4", "--string-length", "64",
+                      "--concurrency-range", "1:8:7")

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/core/bytes_tensor.h"
 #include "server/runtime/torch_backend.h"
 #include "tests/runtime/test_modules.h"
 
@@ -66,6 +67,7 @@ std::string Encode(DataType type, const std::vector<double>& values) {
         put(bits);
         break;
       }
+      case DataType::kBytes: break;  // strings: see StringsInAndOut
     }
   }
   return out;
@@ -105,6 +107,7 @@ TEST_F(TorchBackendTest, EveryDatatypeRoundTrips) {
   const auto path = SaveModule("double", kDouble);
   for (DataType type : kAllDataTypes) {
     if (type == DataType::kBool) continue;  // bool + bool is logical or: covered below
+    if (type == DataType::kBytes) continue;  // List[str]: covered below
     auto backend = factory_->Load(Spec(type, type), path, Device{});
     ASSERT_TRUE(backend.ok()) << backend.status();
     auto owned = MakeRequest(type, {1, 2, 3, 0}, {2, 2});
@@ -285,6 +288,93 @@ def forward(self, INPUT__0):
   EXPECT_FALSE(IsFatal(failed.status()));
   auto small = MakeRequest(DataType::kInt64, {1024.0}, {1, 1});
   EXPECT_TRUE(testing::Run(**backend, small->request).ok());
+}
+
+std::string Strings(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const std::string& element : elements) AppendBytesElement(element, &out);
+  return out;
+}
+
+constexpr char kStringModel[] = R"(
+def forward(self, TEXT: List[str]) -> Tuple[Tensor, List[str]]:
+    lengths = torch.tensor([len(s) for s in TEXT]).unsqueeze(1)
+    return lengths, [s + "!" for s in TEXT]
+)";
+
+ModelSpec StringSpec() {
+  ModelSpec spec;
+  spec.name = "m";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"TEXT", DataType::kBytes, {1}}};
+  spec.outputs = {{"LENGTH", DataType::kInt64, {1}}, {"SHOUT", DataType::kBytes, {1}}};
+  return spec;
+}
+
+TEST_F(TorchBackendTest, StringsInAndOut) {
+  auto backend = factory_->Load(StringSpec(), SaveModule("strings", kStringModel), Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  // Three rows from two callers and one padding row (an empty string): one flat List[str].
+  const std::string bytes = Strings({"ab", "", "x\xc3\xa9", ""});
+  InferRequest batch;
+  batch.model_name = "m";
+  batch.batch_size = 4;
+  batch.inputs.push_back({"TEXT", DataType::kBytes, {4, 1}, bytes.data(), bytes.size()});
+  TensorSink first, second;
+  const std::vector<std::string> only_shout = {"SHOUT"};
+  const std::vector<OutputTarget> targets = {{1, &only_shout, &first}, {2, nullptr, &second}};
+  ASSERT_TRUE((*backend)->Execute(batch, targets).ok());
+  ASSERT_EQ(first.outputs().size(), 1u);
+  EXPECT_EQ(first.outputs()[0].dtype, DataType::kBytes);
+  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 1));
+  EXPECT_EQ(first.outputs()[0].data, Strings({"ab!"}));
+  ASSERT_EQ(second.outputs().size(), 2u);
+  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 1));
+  EXPECT_EQ(second.outputs()[0].data, Encode(DataType::kInt64, {0, 3}));  // TorchScript's len counts bytes
+  EXPECT_THAT(second.outputs()[1].shape, ElementsAre(2, 1));
+  EXPECT_EQ(second.outputs()[1].data, Strings({"!", "x\xc3\xa9!"}));
+}
+
+TEST_F(TorchBackendTest, StringsAndTensorsCannotStandInForEachOther) {
+  // At load: the config's type against forward()'s argument type.
+  ModelSpec tensor_config = StringSpec();
+  tensor_config.inputs[0].dtype = DataType::kFp32;
+  auto loaded = factory_->Load(tensor_config, SaveModule("strings", kStringModel), Device{});
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("input 'TEXT' is FP32 in config.pbtxt, but forward() takes 'TEXT' as List[str]"));
+  ModelSpec string_config = StringSpec();
+  string_config.inputs[0].name = "INPUT__0";
+  loaded = factory_->Load(string_config, SaveModule("double", kDouble), Device{});
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("input 'INPUT__0' is TYPE_STRING in config.pbtxt, but forward() takes 'INPUT__0' as Tensor"));
+
+  // At run time: what the model returns against the declared outputs.
+  const std::string bytes = Strings({"a", "b"});
+  InferRequest request;
+  request.model_name = "m";
+  request.batch_size = 2;
+  request.inputs.push_back({"TEXT", DataType::kBytes, {2, 1}, bytes.data(), bytes.size()});
+  struct Case {
+    const char* source;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), torch.zeros(2, 1)\n",
+            "returned a Tensor for output 'SHOUT', which config.pbtxt declares TYPE_STRING: return a List[str]"},
+           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), [1, 2]\n",
+            "returned a list holding a Int for output 'SHOUT'"},
+           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), TEXT + TEXT + TEXT\n",
+            "returned 6 strings for output 'SHOUT', but config.pbtxt declares [-1,1] with batch size 2"},
+           {"def forward(self, TEXT: List[str]):\n    return TEXT, TEXT\n",
+            "returned a GenericList for output 'LENGTH', not a tensor (config.pbtxt declares INT64)"},
+       }) {
+    auto backend = factory_->Load(StringSpec(), SaveModule("wrong", c.source), Device{});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const Status status = testing::Run(**backend, request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << c.source;
+    EXPECT_THAT(status.message(), HasSubstr(c.message)) << c.source;
+  }
 }
 
 TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {

@@ -4,6 +4,7 @@
 
 #include "server/batching/batch_assembly.h"
 #include "server/batching/batch_queue.h"
+#include "server/core/bytes_tensor.h"
 #include "tests/unit/fakes.h"
 
 namespace sluice {
@@ -322,6 +323,55 @@ TEST_F(BatchQueueTest, AssembleAndDeliverRoundTripWithPadding) {
     AssembleBatch(spec, *next, &pool);
   }
   EXPECT_EQ(pool.allocations(), 1u);  // 64 bytes (the minimum) hold max_batch_size rows here
+}
+
+TEST_F(BatchQueueTest, StringRowsConcatenateAndSplitBackByElementCount) {
+  auto options = Options();
+  options.preferred_batch_sizes = {4};
+  options.pad_to_preferred = true;
+  options.max_queue_delay = 0us;
+  BatchQueue queue(options);
+  // Two requests of [rows, 1] strings of different lengths (one group: the element count per
+  // row is what must agree, not the bytes).
+  std::vector<std::string> buffers(2);
+  AppendBytesElement("a", &buffers[0]);
+  AppendBytesElement("bbbb", &buffers[1]);
+  AppendBytesElement("", &buffers[1]);
+  for (int i = 0; i < 2; ++i) {
+    auto request = std::make_unique<InferRequest>();
+    request->model_name = "m";
+    request->batch_size = i + 1;
+    request->inputs.push_back({"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size()});
+    PendingRequest pending{std::move(request), nullptr, nullptr, clock_.Now(), buffers[i].size()};
+    ASSERT_TRUE(queue.Add(pending).ok());
+  }
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  ASSERT_EQ(batch->rows, 3);
+  ASSERT_EQ(batch->padded_rows, 4);
+  ModelSpec spec;
+  spec.max_batch_size = 8;
+  spec.inputs = {{"s", DataType::kBytes, {1}}};
+  testing::EchoBackend echo;
+  StagingPool pool(&echo);
+  InferRequest assembled = AssembleBatch(spec, *batch, &pool);
+  EXPECT_THAT(assembled.inputs[0].shape, ElementsAre(4, 1));
+  const std::string_view staged(assembled.inputs[0].data, assembled.inputs[0].byte_size);
+  ASSERT_TRUE(CheckBytesTensor("staged", staged, 4, true).ok());
+  EXPECT_THAT(SplitBytesTensor(staged), ElementsAre("a", "bbbb", "", ""));  // the padding row: empty
+
+  // The batch's output splits back by rows, whatever each row's byte length.
+  const std::string name = "out";
+  std::string out;
+  for (const char* element : {"x", "yyyyyy", "zz", "pad"}) AppendBytesElement(element, &out);
+  const HostOutput strings{&name, DataType::kBytes, {4, 1}, out.data(), out.size(), MemoryType::kCpu};
+  TensorSink first, second;
+  const std::vector<OutputTarget> targets = {{1, nullptr, &first}, {2, nullptr, &second}};
+  ASSERT_TRUE(DeliverOutputs({&strings, 1}, targets, /*batched=*/true).ok());
+  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 1));
+  EXPECT_THAT(SplitBytesTensor(first.outputs()[0].data), ElementsAre("x"));
+  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 1));
+  EXPECT_THAT(SplitBytesTensor(second.outputs()[0].data), ElementsAre("yyyyyy", "zz"));
 }
 
 TEST_F(BatchQueueTest, DeliverRejectsOutputsWithoutBatchDimension) {

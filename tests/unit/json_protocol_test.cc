@@ -12,6 +12,7 @@
 #include <random>
 
 #include "grpc_service.pb.h"
+#include "server/core/bytes_tensor.h"
 #include "model_config.pb.h"
 
 namespace sluice {
@@ -67,6 +68,10 @@ TEST(JsonProtocolTest, EveryJsonDatatypeConverts) {
   StatusOr<JsonInferRequest> i64 = one("INT64", "[-9223372036854775808, 9223372036854775807]");
   ASSERT_TRUE(i64.ok());
   EXPECT_EQ(Values<int64_t>(i64->request->inputs[0]), (std::vector<int64_t>{INT64_MIN, INT64_MAX}));
+  StatusOr<JsonInferRequest> strings = one("BYTES", R"(["ab", "\u00e9"])");
+  ASSERT_TRUE(strings.ok()) << strings.status();
+  const TensorView& text = strings->request->inputs[0];
+  EXPECT_EQ(std::string(text.data, text.byte_size), std::string("\x02\0\0\0ab\x02\0\0\0\xc3\xa9", 12));
   StatusOr<JsonInferRequest> f64 = one("FP64", "[0.1, NaN]");
   ASSERT_TRUE(f64.ok()) << f64.status();
   EXPECT_EQ(Values<double>(f64->request->inputs[0])[0], 0.1);
@@ -84,7 +89,8 @@ TEST(JsonProtocolTest, EveryJsonDatatypeConverts) {
            {"FP32", "[\"1\", 0]", "not a number"},
            {"FP16", "[1, 0]", "no JSON form"},
            {"BF16", "[1, 0]", "no JSON form"},
-           {"BYTES", "[\"a\", \"b\"]", "datatype 'BYTES' is not supported"},
+           {"BYTES", "[\"a\", 2]", "datatype BYTES has a value that is not a string"},
+           {"STRING", "[\"a\", \"b\"]", "datatype 'STRING' is not supported"},
        }) {
     StatusOr<JsonInferRequest> parsed = one(datatype, data);
     ASSERT_FALSE(parsed.ok()) << datatype << " " << data;
@@ -205,6 +211,29 @@ TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   EXPECT_EQ(header_length, 0u);
   EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"b","datatype":"BOOL","shape":[2],)"
                      R"("data":[true,false]}]})");
+}
+
+TEST(JsonProtocolTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
+  JsonInferRequest request;
+  request.outputs = {{"json", false}, {"bin", true}};
+  std::deque<HttpOutputSink::Output> outputs(2);
+  std::string serialized;
+  for (const char* element : {"ab", "", "q\"\n\xc3\xa9"}) AppendBytesElement(element, &serialized);
+  for (auto* output : {&outputs[0], &outputs[1]}) {
+    output->dtype = DataType::kBytes;
+    output->shape = {3};
+    output->data = serialized;
+  }
+  outputs[0].name = "json";
+  outputs[1].name = "bin";
+  size_t header_length = 0;
+  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &outputs, &header_length);
+  ASSERT_EQ(body.size(), 2u);
+  EXPECT_EQ(body[1], serialized);  // binary: Triton's serialized form, as gRPC's raw contents
+  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"json","datatype":"BYTES",)"
+                     R"("shape":[3],"data":["ab","","q\"\n)" "\xc3\xa9" R"("]},{"name":"bin","datatype":"BYTES",)"
+                     R"("shape":[3],"parameters":{"binary_data_size":)" +
+                         std::to_string(serialized.size()) + "}}]}");
 }
 
 TEST(JsonProtocolTest, Fp32ValuesRoundTripExactlyThroughJson) {

@@ -90,6 +90,16 @@ TEST(ProtocolTest, TypedContentsConvertPerDatatype) {
     EXPECT_THAT(Values<int64_t>((*request)->inputs[0]), ElementsAre(int64_t{1} << 40));
   }
   {
+    // bytes_contents: one element each, serialized as the raw form is (length, bytes).
+    auto proto = Typed("BYTES", {3});
+    for (const char* v : {"ab", "", "\xc3\xa9"}) proto.mutable_inputs(0)->mutable_contents()->add_bytes_contents(v);
+    auto request = InferRequestFromProto(proto);
+    ASSERT_TRUE(request.ok()) << request.status();
+    const TensorView& view = (*request)->inputs[0];
+    EXPECT_EQ(view.dtype, DataType::kBytes);
+    EXPECT_EQ(std::string(view.data, view.byte_size), std::string("\x02\0\0\0ab\0\0\0\0\x02\0\0\0\xc3\xa9", 16));
+  }
+  {
     auto proto = Typed("FP64", {2});
     proto.mutable_inputs(0)->mutable_contents()->add_fp64_contents(0.1);
     proto.mutable_inputs(0)->mutable_contents()->add_fp64_contents(-1e300);
@@ -109,6 +119,16 @@ TEST(ProtocolTest, Errors) {
   {
     auto proto = Typed("STRING", {1});
     cases.push_back({"unknown datatype", proto, "datatype 'STRING' is not supported"});
+  }
+  {
+    auto proto = Typed("BYTES", {2});
+    proto.mutable_inputs(0)->mutable_contents()->add_bytes_contents("one");
+    cases.push_back({"bytes count", proto, "has 1 typed values, but shape [2] needs 2"});
+  }
+  {
+    auto proto = Typed("BYTES", {1});
+    proto.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
+    cases.push_back({"bytes in the wrong field", proto, "has values in a typed field that does not belong to it"});
   }
   {
     auto proto = Typed("INT8", {1});

@@ -229,6 +229,55 @@ TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
   EXPECT_EQ(spec->model_filename, "model.pt");
 }
 
+TEST(ModelConfigParserTest, StringTensorsAreFlatListsOfStr) {
+  // Triton's layout for a batched string input: dims [1] reshaped to [] (the model takes one
+  // flat List[str]; the reshape changes nothing it sees, so it is accepted for strings).
+  auto spec = Build(R"pb(max_batch_size: 8
+                         input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } } ]
+                         output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] },
+                                  { name: "SCORE" data_type: TYPE_FP32 dims: [ 2 ] } ])pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->inputs[0].dtype, DataType::kBytes);
+  EXPECT_EQ(spec->inputs[0].dims, Shape({1}));
+  EXPECT_EQ(spec->outputs[0].dtype, DataType::kBytes);
+  EXPECT_FALSE(spec->warmup);  // shape warm-up feeds empty strings: only when asked for
+  spec = Build(R"pb(input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+                    output [ { name: "LABEL" data_type: TYPE_STRING dims: [ -1 ] } ]
+                    parameters { key: "sluice.warmup" value { string_value: "true" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->warmup);
+
+  struct Case {
+    std::string config;
+    std::string message;
+  };
+  const std::string out = R"pb(output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  const std::vector<Case> cases = {
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 2, 3 ] } ])pb" + out,
+       "input 'a': a TYPE_STRING tensor is a flat List[str] for the model; declare at most one dimension"},
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2 ] } } ])pb" + out,
+       "input 'a': reshape [2] must keep the element count of dims"},
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ])pb" + out,
+       "and have at most one dimension"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_STRING dims: [ 1, 1 ] } ])pb",
+       "output 'b': a TYPE_STRING tensor is a flat List[str]"},
+      {R"pb(platform: "torch_aoti"
+            input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ])pb" + out,
+       "'a' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and returns tensors only"},
+      {R"pb(max_batch_size: 4
+            input [ { name: "a" data_type: TYPE_STRING dims: [ -1 ] } ])pb" + out +
+           R"pb(parameters { key: "sluice.buckets" value { string_value: "n=4,8" } }
+                parameters { key: "sluice.bucket_dims" value { string_value: "a:0=n" } })pb",
+       "sluice.bucket_dims: 'a:0=n': 'a' is TYPE_STRING; padding buckets pad fixed-size elements"},
+  };
+  for (const Case& c : cases) {
+    auto built = Build(c.config);
+    EXPECT_EQ(built.status().code(), absl::StatusCode::kInvalidArgument) << c.config;
+    EXPECT_THAT(built.status().message(), HasSubstr(c.message)) << c.config;
+  }
+}
+
 TEST(ModelConfigParserTest, ValidationErrors) {
   struct Case {
     std::string config;
@@ -241,9 +290,9 @@ TEST(ModelConfigParserTest, ValidationErrors) {
       {"platform: \"onnxruntime_onnx\"\n" + io, "Sluice serves TorchScript models"},
       {"max_batch_size: -1\n" + io, "max_batch_size must be >= 0"},
       {"max_batch_size: 1", "needs its inputs and outputs declared"},
-      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ]
+      {R"pb(input [ { name: "a" data_type: TYPE_UINT16 dims: [ 1 ] } ]
             output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
-       "input 'a': data_type TYPE_STRING is not supported"},
+       "input 'a': data_type TYPE_UINT16 is not supported"},
       {R"pb(input [ { name: "a" dims: [ 1 ] } ] output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a': data_type is missing"},
       {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 0 ] } ]

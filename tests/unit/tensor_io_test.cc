@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "client/tensor_io.h"
+#include "server/core/bytes_tensor.h"
 
 namespace sluice {
 namespace {
@@ -53,6 +54,14 @@ TEST(TensorIoTest, RandomTensorsHaveTheirShapeAndRange) {
   for (DataType type : kAllDataTypes) {
     auto tensor = RandomTensor("t", type, {2, 5}, rng);
     ASSERT_TRUE(tensor.ok());
+    if (type == DataType::kBytes) {
+      EXPECT_TRUE(CheckBytesTensor("t", tensor->data, 10, /*require_utf8=*/true).ok());
+      for (std::string_view word : SplitBytesTensor(tensor->data)) {
+        EXPECT_THAT(std::string(word), ::testing::MatchesRegex("[a-z]+"));
+      }
+      EXPECT_THAT(PreviewValues(*tensor, 2), ::testing::MatchesRegex(R"(\["[a-z]+", "[a-z]+", \.\.\. \(10 values\)\])"));
+      continue;
+    }
     ASSERT_EQ(tensor->data.size(), 10 * ElementSize(type));
     for (size_t i = 0; i < 10; ++i) {
       const double value = ElementAsDouble(*tensor, i);
