@@ -116,6 +116,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   service_options.readiness.strict = config.strict_readiness;
   service_options.liveness = &server->liveness_;
   service_options.restrictions = config.restrictions;
+  service_options.stream_max_in_flight = config.stream_max_in_flight;
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);

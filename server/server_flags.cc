@@ -89,6 +89,13 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "requests get UNAVAILABLE (memory stays bounded at any load)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--grpc-stream-max-in-flight", config.stream_max_in_flight,
+                 "Requests of one ModelStreamInfer stream that may be queued, running or awaiting "
+                 "their response's write at once; at the bound the server stops reading that stream "
+                 "until one is answered, so a client that sends faster than it reads cannot make the "
+                 "server buffer without bound")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--shutdown-delay-seconds", config.shutdown_delay_seconds,
                  "On SIGINT/SIGTERM, readiness turns NOT_SERVING at once (liveness stays SERVING) "
                  "and the server keeps serving new calls this long, so that load balancers and "

@@ -1,6 +1,10 @@
 #include "server/api/inference_service.h"
 
+#include <deque>
+#include <memory>
 #include <type_traits>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
@@ -48,7 +52,7 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   OutputSink* sink() { return &sink_; }
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
 
-  void Watch(std::shared_ptr<ModelHandle> model) { model_.Set(std::move(model)); }
+  ModelHold* hold() { return &model_; }
 
   // The completion: drops the model reference, then finishes the call. The reactor may be
   // deleted as soon as Finish returns.
@@ -77,6 +81,183 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   inference::ModelInferResponse response_;
   ResponseSink sink_{&response_};
   ModelHold model_;
+};
+
+// One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call and
+// writes each response when its request is answered (one write at a time, in answer order).
+// Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
+// stream holds at most that many requests and responses. Every event (read done, answer, write
+// done) changes the state under mutex_ and then plans what to start (Step); Finish is planned
+// once, when nothing is read, written or in flight and the client half-closed (or a write
+// failed), and is the last thing its thread does with the reactor (OnDone deletes it).
+class StreamReactor final
+    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+ public:
+  StreamReactor(InferenceService* service, grpc::CallbackServerContext* context, int max_in_flight,
+                const Status& allowed)
+      : service_(service),
+        context_(context),
+        max_in_flight_(max_in_flight),
+        cancelled_(std::make_shared<std::atomic<bool>>(false)) {
+    if (!allowed.ok()) {
+      {
+        MutexLock lock(&mutex_);
+        finished_ = true;
+      }
+      Finish(ToGrpcStatus(allowed));
+      return;
+    }
+    Step(false);
+  }
+
+  void OnReadDone(bool ok) override {
+    Call* call = nullptr;
+    {
+      MutexLock lock(&mutex_);
+      reading_ = false;
+      if (!ok) {
+        read_done_ = true;  // the client half-closed, or the stream broke
+      } else {
+        call = next_.get();
+        calls_[call] = std::move(next_);
+        ++in_flight_;
+        ++requests_;
+        ++active_;  // until Step below: the stream cannot finish while this reaction runs
+      }
+    }
+    if (call != nullptr) {
+      service_->SubmitInfer(*context_, call->request, call->response.mutable_infer_response(), &call->sink,
+                            cancelled_, &call->hold, [this, call](const Status& status) { Answered(call, status); });
+    }
+    Step(call != nullptr);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      MutexLock lock(&mutex_);
+      writing_ = false;
+      Call* written = write_queue_.front();
+      write_queue_.pop_front();
+      calls_.erase(written);
+      --in_flight_;
+      if (!ok) {
+        // The transport is gone: what is still to be written goes nowhere.
+        broken_ = true;
+        for (Call* dropped : write_queue_) calls_.erase(dropped);
+        in_flight_ -= static_cast<int>(write_queue_.size());
+        write_queue_.clear();
+      }
+    }
+    if (!ok) PokeQueued();
+    Step(false);
+  }
+
+  // The client cancelled, its deadline passed or the connection broke: requests of this stream
+  // still queued are answered CANCELLED without running (their responses go nowhere).
+  void OnCancel() override {
+    cancelled_->store(true);
+    PokeQueued();
+  }
+
+  void OnDone() override {
+    spdlog::debug("event=stream_done requests={}", requests_);
+    delete this;
+  }
+
+ private:
+  struct Call {
+    inference::ModelInferRequest request;
+    inference::ModelStreamInferResponse response;
+    ResponseSink sink{response.mutable_infer_response()};
+    ModelHold hold;
+  };
+
+  // A request's answer (any thread, perhaps inside SubmitInfer): queue its response for writing.
+  void Answered(Call* call, const Status& status) {
+    if (!status.ok()) {
+      inference::ModelInferResponse* response = call->response.mutable_infer_response();
+      response->clear_outputs();
+      response->clear_raw_output_contents();
+      response->set_model_name(call->request.model_name());
+      response->set_id(call->request.id());
+      call->response.set_error_message(std::string(status.message()));
+    }
+    {
+      MutexLock lock(&mutex_);
+      if (broken_) {
+        calls_.erase(call);
+        --in_flight_;
+      } else {
+        write_queue_.push_back(call);
+      }
+      ++active_;
+    }
+    Step(true);
+  }
+
+  // Plans under the lock what to start (a write, a read, the finish) and starts it after. After
+  // Step returns, its caller must not touch the reactor. `was_active`: the caller counted itself
+  // in active_.
+  void Step(bool was_active) {
+    Call* write = nullptr;
+    bool read = false;
+    bool finish = false;
+    {
+      MutexLock lock(&mutex_);
+      if (was_active) --active_;
+      if (!writing_ && !write_queue_.empty()) {
+        writing_ = true;
+        write = write_queue_.front();
+      }
+      if (!reading_ && !read_done_ && !broken_ && in_flight_ < max_in_flight_) {
+        reading_ = true;
+        next_ = std::make_unique<Call>();
+        read = true;
+      }
+      if (!finished_ && !reading_ && !writing_ && in_flight_ == 0 && active_ == 0 && (read_done_ || broken_)) {
+        finished_ = true;
+        finish = true;
+      }
+    }
+    // A planned read or write keeps the stream from finishing, so the reactor is alive here.
+    if (write != nullptr) StartWrite(&write->response);
+    if (read) StartRead(&next_->request);
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  // Pokes the models of this stream's requests, so that those still queued see the cancelled
+  // flag and are answered now.
+  void PokeQueued() {
+    std::vector<std::shared_ptr<ModelHandle>> models;
+    {
+      MutexLock lock(&mutex_);
+      if (finished_) return;
+      ++active_;
+      for (const auto& [call, owned] : calls_) {
+        if (std::shared_ptr<ModelHandle> model = call->hold.Get()) models.push_back(std::move(model));
+      }
+    }
+    for (const std::shared_ptr<ModelHandle>& model : models) model->Poke();
+    Step(true);
+  }
+
+  InferenceService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const int max_in_flight_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_;  // shared by every request of the stream
+  std::unique_ptr<Call> next_;  // the call the outstanding read fills (only the reading path uses it)
+
+  Mutex mutex_;
+  absl::flat_hash_map<Call*, std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mutex_);  // read, not yet written
+  std::deque<Call*> write_queue_ ABSL_GUARDED_BY(mutex_);  // answered, in answer order; front is being written
+  int in_flight_ ABSL_GUARDED_BY(mutex_) = 0;              // calls_.size()
+  int active_ ABSL_GUARDED_BY(mutex_) = 0;                 // reactions between their lock and their Step
+  bool reading_ ABSL_GUARDED_BY(mutex_) = false;
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool read_done_ ABSL_GUARDED_BY(mutex_) = false;
+  bool broken_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+  int64_t requests_ = 0;  // read so far (reading path only), for the log
 };
 
 // The caller's gRPC deadline on our clock; kNoDeadline when it set none.
@@ -215,6 +396,40 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   return FinishNow(context, AnswerModelStatistics(*manager_, request->name(), request->version(), response));
 }
 
+void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
+                                   const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
+                                   OutputSink* sink, const std::shared_ptr<std::atomic<bool>>& cancelled,
+                                   ModelHold* hold, std::function<void(const Status&)> done) {
+  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request.model_name(), request.model_version());
+  if (!found.ok()) {
+    done(found.status());
+    return;
+  }
+  std::shared_ptr<ModelHandle> model = *std::move(found);
+  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request);
+  if (!converted.ok()) {
+    done(model->Reject(converted.status(), Protocol::kGrpc));
+    return;
+  }
+  std::unique_ptr<InferRequest> infer = *std::move(converted);
+  infer->deadline = CallerDeadline(context, clock_->Now());
+  // Written before submission: from then on only the worker that answers touches the response.
+  FillInferResponseHeader(*infer, model->version(), response);
+  infer->cancelled = cancelled;
+  // The hold keeps the version in flight until the answer; `model` keeps it alive until Submit
+  // has returned (the answer may come before that).
+  hold->Set(model);
+  // The request proto (whose bytes `infer` views) and the sink live until `done` has run.
+  model->Submit(std::move(infer), sink, [hold, done = std::move(done), &request](Status status) {
+    if (!status.ok()) {
+      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", request.model_name(), request.id(),
+                    status.message());
+    }
+    hold->Release();
+    done(status);
+  });
+}
+
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request_bytes,
                                                        grpc::ByteBuffer* response_bytes) {
@@ -222,39 +437,19 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     return FinishNow(context, allowed);
   }
   auto* reactor = new InferReactor(response_bytes);
-  const inference::ModelInferRequest& request = reactor->request();
   if (Status parsed = reactor->Parse(*request_bytes); !parsed.ok()) {
     reactor->Answer(parsed);
     return reactor;
   }
-  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request.model_name(), request.model_version());
-  if (!found.ok()) {
-    reactor->Answer(found.status());
-    return reactor;
-  }
-  std::shared_ptr<ModelHandle> model = *std::move(found);
-  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request);
-  if (!converted.ok()) {
-    reactor->Answer(model->Reject(converted.status(), Protocol::kGrpc));
-    return reactor;
-  }
-  std::unique_ptr<InferRequest> infer = *std::move(converted);
-  infer->deadline = CallerDeadline(*context, clock_->Now());
-  // Written before submission: from then on only the worker that answers touches the response.
-  FillInferResponseHeader(*infer, model->version(), reactor->response());
-  infer->cancelled = reactor->cancelled();
-  // The reactor's copy keeps the version in flight until the answer; ours keeps it alive until
-  // Submit has returned (the answer may come before that).
-  reactor->Watch(model);
-  // The request proto (whose bytes `infer` views) and the sink live until reactor->Finish.
-  model->Submit(std::move(infer), reactor->sink(), [reactor](Status status) {
-    if (!status.ok()) {
-      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", reactor->request().model_name(),
-                    reactor->request().id(), status.message());
-    }
-    reactor->Answer(status);
-  });
+  SubmitInfer(*context, reactor->request(), reactor->response(), reactor->sink(), reactor->cancelled(),
+              reactor->hold(), [reactor](const Status& status) { reactor->Answer(status); });
   return reactor;
+}
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context, options_.stream_max_in_flight,
+                           Allow(*context, ProtocolGroup::kInference));
 }
 
 }  // namespace sluice

@@ -37,6 +37,7 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
+    int stream_max_in_flight = 64;        // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
   };
 
   // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
@@ -89,6 +90,23 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
   // ModelInferResponse.
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  // One bidirectional stream of inference requests (non-decoupled models: one response per
+  // request, written as each is answered, so possibly out of order; each carries its request's
+  // id). A request that fails is answered in that response's error_message; the stream and its
+  // other requests go on. At most Options::stream_max_in_flight requests of a stream are between
+  // read and written; at the bound the stream is not read until one is written. When the stream
+  // ends (client cancel, deadline, broken transport), its queued requests are cancelled. The
+  // stream finishes OK after the client half-closes and every response is written.
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
+      grpc::CallbackServerContext* context) override;
+
+  // Submits one parsed request for `context`'s caller to its model: the path ModelInfer and
+  // ModelStreamInfer share. `done` is called exactly once, perhaps before this returns (early
+  // errors), with the model reference released by then. `sink` and `request` outlive `done`.
+  void SubmitInfer(const grpc::CallbackServerContext& context, const inference::ModelInferRequest& request,
+                   inference::ModelInferResponse* response, OutputSink* sink,
+                   const std::shared_ptr<std::atomic<bool>>& cancelled, ModelHold* hold,
+                   std::function<void(const Status&)> done);
 
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).

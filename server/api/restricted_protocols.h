@@ -20,7 +20,7 @@ namespace sluice {
 enum class ProtocolGroup {
   kHealth,           // ServerLive, ServerReady, ModelReady
   kMetadata,         // ServerMetadata, ModelMetadata
-  kInference,        // ModelInfer
+  kInference,        // ModelInfer, ModelStreamInfer
   kModelConfig,      // ModelConfig
   kModelRepository,  // RepositoryIndex (and model load/unload)
   kStatistics,       // ModelStatistics

@@ -104,6 +104,11 @@ class ModelHold {
       model = std::move(model_);
     }
   }
+  // The version held, or null.
+  std::shared_ptr<ModelHandle> Get() ABSL_LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(&mutex_);
+    return model_;
+  }
   // The caller went away: the model answers the request now if it is still queued.
   void Poke() ABSL_LOCKS_EXCLUDED(mutex_) {
     std::shared_ptr<ModelHandle> model;

@@ -154,6 +154,20 @@ def bundled_repository(tmp_path_factory):
     return write_bundled(tmp_path_factory.mktemp("bundled"))
 
 
+def wait_models_ready(server, names, timeout=60.0):
+    """Waits until every model in `names` is ready (a server with --strict-readiness false is
+    ready before its models are)."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        deadline = time.monotonic() + timeout
+        while not all(client.is_model_ready(name) for name in names):
+            assert time.monotonic() < deadline, f"{names} not ready after {timeout}s:\n{server.log()}"
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None, credentials=None):
     log = tmp_path_factory.mktemp("log") / "server.log"
     server = ServerProcess(repository, extra_args, log_path=str(log), env=env, credentials=credentials)

@@ -51,3 +51,10 @@ def test_perf_analyzer_sends_strings(bundled_server, protocol):
     url = bundled_server.url if protocol == "grpc" else bundled_server.http_url
     run_perf_analyzer("-m", "text_classifier", "-u", url, "-i", protocol, "-b", "4", "--string-length", "64",
                       "--concurrency-range", "1:8:7")
+
+
+def test_perf_analyzer_streaming_reports_no_errors(bundled_server):
+    """perf_analyzer --streaming: every request on one ModelStreamInfer stream per concurrent
+    client."""
+    run_perf_analyzer("-m", "mlp", "-u", bundled_server.url, "-i", "grpc", "--streaming", "-b", "1",
+                      "--concurrency-range", "1:16:15")

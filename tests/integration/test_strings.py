@@ -8,7 +8,6 @@ import json
 import random
 import struct
 import subprocess
-import time
 from typing import List, Tuple
 
 import grpc
@@ -21,7 +20,7 @@ from torch import nn
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import CLIENT, start_server, write_bundled
+from conftest import CLIENT, start_server, wait_models_ready, write_bundled
 from make_test_repository import write_model
 from test_http import call
 
@@ -87,12 +86,7 @@ def repository(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(repository, tmp_path_factory):
     server = start_server(repository, tmp_path_factory, ["--strict-readiness", "false"])  # tensor_taking fails
-    client = grpcclient.InferenceServerClient(server.url)
-    deadline = time.monotonic() + 60
-    while not all(client.is_model_ready(m) for m in ("text_classifier", "joined", "tagged", "simple_string")):
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.1)
-    client.close()
+    wait_models_ready(server, ["text_classifier", "joined", "tagged", "simple_string"])
     yield server
     assert server.stop() == 0, server.log()
 

@@ -88,7 +88,10 @@ TEST_F(DynamicBatcherTest, ItsThreadsAreNamedForTopAndPerf) {
   std::multiset<std::string> names;
   for (int i = 0; i < 5000; ++i) {  // each thread names itself when it starts
     names = ThreadNames();
-    if (names.count("sluice-batcher") == 1 && names.count("sluice-worker-1") == 1) break;
+    if (names.count("sluice-batcher") == 1 && names.count("sluice-worker-0") == 1 &&
+        names.count("sluice-worker-1") == 1) {
+      break;  // (waiting for all three: the threads start in any order on a busy machine)
+    }
     std::this_thread::sleep_for(1ms);
   }
   EXPECT_EQ(names.count("sluice-batcher"), 1u);

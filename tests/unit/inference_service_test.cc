@@ -2,6 +2,8 @@
 // whose models run on fake backends: every outcome a caller can see.
 #include <chrono>
 #include <future>
+#include <map>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -32,9 +34,9 @@ class FakeLookup final : public ModelLookup {
 };
 
 // "x" INT32 [-1] -> "y" INT32 [-1] (and "sum" INT64 [1] with `with_sum`), batching up to 8 rows,
-// one waiting request at most, request timeouts allowed.
+// `max_queue` waiting requests at most (default one), request timeouts allowed.
 std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<ModelBackend> backend,
-                                       const TimeSource* clock, bool with_sum = false) {
+                                       const TimeSource* clock, bool with_sum = false, int max_queue = 1) {
   return testing::MakeHandle(
       name,
       std::string("max_batch_size: 8\n"
@@ -42,8 +44,9 @@ std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<
                   "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] }") +
           (with_sum ? ", { name: \"sum\" data_type: TYPE_INT64 dims: [ 1 ] }" : "") +
           " ]\n"
-          "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }\n",
-      std::move(backend), clock, /*max_requests=*/1);
+          "dynamic_batching { default_queue_policy { max_queue_size: " + std::to_string(max_queue) +
+          " allow_timeout_override: true } }\n",
+      std::move(backend), clock, max_queue);
 }
 
 inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values, const std::string& id = "") {
@@ -61,14 +64,22 @@ inference::ModelInferRequest Request(const std::string& model, std::vector<int32
 
 class InferenceServiceTest : public ::testing::Test {
  protected:
+  static constexpr int kStreamBound = 2;  // requests in flight per ModelStreamInfer stream
+
   void SetUp() override {
     auto echo = std::make_unique<testing::EchoBackend>(/*with_sum=*/true);
     auto gated = std::make_unique<testing::FakeBackend>();
     gated_ = gated.get();
     lookup_.models["echo"] = MakeModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
     lookup_.models["gated"] = MakeModel("gated", std::move(gated), &clock_);
+    lookup_.models["roomy"] = MakeModel("roomy", std::make_unique<testing::EchoBackend>(/*with_sum=*/true), &clock_,
+                                        /*with_sum=*/true, /*max_queue=*/64);
+    auto roomy_gated = std::make_unique<testing::FakeBackend>();
+    roomy_gated_ = roomy_gated.get();
+    lookup_.models["roomy_gated"] = MakeModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
     InferenceService::Options options;
     options.lookup = &lookup_;
+    options.stream_max_in_flight = kStreamBound;
     service_ = std::make_unique<InferenceService>(&manager_, /*control=*/nullptr, options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -81,6 +92,7 @@ class InferenceServiceTest : public ::testing::Test {
   }
   void TearDown() override {
     gated_->OpenGate();
+    roomy_gated_->OpenGate();
     server_->Shutdown();
     for (auto& [name, model] : lookup_.models) model->Stop();
   }
@@ -121,6 +133,7 @@ class InferenceServiceTest : public ::testing::Test {
   ModelManager manager_{{}, {}};
   FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
+  testing::FakeBackend* roomy_gated_ = nullptr;  // like gated_, with room for 64 waiting requests
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -228,6 +241,86 @@ TEST_F(InferenceServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   EXPECT_TRUE(running.get().ok());
   EXPECT_EQ(gated_->executed(), executed + 1);
   // Every reference the handler took is given back once its call is answered.
+  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
+}
+
+TEST_F(InferenceServiceTest, StreamAnswersEveryRequestByIdAndABadOneAlone) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 30s);
+  auto stream = stub_->ModelStreamInfer(&context);
+  std::map<std::string, std::string> sent;
+  for (int i = 0; i < 20; ++i) {
+    inference::ModelInferRequest request = Request("roomy", {i, i + 1}, std::to_string(i));
+    sent[request.id()] = request.raw_input_contents(0);
+    ASSERT_TRUE(stream->Write(request));
+    if (i == 7) {
+      ASSERT_TRUE(stream->Write(Request("nope", {1}, "bad")));
+    }
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  inference::ModelStreamInferResponse response;
+  std::map<std::string, std::string> answered;
+  std::string error;
+  while (stream->Read(&response)) {
+    if (!response.error_message().empty()) {
+      EXPECT_EQ(response.infer_response().id(), "bad");
+      error = response.error_message();
+      continue;
+    }
+    ASSERT_EQ(response.infer_response().raw_output_contents_size(), 2);
+    answered[response.infer_response().id()] = response.infer_response().raw_output_contents(0);
+  }
+  EXPECT_TRUE(stream->Finish().ok());  // the client half-closed and every answer was written
+  EXPECT_EQ(answered, sent);
+  EXPECT_THAT(error, HasSubstr("unknown model 'nope'"));
+}
+
+TEST_F(InferenceServiceTest, StreamStopsReadingAtItsInFlightBound) {
+  // Five requests written to a model that holds everything it is given: the server reads two
+  // (the stream's bound), so the model sees two, and the other three wait unread in the
+  // transport until one is answered.
+  roomy_gated_->CloseGate();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 30s);
+  auto stream = stub_->ModelStreamInfer(&context);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(stream->Write(Request("roomy_gated", {i}, std::to_string(i))));
+  ModelHandle& model = *lookup_.models["roomy_gated"];
+  for (int i = 0; i < 5000 && model.in_flight() < kStreamBound; ++i) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);  // time for a (wrong) third read
+  EXPECT_EQ(model.in_flight(), kStreamBound);
+  roomy_gated_->OpenGate();
+  ASSERT_TRUE(stream->WritesDone());
+  inference::ModelStreamInferResponse response;
+  std::set<std::string> answered;
+  // (The fake's one-row output fails batches of two: only the count and ids matter here.)
+  while (stream->Read(&response)) answered.insert(response.infer_response().id());
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, (std::set<std::string>{"0", "1", "2", "3", "4"}));
+}
+
+TEST_F(InferenceServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
+  grpc::ClientContext held_context;
+  auto running = HoldOne(&held_context);  // the gated model's one instance is busy
+  const uint64_t failures = lookup_.models["gated"]->Statistics().fail.count;
+  const int executed = gated_->executed();
+  {
+    grpc::ClientContext context;
+    auto stream = stub_->ModelStreamInfer(&context);
+    ASSERT_TRUE(stream->Write(Request("gated", {2}, "queued")));
+    for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(lookup_.models["gated"]->in_flight(), 2);
+    context.TryCancel();
+    inference::ModelStreamInferResponse response;
+    while (stream->Read(&response)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  WaitForFailures("gated", failures + 1);  // answered CANCELLED from the queue, not run
+  EXPECT_EQ(lookup_.models["gated"]->Statistics().fail.count, failures + 1);
+  gated_->OpenGate();
+  EXPECT_TRUE(running.get().ok());
+  EXPECT_EQ(gated_->executed(), executed + 1);
   for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
