@@ -117,6 +117,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   service_options.liveness = &server->liveness_;
   service_options.restrictions = config.restrictions;
   service_options.stream_max_in_flight = config.stream_max_in_flight;
+  if (config.allow_shared_memory) {
+    server->shared_memory_ = std::make_unique<SharedMemoryManager>();
+    service_options.shared_memory = server->shared_memory_.get();
+  } else {
+    spdlog::info("event=shared_memory_off reason=\"--allow-shared-memory false\"");
+  }
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);

@@ -69,6 +69,7 @@ class Server {
   std::unique_ptr<VersionLoader> loader_;
   std::unique_ptr<ModelManager> manager_;
   std::unique_ptr<ModelControl> control_;
+  std::unique_ptr<SharedMemoryManager> shared_memory_;  // null with --allow-shared-memory false
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<HttpService> http_service_;  // null with --allow-http false

@@ -89,6 +89,11 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "requests get UNAVAILABLE (memory stays bounded at any load)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--allow-shared-memory", config.allow_shared_memory,
+                 "Serve Triton's system shared memory extension on gRPC (SystemSharedMemoryRegister, "
+                 "Status, Unregister; inputs and outputs in registered regions). false: those RPCs "
+                 "answer UNAVAILABLE and requests naming a region FAILED_PRECONDITION")
+      ->capture_default_str();
   app.add_option("--grpc-stream-max-in-flight", config.stream_max_in_flight,
                  "Requests of one ModelStreamInfer stream that may be queued, running or awaiting "
                  "their response's write at once; at the bound the server stops reading that stream "
@@ -177,7 +182,7 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)");
   app.add_option("--grpc-restricted-protocol", text.restricted_protocols,
                  "<group>[,<group>...]:<header>=<value>: calls of these protocol groups (health, "
-                 "metadata, inference, model-config, model-repository, statistics) must carry the "
+                 "metadata, inference, model-config, model-repository, statistics, shared-memory) must carry the "
                  "header with that value (UNAUTHENTICATED without it, PERMISSION_DENIED with another "
                  "value). Repeatable; grpc.health.v1 stays open");
   HttpServerOptions& http = config.http;

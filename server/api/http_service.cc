@@ -169,7 +169,7 @@ void HttpService::Handle(HttpExchange* exchange) {
   if (path.size() == 1) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ServerMetadataResponse metadata;
-      AnswerServerMetadata(options_.server_version, &metadata);
+      AnswerServerMetadata(options_.server_version, /*system_shared_memory=*/false, &metadata);
       RespondJson(exchange, 200, ProtoToJson(metadata));
     });
   }

@@ -32,8 +32,8 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
 // flight) from submission until the answer, not until OnDone.
 class InferReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit InferReactor(grpc::ByteBuffer* response_bytes)
-      : response_bytes_(response_bytes), cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+  InferReactor(grpc::ByteBuffer* response_bytes, const SharedMemoryManager* shared_memory)
+      : response_bytes_(response_bytes), call_(&response_, shared_memory) {}
 
   // Parses the call's request bytes into request(); INVALID_ARGUMENT when they are no
   // ModelInferRequest.
@@ -48,16 +48,12 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   }
 
   const inference::ModelInferRequest& request() const { return request_; }
-  inference::ModelInferResponse* response() { return &response_; }
-  OutputSink* sink() { return &sink_; }
-  const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
-
-  ModelHold* hold() { return &model_; }
+  GrpcInferCall* call() { return &call_; }
 
   // The completion: drops the model reference, then finishes the call. The reactor may be
   // deleted as soon as Finish returns.
   void Answer(const Status& status) {
-    model_.Release();
+    call_.hold.Release();
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -69,18 +65,16 @@ class InferReactor final : public grpc::ServerUnaryReactor {
   }
 
   void OnCancel() override {
-    cancelled_->store(true);
-    model_.Poke();
+    call_.cancelled->store(true);
+    call_.hold.Poke();
   }
   void OnDone() override { delete this; }
 
  private:
   grpc::ByteBuffer* const response_bytes_;
-  const std::shared_ptr<std::atomic<bool>> cancelled_;
   inference::ModelInferRequest request_;
   inference::ModelInferResponse response_;
-  ResponseSink sink_{&response_};
-  ModelHold model_;
+  GrpcInferCall call_;  // after response_, which it writes into
 };
 
 // One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call and
@@ -94,10 +88,11 @@ class StreamReactor final
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
   StreamReactor(InferenceService* service, grpc::CallbackServerContext* context, int max_in_flight,
-                const Status& allowed)
+                const SharedMemoryManager* shared_memory, const Status& allowed)
       : service_(service),
         context_(context),
         max_in_flight_(max_in_flight),
+        shared_memory_(shared_memory),
         cancelled_(std::make_shared<std::atomic<bool>>(false)) {
     if (!allowed.ok()) {
       {
@@ -126,8 +121,8 @@ class StreamReactor final
       }
     }
     if (call != nullptr) {
-      service_->SubmitInfer(*context_, call->request, call->response.mutable_infer_response(), &call->sink,
-                            cancelled_, &call->hold, [this, call](const Status& status) { Answered(call, status); });
+      service_->SubmitInfer(*context_, call->request, &call->infer,
+                            [this, call](const Status& status) { Answered(call, status); });
     }
     Step(call != nullptr);
   }
@@ -166,10 +161,13 @@ class StreamReactor final
 
  private:
   struct Call {
+    Call(const SharedMemoryManager* shared_memory, std::shared_ptr<std::atomic<bool>> stream_cancelled)
+        : infer(response.mutable_infer_response(), shared_memory) {
+      infer.cancelled = std::move(stream_cancelled);  // one flag for the whole stream
+    }
     inference::ModelInferRequest request;
     inference::ModelStreamInferResponse response;
-    ResponseSink sink{response.mutable_infer_response()};
-    ModelHold hold;
+    GrpcInferCall infer;  // after response, which it writes into
   };
 
   // A request's answer (any thread, perhaps inside SubmitInfer): queue its response for writing.
@@ -211,7 +209,7 @@ class StreamReactor final
       }
       if (!reading_ && !read_done_ && !broken_ && in_flight_ < max_in_flight_) {
         reading_ = true;
-        next_ = std::make_unique<Call>();
+        next_ = std::make_unique<Call>(shared_memory_, cancelled_);
         read = true;
       }
       if (!finished_ && !reading_ && !writing_ && in_flight_ == 0 && active_ == 0 && (read_done_ || broken_)) {
@@ -234,7 +232,7 @@ class StreamReactor final
       if (finished_) return;
       ++active_;
       for (const auto& [call, owned] : calls_) {
-        if (std::shared_ptr<ModelHandle> model = call->hold.Get()) models.push_back(std::move(model));
+        if (std::shared_ptr<ModelHandle> model = call->infer.hold.Get()) models.push_back(std::move(model));
       }
     }
     for (const std::shared_ptr<ModelHandle>& model : models) model->Poke();
@@ -244,6 +242,7 @@ class StreamReactor final
   InferenceService* const service_;
   grpc::CallbackServerContext* const context_;
   const int max_in_flight_;
+  const SharedMemoryManager* const shared_memory_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;  // shared by every request of the stream
   std::unique_ptr<Call> next_;  // the call the outstanding read fills (only the reading path uses it)
 
@@ -356,7 +355,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  AnswerServerMetadata(options_.server_version, response);
+  AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, response);
   return FinishNow(context, absl::OkStatus());
 }
 
@@ -396,17 +395,35 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   return FinishNow(context, AnswerModelStatistics(*manager_, request->name(), request->version(), response));
 }
 
+// Places the request's outputs that name a shared memory slice there (the others stay in the
+// response message).
+Status BindSharedMemoryOutputs(const inference::ModelInferRequest& request, GrpcInferCall* call) {
+  for (const auto& output : request.outputs()) {
+    if (output.parameters().empty()) continue;  // the common case: no message to build
+    const std::string what = absl::StrCat("output '", output.name(), "'");
+    SLUICE_ASSIGN_OR_RETURN(std::optional<SharedMemoryReference> reference,
+                            SharedMemoryReferenceOf(output.parameters(), what));
+    if (!reference) continue;
+    SLUICE_ASSIGN_OR_RETURN(char* data, call->shm_refs.Resolve(what, reference->region, reference->offset,
+                                                               reference->byte_size));
+    call->sink.Add(output.name(), {data, reference->byte_size});
+  }
+  return absl::OkStatus();
+}
+
 void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
-                                   const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
-                                   OutputSink* sink, const std::shared_ptr<std::atomic<bool>>& cancelled,
-                                   ModelHold* hold, std::function<void(const Status&)> done) {
+                                   const inference::ModelInferRequest& request, GrpcInferCall* call,
+                                   std::function<void(const Status&)> done) {
   StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request.model_name(), request.model_version());
   if (!found.ok()) {
     done(found.status());
     return;
   }
   std::shared_ptr<ModelHandle> model = *std::move(found);
-  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request);
+  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request, &call->shm_refs);
+  if (Status outputs = converted.ok() ? BindSharedMemoryOutputs(request, call) : absl::OkStatus(); !outputs.ok()) {
+    converted = outputs;
+  }
   if (!converted.ok()) {
     done(model->Reject(converted.status(), Protocol::kGrpc));
     return;
@@ -414,12 +431,14 @@ void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
   std::unique_ptr<InferRequest> infer = *std::move(converted);
   infer->deadline = CallerDeadline(context, clock_->Now());
   // Written before submission: from then on only the worker that answers touches the response.
-  FillInferResponseHeader(*infer, model->version(), response);
-  infer->cancelled = cancelled;
+  FillInferResponseHeader(*infer, model->version(), call->response);
+  infer->cancelled = call->cancelled;
   // The hold keeps the version in flight until the answer; `model` keeps it alive until Submit
   // has returned (the answer may come before that).
+  ModelHold* hold = &call->hold;
   hold->Set(model);
-  // The request proto (whose bytes `infer` views) and the sink live until `done` has run.
+  // The request proto (whose bytes `infer` views) and the call live until `done` has run.
+  OutputSink* sink = call->sink.empty() ? static_cast<OutputSink*>(&call->response_sink) : &call->sink;
   model->Submit(std::move(infer), sink, [hold, done = std::move(done), &request](Status status) {
     if (!status.ok()) {
       spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", request.model_name(), request.id(),
@@ -436,20 +455,86 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  auto* reactor = new InferReactor(response_bytes);
+  auto* reactor = new InferReactor(response_bytes, options_.shared_memory);
   if (Status parsed = reactor->Parse(*request_bytes); !parsed.ok()) {
     reactor->Answer(parsed);
     return reactor;
   }
-  SubmitInfer(*context, reactor->request(), reactor->response(), reactor->sink(), reactor->cancelled(),
-              reactor->hold(), [reactor](const Status& status) { reactor->Answer(status); });
+  SubmitInfer(*context, reactor->request(), reactor->call(),
+              [reactor](const Status& status) { reactor->Answer(status); });
   return reactor;
 }
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
 InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
-  return new StreamReactor(this, context, options_.stream_max_in_flight,
+  return new StreamReactor(this, context, options_.stream_max_in_flight, options_.shared_memory,
                            Allow(*context, ProtocolGroup::kInference));
+}
+
+Status InferenceService::AllowSharedMemory(const grpc::CallbackServerContext& context) const {
+  SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kSharedMemory));
+  if (options_.shared_memory == nullptr) {
+    return absl::UnavailableError("system shared memory is off on this server (--allow-shared-memory false)");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
+  StatusOr<std::vector<SharedMemoryStatusEntry>> entries = options_.shared_memory->Regions(request->name());
+  if (!entries.ok()) return FinishNow(context, entries.status());
+  for (const SharedMemoryStatusEntry& entry : *entries) {
+    auto& status = (*response->mutable_regions())[entry.name];
+    status.set_name(entry.name);
+    status.set_key(entry.key);
+    status.set_offset(entry.offset);
+    status.set_byte_size(entry.byte_size);
+  }
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
+  return FinishNow(context, options_.shared_memory->Register(request->name(), request->key(), request->offset(),
+                                                             request->byte_size()));
+}
+
+grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
+  options_.shared_memory->Unregister(request->name());
+  return FinishNow(context, absl::OkStatus());
+}
+
+namespace {
+grpc::ServerUnaryReactor* NoCudaSharedMemory(grpc::CallbackServerContext* context) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                               "CUDA shared memory is not supported by Sluice yet; use system shared memory "
+                               "(SystemSharedMemoryRegister) or send the tensors in the request"));
+  return reactor;
+}
+}  // namespace
+
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
+                                                                   const inference::CudaSharedMemoryStatusRequest*,
+                                                                   inference::CudaSharedMemoryStatusResponse*) {
+  return NoCudaSharedMemory(context);
+}
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
+                                                                     const inference::CudaSharedMemoryRegisterRequest*,
+                                                                     inference::CudaSharedMemoryRegisterResponse*) {
+  return NoCudaSharedMemory(context);
+}
+grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  return NoCudaSharedMemory(context);
 }
 
 }  // namespace sluice

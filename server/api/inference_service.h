@@ -10,13 +10,35 @@
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
+#include "server/api/protocol.h"
 #include "server/api/restricted_protocols.h"
+#include "server/api/shared_memory.h"
 #include "server/core/clock.h"
 #include "server/core/liveness.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 
 namespace sluice {
+
+// What one gRPC inference request keeps until it is answered: its response (written by its
+// sink), its shared memory references (keeping those regions mapped), the caller's cancellation
+// flag and the hold on its model version.
+struct GrpcInferCall {
+  GrpcInferCall(inference::ModelInferResponse* response_message, const SharedMemoryManager* shared_memory)
+      : response(response_message),
+        response_sink(response_message),
+        shm_refs(shared_memory),
+        sink(&response_sink, [this](const OutputDescription& output) { response_sink.Describe(output); }) {}
+  GrpcInferCall(const GrpcInferCall&) = delete;
+  GrpcInferCall& operator=(const GrpcInferCall&) = delete;
+
+  inference::ModelInferResponse* const response;
+  ResponseSink response_sink;
+  SharedMemoryRefs shm_refs;
+  SharedMemorySink sink;  // outputs placed in shared memory go there, the others to response_sink
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  ModelHold hold;
+};
 
 // Readiness as the server reports it (ServerReady, grpc.health.v1 "ready" and "").
 struct ReadinessPolicy {
@@ -38,6 +60,9 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
     int stream_max_in_flight = 64;        // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
+    // System shared memory regions; null: off (--allow-shared-memory false), the RPCs answer
+    // UNAVAILABLE and requests naming a region FAILED_PRECONDITION.
+    SharedMemoryManager* shared_memory = nullptr;
   };
 
   // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
@@ -102,15 +127,35 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
 
   // Submits one parsed request for `context`'s caller to its model: the path ModelInfer and
   // ModelStreamInfer share. `done` is called exactly once, perhaps before this returns (early
-  // errors), with the model reference released by then. `sink` and `request` outlive `done`.
+  // errors), with the model reference released by then. `request` and `call` outlive `done`.
   void SubmitInfer(const grpc::CallbackServerContext& context, const inference::ModelInferRequest& request,
-                   inference::ModelInferResponse* response, OutputSink* sink,
-                   const std::shared_ptr<std::atomic<bool>>& cancelled, ModelHold* hold,
-                   std::function<void(const Status&)> done);
+                   GrpcInferCall* call, std::function<void(const Status&)> done);
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* context,
+                                                     const inference::SystemSharedMemoryStatusRequest* request,
+                                                     inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext* context,
+                                                       const inference::SystemSharedMemoryRegisterRequest* request,
+                                                       inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+      inference::SystemSharedMemoryUnregisterResponse* response) override;
+  // CUDA shared memory answers UNIMPLEMENTED with a sentence saying so.
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
+                                                   const inference::CudaSharedMemoryStatusRequest* request,
+                                                   inference::CudaSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
+                                                     const inference::CudaSharedMemoryRegisterRequest* request,
+                                                     inference::CudaSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext* context,
+                                                       const inference::CudaSharedMemoryUnregisterRequest* request,
+                                                       inference::CudaSharedMemoryUnregisterResponse* response) override;
 
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
+  // Allow(kSharedMemory), and UNAVAILABLE when shared memory is off.
+  Status AllowSharedMemory(const grpc::CallbackServerContext& context) const;
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
   template <typename Request>
   Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;

@@ -14,7 +14,8 @@ Status CheckRepositoryName(const std::string& repository_name) {
 
 }  // namespace
 
-void AnswerServerMetadata(const std::string& version, inference::ServerMetadataResponse* response) {
+void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
+                          inference::ServerMetadataResponse* response) {
   response->set_name("sluice");
   response->set_version(version);
   // Only what Sluice really implements.
@@ -22,6 +23,7 @@ void AnswerServerMetadata(const std::string& version, inference::ServerMetadataR
   response->add_extensions("statistics");
   response->add_extensions("model_repository");
   response->add_extensions("binary_tensor_data");
+  if (system_shared_memory) response->add_extensions("system_shared_memory");
 }
 
 StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name, const std::string& version) {

@@ -14,7 +14,9 @@
 namespace sluice {
 
 // ServerMetadata: name "sluice", `version`, and the extensions Sluice really implements.
-void AnswerServerMetadata(const std::string& version, inference::ServerMetadataResponse* response);
+// `system_shared_memory`: the front end serves Triton's system shared memory extension.
+void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
+                          inference::ServerMetadataResponse* response);
 
 // ModelReady: NOT_FOUND for a model the repository lacks; else whether `version` (empty: the
 // newest) is ready.

@@ -86,16 +86,76 @@ int64_t TypedValueCount(const inference::InferTensorContents& c) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto) {
+StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what) {
+  if (parameters.empty()) return std::nullopt;  // the common case: no lookups
+  auto find = [&](const char* key) -> const inference::InferParameter* {
+    auto it = parameters.find(key);
+    return it == parameters.end() ? nullptr : &it->second;
+  };
+  const inference::InferParameter* region = find("shared_memory_region");
+  const inference::InferParameter* byte_size = find("shared_memory_byte_size");
+  const inference::InferParameter* offset = find("shared_memory_offset");
+  if (region == nullptr) {
+    if (byte_size != nullptr || offset != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
+    }
+    return std::nullopt;
+  }
+  auto integer = [&](const inference::InferParameter* parameter, const char* key) -> StatusOr<uint64_t> {
+    int64_t value = -1;
+    if (parameter->parameter_choice_case() == inference::InferParameter::kInt64Param) value = parameter->int64_param();
+    if (parameter->parameter_choice_case() == inference::InferParameter::kUint64Param) {
+      if (parameter->uint64_param() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) value = -1;
+      else value = static_cast<int64_t>(parameter->uint64_param());
+    }
+    if (value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", key, " must be a non-negative integer"));
+    }
+    return static_cast<uint64_t>(value);
+  };
+  if (region->parameter_choice_case() != inference::InferParameter::kStringParam || region->string_param().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shared_memory_region must be a region name"));
+  }
+  if (byte_size == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " names shared memory region '", region->string_param(),
+                                                   "' without shared_memory_byte_size"));
+  }
+  SharedMemoryReference reference;
+  reference.region = region->string_param();
+  SLUICE_ASSIGN_OR_RETURN(reference.byte_size, integer(byte_size, "shared_memory_byte_size"));
+  if (offset != nullptr) {
+    SLUICE_ASSIGN_OR_RETURN(reference.offset, integer(offset, "shared_memory_offset"));
+  }
+  return reference;
+}
+
+StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
+                                                              SharedMemoryRefs* shm) {
   auto request = std::make_unique<InferRequest>();
   request->model_name = proto.model_name();
   request->id = proto.id();
+  // Inputs in shared memory have no raw entry: the raw entries belong to the others, in order.
+  // (Nothing is allocated for the common request whose inputs carry no parameters.)
+  std::vector<std::optional<SharedMemoryReference>> in_shm;
+  int shm_inputs = 0;
+  for (int i = 0; i < proto.inputs_size(); ++i) {
+    const auto& input = proto.inputs(i);
+    if (input.parameters().empty()) continue;
+    in_shm.resize(static_cast<size_t>(proto.inputs_size()));
+    SLUICE_ASSIGN_OR_RETURN(in_shm[static_cast<size_t>(i)],
+                            SharedMemoryReferenceOf(input.parameters(), absl::StrCat("input '", input.name(), "'")));
+    if (in_shm[static_cast<size_t>(i)]) ++shm_inputs;
+  }
   const bool raw = proto.raw_input_contents_size() > 0;
-  if (raw && proto.raw_input_contents_size() != proto.inputs_size()) {
+  if (raw && proto.raw_input_contents_size() != proto.inputs_size() - shm_inputs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "raw_input_contents has ", proto.raw_input_contents_size(), " entries for ",
-        proto.inputs_size(), " inputs; send one entry per input, in the order of `inputs`"));
+        proto.inputs_size() - shm_inputs, " inputs", shm_inputs > 0 ? " not in shared memory" : "",
+        "; send one entry per input, in the order of `inputs`"));
   }
+  int raw_index = 0;
   request->inputs.reserve(proto.inputs_size());
   for (int i = 0; i < proto.inputs_size(); ++i) {
     const auto& input = proto.inputs(i);
@@ -111,13 +171,27 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     view.shape.assign(input.shape().begin(), input.shape().end());
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(view.shape));
     const int64_t typed_values = input.has_contents() ? TypedValueCount(input.contents()) : 0;
-    if (raw) {
+    if (const std::optional<SharedMemoryReference>& reference =
+            in_shm.empty() ? std::nullopt : in_shm[static_cast<size_t>(i)]) {
+      const std::string what = absl::StrCat("input '", input.name(), "'");
+      if (typed_values > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " is in shared memory and also has typed contents"));
+      }
+      if (shm == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '", reference->region,
+                                                          "', but shared memory is not available here"));
+      }
+      SLUICE_ASSIGN_OR_RETURN(char* data, shm->Resolve(what, reference->region, reference->offset,
+                                                       reference->byte_size));
+      view.data = data;
+      view.byte_size = static_cast<size_t>(reference->byte_size);
+    } else if (raw) {
       if (typed_values > 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "input '", input.name(), "' has typed contents while the request also uses "
             "raw_input_contents; use one or the other for all inputs"));
       }
-      const std::string& bytes = proto.raw_input_contents(i);
+      const std::string& bytes = proto.raw_input_contents(raw_index++);
       view.data = bytes.data();
       view.byte_size = bytes.size();
     } else {
@@ -163,12 +237,17 @@ void FillInferResponseHeader(const InferRequest& request, int64_t version, infer
   proto->set_id(request.id);
 }
 
-StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {
+void ResponseSink::Describe(const OutputDescription& output) {
   auto* tensor = response_->add_outputs();
   tensor->set_name(output.name);
   tensor->set_datatype(std::string(DataTypeName(output.dtype)));
   for (int64_t dim : output.shape) tensor->add_shape(dim);
-  std::string* bytes = response_->add_raw_output_contents();
+  response_->add_raw_output_contents();
+}
+
+StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {
+  Describe(output);
+  std::string* bytes = response_->mutable_raw_output_contents(response_->raw_output_contents_size() - 1);
   bytes->resize(output.byte_size);
   return bytes->data();
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "grpc_service.pb.h"
@@ -11,6 +12,7 @@
 #include "server/core/model_spec.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/api/shared_memory.h"
 
 namespace sluice {
 
@@ -19,7 +21,24 @@ namespace sluice {
 // range checks for narrow integer types), element counts that fit the shape. Model-level checks
 // are ValidateRequest's. The returned request views `proto`'s raw bytes: `proto` must outlive it.
 // Errors are INVALID_ARGUMENT naming the tensor.
-StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto);
+//
+// An input whose parameters name a shared memory region (shared_memory_region,
+// shared_memory_byte_size, shared_memory_offset) views that slice of the region through `shm`
+// (which keeps the region mapped); raw_input_contents then has one entry per other input. `shm`
+// null: such an input is FAILED_PRECONDITION (shared memory is off).
+StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
+                                                              SharedMemoryRefs* shm = nullptr);
+
+// A tensor's shared memory reference in its parameters; nullopt when it names no region.
+// INVALID_ARGUMENT for a byte size or offset without a region, a region without a byte size, or
+// negative values. `what`: "input 'x'" or "output 'y'".
+struct SharedMemoryReference {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what);
 
 // Echoes model name, version and request id into the response.
 void FillInferResponseHeader(const InferRequest& request, int64_t version, inference::ModelInferResponse* proto);
@@ -31,6 +50,9 @@ class ResponseSink final : public OutputSink {
  public:
   explicit ResponseSink(inference::ModelInferResponse* response) : response_(response) {}
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  // An output whose bytes went elsewhere (shared memory): its entry in `outputs` and an empty
+  // raw_output_contents entry, so that the entries still line up with `outputs` (as Triton).
+  void Describe(const OutputDescription& output);
 
  private:
   inference::ModelInferResponse* const response_;

@@ -13,7 +13,8 @@ namespace {
 
 constexpr ProtocolGroup kAllGroups[] = {ProtocolGroup::kHealth,          ProtocolGroup::kMetadata,
                                         ProtocolGroup::kInference,       ProtocolGroup::kModelConfig,
-                                        ProtocolGroup::kModelRepository, ProtocolGroup::kStatistics};
+                                        ProtocolGroup::kModelRepository, ProtocolGroup::kStatistics,
+                                        ProtocolGroup::kSharedMemory};
 
 // Characters gRPC allows in a metadata key (and no "-bin" suffix: binary headers are not text).
 bool ValidHeaderKey(const std::string& key) {
@@ -34,6 +35,7 @@ const char* ProtocolGroupName(ProtocolGroup group) {
     case ProtocolGroup::kModelConfig: return "model-config";
     case ProtocolGroup::kModelRepository: return "model-repository";
     case ProtocolGroup::kStatistics: return "statistics";
+    case ProtocolGroup::kSharedMemory: return "shared-memory";
   }
   return "unknown";
 }
@@ -41,7 +43,7 @@ const char* ProtocolGroupName(ProtocolGroup group) {
 StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text) {
   const std::string usage = absl::StrCat(
       " (--grpc-restricted-protocol takes <group>[,<group>...]:<header>=<value>, groups: health, "
-      "metadata, inference, model-config, model-repository, statistics); got '", text, "'");
+      "metadata, inference, model-config, model-repository, statistics, shared-memory); got '", text, "'");
   const size_t colon = text.find(':');
   const size_t equals = text.find('=', colon == std::string::npos ? 0 : colon);
   if (colon == std::string::npos || equals == std::string::npos) {

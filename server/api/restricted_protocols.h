@@ -24,6 +24,7 @@ enum class ProtocolGroup {
   kModelConfig,      // ModelConfig
   kModelRepository,  // RepositoryIndex (and model load/unload)
   kStatistics,       // ModelStatistics
+  kSharedMemory,     // SystemSharedMemory{Register,Status,Unregister} (and the CUDA ones)
 };
 const char* ProtocolGroupName(ProtocolGroup group);  // "health", "model-config", ...
 

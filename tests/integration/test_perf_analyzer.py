@@ -58,3 +58,10 @@ def test_perf_analyzer_streaming_reports_no_errors(bundled_server):
     client."""
     run_perf_analyzer("-m", "mlp", "-u", bundled_server.url, "-i", "grpc", "--streaming", "-b", "1",
                       "--concurrency-range", "1:16:15")
+
+
+def test_perf_analyzer_system_shared_memory_reports_no_errors(bundled_server):
+    """perf_analyzer --shared-memory system: it registers its own regions and sends every input
+    and output through them."""
+    run_perf_analyzer("-m", "mlp", "-u", bundled_server.url, "-i", "grpc", "--shared-memory", "system",
+                      "--output-shared-memory-size", "4096", "-b", "1", "--concurrency-range", "1:16:15")

@@ -16,12 +16,16 @@ TEST(RestrictedProtocolsTest, ParsesTritonSyntax) {
                                                ProtocolGroup::kStatistics));
   EXPECT_EQ(restriction->key, "admin-key");  // gRPC metadata keys are lower case
   EXPECT_EQ(restriction->value, "s3cr=t");
+  auto shm = ParseProtocolRestriction("shared-memory:k=v");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_THAT(shm->groups, ElementsAre(ProtocolGroup::kSharedMemory));
+  EXPECT_STREQ(ProtocolGroupName(ProtocolGroup::kSharedMemory), "shared-memory");
 }
 
 TEST(RestrictedProtocolsTest, BadValuesSayWhatIsWrong) {
   EXPECT_THAT(ParseProtocolRestriction("model-config").status().message(), HasSubstr("missing ':' or '='"));
-  EXPECT_THAT(ParseProtocolRestriction("shared-memory:k=v").status().message(),
-              HasSubstr("unknown protocol group 'shared-memory'"));
+  EXPECT_THAT(ParseProtocolRestriction("trace:k=v").status().message(),
+              HasSubstr("unknown protocol group 'trace'"));
   EXPECT_THAT(ParseProtocolRestriction("health:=v").status().message(), HasSubstr("not a header"));
   EXPECT_THAT(ParseProtocolRestriction("health:key-bin=v").status().message(), HasSubstr("not a header"));
   EXPECT_THAT(ParseProtocolRestriction("health:grpc-timeout=v").status().message(), HasSubstr("not a header"));

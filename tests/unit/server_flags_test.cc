@@ -69,7 +69,7 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--no-such-flag"}, "--no-such-flag"},
       {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit (in mode none every model loads)"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "in mode poll"},
-      {{"--grpc-restricted-protocol", "shared-memory:key=value"}, "shared-memory"},
+      {{"--grpc-restricted-protocol", "trace:key=value"}, "trace"},
       {{"--grpc-restricted-protocol", "inference"}, "inference"},
       {{"--grpc-restricted-protocol", "inference:a=1", "--grpc-restricted-protocol", "inference:b=2"}, "inference"},
       {{"--help"}, "help"},
@@ -119,7 +119,7 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
            {{"--allow-http", "maybe"}, "--allow-http"},
            {{"--http-port", "70000"}, "--http-port"},
            {{"--http-max-body-bytes", "0"}, "--http-max-body-bytes"},
-           {{"--http-restricted-api", "shared-memory:k=v"}, "--http-restricted-api: unknown protocol group"},
+           {{"--http-restricted-api", "trace:k=v"}, "--http-restricted-api: unknown protocol group"},
            {{"--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"},
             "restricted twice (--http-restricted-api)"},
        }) {

@@ -1,0 +1,121 @@
+// System (POSIX) shared memory regions, as Triton's clients register them: a client creates an
+// object with shm_open, registers (name, key, offset, byte size), and then names the region, an
+// offset and a byte size in a request's input and output parameters instead of sending tensor
+// bytes. Inputs are read where they lie (the request views the mapping); outputs are written
+// straight into the region by the backend (the sink hands out the mapped memory). No protobuf
+// here: the gRPC front end maps messages onto this.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+
+#include "server/core/mutex.h"
+#include "server/core/output_sink.h"
+#include "server/core/status.h"
+
+namespace sluice {
+
+// One registered region, mapped read-write. The mapping lives as long as the last reference:
+// unregistering drops the registry's, and requests that use the region hold theirs until they
+// are answered, so an unregister while in use succeeds and the unmap waits for them.
+class SharedMemoryRegion {
+ public:
+  ~SharedMemoryRegion();
+  SharedMemoryRegion(const SharedMemoryRegion&) = delete;
+  SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& key() const { return key_; }
+  uint64_t offset() const { return offset_; }        // of the region within the object
+  uint64_t byte_size() const { return byte_size_; }  // of the region
+  // `byte_size` bytes at `offset` within the region: INVALID_ARGUMENT, naming `what` and the
+  // region, when they do not lie inside it (overflow-safe).
+  StatusOr<char*> Slice(const std::string& what, uint64_t offset, uint64_t byte_size) const;
+
+ private:
+  friend class SharedMemoryManager;
+  SharedMemoryRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size, void* mapping,
+                     size_t mapping_size, char* data)
+      : name_(std::move(name)), key_(std::move(key)), offset_(offset), byte_size_(byte_size), mapping_(mapping),
+        mapping_size_(mapping_size), data_(data) {}
+
+  const std::string name_;
+  const std::string key_;
+  const uint64_t offset_;
+  const uint64_t byte_size_;
+  void* const mapping_;       // page-aligned start of the mapping
+  const size_t mapping_size_;
+  char* const data_;          // the region's first byte (inside the mapping)
+};
+
+struct SharedMemoryStatusEntry {
+  std::string name;
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+// The registry. Thread-safe.
+class SharedMemoryManager {
+ public:
+  // Maps `byte_size` bytes at `offset` of the POSIX shared memory object `key` under `name`.
+  // ALREADY_EXISTS for a name in use; INVALID_ARGUMENT for an empty name or key, a zero size, an
+  // object that cannot be opened, or a range past the object's real size (fstat; overflow-safe).
+  Status Register(const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Forgets `name` (every region when empty). A name that is not registered is not an error
+  // (Triton's behaviour). Requests in flight keep their regions mapped until they are answered.
+  void Unregister(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
+  // `name`'s entry, or every region's when empty; NOT_FOUND for an unknown name.
+  StatusOr<std::vector<SharedMemoryStatusEntry>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // The region `name`; NOT_FOUND ("Unable to find system shared memory region: 'name'").
+  StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  mutable Mutex mutex_;
+  std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> regions_ ABSL_GUARDED_BY(mutex_);
+};
+
+// One request's references to regions: resolves (region, offset, byte size) to memory and keeps
+// each region it resolved mapped until this object is destroyed (the transport destroys it after
+// the request's answer). Thread-compatible (one request).
+class SharedMemoryRefs {
+ public:
+  // `manager` null: shared memory is off (--allow-shared-memory false); every reference fails.
+  explicit SharedMemoryRefs(const SharedMemoryManager* manager) : manager_(manager) {}
+  StatusOr<char*> Resolve(const std::string& what, const std::string& region, uint64_t offset, uint64_t byte_size);
+
+ private:
+  const SharedMemoryManager* const manager_;
+  std::vector<std::shared_ptr<const SharedMemoryRegion>> held_;
+};
+
+// An output sink that writes the outputs named in `targets` into their shared memory slices and
+// hands every other output to `fallback`. A shared-memory output still gets its description from
+// the fallback (name, datatype, shape: `describe` adds it) but no bytes; INVALID_ARGUMENT when the
+// output is larger than its slice.
+class SharedMemorySink final : public OutputSink {
+ public:
+  struct Slice {
+    char* data = nullptr;
+    uint64_t byte_size = 0;
+  };
+  using Describe = std::function<void(const OutputDescription&)>;
+  SharedMemorySink(OutputSink* fallback, Describe describe) : fallback_(fallback), describe_(std::move(describe)) {}
+  void Add(const std::string& output, Slice slice) { targets_[output] = slice; }
+  bool empty() const { return targets_.empty(); }
+  StatusOr<char*> Allocate(const OutputDescription& output) override;
+
+ private:
+  OutputSink* const fallback_;
+  const Describe describe_;
+  std::map<std::string, Slice> targets_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,225 @@
+"""System shared memory with tritonclient's own tritonclient.utils.shared_memory against the real
+server: register, infer with inputs and outputs in regions (unary and on a stream), status,
+unregister, every error case with its code, unregister while a request uses the region, CUDA
+shared memory refused by name, and the server serving after each."""
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+from conftest import start_server, wait_models_ready
+
+
+@pytest.fixture(scope="module")
+def shm_server(test_repository, tmp_path_factory):
+    server = start_server(test_repository, tmp_path_factory, ["--strict-readiness", "false", "--device", "cpu"])
+    wait_models_ready(server, ["dtype_fp32", "slow_queue"])
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture()
+def client(shm_server):
+    client = grpcclient.InferenceServerClient(shm_server.url)
+    yield client
+    client.unregister_system_shared_memory()  # all
+    client.close()
+
+
+class Region:
+    """A POSIX shared memory object made with tritonclient's helper, destroyed at the end."""
+
+    def __init__(self, name, byte_size):
+        self.name, self.key, self.byte_size = name, f"/sluice_{name}_{os.getpid()}", byte_size
+        self.handle = shm.create_shared_memory_region(name, self.key, byte_size)
+
+    def close(self):
+        shm.destroy_shared_memory_region(self.handle)
+
+
+@pytest.fixture()
+def regions():
+    made = []
+
+    def make(name, byte_size):
+        made.append(Region(name, byte_size))
+        return made[-1]
+
+    yield make
+    for region in made:
+        region.close()
+
+
+def shm_request(region_in, region_out, x, out_offset=0, out_size=None):
+    inp = grpcclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp.set_shared_memory(region_in.name, x.nbytes)
+    out = grpcclient.InferRequestedOutput("OUTPUT__0")
+    out.set_shared_memory(region_out.name, out_size or x.nbytes, offset=out_offset)
+    return [inp], [out]
+
+
+def read_output(result, region, offset=0):
+    output = result.get_output("OUTPUT__0")
+    return shm.get_contents_as_numpy(region.handle, triton_to_np_dtype(output.datatype), list(output.shape),
+                                     offset=offset)
+
+
+def test_inputs_and_outputs_in_regions(client, regions):
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    region_in, region_out = regions("in", x.nbytes), regions("out", 4096)
+    shm.set_shared_memory_region(region_in.handle, [x])
+    client.register_system_shared_memory(region_in.name, region_in.key, region_in.byte_size)
+    client.register_system_shared_memory(region_out.name, region_out.key, region_out.byte_size)
+    inputs, outputs = shm_request(region_in, region_out, x, out_offset=128)
+    result = client.infer("dtype_fp32", inputs, outputs=outputs)
+    np.testing.assert_array_equal(read_output(result, region_out, offset=128), x + x)
+    assert result.get_response().raw_output_contents[0] == b""  # the bytes went to the region, as Triton
+
+    status = client.get_system_shared_memory_status(as_json=True)["regions"]
+    assert status["in"] == {"name": "in", "key": region_in.key, "byte_size": str(x.nbytes)}
+    assert status["out"]["byte_size"] == "4096"
+    assert list(client.get_system_shared_memory_status("out", as_json=True)["regions"]) == ["out"]
+    metadata = client.get_server_metadata(as_json=True)
+    assert "system_shared_memory" in metadata["extensions"]
+
+    # Many requests on one stream, each writing its own slice of the output region.
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    for i in range(8):
+        inputs, outputs = shm_request(region_in, region_out, x, out_offset=i * 48)
+        client.async_stream_infer("dtype_fp32", inputs, outputs=outputs, request_id=str(i))
+    for _ in range(8):
+        result, error = answers.get(timeout=30)
+        assert error is None, error
+        i = int(result.get_response().id)
+        np.testing.assert_array_equal(read_output(result, region_out, offset=i * 48), x + x)
+    client.stop_stream()
+
+    client.unregister_system_shared_memory("in")
+    assert list(client.get_system_shared_memory_status(as_json=True)["regions"]) == ["out"]
+    client.unregister_system_shared_memory()
+    assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+
+
+def test_every_error_has_its_code(client, regions):
+    region = regions("r", 256)
+    client.register_system_shared_memory("r", region.key, 256)
+    cases = [
+        (lambda: client.register_system_shared_memory("r", region.key, 256), "StatusCode.ALREADY_EXISTS",
+         "'r' is already registered"),
+        (lambda: client.register_system_shared_memory("big", region.key, 257), "StatusCode.INVALID_ARGUMENT",
+         "run past the end of shared memory object"),
+        (lambda: client.register_system_shared_memory("off", region.key, 16, offset=250),
+         "StatusCode.INVALID_ARGUMENT", "run past the end"),
+        (lambda: client.register_system_shared_memory("nokey", "/sluice_no_such_object", 16),
+         "StatusCode.INVALID_ARGUMENT", "cannot open shared memory object"),
+        (lambda: client.get_system_shared_memory_status("nope"), "StatusCode.NOT_FOUND",
+         "Unable to find system shared memory region: 'nope'"),
+        (lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 16), "StatusCode.UNIMPLEMENTED",
+         "CUDA shared memory is not supported by Sluice yet"),
+        (lambda: client.get_cuda_shared_memory_status(), "StatusCode.UNIMPLEMENTED", "CUDA shared memory"),
+    ]
+    for call, code, message in cases:
+        with pytest.raises(InferenceServerException) as error:
+            call()
+        assert error.value.status() == code, (message, error.value)
+        assert message in error.value.message(), error.value
+
+    x = np.ones((1, 16), dtype=np.float32)
+    shm.set_shared_memory_region(region.handle, [x])
+
+    def infer_error(inputs, outputs):
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("dtype_fp32", inputs, outputs=outputs)
+        return error.value
+
+    inputs, outputs = shm_request(region, region, x)
+    inputs[0].set_shared_memory("r", 64, offset=200)  # 200 + 64 > 256
+    error = infer_error(inputs, outputs)
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "64 bytes at offset 200 do not fit system shared memory region 'r' (256 bytes)" in error.message()
+    inputs, outputs = shm_request(region, region, x)
+    inputs[0].set_shared_memory("nope", 64)
+    assert "Unable to find system shared memory region: 'nope'" in infer_error(inputs, outputs).message()
+    inputs, outputs = shm_request(region, region, x, out_size=32)  # the output needs 64 bytes
+    error = infer_error(inputs, outputs)
+    assert "output 'OUTPUT__0' has 64 bytes, more than its shared memory slice holds (32 bytes)" in error.message()
+    # The server serves on, from the same region.
+    inputs, outputs = shm_request(region, region, x, out_offset=64)
+    result = client.infer("dtype_fp32", inputs, outputs=outputs)
+    np.testing.assert_array_equal(read_output(result, region, offset=64), x + x)
+
+
+def test_unregister_while_in_use_succeeds_and_the_request_still_completes(client, regions):
+    """slow_queue holds a lone request 1.5 s: unregister both of its regions meanwhile. The call
+    succeeds at once, the request still reads and writes its (still mapped) regions, and a new
+    request naming them is refused."""
+    x = np.full((1, 4), 3, dtype=np.float32)
+    region_in, region_out = regions("busy_in", 64), regions("busy_out", 64)
+    shm.set_shared_memory_region(region_in.handle, [x])
+    client.register_system_shared_memory("busy_in", region_in.key, 64)
+    client.register_system_shared_memory("busy_out", region_out.key, 64)
+    inputs, outputs = shm_request(region_in, region_out, x)
+    done = threading.Event()
+    answer = {}
+
+    def callback(result, error):
+        answer["result"], answer["error"] = result, error
+        done.set()
+
+    client.async_infer("slow_queue", inputs, callback, outputs=outputs)
+    time.sleep(0.3)  # queued, waiting for company
+    client.unregister_system_shared_memory("busy_in")
+    client.unregister_system_shared_memory("busy_out")
+    assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+    assert done.wait(10)
+    assert answer["error"] is None, answer["error"]
+    # RowMix: each row is x * 2 + the row's sum.
+    np.testing.assert_array_equal(read_output(answer["result"], region_out), x * 2 + x.sum(axis=1, keepdims=True))
+    with pytest.raises(InferenceServerException, match="Unable to find system shared memory region: 'busy_in'"):
+        client.infer("slow_queue", inputs, outputs=outputs)
+
+
+def test_shared_memory_can_be_turned_off(test_repository, tmp_path_factory, regions):
+    server = start_server(test_repository, tmp_path_factory,
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "false"])
+    try:
+        wait_models_ready(server, ["dtype_fp32"])
+        client = grpcclient.InferenceServerClient(server.url)
+        region = regions("off", 64)
+        with pytest.raises(InferenceServerException, match="--allow-shared-memory false") as error:
+            client.register_system_shared_memory("off", region.key, 64)
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
+        x = np.ones((1, 4), dtype=np.float32)
+        inputs, outputs = shm_request(region, region, x)
+        with pytest.raises(InferenceServerException, match="--allow-shared-memory false") as error:
+            client.infer("dtype_fp32", inputs, outputs=outputs)
+        assert error.value.status() == "StatusCode.FAILED_PRECONDITION"
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()
+
+
+def test_the_shared_memory_group_can_be_restricted(test_repository, tmp_path_factory, regions):
+    server = start_server(test_repository, tmp_path_factory,
+                          ["--strict-readiness", "false", "--device", "cpu",
+                           "--grpc-restricted-protocol", "shared-memory:shm-key=s3cret"])
+    try:
+        client = grpcclient.InferenceServerClient(server.url)
+        region = regions("guarded", 64)
+        with pytest.raises(InferenceServerException) as error:
+            client.register_system_shared_memory("guarded", region.key, 64)
+        assert error.value.status() == "StatusCode.UNAUTHENTICATED"
+        client.register_system_shared_memory("guarded", region.key, 64, headers={"shm-key": "s3cret"})
+        status = client.get_system_shared_memory_status(headers={"shm-key": "s3cret"}, as_json=True)
+        assert list(status["regions"]) == ["guarded"]
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()

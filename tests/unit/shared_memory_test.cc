@@ -1,0 +1,224 @@
+// System shared memory regions over real POSIX shared memory objects: registration and its
+// errors, status, unregister while a request still holds the region, slices checked against the
+// region (overflow-safe), requests whose inputs view a region and whose outputs are written into
+// one.
+#include "server/api/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "grpc_service.pb.h"
+#include "server/api/protocol.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A POSIX shared memory object of `size` bytes, unlinked at the end of the test.
+class ShmObject {
+ public:
+  explicit ShmObject(size_t size) : key_("/sluice_test_" + std::to_string(getpid()) + "_" + std::to_string(next_++)) {
+    const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    data_ = static_cast<char*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    size_ = size;
+    close(fd);
+  }
+  ~ShmObject() {
+    munmap(data_, size_);
+    shm_unlink(key_.c_str());
+  }
+  const std::string& key() const { return key_; }
+  char* data() { return data_; }
+
+ private:
+  static inline int next_ = 0;
+  std::string key_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+TEST(SharedMemoryTest, RegisterStatusUnregister) {
+  ShmObject object(8192);
+  SharedMemoryManager manager;
+  ASSERT_TRUE(manager.Register("a", object.key(), 0, 4096).ok());
+  ASSERT_TRUE(manager.Register("b", object.key(), 5000, 100).ok());  // an offset that is not page-aligned
+  Status again = manager.Register("a", object.key(), 0, 16);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.message(), HasSubstr("'a' is already registered"));
+
+  auto all = manager.Regions("");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[1].name, "b");
+  EXPECT_EQ((*all)[1].key, object.key());
+  EXPECT_EQ((*all)[1].offset, 5000u);
+  EXPECT_EQ((*all)[1].byte_size, 100u);
+  auto unknown = manager.Regions("nope");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("Unable to find system shared memory region: 'nope'"));
+
+  // The region "b" is the object's bytes 5000..5099.
+  std::memcpy(object.data() + 5000, "hello", 5);
+  auto b = manager.Find("b");
+  ASSERT_TRUE(b.ok());
+  auto slice = (*b)->Slice("input 'x'", 0, 5);
+  ASSERT_TRUE(slice.ok());
+  EXPECT_EQ(std::string(*slice, 5), "hello");
+
+  manager.Unregister("a");
+  manager.Unregister("a");  // not registered any more: not an error
+  EXPECT_EQ(manager.Regions("").value().size(), 1u);
+  manager.Unregister("");  // all
+  EXPECT_TRUE(manager.Regions("").value().empty());
+}
+
+TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
+  ShmObject object(4096);
+  SharedMemoryManager manager;
+  const uint64_t huge = std::numeric_limits<uint64_t>::max();
+  struct Case {
+    std::string name, key;
+    uint64_t offset, byte_size;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", object.key(), 0, 16, "needs a name"},
+           {"r", "", 0, 16, "has no key"},
+           {"r", object.key(), 0, 0, "byte_size 0"},
+           {"r", "/sluice_test_missing_object", 0, 16, "cannot open shared memory object"},
+           {"r", object.key(), 0, 4097, "run past the end of shared memory object"},
+           {"r", object.key(), 4000, 97, "run past the end"},
+           {"r", object.key(), huge, 2, "run past the end"},   // offset + size wraps
+           {"r", object.key(), 16, huge, "run past the end"},
+       }) {
+    const Status status = manager.Register(c.name, c.key, c.offset, c.byte_size);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(status.message(), HasSubstr(c.message));
+  }
+  ASSERT_TRUE(manager.Register("r", object.key(), 0, 64).ok());
+  auto region = manager.Find("r").value();
+  EXPECT_TRUE(region->Slice("x", 0, 64).ok());
+  EXPECT_TRUE(region->Slice("x", 64, 0).ok());
+  EXPECT_THAT(region->Slice("input 'x'", 60, 8).status().message(),
+              HasSubstr("input 'x': 8 bytes at offset 60 do not fit system shared memory region 'r' (64 bytes)"));
+  EXPECT_FALSE(region->Slice("x", huge, 2).ok());
+  EXPECT_FALSE(region->Slice("x", 1, huge).ok());
+}
+
+TEST(SharedMemoryTest, AnUnregisteredRegionStaysMappedWhileARequestHoldsIt) {
+  ShmObject object(4096);
+  SharedMemoryManager manager;
+  ASSERT_TRUE(manager.Register("r", object.key(), 0, 4096).ok());
+  auto refs = std::make_unique<SharedMemoryRefs>(&manager);
+  auto data = refs->Resolve("input 'x'", "r", 128, 4);
+  ASSERT_TRUE(data.ok());
+  manager.Unregister("r");
+  EXPECT_EQ(manager.Find("r").status().code(), absl::StatusCode::kNotFound);  // new requests cannot use it
+  std::memcpy(*data, "late", 4);  // the request's view is still mapped (ASan would catch otherwise)
+  EXPECT_EQ(std::string(object.data() + 128, 4), "late");
+  refs.reset();  // the request is answered: now unmapped
+  SharedMemoryRefs off(nullptr);
+  EXPECT_EQ(off.Resolve("input 'x'", "r", 0, 4).status().code(), absl::StatusCode::kFailedPrecondition);
+  SharedMemoryRefs fresh(&manager);
+  EXPECT_THAT(fresh.Resolve("input 'x'", "r", 0, 4).status().message(),
+              HasSubstr("input 'x': Unable to find system shared memory region: 'r'"));
+}
+
+TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
+  ShmObject object(4096);
+  SharedMemoryManager manager;
+  ASSERT_TRUE(manager.Register("in", object.key(), 0, 1024).ok());
+  ASSERT_TRUE(manager.Register("out", object.key(), 1024, 64).ok());
+  const float values[3] = {1, 2, 3};
+  std::memcpy(object.data() + 16, values, sizeof(values));
+
+  inference::ModelInferRequest proto;
+  proto.set_model_name("m");
+  auto* shm_input = proto.add_inputs();
+  shm_input->set_name("a");
+  shm_input->set_datatype("FP32");
+  shm_input->add_shape(1);
+  shm_input->add_shape(3);
+  (*shm_input->mutable_parameters())["shared_memory_region"].set_string_param("in");
+  (*shm_input->mutable_parameters())["shared_memory_byte_size"].set_int64_param(12);
+  (*shm_input->mutable_parameters())["shared_memory_offset"].set_int64_param(16);
+  auto* raw_input = proto.add_inputs();  // the one raw entry belongs to the input not in shared memory
+  raw_input->set_name("b");
+  raw_input->set_datatype("INT64");
+  raw_input->add_shape(1);
+  const int64_t seven = 7;
+  proto.add_raw_input_contents(std::string(reinterpret_cast<const char*>(&seven), 8));
+
+  SharedMemoryRefs refs(&manager);
+  auto request = InferRequestFromProto(proto, &refs);
+  ASSERT_TRUE(request.ok()) << request.status();
+  const TensorView& a = (*request)->inputs[0];
+  EXPECT_EQ(a.byte_size, 12u);
+  EXPECT_EQ(std::memcmp(a.data, values, 12), 0);
+  object.data()[16] = 'Z';  // viewed where it lies (the server's own mapping of it), not copied
+  EXPECT_EQ(a.data[0], 'Z');
+  EXPECT_EQ((*request)->inputs[1].data, proto.raw_input_contents(0).data());
+
+  // Errors: a slice past the region, an unknown region, a byte size without a region, shared
+  // memory off, and raw entries counted against every input.
+  auto with = [&](const char* key, auto set) {
+    inference::ModelInferRequest changed = proto;
+    set((*changed.mutable_inputs(0)->mutable_parameters())[key]);
+    SharedMemoryRefs scoped(&manager);
+    return InferRequestFromProto(changed, &scoped).status();
+  };
+  EXPECT_THAT(with("shared_memory_byte_size", [](auto& p) { p.set_int64_param(2000); }).message(),
+              HasSubstr("input 'a': 2000 bytes at offset 16 do not fit system shared memory region 'in'"));
+  EXPECT_THAT(with("shared_memory_region", [](auto& p) { p.set_string_param("nope"); }).message(),
+              HasSubstr("Unable to find system shared memory region: 'nope'"));
+  EXPECT_THAT(with("shared_memory_offset", [](auto& p) { p.set_int64_param(-1); }).message(),
+              HasSubstr("shared_memory_offset must be a non-negative integer"));
+  inference::ModelInferRequest no_region = proto;
+  no_region.mutable_inputs(0)->mutable_parameters()->erase("shared_memory_region");
+  EXPECT_THAT(InferRequestFromProto(no_region, &refs).status().message(),
+              HasSubstr("has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
+  EXPECT_EQ(InferRequestFromProto(proto, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  inference::ModelInferRequest extra_raw = proto;
+  extra_raw.add_raw_input_contents("x");
+  EXPECT_THAT(InferRequestFromProto(extra_raw, &refs).status().message(),
+              HasSubstr("raw_input_contents has 2 entries for 1 inputs not in shared memory"));
+
+  // An output into "out": described in the response with an empty raw entry, bytes in the region.
+  inference::ModelInferResponse response;
+  ResponseSink response_sink(&response);
+  SharedMemorySink sink(&response_sink, [&](const OutputDescription& output) { response_sink.Describe(output); });
+  auto out = refs.Resolve("output 'y'", "out", 8, 16);
+  ASSERT_TRUE(out.ok());
+  sink.Add("y", {*out, 16});
+  const std::string y = "y", z = "z";
+  const Shape shape = {1, 3};
+  auto y_memory = sink.Allocate({y, DataType::kFp32, shape, 12, MemoryType::kCpu});
+  ASSERT_TRUE(y_memory.ok());
+  std::memcpy(*y_memory, "written!", 8);
+  EXPECT_EQ(std::string(object.data() + 1024 + 8, 8), "written!");
+  auto z_memory = sink.Allocate({z, DataType::kFp32, shape, 12, MemoryType::kCpu});  // not in shared memory
+  ASSERT_TRUE(z_memory.ok());
+  ASSERT_EQ(response.outputs_size(), 2);
+  EXPECT_EQ(response.outputs(0).name(), "y");
+  EXPECT_THAT(response.outputs(0).shape(), ::testing::ElementsAre(1, 3));
+  ASSERT_EQ(response.raw_output_contents_size(), 2);
+  EXPECT_TRUE(response.raw_output_contents(0).empty());
+  EXPECT_EQ(response.raw_output_contents(1).size(), 12u);
+  auto too_big = sink.Allocate({y, DataType::kFp32, shape, 17, MemoryType::kCpu});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.status().message(), HasSubstr("output 'y' has 17 bytes, more than its shared memory slice"));
+}
+
+}  // namespace
+}  // namespace sluice
