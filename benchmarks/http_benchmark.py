@@ -37,9 +37,9 @@ MODES = {
 CONCURRENCY = (1, 16)
 
 
-def measure(mode, url, concurrency, smoke, workdir, prefix):
-    out_csv = os.path.join(workdir, f"{mode}_{concurrency}.csv")
-    args = [*prefix, perf_analyzer_path(), "-m", "mlp", "-u", url, *MODES[mode], "-b", "1",
+def measure(model, mode_args, url, concurrency, smoke, out_csv, prefix):
+    """One perf_analyzer run of `model` with `mode_args` (batch 1): throughput and latencies."""
+    args = [*prefix, perf_analyzer_path(), "-m", model, "-u", url, *mode_args, "-b", "1",
             "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", "5",
             # A noisy shared host never looks "stable": accept any spread and take medians over
             # the interleaved repetitions instead.
@@ -50,7 +50,8 @@ def measure(mode, url, concurrency, smoke, workdir, prefix):
         args += ["--measurement-interval", "2000"]
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
-        raise RuntimeError(f"perf_analyzer {mode} c={concurrency} failed:\n{result.stdout}\n{result.stderr}")
+        raise RuntimeError(f"perf_analyzer {model} {mode_args} c={concurrency} failed:\n{result.stdout}\n"
+                           f"{result.stderr}")
     with open(out_csv) as f:
         row = next(csv.DictReader(f))
     return {"infer_per_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
@@ -90,7 +91,9 @@ def main():
             for _ in range(repetitions):
                 for mode in MODES:
                     for c in concurrencies:
-                        runs[(mode, c)].append(measure(mode, urls[mode], c, args.smoke, workdir, client_prefix))
+                        out_csv = os.path.join(workdir, f"{mode}_{c}.csv")
+                        runs[(mode, c)].append(measure("mlp", MODES[mode], urls[mode], c, args.smoke, out_csv,
+                                                       client_prefix))
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)

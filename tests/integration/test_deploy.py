@@ -21,7 +21,7 @@ VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
 K8S = os.path.join(ROOT, "deploy", "k8s")
 KUSTOMIZATIONS = ["base", "overlays/production", "overlays/example-models", "overlays/tls", "overlays/http-probes",
-                  "kserve"]
+                  "overlays/shm-sidecar", "kserve"]
 KUBERNETES_VERSION = "1.32.0"
 
 
@@ -309,6 +309,17 @@ def test_http_probes_overlay_probes_paths_the_server_answers(rendered, bundled_s
         connection.request("GET", path)
         assert connection.getresponse().status == 200, path
         connection.close()
+
+
+def test_shm_sidecar_overlay_shares_a_memory_backed_dev_shm(rendered):
+    spec = one(rendered["overlays/shm-sidecar"][1], "Deployment")["spec"]["template"]["spec"]
+    volume = [v for v in spec["volumes"] if v["name"] == "dshm"][0]
+    assert volume["emptyDir"]["medium"] == "Memory" and volume["emptyDir"]["sizeLimit"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    assert set(containers) == {"sluice", "client"}
+    for container in containers.values():
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert containers["sluice"]["startupProbe"]  # the rest of production is kept
 
 
 def test_example_models_overlay_needs_no_volume_claim(rendered):
