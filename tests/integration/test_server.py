@@ -90,7 +90,8 @@ def test_live_ready_and_server_metadata(triton):
     assert triton.is_server_ready()  # --strict-readiness false: ready although some models are broken
     metadata = triton.get_server_metadata()
     assert metadata.name == "sluice"
-    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository", "binary_tensor_data"]
+    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository", "binary_tensor_data",
+                                         "system_shared_memory"]
 
 
 def test_model_metadata_has_leading_batch_dimension(triton):
@@ -158,11 +159,12 @@ def test_broken_model_requests_are_unavailable(stub):
 
 
 def test_unimplemented_rpcs(stub):
-    for call, request in [(stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
-                          (stub.CudaSharedMemoryStatus, service_pb2.CudaSharedMemoryStatusRequest())]:
+    for call, request in [(stub.CudaSharedMemoryStatus, service_pb2.CudaSharedMemoryStatusRequest()),
+                          (stub.CudaSharedMemoryRegister, service_pb2.CudaSharedMemoryRegisterRequest())]:
         with pytest.raises(grpc.RpcError) as error:
             call(request, timeout=5)
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "CUDA shared memory is not supported by Sluice yet" in error.value.details()
 
 
 # ---- inference -------------------------------------------------------------------------------
