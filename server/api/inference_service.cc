@@ -112,6 +112,8 @@ class StreamReactor final
       reading_ = false;
       if (!ok) {
         read_done_ = true;  // the client half-closed, or the stream broke
+      } else if (broken_) {
+        next_.reset();  // a write failed: nobody would get the answer
       } else {
         call = next_.get();
         calls_[call] = std::move(next_);
@@ -143,7 +145,11 @@ class StreamReactor final
         write_queue_.clear();
       }
     }
-    if (!ok) PokeQueued();
+    if (!ok) {
+      cancelled_->store(true);  // nobody reads the answers: queued requests need not run
+      PokeQueued();             // (it ends with a Step of its own)
+      return;
+    }
     Step(false);
   }
 
@@ -263,7 +269,10 @@ class StreamReactor final
 TimePoint CallerDeadline(const grpc::CallbackServerContext& context, TimePoint now) {
   const auto grpc_deadline = context.deadline();
   if (grpc_deadline == std::chrono::system_clock::time_point::max()) return kNoDeadline;
-  return now + std::chrono::duration_cast<Duration>(grpc_deadline - std::chrono::system_clock::now());
+  // A deadline years away (gRPC allows about 11,000 years) would overflow the arithmetic below.
+  const auto left = grpc_deadline - std::chrono::system_clock::now();
+  if (left > std::chrono::hours(24 * 365)) return kNoDeadline;
+  return now + std::chrono::duration_cast<Duration>(left);
 }
 
 }  // namespace
@@ -425,7 +434,9 @@ void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
     converted = outputs;
   }
   if (!converted.ok()) {
-    done(model->Reject(converted.status(), Protocol::kGrpc));
+    const Status rejected = model->Reject(converted.status(), Protocol::kGrpc);
+    model.reset();  // released before the answer, as for every other answer
+    done(rejected);
     return;
   }
   std::unique_ptr<InferRequest> infer = *std::move(converted);

@@ -185,6 +185,14 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
                                                        reference->byte_size));
       view.data = data;
       view.byte_size = static_cast<size_t>(reference->byte_size);
+      if (view.dtype == DataType::kBytes) {
+        // Strings are checked (framing, count, UTF-8) and later split again by their length
+        // prefixes: a client rewriting its region in between could move row boundaries into
+        // another request's strings in the same batch. A private copy makes the check hold.
+        auto copy = std::make_unique<std::string>(data, view.byte_size);
+        view.data = copy->data();
+        request->owned_buffers.push_back(std::move(copy));
+      }
     } else if (raw) {
       if (typed_values > 0) {
         return absl::InvalidArgumentError(absl::StrCat(

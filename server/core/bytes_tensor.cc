@@ -1,5 +1,6 @@
 #include "server/core/bytes_tensor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,7 @@ std::vector<size_t> BytesRowOffsets(std::string_view data, int64_t rows, int64_t
     for (int64_t e = 0; e < elements_per_row && offset + kBytesLengthSize <= data.size(); ++e) {
       offset += kBytesLengthSize + ReadLength(data.data() + offset);
     }
+    offset = std::min(offset, data.size());  // never past the end, even for unchecked data
   }
   offsets.push_back(data.size());
   return offsets;

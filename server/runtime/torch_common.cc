@@ -174,7 +174,9 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
 }
 
 at::Tensor OutputDelivery::ToHost(size_t index, const at::Tensor& value) {
-  if (stream_ == nullptr) return value.contiguous();
+  // A CPU instance whose model made a tensor on a GPU (device='cuda' inside a traced model):
+  // copied to the host (a no-op for CPU tensors), never read through a device pointer.
+  if (stream_ == nullptr) return value.to(at::kCPU).contiguous();
   if (pinned_outputs_.size() <= index) pinned_outputs_.resize(index + 1);
   at::Tensor& pinned = pinned_outputs_[index];
   const int64_t bytes = static_cast<int64_t>(value.nbytes());

@@ -170,6 +170,24 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   EXPECT_EQ(a.data[0], 'Z');
   EXPECT_EQ((*request)->inputs[1].data, proto.raw_input_contents(0).data());
 
+  // Strings in a region are copied once: they are checked, then split again by their length
+  // prefixes, and the client must not be able to change them in between.
+  inference::ModelInferRequest strings;
+  strings.set_model_name("m");
+  auto* text = strings.add_inputs();
+  text->set_name("s");
+  text->set_datatype("BYTES");
+  text->add_shape(1);
+  (*text->mutable_parameters())["shared_memory_region"].set_string_param("in");
+  (*text->mutable_parameters())["shared_memory_byte_size"].set_int64_param(6);
+  (*text->mutable_parameters())["shared_memory_offset"].set_int64_param(512);
+  std::memcpy(object.data() + 512, "\x02\0\0\0ok", 6);
+  auto string_request = InferRequestFromProto(strings, &refs);
+  ASSERT_TRUE(string_request.ok()) << string_request.status();
+  const TensorView& s_view = (*string_request)->inputs[0];
+  object.data()[516] = 'X';  // the client rewrites its region after the request was read
+  EXPECT_EQ(std::string(s_view.data, s_view.byte_size), std::string("\x02\0\0\0ok", 6));
+
   // Errors: a slice past the region, an unknown region, a byte size without a region, shared
   // memory off, and raw entries counted against every input.
   auto with = [&](const char* key, auto set) {
