@@ -66,8 +66,10 @@ def http_port(log_path):
     return int(found.group(1))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc):
+    """The flags of the perf_analyzer comparisons (this one and transport_benchmark.py):
+    (args, repetitions, (server prefix, client prefix), pinning note)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                           "build", "bin"))
     parser.add_argument("--smoke", action="store_true")
@@ -76,7 +78,12 @@ def main():
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     repetitions = 1 if args.smoke else args.repetitions
-    (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
+    prefixes, pin_note = pinning(not args.no_pin)
+    return args, repetitions, prefixes, pin_note
+
+
+def main():
+    args, repetitions, (server_prefix, client_prefix), pin_note = parse_args(__doc__)
 
     concurrencies = CONCURRENCY[:1] if args.smoke else CONCURRENCY
     runs = {(mode, c): [] for mode in MODES for c in concurrencies}

@@ -21,7 +21,6 @@ CPU and perf_analyzer on another (taskset), as in batching_benchmark.py.
 Prints a table and writes JSON. --smoke runs a tiny version (the test command runs it so the
 script keeps working: big_input at concurrency 1 only); its numbers mean nothing.
 """
-import argparse
 import os
 import signal
 import statistics
@@ -31,8 +30,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import make_repository, pinning, serve, write_json  # noqa: E402
-from http_benchmark import measure  # noqa: E402
+from batching_benchmark import make_repository, serve, write_json  # noqa: E402
+from http_benchmark import measure, parse_args  # noqa: E402
 
 MODES = {
     "unary": ["-i", "grpc"],
@@ -63,16 +62,7 @@ dynamic_batching {{ }}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bin-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                          "build", "bin"))
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--no-pin", action="store_true")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    repetitions = 1 if args.smoke else args.repetitions
-    (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
+    args, repetitions, (server_prefix, client_prefix), pin_note = parse_args(__doc__)
 
     concurrencies = CONCURRENCY[:1] if args.smoke else CONCURRENCY
     models = MODELS[1:] if args.smoke else MODELS  # the smoke run: big_input only (mlp: http_benchmark's)
