@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/pem.h"
 
@@ -116,12 +117,22 @@ StatusOr<inference::RepositoryIndexResponse> Client::RepositoryIndex(bool ready_
 }
 
 StatusOr<std::vector<Tensor>> Client::Infer(const std::string& model, const std::vector<Tensor>& inputs,
-                                            const std::vector<std::string>& outputs,
-                                            const std::string& version, const std::string& id) {
+                                            const InferOptions& options) {
   inference::ModelInferRequest request;
   request.set_model_name(model);
-  request.set_model_version(version);
-  request.set_id(id);
+  request.set_model_version(options.version);
+  request.set_id(options.id);
+  if (!options.sequence_id.empty()) {
+    auto& parameters = *request.mutable_parameters();
+    uint64_t number = 0;
+    if (absl::SimpleAtoi(options.sequence_id, &number)) {
+      parameters["sequence_id"].set_uint64_param(number);
+    } else {
+      parameters["sequence_id"].set_string_param(options.sequence_id);
+    }
+    parameters["sequence_start"].set_bool_param(options.sequence_start);
+    parameters["sequence_end"].set_bool_param(options.sequence_end);
+  }
   for (const Tensor& tensor : inputs) {
     auto* input = request.add_inputs();
     input->set_name(tensor.name);
@@ -129,7 +140,7 @@ StatusOr<std::vector<Tensor>> Client::Infer(const std::string& model, const std:
     for (int64_t dim : tensor.shape) input->add_shape(dim);
     request.add_raw_input_contents(tensor.data);
   }
-  for (const std::string& name : outputs) request.add_outputs()->set_name(name);
+  for (const std::string& name : options.outputs) request.add_outputs()->set_name(name);
 
   grpc::ClientContext context;
   Prepare(&context);

@@ -47,11 +47,24 @@ class Client {
   StatusOr<inference::ModelConfig> ModelConfig(const std::string& model, const std::string& version = "");
   StatusOr<inference::RepositoryIndexResponse> RepositoryIndex(bool ready_only = false);
 
-  // Sends `inputs` as raw_input_contents; outputs come back as owning tensors (every output of
-  // the model when `outputs` is empty).
+  // What an inference call asks for besides its inputs.
+  struct InferOptions {
+    std::vector<std::string> outputs;  // empty: every output of the model
+    std::string version;               // empty: the newest ready version
+    std::string id;                    // request id, echoed back
+    // Stateful models: Triton's sequence_id (a number when it is all digits, else a string;
+    // empty: none), sequence_start and sequence_end parameters.
+    std::string sequence_id;
+    bool sequence_start = false;
+    bool sequence_end = false;
+  };
+
+  // Sends `inputs` as raw_input_contents; outputs come back as owning tensors.
   StatusOr<std::vector<Tensor>> Infer(const std::string& model, const std::vector<Tensor>& inputs,
-                                      const std::vector<std::string>& outputs = {},
-                                      const std::string& version = "", const std::string& id = "");
+                                      const InferOptions& options);
+  StatusOr<std::vector<Tensor>> Infer(const std::string& model, const std::vector<Tensor>& inputs) {
+    return Infer(model, inputs, InferOptions{});
+  }
 
  private:
   void Prepare(grpc::ClientContext* context) const;

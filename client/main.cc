@@ -30,6 +30,9 @@ struct InferFlags {
   uint64_t seed = 0;
   size_t max_values = 8;
   std::string id;
+  std::string sequence_id;
+  bool sequence_start = false;
+  bool sequence_end = false;
 };
 
 std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
@@ -112,7 +115,14 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
     std::cout << "input  " << input.name << " " << sluice::DataTypeName(input.dtype) << " "
               << sluice::ShapeToString(input.shape) << " " << sluice::PreviewValues(input, flags.max_values) << "\n";
   }
-  auto outputs = client.Infer(flags.model, inputs, flags.outputs, flags.version, flags.id);
+  sluice::Client::InferOptions options;
+  options.outputs = flags.outputs;
+  options.version = flags.version;
+  options.id = flags.id;
+  options.sequence_id = flags.sequence_id;
+  options.sequence_start = flags.sequence_start;
+  options.sequence_end = flags.sequence_end;
+  auto outputs = client.Infer(flags.model, inputs, options);
   if (!outputs.ok()) return Fail(outputs.status());
   for (const auto& output : *outputs) {
     std::cout << "output " << output.name << " " << sluice::DataTypeName(output.dtype) << " "
@@ -164,6 +174,10 @@ int main(int argc, char** argv) {
   infer->add_option("--seed", infer_flags.seed, "Seed of the random inputs")->capture_default_str();
   infer->add_option("--max-values", infer_flags.max_values, "Values printed per tensor")->capture_default_str();
   infer->add_option("--id", infer_flags.id, "Request id, echoed by the server");
+  infer->add_option("--sequence-id", infer_flags.sequence_id,
+                    "Stateful models: the request's sequence (correlation) id, a number or a string");
+  infer->add_flag("--sequence-start", infer_flags.sequence_start, "This request starts the sequence");
+  infer->add_flag("--sequence-end", infer_flags.sequence_end, "This request ends the sequence");
 
   CLI11_PARSE(app, argc, argv);
 

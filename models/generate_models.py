@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the bundled example models: TorchScript files (models/mlp/1/model.pt,
-models/convnet/1/model.pt, models/text_classifier/1/model.pt: strings in and out) and the mlp and
+models/convnet/1/model.pt, models/text_classifier/1/model.pt: strings in and out,
+models/accumulator/1/model.pt: a stateful model for the sequence batcher) and the mlp and
 convnet networks as CPU AOTInductor packages with a dynamic batch (models/mlp_aoti/1/model.cpu.pt2,
 models/convnet_aoti/1/model.cpu.pt2).
 
@@ -16,7 +17,7 @@ import argparse
 import os
 import shutil
 import sys
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -80,12 +81,48 @@ class TextClassifier(nn.Module):
         return scores, labels
 
 
+class Accumulator(nn.Module):
+    """A running sum per sequence, for sequence_batching (models/accumulator/config.pbtxt): each
+    row is one request of one sequence; OUTPUT is the sum of INPUT over the sequence so far. The
+    state lives in the model, keyed by the correlation id the server passes in CORRID: START resets
+    it, END forgets it, and rows with READY off (empty slots, warm-up) change nothing and return 0.
+    Each instance is its own module, and the server keeps a sequence on one instance. (`scale`
+    multiplies each input: the tests' second version uses 10 to show which version answered.)"""
+
+    totals: Dict[int, int]
+
+    def __init__(self, scale: int = 1):
+        super().__init__()
+        self.scale = scale
+        self.totals = {}
+
+    def forward(self, INPUT: torch.Tensor, START: torch.Tensor, END: torch.Tensor, READY: torch.Tensor,
+                CORRID: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(INPUT)
+        for row in range(INPUT.size(0)):
+            if int(READY[row, 0]) == 0:
+                continue
+            key = int(CORRID[row, 0])
+            total = self.scale * int(INPUT[row, 0])
+            if int(START[row, 0]) == 0 and key in self.totals:
+                total += self.totals[key]
+            out[row, 0] = total
+            if int(END[row, 0]) != 0:
+                if key in self.totals:
+                    self.totals.pop(key)
+            else:
+                self.totals[key] = total
+        return out
+
+
 def build(name):
     torch.manual_seed(0)
     if name == "mlp":
         return torch.jit.script(Mlp().eval())
     if name == "text_classifier":
         return torch.jit.script(TextClassifier().eval())
+    if name == "accumulator":
+        return torch.jit.script(Accumulator().eval())
     if name == "convnet":
         with torch.no_grad():
             return torch.jit.trace(ConvNet().eval(), torch.zeros(1, 3, 32, 32))
@@ -113,7 +150,7 @@ def export(name, path, device="cpu"):
     export_package(module.to(device), (example.to(device),), path, dynamic_shapes=({0: batch},))
 
 
-MODELS = ("mlp", "convnet", "text_classifier", "mlp_aoti", "convnet_aoti")
+MODELS = ("mlp", "convnet", "text_classifier", "accumulator", "mlp_aoti", "convnet_aoti")
 
 
 def cached_package(name, force=False):

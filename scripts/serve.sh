@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up, builds, writes the bundled example models' files and runs sluice-server on models/
-# (mlp, convnet, text_classifier and the two .pt2 packages; dynamic batching on). Arguments go to
+# (mlp, convnet, text_classifier, the stateful accumulator and the two .pt2 packages). Arguments go to
 # sluice-server (see build/bin/sluice-server --help), e.g.
 #   scripts/serve.sh --grpc-port 9001 --device cpu
 set -euo pipefail

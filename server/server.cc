@@ -109,6 +109,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   control_options.startup_models = config.load_models;
   control_options.source = server->source_.get();
   control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
+  control_options.sequence_drain = std::chrono::duration_cast<Duration>(
+      std::chrono::duration<double>(config.shutdown_grace_seconds));
   server->control_ = std::make_unique<ModelControl>(server->manager_.get(), server->loader_.get(), control_options);
 
   InferenceService::Options service_options;

@@ -299,6 +299,7 @@ void HttpService::Infer(HttpExchange* exchange, const std::string& model_name, c
     return RespondStatus(exchange, model->Reject(json, Protocol::kHttp));
   }
   std::unique_ptr<InferRequest> request = std::move(parsed->request);
+  model = RouteSequence(*lookup_, std::move(model), *request, !version.empty());
   request->model_name = model_name;
   request->protocol = Protocol::kHttp;
   request->cancelled = exchange->cancelled();

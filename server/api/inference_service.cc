@@ -440,6 +440,7 @@ void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
     return;
   }
   std::unique_ptr<InferRequest> infer = *std::move(converted);
+  model = RouteSequence(*lookup_, std::move(model), *infer, !request.model_version().empty());
   infer->deadline = CallerDeadline(context, clock_->Now());
   // Written before submission: from then on only the worker that answers touches the response.
   FillInferResponseHeader(*infer, model->version(), call->response);

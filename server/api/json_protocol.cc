@@ -309,6 +309,22 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
       }
       request.parameters.timeout_us = timeout->GetInt64();
     }
+    // The sequence controls (see SequenceControl): "sequence_id" a non-negative integer or a
+    // string, "sequence_start" and "sequence_end" booleans.
+    SequenceControl& sequence = request.parameters.sequence;
+    if (const rapidjson::Value* id = Member(*parameters, "sequence_id"); id != nullptr) {
+      if (id->IsUint64()) {
+        sequence.id.number = id->GetUint64();
+      } else if (id->IsString()) {
+        sequence.id.is_text = true;
+        sequence.id.text.assign(id->GetString(), id->GetStringLength());
+      } else {
+        return absl::InvalidArgumentError("the request parameter 'sequence_id' must be a non-negative integer or a "
+                                          "string");
+      }
+    }
+    SLUICE_ASSIGN_OR_RETURN(sequence.start, BoolParameter(parameters, "sequence_start", false, "the request"));
+    SLUICE_ASSIGN_OR_RETURN(sequence.end, BoolParameter(parameters, "sequence_end", false, "the request"));
   }
 
   const rapidjson::Value* inputs = Member(document, "inputs");

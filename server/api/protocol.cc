@@ -131,6 +131,55 @@ StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
   return reference;
 }
 
+namespace {
+
+// Triton's request parameters that Sluice acts on: "timeout" (the queue timeout in microseconds;
+// ModelHandle applies it when the model allows overrides) and the sequence controls
+// "sequence_id" (a non-negative integer or a string), "sequence_start" and "sequence_end"
+// (booleans). Other parameters are ignored, as Triton ignores those it does not know.
+Status ReadRequestParameters(const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+                             InferRequest* request) {
+  auto timeout = parameters.find("timeout");
+  if (timeout != parameters.end() && timeout->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+      timeout->second.int64_param() > 0) {
+    request->parameters.timeout_us = timeout->second.int64_param();
+  }
+  SequenceControl& sequence = request->parameters.sequence;
+  if (auto id = parameters.find("sequence_id"); id != parameters.end()) {
+    const inference::InferParameter& value = id->second;
+    switch (value.parameter_choice_case()) {
+      case inference::InferParameter::kInt64Param:
+        if (value.int64_param() < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("the request parameter 'sequence_id' must not be negative, found ", value.int64_param()));
+        }
+        sequence.id.number = static_cast<uint64_t>(value.int64_param());
+        break;
+      case inference::InferParameter::kUint64Param:
+        sequence.id.number = value.uint64_param();
+        break;
+      case inference::InferParameter::kStringParam:
+        sequence.id.is_text = true;
+        sequence.id.text = value.string_param();
+        break;
+      default:
+        return absl::InvalidArgumentError("the request parameter 'sequence_id' must be an integer or a string");
+    }
+  }
+  for (auto [key, flag] : {std::pair<const char*, bool*>{"sequence_start", &sequence.start},
+                           std::pair<const char*, bool*>{"sequence_end", &sequence.end}}) {
+    auto it = parameters.find(key);
+    if (it == parameters.end()) continue;
+    if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return absl::InvalidArgumentError(absl::StrCat("the request parameter '", key, "' must be a boolean"));
+    }
+    *flag = it->second.bool_param();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
                                                               SharedMemoryRefs* shm) {
   auto request = std::make_unique<InferRequest>();
@@ -228,14 +277,7 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     request->inputs.push_back(std::move(view));
   }
   for (const auto& output : proto.outputs()) request->requested_outputs.push_back(output.name());
-  // Triton's "timeout" parameter: the queue timeout in microseconds (ModelHandle applies it when
-  // the model allows overrides). Other parameters are ignored, as Triton ignores unknown ones.
-  auto timeout = proto.parameters().find("timeout");
-  if (timeout != proto.parameters().end() &&
-      timeout->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
-      timeout->second.int64_param() > 0) {
-    request->parameters.timeout_us = timeout->second.int64_param();
-  }
+  if (!proto.parameters().empty()) SLUICE_RETURN_IF_ERROR(ReadRequestParameters(proto.parameters(), request.get()));
   return request;
 }
 

@@ -40,6 +40,9 @@ struct PendingRequest {
   InferCompletion done;
   TimePoint enqueued;
   size_t bytes = 0;
+  // A row the scheduler added, not a caller's request (an empty sequence slot below a busy one):
+  // it runs and is answered like the others but counts in no statistics.
+  bool filler = false;
 };
 
 // Requests that run together in one forward pass.

@@ -11,6 +11,7 @@ namespace sluice {
 
 std::string AutoBatchSizesOffReason(const ModelSpec& spec, const ShapePlan& plan, bool warmup) {
   const DynamicBatchingSpec& batching = spec.dynamic_batching;
+  if (spec.sequence_batching.enabled) return "sequence_batching: an execution has one row per active sequence";
   if (!batching.enabled) return "no dynamic_batching";
   if (spec.max_batch_size <= 1) return "max_batch_size is 1";
   if (!batching.auto_batch_sizes) return "sluice.auto_batch_sizes is false";

@@ -57,6 +57,7 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
   for (auto& backend : instances) instances_.push_back(std::make_unique<Instance>(std::move(backend)));
   idle_ = static_cast<int>(instances_.size());
   tasks_.resize(instances_.size());
+  assigned_.resize(instances_.size());
   for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -75,6 +76,20 @@ void InstancePool::Run(FormedBatch batch) {
   Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
 }
 
+void InstancePool::RunOn(size_t instance, FormedBatch batch) {
+  {
+    MutexLock lock(&mutex_);
+    if (!stopping_) {
+      idle_.fetch_sub(1, std::memory_order_acq_rel);
+      assigned_[instance].push_back(std::move(batch));
+      // Every worker waits on the one condition variable: wake them all so that this one hears.
+      work_cv_.SignalAll();
+      return;
+    }
+  }
+  Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
+}
+
 void InstancePool::Drop(PendingRequest& pending, const Status& status) {
   if (options_.stats) {
     options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false,
@@ -86,7 +101,7 @@ void InstancePool::Drop(PendingRequest& pending, const Status& status) {
 void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran) {
   const TimePoint now = options_.clock->Now();
   for (PendingRequest& pending : requests) {
-    if (options_.stats) options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
+    if (options_.stats && !pending.filler) options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
     pending.done(status);
   }
 }
@@ -139,23 +154,26 @@ void InstancePool::WorkerLoop(size_t index) {
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {
-    while (!stopping_ && ready_.empty() && tasks_[index].empty()) work_cv_.Wait(&mutex_);
+    while (!stopping_ && ready_.empty() && tasks_[index].empty() && assigned_[index].empty()) {
+      work_cv_.Wait(&mutex_);
+    }
     if (!tasks_[index].empty()) {
       std::function<void()> task = std::move(tasks_[index].front());
       tasks_[index].pop_front();
       idle_.fetch_sub(1, std::memory_order_acq_rel);
       lock.Unlock();
       task();
-    } else if (!ready_.empty()) {
-      FormedBatch batch = std::move(ready_.front());
-      ready_.pop_front();
+    } else if (!assigned_[index].empty() || !ready_.empty()) {
+      std::deque<FormedBatch>& queue = assigned_[index].empty() ? ready_ : assigned_[index];
+      FormedBatch batch = std::move(queue.front());
+      queue.pop_front();
       lock.Unlock();
       RunBatch(instance, std::move(batch));
     } else {
       return;  // stopping, and nothing left to run
     }
     idle_.fetch_add(1, std::memory_order_acq_rel);
-    if (options_.on_idle) options_.on_idle();
+    if (options_.on_idle) options_.on_idle(index);
     lock.Lock();
   }
 }
@@ -164,7 +182,11 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   const TimePoint started = options_.clock->Now();
   // A lone request that needs no padding runs on its own bytes: nothing to assemble.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
-  if (options_.stats) options_.stats->RecordStarted(static_cast<int64_t>(batch.requests.size()));
+  if (options_.stats) {
+    const auto callers = std::count_if(batch.requests.begin(), batch.requests.end(),
+                                       [](const PendingRequest& pending) { return !pending.filler; });
+    options_.stats->RecordStarted(static_cast<int64_t>(callers));
+  }
   TimePoint infer_done{};
   // Inline for the usual batch sizes: no allocation per batch.
   absl::InlinedVector<TargetSink, 8> sinks;
@@ -188,7 +210,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     PendingRequest& pending = batch.requests[i];
     const Status& refused = sinks[i].status();
-    if (options_.stats) {
+    if (options_.stats && !pending.filler) {
       if (refused.ok()) {
         options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued, input, infer,
                                       output, options_.clock->Now() - pending.enqueued, pending.request->protocol);

@@ -34,9 +34,9 @@ class InstancePool {
     const TimeSource* clock = nullptr;             // required; outlives the pool
     std::shared_ptr<ModelStats> stats;             // may be null
     std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
-    // An instance became free (a batch or a warm-up task ended). Runs on that instance's worker
-    // thread with no pool lock held; must be cheap. May be null.
-    std::function<void()> on_idle;
+    // An instance became free (a batch or a warm-up task ended); its index. Runs on that
+    // instance's worker thread with no pool lock held; must be cheap. May be null.
+    std::function<void(size_t instance)> on_idle;
     // Whether several requests may run together. False (a model without dynamic_batching): every
     // request runs alone on its own bytes, so warm-up does not assemble either.
     bool batches = true;
@@ -57,6 +57,9 @@ class InstancePool {
   // own bytes), runs it, has the backend write each request's outputs into its sink and answers
   // each request.
   void Run(FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
+  // The same on instance number `instance` (< size()), after the batches already given to it: a
+  // scheduler that binds requests to instances (SequenceBatcher) tracks itself which are free.
+  void RunOn(size_t instance, FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Answers a request that leaves a queue without running (expired, cancelled, shut down) with
   // `status`, on the calling thread, and records it.
@@ -102,6 +105,7 @@ class InstancePool {
   mutable Mutex mutex_;
   CondVar work_cv_;  // a batch or a task is ready, or stop
   std::deque<FormedBatch> ready_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::deque<FormedBatch>> assigned_ ABSL_GUARDED_BY(mutex_);  // RunOn's, by instance index
   // Each instance's own work (warm-up), by instance index, run before batches. Kept here rather
   // than in Instance so that the analysis can see the pool's mutex guards it.
   std::vector<std::deque<std::function<void()>>> tasks_ ABSL_GUARDED_BY(mutex_);

@@ -24,6 +24,16 @@ const char* FailureReasonName(FailureReason reason) {
   return "model_error";
 }
 
+const char* SequenceOutcomeName(SequenceOutcome outcome) {
+  switch (outcome) {
+    case SequenceOutcome::kEnded: return "ended";
+    case SequenceOutcome::kIdleExpired: return "idle_expired";
+    case SequenceOutcome::kDropped: return "dropped";
+    case SequenceOutcome::kCut: return "cut";
+  }
+  return "cut";
+}
+
 void ModelStats::RecordAdmitted() {
   if (sink_) sink_->OnAdmitted();
 }

@@ -51,6 +51,17 @@ inline constexpr FailureReason kAllFailureReasons[] = {FailureReason::kRejected,
 FailureReason FailureReasonOf(const Status& status);
 const char* FailureReasonName(FailureReason reason);  // "rejected", "timeout", ...
 
+// How a sequence of a stateful model (SequenceBatcher) stopped being active.
+enum class SequenceOutcome {
+  kEnded,        // its sequence_end request ran
+  kIdleExpired,  // nothing came for max_sequence_idle_microseconds
+  kDropped,      // its start expired (deadline, cancellation) before it ran
+  kCut,          // the server ended it: its version was unloaded or replaced, or the server stopped
+};
+inline constexpr SequenceOutcome kAllSequenceOutcomes[] = {SequenceOutcome::kEnded, SequenceOutcome::kIdleExpired,
+                                                           SequenceOutcome::kDropped, SequenceOutcome::kCut};
+const char* SequenceOutcomeName(SequenceOutcome outcome);  // "ended", "idle_expired", "dropped", "cut"
+
 // Receives every event ModelStats records. Implementations must be thread-safe and cheap: they
 // run on the request path.
 class StatsSink {
@@ -65,6 +76,9 @@ class StatsSink {
   // `was_admitted`: the request had been admitted to a queue (it stops being pending); `ran`: it
   // had started running (OnStarted), so it was no longer waiting.
   virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran, Protocol protocol) = 0;
+  // Stateful models only: a sequence became active (its start was admitted), or stopped.
+  virtual void OnSequenceStarted() {}
+  virtual void OnSequenceFinished(SequenceOutcome /*outcome*/) {}
 };
 
 class ModelStats {
@@ -87,6 +101,13 @@ class ModelStats {
   void RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   // A request answered with `status` without being admitted (invalid, or a cap reached).
   void RecordRejected(const Status& status, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Stateful models: a sequence became active, or stopped being active and why.
+  void RecordSequenceStarted() {
+    if (sink_) sink_->OnSequenceStarted();
+  }
+  void RecordSequenceFinished(SequenceOutcome outcome) {
+    if (sink_) sink_->OnSequenceFinished(outcome);
+  }
 
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 

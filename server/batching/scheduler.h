@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -86,6 +87,16 @@ class Scheduler {
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.
   virtual void Stop() = 0;
+
+  // Stateful models (SequenceBatcher); a scheduler without sequences has none.
+  // Whether the sequence `id` is active here (started, not ended, not expired).
+  virtual bool HasSequence(const CorrelationId& /*id*/) const { return false; }
+  virtual size_t ActiveSequences() const { return 0; }
+  // Blocks until no sequence is active or `deadline` (real time) passed; true when none is.
+  virtual bool WaitSequencesEnded(std::chrono::steady_clock::time_point /*deadline*/) { return true; }
+  // Ends every active sequence now: its queued requests are answered `why` and later requests
+  // for it are refused as for any sequence that is not active.
+  virtual void EndSequences(const Status& /*why*/) {}
 };
 
 }  // namespace sluice

@@ -17,11 +17,38 @@ enum class Protocol { kGrpc, kHttp };
 inline constexpr Protocol kAllProtocols[] = {Protocol::kGrpc, Protocol::kHttp};
 inline const char* ProtocolName(Protocol protocol) { return protocol == Protocol::kHttp ? "http" : "grpc"; }
 
+// A correlation id (Triton's sequence_id parameter): an unsigned number or a string. Zero and the
+// empty string mean "no sequence".
+struct CorrelationId {
+  uint64_t number = 0;
+  std::string text;
+  bool is_text = false;
+
+  bool present() const { return is_text ? !text.empty() : number != 0; }
+  std::string ToString() const { return is_text ? "'" + text + "'" : std::to_string(number); }
+  bool operator<(const CorrelationId& other) const {
+    if (is_text != other.is_text) return is_text < other.is_text;
+    return is_text ? text < other.text : number < other.number;
+  }
+  bool operator==(const CorrelationId& other) const {
+    return is_text == other.is_text && (is_text ? text == other.text : number == other.number);
+  }
+};
+
+// Triton's sequence parameters (sequence_id, sequence_start, sequence_end). Only a model with
+// sequence_batching acts on them; other models ignore them, as Triton's do.
+struct SequenceControl {
+  CorrelationId id;
+  bool start = false;
+  bool end = false;
+};
+
 // The request's parameters that Sluice acts on.
 struct RequestParameters {
   // Queue timeout in microseconds ("timeout"); 0: the model's default. Honoured only when the
   // model's dynamic_batching allows timeout overrides.
   int64_t timeout_us = 0;
+  SequenceControl sequence;
 };
 
 // Ownership: `inputs` view bytes that belong either to the caller's transport message (which the
@@ -40,8 +67,7 @@ struct InferRequest {
   // Batch size of this request: the first dimension of its inputs when the model batches, else 1.
   int64_t batch_size = 1;
 
-  // What the caller asked for besides tensors, protocol-neutral (later: priority, sequence
-  // controls, shared-memory references).
+  // What the caller asked for besides tensors, protocol-neutral.
   RequestParameters parameters;
 
   // Scheduling. `deadline`: the transport sets the caller's own deadline (kNoDeadline: none);

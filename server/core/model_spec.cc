@@ -14,6 +14,16 @@ const char* CudnnBenchmarkModeName(CudnnBenchmarkMode mode) {
   return "auto";
 }
 
+const char* SequenceControlKindName(SequenceControlKind kind) {
+  switch (kind) {
+    case SequenceControlKind::kStart: return "CONTROL_SEQUENCE_START";
+    case SequenceControlKind::kEnd: return "CONTROL_SEQUENCE_END";
+    case SequenceControlKind::kReady: return "CONTROL_SEQUENCE_READY";
+    case SequenceControlKind::kCorrId: return "CONTROL_SEQUENCE_CORRID";
+  }
+  return "CONTROL_SEQUENCE_START";
+}
+
 StatusOr<CudnnBenchmarkMode> ParseCudnnBenchmarkMode(std::string_view text) {
   for (CudnnBenchmarkMode mode : {CudnnBenchmarkMode::kAuto, CudnnBenchmarkMode::kOn, CudnnBenchmarkMode::kOff}) {
     if (text == CudnnBenchmarkModeName(mode)) return mode;

@@ -20,9 +20,11 @@ struct TensorSpec {
   std::string name;
   DataType dtype = DataType::kFp32;
   Shape dims;
-  // The server fills this input (the true lengths of padded axes, sluice.lengths_input); clients
-  // must not send it, and ModelMetadata does not list it.
+  // The server fills this input (the true lengths of padded axes, sluice.lengths_input, or a
+  // sequence_batching control input); clients must not send it, and ModelMetadata does not list
+  // it. `filled_with` says with what, for the error a client that sends it gets.
   bool filled_by_server = false;
+  std::string filled_with{};
 };
 
 // Binding declared tensors to a model's positional arguments or returned values (Triton's
@@ -91,6 +93,36 @@ struct PaddingSpec {
   bool enabled() const { return !axes.empty(); }
 };
 
+// Triton's sequence_batching block with the direct strategy: every sequence (correlation id) is
+// bound to one batch slot of one instance for its lifetime, and each execution of an instance
+// carries at most one request per slot, in the slot's row (see server/batching/sequence_batcher.h).
+enum class SequenceControlKind { kStart, kEnd, kReady, kCorrId };
+const char* SequenceControlKindName(SequenceControlKind kind);  // "CONTROL_SEQUENCE_START", ...
+
+// One control input the server fills for every row of an execution. It is also listed in
+// ModelSpec::inputs (filled_by_server, dims [1]) so that the runtime binds it like any input.
+struct SequenceControlSpec {
+  SequenceControlKind kind = SequenceControlKind::kStart;
+  std::string input;                 // the model input it fills
+  DataType dtype = DataType::kInt32;  // INT32, FP32 or BOOL; CORRID: INT64, INT32 or BYTES
+  double false_value = 0;            // START/END/READY: the value when the flag is off
+  double true_value = 1;             // ...and on
+};
+
+struct SequenceBatchingSpec {
+  bool enabled = false;  // a sequence_batching block is present
+  // A sequence that sends nothing for this long is ended and its slot freed (Triton's default 1 s).
+  int64_t max_sequence_idle_us = 1000000;
+  // direct strategy: with fewer than minimum_slot_utilization of an instance's slots holding a
+  // request, an execution waits up to max_queue_delay_us for more.
+  int64_t max_queue_delay_us = 0;
+  float minimum_slot_utilization = 0;
+  std::vector<SequenceControlSpec> controls;
+  // The CORRID control's type: which correlation ids are accepted (numbers that fit for INT64 and
+  // INT32, strings for STRING). Without a CORRID control, any id.
+  std::optional<DataType> correlation_id_type;
+};
+
 // One sample of Triton's model_warmup block.
 struct WarmupInputSpec {
   std::string name;
@@ -130,6 +162,7 @@ struct ModelSpec {
                                                    // torch_aoti; see PackageFileFor for model.cpu.pt2)
   std::map<std::string, std::string> parameters;   // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
+  SequenceBatchingSpec sequence_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
   // as Triton's PyTorch backend). 0 in the config: VersionLoader divides the cores among the
   // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.

@@ -67,8 +67,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     if (declared->filled_by_server) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input '", input.name, "' of model '", spec.name,
-          "' is filled by the server with the true lengths of padded inputs "
-          "(sluice.lengths_input); do not send it"));
+          "' is filled by the server with ", declared->filled_with, "; do not send it"));
     }
     if (input.dtype != declared->dtype) {
       return absl::InvalidArgumentError(

@@ -174,7 +174,9 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
     if (each.handle) {
       LogTuning(each.tuning);
       spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}{}", name, each.version,
-                   each.handle->device(), model->spec.dynamic_batching.enabled ? "dynamic" : "none",
+                   each.handle->device(), model->spec.sequence_batching.enabled  ? "sequence"
+                   : model->spec.dynamic_batching.enabled ? "dynamic"
+                                                          : "none",
                    std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
                    serving ? " reloaded=true" : "");
     } else {
@@ -200,7 +202,10 @@ void ModelControl::Retire(const std::string& name, RetiredVersions retired) {
     // running on it.
     const auto started = std::chrono::steady_clock::now();
     const int64_t version = handle->version();
-    if (!retired.stopped) handle->WaitIdle();
+    if (!retired.stopped) {
+      handle->DrainSequences(options_.sequence_drain);
+      handle->WaitIdle();
+    }
     handle->Stop();
     handle.reset();  // normally the last reference: the instances are destroyed here
     spdlog::info("event=model_version_retired model={} version={} drain_ms={}", name, version,

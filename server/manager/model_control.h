@@ -45,6 +45,9 @@ class ModelControl {
     std::vector<std::string> startup_models;
     const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
     Duration poll_interval = std::chrono::seconds(15);  // poll mode: --repository-poll-secs
+    // How long a retired version (reload, unload) keeps serving its active sequences so that they
+    // can end; then they are ended with an error (--shutdown-grace-seconds).
+    Duration sequence_drain = std::chrono::seconds(30);
   };
 
   // `manager` and `loader` outlive the control.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
 
 #include "server/core/validation.h"
@@ -83,6 +84,33 @@ void ModelHandle::WaitIdle() {
                  state.count,
                  std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
   }
+}
+
+std::shared_ptr<ModelHandle> RouteSequence(const ModelLookup& lookup, std::shared_ptr<ModelHandle> found,
+                                           const InferRequest& request, bool version_given) {
+  const SequenceControl& sequence = request.parameters.sequence;
+  if (version_given || sequence.start || !sequence.id.present() || !found->spec().sequence_batching.enabled ||
+      found->HasSequence(sequence.id)) {
+    return found;
+  }
+  StatusOr<std::shared_ptr<ModelHandle>> holder = lookup.FindSequence(found->spec().name, sequence.id);
+  return holder.ok() ? *std::move(holder) : found;
+}
+
+void ModelHandle::DrainSequences(Duration grace) {
+  const size_t active = scheduler_->ActiveSequences();
+  if (active == 0) return;
+  spdlog::info("event=model_draining_sequences model={} version={} active={} grace_ms={}", model_->name, version_,
+               active, std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
+  if (scheduler_->WaitSequencesEnded(std::chrono::steady_clock::now() + grace)) return;
+  const size_t left = scheduler_->ActiveSequences();
+  spdlog::warn("event=model_sequences_ended model={} version={} sequences={} reason=\"drain period over\"",
+               model_->name, version_, left);
+  scheduler_->EndSequences(absl::UnavailableError(absl::StrCat(
+      "the sequence was ended: model '", model_->name, "' version ", version_,
+      " was unloaded or replaced, and the sequence did not end within the drain period (",
+      std::chrono::duration_cast<std::chrono::milliseconds>(grace).count(),
+      " ms, --shutdown-grace-seconds); start it again with sequence_start")));
 }
 
 void ModelHandle::Stop() {

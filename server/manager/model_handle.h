@@ -61,6 +61,13 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // while it waits (model, version, what is still in flight).
   void WaitIdle();
 
+  // Whether the sequence `id` is active on this version (stateful models; see SequenceBatcher).
+  bool HasSequence(const CorrelationId& id) const { return scheduler_->HasSequence(id); }
+  // For a retired version of a stateful model: waits up to `grace` for its active sequences to
+  // end (requests for them still come here, see ModelManager::Find), then ends those left with
+  // UNAVAILABLE, naming the reason. Returns at once when none is active.
+  void DrainSequences(Duration grace);
+
   // Stops the scheduler: queued requests are answered UNAVAILABLE, running ones finish, workers
   // are joined. Wakes WaitIdle. Idempotent.
   void Stop();
@@ -131,6 +138,19 @@ class ModelLookup {
   // An Acquire'd reference to the version a request goes to. `version` empty: the newest ready
   // one. NOT_FOUND: no such model or version; UNAVAILABLE: it exists but is not ready.
   virtual StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const = 0;
+  // An Acquire'd reference to the version of `name` on which the sequence `id` is active: a
+  // version retired by a reload or unload that still drains its sequences, or another ready
+  // version. NOT_FOUND when none holds it.
+  virtual StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string& /*name*/,
+                                                              const CorrelationId& /*id*/) const {
+    return absl::NotFoundError("no sequences");
+  }
 };
+
+// The version a converted request runs on: `found` (what Find chose), unless the request
+// continues a sequence (sequence_id without sequence_start, no version asked for) that another
+// version of the model holds: a sequence stays on the version it started on, across reloads.
+std::shared_ptr<ModelHandle> RouteSequence(const ModelLookup& lookup, std::shared_ptr<ModelHandle> found,
+                                           const InferRequest& request, bool version_given);
 
 }  // namespace sluice

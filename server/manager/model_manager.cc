@@ -194,6 +194,21 @@ StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const s
   return it->second.model;
 }
 
+StatusOr<std::shared_ptr<ModelHandle>> ModelManager::FindSequence(const std::string& name,
+                                                                  const CorrelationId& id) const {
+  MutexLock lock(&mutex_);
+  if (auto it = entries_.find(name); it != entries_.end()) {
+    for (const VersionSlot& slot : it->second.versions) {
+      if (slot.handle && slot.handle->HasSequence(id)) return slot.handle->Acquire();
+    }
+  }
+  for (const std::weak_ptr<ModelHandle>& retiring : retiring_) {
+    std::shared_ptr<ModelHandle> handle = retiring.lock();
+    if (handle && handle->spec().name == name && handle->HasSequence(id)) return handle->Acquire();
+  }
+  return absl::NotFoundError(absl::StrCat("no version of model '", name, "' holds sequence ", id.ToString()));
+}
+
 StatusOr<std::shared_ptr<ModelHandle>> ModelManager::Find(const std::string& name, const std::string& version) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "server/batching/batch_sizes.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/sequence_batcher.h"
 #include "server/batching/shape_padding.h"
 #include "server/batching/shape_plan.h"
 #include "server/batching/warmup.h"
@@ -171,9 +172,17 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
       liveness->ReportFatal(status);
     };
   }
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DynamicBatcher> dynamic,
-                          DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
-  std::unique_ptr<Scheduler> scheduler = std::move(dynamic);
+  std::unique_ptr<Scheduler> scheduler;
+  if (spec.sequence_batching.enabled) {
+    SequenceBatcher::Options sequences;
+    sequences.clock = clock_;
+    sequences.stats = batcher.stats;
+    sequences.on_fatal = batcher.on_fatal;
+    sequences.max_requests = options_.max_queue_size;
+    SLUICE_ASSIGN_OR_RETURN(scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
+  } else {
+    SLUICE_ASSIGN_OR_RETURN(scheduler, DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
+  }
   if (spec.padding.enabled()) {
     scheduler = std::make_unique<PaddingScheduler>(spec, std::move(scheduler), std::move(stats));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <mutex>
 
 #include <prometheus/counter.h>
 
@@ -56,6 +57,13 @@ struct ServerMetrics::Families {
                        .Help("Forward passes; inferences / executions is the average batch size").Register(r)),
         pending(prometheus::BuildGauge().Name("sluice_pending_requests")
                     .Help("Requests admitted to a queue and not answered yet").Register(r)),
+        sequences_active(prometheus::BuildGauge().Name("sluice_sequences_active")
+                             .Help("Stateful models: sequences started and not finished (bound to a slot or "
+                                   "waiting for one)").Register(r)),
+        sequences_finished(prometheus::BuildCounter().Name("sluice_sequences_total")
+                               .Help("Stateful models: sequences that finished, by outcome: ended (sequence_end "
+                                     "ran), idle_expired, dropped (start expired while queued), cut (unload, "
+                                     "reload or shutdown)").Register(r)),
         state(prometheus::BuildGauge().Name("sluice_model_state")
                   .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)").Register(r)),
         load_seconds(prometheus::BuildGauge().Name("sluice_model_load_seconds")
@@ -130,6 +138,8 @@ struct ServerMetrics::Families {
   Family<Counter>& inferences;
   Family<Counter>& executions;
   Family<Gauge>& pending;
+  Family<Gauge>& sequences_active;
+  Family<Counter>& sequences_finished;
   Family<Gauge>& state;
   Family<Gauge>& load_seconds;
   Family<Gauge>& warmup_seconds;
@@ -177,7 +187,9 @@ namespace {
 class ModelMetrics final : public StatsSink {
  public:
   ModelMetrics(ServerMetrics::Families& f, const Labels& labels)
-      : executions_(f.executions.Add(labels)),
+      : families_(f),
+        labels_(labels),
+        executions_(f.executions.Add(labels)),
         pending_(f.pending.Add(labels)),
         input_seconds_(f.input_seconds.Add(labels, LatencyBucketsSeconds())),
         infer_seconds_(f.infer_seconds.Add(labels, LatencyBucketsSeconds())),
@@ -258,7 +270,36 @@ class ModelMetrics final : public StatsSink {
     nv_failure_[static_cast<int>(reason)]->Increment();
   }
 
+  void OnSequenceStarted() override { Sequences().active->Increment(); }
+  void OnSequenceFinished(SequenceOutcome outcome) override {
+    const SequenceSeries& series = Sequences();
+    series.active->Decrement();
+    series.finished[static_cast<int>(outcome)]->Increment();
+  }
+
  private:
+  struct SequenceSeries {
+    Gauge* active = nullptr;
+    Counter* finished[std::size(kAllSequenceOutcomes)] = {};
+  };
+  // Created with the first sequence event, so that models without sequences export none of them
+  // (prometheus-cpp's Family::Add is thread-safe).
+  const SequenceSeries& Sequences() {
+    std::call_once(sequences_once_, [this] {
+      sequences_.active = &families_.sequences_active.Add(labels_);
+      for (SequenceOutcome outcome : kAllSequenceOutcomes) {
+        Labels with_outcome = labels_;
+        with_outcome["outcome"] = SequenceOutcomeName(outcome);
+        sequences_.finished[static_cast<int>(outcome)] = &families_.sequences_finished.Add(with_outcome);
+      }
+    });
+    return sequences_;
+  }
+
+  ServerMetrics::Families& families_;
+  const Labels labels_;
+  std::once_flag sequences_once_;
+  SequenceSeries sequences_;
   struct PerProtocol {
     Counter* succeeded = nullptr;
     Counter* failed[std::size(kAllFailureReasons)] = {};

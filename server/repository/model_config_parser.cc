@@ -146,7 +146,6 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
 // Top-level features outside what Sluice serves: each is rejected by its field name.
 Status RejectUnsupported(const inference::ModelConfig& config) {
   std::vector<std::string> fields;
-  if (config.has_sequence_batching()) fields.push_back("sequence_batching");
   if (config.has_ensemble_scheduling()) fields.push_back("ensemble_scheduling");
   if (config.batch_input_size() > 0) fields.push_back("batch_input");
   if (config.batch_output_size() > 0) fields.push_back("batch_output");
@@ -286,6 +285,164 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   out.max_queued_bytes = static_cast<size_t>(bytes);
   SLUICE_ASSIGN_OR_RETURN(out.auto_batch_sizes,
                           BoolParameterOr(spec->parameters, "sluice.auto_batch_sizes", true));
+  return absl::OkStatus();
+}
+
+// START/END/READY: the values for off and on, from exactly one of the three *_false_true lists.
+Status ConvertControlValues(const inference::ModelSequenceBatching::Control& control, const std::string& where,
+                            SequenceControlSpec* out) {
+  const int lists = (control.int32_false_true_size() > 0) + (control.fp32_false_true_size() > 0) +
+                    (control.bool_false_true_size() > 0);
+  if (lists != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": give exactly one of int32_false_true, fp32_false_true or bool_false_true (two values: off, on)"));
+  }
+  if (control.data_type() != inference::TYPE_INVALID) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": data_type is for CONTROL_SEQUENCE_CORRID only"));
+  }
+  auto two = [&](int size) -> Status {
+    if (size == 2) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the *_false_true list needs exactly two values "
+                                                   "(off, on), found ", size));
+  };
+  if (control.int32_false_true_size() > 0) {
+    SLUICE_RETURN_IF_ERROR(two(control.int32_false_true_size()));
+    out->dtype = DataType::kInt32;
+    out->false_value = control.int32_false_true(0);
+    out->true_value = control.int32_false_true(1);
+  } else if (control.fp32_false_true_size() > 0) {
+    SLUICE_RETURN_IF_ERROR(two(control.fp32_false_true_size()));
+    out->dtype = DataType::kFp32;
+    out->false_value = control.fp32_false_true(0);
+    out->true_value = control.fp32_false_true(1);
+  } else {
+    SLUICE_RETURN_IF_ERROR(two(control.bool_false_true_size()));
+    out->dtype = DataType::kBool;
+    out->false_value = control.bool_false_true(0) ? 1 : 0;
+    out->true_value = control.bool_false_true(1) ? 1 : 0;
+  }
+  return absl::OkStatus();
+}
+
+// Triton's sequence_batching block, direct strategy. Control inputs join spec->inputs as inputs
+// the server fills (dims [1], after the declared ones).
+Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* spec) {
+  if (!config.has_sequence_batching()) return absl::OkStatus();
+  const inference::ModelSequenceBatching& batching = config.sequence_batching();
+  if (batching.has_oldest()) {
+    return absl::InvalidArgumentError(
+        "sequence_batching strategy 'oldest' is not supported: Sluice implements the 'direct' strategy (each "
+        "sequence keeps one batch slot of one instance for its lifetime); use direct { } or leave the strategy out");
+  }
+  if (batching.state_size() > 0) {
+    return absl::InvalidArgumentError(
+        "sequence_batching 'state' (implicit state) is not supported: keep each sequence's state inside the "
+        "model, keyed by its batch slot or by CONTROL_SEQUENCE_CORRID, and reset it on CONTROL_SEQUENCE_START");
+  }
+  if (batching.iterative_sequence()) {
+    return absl::InvalidArgumentError(
+        "sequence_batching 'iterative_sequence' is not supported (it needs decoupled models, which Sluice does not "
+        "serve)");
+  }
+  if (spec->padding.enabled()) {
+    return absl::InvalidArgumentError(
+        "sluice.buckets (padding buckets) cannot be combined with sequence_batching: a slot's rows must keep "
+        "the shapes the client sent");
+  }
+  SequenceBatchingSpec& out = spec->sequence_batching;
+  out.enabled = true;
+  constexpr uint64_t kMaxIdleUs = uint64_t{24} * 3600 * 1000000;
+  if (batching.max_sequence_idle_microseconds() > kMaxIdleUs) {
+    return absl::InvalidArgumentError("max_sequence_idle_microseconds must be at most 86400000000 (one day)");
+  }
+  if (batching.max_sequence_idle_microseconds() > 0) {
+    out.max_sequence_idle_us = static_cast<int64_t>(batching.max_sequence_idle_microseconds());
+  }
+  const inference::ModelSequenceBatching::StrategyDirect& direct = batching.direct();
+  if (direct.max_queue_delay_microseconds() > 60'000'000) {
+    return absl::InvalidArgumentError("direct.max_queue_delay_microseconds must be at most 60000000 (60 s)");
+  }
+  out.max_queue_delay_us = static_cast<int64_t>(direct.max_queue_delay_microseconds());
+  if (!(direct.minimum_slot_utilization() >= 0 && direct.minimum_slot_utilization() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("direct.minimum_slot_utilization must be in [0, 1], found ",
+                                                   direct.minimum_slot_utilization()));
+  }
+  out.minimum_slot_utilization = direct.minimum_slot_utilization();
+
+  std::set<std::string> names;
+  for (const TensorSpec& input : spec->inputs) names.insert(input.name);
+  bool kinds[4] = {false, false, false, false};
+  for (const inference::ModelSequenceBatching::ControlInput& input : batching.control_input()) {
+    const std::string where = absl::StrCat("sequence_batching control_input '", input.name(), "'");
+    if (input.name().empty()) return absl::InvalidArgumentError("a sequence_batching control_input needs a name");
+    if (!names.insert(input.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the name is already an input of the model"));
+    }
+    if (input.control_size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": give exactly one control, found ",
+                                                     input.control_size()));
+    }
+    const inference::ModelSequenceBatching::Control& control = input.control(0);
+    SequenceControlSpec parsed;
+    parsed.input = input.name();
+    switch (control.kind()) {
+      case inference::ModelSequenceBatching::Control::CONTROL_SEQUENCE_START:
+        parsed.kind = SequenceControlKind::kStart;
+        break;
+      case inference::ModelSequenceBatching::Control::CONTROL_SEQUENCE_END:
+        parsed.kind = SequenceControlKind::kEnd;
+        break;
+      case inference::ModelSequenceBatching::Control::CONTROL_SEQUENCE_READY:
+        parsed.kind = SequenceControlKind::kReady;
+        break;
+      case inference::ModelSequenceBatching::Control::CONTROL_SEQUENCE_CORRID:
+        parsed.kind = SequenceControlKind::kCorrId;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown control kind ", control.kind()));
+    }
+    bool& seen = kinds[static_cast<int>(parsed.kind)];
+    if (seen) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", SequenceControlKindName(parsed.kind),
+                                                     " is given by two control inputs"));
+    }
+    seen = true;
+    if (parsed.kind == SequenceControlKind::kCorrId) {
+      if (control.int32_false_true_size() + control.fp32_false_true_size() + control.bool_false_true_size() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": CONTROL_SEQUENCE_CORRID takes a data_type, not *_false_true values"));
+      }
+      switch (control.data_type()) {
+        case inference::TYPE_INT64: parsed.dtype = DataType::kInt64; break;
+        case inference::TYPE_INT32: parsed.dtype = DataType::kInt32; break;
+        case inference::TYPE_STRING: parsed.dtype = DataType::kBytes; break;
+        case inference::TYPE_UINT64:
+        case inference::TYPE_UINT32:
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": CONTROL_SEQUENCE_CORRID data_type ", inference::DataType_Name(control.data_type()),
+              " has no LibTorch tensor type; use TYPE_INT64 (ids up to 2^63-1), TYPE_INT32 or TYPE_STRING"));
+        default:
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": CONTROL_SEQUENCE_CORRID data_type must be TYPE_INT64, TYPE_INT32 or TYPE_STRING"));
+      }
+      if (parsed.dtype == DataType::kBytes && spec->format == ModelFormat::kAotInductor) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": a TYPE_STRING correlation id cannot reach an AOTInductor package (it takes tensors only); use "
+            "an integer type"));
+      }
+      out.correlation_id_type = parsed.dtype;
+    } else {
+      SLUICE_RETURN_IF_ERROR(ConvertControlValues(control, where, &parsed));
+    }
+    TensorSpec tensor;
+    tensor.name = parsed.input;
+    tensor.dtype = parsed.dtype;
+    tensor.dims = {1};
+    tensor.filled_by_server = true;
+    tensor.filled_with = absl::StrCat("the sequence batcher (", SequenceControlKindName(parsed.kind), ")");
+    spec->inputs.push_back(std::move(tensor));
+    out.controls.push_back(std::move(parsed));
+  }
   return absl::OkStatus();
 }
 
@@ -472,6 +629,7 @@ Status ConvertPadding(ModelSpec* spec) {
       }
     }
     lengths->filled_by_server = true;
+    lengths->filled_with = "the true lengths of padded inputs (sluice.lengths_input)";
     padding.lengths_input = lengths->name;
   }
   return absl::OkStatus();
@@ -483,7 +641,9 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
   // load of a model that would serve real requests. So a model with a string input warms its
   // shapes only when its config asks (sluice.warmup: "true"); model_warmup samples still run.
   const bool takes_strings = std::any_of(spec->inputs.begin(), spec->inputs.end(),
-                                         [](const TensorSpec& input) { return input.dtype == DataType::kBytes; });
+                                         [](const TensorSpec& input) {
+                                           return input.dtype == DataType::kBytes && !input.filled_by_server;
+                                         });
   SLUICE_ASSIGN_OR_RETURN(spec->warmup, BoolParameterOr(spec->parameters, "sluice.warmup", !takes_strings));
   SLUICE_ASSIGN_OR_RETURN(const int64_t runs, IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
   spec->warmup_runs = static_cast<int>(runs);
@@ -627,6 +787,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   SLUICE_RETURN_IF_ERROR(CheckSluiceParameterNames(spec.parameters));
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
+  SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));
   SLUICE_RETURN_IF_ERROR(ConvertWarmup(*config, &spec));
   SLUICE_ASSIGN_OR_RETURN(const int64_t threads,
                           IntParameter(spec.parameters, "INTRA_OP_THREAD_COUNT", 0, 0, 1024));

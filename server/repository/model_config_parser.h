@@ -19,8 +19,8 @@ StatusOr<inference::ModelConfig> ParseModelConfigText(const std::string& text,
 // Validates a parsed config for the model directory `model_name` and converts it. Fills the
 // config's defaults in place (name, platform, instance groups, version policy), so that the
 // ModelConfig RPC reports what Sluice actually uses. Features Sluice does not support are rejected
-// by field name with INVALID_ARGUMENT (sequence_batching, ensemble_scheduling, reshape, STRING
-// tensors, ...).
+// by field name with INVALID_ARGUMENT (ensemble_scheduling, sequence_batching's oldest strategy and
+// implicit state, ...).
 StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::ModelConfig* config);
 
 // Which of `available` version numbers the policy loads, ascending. Default policy: latest 1.

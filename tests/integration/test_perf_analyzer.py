@@ -65,3 +65,13 @@ def test_perf_analyzer_system_shared_memory_reports_no_errors(bundled_server):
     and output through them."""
     run_perf_analyzer("-m", "mlp", "-u", bundled_server.url, "-i", "grpc", "--shared-memory", "system",
                       "--output-shared-memory-size", "4096", "-b", "1", "--concurrency-range", "1:16:15")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_drives_sequences(bundled_server, protocol):
+    """perf_analyzer on a stateful model: it reads sequence_batching from the model config and sends
+    sequences of 8 requests (sequence_id, sequence_start, sequence_end), one per concurrent client
+    at a time; the bundled accumulator has 8 slots."""
+    url = bundled_server.url if protocol == "grpc" else bundled_server.http_url
+    run_perf_analyzer("-m", "accumulator", "-u", url, "-i", protocol, "-b", "1", "--sequence-length", "8",
+                      "--concurrency-range", "1:8:7")

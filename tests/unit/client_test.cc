@@ -39,11 +39,20 @@ TEST_F(ClientTest, InferSendsRawInputsAndDecodesOutputs) {
                                  inference::ModelInferResponse*) { sent = r; }),
                       SetArgPointee<2>(reply), Return(grpc::Status::OK)));
   Tensor input{"x", DataType::kFp16, {1, 2}, std::string(4, '\0')};
-  auto outputs = client_->Infer("m", {input}, {"y"}, "2", "id-1");
+  Client::InferOptions options;
+  options.outputs = {"y"};
+  options.version = "2";
+  options.id = "id-1";
+  options.sequence_id = "77";
+  options.sequence_start = true;
+  auto outputs = client_->Infer("m", {input}, options);
   ASSERT_TRUE(outputs.ok()) << outputs.status();
   EXPECT_EQ(sent.model_name(), "m");
   EXPECT_EQ(sent.model_version(), "2");
   EXPECT_EQ(sent.id(), "id-1");
+  EXPECT_EQ(sent.parameters().at("sequence_id").uint64_param(), 77u);
+  EXPECT_TRUE(sent.parameters().at("sequence_start").bool_param());
+  EXPECT_FALSE(sent.parameters().at("sequence_end").bool_param());
   EXPECT_EQ(sent.inputs(0).datatype(), "FP16");
   EXPECT_THAT(sent.inputs(0).shape(), ElementsAre(1, 2));
   EXPECT_EQ(sent.raw_input_contents(0).size(), 4u);

@@ -131,6 +131,31 @@ TEST(JsonProtocolTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
   EXPECT_TRUE(all->Binary("unnamed"));
 }
 
+TEST(JsonProtocolTest, SequenceParameters) {
+  StatusOr<JsonInferRequest> numbered =
+      Parse(R"({"inputs": [], "parameters": {"sequence_id": 18446744073709551615, "sequence_start": true}})");
+  ASSERT_TRUE(numbered.ok()) << numbered.status();
+  const SequenceControl& sequence = numbered->request->parameters.sequence;
+  EXPECT_EQ(sequence.id.number, 18446744073709551615u);
+  EXPECT_FALSE(sequence.id.is_text);
+  EXPECT_TRUE(sequence.start);
+  EXPECT_FALSE(sequence.end);
+  StatusOr<JsonInferRequest> named =
+      Parse(R"({"inputs": [], "parameters": {"sequence_id": "user-7", "sequence_end": true}})");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->request->parameters.sequence.id.text, "user-7");
+  EXPECT_TRUE(named->request->parameters.sequence.id.is_text);
+  EXPECT_TRUE(named->request->parameters.sequence.end);
+  for (const char* body : {R"({"inputs": [], "parameters": {"sequence_id": -3}})",
+                           R"({"inputs": [], "parameters": {"sequence_id": 1.5}})",
+                           R"({"inputs": [], "parameters": {"sequence_start": "yes"}})"}) {
+    StatusOr<JsonInferRequest> bad = Parse(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("sequence_"), std::string::npos) << bad.status();
+  }
+}
+
 TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
   const std::string binary_header = R"({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32",
       "parameters": {"binary_data_size": 8}}]})";

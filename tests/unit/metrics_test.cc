@@ -140,6 +140,23 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   EXPECT_EQ(Value(text, "sluice_batch_size_count" + labels), 1);
 }
 
+TEST_F(MetricsTest, SequencesAreCountedByOutcomeAndOnlyForModelsThatHaveThem) {
+  ModelStats stateless(metrics_.SinkFor("plain", 1));
+  stateless.RecordAdmitted();
+  ModelStats stats(metrics_.SinkFor("acc", 2));
+  for (int i = 0; i < 4; ++i) stats.RecordSequenceStarted();
+  stats.RecordSequenceFinished(SequenceOutcome::kEnded);
+  stats.RecordSequenceFinished(SequenceOutcome::kIdleExpired);
+  stats.RecordSequenceFinished(SequenceOutcome::kCut);
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_sequences_active{model="acc",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="ended",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="idle_expired",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="dropped",version="2"})"), 0);
+  EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="cut",version="2"})"), 1);
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_sequences_active{model="plain")")));
+}
+
 TEST_F(MetricsTest, BucketsResolveSubMillisecondAndMultiSecondTimes) {
   const std::vector<double>& buckets = LatencyBucketsSeconds();
   EXPECT_LE(buckets.front(), 0.0001);

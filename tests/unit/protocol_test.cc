@@ -109,6 +109,44 @@ TEST(ProtocolTest, TypedContentsConvertPerDatatype) {
   }
 }
 
+TEST(ProtocolTest, SequenceParametersAsTritonClientsSendThem) {
+  inference::ModelInferRequest proto = Typed("INT32", {1});
+  proto.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
+  auto& parameters = *proto.mutable_parameters();
+  parameters["sequence_id"].set_int64_param(42);  // tritonclient sends integers as int64_param
+  parameters["sequence_start"].set_bool_param(true);
+  parameters["timeout"].set_int64_param(900);
+  auto request = InferRequestFromProto(proto);
+  ASSERT_TRUE(request.ok()) << request.status();
+  const SequenceControl& sequence = (*request)->parameters.sequence;
+  EXPECT_EQ(sequence.id.number, 42u);
+  EXPECT_TRUE(sequence.start);
+  EXPECT_FALSE(sequence.end);
+  EXPECT_EQ((*request)->parameters.timeout_us, 900);
+
+  parameters["sequence_id"].set_string_param("session-1");
+  parameters["sequence_end"].set_bool_param(true);
+  parameters.erase("sequence_start");
+  request = InferRequestFromProto(proto);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ((*request)->parameters.sequence.id.text, "session-1");
+  EXPECT_TRUE((*request)->parameters.sequence.end);
+  EXPECT_FALSE((*request)->parameters.sequence.start);
+
+  parameters["sequence_id"].set_uint64_param(18446744073709551615u);
+  request = InferRequestFromProto(proto);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ((*request)->parameters.sequence.id.number, 18446744073709551615u);
+
+  parameters["sequence_id"].set_int64_param(-1);
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("'sequence_id' must not be negative"));
+  parameters["sequence_id"].set_bool_param(true);
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("must be an integer or a string"));
+  parameters["sequence_id"].set_int64_param(1);
+  parameters["sequence_end"].set_int64_param(1);
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("'sequence_end' must be a boolean"));
+}
+
 TEST(ProtocolTest, Errors) {
   struct Case {
     std::string what;

@@ -90,8 +90,114 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
   auto spec = BuildModelSpec("seq", &*config);
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(),
-              HasSubstr("unsupported configuration fields: sequence_batching, "
-                        "response_cache, optimization.cuda.graphs"));
+              HasSubstr("unsupported configuration fields: response_cache, optimization.cuda.graphs"));
+}
+
+// Triton's sequence_batching, direct strategy: control inputs become inputs the server fills.
+constexpr char kSequenceModel[] = R"pb(
+  max_batch_size: 4
+  input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  sequence_batching {
+    max_sequence_idle_microseconds: 5000000
+    direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 }
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+      { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+      { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 5, 7 ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+    ]
+  }
+)pb";
+
+TEST(ModelConfigParserTest, SequenceBatchingDirect) {
+  auto spec = Build(kSequenceModel);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const SequenceBatchingSpec& sequences = spec->sequence_batching;
+  EXPECT_TRUE(sequences.enabled);
+  EXPECT_FALSE(spec->dynamic_batching.enabled);
+  EXPECT_EQ(sequences.max_sequence_idle_us, 5000000);
+  EXPECT_EQ(sequences.max_queue_delay_us, 100);
+  EXPECT_FLOAT_EQ(sequences.minimum_slot_utilization, 0.5f);
+  ASSERT_EQ(sequences.controls.size(), 4u);
+  EXPECT_EQ(sequences.controls[0].dtype, DataType::kFp32);
+  EXPECT_EQ(sequences.controls[1].dtype, DataType::kBool);
+  EXPECT_EQ(sequences.controls[1].true_value, 1);
+  EXPECT_EQ(sequences.controls[2].kind, SequenceControlKind::kReady);
+  EXPECT_EQ(sequences.controls[2].false_value, 5);
+  EXPECT_EQ(sequences.controls[2].true_value, 7);
+  EXPECT_EQ(sequences.correlation_id_type, DataType::kBytes);
+  ASSERT_EQ(spec->inputs.size(), 5u);
+  EXPECT_FALSE(spec->inputs[0].filled_by_server);
+  EXPECT_EQ(spec->inputs[4].name, "CORRID");
+  EXPECT_TRUE(spec->inputs[4].filled_by_server);
+  EXPECT_EQ(spec->inputs[4].dims, (Shape{1}));
+  EXPECT_THAT(spec->inputs[4].filled_with, HasSubstr("CONTROL_SEQUENCE_CORRID"));
+  EXPECT_TRUE(spec->warmup);  // a string CORRID is the server's, not a string input of the client's
+
+  auto minimal = Build("max_batch_size: 0\n"
+                       "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                       "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+                       "sequence_batching { }\n");
+  ASSERT_TRUE(minimal.ok()) << minimal.status();
+  EXPECT_EQ(minimal->sequence_batching.max_sequence_idle_us, 1000000);  // Triton's default
+  EXPECT_FALSE(minimal->sequence_batching.correlation_id_type.has_value());
+}
+
+TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
+  const std::string io = "max_batch_size: 4\n"
+                         "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+                         "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n";
+  auto control = [](const std::string& name, const std::string& body) {
+    return "control_input [ { name: \"" + name + "\" control [ { " + body + " } ] } ]";
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"sequence_batching { oldest { max_candidate_sequences: 4 } }", "strategy 'oldest' is not supported"},
+      {"sequence_batching { state [ { input_name: \"a\" output_name: \"b\" data_type: TYPE_FP32 dims: [ 1 ] } ] }",
+       "'state' (implicit state) is not supported"},
+      {"sequence_batching { iterative_sequence: true }", "'iterative_sequence' is not supported"},
+      {"sequence_batching { " + control("INPUT", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]") + " }",
+       "the name is already an input"},
+      {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ]") + " }",
+       "needs exactly two values"},
+      {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START") + " }",
+       "give exactly one of int32_false_true"},
+      {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] "
+                                             "fp32_false_true: [ 0, 1 ]") + " }",
+       "give exactly one of int32_false_true"},
+      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64") + " }",
+       "TYPE_UINT64 has no LibTorch tensor type; use TYPE_INT64"},
+      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32") + " }",
+       "must be TYPE_INT64, TYPE_INT32 or TYPE_STRING"},
+      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID int32_false_true: [ 0, 1 ]") + " }",
+       "takes a data_type, not *_false_true values"},
+      {"sequence_batching { control_input [ { name: \"A\" control [ { kind: CONTROL_SEQUENCE_READY "
+       "int32_false_true: [ 0, 1 ] } ] }, { name: \"B\" control [ { kind: CONTROL_SEQUENCE_READY "
+       "int32_false_true: [ 0, 1 ] } ] } ] }",
+       "CONTROL_SEQUENCE_READY is given by two control inputs"},
+      {"sequence_batching { direct { minimum_slot_utilization: 1.5 } }", "minimum_slot_utilization must be in [0, 1]"},
+      {"sequence_batching { max_sequence_idle_microseconds: 100000000000 }", "at most 86400000000"},
+  };
+  for (const auto& [extra, message] : cases) {
+    auto spec = Build(io + extra);
+    ASSERT_FALSE(spec.ok()) << extra;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_THAT(spec.status().message(), HasSubstr(message)) << extra;
+  }
+  auto padded = Build(
+      "max_batch_size: 4\n"
+      "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+      "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+      "sequence_batching { } parameters { key: \"sluice.buckets\" value { string_value: \"n = 4\" } } "
+      "parameters { key: \"sluice.bucket_dims\" value { string_value: \"INPUT:0=n\" } }");
+  ASSERT_FALSE(padded.ok());
+  EXPECT_THAT(padded.status().message(), HasSubstr("cannot be combined with sequence_batching"));
+  // (dynamic_batching and sequence_batching are one oneof in the schema: a config with both does
+  // not parse.)
+  auto aoti = Build("platform: \"torch_aoti\"\n" + io + "sequence_batching { " +
+                    control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING") + " }");
+  ASSERT_FALSE(aoti.ok());
+  EXPECT_THAT(aoti.status().message(), HasSubstr("cannot reach an AOTInductor package"));
 }
 
 constexpr char kPaddedSequenceModel[] = R"pb(

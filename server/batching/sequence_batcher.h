@@ -1,0 +1,134 @@
+// Triton's sequence batcher, direct strategy, for stateful models (config sequence_batching).
+//
+// Every sequence (a correlation id, Triton's sequence_id parameter) is bound to one batch slot of
+// one instance from its sequence_start request to its sequence_end request, so that a model can
+// keep the sequence's state per slot (or per CONTROL_SEQUENCE_CORRID). Each execution of an
+// instance carries at most one request per slot, in that slot's row: the batch has as many rows
+// as the highest slot that has a request, plus one; slots below it without a request get a filler
+// row (zeros, READY off). The server fills the control inputs of every row (START, END, READY,
+// CORRID, with the values the config gives). A sequence's requests run one at a time, in arrival
+// order. A sequence that sends nothing for max_sequence_idle_microseconds is ended and its slot
+// freed; a new sequence finds a free slot or waits for one (in arrival order), within the queue
+// cap.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+
+#include "server/batching/instance_pool.h"
+#include "server/batching/model_stats.h"
+#include "server/batching/scheduler.h"
+#include "server/core/backend.h"
+#include "server/core/clock.h"
+#include "server/core/model_spec.h"
+#include "server/core/mutex.h"
+
+namespace sluice {
+
+// Appends `spec`'s control inputs to `request` (rows: its batch size; shape [rows, 1], or [1]
+// for a model without a batch dimension): the values of `control` with READY on, or, when
+// `control` is null (a filler row, warm-up), every flag off and a zero/empty correlation id.
+void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control, InferRequest* request);
+
+// Thread-safe. Every request is answered exactly once: with its outputs, or INVALID_ARGUMENT (no
+// or a wrong sequence_id, a batch of more than one row, a request for a sequence that is not
+// active, a second sequence_start on an active one, a request after the sequence's
+// sequence_end), UNAVAILABLE (the queue is full, the sequence was ended by EndSequences, or the
+// batcher stopped), DEADLINE_EXCEEDED / CANCELLED (expired while queued), or the model's error.
+class SequenceBatcher final : public Scheduler {
+ public:
+  struct Options {
+    const TimeSource* clock = nullptr;             // required; outlives the batcher
+    std::shared_ptr<ModelStats> stats;             // may be null
+    std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
+    // Requests waiting in sequences that wait for a slot, and, apart, in sequences bound to one.
+    size_t max_requests = 1024;
+  };
+
+  // INVALID_ARGUMENT without instances, a clock, or sequence_batching in `spec`.
+  static StatusOr<std::unique_ptr<SequenceBatcher>> Create(ModelSpec spec,
+                                                           std::vector<std::unique_ptr<ModelBackend>> instances,
+                                                           Options options);
+  ~SequenceBatcher() override;
+
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
+  // Each warm-up request runs with its control inputs off (READY false): the model sees the
+  // shapes without any sequence's state changing.
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
+  void SetBatchSizeLadder(std::vector<int>) override {}  // a batch is the slots that have a request
+  void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
+
+  bool HasSequence(const CorrelationId& id) const override ABSL_LOCKS_EXCLUDED(mutex_);
+  size_t ActiveSequences() const override ABSL_LOCKS_EXCLUDED(mutex_);
+  bool WaitSequencesEnded(std::chrono::steady_clock::time_point deadline) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void EndSequences(const Status& why) override ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Slots per instance: max_batch_size (1 for a model without a batch dimension).
+  int slots_per_instance() const { return slots_per_instance_; }
+
+ private:
+  struct Sequence {
+    CorrelationId id;
+    int instance = -1;  // -1: waiting for a slot
+    int slot = -1;
+    std::deque<PendingRequest> pending;  // arrival order; the front runs next
+    bool end_queued = false;             // its sequence_end request has arrived
+    bool started = false;                // its sequence_start request has run (or is running)
+    bool running = false;                // one of its requests is in an execution now
+    TimePoint last_activity;             // last arrival, or the answer to its last request
+  };
+  struct InstanceState {
+    std::vector<std::shared_ptr<Sequence>> slots;    // by slot; null: free
+    bool busy = false;                               // an execution was handed over and has not ended
+  };
+
+  SequenceBatcher(ModelSpec spec, Options options);
+  void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
+  void InstanceIdle(size_t instance) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Admission: the checks that need no lock. OK or why the request is refused.
+  Status CheckRequest(const InferRequest& request) const;
+  Status CheckRows(const InferRequest& request) const;  // one row per request
+  // Whether a request for `sequence` (null: a new one) fits the queue (max_requests apply to the
+  // requests of sequences waiting for a slot and to those of bound sequences, each).
+  Status CheckQueueLocked(const Sequence* sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Binds waiting sequences to free slots, oldest first.
+  void AssignSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Frees the slot of `sequence` (if it has one), forgets it, and counts how it finished.
+  void ForgetLocked(const std::shared_ptr<Sequence>& sequence, SequenceOutcome outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Moves expired requests (and whole sequences whose start expired) into `*out`, each with its
+  // answer; ends idle sequences. Returns the next time something can expire (kNoDeadline: none).
+  TimePoint ExpireLocked(TimePoint now, std::vector<std::pair<PendingRequest, Status>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The next execution of idle instance `index`, if one should run now; else when it may
+  // (`*wake`, kNoDeadline: when a request arrives).
+  std::optional<FormedBatch> FormBatchLocked(size_t index, TimePoint now, TimePoint* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  PendingRequest Filler(const InferRequest& like) const;
+
+  const ModelSpec spec_;
+  const Options options_;
+  const int slots_per_instance_;
+  std::unique_ptr<InstancePool> pool_;  // set by Create before the batcher thread starts
+
+  mutable Mutex mutex_;
+  CondVar batcher_cv_;  // a request arrived, an instance went idle, or stop
+  CondVar ended_cv_;    // the last sequence ended
+  std::map<CorrelationId, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mutex_);
+  std::deque<std::shared_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mutex_);  // for a slot, arrival order
+  std::vector<InstanceState> instances_ ABSL_GUARDED_BY(mutex_);
+  size_t queued_ ABSL_GUARDED_BY(mutex_) = 0;  // requests waiting (not running)
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread batcher_;
+};
+
+}  // namespace sluice
