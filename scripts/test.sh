@@ -23,7 +23,8 @@ SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test" \
 # 500, 108 s at 1,000 on 2 cores) while the interleavings it exercises do not.
 for suite in scheduler_test manager_test; do
   echo "== ThreadSanitizer: $suite"
-  SLUICE_STRESS_REQUESTS=500 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  SLUICE_STRESS_REQUESTS=500 \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp" \
     "build-tsan/bin/$suite" --gtest_brief=1
 done
 
@@ -38,4 +39,4 @@ scripts/gpu_kit.sh selftest
 
 # Fuzzing, bounded: request decoding (gRPC messages, HTTP JSON and binary bodies), validation and
 # padding; config.pbtxt parsing.
-scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-15}"
+scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-10}"

@@ -15,7 +15,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.clock = options.clock;
   pool_options.stats = std::move(options.stats);
   pool_options.on_fatal = std::move(options.on_fatal);
-  pool_options.on_idle = [raw = batcher.get()](size_t) { raw->Poke(); };
+  pool_options.on_idle = [raw = batcher.get()](size_t, bool) { raw->Poke(); };
   pool_options.batches = !options.queue.one_request_per_batch;
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));

@@ -163,17 +163,19 @@ void InstancePool::WorkerLoop(size_t index) {
       idle_.fetch_sub(1, std::memory_order_acq_rel);
       lock.Unlock();
       task();
+      idle_.fetch_add(1, std::memory_order_acq_rel);
+      if (options_.on_idle) options_.on_idle(index, /*after_batch=*/false);
     } else if (!assigned_[index].empty() || !ready_.empty()) {
       std::deque<FormedBatch>& queue = assigned_[index].empty() ? ready_ : assigned_[index];
       FormedBatch batch = std::move(queue.front());
       queue.pop_front();
       lock.Unlock();
       RunBatch(instance, std::move(batch));
+      idle_.fetch_add(1, std::memory_order_acq_rel);
+      if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
     } else {
       return;  // stopping, and nothing left to run
     }
-    idle_.fetch_add(1, std::memory_order_acq_rel);
-    if (options_.on_idle) options_.on_idle(index);
     lock.Lock();
   }
 }

@@ -34,9 +34,11 @@ class InstancePool {
     const TimeSource* clock = nullptr;             // required; outlives the pool
     std::shared_ptr<ModelStats> stats;             // may be null
     std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
-    // An instance became free (a batch or a warm-up task ended); its index. Runs on that
-    // instance's worker thread with no pool lock held; must be cheap. May be null.
-    std::function<void(size_t instance)> on_idle;
+    // An instance became free: its index, and whether it finished a batch (Run or RunOn:
+    // exactly one such call per batch handed over, so a scheduler may count on it) or a warm-up
+    // task (which may come after WarmUp returned). Runs on that instance's worker thread with no
+    // pool lock held; must be cheap. May be null.
+    std::function<void(size_t instance, bool after_batch)> on_idle;
     // Whether several requests may run together. False (a model without dynamic_batching): every
     // request runs alone on its own bytes, so warm-up does not assemble either.
     bool batches = true;

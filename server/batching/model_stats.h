@@ -55,7 +55,7 @@ const char* FailureReasonName(FailureReason reason);  // "rejected", "timeout", 
 enum class SequenceOutcome {
   kEnded,        // its sequence_end request ran
   kIdleExpired,  // nothing came for max_sequence_idle_microseconds
-  kDropped,      // its start expired (deadline, cancellation) before it ran
+  kDropped,      // its start expired (deadline, cancellation) before it ran, or failed
   kCut,          // the server ended it: its version was unloaded or replaced, or the server stopped
 };
 inline constexpr SequenceOutcome kAllSequenceOutcomes[] = {SequenceOutcome::kEnded, SequenceOutcome::kIdleExpired,

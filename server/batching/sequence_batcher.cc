@@ -86,7 +86,11 @@ StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(ModelSpec spe
   pool_options.clock = options.clock;
   pool_options.stats = options.stats;
   pool_options.on_fatal = options.on_fatal;
-  pool_options.on_idle = [raw = batcher.get()](size_t instance) { raw->InstanceIdle(instance); };
+  // Only a finished batch frees an instance it was handed to: a warm-up task's notice may come
+  // after traffic started.
+  pool_options.on_idle = [raw = batcher.get()](size_t instance, bool after_batch) {
+    if (after_batch) raw->InstanceIdle(instance);
+  };
   pool_options.batches = spec.batches();
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
@@ -405,11 +409,28 @@ std::optional<FormedBatch> SequenceBatcher::FormBatchLocked(size_t index, TimePo
       // Idle time counts from the answer, noted before the caller hears it (so a client that sends
       // its next request at once is never late). Only the worker calls this, never under our lock
       // (the pool is running while executions are handed to it).
-      pending.done = [this, sequence, done = std::move(pending.done)](Status status) {
+      const bool start = pending.request->parameters.sequence.start;
+      pending.done = [this, sequence, start, done = std::move(pending.done)](Status status) {
+        std::deque<PendingRequest> orphans;
         {
           MutexLock lock(&mutex_);
           sequence->running = false;
           sequence->last_activity = options_.clock->Now();
+          // A start that failed leaves nothing for the rest of the sequence to build on: drop it,
+          // so that the client can start it again, and answer what was queued behind it.
+          auto found = sequences_.find(sequence->id);
+          if (start && !status.ok() && found != sequences_.end() && found->second == sequence) {
+            orphans.swap(sequence->pending);
+            queued_ -= orphans.size();
+            spdlog::info("event=sequence_dropped model={} sequence={} reason=\"its start failed: {}\"", spec_.name,
+                         sequence->id.ToString(), status.message());
+            ForgetLocked(sequence, SequenceOutcome::kDropped);
+          }
+        }
+        for (PendingRequest& orphan : orphans) {
+          pool_->Drop(orphan, absl::UnavailableError(absl::StrCat(
+                                  "sequence ", sequence->id.ToString(), " of model '", spec_.name,
+                                  "' was dropped: its sequence_start request failed (", status.message(), ")")));
         }
         done(std::move(status));
       };

@@ -62,7 +62,7 @@ struct ServerMetrics::Families {
                                    "waiting for one)").Register(r)),
         sequences_finished(prometheus::BuildCounter().Name("sluice_sequences_total")
                                .Help("Stateful models: sequences that finished, by outcome: ended (sequence_end "
-                                     "ran), idle_expired, dropped (start expired while queued), cut (unload, "
+                                     "ran), idle_expired, dropped (its start expired while queued or failed), cut (unload, "
                                      "reload or shutdown)").Register(r)),
         state(prometheus::BuildGauge().Name("sluice_model_state")
                   .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)").Register(r)),

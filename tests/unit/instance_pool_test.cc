@@ -50,7 +50,7 @@ class InstancePoolTest : public ::testing::Test {
     InstancePool::Options options;
     options.clock = &clock_;
     options.stats = stats_;
-    options.on_idle = [this](size_t) { idle_calls_.fetch_add(1); };
+    options.on_idle = [this](size_t, bool) { idle_calls_.fetch_add(1); };
     return *InstancePool::Create(Spec(), std::move(backends), options);
   }
 

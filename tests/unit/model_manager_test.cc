@@ -386,6 +386,73 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   EXPECT_EQ(backend->executed(), warmup_runs + 1);
 }
 
+// A scheduler that holds the sequences it is told about (for routing tests).
+class HeldSequences final : public Scheduler {
+ public:
+  explicit HeldSequences(std::set<uint64_t> ids) : ids_(std::move(ids)) {}
+  void Enqueue(std::unique_ptr<InferRequest>, OutputSink*, InferCompletion done) override { done(absl::OkStatus()); }
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest>, const std::atomic<bool>*) override {
+    return WarmupReport{};
+  }
+  void SetBatchSizeLadder(std::vector<int>) override {}
+  void Stop() override {}
+  bool HasSequence(const CorrelationId& id) const override { return !id.is_text && ids_.count(id.number) > 0; }
+
+ private:
+  const std::set<uint64_t> ids_;
+};
+
+// Finds the newest version; FindSequence looks through `versions` (as the manager looks through
+// ready and draining ones).
+class TwoVersions final : public ModelLookup {
+ public:
+  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string&, const std::string&) const override {
+    return versions.back()->Acquire();
+  }
+  StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string&, const CorrelationId& id) const override {
+    for (const auto& version : versions) {
+      if (version->HasSequence(id)) return version->Acquire();
+    }
+    return absl::NotFoundError("none");
+  }
+  std::vector<std::shared_ptr<ModelHandle>> versions;
+};
+
+TEST(ModelHandleTest, ARequestContinuingASequenceGoesToTheVersionHoldingIt) {
+  SteadyTimeSource clock;
+  auto model = std::make_shared<RepositoryModel>();
+  model->name = "acc";
+  model->spec.name = "acc";
+  model->spec.sequence_batching.enabled = true;
+  TwoVersions lookup;
+  lookup.versions.push_back(std::make_shared<ModelHandle>(
+      model, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}), std::make_shared<ModelStats>(), &clock));
+  lookup.versions.push_back(std::make_shared<ModelHandle>(
+      model, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{8}), std::make_shared<ModelStats>(), &clock));
+  auto route = [&](uint64_t id, bool start, bool version_given) {
+    InferRequest request;
+    request.parameters.sequence = {{id, "", false}, start, false};
+    return RouteSequence(lookup, *lookup.Find("acc", ""), request, version_given)->version();
+  };
+  EXPECT_EQ(route(7, false, false), 1);  // started on version 1, which still drains it
+  EXPECT_EQ(route(8, false, false), 2);
+  EXPECT_EQ(route(7, true, false), 2);   // a new start goes to the newest
+  EXPECT_EQ(route(9, false, false), 2);  // unknown: the newest answers "not active"
+  EXPECT_EQ(route(7, false, true), 2);   // a version asked for is kept
+  EXPECT_EQ(route(0, false, false), 2);  // no sequence
+  // A model without sequence_batching is never rerouted.
+  auto plain = std::make_shared<RepositoryModel>();
+  plain->name = "plain";
+  TwoVersions stateless;
+  stateless.versions.push_back(std::make_shared<ModelHandle>(
+      plain, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}), std::make_shared<ModelStats>(), &clock));
+  stateless.versions.push_back(std::make_shared<ModelHandle>(
+      plain, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{}), std::make_shared<ModelStats>(), &clock));
+  InferRequest request;
+  request.parameters.sequence = {{7, "", false}, false, false};
+  EXPECT_EQ(RouteSequence(stateless, *stateless.Find("plain", ""), request, false)->version(), 2);
+}
+
 TEST(ModelControlTest, ParsesModes) {
   EXPECT_EQ(*ParseModelControlMode("explicit"), ModelControlMode::kExplicit);
   EXPECT_EQ(*ParseModelControlMode("poll"), ModelControlMode::kPoll);

@@ -53,6 +53,9 @@ std::vector<T> Values(const InferRequest& request, const std::string& name) {
   return {};
 }
 
+// An input value that makes the fake model fail its execution.
+constexpr int32_t kPoison = -999;
+
 // One execution as the model saw it.
 struct Execution {
   std::vector<int32_t> ready, start, end, input;
@@ -70,6 +73,7 @@ class SlotAccumulator {
     std::vector<int32_t> out(static_cast<size_t>(batch.batch_size), 0);
     for (size_t row = 0; row < out.size(); ++row) {
       if (seen.ready[row] == 0) continue;
+      if (seen.input[row] == kPoison) return absl::InternalError("poisoned row");
       if (seen.start[row] != 0) sums_[row] = 0;
       sums_[row] += seen.input[row];
       out[row] = sums_[row];
@@ -380,6 +384,28 @@ TEST_F(SequenceBatcherTest, AStartThatExpiresWhileWaitingForASlotDropsItsSequenc
   ASSERT_FALSE(dropped.ok());
   EXPECT_THAT(dropped.status().message(), HasSubstr("its sequence_start request expired before it ran"));
   EXPECT_FALSE(batcher->HasSequence(Id(2)));
+}
+
+TEST_F(SequenceBatcherTest, AStartTheModelFailsDropsItsSequenceSoThatItCanStartAgain) {
+  auto batcher = Make();
+  models_[0]->CloseGate();
+  Call start, next;
+  start.value = kPoison;
+  next.value = 1;
+  batcher->Enqueue(Request(start, Id(9), true, false), &start.sink, Done(start));
+  models_[0]->WaitStarted(1);
+  batcher->Enqueue(Request(next, Id(9), false, false), &next.sink, Done(next));
+  models_[0]->OpenGate();
+  EXPECT_EQ(start.Get().status().code(), absl::StatusCode::kInternal);
+  StatusOr<int32_t> orphan = next.Get();
+  ASSERT_FALSE(orphan.ok());
+  EXPECT_EQ(orphan.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(orphan.status().message(), HasSubstr("its sequence_start request failed (poisoned row)"));
+  EXPECT_FALSE(batcher->HasSequence(Id(9)));
+  EXPECT_EQ(*Send(*batcher, Id(9), 4, true), 4);
+  // A later request that fails leaves its sequence active.
+  EXPECT_EQ(Send(*batcher, Id(9), kPoison).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(*Send(*batcher, Id(9), 1, false, true), 5);
 }
 
 TEST_F(SequenceBatcherTest, DrainWaitsForSequencesThenEndsThoseLeft) {
