@@ -1,7 +1,8 @@
 // The model instances of one model version and the threads that run them: one worker thread per
 // instance, its staging buffers, warm-up on each instance's own thread, fatal-error forwarding and
-// the request statistics. It knows nothing of queue policy: a scheduler (DynamicBatcher, and later
-// a sequence scheduler) decides which requests run together and hands the pool formed batches.
+// the request statistics. It knows nothing of queue policy: a scheduler (DynamicBatcher, or
+// SequenceBatcher for stateful models) decides which requests run together, and on which instance,
+// and hands the pool formed batches.
 #pragma once
 
 #include <atomic>
