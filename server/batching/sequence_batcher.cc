@@ -59,16 +59,9 @@ uint64_t LargestId(DataType type) {
 void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control, InferRequest* request) {
   const int64_t rows = spec.batches() ? request->batch_size : 1;
   for (const SequenceControlSpec& each : spec.sequence_batching.controls) {
-    auto buffer = std::make_unique<std::string>();
-    for (int64_t row = 0; row < rows; ++row) AppendControlValue(each, control, buffer.get());
-    TensorView view;
-    view.name = each.input;
-    view.dtype = each.dtype;
-    view.shape = spec.batches() ? Shape{rows, 1} : Shape{1};
-    view.data = buffer->data();
-    view.byte_size = buffer->size();
-    request->owned_buffers.push_back(std::move(buffer));
-    request->inputs.push_back(std::move(view));
+    std::string bytes;
+    for (int64_t row = 0; row < rows; ++row) AppendControlValue(each, control, &bytes);
+    request->AddOwnedInput(each.input, each.dtype, spec.batches() ? Shape{rows, 1} : Shape{1}, std::move(bytes));
   }
 }
 
@@ -153,23 +146,24 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
     MutexLock lock(&mutex_);
     auto found = sequences_.find(control.id);
     std::shared_ptr<Sequence> sequence = found == sequences_.end() ? nullptr : found->second;
-    const std::string name = absl::StrCat("sequence ", control.id.ToString(), " of model '", spec_.name, "'");
+    // Only a refusal needs the sequence described: admitted requests build no string.
+    auto name = [&] { return absl::StrCat("sequence ", control.id.ToString(), " of model '", spec_.name, "'"); };
     if (stopping_) {
       admitted = absl::UnavailableError(absl::StrCat("model '", spec_.name, "' is shutting down"));
     } else if (Status full = CheckQueueLocked(sequence.get()); !full.ok()) {
       admitted = std::move(full);
     } else if (control.start && sequence != nullptr) {
       admitted = absl::InvalidArgumentError(absl::StrCat(
-          name, " is already active; sequence_start begins a new sequence: end the active one with sequence_end "
+          name(), " is already active; sequence_start begins a new sequence: end the active one with sequence_end "
           "first, or use another sequence_id"));
     } else if (!control.start && sequence == nullptr) {
       admitted = absl::InvalidArgumentError(absl::StrCat(
-          name, " is not active: its first request must set sequence_start (a sequence ends with its sequence_end "
+          name(), " is not active: its first request must set sequence_start (a sequence ends with its sequence_end "
           "request, after ", spec_.sequence_batching.max_sequence_idle_us / 1000,
           " ms without a request (max_sequence_idle_microseconds), or when its model version is unloaded)"));
     } else if (sequence != nullptr && sequence->end_queued) {
       admitted = absl::InvalidArgumentError(absl::StrCat(
-          name, " already has its sequence_end request queued; start a new sequence with sequence_start once it "
+          name(), " already has its sequence_end request queued; start a new sequence with sequence_start once it "
           "has been answered"));
     }
     if (admitted.ok()) {
@@ -337,18 +331,9 @@ PendingRequest SequenceBatcher::Filler(const InferRequest& like) const {
     const bool control = std::any_of(spec_.sequence_batching.controls.begin(), spec_.sequence_batching.controls.end(),
                                      [&](const SequenceControlSpec& each) { return each.input == input.name; });
     if (control) continue;
-    int64_t elements = 1;
-    for (int64_t dim : input.shape) elements *= dim;
-    auto buffer = std::make_unique<std::string>(input.dtype == DataType::kBytes ? EmptyBytesElements(elements)
-                                                                                : std::string(input.byte_size, '\0'));
-    TensorView view;
-    view.name = input.name;
-    view.dtype = input.dtype;
-    view.shape = input.shape;
-    view.data = buffer->data();
-    view.byte_size = buffer->size();
-    request->owned_buffers.push_back(std::move(buffer));
-    request->inputs.push_back(std::move(view));
+    // `like` was validated: its shape has a count.
+    request->AddOwnedInput(input.name, input.dtype, input.shape,
+                           ZeroElements(input.dtype, ElementCount(input.shape).value_or(0)));
   }
   AppendSequenceControls(spec_, nullptr, request.get());
   request->requested_outputs.push_back(spec_.outputs.front().name);

@@ -117,22 +117,16 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
     for (const TensorSpec& input : spec.inputs) {
       if (input.name == padding.lengths_input) declared = &input;
     }
-    TensorView lengths;
-    lengths.name = padding.lengths_input;
-    lengths.dtype = declared ? declared->dtype : DataType::kInt64;
+    const DataType dtype = declared ? declared->dtype : DataType::kInt64;
     const int64_t rows = spec.batches() ? request->batch_size : 1;
-    if (spec.batches()) lengths.shape.push_back(rows);
-    lengths.shape.push_back(static_cast<int64_t>(padding.axes.size()));
-    auto buffer = std::make_unique<std::string>();
+    Shape shape;
+    if (spec.batches()) shape.push_back(rows);
+    shape.push_back(static_cast<int64_t>(padding.axes.size()));
+    std::string bytes;
     for (int64_t row = 0; row < rows; ++row) {
-      for (int64_t length : padded.lengths) {
-        buffer->append(ScalarBytes(lengths.dtype, static_cast<double>(length)));
-      }
+      for (int64_t length : padded.lengths) bytes.append(ScalarBytes(dtype, static_cast<double>(length)));
     }
-    lengths.data = buffer->data();
-    lengths.byte_size = buffer->size();
-    request->owned_buffers.push_back(std::move(buffer));
-    request->inputs.push_back(std::move(lengths));
+    request->AddOwnedInput(padding.lengths_input, dtype, std::move(shape), std::move(bytes));
   }
   return padded;
 }

@@ -20,20 +20,6 @@ std::unique_ptr<InferRequest> NewRequest(const ModelSpec& spec) {
   return request;
 }
 
-// Adds an input that owns `bytes`.
-void AddInput(InferRequest* request, const std::string& name, DataType dtype, Shape shape,
-              std::string bytes) {
-  auto buffer = std::make_unique<std::string>(std::move(bytes));
-  TensorView view;
-  view.name = name;
-  view.dtype = dtype;
-  view.shape = std::move(shape);
-  view.data = buffer->data();
-  view.byte_size = buffer->size();
-  request->owned_buffers.push_back(std::move(buffer));
-  request->inputs.push_back(std::move(view));
-}
-
 StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupInputSpec& input,
                                   const Shape& shape, const std::filesystem::path& model_directory,
                                   std::mt19937* random) {
@@ -42,7 +28,7 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
   const size_t bytes = static_cast<size_t>(elements) * ElementSize(input.dtype);
   switch (input.source) {
     case WarmupInputSpec::Source::kZero:
-      return strings ? EmptyBytesElements(elements) : std::string(bytes, '\0');
+      return ZeroElements(input.dtype, elements);
     case WarmupInputSpec::Source::kRandom: {
       // Values in [0, 1) for floating types and 0..9 for integers: valid for any model input,
       // and never NaN (random bytes could be).
@@ -103,10 +89,8 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
         const TensorSpec& input = spec.inputs[i];
         if (input.filled_by_server) continue;
         SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(entry.input_shapes[i]));
-        AddInput(warmup.request.get(), input.name, input.dtype, entry.input_shapes[i],
-                 input.dtype == DataType::kBytes
-                     ? EmptyBytesElements(elements)
-                     : std::string(static_cast<size_t>(elements) * ElementSize(input.dtype), '\0'));
+        warmup.request->AddOwnedInput(input.name, input.dtype, entry.input_shapes[i],
+                                      ZeroElements(input.dtype, elements));
       }
       requests.push_back(std::move(warmup));
     }
@@ -123,7 +107,7 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
       shape.insert(shape.end(), input.dims.begin(), input.dims.end());
       SLUICE_ASSIGN_OR_RETURN(std::string bytes,
                               SampleBytes(sample, input, shape, model_directory, &random));
-      AddInput(warmup.request.get(), input.name, input.dtype, std::move(shape), std::move(bytes));
+      warmup.request->AddOwnedInput(input.name, input.dtype, std::move(shape), std::move(bytes));
     }
     if (Status valid = ValidateRequest(spec, warmup.request.get()); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(warmup.label, ": ", valid.message()));

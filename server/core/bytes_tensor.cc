@@ -28,6 +28,11 @@ std::string EmptyBytesElements(int64_t elements) {
   return std::string(static_cast<size_t>(elements) * kBytesLengthSize, '\0');
 }
 
+std::string ZeroElements(DataType dtype, int64_t elements) {
+  if (dtype == DataType::kBytes) return EmptyBytesElements(elements);
+  return std::string(static_cast<size_t>(elements) * ElementSize(dtype), '\0');
+}
+
 Status CheckBytesTensor(std::string_view what_view, std::string_view data, int64_t elements, bool require_utf8) {
   const absl::string_view what(what_view.data(), what_view.size());  // absl's own type in this build
   size_t offset = 0;

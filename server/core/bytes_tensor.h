@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "server/core/data_type.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -22,6 +23,9 @@ void AppendBytesElement(std::string_view element, std::string* out);
 
 // `elements` empty strings: what padding rows and zero warm-up data hold.
 std::string EmptyBytesElements(int64_t elements);
+
+// `elements` zeros of `dtype` in its bytes; for BYTES, empty strings.
+std::string ZeroElements(DataType dtype, int64_t elements);
 
 // OK when `data` holds exactly `elements` elements, each (when `require_utf8`) valid UTF-8.
 // INVALID_ARGUMENT otherwise, `what` ("input 'TEXT'") leading the message, which says which

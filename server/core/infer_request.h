@@ -84,6 +84,19 @@ struct InferRequest {
     return bytes;
   }
   bool IsCancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
+
+  // Appends an input whose bytes this request owns (warm-up data, server-filled inputs).
+  void AddOwnedInput(std::string name, DataType dtype, Shape shape, std::string bytes) {
+    auto buffer = std::make_unique<std::string>(std::move(bytes));
+    TensorView view;
+    view.name = std::move(name);
+    view.dtype = dtype;
+    view.shape = std::move(shape);
+    view.data = buffer->data();
+    view.byte_size = buffer->size();
+    owned_buffers.push_back(std::move(buffer));
+    inputs.push_back(std::move(view));
+  }
 };
 
 }  // namespace sluice

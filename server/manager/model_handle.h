@@ -64,7 +64,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // Whether the sequence `id` is active on this version (stateful models; see SequenceBatcher).
   bool HasSequence(const CorrelationId& id) const { return scheduler_->HasSequence(id); }
   // For a retired version of a stateful model: waits up to `grace` for its active sequences to
-  // end (requests for them still come here, see ModelManager::Find), then ends those left with
+  // end (requests for them still come here, see ModelManager::FindSequence), then ends those left with
   // UNAVAILABLE, naming the reason. Returns at once when none is active.
   void DrainSequences(Duration grace);
 

@@ -300,28 +300,20 @@ Status ConvertControlValues(const inference::ModelSequenceBatching::Control& con
   if (control.data_type() != inference::TYPE_INVALID) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": data_type is for CONTROL_SEQUENCE_CORRID only"));
   }
-  auto two = [&](int size) -> Status {
-    if (size == 2) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the *_false_true list needs exactly two values "
-                                                   "(off, on), found ", size));
+  // The list given (int32, fp32 or bool values) and the type it makes the input.
+  auto take = [&](DataType dtype, const auto& values) -> Status {
+    if (values.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the *_false_true list needs exactly two values "
+                                                     "(off, on), found ", values.size()));
+    }
+    out->dtype = dtype;
+    out->false_value = static_cast<double>(values.Get(0));
+    out->true_value = static_cast<double>(values.Get(1));
+    return absl::OkStatus();
   };
-  if (control.int32_false_true_size() > 0) {
-    SLUICE_RETURN_IF_ERROR(two(control.int32_false_true_size()));
-    out->dtype = DataType::kInt32;
-    out->false_value = control.int32_false_true(0);
-    out->true_value = control.int32_false_true(1);
-  } else if (control.fp32_false_true_size() > 0) {
-    SLUICE_RETURN_IF_ERROR(two(control.fp32_false_true_size()));
-    out->dtype = DataType::kFp32;
-    out->false_value = control.fp32_false_true(0);
-    out->true_value = control.fp32_false_true(1);
-  } else {
-    SLUICE_RETURN_IF_ERROR(two(control.bool_false_true_size()));
-    out->dtype = DataType::kBool;
-    out->false_value = control.bool_false_true(0) ? 1 : 0;
-    out->true_value = control.bool_false_true(1) ? 1 : 0;
-  }
-  return absl::OkStatus();
+  if (control.int32_false_true_size() > 0) return take(DataType::kInt32, control.int32_false_true());
+  if (control.fp32_false_true_size() > 0) return take(DataType::kFp32, control.fp32_false_true());
+  return take(DataType::kBool, control.bool_false_true());
 }
 
 // Triton's sequence_batching block, direct strategy. Control inputs join spec->inputs as inputs
