@@ -17,6 +17,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.on_fatal = std::move(options.on_fatal);
   pool_options.on_idle = [raw = batcher.get()](size_t, bool) { raw->Poke(); };
   pool_options.batches = !options.queue.one_request_per_batch;
+  pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   batcher->batcher_ = std::thread([raw = batcher.get()] { raw->BatcherLoop(); });

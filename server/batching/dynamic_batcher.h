@@ -33,6 +33,7 @@ class DynamicBatcher final : public Scheduler {
     const TimeSource* clock = nullptr;           // required; outlives the batcher
     std::shared_ptr<ModelStats> stats;           // may be null
     std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
+    bool warm_up_one_at_a_time = false;           // see InstancePool::Options
   };
 
   static StatusOr<std::unique_ptr<DynamicBatcher>> Create(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -109,12 +110,18 @@ void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& sta
 StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
   auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
   WarmupCollector collector(static_cast<int>(instances_.size()));
+  // Held by each instance's whole warm-up when they go one at a time; shared, because a task's
+  // last moments (after it reported) may outlive this call.
+  // It guards no data, only turns: a plain std::mutex.
+  auto one_at_a_time = options_.warm_up_one_at_a_time ? std::make_shared<std::mutex>() : nullptr;
   {
     MutexLock lock(&mutex_);
     if (stopping_) return absl::UnavailableError("the scheduler has stopped");
     for (size_t i = 0; i < instances_.size(); ++i) {
       Instance* instance = instances_[i].get();
-      tasks_[i].push_back([this, instance, i, shared, abandon, &collector] {
+      tasks_[i].push_back([this, instance, i, shared, abandon, one_at_a_time, &collector] {
+        std::unique_lock<std::mutex> turn;
+        if (one_at_a_time) turn = std::unique_lock<std::mutex>(*one_at_a_time);
         collector.Report(RunWarmupOnInstance(
             static_cast<int>(i), *shared, abandon, [&](const InferRequest& request) -> Status {
               FormedBatch batch;

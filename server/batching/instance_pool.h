@@ -43,6 +43,10 @@ class InstancePool {
     // Whether several requests may run together. False (a model without dynamic_batching): every
     // request runs alone on its own bytes, so warm-up does not assemble either.
     bool batches = true;
+    // Warm the instances one after another instead of all at once: with cuDNN benchmark mode on
+    // GPU instances, cudnnFind times every algorithm, and instances timing on one GPU at the same
+    // time disturb each other's timings (and the choice each keeps). Off: all at once.
+    bool warm_up_one_at_a_time = false;
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.

@@ -85,6 +85,7 @@ StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(ModelSpec spe
     if (after_batch) raw->InstanceIdle(instance);
   };
   pool_options.batches = spec.batches();
+  pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   {

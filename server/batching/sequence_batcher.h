@@ -47,6 +47,7 @@ class SequenceBatcher final : public Scheduler {
     const TimeSource* clock = nullptr;             // required; outlives the batcher
     std::shared_ptr<ModelStats> stats;             // may be null
     std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
+    bool warm_up_one_at_a_time = false;            // see InstancePool::Options
     // Requests waiting in sequences that wait for a slot, and, apart, in sequences bound to one.
     size_t max_requests = 1024;
   };

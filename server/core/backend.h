@@ -101,7 +101,8 @@ class BackendFactory {
   virtual bool CudaUsable() const = 0;
   virtual int CudaDeviceCount() const = 0;
   // Gives memory cached for instances that no longer exist back to the system (LibTorch's CUDA
-  // caching allocator keeps freed blocks reserved). Called after model versions are unloaded.
+  // caching allocator keeps freed device blocks reserved, its host allocator freed pinned
+  // blocks). Called after model versions are unloaded.
   virtual void ReleaseCachedMemory() {}
 };
 

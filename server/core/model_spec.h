@@ -173,6 +173,13 @@ struct ModelSpec {
   int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance
   std::vector<WarmupSampleSpec> warmup_samples;  // Triton's model_warmup
   std::optional<CudnnBenchmarkMode> cudnn_benchmark_override;  // sluice.cudnn_benchmark
+  // How a GPU instance's worker waits for its batch's results (sluice.cuda_wait): false, "spin"
+  // (the default), synchronises the stream, which CUDA's default schedule turns into a spin while
+  // the process has no more CUDA contexts than CPUs (a CPU busy for the whole GPU time, the least
+  // latency); true, "blocking", waits on an event made with cudaEventBlockingSync (the thread
+  // sleeps until the GPU is done: less CPU per request, a wake-up's latency more). Per instance,
+  // unlike the process-wide device flag, which must be set before any CUDA context exists.
+  bool cuda_blocking_wait = false;
   // Decided by VersionLoader (see DecideCudnnBenchmark) before the instances load; the runtime
   // writes it into every convolution of the model's graph.
   bool cudnn_benchmark = false;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "server/batching/batch_sizes.h"
 #include "server/batching/dynamic_batcher.h"
@@ -165,6 +166,8 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   batcher.queue.server_budget = options_.queued_bytes_budget;
   batcher.clock = clock_;
   batcher.stats = stats;
+  // cudnnFind on several instances of one GPU at once would time each against the others.
+  batcher.warm_up_one_at_a_time = decision.benchmark && absl::StrContains(*device, "cuda");
   if (options_.liveness != nullptr) {
     batcher.on_fatal = [liveness = options_.liveness, name = model.name](const Status& status) {
       spdlog::critical("event=fatal_device_error model={} reason=\"{}\" action=\"server is no longer "
@@ -178,6 +181,7 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     sequences.clock = clock_;
     sequences.stats = batcher.stats;
     sequences.on_fatal = batcher.on_fatal;
+    sequences.warm_up_one_at_a_time = batcher.warm_up_one_at_a_time;
     sequences.max_requests = options_.max_queue_size;
     SLUICE_ASSIGN_OR_RETURN(scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
   } else {

@@ -443,7 +443,7 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.pad_batch_to_preferred", "sluice.max_shape_groups", "sluice.max_queued_bytes",
     "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
-    "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes"};
+    "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
@@ -645,6 +645,13 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
       return absl::InvalidArgumentError(absl::StrCat("parameter sluice.cudnn_benchmark ", mode.status().message()));
     }
     if (*mode != CudnnBenchmarkMode::kAuto) spec->cudnn_benchmark_override = *mode;
+  }
+  if (auto it = spec->parameters.find("sluice.cuda_wait"); it != spec->parameters.end()) {
+    if (it->second != "spin" && it->second != "blocking") {
+      return absl::InvalidArgumentError(absl::StrCat("parameter sluice.cuda_wait is \"", it->second,
+                                                     "\": use \"spin\" (the default) or \"blocking\""));
+    }
+    spec->cuda_blocking_wait = it->second == "blocking";
   }
   for (const inference::ModelWarmup& warmup : config.model_warmup()) {
     WarmupSampleSpec sample;

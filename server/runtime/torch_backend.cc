@@ -1,6 +1,7 @@
 #include "server/runtime/torch_backend.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -215,7 +216,11 @@ class TorchBackendFactory final : public BackendFactory {
   bool CudaUsable() const override { return info_.cuda_usable; }
   int CudaDeviceCount() const override { return info_.cuda_device_count; }
   void ReleaseCachedMemory() override {
-    if (info_.cuda_usable) c10::cuda::CUDACachingAllocator::emptyCache();
+    if (!info_.cuda_usable) return;
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    // Pinned host memory (staging and output buffers of GPU instances) is cached by its own
+    // allocator; the blocks no living instance holds go back too, so RSS falls on unload.
+    at::getHostAllocator(at::kCUDA)->empty_cache();
   }
 
  private:

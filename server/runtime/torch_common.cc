@@ -2,9 +2,12 @@
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 
@@ -14,39 +17,28 @@
 namespace sluice {
 namespace {
 
-// CUDA errors after which the device context is unusable: every later call fails too, so the
-// process must be restarted (see MarkFatal).
-bool IsStickyCudaError(const std::string& message) {
-  if (message.find("CUDA error") == std::string::npos) return false;
-  for (const char* sticky : {"illegal memory access", "unspecified launch failure", "device-side assert",
-                             "misaligned address", "illegal instruction", "uncorrectable ECC",
-                             "launch timed out", "hardware stack error"}) {
-    if (message.find(sticky) != std::string::npos) return true;
+// The caching allocator's count of allocations it could not satisfy on `device` (after freeing
+// its cache and retrying); nullopt where the allocator keeps no statistics (the cudaMallocAsync
+// backend throws instead).
+std::optional<int64_t> OutOfMemoryCount(c10::DeviceIndex device) {
+  try {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device).num_ooms;
+  } catch (const std::exception&) {
+    return std::nullopt;
   }
-  return false;
 }
 
-// An allocation failure, recognised by its message: the TorchScript interpreter rethrows every
-// error inside a scripted model as std::runtime_error ("The following operation failed in the
-// TorchScript interpreter ..."), so c10::OutOfMemoryError's type does not survive a forward pass,
-// and the CPU allocator reports failure as a plain c10::Error.
-bool IsOutOfMemory(const std::string& message) {
-  for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "DefaultCPUAllocator: can't allocate memory",
-                             "DefaultCPUAllocator: not enough memory"}) {
-    if (message.find(marker) != std::string::npos) return true;
-  }
-  return false;
+// After a failed forward pass: the stream's state, or the thread's last error when the stream is
+// clean. A sticky error is returned by both; a non-sticky one left behind is cleared here, so the
+// next batch does not inherit it.
+int QueryCudaError(const c10::cuda::CUDAStream& stream) {
+  const cudaError_t on_stream = cudaStreamQuery(stream.stream());
+  const cudaError_t last = cudaGetLastError();
+  if (on_stream != cudaSuccess && on_stream != cudaErrorNotReady) return static_cast<int>(on_stream);
+  return static_cast<int>(last);
 }
 
 }  // namespace
-
-Status TorchFailure(const std::string& what, const std::string& message, bool out_of_memory) {
-  if (out_of_memory || IsOutOfMemory(message)) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory: ", TruncateTorchMessage(message)));
-  }
-  Status status = absl::InternalError(absl::StrCat(what, ": ", TruncateTorchMessage(message)));
-  return IsStickyCudaError(message) ? MarkFatal(std::move(status)) : status;
-}
 
 at::ScalarType ToScalarType(DataType type) {
   switch (type) {
@@ -150,7 +142,7 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     host[i] = ToHost(i, value);
   }
   // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
-  if (stream_ != nullptr) stream_->synchronize();
+  if (stream_ != nullptr) WaitForStream();
   std::vector<HostOutput> delivered;
   for (size_t i = 0; i < declared.size(); ++i) {
     if (!wanted[i]) continue;
@@ -171,6 +163,16 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     delivered.push_back(std::move(output));
   }
   return DeliverOutputs(delivered, targets, spec_->batches());
+}
+
+void OutputDelivery::WaitForStream() {
+  if (!spec_->cuda_blocking_wait) {
+    stream_->synchronize();
+    return;
+  }
+  if (!done_) done_.emplace(cudaEventBlockingSync | cudaEventDisableTiming);
+  done_->record(*stream_);
+  done_->synchronize();
 }
 
 at::Tensor OutputDelivery::ToHost(size_t index, const at::Tensor& value) {
@@ -259,13 +261,28 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<
       intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {}
 
 Status TorchInstance::Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
-  return CatchTorch(absl::StrCat("model '", spec_.name, "' failed"), [&]() -> Status {
-    std::optional<c10::cuda::CUDAStreamGuard> guard;
-    if (stream_.get() != nullptr) guard.emplace(*stream_.get());
-    ApplyIntraOpThreads(intra_op_threads_);
-    c10::InferenceMode inference_mode;
-    return Run(batch, targets);
-  });
+  c10::cuda::CUDAStream* stream = stream_.get();
+  // Read before the pass (not kept from the last failure), so that another instance's out of
+  // memory on the same device is not charged to this one unless both fail at once.
+  const std::optional<int64_t> ooms_before =
+      stream != nullptr ? OutOfMemoryCount(stream->device_index()) : std::nullopt;
+  ForwardFailure failure;
+  std::optional<Status> status = TryTorch(
+      [&]() -> Status {
+        std::optional<c10::cuda::CUDAStreamGuard> guard;
+        if (stream != nullptr) guard.emplace(*stream);
+        ApplyIntraOpThreads(intra_op_threads_);
+        c10::InferenceMode inference_mode;
+        return Run(batch, targets);
+      },
+      &failure);
+  if (status) return *std::move(status);
+  if (stream != nullptr) {
+    failure.cuda_error = QueryCudaError(*stream);
+    const std::optional<int64_t> ooms_after = OutOfMemoryCount(stream->device_index());
+    failure.allocator_out_of_memory = ooms_before && ooms_after && *ooms_after > *ooms_before;
+  }
+  return ForwardFailureStatus(absl::StrCat("model '", spec_.name, "' failed"), failure);
 }
 
 std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {

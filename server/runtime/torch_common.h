@@ -5,38 +5,49 @@
 
 #include <ATen/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "server/core/backend.h"
 #include "server/core/mutex.h"
+#include "server/runtime/cuda_failure.h"
 #include "server/runtime/environment.h"
 
 namespace sluice {
 
-// The status for a LibTorch exception's message: out of memory is RESOURCE_EXHAUSTED (the
-// instance serves on), a sticky CUDA error is INTERNAL marked fatal, anything else INTERNAL.
-// `what` leads the message; the torch message is truncated (TruncateTorchMessage).
-Status TorchFailure(const std::string& what, const std::string& message, bool out_of_memory);
-
-// Runs `fn`, turning LibTorch exceptions into statuses (TorchFailure).
+// Runs `fn` and returns what it returned; when it throws, nullopt, with the exception's message
+// and whether its type was an out of memory written into `*failure`.
 template <typename Fn>
-auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
+auto TryTorch(Fn&& fn, ForwardFailure* failure) -> std::optional<decltype(fn())> {
   try {
     return fn();
   } catch (const c10::OutOfMemoryError& e) {
-    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/true);
+    failure->message = e.what_without_backtrace();
+    failure->out_of_memory_type = true;
   } catch (const c10::Error& e) {
-    return TorchFailure(what, e.what_without_backtrace(), /*out_of_memory=*/false);
+    failure->message = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    return TorchFailure(what, e.what(), /*out_of_memory=*/false);
+    failure->message = e.what();
   }
+  return std::nullopt;
+}
+
+// Runs `fn`, turning LibTorch exceptions into statuses by their type and message alone
+// (ForwardFailureStatus without CUDA evidence): for loading and housekeeping. A forward pass goes
+// through TorchInstance::Execute, which also queries the device after a failure.
+template <typename Fn>
+auto CatchTorch(const std::string& what, Fn&& fn) -> decltype(fn()) {
+  ForwardFailure failure;
+  if (auto result = TryTorch(std::forward<Fn>(fn), &failure)) return *std::move(result);
+  return ForwardFailureStatus(what, failure);
 }
 
 // BYTES has no scalar type (it maps to List[str]); the others map one to one.
@@ -117,10 +128,13 @@ class OutputDelivery {
   // sink copy is then the only one). GPU: an asynchronous copy into this instance's pinned buffer
   // for that output (reused, grown when a larger batch needs it); the caller synchronises.
   at::Tensor ToHost(size_t index, const at::Tensor& value);
+  // Waits until everything queued on the stream is done, as the spec's sluice.cuda_wait says.
+  void WaitForStream();
 
   const ModelSpec* const spec_;
   c10::cuda::CUDAStream* const stream_;
   std::vector<at::Tensor> pinned_outputs_;  // GPU: per declared output, bytes
+  std::optional<at::cuda::CUDAEvent> done_;  // GPU with sluice.cuda_wait "blocking"
 };
 
 // What a LibTorch model instance of either format is around its forward pass: the instance's

@@ -1,5 +1,9 @@
 // The instance pool on its own: batches handed over by a test instead of a queue policy.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -58,6 +62,51 @@ class InstancePoolTest : public ::testing::Test {
   std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
   std::atomic<int> idle_calls_{0};
 };
+
+// How many warm-up runs overlap across two instances. A run waits (bounded) for the other
+// instance to join it: with instances warming all at once they meet at once; one at a time they
+// never can, and each run gives up after `alone`.
+int MostWarmupRunsAtOnce(bool one_at_a_time, std::chrono::milliseconds alone) {
+  struct Overlap {
+    std::mutex mutex;
+    std::condition_variable joined;
+    int active = 0, most = 0;
+  };
+  auto overlap = std::make_shared<Overlap>();
+  auto behaviour = [overlap, alone](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
+    std::unique_lock<std::mutex> lock(overlap->mutex);
+    overlap->most = std::max(overlap->most, ++overlap->active);
+    overlap->joined.notify_all();
+    overlap->joined.wait_for(lock, alone, [&] { return overlap->active > 1; });
+    --overlap->active;
+    return std::vector<Tensor>{};
+  };
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::make_unique<testing::FakeBackend>(behaviour));
+  backends.push_back(std::make_unique<testing::FakeBackend>(behaviour));
+  FakeTimeSource clock;
+  InstancePool::Options options;
+  options.clock = &clock;
+  options.warm_up_one_at_a_time = one_at_a_time;
+  auto pool = *InstancePool::Create(Spec(), std::move(backends), options);
+  std::vector<WarmupRequest> warmup(1);
+  warmup[0].label = "batch=1";
+  warmup[0].request = std::make_unique<InferRequest>();
+  warmup[0].request->batch_size = 1;
+  auto zeros = std::make_unique<std::string>(8, '\0');
+  warmup[0].request->inputs.push_back({"x", DataType::kInt32, {1, 2}, zeros->data(), zeros->size()});
+  warmup[0].request->owned_buffers.push_back(std::move(zeros));
+  EXPECT_TRUE(pool->WarmUp(std::move(warmup), nullptr).ok());
+  pool->Stop();
+  return overlap->most;
+}
+
+// With cuDNN benchmark mode on GPU instances the version loader asks for one instance at a time
+// (cudnnFind timings on one GPU disturb each other); otherwise they warm up together.
+TEST(InstancePoolWarmupTest, InstancesWarmUpOneAtATimeWhenAskedAndTogetherOtherwise) {
+  EXPECT_EQ(MostWarmupRunsAtOnce(/*one_at_a_time=*/false, std::chrono::seconds(30)), 2);
+  EXPECT_EQ(MostWarmupRunsAtOnce(/*one_at_a_time=*/true, std::chrono::milliseconds(50)), 1);
+}
 
 TEST_F(InstancePoolTest, NeedsInstancesAndAClock) {
   InstancePool::Options options;

@@ -269,6 +269,8 @@ TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
                    param("sluice.pad_value", "-1")).ok());
   EXPECT_THAT(with(param("sluice.cudnn_benchmark", "maybe")).message(), HasSubstr("\"auto\", \"on\" or \"off\""));
   EXPECT_THAT(with(param("sluice.warmup_runs", "0")).message(), HasSubstr("sluice.warmup_runs"));
+  EXPECT_THAT(with(param("sluice.cuda_wait", "yield")).message(),
+              HasSubstr("sluice.cuda_wait is \"yield\": use \"spin\" (the default) or \"blocking\""));
 }
 
 TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
@@ -276,6 +278,7 @@ TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
     parameters { key: "sluice.warmup" value { string_value: "false" } }
     parameters { key: "sluice.warmup_runs" value { string_value: "5" } }
     parameters { key: "sluice.cudnn_benchmark" value { string_value: "off" } }
+    parameters { key: "sluice.cuda_wait" value { string_value: "blocking" } }
     model_warmup [ { name: "zeros" batch_size: 2 count: 3
                      inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 7 ] zero_data: true } } },
                    { name: "file" batch_size: 1
@@ -285,6 +288,7 @@ TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
   EXPECT_FALSE(spec->warmup);
   EXPECT_EQ(spec->warmup_runs, 5);
   EXPECT_EQ(spec->cudnn_benchmark_override, CudnnBenchmarkMode::kOff);
+  EXPECT_TRUE(spec->cuda_blocking_wait);
   ASSERT_EQ(spec->warmup_samples.size(), 2u);
   EXPECT_EQ(spec->warmup_samples[0].name, "zeros");
   EXPECT_EQ(spec->warmup_samples[0].batch_size, 2);
