@@ -87,10 +87,18 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
                  server->metrics_endpoint_->port());
     StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load(NvmlLibraryPath());
     if (nvml.ok()) {
+      GpuTelemetry::Options telemetry_options;
+      telemetry_options.interval = std::chrono::milliseconds(config.metrics_interval_ms);
+      // GPUs labelled as the instances see them (cuda:N) and only those CUDA shows this process.
+      // With --device cpu no instance runs on a GPU: NVML's view, as on a host without CUDA.
+      if (config.device != DevicePolicy::kCpu) {
+        for (const GpuInfo& gpu : runtime.gpus) telemetry_options.cuda_uuids.push_back(gpu.uuid);
+      }
+      const char* labels = telemetry_options.cuda_uuids.empty() ? "nvml_index" : "cuda_ordinal";
       server->gpu_telemetry_ = std::make_unique<GpuTelemetry>(*std::move(nvml), server->metrics_.get(),
-                                                              std::chrono::milliseconds(config.metrics_interval_ms));
-      spdlog::info("event=gpu_telemetry gpus={} interval_ms={}", server->gpu_telemetry_->gpus(),
-                   config.metrics_interval_ms);
+                                                              std::move(telemetry_options));
+      spdlog::info("event=gpu_telemetry gpus={} interval_ms={} gpu_label={}", server->gpu_telemetry_->gpus(),
+                   config.metrics_interval_ms, labels);
     } else {
       spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
     }

@@ -1,7 +1,6 @@
 #include "server/metrics/server_metrics.h"
 
 #include <algorithm>
-#include <iterator>
 #include <mutex>
 
 #include <prometheus/counter.h>
@@ -382,13 +381,15 @@ void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& label
 void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
   MutexLock lock(&mutex_);
   Families& f = *families_;
-  // Series of GPUs that disappeared are removed; the others are set again (Add returns the
-  // existing series for the same labels).
+  // Series of GPUs or values that disappeared are removed; the others are set again (Add returns
+  // the existing series for the same labels).
   std::vector<std::pair<Family<Gauge>*, Gauge*>> keep;
   std::vector<Counter*> energy_kept;
-  auto set = [&](Family<Gauge>& family, const Labels& labels, double value) {
+  std::map<std::string, double> energy_seen;
+  auto set = [&](Family<Gauge>& family, const Labels& labels, const std::optional<double>& value) {
+    if (!value.has_value()) return;
     Gauge& gauge = family.Add(labels);
-    gauge.Set(value);
+    gauge.Set(*value);
     keep.emplace_back(&family, &gauge);
   };
   for (const GpuSample& gpu : samples) {
@@ -400,14 +401,17 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
     set(f.nv_gpu_power, nv, gpu.power_watts);
     set(f.nv_gpu_power_limit, nv, gpu.power_limit_watts);
     // NVML counts energy since the driver loaded; Triton's counter counts since the server
-    // started: the first reading is the baseline, later ones add their difference.
-    Counter& energy = f.nv_energy.Add(nv);
-    auto seen = f.energy_seen.find(gpu.uuid);
-    if (seen != f.energy_seen.end() && gpu.energy_joules > seen->second) {
-      energy.Increment(gpu.energy_joules - seen->second);
+    // started: the first reading is the baseline, later ones add their difference. A GPU whose
+    // reading goes away loses its counter and starts again from a new baseline.
+    if (gpu.energy_joules.has_value()) {
+      Counter& energy = f.nv_energy.Add(nv);
+      auto seen = f.energy_seen.find(gpu.uuid);
+      if (seen != f.energy_seen.end() && *gpu.energy_joules > seen->second) {
+        energy.Increment(*gpu.energy_joules - seen->second);
+      }
+      energy_seen[gpu.uuid] = *gpu.energy_joules;
+      energy_kept.push_back(&energy);
     }
-    f.energy_seen[gpu.uuid] = gpu.energy_joules;
-    energy_kept.push_back(&energy);
     set(f.gpu_utilization, ours, gpu.utilization);
     set(f.gpu_memory_used, ours, gpu.memory_used_bytes);
     set(f.gpu_memory_total, ours, gpu.memory_total_bytes);
@@ -420,13 +424,9 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
   for (Counter* old : f.energy_series) {
     if (std::find(energy_kept.begin(), energy_kept.end(), old) == energy_kept.end()) f.nv_energy.Remove(old);
   }
-  for (auto it = f.energy_seen.begin(); it != f.energy_seen.end();) {
-    const bool present = std::any_of(samples.begin(), samples.end(),
-                                     [&](const GpuSample& gpu) { return gpu.uuid == it->first; });
-    it = present ? std::next(it) : f.energy_seen.erase(it);
-  }
   f.gpu_series = std::move(keep);
   f.energy_series = std::move(energy_kept);
+  f.energy_seen = std::move(energy_seen);
 }
 
 }  // namespace sluice

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,18 +36,19 @@ const std::vector<double>& LatencyBucketsSeconds();
 // Batch-size buckets: 1, 2, 3, 4, 6, 8, 12, 16, ... 1024.
 const std::vector<double>& BatchSizeBuckets();
 
-// One GPU's telemetry sample (see GpuTelemetry).
+// One GPU's telemetry sample (see GpuTelemetry). An empty value is one NVML could not give (the
+// query is missing, not supported on this GPU, or failed): its series is absent, never 0.
 struct GpuSample {
-  int index = 0;
+  int index = 0;     // the `gpu` label: CUDA's ordinal (cuda:N), or NVML's index without CUDA's view
   std::string uuid;  // "GPU-..." as nvidia-smi prints it
   std::string name;
-  double utilization = 0;         // 0..1, share of the last sample period a kernel ran
-  double memory_used_bytes = 0;
-  double memory_total_bytes = 0;
-  double power_watts = 0;
-  double power_limit_watts = 0;
-  double temperature_celsius = 0;
-  double energy_joules = 0;       // since the driver loaded
+  std::optional<double> utilization;  // 0..1, share of the last sample period a kernel ran
+  std::optional<double> memory_used_bytes;
+  std::optional<double> memory_total_bytes;
+  std::optional<double> power_watts;
+  std::optional<double> power_limit_watts;
+  std::optional<double> temperature_celsius;
+  std::optional<double> energy_joules;  // since the driver loaded
 };
 
 class ServerMetrics final : public ModelObserver {
@@ -62,7 +64,8 @@ class ServerMetrics final : public ModelObserver {
 
   // sluice_build_info{...} 1: the environment report's versions as labels.
   void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
-  // Replaces the GPU series with `samples` (an empty vector exports no GPU series).
+  // Replaces the GPU series with `samples`: each GPU's series for each value it has. A GPU or a
+  // value missing from `samples` loses its series (an empty vector exports no GPU series).
   void SetGpus(const std::vector<GpuSample>& samples) ABSL_LOCKS_EXCLUDED(mutex_);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
