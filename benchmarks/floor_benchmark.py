@@ -130,11 +130,14 @@ def cpu_seconds(pid):
 class Load:
     """Runs sluice-bench-load windows against one server."""
 
-    def __init__(self, bin_dir, client_prefix, workdir, windows):
+    def __init__(self, bin_dir, client_prefix, workdir, windows, timeout=None):
+        """`timeout`: seconds one client run may take (default: generous for the window); the GPU
+        kit keeps it below its step's cap."""
         self.binary = os.path.join(bin_dir, "sluice-bench-load")
         self.prefix = client_prefix
         self.workdir = workdir
         self.warmup_s, self.seconds = windows
+        self.timeout = timeout or 120 + self.seconds * 4
 
     def run(self, url, request_file, concurrency, rate=0, server_pid=None):
         command = [*self.prefix, self.binary, "--target", url, "--request-file", request_file,
@@ -143,7 +146,7 @@ class Load:
         # The server's CPU time over the whole client run (warm-up included) is divided by the
         # calls sent in it: at a fixed rate that is the measured calls x (warm-up + window) / window.
         before = cpu_seconds(server_pid) if server_pid else None
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120 + self.seconds * 4)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout)
         after = cpu_seconds(server_pid) if server_pid else None
         try:
             out = json.loads(result.stdout.strip().splitlines()[-1])

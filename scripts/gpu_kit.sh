@@ -3,13 +3,17 @@
 # whole GPU path in one command (see README, "GPU check").
 #
 #   scripts/gpu_kit.sh build     stage build/gpu-kit from a finished build (scripts/build.sh):
-#                                stripped binaries, the non-torch shared libraries they load,
-#                                perf_analyzer, Python wheels, the step scripts and run.sh
+#                                stripped binaries (libexec/, RUNPATH $ORIGIN/../lib), the
+#                                non-torch shared libraries they load, perf_analyzer, Python
+#                                wheels, the step scripts and run.sh
 #   scripts/gpu_kit.sh selftest  build, then run the kit here from a copy under `env -i` with
 #                                --no-gpu and this machine's torch standing in for the GPU
 #                                machine's: every step that can runs, the GPU steps report
 #                                `skipped: no GPU`, and every carried binary must resolve its
-#                                libraries into the kit, the torch lib dir or glibc
+#                                libraries into the kit, the torch lib dir or glibc; then run.sh
+#                                on fake steps with a small budget: a step whose cap does not fit
+#                                must read `skipped: budget`, one over its cap `fail`, one
+#                                without a result `fail`, the `# kit-always` step must run
 #
 # On the GPU machine: build/gpu-kit/run.sh (it prints where the report goes; $OUT when set).
 # The payload must stay under 60 MiB (the GPU machine takes 64 MiB with the working tree).
@@ -35,6 +39,8 @@ WHEELS=(
   "python-rapidjson==1.25|--platform manylinux_2_28_x86_64|>=0.9.1"
   "protobuf==6.33.6|--platform manylinux2014_x86_64|>=6.30.0,<7"
   "grpcio==1.85.3|--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64|>=1.81.1"
+  # tritonclient imports it (BF16) at import time; a bare torch machine may lack it.
+  "ml_dtypes==0.5.4|--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64|>=0.4"
 )
 
 # torch's lib dir and the nvidia/* wheels' lib dirs, as run.sh puts them on LD_LIBRARY_PATH.
@@ -54,22 +60,23 @@ build_kit() {
   command -v patchelf >/dev/null || die "patchelf is missing: run scripts/setup.sh"
 
   rm -rf "$KIT"
-  mkdir -p "$KIT"/{bin,lib,wheels,src/tests,src/models,src/benchmarks}
+  mkdir -p "$KIT"/{libexec,lib,wheels,src/tests,src/models,src/benchmarks}
   for b in "${binaries[@]}"; do
-    strip --strip-unneeded -o "$KIT/bin/$b" "$bin/$b"
+    strip --strip-unneeded -o "$KIT/libexec/$b" "$bin/$b"
   done
-  strip --strip-unneeded -o "$KIT/bin/perf_analyzer" "$pa/perf_analyzer"
+  strip --strip-unneeded -o "$KIT/libexec/perf_analyzer" "$pa/perf_analyzer"
   cp "$pa/lib/libcudart.so.12" "$KIT/lib/"  # perf_analyzer's CUDA 12 runtime (torch has 13)
   # Build-tree RUNPATHs point into this machine's .venv: replace them so that, here as there,
-  # only the kit (and run.sh's LD_LIBRARY_PATH: the kit, then the machine's torch) is searched.
-  for f in "$KIT"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
+  # only the kit (and the LD_LIBRARY_PATH of run.sh's per-binary wrappers: the kit, then the
+  # machine's torch) is searched.
+  for f in "$KIT"/libexec/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
 
   # The shared libraries the binaries load, resolved here with the torch wheel's lib dir first
   # (so that everything the torch wheel provides is recognised as such and left out).
   local tlib site
   tlib=$(torch_libs)
   site=$(dirname "$(dirname "${tlib%%:*}")")
-  for f in "$KIT"/bin/*; do
+  for f in "$KIT"/libexec/*; do
     LD_LIBRARY_PATH="$KIT/lib:$tlib" ldd "$f"
   done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u | while read -r soname path; do
     case "$path" in "$site"/*|"$KIT"/*) continue ;; esac
@@ -115,7 +122,7 @@ build_kit() {
   chmod +x "$KIT/run.sh"
 
   local glibc
-  glibc=$(for f in "$KIT"/bin/* "$KIT"/lib/*; do objdump -T "$f" 2>/dev/null; done \
+  glibc=$(for f in "$KIT"/libexec/* "$KIT"/lib/*; do objdump -T "$f" 2>/dev/null; done \
     | grep -o 'GLIBC_[0-9.]*' | sort -t. -k1,1 -k2,2n -k3,3n -u | tail -1)
   "$PY" - "$KIT/MANIFEST.json" "$glibc" <<'EOF'
 import json, subprocess, sys, datetime, torch
@@ -132,7 +139,7 @@ EOF
   bytes=$(du -sb "$KIT" | cut -f1)
   mib=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')
   log "staged $KIT: $mib MiB (limit $LIMIT_MIB MiB), needs $glibc or newer"
-  (cd "$KIT" && du -sb bin lib wheels src | awk '{printf "[gpu-kit]   %-7s %6.1f MiB\n", $2, $1 / 1048576}')
+  (cd "$KIT" && du -sb libexec lib wheels src | awk '{printf "[gpu-kit]   %-7s %6.1f MiB\n", $2, $1 / 1048576}')
   awk -v b="$bytes" -v l="$LIMIT_MIB" 'BEGIN {exit !(b <= l * 1048576)}' \
     || die "the kit is $mib MiB, over the $LIMIT_MIB MiB limit"
 }
@@ -157,6 +164,30 @@ selftest() {
     "$tmp/kit/run.sh" --no-gpu --python "$PY" --out "$tmp/out" || rc=$?
   [ "$rc" -eq 0 ] || die "run.sh --no-gpu exited $rc"
   "$PY" "$ROOT/scripts/gpu_kit/check_report.py" --no-gpu "$tmp/out"
+  budget_selftest "$tmp"
+}
+
+# run.sh's budget logic on fake steps: with a 40 s budget and a 10 s always-step held back,
+# 01 (cap 5) runs, 02 (cap 60) cannot fit and is `skipped: budget`, 03 overruns its 2 s cap and
+# fails, 04 writes no result and fails, 05 (cap 5) still fits and runs, 99 (kit-always) runs.
+budget_selftest() {
+  local tmp=$1 steps=$1/fake-steps
+  mkdir -p "$steps"
+  local ok='printf "{\"status\": \"pass\", \"summary\": \"ran\"}" >"$STEP_DIR/result.json"'
+  printf '# kit-timeout: 5\n%s\n' "$ok" >"$steps/01_quick.sh"
+  printf '# kit-timeout: 60\nsleep 50\n%s\n' "$ok" >"$steps/02_slow.sh"
+  printf '# kit-timeout: 2\nsleep 30\n%s\n' "$ok" >"$steps/03_overrun.sh"
+  printf '# kit-timeout: 5\nexit 0\n' >"$steps/04_no_result.sh"
+  printf '# kit-timeout: 5\n%s\n' "$ok" >"$steps/05_after.sh"
+  printf '# kit-timeout: 10\n# kit-always\n%s\n' "$ok" >"$steps/99_always.sh"
+  log "budget self-test: fake steps with --budget 40"
+  env -i HOME="$tmp" PATH=/usr/bin:/bin LANG=C.UTF-8 \
+    "$tmp/kit/run.sh" --no-gpu --python "$PY" --out "$tmp/budget-out" --steps "$steps" --budget 40 >"$tmp/budget.log" 2>&1 \
+    || { cat "$tmp/budget.log"; die "run.sh on the fake steps exited non-zero"; }
+  "$PY" "$ROOT/scripts/gpu_kit/check_report.py" --steps "$steps" \
+    --expect "01_quick=pass" --expect "02_slow=skipped:skipped: budget" --expect "03_overrun=fail:timed out" \
+    --expect "04_no_result=fail:exited 0 without a result" --expect "05_after=pass" --expect "99_always=pass" \
+    "$tmp/budget-out" || { cat "$tmp/budget.log"; die "run.sh's budget logic is wrong"; }
 }
 
 case "${1:-}" in

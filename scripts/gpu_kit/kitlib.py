@@ -18,7 +18,8 @@ KIT = os.environ.get("KIT", os.path.dirname(os.path.abspath(__file__)))
 WORK = os.environ.get("WORK", "/tmp")
 STEP_DIR = os.environ.get("STEP_DIR", WORK)
 NO_GPU = os.environ.get("KIT_NO_GPU", "0") == "1"
-BIN = os.path.join(KIT, "bin")
+# run.sh's wrappers (they give only the kit's binaries the kit's libraries and torch's).
+BIN = os.environ.get("KIT_BIN", os.path.join(KIT, "bin"))
 SERVER = os.path.join(BIN, "sluice-server")
 
 # Per-datatype tolerance for outputs computed on the GPU by the server against the same module
@@ -148,7 +149,25 @@ def statistics_delta(after, before):
     return delta
 
 
-def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=()):
+def run_logged(args, name, timeout):
+    """Runs `args` with stdout and stderr going straight to STEP_DIR/<name> (so a cap that kills
+    the step keeps what the child wrote); returns (exit code, the file's text)."""
+    path = step_path(name)
+    with open(path, "w") as log:
+        log.write(" ".join(args) + "\n")
+        log.flush()
+        try:
+            code = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    with open(path, errors="replace") as f:
+        text = f.read()
+    if code is None:
+        raise RuntimeError(f"{os.path.basename(args[0])} did not finish in {timeout} s: {text[-800:]}")
+    return code, text
+
+
+def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=(), timeout=None):
     """One perf_analyzer run at a fixed concurrency (three windows of window_ms), as a dict."""
     out_csv = os.path.join(workdir, f"pa_{model}_c{concurrency}.csv")
     args = [os.path.join(BIN, "perf_analyzer"), "-m", model, "-u", url, "-i", "grpc", "-b", "1",
@@ -157,12 +176,10 @@ def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra
             *extra]
     if shape:
         args += ["--shape", shape]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=max(120, window_ms * 6 // 1000))
-    with open(step_path(f"perf_analyzer_{model}_c{concurrency}.txt"), "w") as f:
-        f.write(" ".join(args) + "\n" + result.stdout + result.stderr)
-    if result.returncode != 0:
-        raise RuntimeError(f"perf_analyzer {model} c={concurrency} exited {result.returncode}: "
-                           f"{(result.stdout + result.stderr)[-800:]}")
+    code, text = run_logged(args, f"perf_analyzer_{model}_c{concurrency}.txt",
+                            timeout or max(30, window_ms * 6 // 1000))
+    if code != 0:
+        raise RuntimeError(f"perf_analyzer {model} c={concurrency} exited {code}: {text[-800:]}")
     import csv
     with open(out_csv) as f:
         row = next(csv.DictReader(f))
@@ -172,15 +189,31 @@ def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra
             "server_compute_us": float(row.get("Server Compute Infer", 0) or 0)}
 
 
-def inprocess(model_file, row_shape, batch_sizes, seconds, dtype="fp32", threads=0):
-    """sluice-bench-inprocess on this step's device: {batch: {rows_per_s, p50_us, ...}}."""
+def inprocess(model_file, row_shape, batch_sizes, seconds, dtype="fp32", threads=0, via_runtime=False, timeout=60):
+    """sluice-bench-inprocess on this step's device: {batch: {rows_per_s, p50_us, ...}}.
+    via_runtime=False: the model alone, its input already where it runs (on a GPU: the input on
+    the device, a synchronisation per pass). True: through Sluice's runtime as the server calls
+    it, the input in pinned host staging memory, copied to the device and the outputs back to
+    the host (what every real request pays besides the model)."""
     args = [os.path.join(BIN, "sluice-bench-inprocess"), "--model", model_file,
             "--row-shape", ",".join(map(str, row_shape)), "--batch-sizes", ",".join(map(str, batch_sizes)),
-            "--seconds", str(seconds), "--device", device(), "--dtype", dtype, "--threads", str(threads)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"sluice-bench-inprocess exited {result.returncode}: {result.stderr[-800:]}")
-    return {row["batch"]: row for row in map(json.loads, result.stdout.splitlines())}
+            "--seconds", str(seconds), "--device", device(), "--dtype", dtype, "--threads", str(threads),
+            "--via-sluice-runtime", "true" if via_runtime else "false"]
+    name = f"inprocess_{os.path.basename(model_file)}_{'runtime' if via_runtime else 'model'}.txt"
+    code, text = run_logged(args, name, timeout)
+    if code != 0:
+        raise RuntimeError(f"sluice-bench-inprocess exited {code}: {text[-800:]}")
+    rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return {row["batch"]: row for row in rows}
+
+
+def ceilings(model_file, row_shape, batch_sizes, seconds, dtype="fp32"):
+    """Both in-process ceilings in one run: {"model": ..., "with_copies": ..., "copies_us":
+    {batch: p50 with copies - p50 of the model alone}}."""
+    alone = inprocess(model_file, row_shape, batch_sizes, seconds, dtype=dtype)
+    copies = inprocess(model_file, row_shape, batch_sizes, seconds, dtype=dtype, via_runtime=True)
+    return {"model": alone, "with_copies": copies,
+            "copies_us": {b: round(copies[b]["p50_us"] - alone[b]["p50_us"], 1) for b in alone if b in copies}}
 
 
 def timed_infer(client, model, inputs, outputs=None):

@@ -2,30 +2,47 @@
 # The GPU proof kit's runner (staged into build/gpu-kit by scripts/gpu_kit.sh build).
 #
 #   run.sh [--no-gpu] [--python PY] [--out DIR] [--budget SECONDS] [--only NAME[,NAME...]]
+#          [--steps DIR]
 #
 # Runs every step under steps/ in name order, each under its own time cap (a `# kit-timeout: N`
-# line in the step), all of them within --budget seconds (default 280). A step that fails, times
-# out or crashes never stops the others. After every step it rewrites the report, so a run cut
-# short still returns what finished. It returns exactly three files in --out (default $OUT, else
-# a new folder it prints): gpu-report.md, gpu-report.json, gpu-logs.tar.gz.
+# line in the step, default 60), all of them within --budget seconds (default 480: one 10-minute
+# device command with room for the machine's start and the report's return). A step starts only
+# while its whole cap fits in what is left of the budget; otherwise it is reported
+# `skipped: budget`, never `fail`. Steps marked `# kit-always` (the machine's state after the run)
+# have their caps held back from the budget and always run. A step that fails, times out or
+# crashes never stops the others. After every step it rewrites the report, so a run cut short
+# still returns what finished. It returns exactly three files in --out (default $OUT, else a new
+# folder it prints): gpu-report.md, gpu-report.json, gpu-logs.tar.gz.
+#
+# Order, by what a short GPU run must not lose: 00 loader, 10 print-env, 20 GPU gtests,
+# 30 outputs against torch, 40 ResNet-50 (cuDNN benchmark on/off), 50 throughput and
+# 55 request floor (the performance figures); then the fault paths and the operator's questions
+# (60 cuDNN per model, 62 start to ready, 65 out of memory, 68 device-side assert, 70 memory
+# cycles, 72 two instances, 74 HTTP, 76 SIGTERM under load); the AOTInductor compile (80) and
+# its out-of-memory (85) last, as the compile is the slowest; 99 the machine after the run.
 #
 # --python is the interpreter with the machine's torch (default: python3). It must be torch
 # 2.11.0 built for CUDA 13.0 with the C++11 ABI: the kit's binaries were linked against exactly
 # that LibTorch, whose libraries are taken from this machine's torch at run time.
 # --no-gpu: steps that need a GPU do a small CPU dry run of their own logic and report
 # `skipped: no GPU` (the test command runs the kit this way so that it cannot rot).
+# --steps: another folder of steps (the self-test's fake steps check the budget logic).
 #
 # Step contract: a step is an executable *.py (run with --python) or *.sh file. It sees KIT, WORK
 # (scratch shared by the steps), STEP_DIR (its own folder: logs, and result.json with status
-# pass|fail|skipped, summary, numbers, details), KIT_NO_GPU (1 or 0), KIT_PYTHON, and PATH and
-# LD_LIBRARY_PATH that find the kit's binaries and libraries. No result.json counts as a failure.
+# pass|fail|skipped, summary, numbers, details), KIT_NO_GPU (1 or 0), KIT_PYTHON, KIT_BIN (the
+# kit's commands: wrappers that point only the kit's own binaries at the kit's libraries and this
+# machine's torch; nothing else on the machine sees them) and PATH with KIT_BIN first. No
+# result.json counts as a failure. A step writes its children's output to files in STEP_DIR as it
+# goes, keeps inner timeouts below its cap, and rewrites result.json after each measured part.
 set -uo pipefail
 KIT=$(cd "$(dirname "$0")" && pwd)
 NO_GPU=0
 PY=python3
 OUT_DIR=${OUT:-}
-BUDGET=280
+BUDGET=480
 ONLY=""
+STEPS=""
 while (($#)); do
   case "$1" in
     --no-gpu) NO_GPU=1 ;;
@@ -33,12 +50,14 @@ while (($#)); do
     --out) OUT_DIR=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --steps) STEPS=$2; shift ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 START=$(date +%s)
+STEPS=$(cd "${STEPS:-$KIT/steps}" && pwd)
 [ -n "$OUT_DIR" ] || OUT_DIR=$(mktemp -d /tmp/sluice-gpu-report.XXXXXX)
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -70,12 +89,25 @@ EOF
 ); then
   exit 3
 fi
-# The machine's own path stays last: the driver's libraries (libcuda, libnvidia-ml) may be found
-# only through it.
-export LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="$KIT/bin:$PATH"
+# Only the kit's own binaries see the kit's libraries and this machine's torch: each command in
+# KIT_BIN is a wrapper that sets LD_LIBRARY_PATH for that one process and execs the real binary in
+# libexec (RUNPATH $ORIGIN/../lib). Python, the compiler of the AOTInductor step and everything
+# else keep the machine's own environment. The machine's own path stays last: the driver's
+# libraries (libcuda, libnvidia-ml) may be found only through it.
+KIT_BIN=$WORK/bin
+mkdir -p "$KIT_BIN"
+for binary in "$KIT"/libexec/*; do
+  [ -f "$binary" ] || continue
+  cat >"$KIT_BIN/$(basename "$binary")" <<WRAP
+#!/bin/sh
+LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$binary" "\$@"
+WRAP
+  chmod +x "$KIT_BIN/$(basename "$binary")"
+done
+export KIT_BIN KIT_LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$KIT_BIN:$PATH"
 export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT/src/benchmarks:$KIT"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT/bin"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT_BIN"
 
 # The machine, as found: recorded before anything runs.
 {
@@ -102,21 +134,35 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT/bin"
 report() { "$PY" "$KIT/report.py" --kit "$KIT" --work "$WORK" --out "$OUT_DIR" --elapsed $(($(date +%s) - START)); }
 report
 
-for step in "$KIT"/steps/[0-9]*; do
+cap_of() { local cap; cap=$(sed -n 's/^# kit-timeout: *\([0-9][0-9]*\).*/\1/p' "$1" | head -1); echo "${cap:-60}"; }
+always() { grep -q '^# kit-always' "$1"; }
+selected() { local name; name=$(basename "${1%.*}"); [ -z "$ONLY" ] || [[ ",$ONLY," == *",$name,"* ]]; }
+
+# The caps of the steps that always run are held back from the budget.
+RESERVED=0
+for step in "$STEPS"/[0-9]*; do
+  if selected "$step" && always "$step"; then RESERVED=$((RESERVED + $(cap_of "$step"))); fi
+done
+
+for step in "$STEPS"/[0-9]*; do
   file=$(basename "$step")
   name=${file%.*}
-  if [ -n "$ONLY" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
+  selected "$step" || continue
   dir=$WORK/steps/$name
   mkdir -p "$dir"
-  cap=$(sed -n 's/^# kit-timeout: *\([0-9][0-9]*\).*/\1/p' "$step" | head -1)
-  cap=${cap:-60}
-  left=$((BUDGET - ($(date +%s) - START)))
-  if ((left < 10)); then
-    printf '{"status": "fail", "summary": "not run: the %s s budget was spent before it"}\n' "$BUDGET" >"$dir/result.json"
-    report
-    continue
+  cap=$(cap_of "$step")
+  if always "$step"; then
+    RESERVED=$((RESERVED - cap))
+  else
+    left=$((BUDGET - RESERVED - ($(date +%s) - START)))
+    if ((cap > left)); then
+      printf '{"status": "skipped", "summary": "skipped: budget (its cap is %s s, %s s of the %s s budget were left)", "seconds": 0}\n' \
+        "$cap" "$((left > 0 ? left : 0))" "$BUDGET" >"$dir/result.json"
+      echo "[gpu-kit] $name: skipped: budget"
+      report
+      continue
+    fi
   fi
-  ((cap > left)) && cap=$left
   echo "[gpu-kit] $name (cap ${cap}s)"
   case "$file" in
     *.py) cmd=("$PY" "$step") ;;

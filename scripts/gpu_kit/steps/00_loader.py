@@ -1,6 +1,7 @@
 """Every carried binary and library resolves its shared libraries into the kit, this machine's
-torch (its lib dir and the nvidia/* wheels beside it) or the C and C++ runtimes: a `not found`
-or a too-old glibc shows here, before any other step tries to run them."""
+torch (its lib dir and the nvidia/* wheels beside it) or the C and C++ runtimes, with the library
+path run.sh's wrappers give the kit's binaries (and only them): a `not found` or a too-old glibc
+shows here, before any other step tries to run them."""
 # kit-timeout: 30
 import os
 import subprocess
@@ -15,10 +16,11 @@ def body():
     import torch
     site = os.path.dirname(os.path.dirname(torch.__file__))
     checked, bad, places = 0, [], {"kit": 0, "torch": 0, "system": 0}
-    for folder in ("bin", "lib"):
+    env = {**os.environ, "LD_LIBRARY_PATH": os.environ.get("KIT_LD_LIBRARY_PATH", "")}
+    for folder in ("libexec", "lib"):
         for name in sorted(os.listdir(os.path.join(kitlib.KIT, folder))):
             path = os.path.join(kitlib.KIT, folder, name)
-            result = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30)
+            result = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=20, env=env)
             text = result.stdout + result.stderr
             checked += 1
             if result.returncode != 0 and "not a dynamic executable" not in text:

@@ -1,7 +1,12 @@
 """cuDNN benchmark mode decided per model in one server: a convolution model with a fixed shape
 set (benchmark on, every shape warmed up before ready) beside an open-ended one (benchmark off),
 and the same open-ended model forced on (what benchmark mode costs when shapes keep changing).
-Reports the decision log lines and the first request at each new shape against the steady p50."""
+Reports the decision log lines and the first request at each new shape against the steady p50.
+On a GPU it fails when the behaviour is wrong, not only when the log lines are missing: the
+fixed-shape model's first request after ready at any of its sizes over FIRST_OVER_P50 times its
+steady p50 (warm-up should have run cudnnFind for it), or the open-ended model forced on not slower
+in total over its first requests at new shapes than the open-ended default (benchmark mode at a
+new shape pays cudnnFind; if it does not, the decision is not reaching the convolutions)."""
 # kit-timeout: 60
 import os
 import re
@@ -13,6 +18,7 @@ import torch
 import kitlib
 
 REQUESTS = 15
+FIRST_OVER_P50 = 2.0
 
 
 class Convs(torch.nn.Module):
@@ -94,7 +100,16 @@ parameters { key: "sluice.pad_batch_to_preferred" value { string_value: "true" }
     by_model = {}
     for row in rows:
         by_model.setdefault(row[0], []).append(row[4])
+    first_total = {model: sum(r[2] for r in rows if r[0] == model) for model in ("open", "open_forced_on")}
+    if not kitlib.NO_GPU:
+        slow = [f"{r[1]} {r[4]:.1f}x" for r in rows if r[0] == "fixed" and r[4] > FIRST_OVER_P50]
+        if slow:
+            failures.append(f"fixed: first request after ready over {FIRST_OVER_P50}x its steady p50: {', '.join(slow)}")
+        if first_total["open_forced_on"] <= first_total["open"]:
+            failures.append(f"open_forced_on's first requests at new shapes ({first_total['open_forced_on']} us in all) "
+                            f"are not slower than open's ({first_total['open']} us): benchmark mode shows no cost")
     numbers = {"decisions": decisions, "warmup": warmups, "first_over_p50": by_model,
+               "first_requests_at_new_shapes_us": first_total,
                "rows": [dict(zip(("model", "shape", "first_us", "p50_us", "first_over_p50"), r)) for r in rows]}
     details = ("Decisions:\n\n```\n" + "\n".join(decisions.values()) + "\n" + "\n".join(warmups.values()) + "\n```\n\n"
                + kitlib.table(["model", "request shape", "first request us", "steady p50 us", "first / p50"], rows))

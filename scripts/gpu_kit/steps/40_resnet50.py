@@ -1,7 +1,10 @@
 """ResNet-50 (torchvision, random weights, traced here) in FP32 and FP16, dynamic batching with
 preferred sizes {1, 8, 32, 64} and padding to them, cuDNN benchmark mode on and off (one model
 each, one server): warm-up time, and the first request after ready at each size against the
-steady p50 at that size. The traced files stay in WORK for the throughput step."""
+steady p50 at that size. Every shape was warmed up before ready, so on a GPU a first request
+more than FIRST_OVER_P50 times its steady p50 (server compute, not the client's transfer) is a
+failure. The numbers so far are written after each model, so a cap keeps them. The traced files
+stay in WORK for the throughput step."""
 # kit-timeout: 100
 import os
 import re
@@ -12,6 +15,7 @@ import numpy as np
 import kitlib
 
 REQUESTS = 10
+FIRST_OVER_P50 = 2.0  # warm-up ran every shape: the first request must be about as fast as the rest
 
 
 def body():
@@ -49,6 +53,7 @@ def body():
                 compute = delta["compute_infer_ns"] / max(delta["executions"], 1) / 1e3
                 rows.append([name, dtype, benchmark, batch, round(first), round(steady), round(first / steady, 2),
                              round(compute)])
+            kitlib.write_result("fail", f"cut short after {name}", {"rows": rows})
         client.close()
     finally:
         code = server.stop()
@@ -78,6 +83,11 @@ def body():
                                "first / p50", "server compute us"], rows)
                + "\n\nServer compute per forward pass, benchmark off / on (above 1: benchmark mode pays): "
                + ", ".join(f"{k} {v}" for k, v in speedup.items()))
+    if not kitlib.NO_GPU:
+        slow = [f"{r[0]}@{r[3]} {r[6]:.1f}x" for r in rows if r[6] > FIRST_OVER_P50]
+        if slow:
+            failures.append(f"first request after ready over {FIRST_OVER_P50}x the steady p50 (warm-up missed a "
+                            f"shape?): {', '.join(slow)}")
     if failures:
         return kitlib.gpu_outcome(False, "; ".join(failures)[:400], numbers, details)
     worst = max(r[6] for r in rows)

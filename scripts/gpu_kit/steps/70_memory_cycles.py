@@ -1,6 +1,7 @@
 """10 load/unload cycles of a model with 256 MiB of weights on the GPU, in explicit model-control
 mode: each unload must give the model's memory back (the device's used memory after each unload
-within 5% of the model's size of what it was after the first), and every request answers."""
+within 5% of the model's size of what it was after the first), and every request answers.
+The server's RSS after each unload is recorded too (pinned host memory is given back on unload)."""
 # kit-timeout: 60
 import os
 import shutil
@@ -27,11 +28,16 @@ class Big(torch.nn.Module):
         return INPUT__0 @ self.weight
 
 
+def rss_mib(server):
+    """The server's resident memory: unload must give back pinned host memory too."""
+    from test_model_control import rss_bytes
+    return rss_bytes(server.process.pid) / 2**20
+
+
 def used_mib(server):
     """Device memory in use (all processes) on a GPU; the server's RSS in the CPU dry run."""
     if kitlib.NO_GPU:
-        from test_model_control import rss_bytes
-        return rss_bytes(server.process.pid) / 2**20
+        return rss_mib(server)
     free, total = torch.cuda.mem_get_info(0)
     return (total - free) / 2**20
 
@@ -65,7 +71,8 @@ def body():
             loaded = used_mib(server)
             client.unload_model("big")
             unloaded = used_mib(server)
-            rows.append([cycle, round(loaded, 1), round(unloaded, 1), round(loaded - unloaded, 1)])
+            rows.append([cycle, round(loaded, 1), round(unloaded, 1), round(loaded - unloaded, 1),
+                         round(rss_mib(server), 1)])
         client.close()
     finally:
         code = server.stop()
@@ -73,9 +80,11 @@ def body():
         failures.append(f"the server exited {code}")
     unit = "RSS MiB" if kitlib.NO_GPU else "device MiB used"
     numbers = {"model_mib": model_mib, "cycles": len(rows), "baseline_mib": round(baseline, 1),
-               "loaded_mib": [r[1] for r in rows], "after_unload_mib": [r[2] for r in rows], "measure": unit}
+               "loaded_mib": [r[1] for r in rows], "after_unload_mib": [r[2] for r in rows], "measure": unit,
+               "rss_after_unload_mib": [r[4] for r in rows]}
     details = (f"Before the first load: {baseline:.1f} {unit}.\n\n"
-               + kitlib.table(["cycle", f"loaded ({unit})", f"after unload ({unit})", "given back"], rows))
+               + kitlib.table(["cycle", f"loaded ({unit})", f"after unload ({unit})", "given back",
+                               "server RSS after unload (MiB)"], rows))
     if len(rows) < cycles:
         failures.append(f"only {len(rows)} of {cycles} cycles ran")
     if rows and not kitlib.NO_GPU:
