@@ -72,6 +72,60 @@ else
   log "Python packages: up to date"
 fi
 
+# LibTorch's CMake configuration (find_package(Torch)) needs a CUDA toolkit of the torch wheel's
+# CUDA version: nvcc and the headers the wheel lacks. A machine that has one keeps using it;
+# elsewhere the toolkit's compiler comes from PyPI (requirements-cuda.txt, the same line-up) and is
+# merged with the wheel's own CUDA headers and libraries into .venv/cuda. .venv/cuda-root names the
+# toolkit scripts/build.sh gives CMake. SLUICE_CUDA_TOOLKIT=pypi takes the PyPI route even where a
+# toolkit is installed (to check that route on a machine that has one).
+want_cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')
+rm -f "$VENV/cuda-root"
+if [ -n "$want_cuda" ]; then
+  system_cuda=""
+  if [ "${SLUICE_CUDA_TOOLKIT:-auto}" != pypi ]; then
+    for nvcc in ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc; do
+      [ -n "$nvcc" ] && [ -x "$nvcc" ] || continue
+      version=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p')
+      if [ "$version" = "$want_cuda" ]; then
+        system_cuda=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+        break
+      fi
+    done
+  fi
+  if [ -n "$system_cuda" ]; then
+    log "CUDA toolkit: $system_cuda (CUDA $want_cuda, as torch)"
+    echo "$system_cuda" >"$VENV/cuda-root"
+  else
+    pinned=$(sed -n 's/^nvidia-cuda-nvcc==\([0-9]*\.[0-9]*\).*/\1/p' requirements-cuda.txt)
+    if [ "$pinned" != "$want_cuda" ]; then
+      echo "[setup] torch is built for CUDA $want_cuda but requirements-cuda.txt pins CUDA $pinned: change them together" >&2
+      exit 1
+    fi
+    cuda_stamp=$VENV/.requirements-cuda.sha256
+    if [ "$(cat "$cuda_stamp" 2>/dev/null)" != "$(sha256sum requirements-cuda.txt | cut -d' ' -f1)" ]; then
+      log "no CUDA $want_cuda toolkit found: pip install -r requirements-cuda.txt (nvcc for LibTorch's CMake)"
+      "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-cuda.txt
+      sha256sum requirements-cuda.txt | cut -d' ' -f1 >"$cuda_stamp"
+    fi
+    # One root as CMake's FindCUDA expects it: bin/, include/, nvvm/ and lib64/ (lib as a link),
+    # every library also under its unversioned name (the toolkit's development links).
+    wheel_cuda=$("$VENV/bin/python" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu" + "'"${want_cuda%%.*}"'"))')
+    [ -x "$wheel_cuda/bin/nvcc" ] || { echo "[setup] no nvcc in $wheel_cuda after installing requirements-cuda.txt" >&2; exit 1; }
+    root=$VENV/cuda
+    rm -rf "$root"
+    mkdir -p "$root/lib64"
+    for part in bin include nvvm; do ln -s "$wheel_cuda/$part" "$root/$part"; done
+    for library in "$wheel_cuda"/lib/*; do
+      name=$(basename "$library")
+      ln -sf "$library" "$root/lib64/$name"
+      case "$name" in *.so.*) [ -e "$root/lib64/${name%%.so.*}.so" ] || ln -s "$library" "$root/lib64/${name%%.so.*}.so" ;; esac
+    done
+    ln -s lib64 "$root/lib"
+    log "CUDA toolkit: $root (PyPI's nvcc $("$root/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p') with the torch wheel's CUDA $want_cuda)"
+    echo "$root" >"$VENV/cuda-root"
+  fi
+fi
+
 if [ "$PROFILE" = build ]; then
   log "done (build profile: no test tools)"
   exit 0
