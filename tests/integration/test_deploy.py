@@ -337,17 +337,25 @@ def test_kserve_runtime_and_inference_service(rendered):
     documents = rendered["kserve"][1]
     runtime = one(documents, "ServingRuntime")
     spec = runtime["spec"]
-    assert "grpc-v2" in spec["protocolVersions"]
+    assert {"v2", "grpc-v2"} <= set(spec["protocolVersions"])
     formats = {f["name"] for f in spec["supportedModelFormats"]}
     container = spec["containers"][0]
     assert container["name"] == "kserve-container"
-    assert args_of(container)["model-repository"] == "/mnt/models"
-    assert container["ports"][0]["containerPort"] == int(args_of(container)["grpc-port"])
+    args = args_of(container)
+    assert args["model-repository"] == "/mnt/models"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"h2c": int(args["grpc-port"]), "http1": int(args["http-port"])}
+    # Read-only root filesystem: /tmp (where .pt2 packages unpack) is an emptyDir.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
     service = one(documents, "InferenceService")
     model = service["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in formats
     assert model["protocolVersion"] == "grpc-v2"
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
     assert model["storageUri"]
 
 
