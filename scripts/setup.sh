@@ -108,13 +108,17 @@ if [ -n "$want_cuda" ]; then
       sha256sum requirements-cuda.txt | cut -d' ' -f1 >"$cuda_stamp"
     fi
     # One root as CMake's FindCUDA expects it: bin/, include/, nvvm/ and lib64/ (lib as a link),
-    # every library also under its unversioned name (the toolkit's development links).
+    # every library also under its unversioned name (the toolkit's development links). nvcc finds
+    # the rest of the toolkit (lib64 with libcudadevrt.a and libcudart_static.a) from where its
+    # own file really is, so bin/ holds hard links (a copy across file systems), not a symlink to
+    # the wheel's bin/, which has no lib64 beside it.
     wheel_cuda=$("$VENV/bin/python" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu" + "'"${want_cuda%%.*}"'"))')
     [ -x "$wheel_cuda/bin/nvcc" ] || { echo "[setup] no nvcc in $wheel_cuda after installing requirements-cuda.txt" >&2; exit 1; }
     root=$VENV/cuda
     rm -rf "$root"
     mkdir -p "$root/lib64"
-    for part in bin include nvvm; do ln -s "$wheel_cuda/$part" "$root/$part"; done
+    for part in include nvvm; do ln -s "$wheel_cuda/$part" "$root/$part"; done
+    cp -al "$wheel_cuda/bin" "$root/bin" 2>/dev/null || cp -a "$wheel_cuda/bin" "$root/bin"
     for library in "$wheel_cuda"/lib/*; do
       name=$(basename "$library")
       ln -sf "$library" "$root/lib64/$name"
