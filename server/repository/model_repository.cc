@@ -107,7 +107,12 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
   std::vector<fs::path> directories;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && !name.empty() && name.front() != '.') directories.push_back(entry.path());
+    // Hidden directories, and the bytecode cache Python leaves beside a script in the repository
+    // (the bundled one holds its generator): neither is a model, and a model that fails to load
+    // would keep the server from being ready.
+    if (entry.is_directory() && !name.empty() && name.front() != '.' && name != "__pycache__") {
+      directories.push_back(entry.path());
+    }
   }
   if (ec) {
     return absl::NotFoundError(absl::StrCat("cannot list model repository '", root.string(), "': ", ec.message()));

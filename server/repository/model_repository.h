@@ -15,7 +15,7 @@ namespace sluice {
 
 // Scans `root`. NOT_FOUND when root is not a readable directory; a broken model never fails the
 // scan, it comes back with its own status. Models are sorted by name. Directories whose name
-// starts with '.' are ignored.
+// starts with '.', and __pycache__ (Python's bytecode cache), are ignored.
 StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const std::filesystem::path& root);
 
 // Reads one model directory (exposed for tests).

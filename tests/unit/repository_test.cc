@@ -554,6 +554,7 @@ TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
   Write("specific/config.pbtxt", std::string(kMinimal) + "version_policy: { specific: { versions: [ 1, 4 ] } }");
   Write("specific/1/model.pt", "x");
   Write(".hidden/config.pbtxt", kMinimal);
+  Write("__pycache__/generate_models.cpython-311.pyc", "x");
   Write("a_file_not_a_model", "x");
 
   auto models = ScanModelRepository(root_);
