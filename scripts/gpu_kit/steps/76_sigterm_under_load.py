@@ -82,11 +82,13 @@ KINDS = ("ok", "refused", "cancelled_by_shutdown", "lost", "hung")
 
 
 def classify(record, sigterm_at, drain_within_grace):
-    """What became of one request (KINDS). A request sent after SIGTERM can reach gRPC while
-    its server is shutting down, before any handler took it: gRPC cancels it (CANCELLED), which
-    is a refusal too when the drain ended within its grace (so gRPC cancelled nothing the server
-    had taken); anything else that is not OK or UNAVAILABLE after SIGTERM was lost."""
-    sent, done, code, _ = record
+    """What became of one request (KINDS). A call that reaches gRPC while its server is shutting
+    down, before any handler took it (sent after SIGTERM, or just before it and still in the
+    transport), is cancelled by gRPC itself with a bare "CANCELLED" and no message of Sluice's:
+    a refusal too when the drain ended within its grace (so gRPC cancelled nothing the server had
+    taken; Sluice's own cancellations say what happened). Anything else that is not OK or
+    UNAVAILABLE after SIGTERM was lost."""
+    _, done, code, message = record
     if code == "OK":
         return "ok"
     if code == "DEADLINE_EXCEEDED":
@@ -95,7 +97,7 @@ def classify(record, sigterm_at, drain_within_grace):
         return "lost"  # failed under plain load
     if code == "UNAVAILABLE":
         return "refused"
-    if code == "CANCELLED" and sent >= sigterm_at and drain_within_grace:
+    if code == "CANCELLED" and message.strip() in ("", "CANCELLED") and drain_within_grace:
         return "cancelled_by_shutdown"
     return "lost"
 
