@@ -14,7 +14,7 @@ scratch="${repository}:build-$$"
 docker build -f docker/Dockerfile -t "$scratch" "$@" .
 versions=$(mktemp)
 trap 'rm -f "$versions"' EXIT
-docker run --rm --entrypoint cat "$scratch" /opt/sluice/VERSIONS >"$versions"
+docker run --rm --network none --entrypoint cat "$scratch" /opt/sluice/VERSIONS >"$versions"
 tag=$(docker/image-tag.sh "$versions" "$repository")
 docker tag "$scratch" "$tag"
 docker rmi "$scratch" >/dev/null

@@ -8,8 +8,10 @@
 #                       (gRPC, protobuf, abseil, spdlog, fmt, prometheus-cpp, ...), found with ldd
 #   python/torch/lib    LibTorch from the torch wheel, and python/nvidia/*/lib the CUDA and cuDNN
 #                       libraries the wheel depends on, in the wheel's own layout (LibTorch's
-#                       RPATH is $ORIGIN/../../nvidia/...). libcudart is left out: the CUDA base
-#                       image has it, and each library is in the image once.
+#                       RPATH is $ORIGIN/../../nvidia/...), but libcudart in lib/ (the server
+#                       needs it directly); each library is in the image once. The image's
+#                       base is a plain Debian: the driver's libcuda is mounted by the NVIDIA
+#                       container toolkit.
 #   models/             the bundled example models with their weights
 #   VERSIONS            the line-up (sluice, torch, CUDA, cuDNN), read by docker/image-tag.sh
 # --link puts symbolic links to the virtual environment's torch and nvidia files instead of
@@ -40,13 +42,17 @@ place() {  # place SOURCE_FILE TARGET_DIR
   if [ "$LINK" = 1 ]; then ln -sf "$(realpath "$1")" "$2/"; else cp -L "$1" "$2/"; fi
 }
 
-# LibTorch and the wheel's CUDA/cuDNN libraries, without libcudart (the base image's).
+# LibTorch and the wheel's CUDA/cuDNN libraries.
 for f in "$SITE"/torch/lib/*.so*; do place "$f" "$DEST/python/torch/lib"; done
 for dir in "$SITE"/nvidia/*/lib; do
   name=$(basename "$(dirname "$dir")")
   for f in "$dir"/*.so*; do
-    case "$(basename "$f")" in libcudart.so*) continue ;; esac
-    place "$f" "$DEST/python/nvidia/$name/lib"
+    case "$(basename "$f")" in
+      # The server needs libcudart itself, and its RUNPATH does not reach nvidia/*/lib: it goes
+      # beside the other libraries the binaries load (LibTorch then finds it loaded).
+      libcudart.so*) place "$f" "$DEST/lib" ;;
+      *) place "$f" "$DEST/python/nvidia/$name/lib" ;;
+    esac
   done
 done
 
@@ -59,7 +65,8 @@ done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libutil.so.*|ld-linux*) continue ;;  # glibc
     libstdc++.so.*|libgcc_s.so.*) continue ;;
-    libcudart.so*|libcuda.so*|libnvidia-*) continue ;;  # the CUDA base image's, and the driver's
+    libcudart.so*) continue ;;  # the torch wheel's (above), never a system toolkit's
+    libcuda.so*|libnvidia-*) continue ;;  # the driver's, mounted by the NVIDIA container toolkit
   esac
   cp -L "$lib" "$DEST/lib/"
 done

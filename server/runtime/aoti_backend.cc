@@ -119,6 +119,8 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const Mod
         std::vector<std::string> warnings;
         // Before any of the package's code is loaded: a package for another CPU would crash here.
         SLUICE_RETURN_IF_ERROR(CheckPackageHost(info, device, host, &warnings));
+        const std::string unpack_directory = AotiUnpackDirectory();
+        SLUICE_RETURN_IF_ERROR(CheckUnpackDirectory(unpack_directory, StatUnpackDirectory(unpack_directory)));
         auto package = std::make_shared<LoadedPackage>();
         {
           MutexLock lock(&LoaderConstruction());

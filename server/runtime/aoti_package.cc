@@ -1,8 +1,10 @@
 #include "server/runtime/aoti_package.h"
 
+#include <sys/statvfs.h>
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -434,6 +436,54 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
   };
   SLUICE_RETURN_IF_ERROR(walk(spec[1], ""));
   return side;
+}
+
+}  // namespace sluice
+
+namespace sluice {
+
+std::string AotiUnpackDirectory() {
+  // The variables std::filesystem::temp_directory_path reads, in its order (libstdc++), without
+  // its check that the directory exists: a missing one is what CheckUnpackDirectory reports.
+  for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return value;
+  }
+  return "/tmp";
+}
+
+UnpackDirectoryState StatUnpackDirectory(const std::string& directory) {
+  UnpackDirectoryState state;
+  struct statvfs info{};
+  if (statvfs(directory.c_str(), &info) != 0) {
+    state.exists = false;
+    return state;
+  }
+  state.read_only = (info.f_flag & ST_RDONLY) != 0;
+  state.noexec = (info.f_flag & ST_NOEXEC) != 0;
+  return state;
+}
+
+Status CheckUnpackDirectory(const std::string& directory, const UnpackDirectoryState& state) {
+  constexpr const char* kHow =
+      "AOTInductor packages unpack their shared libraries into the temporary directory ($TMPDIR, else "
+      "/tmp) and load them from there";
+  if (!state.exists) {
+    return absl::FailedPreconditionError(absl::StrCat(kHow, ", and ", directory, " does not exist: create it, or set "
+                                                      "TMPDIR to a writable directory"));
+  }
+  if (state.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kHow, ", and ", directory, " is on a read-only file system: give it a writable mount (docker run "
+        "--read-only --tmpfs /tmp:exec; in Kubernetes an emptyDir volume), or set TMPDIR to a writable directory"));
+  }
+  if (state.noexec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kHow, ", and ", directory, " is mounted noexec, so they cannot be loaded: mount it with exec (docker "
+        "run --tmpfs /tmp:exec; Docker's --tmpfs is noexec unless told otherwise), or set TMPDIR to a "
+        "directory that allows it"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sluice

@@ -106,6 +106,23 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
 // model.cpu.pt2 when it exists, else `file` itself.
 std::string PackageFileFor(const std::string& file, const Device& device);
 
+// Where LibTorch's package loader unpacks a package's shared libraries before it dlopens them:
+// the temporary directory of std::filesystem::temp_directory_path ($TMPDIR, ..., else /tmp).
+std::string AotiUnpackDirectory();
+
+// What the file system under the unpack directory allows, from statvfs.
+struct UnpackDirectoryState {
+  bool exists = true;
+  bool read_only = false;
+  bool noexec = false;  // dlopen of a library there fails: "failed to map segment from shared object"
+};
+UnpackDirectoryState StatUnpackDirectory(const std::string& directory);
+
+// OK when a package can be unpacked and its libraries loaded from `directory`; otherwise
+// FAILED_PRECONDITION that says what to change. Containers meet both failures: a read-only root
+// file system without a writable /tmp, and Docker's `--tmpfs /tmp`, which mounts it noexec.
+Status CheckUnpackDirectory(const std::string& directory, const UnpackDirectoryState& state);
+
 }  // namespace sluice
 
 namespace sluice {

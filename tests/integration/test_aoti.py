@@ -9,6 +9,7 @@ while torch and aoti_packages.py stay the same."""
 import json
 import os
 import shutil
+import subprocess
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -284,3 +285,45 @@ def test_unloading_and_reloading_leaves_no_temporary_files(repository, tmp_path_
         triton.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+def noexec_tmpfs(directory):
+    """Mounts a noexec tmpfs at `directory` (what Docker's --tmpfs gives), or None where mounting
+    is not allowed here (not root, or no CAP_SYS_ADMIN)."""
+    os.makedirs(directory, exist_ok=True)
+    if os.geteuid() != 0:
+        return None
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=64m", "tmpfs", str(directory)],
+                            capture_output=True, text=True)
+    return directory if result.returncode == 0 else None
+
+
+def test_an_unusable_temporary_directory_is_named_with_the_fix(repository, tmp_path_factory):
+    """Packages unpack their shared libraries into TMPDIR and load them from there: a missing
+    directory, and one mounted noexec (where dlopen fails with 'failed to map segment'), are
+    refused before the load with what to change; the server keeps serving."""
+    base = tmp_path_factory.mktemp("unusable")
+    cases = [(base / "missing", "does not exist: create it, or set TMPDIR")]
+    mounted = noexec_tmpfs(base / "noexec")
+    if mounted is not None:
+        cases.append((mounted, "is mounted noexec, so they cannot be loaded: mount it with exec (docker run "
+                               "--tmpfs /tmp:exec"))
+    try:
+        for directory, reason in cases:
+            server = start_server(repository, tmp_path_factory,
+                                  ["--strict-readiness", "false", "--device", "cpu", "--model-control-mode", "explicit"],
+                                  env={"TMPDIR": str(directory)})
+            try:
+                triton = grpcclient.InferenceServerClient(url=server.url)
+                with pytest.raises(InferenceServerException) as error:
+                    triton.load_model("list_min2")
+                assert reason in error.value.message(), error.value.message()
+                assert triton.is_server_live()
+                triton.close()
+            finally:
+                assert server.stop() == 0, server.log()
+    finally:
+        if mounted is not None:
+            subprocess.run(["umount", str(mounted)], check=False)
+    if mounted is None:
+        pytest.skip("a missing TMPDIR checked; mounting a noexec tmpfs is not allowed here")

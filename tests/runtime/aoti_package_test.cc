@@ -268,5 +268,36 @@ TEST(AotiPackageTest, CpuFlagsAndPackageFiles) {
   rmdir(dir.c_str());
 }
 
+UnpackDirectoryState State(bool exists, bool read_only, bool noexec) {
+  UnpackDirectoryState state;
+  state.exists = exists;
+  state.read_only = read_only;
+  state.noexec = noexec;
+  return state;
+}
+
+TEST(AotiPackageTest, UnpackDirectoryMustBeWritableAndAllowExec) {
+  EXPECT_TRUE(CheckUnpackDirectory("/tmp", {}).ok());
+  const Status noexec = CheckUnpackDirectory("/tmp", State(true, false, true));
+  EXPECT_EQ(noexec.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(noexec.message(), testing::HasSubstr("/tmp is mounted noexec"));
+  EXPECT_THAT(noexec.message(), testing::HasSubstr("--tmpfs /tmp:exec"));
+  EXPECT_THAT(noexec.message(), testing::HasSubstr("TMPDIR"));
+  const Status read_only = CheckUnpackDirectory("/tmp", State(true, true, true));
+  EXPECT_EQ(read_only.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read_only.message(), testing::HasSubstr("read-only file system"));
+  EXPECT_THAT(read_only.message(), testing::HasSubstr("emptyDir"));
+  const Status missing = CheckUnpackDirectory("/nowhere", State(false, false, false));
+  EXPECT_THAT(missing.message(), testing::HasSubstr("/nowhere does not exist"));
+
+  // The real file systems: this machine's temporary directory works, a missing one is named.
+  const std::string here = AotiUnpackDirectory();
+  EXPECT_TRUE(CheckUnpackDirectory(here, StatUnpackDirectory(here)).ok()) << here;
+  EXPECT_FALSE(StatUnpackDirectory("/no/such/directory").exists);
+  setenv("TMPDIR", "/no/such/directory", 1);
+  EXPECT_EQ(AotiUnpackDirectory(), "/no/such/directory");
+  unsetenv("TMPDIR");
+}
+
 }  // namespace
 }  // namespace sluice
