@@ -16,7 +16,8 @@
 # Debian's packages and docker import names it so: the Dockerfile is built unchanged.
 # The engine's data (the base image and the build's layers, the warm cache) lives outside the
 # checkout in SLUICE_IMAGE_CACHE (default /var/cache/sluice-image), bounded by
-# SLUICE_IMAGE_CACHE_GB (default 40): above it everything but the newest image is pruned.
+# SLUICE_IMAGE_CACHE_GB (default 30; a build adds about 10 GB on vfs): above it, or with less
+# than SLUICE_IMAGE_MIN_FREE_GB (20) free on its disk, the cache is pruned and the build is cold.
 # HTTPS through an intercepting proxy: the build stage trusts SLUICE_BUILD_CA (default: this
 # machine's /etc/ssl/certs/ca-certificates.crt; "none" for nothing), copied into docker/build-ca/
 # for the build and removed after; it never reaches the runtime image.
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${SLUICE_IMAGE_CACHE:-/var/cache/sluice-image}
-CACHE_BOUND_GB=${SLUICE_IMAGE_CACHE_GB:-40}
+CACHE_BOUND_GB=${SLUICE_IMAGE_CACHE_GB:-30}
 # The image measured 4,409 MB at d0c1f5e (4.3 GB of it LibTorch and the wheel's CUDA, cuDNN, NCCL
 # and cuSPARSELt libraries); the bound is that plus 10 %. NVIDIA's Triton images are over 10 GB.
 SIZE_BOUND_MB=${SLUICE_IMAGE_SIZE_BOUND_MB:-4850}
@@ -84,6 +85,15 @@ if ! docker info >/dev/null 2>&1; then
   fi
 fi
 docker ps -aq --filter name=sluice-image-test- | xargs -r docker rm -f >/dev/null
+if [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ]; then
+  # Our own engine: the build containers an interrupted build left hold gigabytes each.
+  docker container prune -f >/dev/null
+  free_gb=$(df --output=avail -BG "$CACHE" | tail -1 | tr -dc 0-9)
+  if [ "$free_gb" -lt "${SLUICE_IMAGE_MIN_FREE_GB:-20}" ]; then
+    log "only $free_gb GB free: pruning the image cache (this build is cold)"
+    docker system prune -af >/dev/null
+  fi
+fi
 
 # ---- the base image ---------------------------------------------------------------------------
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 && ! timeout 120 docker pull -q "$BASE_IMAGE" 2>/dev/null; then
@@ -107,7 +117,15 @@ WHEELS=$CACHE/wheels
 $SUDO mkdir -p "$WHEELS" && $SUDO chown "$(id -u)" "$WHEELS"
 t0=$(date +%s)
 "$PY" -m pip download -q --disable-pip-version-check -r requirements.txt -r requirements-cuda.txt -d "$WHEELS"
-read -r WHEEL_PORT < <("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A fixed port when it is free: the URL is a build argument, part of the build step's cache key.
+read -r WHEEL_PORT < <("$PY" -c '
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' "${SLUICE_WHEEL_PORT:-3141}")
 "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELS" "$WHEEL_PORT" >/dev/null 2>&1 &
 WHEEL_SERVER=$!
 log "wheels for the build stage: $WHEELS ($(du -sh "$WHEELS" | cut -f1), $(($(date +%s) - t0)) s), served on 127.0.0.1:$WHEEL_PORT"
@@ -176,8 +194,9 @@ if [ "$size_mb" -gt "$SIZE_BOUND_MB" ]; then
 fi
 
 # ---- keep the cache bounded -------------------------------------------------------------------
+# Older tags go; the untagged images stay: they are this build's cached steps (the build stage's
+# among them), what makes the next build of unchanged sources warm. Above the bound, all go.
 docker images --format '{{.Repository}}:{{.Tag}}' sluice | grep -vxF "$TAG" | xargs -r docker rmi >/dev/null || true
-docker image prune -f >/dev/null
 used_gb=$($SUDO du -sx --block-size=1G "$CACHE" 2>/dev/null | cut -f1 || echo 0)
 if [ "$used_gb" -gt "$CACHE_BOUND_GB" ]; then
   log "the cache holds $used_gb GB, above $CACHE_BOUND_GB GB: pruning everything (the next run is cold)"

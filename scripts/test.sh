@@ -7,9 +7,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage's time, printed at the end (and as it goes): where the test command's minutes go.
+times=()
+mark=$SECONDS
+stage() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; echo "== took ${times[-1]}"; }
+trap 'echo "== stage times: ${times[*]:-none}"' EXIT
+
 scripts/setup.sh
+stage setup
 scripts/build.sh -DSLUICE_WERROR=ON
+stage build
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
+stage ctest
 
 # The batching and manager code has no torch and no protobuf in it, so a ThreadSanitizer build of
 # their tests (queue, batcher, instance pool, stress test; the model table, loader and control
@@ -27,16 +36,20 @@ for suite in scheduler_test manager_test; do
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp" \
     "build-tsan/bin/$suite" --gtest_brief=1
 done
+stage tsan
 
 # Every lock's data is declared (ABSL_GUARDED_BY) and clang checks it at compile time.
 echo "== clang -Wthread-safety"
 scripts/thread_safety.sh
+stage thread-safety
 
 # The GPU proof kit must not rot: stage it, run it from a copy under env -i with --no-gpu (every
 # step's logic runs on the CPU, GPU steps report skipped), check sizes and library resolution.
 echo "== GPU proof kit self-test"
 scripts/gpu_kit.sh selftest
+stage gpu-kit
 
 # Fuzzing, bounded: request decoding (gRPC messages, HTTP JSON and binary bodies), validation and
 # padding; config.pbtxt parsing.
 scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-10}"
+stage fuzz

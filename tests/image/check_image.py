@@ -64,7 +64,10 @@ def tensor_cases(models):
             arguments = [torch.from_numpy(array) for array in inputs.values()]
             with torch.inference_mode():
                 if variant.endswith("_aoti"):
-                    result = torch._inductor.aoti_load_package(os.path.join(directory, "model.pt2"))(*arguments)
+                    # The file the server takes on the CPU: model.cpu.pt2 beside model.pt2, else model.pt2.
+                    package = next(os.path.join(directory, f) for f in ("model.cpu.pt2", "model.pt2")
+                                   if os.path.exists(os.path.join(directory, f)))
+                    result = torch._inductor.aoti_load_package(package)(*arguments)
                 else:
                     result = torch.jit.load(os.path.join(directory, "model.pt")).eval()(*arguments)
             results = result if isinstance(result, (list, tuple)) else [result]
