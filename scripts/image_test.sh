@@ -145,7 +145,8 @@ WHEEL_SERVER=""
 TAG=$(sed -n 's/^built //p' "$WORK/build.log" | tail -1)
 steps=$(grep -c '^Step ' "$WORK/build.log" || true)
 cached=$(grep -c 'Using cache' "$WORK/build.log" || true)
-log "built $TAG in $build_s s ($cached of $steps steps from the cache: $([ "$cached" -ge "$steps" ] && echo warm || echo cold or partly warm))"
+compile=$(grep -A1 '^Step .*scripts/build.sh' "$WORK/build.log" | grep -c 'Using cache' || true)
+log "built $TAG in $build_s s ($cached of $steps steps from the cache; the compile step $([ "$compile" -gt 0 ] && echo cached: warm || echo ran: cold))"
 
 size=$(docker image inspect -f '{{.Size}}' "$TAG")
 size_mb=$((size / 1000000))
