@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
+#include "server/api/inference_path.h"
 #include "server/api/json_protocol.h"
 #include "server/api/model_queries.h"
 #include "server/api/status_mapping.h"
@@ -58,52 +59,6 @@ std::optional<std::string> PercentDecode(absl::string_view segment) {
   return decoded;
 }
 
-// One inference request from the handler to its answer: owns what the parsed request views
-// (through the exchange's body), the sink, and the model reference that keeps the version in
-// flight. The worker that finishes the request answers it (Answer) and deletes it.
-class HttpInferCall {
- public:
-  HttpInferCall(HttpExchange* exchange, JsonInferRequest parsed, std::string model_name, int64_t version)
-      : exchange_(exchange), parsed_(std::move(parsed)), model_name_(std::move(model_name)), version_(version) {}
-
-  OutputSink* sink() { return &sink_; }
-  void Watch(std::shared_ptr<ModelHandle> model) { model_.Set(std::move(model)); }
-
-  // Drops the model reference, answers the exchange, and deletes the call.
-  void Answer(const Status& status) {
-    model_.Release();
-    if (!status.ok()) {
-      spdlog::debug("event=infer_failed protocol=http model={} request_id={} reason=\"{}\"", model_name_, id_,
-                    status.message());
-      RespondJson(exchange_, ToHttpStatusCode(status), ErrorJson(status.message()));
-    } else {
-      HttpResponse response;
-      size_t header_length = 0;
-      response.body = InferResponseToJson(model_name_, version_, id_, parsed_, &sink_.outputs(), &header_length);
-      if (header_length > 0) {
-        response.headers.emplace_back("Content-Type", "application/octet-stream");
-        response.headers.emplace_back("Inference-Header-Content-Length", std::to_string(header_length));
-      } else {
-        response.headers.emplace_back("Content-Type", "application/json");
-      }
-      exchange_->Respond(std::move(response));
-    }
-    delete this;
-  }
-
-  JsonInferRequest& parsed() { return parsed_; }
-  void set_id(std::string id) { id_ = std::move(id); }
-
- private:
-  HttpExchange* const exchange_;
-  JsonInferRequest parsed_;  // its `request` has moved to the model; the output forms stay
-  const std::string model_name_;
-  const int64_t version_;
-  std::string id_;
-  HttpOutputSink sink_;
-  ModelHold model_;
-};
-
 // FP16 and BF16 have no JSON form: an output of those types must be asked for as binary.
 Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
   for (const TensorSpec& output : spec.outputs) {
@@ -119,6 +74,79 @@ Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
   }
   return absl::OkStatus();
 }
+
+// One HTTP inference request on the shared inference path: the JSON codec (with the binary
+// extension), the HTTP output sink, and the exchange it answers. Owns the names and the parsed
+// request's output forms; the exchange's body (which binary inputs view) lives until Answer,
+// which responds and deletes the call.
+class HttpInferCall final : public InferenceCall {
+ public:
+  HttpInferCall(HttpExchange* exchange, std::string model_name, std::string version)
+      : exchange_(exchange), model_name_(std::move(model_name)), version_(std::move(version)) {
+    protocol = Protocol::kHttp;
+    cancelled = exchange->cancelled();
+  }
+
+  const std::string& model_name() const override { return model_name_; }
+  const std::string& model_version() const override { return version_; }
+  absl::string_view request_id() const override { return id_; }
+  OutputSink* sink() override { return &sink_; }
+
+  StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override {
+    std::optional<size_t> header_length;
+    if (const char* length = exchange_->Header("Inference-Header-Content-Length"); length != nullptr) {
+      size_t value = 0;
+      const absl::string_view text(length);
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (error != std::errc() || end != text.data() + text.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Inference-Header-Content-Length '", length, "' is not a byte count"));
+      }
+      header_length = value;
+    }
+    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(exchange_->body(), header_length));
+    SLUICE_RETURN_IF_ERROR(CheckJsonOutputs(model.spec(), parsed_));
+    id_ = parsed_.request->id;
+    return std::move(parsed_.request);  // the output forms stay here for the response
+  }
+
+  // A client that goes away while its request is queued: the model answers it CANCELLED at once.
+  void Accepted(const InferRequest&, const std::shared_ptr<ModelHandle>& model) override {
+    answering_version_ = model->version();
+    exchange_->OnCancel([weak = std::weak_ptr<ModelHandle>(model)] {
+      if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
+    });
+  }
+
+  // Answers the exchange and deletes the call.
+  void Answer(const Status& status) override {
+    if (!status.ok()) {
+      RespondStatus(exchange_, status);
+    } else {
+      HttpResponse response;
+      size_t header_length = 0;
+      response.body =
+          InferResponseToJson(model_name_, answering_version_, id_, parsed_, &sink_.outputs(), &header_length);
+      if (header_length > 0) {
+        response.headers.emplace_back("Content-Type", "application/octet-stream");
+        response.headers.emplace_back("Inference-Header-Content-Length", std::to_string(header_length));
+      } else {
+        response.headers.emplace_back("Content-Type", "application/json");
+      }
+      exchange_->Respond(std::move(response));
+    }
+    delete this;
+  }
+
+ private:
+  HttpExchange* const exchange_;
+  const std::string model_name_;
+  const std::string version_;
+  JsonInferRequest parsed_;  // after Decode its `request` has moved to the model; the output forms stay
+  std::string id_;
+  int64_t answering_version_ = 0;
+  HttpOutputSink sink_;
+};
 
 }  // namespace
 
@@ -277,41 +305,7 @@ void HttpService::Infer(HttpExchange* exchange, const std::string& model_name, c
   if (Status allowed = Allow(*exchange, ProtocolGroup::kInference); !allowed.ok()) {
     return RespondStatus(exchange, allowed);
   }
-  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(model_name, version);
-  if (!found.ok()) return RespondStatus(exchange, found.status());
-  std::shared_ptr<ModelHandle> model = *std::move(found);
-
-  std::optional<size_t> header_length;
-  if (const char* length = exchange->Header("Inference-Header-Content-Length"); length != nullptr) {
-    size_t value = 0;
-    const absl::string_view text(length);
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (error != std::errc() || end != text.data() + text.size()) {
-      return RespondStatus(exchange, model->Reject(absl::InvalidArgumentError(absl::StrCat(
-                                         "Inference-Header-Content-Length '", length, "' is not a byte count")),
-                                     Protocol::kHttp));
-    }
-    header_length = value;
-  }
-  StatusOr<JsonInferRequest> parsed = InferRequestFromJson(exchange->body(), header_length);
-  if (!parsed.ok()) return RespondStatus(exchange, model->Reject(parsed.status(), Protocol::kHttp));
-  if (Status json = CheckJsonOutputs(model->spec(), *parsed); !json.ok()) {
-    return RespondStatus(exchange, model->Reject(json, Protocol::kHttp));
-  }
-  std::unique_ptr<InferRequest> request = std::move(parsed->request);
-  model = RouteSequence(*lookup_, std::move(model), *request, !version.empty());
-  request->model_name = model_name;
-  request->protocol = Protocol::kHttp;
-  request->cancelled = exchange->cancelled();
-  auto* call = new HttpInferCall(exchange, *std::move(parsed), model_name, model->version());
-  call->set_id(request->id);
-  // A client that goes away while its request is queued: the model answers it CANCELLED at once.
-  exchange->OnCancel([weak = std::weak_ptr<ModelHandle>(model)] {
-    if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
-  });
-  call->Watch(model);
-  // The exchange (whose body the binary inputs view) and the sink live until call->Answer.
-  model->Submit(std::move(request), call->sink(), [call](Status status) { call->Answer(status); });
+  RunInference(*lookup_, new HttpInferCall(exchange, model_name, version));
 }
 
 }  // namespace sluice

@@ -27,54 +27,49 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
 // One ModelInfer call. Lives from the handler until gRPC calls OnDone (after Finish), and owns
 // the parsed request, the response message (which is the call's output sink) and the pointer to
 // gRPC's response bytes. Finish is called exactly once, by whoever answers the request (the
-// handler for early errors, else the scheduler's completion through Answer). A cancellation only flags the queued request and pokes its model, which then answers
-// it CANCELLED without running it. The reactor holds the model reference (which counts as in
-// flight) from submission until the answer, not until OnDone.
-class InferReactor final : public grpc::ServerUnaryReactor {
+// handler for early errors, else the shared path's Answer). A cancellation only flags the queued
+// request and pokes its model, which then answers it CANCELLED without running it.
+class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall {
  public:
   InferReactor(grpc::ByteBuffer* response_bytes, const SharedMemoryManager* shared_memory)
-      : response_bytes_(response_bytes), call_(&response_, shared_memory) {}
+      : GrpcInferCall(&request_message_, &response_message_, shared_memory), response_bytes_(response_bytes) {
+    cancelled = std::make_shared<std::atomic<bool>>(false);
+  }
 
-  // Parses the call's request bytes into request(); INVALID_ARGUMENT when they are no
-  // ModelInferRequest.
+  // Parses the call's request bytes; INVALID_ARGUMENT when they are no ModelInferRequest.
   Status Parse(const grpc::ByteBuffer& bytes) {
     grpc::ByteBuffer consumed(bytes);  // shares the slices; parsing consumes the copy
     const grpc::Status parsed =
-        grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&consumed, &request_);
+        grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&consumed, &request_message_);
     if (parsed.ok()) return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat("the request is not a valid inference.ModelInferRequest message (", parsed.error_message(),
                      "); is the client built from the KServe v2 grpc_service.proto?"));
   }
 
-  const inference::ModelInferRequest& request() const { return request_; }
-  GrpcInferCall* call() { return &call_; }
-
-  // The completion: drops the model reference, then finishes the call. The reactor may be
-  // deleted as soon as Finish returns.
-  void Answer(const Status& status) {
-    call_.hold.Release();
+  // Finishes the call (serialising the response when OK). The reactor may be deleted as soon as
+  // Finish returns.
+  void Answer(const Status& status) override {
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
     }
     bool own_buffer = false;
     const grpc::Status serialized =
-        grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(response_, response_bytes_, &own_buffer);
+        grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(response_message_, response_bytes_, &own_buffer);
     Finish(serialized);
   }
 
   void OnCancel() override {
-    call_.cancelled->store(true);
-    call_.hold.Poke();
+    cancelled->store(true);
+    hold.Poke();
   }
   void OnDone() override { delete this; }
 
  private:
   grpc::ByteBuffer* const response_bytes_;
-  inference::ModelInferRequest request_;
-  inference::ModelInferResponse response_;
-  GrpcInferCall call_;  // after response_, which it writes into
+  inference::ModelInferRequest request_message_;
+  inference::ModelInferResponse response_message_;
 };
 
 // One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call and
@@ -122,10 +117,7 @@ class StreamReactor final
         ++active_;  // until Step below: the stream cannot finish while this reaction runs
       }
     }
-    if (call != nullptr) {
-      service_->SubmitInfer(*context_, call->request, &call->infer,
-                            [this, call](const Status& status) { Answered(call, status); });
-    }
+    if (call != nullptr) service_->SubmitInfer(*context_, call);
     Step(call != nullptr);
   }
 
@@ -166,14 +158,23 @@ class StreamReactor final
   }
 
  private:
-  struct Call {
-    Call(const SharedMemoryManager* shared_memory, std::shared_ptr<std::atomic<bool>> stream_cancelled)
-        : infer(response.mutable_infer_response(), shared_memory) {
-      infer.cancelled = std::move(stream_cancelled);  // one flag for the whole stream
-    }
+  // A stream request's messages, constructed before the call that points into them.
+  struct Messages {
     inference::ModelInferRequest request;
     inference::ModelStreamInferResponse response;
-    GrpcInferCall infer;  // after response, which it writes into
+  };
+  // One request of the stream; answered into the stream (Answered).
+  class Call final : public Messages, public GrpcInferCall {
+   public:
+    Call(StreamReactor* stream, const SharedMemoryManager* shared_memory,
+         std::shared_ptr<std::atomic<bool>> stream_cancelled)
+        : GrpcInferCall(&request, response.mutable_infer_response(), shared_memory), stream_(stream) {
+      cancelled = std::move(stream_cancelled);  // one flag for the whole stream
+    }
+    void Answer(const Status& status) override { stream_->Answered(this, status); }
+
+   private:
+    StreamReactor* const stream_;
   };
 
   // A request's answer (any thread, perhaps inside SubmitInfer): queue its response for writing.
@@ -215,7 +216,7 @@ class StreamReactor final
       }
       if (!reading_ && !read_done_ && !broken_ && in_flight_ < max_in_flight_) {
         reading_ = true;
-        next_ = std::make_unique<Call>(shared_memory_, cancelled_);
+        next_ = std::make_unique<Call>(this, shared_memory_, cancelled_);
         read = true;
       }
       if (!finished_ && !reading_ && !writing_ && in_flight_ == 0 && active_ == 0 && (read_done_ || broken_)) {
@@ -238,7 +239,7 @@ class StreamReactor final
       if (finished_) return;
       ++active_;
       for (const auto& [call, owned] : calls_) {
-        if (std::shared_ptr<ModelHandle> model = call->infer.hold.Get()) models.push_back(std::move(model));
+        if (std::shared_ptr<ModelHandle> model = call->hold.Get()) models.push_back(std::move(model));
       }
     }
     for (const std::shared_ptr<ModelHandle>& model : models) model->Poke();
@@ -404,61 +405,33 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
   return FinishNow(context, AnswerModelStatistics(*manager_, request->name(), request->version(), response));
 }
 
-// Places the request's outputs that name a shared memory slice there (the others stay in the
-// response message).
-Status BindSharedMemoryOutputs(const inference::ModelInferRequest& request, GrpcInferCall* call) {
-  for (const auto& output : request.outputs()) {
+StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&) {
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<InferRequest> decoded, InferRequestFromProto(*request_, &shm_refs_));
+  // Outputs that name a shared memory slice go there (the others stay in the response message).
+  for (const auto& output : request_->outputs()) {
     if (output.parameters().empty()) continue;  // the common case: no message to build
     const std::string what = absl::StrCat("output '", output.name(), "'");
     SLUICE_ASSIGN_OR_RETURN(std::optional<SharedMemoryReference> reference,
                             SharedMemoryReferenceOf(output.parameters(), what));
     if (!reference) continue;
-    SLUICE_ASSIGN_OR_RETURN(char* data, call->shm_refs.Resolve(what, reference->region, reference->offset,
-                                                               reference->byte_size));
-    call->sink.Add(output.name(), {data, reference->byte_size});
+    SLUICE_ASSIGN_OR_RETURN(char* data, shm_refs_.Resolve(what, reference->region, reference->offset,
+                                                          reference->byte_size));
+    sink_.Add(output.name(), {data, reference->byte_size});
   }
-  return absl::OkStatus();
+  return decoded;
 }
 
-void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context,
-                                   const inference::ModelInferRequest& request, GrpcInferCall* call,
-                                   std::function<void(const Status&)> done) {
-  StatusOr<std::shared_ptr<ModelHandle>> found = lookup_->Find(request.model_name(), request.model_version());
-  if (!found.ok()) {
-    done(found.status());
-    return;
-  }
-  std::shared_ptr<ModelHandle> model = *std::move(found);
-  StatusOr<std::unique_ptr<InferRequest>> converted = InferRequestFromProto(request, &call->shm_refs);
-  if (Status outputs = converted.ok() ? BindSharedMemoryOutputs(request, call) : absl::OkStatus(); !outputs.ok()) {
-    converted = outputs;
-  }
-  if (!converted.ok()) {
-    const Status rejected = model->Reject(converted.status(), Protocol::kGrpc);
-    model.reset();  // released before the answer, as for every other answer
-    done(rejected);
-    return;
-  }
-  std::unique_ptr<InferRequest> infer = *std::move(converted);
-  model = RouteSequence(*lookup_, std::move(model), *infer, !request.model_version().empty());
-  infer->deadline = CallerDeadline(context, clock_->Now());
-  // Written before submission: from then on only the worker that answers touches the response.
-  FillInferResponseHeader(*infer, model->version(), call->response);
-  infer->cancelled = call->cancelled;
-  // The hold keeps the version in flight until the answer; `model` keeps it alive until Submit
-  // has returned (the answer may come before that).
-  ModelHold* hold = &call->hold;
-  hold->Set(model);
-  // The request proto (whose bytes `infer` views) and the call live until `done` has run.
-  OutputSink* sink = call->sink.empty() ? static_cast<OutputSink*>(&call->response_sink) : &call->sink;
-  model->Submit(std::move(infer), sink, [hold, done = std::move(done), &request](Status status) {
-    if (!status.ok()) {
-      spdlog::debug("event=infer_failed model={} request_id={} reason=\"{}\"", request.model_name(), request.id(),
-                    status.message());
-    }
-    hold->Release();
-    done(status);
-  });
+void GrpcInferCall::Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) {
+  FillInferResponseHeader(request, model->version(), response_);
+}
+
+OutputSink* GrpcInferCall::sink() {
+  return sink_.empty() ? static_cast<OutputSink*>(&response_sink_) : &sink_;
+}
+
+void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call) {
+  call->deadline = CallerDeadline(context, clock_->Now());
+  RunInference(*lookup_, call);
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
@@ -472,8 +445,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     reactor->Answer(parsed);
     return reactor;
   }
-  SubmitInfer(*context, reactor->request(), reactor->call(),
-              [reactor](const Status& status) { reactor->Answer(status); });
+  SubmitInfer(*context, reactor);
   return reactor;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
+#include "server/api/inference_path.h"
 #include "server/api/protocol.h"
 #include "server/api/restricted_protocols.h"
 #include "server/api/shared_memory.h"
@@ -20,24 +21,38 @@
 
 namespace sluice {
 
-// What one gRPC inference request keeps until it is answered: its response (written by its
-// sink), its shared memory references (keeping those regions mapped), the caller's cancellation
-// flag and the hold on its model version.
-struct GrpcInferCall {
-  GrpcInferCall(inference::ModelInferResponse* response_message, const SharedMemoryManager* shared_memory)
-      : response(response_message),
-        response_sink(response_message),
-        shm_refs(shared_memory),
-        sink(&response_sink, [this](const OutputDescription& output) { response_sink.Describe(output); }) {}
+// One gRPC inference request (unary or in a stream) on the shared inference path: its codec
+// (ModelInferRequest, shared memory inputs and outputs), its response (written by its sink), its
+// shared memory references (keeping those regions mapped). How the answer is sent is the
+// owner's (Answer). `request` and `response` outlive the call.
+class GrpcInferCall : public InferenceCall {
+ public:
+  GrpcInferCall(const inference::ModelInferRequest* request, inference::ModelInferResponse* response,
+                const SharedMemoryManager* shared_memory)
+      : request_(request),
+        response_(response),
+        response_sink_(response),
+        shm_refs_(shared_memory),
+        sink_(&response_sink_, [this](const OutputDescription& output) { response_sink_.Describe(output); }) {}
   GrpcInferCall(const GrpcInferCall&) = delete;
   GrpcInferCall& operator=(const GrpcInferCall&) = delete;
 
-  inference::ModelInferResponse* const response;
-  ResponseSink response_sink;
-  SharedMemoryRefs shm_refs;
-  SharedMemorySink sink;  // outputs placed in shared memory go there, the others to response_sink
-  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-  ModelHold hold;
+  const std::string& model_name() const override { return request_->model_name(); }
+  const std::string& model_version() const override { return request_->model_version(); }
+  StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override;
+  // Writes the response header (model, version, id).
+  void Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) override;
+  OutputSink* sink() override;
+  absl::string_view request_id() const override { return request_->id(); }
+
+ protected:
+  const inference::ModelInferRequest* const request_;
+  inference::ModelInferResponse* const response_;
+
+ private:
+  ResponseSink response_sink_;
+  SharedMemoryRefs shm_refs_;
+  SharedMemorySink sink_;  // outputs placed in shared memory go there, the others to response_sink_
 };
 
 // Readiness as the server reports it (ServerReady, grpc.health.v1 "ready" and "").
@@ -125,11 +140,9 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
       grpc::CallbackServerContext* context) override;
 
-  // Submits one parsed request for `context`'s caller to its model: the path ModelInfer and
-  // ModelStreamInfer share. `done` is called exactly once, perhaps before this returns (early
-  // errors), with the model reference released by then. `request` and `call` outlive `done`.
-  void SubmitInfer(const grpc::CallbackServerContext& context, const inference::ModelInferRequest& request,
-                   GrpcInferCall* call, std::function<void(const Status&)> done);
+  // Runs `call` for `context`'s caller on the shared inference path (inference_path.h): the
+  // caller's deadline, then RunInference.
+  void SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call);
 
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* context,
                                                      const inference::SystemSharedMemoryStatusRequest* request,

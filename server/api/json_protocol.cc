@@ -14,6 +14,7 @@
 #include <google/protobuf/reflection.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/api/request_parameters.h"
 #include "server/core/bytes_tensor.h"
 
 namespace sluice {
@@ -40,6 +41,28 @@ Status ParseDocument(absl::string_view json, rapidjson::Document* document) {
 const rapidjson::Value* Member(const rapidjson::Value& object, const char* name) {
   auto it = object.FindMember(name);
   return it == object.MemberEnd() ? nullptr : &it->value;
+}
+
+// A JSON value as the shared parameter reader sees it.
+ParameterValue ValueOf(const rapidjson::Value& json) {
+  ParameterValue value;
+  if (json.IsBool()) {
+    value.kind = ParameterValue::Kind::kBool;
+    value.boolean = json.GetBool();
+  } else if (json.IsUint64()) {
+    value.kind = ParameterValue::Kind::kUint64;
+    value.uint64 = json.GetUint64();
+  } else if (json.IsInt64()) {
+    value.kind = ParameterValue::Kind::kInt64;
+    value.int64 = json.GetInt64();
+  } else if (json.IsNumber()) {
+    value.kind = ParameterValue::Kind::kDouble;
+    value.number = json.GetDouble();
+  } else if (json.IsString()) {
+    value.kind = ParameterValue::Kind::kString;
+    value.text = absl::string_view(json.GetString(), json.GetStringLength());
+  }
+  return value;
 }
 
 template <typename T>
@@ -300,31 +323,14 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
   SLUICE_RETURN_IF_ERROR(CheckParameters(parameters, "the request"));
   SLUICE_ASSIGN_OR_RETURN(parsed.binary_default, BoolParameter(parameters, "binary_data_output", false, "the request"));
   if (parameters != nullptr) {
-    // Triton's "timeout": the queue timeout in microseconds (see RequestParameters). Other
-    // parameters are ignored, as Triton ignores those it does not know.
-    if (const rapidjson::Value* timeout = Member(*parameters, "timeout"); timeout != nullptr) {
-      if (!timeout->IsInt64() || timeout->GetInt64() < 0) {
-        return absl::InvalidArgumentError("the request parameter 'timeout' must be a non-negative integer "
-                                          "(microseconds)");
-      }
-      request.parameters.timeout_us = timeout->GetInt64();
-    }
-    // The sequence controls (see SequenceControl): "sequence_id" a non-negative integer or a
-    // string, "sequence_start" and "sequence_end" booleans.
-    SequenceControl& sequence = request.parameters.sequence;
-    if (const rapidjson::Value* id = Member(*parameters, "sequence_id"); id != nullptr) {
-      if (id->IsUint64()) {
-        sequence.id.number = id->GetUint64();
-      } else if (id->IsString()) {
-        sequence.id.is_text = true;
-        sequence.id.text.assign(id->GetString(), id->GetStringLength());
-      } else {
-        return absl::InvalidArgumentError("the request parameter 'sequence_id' must be a non-negative integer or a "
-                                          "string");
-      }
-    }
-    SLUICE_ASSIGN_OR_RETURN(sequence.start, BoolParameter(parameters, "sequence_start", false, "the request"));
-    SLUICE_ASSIGN_OR_RETURN(sequence.end, BoolParameter(parameters, "sequence_end", false, "the request"));
+    SLUICE_RETURN_IF_ERROR(ReadRequestParameters(
+        [parameters](absl::string_view key) -> std::optional<ParameterValue> {
+          auto found = parameters->FindMember(
+              rapidjson::Value(rapidjson::StringRef(key.data(), static_cast<rapidjson::SizeType>(key.size()))));
+          if (found == parameters->MemberEnd()) return std::nullopt;
+          return ValueOf(found->value);
+        },
+        &request.parameters));
   }
 
   const rapidjson::Value* inputs = Member(document, "inputs");

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "server/api/request_parameters.h"
 #include "server/core/bytes_tensor.h"
 
 namespace sluice {
@@ -133,49 +134,34 @@ StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
 
 namespace {
 
-// Triton's request parameters that Sluice acts on: "timeout" (the queue timeout in microseconds;
-// ModelHandle applies it when the model allows overrides) and the sequence controls
-// "sequence_id" (a non-negative integer or a string), "sequence_start" and "sequence_end"
-// (booleans). Other parameters are ignored, as Triton ignores those it does not know.
-Status ReadRequestParameters(const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
-                             InferRequest* request) {
-  auto timeout = parameters.find("timeout");
-  if (timeout != parameters.end() && timeout->second.parameter_choice_case() == inference::InferParameter::kInt64Param &&
-      timeout->second.int64_param() > 0) {
-    request->parameters.timeout_us = timeout->second.int64_param();
+// An InferParameter as the shared parameter reader sees it.
+ParameterValue ValueOf(const inference::InferParameter& parameter) {
+  ParameterValue value;
+  switch (parameter.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam:
+      value.kind = ParameterValue::Kind::kBool;
+      value.boolean = parameter.bool_param();
+      break;
+    case inference::InferParameter::kInt64Param:
+      value.kind = ParameterValue::Kind::kInt64;
+      value.int64 = parameter.int64_param();
+      break;
+    case inference::InferParameter::kUint64Param:
+      value.kind = ParameterValue::Kind::kUint64;
+      value.uint64 = parameter.uint64_param();
+      break;
+    case inference::InferParameter::kDoubleParam:
+      value.kind = ParameterValue::Kind::kDouble;
+      value.number = parameter.double_param();
+      break;
+    case inference::InferParameter::kStringParam:
+      value.kind = ParameterValue::Kind::kString;
+      value.text = parameter.string_param();
+      break;
+    default:
+      break;
   }
-  SequenceControl& sequence = request->parameters.sequence;
-  if (auto id = parameters.find("sequence_id"); id != parameters.end()) {
-    const inference::InferParameter& value = id->second;
-    switch (value.parameter_choice_case()) {
-      case inference::InferParameter::kInt64Param:
-        if (value.int64_param() < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("the request parameter 'sequence_id' must not be negative, found ", value.int64_param()));
-        }
-        sequence.id.number = static_cast<uint64_t>(value.int64_param());
-        break;
-      case inference::InferParameter::kUint64Param:
-        sequence.id.number = value.uint64_param();
-        break;
-      case inference::InferParameter::kStringParam:
-        sequence.id.is_text = true;
-        sequence.id.text = value.string_param();
-        break;
-      default:
-        return absl::InvalidArgumentError("the request parameter 'sequence_id' must be an integer or a string");
-    }
-  }
-  for (auto [key, flag] : {std::pair<const char*, bool*>{"sequence_start", &sequence.start},
-                           std::pair<const char*, bool*>{"sequence_end", &sequence.end}}) {
-    auto it = parameters.find(key);
-    if (it == parameters.end()) continue;
-    if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
-      return absl::InvalidArgumentError(absl::StrCat("the request parameter '", key, "' must be a boolean"));
-    }
-    *flag = it->second.bool_param();
-  }
-  return absl::OkStatus();
+  return value;
 }
 
 }  // namespace
@@ -277,7 +263,16 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     request->inputs.push_back(std::move(view));
   }
   for (const auto& output : proto.outputs()) request->requested_outputs.push_back(output.name());
-  if (!proto.parameters().empty()) SLUICE_RETURN_IF_ERROR(ReadRequestParameters(proto.parameters(), request.get()));
+  if (!proto.parameters().empty()) {  // the common request carries none: no lookups
+    const auto& parameters = proto.parameters();
+    SLUICE_RETURN_IF_ERROR(ReadRequestParameters(
+        [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
+          auto found = parameters.find(std::string(key));
+          if (found == parameters.end()) return std::nullopt;
+          return ValueOf(found->second);
+        },
+        &request->parameters));
+  }
   return request;
 }
 

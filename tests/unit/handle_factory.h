@@ -2,6 +2,7 @@
 // tests of the layers above the scheduler (the gRPC service, the allocation count) serve.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,5 +41,43 @@ inline std::shared_ptr<ModelHandle> MakeHandle(const std::string& name, const st
   return std::make_shared<ModelHandle>(model, 1, "cpu x1", std::shared_ptr<Scheduler>(*std::move(batcher)),
                                        std::move(stats), clock);
 }
+
+// "x" INT32 [-1] -> "y" INT32 [-1] (and "sum" INT64 [1] with `with_sum`), batching up to 8 rows,
+// `max_queue` waiting requests at most (default one), request timeouts allowed.
+inline std::shared_ptr<ModelHandle> MakeEchoModel(const std::string& name, std::unique_ptr<ModelBackend> backend,
+                                       const TimeSource* clock, bool with_sum = false, int max_queue = 1) {
+  return MakeHandle(
+      name,
+      std::string("max_batch_size: 8\n"
+                  "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+                  "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] }") +
+          (with_sum ? ", { name: \"sum\" data_type: TYPE_INT64 dims: [ 1 ] }" : "") +
+          " ]\n"
+          "dynamic_batching { default_queue_policy { max_queue_size: " + std::to_string(max_queue) +
+          " allow_timeout_override: true } }\n",
+      std::move(backend), clock, max_queue);
+}
+
+// Models by name; "loading" exists but is not ready (UNAVAILABLE), any other unknown name is
+// NOT_FOUND. FindSequence looks through `sequence_holders` (as the manager looks through ready and
+// draining versions).
+class FakeLookup final : public ModelLookup {
+ public:
+  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& /*version*/) const override {
+    if (name == "loading") return absl::UnavailableError("model 'loading' is not ready: still loading");
+    auto it = models.find(name);
+    if (it == models.end()) return absl::NotFoundError("unknown model '" + name + "'");
+    return it->second->Acquire();
+  }
+  StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string& /*name*/,
+                                                      const CorrelationId& id) const override {
+    for (const auto& holder : sequence_holders) {
+      if (holder->HasSequence(id)) return holder->Acquire();
+    }
+    return absl::NotFoundError("no version holds the sequence");
+  }
+  std::map<std::string, std::shared_ptr<ModelHandle>> models;
+  std::vector<std::shared_ptr<ModelHandle>> sequence_holders;
+};
 
 }  // namespace sluice::testing

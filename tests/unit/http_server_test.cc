@@ -21,82 +21,15 @@
 #include "absl/synchronization/notification.h"
 
 #include "server/core/mutex.h"
+#include "tests/unit/http_client.h"
 
 namespace sluice {
 namespace {
 
-struct Reply {
-  int code = 0;
-  std::string headers;  // lower case
-  std::string body;
-  bool closed = false;  // the server closed the connection instead of answering
-};
-
-class Client {
- public:
-  explicit Client(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-  }
-  ~Client() { Close(); }
-  void Close() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  bool connected() const { return connected_; }
-
-  void Send(const std::string& bytes) { ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
-
-  // Reads one response (Content-Length framed), or notes that the connection closed.
-  Reply Read(int timeout_ms = 5000) {
-    Reply reply;
-    while (true) {
-      const size_t end = buffer_.find("\r\n\r\n");
-      if (end != std::string::npos) {
-        reply.headers = absl::AsciiStrToLower(buffer_.substr(0, end));
-        const size_t space = reply.headers.find(' ');
-        EXPECT_TRUE(absl::SimpleAtoi(reply.headers.substr(space + 1, 3), &reply.code));
-        size_t length = 0;
-        const size_t at = reply.headers.find("content-length: ");
-        if (at != std::string::npos) {
-          EXPECT_TRUE(absl::SimpleAtoi(reply.headers.substr(at + 16, reply.headers.find("\r\n", at) - at - 16), &length));
-        }
-        if (buffer_.size() >= end + 4 + length) {
-          reply.body = buffer_.substr(end + 4, length);
-          buffer_.erase(0, end + 4 + length);
-          return reply;
-        }
-      }
-      pollfd wait{fd_, POLLIN, 0};
-      if (poll(&wait, 1, timeout_ms) <= 0) return reply;  // code 0: nothing came
-      char chunk[65536];
-      const ssize_t got = read(fd_, chunk, sizeof(chunk));
-      if (got <= 0) {
-        reply.closed = true;
-        return reply;
-      }
-      buffer_.append(chunk, static_cast<size_t>(got));
-    }
-  }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  std::string buffer_;
-};
-
-std::string Get(const std::string& path, const std::string& extra = "") {
-  return "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + extra + "\r\n";
-}
-
-std::string Post(const std::string& path, const std::string& body, const std::string& extra = "") {
-  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n", extra, "\r\n",
-                      body);
-}
+using testing::Client;
+using testing::Get;
+using testing::Post;
+using testing::Reply;
 
 std::string Gzip(const std::string& text, int window_bits) {
   z_stream stream{};
@@ -127,7 +60,7 @@ std::string Gunzip(const std::string& data) {
 }
 
 // Echoes method, path and body back; paths starting /later hand the exchange to `parked`.
-class HttpServerTest : public testing::Test {
+class HttpServerTest : public ::testing::Test {
  protected:
   std::unique_ptr<HttpServer> Start(HttpServerOptions options = {}) {
     options.address = "127.0.0.1";

@@ -21,34 +21,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// Models by name; "loading" exists but is not ready.
-class FakeLookup final : public ModelLookup {
- public:
-  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const override {
-    if (name == "loading") return absl::UnavailableError("model 'loading' is not ready: still loading");
-    auto it = models.find(name);
-    if (it == models.end()) return absl::NotFoundError("unknown model '" + name + "'");
-    return it->second->Acquire();
-  }
-  std::map<std::string, std::shared_ptr<ModelHandle>> models;
-};
-
-// "x" INT32 [-1] -> "y" INT32 [-1] (and "sum" INT64 [1] with `with_sum`), batching up to 8 rows,
-// `max_queue` waiting requests at most (default one), request timeouts allowed.
-std::shared_ptr<ModelHandle> MakeModel(const std::string& name, std::unique_ptr<ModelBackend> backend,
-                                       const TimeSource* clock, bool with_sum = false, int max_queue = 1) {
-  return testing::MakeHandle(
-      name,
-      std::string("max_batch_size: 8\n"
-                  "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
-                  "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] }") +
-          (with_sum ? ", { name: \"sum\" data_type: TYPE_INT64 dims: [ 1 ] }" : "") +
-          " ]\n"
-          "dynamic_batching { default_queue_policy { max_queue_size: " + std::to_string(max_queue) +
-          " allow_timeout_override: true } }\n",
-      std::move(backend), clock, max_queue);
-}
-
 inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values, const std::string& id = "") {
   inference::ModelInferRequest request;
   request.set_model_name(model);
@@ -70,13 +42,13 @@ class InferenceServiceTest : public ::testing::Test {
     auto echo = std::make_unique<testing::EchoBackend>(/*with_sum=*/true);
     auto gated = std::make_unique<testing::FakeBackend>();
     gated_ = gated.get();
-    lookup_.models["echo"] = MakeModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
-    lookup_.models["gated"] = MakeModel("gated", std::move(gated), &clock_);
-    lookup_.models["roomy"] = MakeModel("roomy", std::make_unique<testing::EchoBackend>(/*with_sum=*/true), &clock_,
+    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
+    lookup_.models["gated"] = testing::MakeEchoModel("gated", std::move(gated), &clock_);
+    lookup_.models["roomy"] = testing::MakeEchoModel("roomy", std::make_unique<testing::EchoBackend>(/*with_sum=*/true), &clock_,
                                         /*with_sum=*/true, /*max_queue=*/64);
     auto roomy_gated = std::make_unique<testing::FakeBackend>();
     roomy_gated_ = roomy_gated.get();
-    lookup_.models["roomy_gated"] = MakeModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
+    lookup_.models["roomy_gated"] = testing::MakeEchoModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
     InferenceService::Options options;
     options.lookup = &lookup_;
     options.stream_max_in_flight = kStreamBound;
@@ -131,7 +103,7 @@ class InferenceServiceTest : public ::testing::Test {
 
   SteadyTimeSource clock_;
   ModelManager manager_{{}, {}};
-  FakeLookup lookup_;
+  testing::FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
   testing::FakeBackend* roomy_gated_ = nullptr;  // like gated_, with room for 64 waiting requests
   std::unique_ptr<InferenceService> service_;

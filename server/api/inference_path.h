@@ -1,0 +1,78 @@
+// The inference path every front end shares (gRPC ModelInfer, gRPC ModelStreamInfer, HTTP POST
+// .../infer), written once. A front end wraps one request in an InferenceCall (what differs: the
+// codec, where the outputs go, how the answer is sent) and hands it to RunInference, which takes
+// the steps in this order:
+//   1. find the model version (ModelLookup::Find; NOT_FOUND / UNAVAILABLE are answered as they are)
+//   2. decode the request for that model (the call's codec; a refusal counts as the model's
+//      rejection in its statistics)
+//   3. route a sequence to the version that holds it (RouteSequence)
+//   4. stamp model name, protocol, deadline and cancellation flag on the request, and tell the
+//      call the version that will answer (Accepted: a response header, a cancellation hook)
+//   5. hold the version in flight (ModelHold) and submit (ModelHandle::Submit: validation, queue
+//      timeout, scheduling)
+//   6. on the answer: log a failure (debug), release the hold, then Answer
+//
+// Where the protocols differ, and only there:
+//               gRPC (unary and stream)                    HTTP
+//   decode      ModelInferRequest (protocol.cc); inputs    JSON with Triton's binary extension
+//               and outputs may name shared memory         (json_protocol.cc); FP16/BF16 outputs
+//                                                          must be asked for as binary
+//   deadline    the caller's gRPC deadline                 none (HTTP carries no deadline)
+//   cancelled   the call's OnCancel; a stream's end        the connection closing
+//               cancels every request of the stream
+//   answer      a gRPC status (unary); the response's      {"error": "..."} with ToHttpStatusCode's
+//               error_message, the stream going on         code
+// Request parameters are read by one reader for both (request_parameters.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+#include "server/core/clock.h"
+#include "server/core/infer_request.h"
+#include "server/core/output_sink.h"
+#include "server/core/status.h"
+#include "server/manager/model_handle.h"
+
+namespace sluice {
+
+// One inference request as its front end carries it. The front end sets the public fields, then
+// calls RunInference; the call must stay alive (with whatever Decode's request views) until
+// Answer has run.
+class InferenceCall {
+ public:
+  virtual ~InferenceCall() = default;
+
+  Protocol protocol = Protocol::kGrpc;
+  TimePoint deadline = kNoDeadline;  // the caller's own (the queue timeout may narrow it)
+  std::shared_ptr<std::atomic<bool>> cancelled;  // set when the caller goes away; may be null
+  // The version the request runs on, from submission until just before Answer: an unload waits
+  // for the answer, not for the transport. A cancellation may Poke it from another thread.
+  ModelHold hold;
+
+  // The model and version asked for (version empty: the newest ready one); alive as the call.
+  virtual const std::string& model_name() const = 0;
+  virtual const std::string& model_version() const = 0;
+  // The request for `model`, from the call's bytes: the protocol's checks and conversion (the
+  // model-level checks are ModelHandle::Submit's). INVALID_ARGUMENT naming what is wrong.
+  virtual StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) = 0;
+  // The decoded request goes to `model` (after sequence routing); called once, before
+  // submission, on the thread that runs RunInference. From submission on only the thread that
+  // answers touches the call's response.
+  virtual void Accepted(const InferRequest& /*request*/, const std::shared_ptr<ModelHandle>& /*model*/) {}
+  // Where the outputs go; called once, after Accepted.
+  virtual OutputSink* sink() = 0;
+  // The client's request id, for the failure log; read when the answer comes.
+  virtual absl::string_view request_id() const = 0;
+  // Exactly once, on whichever thread answers (a model worker, or the caller of RunInference for
+  // an early error), with the hold already released. The call may be destroyed from here on.
+  virtual void Answer(const Status& status) = 0;
+};
+
+// Takes `call` through the steps above. Never blocks on model work.
+void RunInference(const ModelLookup& lookup, InferenceCall* call);
+
+}  // namespace sluice

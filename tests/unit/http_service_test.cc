@@ -1,0 +1,142 @@
+// HTTP inference (POST /v2/models/{m}/infer) through the real HttpService behind a real
+// HttpServer on loopback, with a fake model lookup whose models run on fake backends: the answers
+// a REST client sees, and that a refusal counts in the model's statistics as over gRPC.
+#include "server/api/http_service.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/unit/fakes.h"
+#include "tests/unit/handle_factory.h"
+#include "tests/unit/http_client.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Client;
+using testing::Post;
+using testing::Reply;
+using namespace std::chrono_literals;
+
+const char kBody[] = R"({"id": "r-1", "inputs": [{"name": "x", "shape": [1, 3], "datatype": "INT32", "data": [4, 5, 6]}]})";
+
+class HttpServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
+                                                    /*with_sum=*/false, /*max_queue=*/8);
+    auto gated = std::make_unique<testing::FakeBackend>();
+    gated_ = gated.get();
+    lookup_.models["gated"] = testing::MakeEchoModel("gated", std::move(gated), &clock_);  // one may wait
+    HttpService::Options options;
+    options.lookup = &lookup_;
+    service_ = std::make_unique<HttpService>(&manager_, /*control=*/nullptr, options);
+    HttpServerOptions server_options;
+    server_options.address = "127.0.0.1";
+    server_options.port = 0;
+    auto server = HttpServer::Start(server_options, [this](HttpExchange* exchange) { service_->Handle(exchange); });
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  void TearDown() override {
+    gated_->OpenGate();
+    server_->Stop();
+    for (auto& [name, model] : lookup_.models) model->Stop();
+  }
+
+  Reply Infer(const std::string& model, const std::string& body, const std::string& headers = "") {
+    Client client(server_->port());
+    client.Send(Post("/v2/models/" + model + "/infer", body, headers));
+    return client.Read();
+  }
+  uint64_t Failures(const std::string& model) { return lookup_.models[model]->Statistics().fail.count; }
+
+  SteadyTimeSource clock_;
+  ModelManager manager_{{}, {}};
+  testing::FakeLookup lookup_;
+  testing::FakeBackend* gated_ = nullptr;
+  std::unique_ptr<HttpService> service_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(HttpServiceTest, JsonInferenceAnswersWithTheModelVersionIdAndOutputs) {
+  const Reply reply = Infer("echo", kBody);
+  ASSERT_EQ(reply.code, 200) << reply.body;
+  EXPECT_THAT(reply.headers, HasSubstr("content-type: application/json"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("model_name":"echo")"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("model_version":"1")"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("id":"r-1")"));
+  EXPECT_THAT(reply.body, HasSubstr(R"("name":"y","datatype":"INT32","shape":[1,3],"data":[4,5,6])"));
+  EXPECT_EQ(lookup_.models["echo"]->Statistics().success.count, 1u);
+}
+
+TEST_F(HttpServiceTest, ABinaryOutputComesAfterTheJsonHeader) {
+  const Reply reply = Infer("echo", R"({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}],
+                                       "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})");
+  ASSERT_EQ(reply.code, 200) << reply.body;
+  EXPECT_THAT(reply.headers, HasSubstr("content-type: application/octet-stream"));
+  const size_t at = reply.headers.find("inference-header-content-length: ");
+  ASSERT_NE(at, std::string::npos);
+  const size_t json_length = std::stoul(reply.headers.substr(at + 33));
+  ASSERT_EQ(reply.body.size(), json_length + 8);
+  EXPECT_THAT(reply.body.substr(0, json_length), HasSubstr(R"("binary_data_size":8)"));
+  EXPECT_EQ(reply.body.substr(json_length), std::string("\1\0\0\0\2\0\0\0", 8));
+}
+
+TEST_F(HttpServiceTest, RefusalsGetTheirHttpCodeAndCountAsTheModelsRejections) {
+  EXPECT_EQ(Infer("nope", kBody).code, 404);
+  EXPECT_EQ(Infer("loading", kBody).code, 503);
+  struct Case {
+    std::string body, headers, words;
+  };
+  const std::vector<Case> cases = {
+      {kBody, "Inference-Header-Content-Length: lots\r\n", "Inference-Header-Content-Length 'lots' is not a byte count"},
+      {R"({"inputs": [], "parameters": {"timeout": -1}})", "", "'timeout' must be a non-negative integer"},
+      {"not json", "", ""},
+      // The model's own check (ModelHandle::Submit), after decoding.
+      {R"({"inputs": [{"name": "z", "shape": [1, 1], "datatype": "INT32", "data": [1]}]})", "", "'z'"},
+  };
+  uint64_t failures = 0;
+  for (const Case& each : cases) {
+    const Reply reply = Infer("echo", each.body, each.headers);
+    EXPECT_EQ(reply.code, 400) << each.body;
+    EXPECT_THAT(reply.body, HasSubstr(R"({"error":")")) << each.body;
+    EXPECT_THAT(reply.body, HasSubstr(each.words)) << each.body;
+    EXPECT_EQ(Failures("echo"), ++failures) << each.body;
+  }
+  EXPECT_EQ(Infer("echo", kBody).code, 200);  // and it keeps serving
+}
+
+TEST_F(HttpServiceTest, AFullQueueIs503AndAClientThatLeavesIsCancelledWithoutRunning) {
+  gated_->CloseGate();
+  Client running(server_->port());
+  running.Send(Post("/v2/models/gated/infer", kBody));
+  gated_->WaitStarted(1);
+  {
+    Client queued(server_->port());
+    queued.Send(Post("/v2/models/gated/infer", kBody));
+    // The queue holds one request: wait until it is that one, then a third is refused.
+    Reply refused;
+    for (int i = 0; i < 500; ++i) {
+      refused = Infer("gated", kBody);
+      if (refused.code == 503) break;
+      std::this_thread::sleep_for(2ms);  // the queued request has not reached the queue yet
+    }
+    EXPECT_EQ(refused.code, 503);
+    EXPECT_THAT(refused.body, HasSubstr("max_queue_size"));
+  }  // the queued client goes away
+  const uint64_t before = Failures("gated");  // the refusals so far
+  for (int i = 0; i < 2500 && Failures("gated") == before; ++i) std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(Failures("gated"), before + 1);  // answered CANCELLED while the instance is still busy
+  EXPECT_EQ(gated_->started(), 1);
+  gated_->OpenGate();
+  EXPECT_EQ(running.Read().code, 200);
+  EXPECT_EQ(gated_->started(), 1);  // the cancelled one never ran
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,145 @@
+// The inference path every front end shares, driven with a fake call and a fake lookup whose
+// models run on fake backends: the order of its steps, what it stamps on a request, what counts as
+// a rejection, and that the version is released before the answer.
+#include "server/api/inference_path.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "tests/unit/fakes.h"
+#include "tests/unit/handle_factory.h"
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Records every step the path takes; the answer fulfils a promise. Input "x" INT32 [1, n].
+class FakeCall final : public InferenceCall {
+ public:
+  FakeCall(std::string model, std::vector<int32_t> values, Status decode_refusal = absl::OkStatus())
+      : model_(std::move(model)), values_(std::move(values)), refusal_(std::move(decode_refusal)) {}
+
+  const std::string& model_name() const override { return model_; }
+  const std::string& model_version() const override { return version_; }
+  absl::string_view request_id() const override { return "id-7"; }
+  OutputSink* sink() override { return &sink_; }
+
+  StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override {
+    steps.push_back("decode " + model.spec().name);
+    if (!refusal_.ok()) return refusal_;
+    auto request = std::make_unique<InferRequest>();
+    request->id = "id-7";
+    request->inputs.push_back(TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(values_.size())},
+                                         reinterpret_cast<const char*>(values_.data()), values_.size() * 4});
+    return request;
+  }
+  void Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) override {
+    steps.push_back("accepted version " + std::to_string(model->version()));
+    stamped_name = request.model_name;
+    stamped_protocol = request.protocol;
+    stamped_deadline = request.deadline;
+    stamped_cancelled = request.cancelled.get();
+  }
+  void Answer(const Status& status) override {
+    steps.push_back("answer");
+    held_at_answer = hold.Get() != nullptr;
+    answered.set_value(status);
+  }
+
+  Status Wait() {
+    auto future = answered.get_future();
+    EXPECT_EQ(future.wait_for(10s), std::future_status::ready);
+    return future.get();
+  }
+  std::vector<int32_t> Output() {
+    EXPECT_EQ(sink_.outputs().size(), 1u);
+    const std::string& bytes = sink_.outputs().at(0).data;
+    std::vector<int32_t> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    return values;
+  }
+
+  std::vector<std::string> steps;
+  std::string stamped_name;
+  Protocol stamped_protocol = Protocol::kGrpc;
+  TimePoint stamped_deadline{};
+  const std::atomic<bool>* stamped_cancelled = nullptr;
+  bool held_at_answer = true;
+  std::promise<Status> answered;
+
+ private:
+  const std::string model_;
+  const std::string version_;
+  std::vector<int32_t> values_;
+  const Status refusal_;
+  TensorSink sink_;
+};
+
+class InferencePathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
+                                                    /*with_sum=*/false, /*max_queue=*/8);
+  }
+  void TearDown() override {
+    for (auto& [name, model] : lookup_.models) model->Stop();
+  }
+
+  SteadyTimeSource clock_;
+  testing::FakeLookup lookup_;
+};
+
+TEST_F(InferencePathTest, RunsDecodeAcceptSubmitAnswerInOrderAndStampsTheRequest) {
+  FakeCall call("echo", {4, 5, 6});
+  call.protocol = Protocol::kHttp;
+  call.deadline = clock_.Now() + 30s;
+  call.cancelled = std::make_shared<std::atomic<bool>>(false);
+  RunInference(lookup_, &call);
+  ASSERT_TRUE(call.Wait().ok());
+  EXPECT_EQ(call.steps, (std::vector<std::string>{"decode echo", "accepted version 1", "answer"}));
+  EXPECT_EQ(call.stamped_name, "echo");
+  EXPECT_EQ(call.stamped_protocol, Protocol::kHttp);
+  EXPECT_EQ(call.stamped_deadline, call.deadline);
+  EXPECT_EQ(call.stamped_cancelled, call.cancelled.get());
+  EXPECT_EQ(call.Output(), (std::vector<int32_t>{4, 5, 6}));
+  // The version was released before the answer: an unload waits for answers, not transports.
+  EXPECT_FALSE(call.held_at_answer);
+  EXPECT_EQ(lookup_.models["echo"]->in_flight(), 0);
+}
+
+TEST_F(InferencePathTest, ALookupFailureIsAnsweredAsItIsWithoutDecoding) {
+  for (const auto& [name, code] : {std::pair<std::string, absl::StatusCode>{"nope", absl::StatusCode::kNotFound},
+                                   {"loading", absl::StatusCode::kUnavailable}}) {
+    FakeCall call(name, {1});
+    RunInference(lookup_, &call);
+    EXPECT_EQ(call.Wait().code(), code) << name;
+    EXPECT_EQ(call.steps, (std::vector<std::string>{"answer"})) << name;
+  }
+}
+
+TEST_F(InferencePathTest, ADecodeRefusalIsTheModelsRejectionAndNothingIsSubmitted) {
+  FakeCall call("echo", {1}, absl::InvalidArgumentError("input 'x' is not a tensor"));
+  RunInference(lookup_, &call);
+  const Status answer = call.Wait();
+  EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(answer.message(), "input 'x' is not a tensor");
+  EXPECT_EQ(call.steps, (std::vector<std::string>{"decode echo", "answer"}));
+  const ModelStatsSnapshot stats = lookup_.models["echo"]->Statistics();
+  EXPECT_EQ(stats.fail.count, 1u);
+  EXPECT_EQ(stats.inference_count, 0u);
+  EXPECT_EQ(lookup_.models["echo"]->in_flight(), 0);
+}
+
+TEST_F(InferencePathTest, AModelLevelRefusalComesBackThroughTheSamePath) {
+  FakeCall call("echo", {1});
+  call.deadline = clock_.Now() - 1s;  // already passed: answered by the scheduler without running
+  RunInference(lookup_, &call);
+  EXPECT_EQ(call.Wait().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(call.steps, (std::vector<std::string>{"decode echo", "accepted version 1", "answer"}));
+  EXPECT_FALSE(call.held_at_answer);
+}
+
+}  // namespace
+}  // namespace sluice
