@@ -8,19 +8,10 @@
 
 namespace sluice {
 
-bool ByteBudget::TryAcquire(size_t bytes) {
-  size_t used = used_.load(std::memory_order_relaxed);
-  do {
-    if (used + bytes > limit_) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-  return true;
-}
-
-BatchQueue::BatchQueue(Options options) : options_(std::move(options)) {}
-
-BatchQueue::~BatchQueue() {
-  if (options_.server_budget) options_.server_budget->Release(bytes_);
-}
+BatchQueue::BatchQueue(Options options)
+    : options_(std::move(options)),
+      admission_(Admission::Options{options_.max_requests, options_.max_bytes, options_.server_budget,
+                                    /*shares=*/1}) {}
 
 std::string BatchQueue::GroupKey(const InferRequest& request) {
   absl::InlinedVector<const TensorView*, 4> inputs;
@@ -43,20 +34,6 @@ void BatchQueue::EraseGroup(Groups::iterator group) {
 
 Status BatchQueue::Add(PendingRequest& pending) {
   const InferRequest& request = *pending.request;
-  if (requests_ >= options_.max_requests) {
-    return absl::UnavailableError(absl::StrCat(
-        "model '", request.model_name, "' has ", requests_,
-        " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
-  }
-  // A request larger than the cap alone is admitted into an empty queue: otherwise it could
-  // never run, and "retry later" would be a lie. The queue's bytes stay bounded by the larger of
-  // the cap and one request (itself bounded by the transport's message limit).
-  if (bytes_ > 0 && bytes_ + pending.bytes > options_.max_bytes) {
-    return absl::UnavailableError(absl::StrCat(
-        "model '", request.model_name, "' has ", bytes_, " input bytes waiting and this request "
-        "brings ", pending.bytes, " (limit sluice.max_queued_bytes=", options_.max_bytes,
-        "); retry later"));
-  }
   const std::string key = options_.one_request_per_batch ? std::string() : GroupKey(request);
   auto group = groups_.find(key);
   if (group == groups_.end() && static_cast<int>(groups_.size()) >= options_.max_groups) {
@@ -65,11 +42,11 @@ Status BatchQueue::Add(PendingRequest& pending) {
         " different input shapes waiting (sluice.max_shape_groups); retry later or send fewer "
         "distinct shapes"));
   }
-  if (options_.server_budget && !options_.server_budget->TryAcquire(pending.bytes)) {
+  SLUICE_RETURN_IF_ERROR(admission_.Admit(0, pending.bytes, request.model_name, [&](size_t waiting) {
     return absl::UnavailableError(absl::StrCat(
-        "the server has ", options_.server_budget->used(), " input bytes waiting (limit ",
-        options_.server_budget->limit(), ", --max-queued-bytes); retry later"));
-  }
+        "model '", request.model_name, "' has ", waiting,
+        " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
+  }));
   if (group == groups_.end()) {
     if (spare_group_) {
       spare_group_.key() = key;
@@ -79,16 +56,10 @@ Status BatchQueue::Add(PendingRequest& pending) {
     }
   }
   group->second.queue.push_back(std::move(pending));
-  ++requests_;
-  bytes_ += group->second.queue.back().bytes;
   return absl::OkStatus();
 }
 
-void BatchQueue::Forget(const PendingRequest& pending) {
-  --requests_;
-  bytes_ -= pending.bytes;
-  if (options_.server_budget) options_.server_budget->Release(pending.bytes);
-}
+void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, pending.bytes); }
 
 std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
   std::vector<PendingRequest> expired;

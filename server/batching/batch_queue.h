@@ -12,26 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "server/batching/admission.h"
 #include "server/batching/scheduler.h"
 #include "server/core/clock.h"
 #include "server/core/infer_request.h"
 #include "server/core/status.h"
 
 namespace sluice {
-
-// A server-wide cap on the input bytes waiting in all queues. Thread-safe.
-class ByteBudget {
- public:
-  explicit ByteBudget(size_t limit) : limit_(limit) {}
-  bool TryAcquire(size_t bytes);
-  void Release(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
-  size_t used() const { return used_.load(std::memory_order_relaxed); }
-  size_t limit() const { return limit_; }
-
- private:
-  const size_t limit_;
-  std::atomic<size_t> used_{0};
-};
 
 // A request waiting in a queue, with what it costs there.
 struct PendingRequest {
@@ -69,10 +56,10 @@ class BatchQueue {
   };
 
   explicit BatchQueue(Options options);
-  ~BatchQueue();
 
-  // Admits `pending` or returns why not (UNAVAILABLE: a cap is reached; the caller answers the
-  // request). Requests whose non-batch shapes differ wait in different groups.
+  // Admits `pending` or returns why not (UNAVAILABLE: a cap is reached, see Admission, or too many
+  // shapes wait; the caller answers the request). Requests whose non-batch shapes differ wait in
+  // different groups.
   Status Add(PendingRequest& pending);
 
   // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
@@ -100,8 +87,8 @@ class BatchQueue {
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
 
-  size_t size() const { return requests_; }
-  size_t bytes() const { return bytes_; }
+  size_t size() const { return admission_.requests(); }
+  size_t bytes() const { return admission_.bytes(); }
   size_t groups() const { return groups_.size(); }
 
   // The key of a request's group: its inputs' names and non-batch dimensions.
@@ -126,8 +113,7 @@ class BatchQueue {
   std::vector<int> ladder_;  // SetBatchSizeLadder's sizes; empty: no limit below max_batch_size
   Groups groups_;
   Groups::node_type spare_group_;  // EraseGroup's kept node; empty when none
-  size_t requests_ = 0;
-  size_t bytes_ = 0;
+  Admission admission_;
 };
 
 }  // namespace sluice

@@ -98,7 +98,11 @@ StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(ModelSpec spe
 }
 
 SequenceBatcher::SequenceBatcher(ModelSpec spec, Options options)
-    : spec_(std::move(spec)), options_(std::move(options)), slots_per_instance_(std::max(1, spec_.max_batch_size)) {}
+    : spec_(std::move(spec)),
+      options_(std::move(options)),
+      slots_per_instance_(std::max(1, spec_.max_batch_size)),
+      admission_(Admission::Options{options_.max_requests, options_.max_bytes, options_.server_budget,
+                                    /*shares=*/2}) {}
 
 SequenceBatcher::~SequenceBatcher() { Stop(); }
 
@@ -151,8 +155,6 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
     auto name = [&] { return absl::StrCat("sequence ", control.id.ToString(), " of model '", spec_.name, "'"); };
     if (stopping_) {
       admitted = absl::UnavailableError(absl::StrCat("model '", spec_.name, "' is shutting down"));
-    } else if (Status full = CheckQueueLocked(sequence.get()); !full.ok()) {
-      admitted = std::move(full);
     } else if (control.start && sequence != nullptr) {
       admitted = absl::InvalidArgumentError(absl::StrCat(
           name(), " is already active; sequence_start begins a new sequence: end the active one with sequence_end "
@@ -166,6 +168,8 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
       admitted = absl::InvalidArgumentError(absl::StrCat(
           name(), " already has its sequence_end request queued; start a new sequence with sequence_start once it "
           "has been answered"));
+    } else {
+      admitted = AdmitLocked(sequence.get(), request->InputBytes());
     }
     if (admitted.ok()) {
       if (sequence == nullptr) {
@@ -184,7 +188,6 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
       sequence->pending.push_back(std::move(pending));
       sequence->end_queued = control.end;
       sequence->last_activity = now;
-      ++queued_;
       if (stats) stats->RecordAdmitted();
       batcher_cv_.Signal();
       return;
@@ -196,25 +199,20 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
   done(std::move(admitted));
 }
 
-Status SequenceBatcher::CheckQueueLocked(const Sequence* sequence) const {
-  if (queued_ < options_.max_requests) return absl::OkStatus();  // neither share can be full
-  // Requests of sequences that wait for a slot and requests of bound sequences are capped apart,
-  // so that waiting sequences can never keep the bound ones from reaching their end (which is
-  // what frees slots).
-  size_t waiting = 0;
-  for (const std::shared_ptr<Sequence>& each : waiting_) waiting += each->pending.size();
+Status SequenceBatcher::AdmitLocked(const Sequence* sequence, size_t bytes) {
   const bool bound = sequence != nullptr && sequence->instance >= 0;
-  const size_t share = bound ? queued_ - waiting : waiting;
-  if (share < options_.max_requests) return absl::OkStatus();
-  if (bound) {
-    return absl::UnavailableError(absl::StrCat("model '", spec_.name, "' has ", share,
-                                               " requests queued for its active sequences (max_queue_size ",
-                                               options_.max_requests, "); retry later"));
-  }
-  return absl::UnavailableError(absl::StrCat(
-      "model '", spec_.name, "' has ", share, " requests of sequences waiting for one of its ",
-      instances_.size() * static_cast<size_t>(slots_per_instance_), " sequence slots (max_queue_size ",
-      options_.max_requests, "); retry later"));
+  const size_t slots = instances_.size() * static_cast<size_t>(slots_per_instance_);
+  return admission_.Admit(bound ? kBoundShare : kWaitingShare, bytes, spec_.name, [&, slots](size_t waiting) {
+    if (bound) {
+      return absl::UnavailableError(absl::StrCat("model '", spec_.name, "' has ", waiting,
+                                                 " requests queued for its active sequences (max_queue_size ",
+                                                 options_.max_requests, "); retry later"));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "model '", spec_.name, "' has ", waiting, " requests of sequences waiting for one of its ", slots,
+        " sequence slots (max_queue_size ",
+        options_.max_requests, "); retry later"));
+  });
 }
 
 void SequenceBatcher::Poke() {
@@ -252,6 +250,9 @@ void SequenceBatcher::AssignSlotsLocked() {
     if (best_instance < 0) return;  // every slot is bound
     std::shared_ptr<Sequence> sequence = std::move(waiting_.front());
     waiting_.pop_front();
+    size_t bytes = 0;
+    for (const PendingRequest& pending : sequence->pending) bytes += pending.bytes;
+    admission_.Move(kWaitingShare, kBoundShare, sequence->pending.size(), bytes);
     sequence->instance = best_instance;
     sequence->slot = best_slot;
     instances_[best_instance].slots[best_slot] = sequence;
@@ -290,17 +291,17 @@ TimePoint SequenceBatcher::ExpireLocked(TimePoint now, std::vector<std::pair<Pen
       Status status = QueuedExpiryStatus(request);
       if (request.parameters.sequence.start && !sequence->started) start_lost = true;
       if (request.parameters.sequence.end) sequence->end_queued = false;
+      admission_.Release(ShareOf(*sequence), pending->bytes);
       out->emplace_back(std::move(*pending), std::move(status));
       pending = sequence->pending.erase(pending);
-      --queued_;
     }
     if (start_lost) {
       // Without its start the model would see the sequence's other requests as another's: drop it.
       for (PendingRequest& pending : sequence->pending) {
+        admission_.Release(ShareOf(*sequence), pending.bytes);
         out->emplace_back(std::move(pending), absl::UnavailableError(absl::StrCat(
                                                   "sequence ", sequence->id.ToString(), " of model '", spec_.name,
                                                   "' was dropped: its sequence_start request expired before it ran")));
-        --queued_;
       }
       sequence->pending.clear();
       spdlog::info("event=sequence_dropped model={} sequence={} reason=\"start expired while queued\"", spec_.name,
@@ -389,7 +390,7 @@ std::optional<FormedBatch> SequenceBatcher::FormBatchLocked(size_t index, TimePo
       const std::shared_ptr<Sequence> sequence = instance.slots[s];
       PendingRequest pending = std::move(sequence->pending.front());
       sequence->pending.pop_front();
-      --queued_;
+      admission_.Release(kBoundShare, pending.bytes);
       sequence->started = true;
       sequence->running = true;
       // Idle time counts from the answer, noted before the caller hears it (so a client that sends
@@ -407,7 +408,7 @@ std::optional<FormedBatch> SequenceBatcher::FormBatchLocked(size_t index, TimePo
           auto found = sequences_.find(sequence->id);
           if (start && !status.ok() && found != sequences_.end() && found->second == sequence) {
             orphans.swap(sequence->pending);
-            queued_ -= orphans.size();
+            for (const PendingRequest& orphan : orphans) admission_.Release(ShareOf(*sequence), orphan.bytes);
             spdlog::info("event=sequence_dropped model={} sequence={} reason=\"its start failed: {}\"", spec_.name,
                          sequence->id.ToString(), status.message());
             ForgetLocked(sequence, SequenceOutcome::kDropped);
@@ -491,7 +492,7 @@ void SequenceBatcher::EndSequences(const Status& why) {
     MutexLock lock(&mutex_);
     if (!sequences_.empty()) {
       spdlog::info("event=sequences_ended model={} sequences={} queued={} reason=\"{}\"", spec_.name,
-                   sequences_.size(), queued_, why.message());
+                   sequences_.size(), admission_.total_requests(), why.message());
     }
     for (auto& [id, sequence] : sequences_) {
       spdlog::debug("event=sequence_ended model={} sequence={} queued={}", spec_.name, id.ToString(),
@@ -500,7 +501,7 @@ void SequenceBatcher::EndSequences(const Status& why) {
       for (PendingRequest& pending : sequence->pending) ended.push_back(std::move(pending));
       sequence->pending.clear();
     }
-    queued_ = 0;
+    admission_.ReleaseAll();
     sequences_.clear();
     waiting_.clear();
     for (InstanceState& instance : instances_) std::fill(instance.slots.begin(), instance.slots.end(), nullptr);

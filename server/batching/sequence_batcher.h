@@ -21,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 
+#include "server/batching/admission.h"
 #include "server/batching/instance_pool.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
@@ -48,8 +49,11 @@ class SequenceBatcher final : public Scheduler {
     std::shared_ptr<ModelStats> stats;             // may be null
     std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
     bool warm_up_one_at_a_time = false;            // see InstancePool::Options
-    // Requests waiting in sequences that wait for a slot, and, apart, in sequences bound to one.
+    // Requests and input bytes waiting in sequences that wait for a slot, and, apart, in sequences
+    // bound to one (see Admission); the server budget is shared by every model, may be null.
     size_t max_requests = 1024;
+    size_t max_bytes = 256u << 20;
+    std::shared_ptr<ByteBudget> server_budget;
   };
 
   // INVALID_ARGUMENT without instances, a clock, or sequence_batching in `spec`.
@@ -97,9 +101,12 @@ class SequenceBatcher final : public Scheduler {
   // Admission: the checks that need no lock. OK or why the request is refused.
   Status CheckRequest(const InferRequest& request) const;
   Status CheckRows(const InferRequest& request) const;  // one row per request
-  // Whether a request for `sequence` (null: a new one) fits the queue (max_requests apply to the
-  // requests of sequences waiting for a slot and to those of bound sequences, each).
-  Status CheckQueueLocked(const Sequence* sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Admits a request of `bytes` for `sequence` (null: a new one) into its share, or says why not.
+  Status AdmitLocked(const Sequence* sequence, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The admission share of `sequence`'s waiting requests: bound to a slot or waiting for one.
+  static int ShareOf(const Sequence& sequence) { return sequence.instance >= 0 ? kBoundShare : kWaitingShare; }
+  static constexpr int kWaitingShare = 0;
+  static constexpr int kBoundShare = 1;
   // Binds waiting sequences to free slots, oldest first.
   void AssignSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Frees the slot of `sequence` (if it has one), forgets it, and counts how it finished.
@@ -126,7 +133,7 @@ class SequenceBatcher final : public Scheduler {
   std::map<CorrelationId, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::shared_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mutex_);  // for a slot, arrival order
   std::vector<InstanceState> instances_ ABSL_GUARDED_BY(mutex_);
-  size_t queued_ ABSL_GUARDED_BY(mutex_) = 0;  // requests waiting (not running)
+  Admission admission_ ABSL_GUARDED_BY(mutex_);  // requests waiting (not running), by share
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread batcher_;

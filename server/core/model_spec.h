@@ -58,7 +58,9 @@ struct DynamicBatchingSpec {
   bool pad_to_preferred = false;   // sluice.pad_batch_to_preferred: pad rows up to the next
                                    // preferred size (or max_batch_size) so the model sees few shapes
   int max_shape_groups = 16;       // sluice.max_shape_groups: live shape groups per model version
-  size_t max_queued_bytes = 256u << 20;  // sluice.max_queued_bytes: input bytes waiting per version
+  // sluice.max_queued_bytes: input bytes waiting per version, under every scheduler (read also
+  // without dynamic_batching; see Admission)
+  size_t max_queued_bytes = 256u << 20;
   // sluice.auto_batch_sizes: without preferred_batch_size, warm-up times every batch size and the
   // batcher forms a larger batch only where it serves more rows per second (server/batching/
   // batch_sizes.h).

@@ -183,6 +183,8 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     sequences.on_fatal = batcher.on_fatal;
     sequences.warm_up_one_at_a_time = batcher.warm_up_one_at_a_time;
     sequences.max_requests = options_.max_queue_size;
+    sequences.max_bytes = batcher.queue.max_bytes;
+    sequences.server_budget = batcher.queue.server_budget;
     SLUICE_ASSIGN_OR_RETURN(scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
   } else {
     SLUICE_ASSIGN_OR_RETURN(scheduler, DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));

@@ -279,10 +279,6 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   SLUICE_ASSIGN_OR_RETURN(const int64_t groups,
                           IntParameter(spec->parameters, "sluice.max_shape_groups", 16, 1, 4096));
   out.max_shape_groups = static_cast<int>(groups);
-  SLUICE_ASSIGN_OR_RETURN(const int64_t bytes,
-                          IntParameter(spec->parameters, "sluice.max_queued_bytes", 256 << 20, 1,
-                                       int64_t{1} << 40));
-  out.max_queued_bytes = static_cast<size_t>(bytes);
   SLUICE_ASSIGN_OR_RETURN(out.auto_batch_sizes,
                           BoolParameterOr(spec->parameters, "sluice.auto_batch_sizes", true));
   return absl::OkStatus();
@@ -785,6 +781,10 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   for (const auto& [key, value] : config->parameters()) spec.parameters[key] = value.string_value();
   SLUICE_RETURN_IF_ERROR(CheckSluiceParameterNames(spec.parameters));
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
+  // The byte cap holds for every scheduler (dynamic, sequence, and none: see Admission).
+  SLUICE_ASSIGN_OR_RETURN(const int64_t queued_bytes,
+                          IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
+  spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
   SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));
   SLUICE_RETURN_IF_ERROR(ConvertWarmup(*config, &spec));

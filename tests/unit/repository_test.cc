@@ -465,6 +465,20 @@ TEST(ModelConfigParserTest, DynamicBatching) {
   EXPECT_TRUE(batching.auto_batch_sizes);  // on by default
 }
 
+TEST(ModelConfigParserTest, TheQueuedByteCapHoldsWithoutDynamicBatchingToo) {
+  // One admission policy for every scheduler: the sequence batcher and the unbatched queue read
+  // the same cap.
+  auto spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "4096" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->dynamic_batching.enabled);
+  EXPECT_EQ(spec->dynamic_batching.max_queued_bytes, 4096u);
+  EXPECT_EQ(Build(std::string(kMinimal)).value().dynamic_batching.max_queued_bytes, 256u << 20);
+  auto refused = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "0" } })pb");
+  EXPECT_FALSE(refused.ok());
+}
+
 TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
   auto spec = Build(std::string(kMinimal) + R"pb(
       dynamic_batching { }

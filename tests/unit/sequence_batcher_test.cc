@@ -1,6 +1,7 @@
 // The sequence batcher (direct strategy): a fake stateful model that keeps a running sum per batch
 // slot (as Triton's direct-strategy models do), so a sequence that moved slot or instance, or a
 // request run out of order, shows up as a wrong sum. Also run under ThreadSanitizer.
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -125,7 +126,8 @@ CorrelationId Id(uint64_t number) { return {number, "", false}; }
 class SequenceBatcherTest : public ::testing::Test {
  protected:
   std::unique_ptr<SequenceBatcher> Make(int instances = 1, ModelSpec spec = AccumulatorSpec(), size_t max_requests = 64,
-                                        const TimeSource* clock = nullptr) {
+                                        const TimeSource* clock = nullptr,
+                                        const std::function<void(SequenceBatcher::Options&)>& tune = nullptr) {
     std::vector<std::unique_ptr<ModelBackend>> backends;
     for (int i = 0; i < instances; ++i) {
       auto model = std::make_shared<SlotAccumulator>();
@@ -138,6 +140,7 @@ class SequenceBatcherTest : public ::testing::Test {
     options.clock = clock != nullptr ? clock : &real_clock_;
     options.stats = stats_;
     options.max_requests = max_requests;
+    if (tune) tune(options);
     return *SequenceBatcher::Create(std::move(spec), std::move(backends), options);
   }
 
@@ -321,6 +324,65 @@ TEST_F(SequenceBatcherTest, StringIdsWhenCorrIdIsAStringAndAnyIdWithoutCorrId) {
   EXPECT_EQ(*Send(*any, {0, "a", true}, 2), 4);
   EXPECT_TRUE(any->HasSequence({0, "a", true}));
   EXPECT_FALSE(any->HasSequence(Id(3)));
+}
+
+// Each request carries 24 input bytes: INPUT (4) and the controls START, END, READY (4 each) and
+// CORRID (8).
+constexpr size_t kRequestBytes = 24;
+
+TEST_F(SequenceBatcherTest, TheModelsByteCapHoldsForAStatefulModel) {
+  auto budget = std::make_shared<ByteBudget>(1000);
+  auto batcher = Make(1, AccumulatorSpec(), 64, nullptr, [&](SequenceBatcher::Options& options) {
+    options.max_bytes = 2 * kRequestBytes;
+    options.server_budget = budget;
+  });
+  models_[0]->CloseGate();
+  Call first, second, third, fourth;
+  first.value = 1;
+  second.value = 2;
+  third.value = 3;
+  fourth.value = 4;
+  batcher->Enqueue(Request(first, Id(1), true, false), &first.sink, Done(first));
+  models_[0]->WaitStarted(1);  // running, so no longer waiting: it counts against no cap
+  batcher->Enqueue(Request(second, Id(1), false, false), &second.sink, Done(second));
+  batcher->Enqueue(Request(third, Id(1), false, false), &third.sink, Done(third));
+  EXPECT_EQ(budget->used(), 2 * kRequestBytes);
+  batcher->Enqueue(Request(fourth, Id(1), false, true), &fourth.sink, Done(fourth));
+  StatusOr<int32_t> refused = fourth.Get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("model 'acc' has 48 input bytes waiting and this request brings 24 "
+                        "(limit sluice.max_queued_bytes=48)"));
+  EXPECT_EQ(budget->used(), 2 * kRequestBytes);  // the refused request took nothing
+  models_[0]->OpenGate();
+  EXPECT_EQ(*first.Get(), 1);
+  EXPECT_EQ(*second.Get(), 3);
+  EXPECT_EQ(*third.Get(), 6);
+  EXPECT_EQ(budget->used(), 0u);  // every admitted byte given back once it ran
+}
+
+TEST_F(SequenceBatcherTest, TheServerByteBudgetHoldsForAStatefulModelAndIsGivenBackWhenSequencesEnd) {
+  auto budget = std::make_shared<ByteBudget>(kRequestBytes + kRequestBytes / 2);
+  auto batcher = Make(1, AccumulatorSpec(), 64, nullptr,
+                      [&](SequenceBatcher::Options& options) { options.server_budget = budget; });
+  models_[0]->CloseGate();
+  Call first, second, third;
+  first.value = 1;
+  second.value = 2;
+  third.value = 3;
+  batcher->Enqueue(Request(first, Id(1), true, false), &first.sink, Done(first));
+  models_[0]->WaitStarted(1);
+  batcher->Enqueue(Request(second, Id(1), false, false), &second.sink, Done(second));
+  batcher->Enqueue(Request(third, Id(2), true, false), &third.sink, Done(third));  // a new sequence
+  StatusOr<int32_t> refused = third.Get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("the server has 24 input bytes waiting (limit 36, --max-queued-bytes)"));
+  batcher->EndSequences(absl::UnavailableError("ended by the test"));
+  EXPECT_EQ(second.Get().status().message(), "ended by the test");
+  EXPECT_EQ(budget->used(), 0u);
+  models_[0]->OpenGate();
+  EXPECT_EQ(*first.Get(), 1);
 }
 
 TEST_F(SequenceBatcherTest, SequencesBeyondTheSlotsWaitForOneThenThePolicyRefusesThem) {
