@@ -1,10 +1,8 @@
 #include "server/api/inference_service.h"
 
-#include <deque>
 #include <memory>
 #include <type_traits>
 
-#include "absl/container/flat_hash_map.h"
 
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
@@ -13,6 +11,7 @@
 #include "server/api/model_queries.h"
 #include "server/api/protocol.h"
 #include "server/api/status_mapping.h"
+#include "server/api/stream_flow.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -75,10 +74,10 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 // One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call and
 // writes each response when its request is answered (one write at a time, in answer order).
 // Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
-// stream holds at most that many requests and responses. Every event (read done, answer, write
-// done) changes the state under mutex_ and then plans what to start (Step); Finish is planned
-// once, when nothing is read, written or in flight and the client half-closed (or a write
-// failed), and is the last thing its thread does with the reactor (OnDone deletes it).
+// stream holds at most that many requests and responses. Every event feeds the stream's flow
+// (stream_flow.h: its states and transitions) under mutex_, then starts what the flow plans
+// (Step); Finish is planned once and is the last thing its thread does with the reactor (OnDone
+// deletes it).
 class StreamReactor final
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
@@ -86,13 +85,13 @@ class StreamReactor final
                 const SharedMemoryManager* shared_memory, const Status& allowed)
       : service_(service),
         context_(context),
-        max_in_flight_(max_in_flight),
         shared_memory_(shared_memory),
-        cancelled_(std::make_shared<std::atomic<bool>>(false)) {
+        cancelled_(std::make_shared<std::atomic<bool>>(false)),
+        flow_(max_in_flight) {
     if (!allowed.ok()) {
       {
         MutexLock lock(&mutex_);
-        finished_ = true;
+        flow_.Refuse();
       }
       Finish(ToGrpcStatus(allowed));
       return;
@@ -104,52 +103,38 @@ class StreamReactor final
     Call* call = nullptr;
     {
       MutexLock lock(&mutex_);
-      reading_ = false;
-      if (!ok) {
-        read_done_ = true;  // the client half-closed, or the stream broke
-      } else if (broken_) {
-        next_.reset();  // a write failed: nobody would get the answer
-      } else {
-        call = next_.get();
-        calls_[call] = std::move(next_);
-        ++in_flight_;
-        ++requests_;
-        ++active_;  // until Step below: the stream cannot finish while this reaction runs
-      }
+      call = flow_.ReadDone(ok);
     }
-    if (call != nullptr) service_->SubmitInfer(*context_, call);
-    Step(call != nullptr);
+    if (call != nullptr) {
+      ++requests_;
+      service_->SubmitInfer(*context_, call);
+    }
+    Step(true);
   }
 
   void OnWriteDone(bool ok) override {
     {
       MutexLock lock(&mutex_);
-      writing_ = false;
-      Call* written = write_queue_.front();
-      write_queue_.pop_front();
-      calls_.erase(written);
-      --in_flight_;
-      if (!ok) {
-        // The transport is gone: what is still to be written goes nowhere.
-        broken_ = true;
-        for (Call* dropped : write_queue_) calls_.erase(dropped);
-        in_flight_ -= static_cast<int>(write_queue_.size());
-        write_queue_.clear();
-      }
+      flow_.WriteDone(ok);
     }
     if (!ok) {
       cancelled_->store(true);  // nobody reads the answers: queued requests need not run
-      PokeQueued();             // (it ends with a Step of its own)
-      return;
+      PokeInFlight();
     }
-    Step(false);
+    Step(true);
   }
 
   // The client cancelled, its deadline passed or the connection broke: requests of this stream
   // still queued are answered CANCELLED without running (their responses go nowhere).
   void OnCancel() override {
     cancelled_->store(true);
-    PokeQueued();
+    {
+      MutexLock lock(&mutex_);
+      if (flow_.phase() == Flow::Phase::kFinished) return;
+      flow_.Enter();
+    }
+    PokeInFlight();
+    Step(true);
   }
 
   void OnDone() override {
@@ -176,6 +161,7 @@ class StreamReactor final
    private:
     StreamReactor* const stream_;
   };
+  using Flow = StreamFlow<Call>;
 
   // A request's answer (any thread, perhaps inside SubmitInfer): queue its response for writing.
   void Answered(Call* call, const Status& status) {
@@ -189,81 +175,46 @@ class StreamReactor final
     }
     {
       MutexLock lock(&mutex_);
-      if (broken_) {
-        calls_.erase(call);
-        --in_flight_;
-      } else {
-        write_queue_.push_back(call);
-      }
-      ++active_;
+      flow_.Answered(call);
     }
     Step(true);
   }
 
-  // Plans under the lock what to start (a write, a read, the finish) and starts it after. After
-  // Step returns, its caller must not touch the reactor. `was_active`: the caller counted itself
-  // in active_.
-  void Step(bool was_active) {
-    Call* write = nullptr;
-    bool read = false;
-    bool finish = false;
+  // Starts what the flow plans (a write, a read, the finish). After Step returns, its caller
+  // must not touch the reactor. `leaving`: the caller's reaction ends here.
+  void Step(bool leaving) {
+    Flow::Plan plan;
     {
       MutexLock lock(&mutex_);
-      if (was_active) --active_;
-      if (!writing_ && !write_queue_.empty()) {
-        writing_ = true;
-        write = write_queue_.front();
-      }
-      if (!reading_ && !read_done_ && !broken_ && in_flight_ < max_in_flight_) {
-        reading_ = true;
-        next_ = std::make_unique<Call>(this, shared_memory_, cancelled_);
-        read = true;
-      }
-      if (!finished_ && !reading_ && !writing_ && in_flight_ == 0 && active_ == 0 && (read_done_ || broken_)) {
-        finished_ = true;
-        finish = true;
-      }
+      plan = flow_.Next(leaving, [this] { return std::make_unique<Call>(this, shared_memory_, cancelled_); });
     }
     // A planned read or write keeps the stream from finishing, so the reactor is alive here.
-    if (write != nullptr) StartWrite(&write->response);
-    if (read) StartRead(&next_->request);
-    if (finish) Finish(grpc::Status::OK);
+    if (plan.write != nullptr) StartWrite(&plan.write->response);
+    if (plan.read != nullptr) StartRead(&plan.read->request);
+    if (plan.finish) Finish(grpc::Status::OK);
   }
 
   // Pokes the models of this stream's requests, so that those still queued see the cancelled
-  // flag and are answered now.
-  void PokeQueued() {
+  // flag and are answered now. The caller's reaction is active.
+  void PokeInFlight() {
     std::vector<std::shared_ptr<ModelHandle>> models;
     {
       MutexLock lock(&mutex_);
-      if (finished_) return;
-      ++active_;
-      for (const auto& [call, owned] : calls_) {
-        if (std::shared_ptr<ModelHandle> model = call->hold.Get()) models.push_back(std::move(model));
-      }
+      flow_.ForEachInFlight([&models](Call& call) {
+        if (std::shared_ptr<ModelHandle> model = call.hold.Get()) models.push_back(std::move(model));
+      });
     }
     for (const std::shared_ptr<ModelHandle>& model : models) model->Poke();
-    Step(true);
   }
 
   InferenceService* const service_;
   grpc::CallbackServerContext* const context_;
-  const int max_in_flight_;
   const SharedMemoryManager* const shared_memory_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;  // shared by every request of the stream
-  std::unique_ptr<Call> next_;  // the call the outstanding read fills (only the reading path uses it)
 
   Mutex mutex_;
-  absl::flat_hash_map<Call*, std::unique_ptr<Call>> calls_ ABSL_GUARDED_BY(mutex_);  // read, not yet written
-  std::deque<Call*> write_queue_ ABSL_GUARDED_BY(mutex_);  // answered, in answer order; front is being written
-  int in_flight_ ABSL_GUARDED_BY(mutex_) = 0;              // calls_.size()
-  int active_ ABSL_GUARDED_BY(mutex_) = 0;                 // reactions between their lock and their Step
-  bool reading_ ABSL_GUARDED_BY(mutex_) = false;
-  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
-  bool read_done_ ABSL_GUARDED_BY(mutex_) = false;
-  bool broken_ ABSL_GUARDED_BY(mutex_) = false;
-  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
-  int64_t requests_ = 0;  // read so far (reading path only), for the log
+  Flow flow_ ABSL_GUARDED_BY(mutex_);
+  std::atomic<int64_t> requests_{0};  // read so far, for the log
 };
 
 // The caller's gRPC deadline on our clock; kNoDeadline when it set none.
