@@ -111,9 +111,9 @@ class HttpInferCall final : public InferenceCall {
   }
 
   // A client that goes away while its request is queued: the model answers it CANCELLED at once.
-  void Accepted(const InferRequest&, const std::shared_ptr<ModelHandle>& model) override {
+  void Accepted(const InferRequest&, const InFlightModel& model) override {
     answering_version_ = model->version();
-    exchange_->OnCancel([weak = std::weak_ptr<ModelHandle>(model)] {
+    exchange_->OnCancel([weak = model.Watch()] {
       if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
     });
   }

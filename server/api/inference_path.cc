@@ -5,13 +5,13 @@
 namespace sluice {
 
 void RunInference(const ModelLookup& lookup, InferenceCall* call) {
-  StatusOr<std::shared_ptr<ModelHandle>> found = lookup.Find(call->model_name(), call->model_version());
+  StatusOr<InFlightModel> found = lookup.Find(call->model_name(), call->model_version());
   if (!found.ok()) return call->Answer(found.status());
-  std::shared_ptr<ModelHandle> model = *std::move(found);
+  InFlightModel model = *std::move(found);
   StatusOr<std::unique_ptr<InferRequest>> decoded = call->Decode(*model);
   if (!decoded.ok()) {
     const Status rejected = model->Reject(decoded.status(), call->protocol);
-    model.reset();  // released before the answer, as for every other answer
+    model.Reset();  // released before the answer, as for every other answer
     return call->Answer(rejected);
   }
   std::unique_ptr<InferRequest> request = *std::move(decoded);
@@ -21,9 +21,9 @@ void RunInference(const ModelLookup& lookup, InferenceCall* call) {
   request->deadline = call->deadline;
   request->cancelled = call->cancelled;
   call->Accepted(*request, model);
-  // The hold keeps the version in flight until the answer; `model` keeps it alive until Submit
-  // has returned (the answer may come before that).
-  call->hold.Set(model);
+  // The call's hold keeps the version in flight until the answer; `model`, a second hold, keeps
+  // it alive until Submit has returned (the answer may come before that).
+  call->hold.Set(model.Another());
   model->Submit(std::move(request), call->sink(), [call](Status status) {
     if (!status.ok()) {
       spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",

@@ -62,7 +62,7 @@ class InferenceCall {
   // The decoded request goes to `model` (after sequence routing); called once, before
   // submission, on the thread that runs RunInference. From submission on only the thread that
   // answers touches the call's response.
-  virtual void Accepted(const InferRequest& /*request*/, const std::shared_ptr<ModelHandle>& /*model*/) {}
+  virtual void Accepted(const InferRequest& /*request*/, const InFlightModel& /*model*/) {}
   // Where the outputs go; called once, after Accepted.
   virtual OutputSink* sink() = 0;
   // The client's request id, for the failure log; read when the answer comes.

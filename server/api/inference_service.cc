@@ -197,14 +197,14 @@ class StreamReactor final
   // Pokes the models of this stream's requests, so that those still queued see the cancelled
   // flag and are answered now. The caller's reaction is active.
   void PokeInFlight() {
-    std::vector<std::shared_ptr<ModelHandle>> models;
+    std::vector<InFlightModel> models;
     {
       MutexLock lock(&mutex_);
       flow_.ForEachInFlight([&models](Call& call) {
-        if (std::shared_ptr<ModelHandle> model = call.hold.Get()) models.push_back(std::move(model));
+        if (InFlightModel model = call.hold.Get()) models.push_back(std::move(model));
       });
     }
-    for (const std::shared_ptr<ModelHandle>& model : models) model->Poke();
+    for (const InFlightModel& model : models) model->Poke();
   }
 
   InferenceService* const service_;
@@ -372,7 +372,7 @@ StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&
   return decoded;
 }
 
-void GrpcInferCall::Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) {
+void GrpcInferCall::Accepted(const InferRequest& request, const InFlightModel& model) {
   FillInferResponseHeader(request, model->version(), response_);
 }
 

@@ -41,7 +41,7 @@ class GrpcInferCall : public InferenceCall {
   const std::string& model_version() const override { return request_->model_version(); }
   StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override;
   // Writes the response header (model, version, id).
-  void Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) override;
+  void Accepted(const InferRequest& request, const InFlightModel& model) override;
   OutputSink* sink() override;
   absl::string_view request_id() const override { return request_->id(); }
 

@@ -33,14 +33,14 @@ StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& 
 
 Status AnswerModelMetadata(const ModelManager& manager, const std::string& name, const std::string& version,
                            inference::ModelMetadataResponse* response) {
-  SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<ModelHandle> model, manager.Find(name, version));
+  SLUICE_ASSIGN_OR_RETURN(InFlightModel model, manager.Find(name, version));
   FillModelMetadata(model->spec(), manager.ReadyVersions(name), response);
   return absl::OkStatus();
 }
 
 Status AnswerModelConfig(const ModelManager& manager, const std::string& name, const std::string& version,
                          inference::ModelConfigResponse* response) {
-  SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<ModelHandle> model, manager.Find(name, version));
+  SLUICE_ASSIGN_OR_RETURN(InFlightModel model, manager.Find(name, version));
   const std::shared_ptr<const inference::ModelConfig>& config = model->model().config;
   if (config == nullptr) {
     return absl::InternalError(absl::StrCat("model '", name, "' was loaded without its config.pbtxt"));

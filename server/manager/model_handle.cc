@@ -48,7 +48,7 @@ Status ModelHandle::Reject(Status status, Protocol protocol) {
 
 void ModelHandle::Poke() { scheduler_->Poke(); }
 
-std::shared_ptr<ModelHandle> ModelHandle::Acquire() {
+InFlightModel ModelHandle::Acquire() {
   {
     MutexLock lock(&in_flight_->mutex);
     ++in_flight_->count;
@@ -56,10 +56,11 @@ std::shared_ptr<ModelHandle> ModelHandle::Acquire() {
   // The reference shares nothing with the manager's: its deleter keeps the handle alive until it
   // runs, then lets go of it before counting itself out, so that when WaitIdle returns the
   // manager's reference is the last one and the instances are freed where it chooses.
-  return std::shared_ptr<ModelHandle>(this, [self = shared_from_this(), state = in_flight_](ModelHandle*) mutable {
-    self.reset();
-    state->Release();
-  });
+  return InFlightModel(
+      std::shared_ptr<ModelHandle>(this, [self = shared_from_this(), state = in_flight_](ModelHandle*) mutable {
+        self.reset();
+        state->Release();
+      }));
 }
 
 void ModelHandle::InFlight::Release() {
@@ -86,15 +87,16 @@ void ModelHandle::WaitIdle() {
   }
 }
 
-std::shared_ptr<ModelHandle> RouteSequence(const ModelLookup& lookup, std::shared_ptr<ModelHandle> found,
-                                           const InferRequest& request, bool version_given) {
+InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found, const InferRequest& request,
+                            bool version_given) {
   const SequenceControl& sequence = request.parameters.sequence;
   if (version_given || sequence.start || !sequence.id.present() || !found->spec().sequence_batching.enabled ||
       found->HasSequence(sequence.id)) {
     return found;
   }
-  StatusOr<std::shared_ptr<ModelHandle>> holder = lookup.FindSequence(found->spec().name, sequence.id);
-  return holder.ok() ? *std::move(holder) : found;
+  StatusOr<InFlightModel> holder = lookup.FindSequence(found->spec().name, sequence.id);
+  if (!holder.ok()) return found;
+  return *std::move(holder);
 }
 
 void ModelHandle::DrainSequences(Duration grace) {

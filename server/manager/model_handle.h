@@ -21,6 +21,36 @@
 
 namespace sluice {
 
+class ModelHandle;
+
+// A model version held in flight: while one exists, the version counts as in use and an unload
+// waits for it (ModelHandle::WaitIdle). This is not ownership (the manager owns versions, as
+// shared_ptr<ModelHandle>): it keeps the version it names alive and counted, no more. Move-only:
+// passing it on hands the hold over; a second hold is taken explicitly (Another).
+class InFlightModel {
+ public:
+  InFlightModel() = default;
+  InFlightModel(InFlightModel&&) noexcept = default;
+  InFlightModel& operator=(InFlightModel&&) noexcept = default;
+  InFlightModel(const InFlightModel&) = delete;
+  InFlightModel& operator=(const InFlightModel&) = delete;
+
+  ModelHandle* operator->() const { return held_.get(); }
+  ModelHandle& operator*() const { return *held_; }
+  explicit operator bool() const { return held_ != nullptr; }
+  // A second hold on the same version (the version is in flight until both are gone).
+  InFlightModel Another() const { return InFlightModel(held_); }
+  // A reference that does not hold the version; locking it holds it again while some hold is
+  // still alive (a cancellation that pokes the version a request waits in).
+  std::weak_ptr<ModelHandle> Watch() const { return held_; }
+  void Reset() { held_.reset(); }
+
+ private:
+  friend class ModelHandle;
+  explicit InFlightModel(std::shared_ptr<ModelHandle> held) : held_(std::move(held)) {}
+  std::shared_ptr<ModelHandle> held_;  // from Acquire: its deleter counts the hold out
+};
+
 // Thread-safe. Create it with std::make_shared (Acquire needs shared_from_this).
 class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
  public:
@@ -52,9 +82,9 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // The caller of a queued request went away (its `cancelled` flag is set): answer it now.
   void Poke();
 
-  // A reference to this handle that counts as in flight until it is destroyed: the manager's
-  // lookups hand these out, and a front end keeps one until the request it serves is answered.
-  std::shared_ptr<ModelHandle> Acquire();
+  // A hold on this version that counts as in flight until it is destroyed: the manager's lookups
+  // hand these out, and a front end keeps one until the request it serves is answered.
+  InFlightModel Acquire();
   int64_t in_flight() const;
 
   // Blocks until no reference from Acquire is alive, or Stop was called. Logs a line every 10 s
@@ -93,56 +123,49 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
-// A front end's hold on the version one request runs on: set at submission (an Acquire'd
-// reference, which keeps the version in flight), dropped when the request is answered, so that an
-// unload waits for the answer and not for the transport to let go. Thread-safe: the answer (on a
-// worker) and a cancellation (on a transport thread) may race.
+// A front end's hold on the version one request runs on: set at submission, dropped when the
+// request is answered, so that an unload waits for the answer and not for the transport to let
+// go. Thread-safe: the answer (on a worker) and a cancellation (on a transport thread) may race.
 class ModelHold {
  public:
-  void Set(std::shared_ptr<ModelHandle> model) ABSL_LOCKS_EXCLUDED(mutex_) {
+  void Set(InFlightModel model) ABSL_LOCKS_EXCLUDED(mutex_) {
     MutexLock lock(&mutex_);
     model_ = std::move(model);
   }
-  // Drops the reference (outside the lock: the last reference may wake an unload).
+  // Drops the hold (outside the lock: the last hold may wake an unload).
   void Release() ABSL_LOCKS_EXCLUDED(mutex_) {
-    std::shared_ptr<ModelHandle> model;
+    InFlightModel model;
     {
       MutexLock lock(&mutex_);
       model = std::move(model_);
     }
   }
-  // The version held, or null.
-  std::shared_ptr<ModelHandle> Get() ABSL_LOCKS_EXCLUDED(mutex_) {
+  // Another hold on the version held; empty when none is.
+  InFlightModel Get() ABSL_LOCKS_EXCLUDED(mutex_) {
     MutexLock lock(&mutex_);
-    return model_;
+    return model_.Another();
   }
   // The caller went away: the model answers the request now if it is still queued.
   void Poke() ABSL_LOCKS_EXCLUDED(mutex_) {
-    std::shared_ptr<ModelHandle> model;
-    {
-      MutexLock lock(&mutex_);
-      model = model_;
-    }
-    if (model) model->Poke();
+    if (InFlightModel model = Get()) model->Poke();
   }
 
  private:
   Mutex mutex_;
-  std::shared_ptr<ModelHandle> model_ ABSL_GUARDED_BY(mutex_);
+  InFlightModel model_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Where front ends find model versions. ModelManager implements it; tests fake it.
 class ModelLookup {
  public:
   virtual ~ModelLookup() = default;
-  // An Acquire'd reference to the version a request goes to. `version` empty: the newest ready
-  // one. NOT_FOUND: no such model or version; UNAVAILABLE: it exists but is not ready.
-  virtual StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const = 0;
-  // An Acquire'd reference to the version of `name` on which the sequence `id` is active: a
-  // version retired by a reload or unload that still drains its sequences, or another ready
-  // version. NOT_FOUND when none holds it.
-  virtual StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string& /*name*/,
-                                                              const CorrelationId& /*id*/) const {
+  // A hold on the version a request goes to. `version` empty: the newest ready one. NOT_FOUND:
+  // no such model or version; UNAVAILABLE: it exists but is not ready.
+  virtual StatusOr<InFlightModel> Find(const std::string& name, const std::string& version) const = 0;
+  // A hold on the version of `name` on which the sequence `id` is active: a version retired by a
+  // reload or unload that still drains its sequences, or another ready version. NOT_FOUND when
+  // none holds it.
+  virtual StatusOr<InFlightModel> FindSequence(const std::string& /*name*/, const CorrelationId& /*id*/) const {
     return absl::NotFoundError("no sequences");
   }
 };
@@ -150,7 +173,7 @@ class ModelLookup {
 // The version a converted request runs on: `found` (what Find chose), unless the request
 // continues a sequence (sequence_id without sequence_start, no version asked for) that another
 // version of the model holds: a sequence stays on the version it started on, across reloads.
-std::shared_ptr<ModelHandle> RouteSequence(const ModelLookup& lookup, std::shared_ptr<ModelHandle> found,
-                                           const InferRequest& request, bool version_given);
+InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found, const InferRequest& request,
+                            bool version_given);
 
 }  // namespace sluice

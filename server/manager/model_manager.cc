@@ -194,8 +194,7 @@ StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const s
   return it->second.model;
 }
 
-StatusOr<std::shared_ptr<ModelHandle>> ModelManager::FindSequence(const std::string& name,
-                                                                  const CorrelationId& id) const {
+StatusOr<InFlightModel> ModelManager::FindSequence(const std::string& name, const CorrelationId& id) const {
   MutexLock lock(&mutex_);
   if (auto it = entries_.find(name); it != entries_.end()) {
     for (const VersionSlot& slot : it->second.versions) {
@@ -209,7 +208,7 @@ StatusOr<std::shared_ptr<ModelHandle>> ModelManager::FindSequence(const std::str
   return absl::NotFoundError(absl::StrCat("no version of model '", name, "' holds sequence ", id.ToString()));
 }
 
-StatusOr<std::shared_ptr<ModelHandle>> ModelManager::Find(const std::string& name, const std::string& version) const {
+StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::string& version) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));

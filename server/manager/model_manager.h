@@ -96,9 +96,9 @@ class ModelManager final : public ModelLookup {
   // dropped (ModelHandle::Acquire): an unload or a reload waits for it. `version` empty: the
   // newest ready one. NOT_FOUND: no such model or version (or not a number); UNAVAILABLE: it
   // exists but is not ready (the reason is in the message).
-  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& version) const override;
+  StatusOr<InFlightModel> Find(const std::string& name, const std::string& version) const override;
   // Looks in the ready versions of `name` and in those being drained (see ModelLookup).
-  StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string& name,
+  StatusOr<InFlightModel> FindSequence(const std::string& name,
                                                       const CorrelationId& id) const override;
 
   // The repository entry of `name` (any state): NOT_FOUND when unknown.

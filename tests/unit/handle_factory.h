@@ -63,14 +63,13 @@ inline std::shared_ptr<ModelHandle> MakeEchoModel(const std::string& name, std::
 // draining versions).
 class FakeLookup final : public ModelLookup {
  public:
-  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string& name, const std::string& /*version*/) const override {
+  StatusOr<InFlightModel> Find(const std::string& name, const std::string& /*version*/) const override {
     if (name == "loading") return absl::UnavailableError("model 'loading' is not ready: still loading");
     auto it = models.find(name);
     if (it == models.end()) return absl::NotFoundError("unknown model '" + name + "'");
     return it->second->Acquire();
   }
-  StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string& /*name*/,
-                                                      const CorrelationId& id) const override {
+  StatusOr<InFlightModel> FindSequence(const std::string& /*name*/, const CorrelationId& id) const override {
     for (const auto& holder : sequence_holders) {
       if (holder->HasSequence(id)) return holder->Acquire();
     }

@@ -35,7 +35,7 @@ class FakeCall final : public InferenceCall {
                                          reinterpret_cast<const char*>(values_.data()), values_.size() * 4});
     return request;
   }
-  void Accepted(const InferRequest& request, const std::shared_ptr<ModelHandle>& model) override {
+  void Accepted(const InferRequest& request, const InFlightModel& model) override {
     steps.push_back("accepted version " + std::to_string(model->version()));
     stamped_name = request.model_name;
     stamped_protocol = request.protocol;
@@ -44,7 +44,7 @@ class FakeCall final : public InferenceCall {
   }
   void Answer(const Status& status) override {
     steps.push_back("answer");
-    held_at_answer = hold.Get() != nullptr;
+    held_at_answer = static_cast<bool>(hold.Get());
     answered.set_value(status);
   }
 

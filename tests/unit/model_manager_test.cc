@@ -82,7 +82,7 @@ class MemorySource final : public ModelSource {
 };
 
 // Submits a request with id `id` (one row of INPUT__0) and returns where its answer will be.
-std::future<StatusOr<Outputs>> Send(const std::shared_ptr<ModelHandle>& model, const std::string& id) {
+std::future<StatusOr<Outputs>> Send(ModelHandle* model, const std::string& id) {
   struct Call {
     std::vector<float> data = std::vector<float>(2, 1.0f);
     TensorSink sink;
@@ -102,7 +102,7 @@ std::future<StatusOr<Outputs>> Send(const std::shared_ptr<ModelHandle>& model, c
 // Closes `backend`'s gate and sends request "1", which starts and blocks there, and request "2",
 // which waits in the queue behind it. Both are answered once the gate opens.
 std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>> HoldTwoRequests(
-    FakeBackend* backend, const std::shared_ptr<ModelHandle>& servable) {
+    FakeBackend* backend, ModelHandle* servable) {
   const int warmup_runs = backend->started();
   backend->CloseGate();
   auto running = Send(servable, "1");
@@ -326,11 +326,11 @@ TEST(ModelManagerTest, ServesThroughSchedulerAndStops) {
   ASSERT_TRUE(control.LoadAll().ok());
   auto servable = manager.Find("m", "");
   ASSERT_TRUE(servable.ok());
-  auto result = Send(*servable, "7").get();
+  auto result = Send(&**servable, "7").get();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->outputs[0].data, "7");
   manager.Stop();
-  EXPECT_EQ(Send(*servable, "8").get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Send(&**servable, "8").get().status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
@@ -366,7 +366,7 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   FakeBackend* backend = factory.backend(0);
   const int warmup_runs = backend->started();
   backend->CloseGate();
-  auto running = Send(*model, "1");
+  auto running = Send(&**model, "1");
   backend->WaitStarted(warmup_runs + 1);
   struct Call {
     std::vector<float> data = std::vector<float>(2, 0.0f);
@@ -406,10 +406,10 @@ class HeldSequences final : public Scheduler {
 // ready and draining ones).
 class TwoVersions final : public ModelLookup {
  public:
-  StatusOr<std::shared_ptr<ModelHandle>> Find(const std::string&, const std::string&) const override {
+  StatusOr<InFlightModel> Find(const std::string&, const std::string&) const override {
     return versions.back()->Acquire();
   }
-  StatusOr<std::shared_ptr<ModelHandle>> FindSequence(const std::string&, const CorrelationId& id) const override {
+  StatusOr<InFlightModel> FindSequence(const std::string&, const CorrelationId& id) const override {
     for (const auto& version : versions) {
       if (version->HasSequence(id)) return version->Acquire();
     }
@@ -486,8 +486,8 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_EQ(changes, 1);
   auto loaded = manager.Find("b", "");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(Send(*loaded, "3").get()->outputs[0].data, "3");
-  loaded = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
+  EXPECT_EQ(Send(&**loaded, "3").get()->outputs[0].data, "3");
+  loaded = StatusOr<InFlightModel>(absl::CancelledError("released"));
 
   EXPECT_EQ(control.LoadModel("nope").code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(control.UnloadModel("a").ok());
@@ -542,7 +542,7 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   auto old_version = manager.Find("m", "");
   ASSERT_TRUE(old_version.ok());
   FakeBackend* old_backend = factory.backend(0);
-  auto [running, queued] = HoldTwoRequests(old_backend, *old_version);
+  auto [running, queued] = HoldTwoRequests(old_backend, &**old_version);
 
   source.Put(Model("m", {2}), "v2");  // version 2 appears; the latest policy serves only it
   auto reload = std::async(std::launch::async, [&] { return control.LoadModel("m"); });
@@ -553,7 +553,7 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   auto new_version = manager.Find("m", "");
   ASSERT_TRUE(new_version.ok());
   EXPECT_EQ((*new_version)->version(), 2);
-  EXPECT_EQ(Send(*new_version, "5").get()->outputs[0].data, "5");
+  EXPECT_EQ(Send(&**new_version, "5").get()->outputs[0].data, "5");
   EXPECT_EQ(manager.Find("m", "1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
 
@@ -565,10 +565,10 @@ TEST(ModelControlTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   EXPECT_EQ(first->outputs[0].data, "1");
   EXPECT_EQ(second->outputs[0].data, "2");
   EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);  // still held here
-  old_version = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
+  old_version = StatusOr<InFlightModel>(absl::CancelledError("released"));
   ASSERT_TRUE(reload.get().ok());
   // The old scheduler stopped; the new one serves.
-  EXPECT_EQ(Send(*new_version, "6").get()->outputs[0].data, "6");
+  EXPECT_EQ(Send(&**new_version, "6").get()->outputs[0].data, "6");
 }
 
 TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
@@ -589,7 +589,7 @@ TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
   auto still = manager.Find("m", "");
   ASSERT_TRUE(still.ok());
   EXPECT_EQ((*still)->version(), 1);
-  EXPECT_EQ(Send(*still, "4").get()->outputs[0].data, "4");
+  EXPECT_EQ(Send(&**still, "4").get()->outputs[0].data, "4");
 
   source.Put(Broken("m", "config.pbtxt line 3: oops"), "v3");
   status = control.LoadModel("m");
@@ -613,7 +613,7 @@ TEST(ModelControlTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
   auto servable = manager.Find("m", "");
   ASSERT_TRUE(servable.ok());
   FakeBackend* backend = factory.backend(0);
-  auto [running, queued] = HoldTwoRequests(backend, *servable);
+  auto [running, queued] = HoldTwoRequests(backend, &**servable);
   auto unload = std::async(std::launch::async, [&] { return control.UnloadModel("m"); });
   for (int i = 0; i < 2000 && manager.Find("m", "").ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
@@ -621,7 +621,7 @@ TEST(ModelControlTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
   backend->OpenGate();
   EXPECT_TRUE(running.get().ok());
   EXPECT_TRUE(queued.get().ok());
-  servable = StatusOr<std::shared_ptr<ModelHandle>>(absl::CancelledError("released"));
+  servable = StatusOr<InFlightModel>(absl::CancelledError("released"));
   EXPECT_TRUE(unload.get().ok());
 }
 
@@ -639,7 +639,7 @@ TEST(ModelControlTest, StopEndsADrainThatWouldWaitForever) {
   EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   control.Stop();
   EXPECT_TRUE(unload.get().ok());
-  EXPECT_EQ(Send(*held, "1").get().status().code(), absl::StatusCode::kUnavailable);  // stopped
+  EXPECT_EQ(Send(&**held, "1").get().status().code(), absl::StatusCode::kUnavailable);  // stopped
   EXPECT_EQ(control.LoadModel("m").code(), absl::StatusCode::kUnavailable);
 }
 
@@ -801,7 +801,7 @@ TEST(VersionLoaderTest, LoadsComposesAndWarmsUpOneVersion) {
   EXPECT_EQ(loaded.tuning.warmup.size(), 8u);  // 4 batch sizes on 2 instances
   ASSERT_EQ(factory.loads.size(), 2u);
   EXPECT_EQ(factory.loads[0].file, "/repo/m/2/model.pt");
-  EXPECT_EQ(Send(loaded.handle, "9").get()->outputs[0].data, "9");
+  EXPECT_EQ(Send(loaded.handle.get(), "9").get()->outputs[0].data, "9");
   loaded.handle->Stop();
 
   factory.failures["m/1"] = "bad archive";
