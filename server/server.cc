@@ -159,8 +159,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
     server->http_service_ =
         std::make_unique<HttpService>(server->manager_.get(), server->control_.get(), http_options);
     HttpService* http_service = server->http_service_.get();
-    SLUICE_ASSIGN_OR_RETURN(server->http_, HttpServer::Start(config.http, [http_service](HttpExchange* exchange) {
-                              http_service->Handle(exchange);
+    SLUICE_ASSIGN_OR_RETURN(server->http_, HttpServer::Start(config.http, [http_service](HttpResponder responder) {
+                              http_service->Handle(std::move(responder));
                             }));
     spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={}", config.http.address,
                  server->http_->port(), config.http.max_body_bytes, config.http.max_connections);

@@ -139,14 +139,14 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   std::chrono::steady_clock::time_point flush_deadline;
   bool stopped ABSL_GUARDED_BY(mutex) = false;   // the loop has ended
   int64_t in_flight ABSL_GUARDED_BY(mutex) = 0;
-  std::deque<std::pair<HttpExchange*, HttpResponse>> answered ABSL_GUARDED_BY(mutex);
+  std::deque<std::pair<std::unique_ptr<HttpExchange>, HttpResponse>> answered ABSL_GUARDED_BY(mutex);
 
   // An open connection that has sent a request. `waiting`: its exchanges not yet answered. While
   // there are some, `peer_closed` watches the socket for the client's close (libevent does not
   // read from a connection whose request is being answered, so would not notice).
   struct Connection {
     Loop* loop = nullptr;
-    std::vector<HttpExchange*> waiting;
+    std::vector<HttpExchange*> waiting;  // not owned: their responders own them
     event* peer_closed = nullptr;
     ~Connection() {
       if (peer_closed != nullptr) event_free(peer_closed);
@@ -166,9 +166,12 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
 
   void Accept(evhttp_request* request);
   // Writes `response` to the exchange's connection and ends the exchange. Loop thread.
-  void Send(HttpExchange* exchange, HttpResponse response);
-  void Post(HttpExchange* exchange, HttpResponse response);
-  void End(HttpExchange* exchange);
+  void Send(std::unique_ptr<HttpExchange> exchange, HttpResponse response);
+  // An answer from any thread: sent now on the loop thread, else queued for it (dropped once the
+  // loop has stopped).
+  void Post(std::unique_ptr<HttpExchange> exchange, HttpResponse response);
+  // Forgets the answered exchange and frees it. Loop thread.
+  void End(std::unique_ptr<HttpExchange> exchange);
   void ConnectionClosed(evhttp_connection* connection);
   // Stop's last step on the loop: ends it once every answer has been written to its socket, or
   // after a second. Loop thread.
@@ -183,18 +186,38 @@ thread_local const HttpExchange::Loop* HttpExchange::Loop::current = nullptr;
 
 const char* HttpExchange::Header(const char* name) const { return FindHeader(request_, name); }
 
-void HttpExchange::Respond(HttpResponse response) {
+HttpResponder& HttpResponder::operator=(HttpResponder&& other) noexcept {
+  if (this != &other) {
+    if (exchange_) Respond(HttpResponse{500, {}, {}});
+    exchange_ = std::move(other.exchange_);
+  }
+  return *this;
+}
+
+HttpResponder::~HttpResponder() {
+  if (!exchange_) return;
+  spdlog::error("event=http_unanswered path={} reason=\"a handler dropped the request without answering\"",
+                exchange_->path_);
+  HttpResponse response;
+  response.code = 500;
+  response.headers.emplace_back("Content-Type", "application/json");
+  response.body.push_back(ErrorJson("the server dropped this request without an answer (a bug); retry it"));
+  Respond(std::move(response));
+}
+
+void HttpResponder::Respond(HttpResponse response) {
+  const int accept_encoding = exchange_->accept_encoding_;
   size_t length = 0;
   for (const std::string& segment : response.body) length += segment.size();
   // zlib counts in 32 bits: bodies past 1 GiB go out as they are.
-  if (accept_encoding_ != kIdentity && length > 0 && length <= (size_t{1} << 30)) {
-    std::string compressed = Deflate(response.body, accept_encoding_);
+  if (accept_encoding != kIdentity && length > 0 && length <= (size_t{1} << 30)) {
+    std::string compressed = Deflate(response.body, accept_encoding);
     response.body.clear();
     response.body.push_back(std::move(compressed));
-    response.headers.emplace_back("Content-Encoding", accept_encoding_ == kGzip ? "gzip" : "deflate");
+    response.headers.emplace_back("Content-Encoding", accept_encoding == kGzip ? "gzip" : "deflate");
   }
-  std::shared_ptr<Loop> loop = loop_;  // the exchange may be gone when Post returns
-  loop->Post(this, std::move(response));
+  std::shared_ptr<HttpExchange::Loop> loop = exchange_->loop_;  // the exchange may be gone when Post returns
+  loop->Post(std::move(exchange_), std::move(response));
 }
 
 void HttpExchange::Loop::Refuse(evhttp_request* request, int code, absl::string_view message, bool close) {
@@ -233,7 +256,7 @@ void HttpExchange::Loop::Accept(evhttp_request* request) {
         this);
   }
 
-  auto* exchange = new HttpExchange();
+  std::unique_ptr<HttpExchange> exchange(new HttpExchange());
   // The server owns the loop through a shared_ptr; an exchange holds one too (see Respond).
   exchange->request_ = request;
   exchange->connection_ = connection;
@@ -258,13 +281,11 @@ void HttpExchange::Loop::Accept(evhttp_request* request) {
     if (name == "gzip" || name == "x-gzip" || name == "deflate") {
       Status inflated = Inflate(exchange->body_, options.max_body_bytes, &exchange->inflated_);
       if (!inflated.ok()) {
-        delete exchange;
         Refuse(request, absl::IsResourceExhausted(inflated) ? 413 : 400, inflated.message(), /*close=*/false);
         return;
       }
       exchange->body_ = exchange->inflated_;
     } else if (name != "identity" && !name.empty()) {
-      delete exchange;
       Refuse(request, 415,
              absl::StrCat("Content-Encoding '", coding, "' is not supported; send gzip, deflate or identity"),
              /*close=*/false);
@@ -273,19 +294,19 @@ void HttpExchange::Loop::Accept(evhttp_request* request) {
   }
 
   Connection& entry = *open->second;
-  entry.waiting.push_back(exchange);
+  entry.waiting.push_back(exchange.get());
   if (entry.waiting.size() == 1 && entry.peer_closed != nullptr) event_add(entry.peer_closed, nullptr);
   {
     MutexLock lock(&mutex);
     ++in_flight;
   }
   exchange->loop_ = shared_from_this();
-  handler(exchange);
+  handler(HttpResponder(std::move(exchange)));
 }
 
-void HttpExchange::Loop::Post(HttpExchange* exchange, HttpResponse response) {
+void HttpExchange::Loop::Post(std::unique_ptr<HttpExchange> exchange, HttpResponse response) {
   if (current == this) {
-    Send(exchange, std::move(response));
+    Send(std::move(exchange), std::move(response));
     return;
   }
   MutexLock lock(&mutex);
@@ -293,15 +314,14 @@ void HttpExchange::Loop::Post(HttpExchange* exchange, HttpResponse response) {
     --in_flight;
     idle.SignalAll();
     lock.Unlock();
-    delete exchange;
-    return;
+    return;  // the exchange is freed here
   }
   const bool wake_loop = answered.empty();
-  answered.emplace_back(exchange, std::move(response));
+  answered.emplace_back(std::move(exchange), std::move(response));
   if (wake_loop) event_active(wake, 0, 0);
 }
 
-void HttpExchange::Loop::Send(HttpExchange* exchange, HttpResponse response) {
+void HttpExchange::Loop::Send(std::unique_ptr<HttpExchange> exchange, HttpResponse response) {
   evhttp_request* request = exchange->request_;
   evkeyvalq* headers = evhttp_request_get_output_headers(request);
   for (const auto& [key, value] : response.headers) evhttp_add_header(headers, key.c_str(), value.c_str());
@@ -326,19 +346,20 @@ void HttpExchange::Loop::Send(HttpExchange* exchange, HttpResponse response) {
   }
   // Sent, or (the connection has closed) the request is freed by libevent.
   evhttp_send_reply(request, response.code, nullptr, nullptr);
-  End(exchange);
+  End(std::move(exchange));
 }
 
-void HttpExchange::Loop::End(HttpExchange* exchange) {
+void HttpExchange::Loop::End(std::unique_ptr<HttpExchange> exchange) {
   if (exchange->connection_ != nullptr) {
     auto open = connections.find(static_cast<evhttp_connection*>(exchange->connection_));
     if (open != connections.end()) {
       Connection& entry = *open->second;
-      entry.waiting.erase(std::remove(entry.waiting.begin(), entry.waiting.end(), exchange), entry.waiting.end());
+      entry.waiting.erase(std::remove(entry.waiting.begin(), entry.waiting.end(), exchange.get()),
+                          entry.waiting.end());
       if (entry.waiting.empty() && entry.peer_closed != nullptr) event_del(entry.peer_closed);
     }
   }
-  delete exchange;
+  exchange.reset();
   MutexLock lock(&mutex);
   --in_flight;
   if (in_flight == 0) idle.SignalAll();
@@ -409,14 +430,14 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
       loop->base, -1, 0,
       [](evutil_socket_t, short, void* arg) {
         auto* self = static_cast<HttpExchange::Loop*>(arg);
-        std::deque<std::pair<HttpExchange*, HttpResponse>> answered;
+        std::deque<std::pair<std::unique_ptr<HttpExchange>, HttpResponse>> answered;
         bool stopping = false;
         {
           MutexLock lock(&self->mutex);
           answered.swap(self->answered);
           stopping = self->stopping;
         }
-        for (auto& [exchange, response] : answered) self->Send(exchange, std::move(response));
+        for (auto& [exchange, response] : answered) self->Send(std::move(exchange), std::move(response));
         if (stopping) self->FinishWriting();
       },
       loop.get());
@@ -479,7 +500,7 @@ void HttpServer::Stop() {
     event_active(loop->wake, 0, 0);
   }
   loop->thread.join();
-  std::deque<std::pair<HttpExchange*, HttpResponse>> unsent;
+  std::deque<std::pair<std::unique_ptr<HttpExchange>, HttpResponse>> unsent;
   {
     MutexLock lock(&loop->mutex);
     loop->stopped = true;
@@ -493,7 +514,7 @@ void HttpServer::Stop() {
     loop->connections.clear();
     loop->idle.SignalAll();
   }
-  for (auto& [exchange, response] : unsent) delete exchange;
+  unsent.clear();  // frees those exchanges before their connections go
   if (loop->http != nullptr) evhttp_free(loop->http);  // closes every connection
   loop->http = nullptr;
   loop->socket = nullptr;

@@ -4,6 +4,9 @@
 // handler as an HttpExchange. Whoever answers calls Respond once, from any thread (a model's
 // worker for inference); the response is compressed on that thread when the client asked for it
 // and written by the event loop. Nothing here knows the KServe protocol (http_service.h does).
+// Ownership is in the types: the server owns an exchange until it hands it to the handler inside
+// an HttpResponder; whoever holds the responder owns the exchange and answers it once, which hands
+// it back to the server.
 #pragma once
 
 #include <atomic>
@@ -42,8 +45,8 @@ struct HttpResponse {
   std::vector<std::string> body;
 };
 
-// One request, from its arrival until Respond. Owned by the server: the handler and whoever it
-// hands the exchange to may use it (and the body's bytes) until they call Respond.
+// One request, from its arrival until it is answered: readable (with the body's bytes) by whoever
+// holds its HttpResponder, until HttpResponder::Respond.
 class HttpExchange {
  public:
   HttpExchange(const HttpExchange&) = delete;
@@ -57,16 +60,13 @@ class HttpExchange {
   absl::string_view body() const { return body_; }
   // Set when the client's connection closes before the response is sent.
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
-  // `on_cancel` runs on the server's thread when the connection closes before Respond; set it
-  // before handing the exchange on, and make it safe to run concurrently with Respond.
+  // `on_cancel` runs on the server's thread when the connection closes before the answer; set it
+  // before handing the responder on, and make it safe to run concurrently with Respond.
   void OnCancel(std::function<void()> on_cancel) { on_cancel_ = std::move(on_cancel); }
-
-  // Sends `response` and ends the exchange (it is destroyed; do not touch it afterwards). Any
-  // thread, exactly once. A response to a client that has gone is dropped.
-  void Respond(HttpResponse response);
 
  private:
   friend class HttpServer;
+  friend class HttpResponder;
   struct Loop;
   HttpExchange() = default;
 
@@ -82,9 +82,33 @@ class HttpExchange {
   std::function<void()> on_cancel_;
 };
 
+// The right and the duty to answer one exchange: move-only, it owns the exchange until Respond
+// hands both back to the server. Respond from any thread, once; a responder destroyed without
+// answering (a bug) answers 500, so no client is left waiting and no exchange leaks. A response
+// to a client that has gone is dropped.
+class HttpResponder {
+ public:
+  HttpResponder() = default;
+  explicit HttpResponder(std::unique_ptr<HttpExchange> exchange) : exchange_(std::move(exchange)) {}
+  HttpResponder(HttpResponder&&) noexcept = default;
+  HttpResponder& operator=(HttpResponder&& other) noexcept;
+  ~HttpResponder();
+
+  // The request; valid until Respond.
+  HttpExchange& exchange() const { return *exchange_; }
+  HttpExchange* operator->() const { return exchange_.get(); }
+  explicit operator bool() const { return exchange_ != nullptr; }
+
+  // Sends `response` and ends the exchange; the responder is empty afterwards.
+  void Respond(HttpResponse response);
+
+ private:
+  std::unique_ptr<HttpExchange> exchange_;
+};
+
 // Called on the server's thread for every request; must not block (hand model work on and
-// return). Calls exchange->Respond now or later.
-using HttpHandler = std::function<void(HttpExchange* exchange)>;
+// return). Answers through the responder now or later.
+using HttpHandler = std::function<void(HttpResponder responder)>;
 
 class HttpServer {
  public:

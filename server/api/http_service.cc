@@ -17,27 +17,27 @@
 namespace sluice {
 namespace {
 
-void RespondJson(HttpExchange* exchange, int code, std::string json) {
+void RespondJson(HttpResponder& responder, int code, std::string json) {
   HttpResponse response;
   response.code = code;
   response.headers.emplace_back("Content-Type", "application/json");
   response.body.push_back(std::move(json));
-  exchange->Respond(std::move(response));
+  responder.Respond(std::move(response));
 }
 
-void RespondStatus(HttpExchange* exchange, const Status& status) {
+void RespondStatus(HttpResponder& responder, const Status& status) {
   if (status.ok()) {
-    exchange->Respond(HttpResponse{});
+    responder.Respond(HttpResponse{});
     return;
   }
-  RespondJson(exchange, ToHttpStatusCode(status), ErrorJson(status.message()));
+  RespondJson(responder, ToHttpStatusCode(status), ErrorJson(status.message()));
 }
 
 // 200 with an empty body, or 400 (Triton's answer for "not live", "not ready").
-void RespondCondition(HttpExchange* exchange, bool holds) {
+void RespondCondition(HttpResponder& responder, bool holds) {
   HttpResponse response;
   response.code = holds ? 200 : 400;
-  exchange->Respond(std::move(response));
+  responder.Respond(std::move(response));
 }
 
 // A path segment with its %XX escapes decoded; nullopt when an escape is malformed.
@@ -76,15 +76,15 @@ Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
 }
 
 // One HTTP inference request on the shared inference path: the JSON codec (with the binary
-// extension), the HTTP output sink, and the exchange it answers. Owns the names and the parsed
-// request's output forms; the exchange's body (which binary inputs view) lives until Answer,
-// which responds and deletes the call.
+// extension), the HTTP output sink, and the responder of the exchange it answers. Owns the names,
+// the parsed request's output forms and the exchange (whose body the binary inputs view) until
+// Answer; the path owns the call and destroys it after Answer.
 class HttpInferCall final : public InferenceCall {
  public:
-  HttpInferCall(HttpExchange* exchange, std::string model_name, std::string version)
-      : exchange_(exchange), model_name_(std::move(model_name)), version_(std::move(version)) {
+  HttpInferCall(HttpResponder responder, std::string model_name, std::string version)
+      : responder_(std::move(responder)), model_name_(std::move(model_name)), version_(std::move(version)) {
     protocol = Protocol::kHttp;
-    cancelled = exchange->cancelled();
+    cancelled = responder_->cancelled();
   }
 
   const std::string& model_name() const override { return model_name_; }
@@ -94,7 +94,7 @@ class HttpInferCall final : public InferenceCall {
 
   StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override {
     std::optional<size_t> header_length;
-    if (const char* length = exchange_->Header("Inference-Header-Content-Length"); length != nullptr) {
+    if (const char* length = responder_->Header("Inference-Header-Content-Length"); length != nullptr) {
       size_t value = 0;
       const absl::string_view text(length);
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -104,7 +104,7 @@ class HttpInferCall final : public InferenceCall {
       }
       header_length = value;
     }
-    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(exchange_->body(), header_length));
+    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(responder_->body(), header_length));
     SLUICE_RETURN_IF_ERROR(CheckJsonOutputs(model.spec(), parsed_));
     id_ = parsed_.request->id;
     return std::move(parsed_.request);  // the output forms stay here for the response
@@ -113,15 +113,14 @@ class HttpInferCall final : public InferenceCall {
   // A client that goes away while its request is queued: the model answers it CANCELLED at once.
   void Accepted(const InferRequest&, const InFlightModel& model) override {
     answering_version_ = model->version();
-    exchange_->OnCancel([weak = model.Watch()] {
+    responder_->OnCancel([weak = model.Watch()] {
       if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
     });
   }
 
-  // Answers the exchange and deletes the call.
   void Answer(const Status& status) override {
     if (!status.ok()) {
-      RespondStatus(exchange_, status);
+      RespondStatus(responder_, status);
     } else {
       HttpResponse response;
       size_t header_length = 0;
@@ -133,13 +132,12 @@ class HttpInferCall final : public InferenceCall {
       } else {
         response.headers.emplace_back("Content-Type", "application/json");
       }
-      exchange_->Respond(std::move(response));
+      responder_.Respond(std::move(response));
     }
-    delete this;
   }
 
  private:
-  HttpExchange* const exchange_;
+  HttpResponder responder_;
   const std::string model_name_;
   const std::string version_;
   JsonInferRequest parsed_;  // after Decode its `request` has moved to the model; the output forms stay
@@ -165,31 +163,32 @@ Status HttpService::Allow(const HttpExchange& exchange, ProtocolGroup group) con
   });
 }
 
-void HttpService::Handle(HttpExchange* exchange) {
+void HttpService::Handle(HttpResponder responder) {
+  const HttpExchange& exchange = responder.exchange();  // valid until the answer
   std::vector<std::string> path;
-  for (absl::string_view raw : absl::StrSplit(exchange->path(), '/', absl::SkipEmpty())) {
+  for (absl::string_view raw : absl::StrSplit(exchange.path(), '/', absl::SkipEmpty())) {
     std::optional<std::string> segment = PercentDecode(raw);
     if (!segment) {
-      RespondStatus(exchange, absl::InvalidArgumentError(absl::StrCat("malformed percent-escape in the path '",
-                                                                      exchange->path(), "'")));
+      RespondStatus(responder, absl::InvalidArgumentError(absl::StrCat("malformed percent-escape in the path '",
+                                                                      exchange.path(), "'")));
       return;
     }
     path.push_back(*std::move(segment));
   }
-  const bool get = exchange->method() == "GET" || exchange->method() == "HEAD";
-  const bool post = exchange->method() == "POST";
+  const bool get = exchange.method() == "GET" || exchange.method() == "HEAD";
+  const bool post = exchange.method() == "POST";
   auto wrong_method = [&](const char* allowed) {
-    RespondJson(exchange, 405,
-                ErrorJson(absl::StrCat(exchange->method(), " is not allowed on ", exchange->path(), "; use ", allowed)));
+    RespondJson(responder, 405,
+                ErrorJson(absl::StrCat(exchange.method(), " is not allowed on ", exchange.path(), "; use ", allowed)));
   };
   auto unknown = [&] {
-    RespondJson(exchange, 404,
-                ErrorJson(absl::StrCat("no endpoint ", exchange->path(), " (the KServe v2 REST paths start with /v2)")));
+    RespondJson(responder, 404,
+                ErrorJson(absl::StrCat("no endpoint ", exchange.path(), " (the KServe v2 REST paths start with /v2)")));
   };
   // Runs `answer` after the restriction check, for a GET endpoint.
   auto guarded_get = [&](ProtocolGroup group, auto answer) {
     if (!get) return wrong_method("GET");
-    if (Status allowed = Allow(*exchange, group); !allowed.ok()) return RespondStatus(exchange, allowed);
+    if (Status allowed = Allow(exchange, group); !allowed.ok()) return RespondStatus(responder, allowed);
     answer();
   };
 
@@ -198,31 +197,31 @@ void HttpService::Handle(HttpExchange* exchange) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ServerMetadataResponse metadata;
       AnswerServerMetadata(options_.server_version, /*system_shared_memory=*/false, &metadata);
-      RespondJson(exchange, 200, ProtoToJson(metadata));
+      RespondJson(responder, 200, ProtoToJson(metadata));
     });
   }
   if (path[1] == "health" && path.size() == 3 && (path[2] == "live" || path[2] == "ready")) {
     return guarded_get(ProtocolGroup::kHealth, [&] {
       const bool live = !options_.live || options_.live();
-      RespondCondition(exchange, path[2] == "live" ? live : live && (!options_.ready || options_.ready()));
+      RespondCondition(responder, path[2] == "live" ? live : live && (!options_.ready || options_.ready()));
     });
   }
   if (path[1] == "repository") {
     if (path.size() == 3 && path[2] == "index") {
       if (!post) return wrong_method("POST");
-      if (Status allowed = Allow(*exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
-        return RespondStatus(exchange, allowed);
+      if (Status allowed = Allow(exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
+        return RespondStatus(responder, allowed);
       }
-      StatusOr<bool> ready_only = ParseIndexRequest(exchange->body());
-      if (!ready_only.ok()) return RespondStatus(exchange, ready_only.status());
+      StatusOr<bool> ready_only = ParseIndexRequest(exchange.body());
+      if (!ready_only.ok()) return RespondStatus(responder, ready_only.status());
       inference::RepositoryIndexResponse index;
       Status answered = AnswerRepositoryIndex(*manager_, "", *ready_only, &index);
-      if (!answered.ok()) return RespondStatus(exchange, answered);
-      return RespondJson(exchange, 200, RepeatedProtoToJson(index, "models"));
+      if (!answered.ok()) return RespondStatus(responder, answered);
+      return RespondJson(responder, 200, RepeatedProtoToJson(index, "models"));
     }
     if (path.size() == 5 && path[2] == "models" && (path[4] == "load" || path[4] == "unload")) {
       if (!post) return wrong_method("POST");
-      return Control(exchange, path[3], path[4] == "unload");
+      return Control(std::move(responder), path[3], path[4] == "unload");
     }
     return unknown();
   }
@@ -231,8 +230,8 @@ void HttpService::Handle(HttpExchange* exchange) {
     return guarded_get(ProtocolGroup::kStatistics, [&] {
       inference::ModelStatisticsResponse statistics;
       Status answered = AnswerModelStatistics(*manager_, "", "", &statistics);
-      if (!answered.ok()) return RespondStatus(exchange, answered);
-      RespondJson(exchange, 200, ProtoToJson(statistics));
+      if (!answered.ok()) return RespondStatus(responder, answered);
+      RespondJson(responder, 200, ProtoToJson(statistics));
     });
   }
   const std::string& model = path[2];
@@ -248,48 +247,49 @@ void HttpService::Handle(HttpExchange* exchange) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ModelMetadataResponse metadata;
       Status answered = AnswerModelMetadata(*manager_, model, version, &metadata);
-      if (!answered.ok()) return RespondStatus(exchange, answered);
-      RespondJson(exchange, 200, ProtoToJson(metadata));
+      if (!answered.ok()) return RespondStatus(responder, answered);
+      RespondJson(responder, 200, ProtoToJson(metadata));
     });
   }
   if (action == "ready") {
     return guarded_get(ProtocolGroup::kHealth, [&] {
       StatusOr<bool> ready = AnswerModelReady(*manager_, model, version);
-      if (!ready.ok()) return RespondStatus(exchange, ready.status());
-      RespondCondition(exchange, *ready);
+      if (!ready.ok()) return RespondStatus(responder, ready.status());
+      RespondCondition(responder, *ready);
     });
   }
   if (action == "config") {
     return guarded_get(ProtocolGroup::kModelConfig, [&] {
       inference::ModelConfigResponse config;
       Status answered = AnswerModelConfig(*manager_, model, version, &config);
-      if (!answered.ok()) return RespondStatus(exchange, answered);
-      RespondJson(exchange, 200, ProtoToJson(config.config()));
+      if (!answered.ok()) return RespondStatus(responder, answered);
+      RespondJson(responder, 200, ProtoToJson(config.config()));
     });
   }
   if (action == "stats") {
     return guarded_get(ProtocolGroup::kStatistics, [&] {
       inference::ModelStatisticsResponse statistics;
       Status answered = AnswerModelStatistics(*manager_, model, version, &statistics);
-      if (!answered.ok()) return RespondStatus(exchange, answered);
-      RespondJson(exchange, 200, ProtoToJson(statistics));
+      if (!answered.ok()) return RespondStatus(responder, answered);
+      RespondJson(responder, 200, ProtoToJson(statistics));
     });
   }
   if (action == "infer") {
     if (!post) return wrong_method("POST");
-    return Infer(exchange, model, version);
+    return Infer(std::move(responder), model, version);
   }
   unknown();
 }
 
-void HttpService::Control(HttpExchange* exchange, const std::string& model, bool unload) {
-  if (Status allowed = Allow(*exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
-    return RespondStatus(exchange, allowed);
+void HttpService::Control(HttpResponder responder, const std::string& model, bool unload) {
+  const HttpExchange& exchange = responder.exchange();
+  if (Status allowed = Allow(exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
+    return RespondStatus(responder, allowed);
   }
-  StatusOr<std::vector<std::string>> keys = ParseControlRequest(exchange->body());
-  if (!keys.ok()) return RespondStatus(exchange, keys.status());
+  StatusOr<std::vector<std::string>> keys = ParseControlRequest(exchange.body());
+  if (!keys.ok()) return RespondStatus(responder, keys.status());
   if (Status checked = CheckModelControl(control_, "HTTP", "", model, *keys, unload); !checked.ok()) {
-    return RespondStatus(exchange, checked);
+    return RespondStatus(responder, checked);
   }
   // Load and unload take seconds: the control thread runs them and answers.
   control_->Submit(
@@ -298,14 +298,16 @@ void HttpService::Control(HttpExchange* exchange, const std::string& model, bool
         spdlog::info("event=model_unload_requested model={} protocol=http", model);
         return control_->UnloadModel(model);
       },
-      [exchange](const Status& status) { RespondStatus(exchange, status); });
+      [answer = std::make_shared<HttpResponder>(std::move(responder))](const Status& status) {
+        RespondStatus(*answer, status);
+      });
 }
 
-void HttpService::Infer(HttpExchange* exchange, const std::string& model_name, const std::string& version) {
-  if (Status allowed = Allow(*exchange, ProtocolGroup::kInference); !allowed.ok()) {
-    return RespondStatus(exchange, allowed);
+void HttpService::Infer(HttpResponder responder, const std::string& model_name, const std::string& version) {
+  if (Status allowed = Allow(responder.exchange(), ProtocolGroup::kInference); !allowed.ok()) {
+    return RespondStatus(responder, allowed);
   }
-  RunInference(*lookup_, new HttpInferCall(exchange, model_name, version));
+  RunInference(*lookup_, std::make_unique<HttpInferCall>(std::move(responder), model_name, version));
 }
 
 }  // namespace sluice

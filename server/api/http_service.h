@@ -44,13 +44,13 @@ class HttpService {
   HttpService(ModelManager* manager, ModelControl* control, Options options);
 
   // HttpServer's handler.
-  void Handle(HttpExchange* exchange);
+  void Handle(HttpResponder responder);
 
  private:
   // OK, or why the request may not use `group` (its headers lack the restriction's).
   Status Allow(const HttpExchange& exchange, ProtocolGroup group) const;
-  void Infer(HttpExchange* exchange, const std::string& model, const std::string& version);
-  void Control(HttpExchange* exchange, const std::string& model, bool unload);
+  void Infer(HttpResponder responder, const std::string& model, const std::string& version);
+  void Control(HttpResponder responder, const std::string& model, bool unload);
 
   ModelManager* const manager_;
   ModelControl* const control_;

@@ -4,7 +4,15 @@
 
 namespace sluice {
 
-void RunInference(const ModelLookup& lookup, InferenceCall* call) {
+namespace {
+
+InferenceCall* Get(InferenceCall* call) { return call; }
+InferenceCall* Get(const std::unique_ptr<InferenceCall>& call) { return call.get(); }
+
+// `Call`: InferenceCall* (its owner keeps it) or unique_ptr (owned here, then by the completion).
+template <typename Call>
+void Run(const ModelLookup& lookup, Call owned) {
+  InferenceCall* call = Get(owned);
   StatusOr<InFlightModel> found = lookup.Find(call->model_name(), call->model_version());
   if (!found.ok()) return call->Answer(found.status());
   InFlightModel model = *std::move(found);
@@ -22,9 +30,12 @@ void RunInference(const ModelLookup& lookup, InferenceCall* call) {
   request->cancelled = call->cancelled;
   call->Accepted(*request, model);
   // The call's hold keeps the version in flight until the answer; `model`, a second hold, keeps
-  // it alive until Submit has returned (the answer may come before that).
+  // it alive until Submit has returned (the answer may come before that). From Submit on the
+  // completion owns an owned call: nothing here touches `call` after it.
   call->hold.Set(model.Another());
-  model->Submit(std::move(request), call->sink(), [call](Status status) {
+  OutputSink* sink = call->sink();
+  model->Submit(std::move(request), sink, [owned = std::move(owned)](Status status) {
+    InferenceCall* call = Get(owned);
     if (!status.ok()) {
       spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
                     ProtocolName(call->protocol), call->model_name(), call->request_id(), status.message());
@@ -33,5 +44,10 @@ void RunInference(const ModelLookup& lookup, InferenceCall* call) {
     call->Answer(status);
   });
 }
+
+}  // namespace
+
+void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call) { Run(lookup, std::move(call)); }
+void RunInference(const ModelLookup& lookup, InferenceCall* call) { Run(lookup, call); }
 
 }  // namespace sluice

@@ -40,8 +40,8 @@
 namespace sluice {
 
 // One inference request as its front end carries it. The front end sets the public fields, then
-// calls RunInference; the call must stay alive (with whatever Decode's request views) until
-// Answer has run.
+// calls RunInference, handing the call over (the path destroys it after Answer) or keeping it
+// (then it must stay alive, with whatever Decode's request views, until Answer has run).
 class InferenceCall {
  public:
   virtual ~InferenceCall() = default;
@@ -68,11 +68,14 @@ class InferenceCall {
   // The client's request id, for the failure log; read when the answer comes.
   virtual absl::string_view request_id() const = 0;
   // Exactly once, on whichever thread answers (a model worker, or the caller of RunInference for
-  // an early error), with the hold already released. The call may be destroyed from here on.
+  // an early error), with the hold already released. A call its owner keeps may be destroyed by
+  // that owner from here on.
   virtual void Answer(const Status& status) = 0;
 };
 
-// Takes `call` through the steps above. Never blocks on model work.
+// Takes `call` through the steps above and destroys it once answered. Never blocks on model work.
+void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call);
+// The same for a call whose owner keeps it (a gRPC reactor, which gRPC destroys after Finish).
 void RunInference(const ModelLookup& lookup, InferenceCall* call);
 
 }  // namespace sluice

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
+
 #include "server/core/infer_request.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
@@ -18,8 +20,9 @@ namespace sluice {
 // asked for, else why it failed (the sink may then hold part of the outputs; discard them). It
 // may run on a scheduler worker thread (normal case) or on the enqueuing thread (immediate
 // rejection), so it must not block on model work and must be cheap. It must own (capture by
-// value) everything it uses: the scheduler destroys the request right after calling it.
-using InferCompletion = std::function<void(Status)>;
+// value or by move: it is move-only) everything it uses: the scheduler destroys the request right
+// after calling it, and the completion with it.
+using InferCompletion = absl::AnyInvocable<void(Status)>;
 
 // The answer for a request that left a queue without running because its caller cancelled it
 // (CANCELLED) or its deadline passed (DEADLINE_EXCEEDED). Every scheduler uses it.

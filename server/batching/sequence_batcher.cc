@@ -397,7 +397,7 @@ std::optional<FormedBatch> SequenceBatcher::FormBatchLocked(size_t index, TimePo
       // its next request at once is never late). Only the worker calls this, never under our lock
       // (the pool is running while executions are handed to it).
       const bool start = pending.request->parameters.sequence.start;
-      pending.done = [this, sequence, start, done = std::move(pending.done)](Status status) {
+      pending.done = [this, sequence, start, done = std::move(pending.done)](Status status) mutable {
         std::deque<PendingRequest> orphans;
         {
           MutexLock lock(&mutex_);

@@ -191,7 +191,7 @@ void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink
   }
   auto unpadding = std::make_shared<UnpaddingSink>(spec_, *std::move(padded), sink);
   OutputSink* inner_sink = unpadding.get();
-  inner_->Enqueue(std::move(request), inner_sink, [unpadding, done = std::move(done)](Status status) {
+  inner_->Enqueue(std::move(request), inner_sink, [unpadding, done = std::move(done)](Status status) mutable {
     if (status.ok()) status = unpadding->Finish();
     done(std::move(status));
   });

@@ -59,46 +59,48 @@ std::string Gunzip(const std::string& data) {
   return out;
 }
 
-// Echoes method, path and body back; paths starting /later hand the exchange to `parked`.
+// Echoes method, path and body back; paths starting /later hand the exchange to `parked`, paths
+// starting /drop drop it unanswered.
 class HttpServerTest : public ::testing::Test {
  protected:
   std::unique_ptr<HttpServer> Start(HttpServerOptions options = {}) {
     options.address = "127.0.0.1";
     options.port = 0;
-    StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, [this](HttpExchange* exchange) {
-      if (absl::StartsWith(exchange->path(), "/later")) {
-        exchange->OnCancel([this] { cancels_.fetch_add(1); });
+    StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, [this](HttpResponder responder) {
+      if (absl::StartsWith(responder->path(), "/drop")) return;  // a handler bug: no answer
+      if (absl::StartsWith(responder->path(), "/later")) {
+        responder->OnCancel([this] { cancels_.fetch_add(1); });
         MutexLock lock(&mutex_);
-        parked_.push_back(exchange);
+        parked_.push_back(std::move(responder));
         return;
       }
       HttpResponse response;
-      response.headers.emplace_back("X-Path", exchange->path());
-      response.body.push_back(exchange->method() + " ");
-      response.body.push_back(std::string(exchange->body()));
-      exchange->Respond(std::move(response));
+      response.headers.emplace_back("X-Path", responder->path());
+      response.body.push_back(responder->method() + " ");
+      response.body.push_back(std::string(responder->body()));
+      responder.Respond(std::move(response));
     });
     EXPECT_TRUE(server.ok()) << server.status();
     return *std::move(server);
   }
 
-  HttpExchange* WaitParked() {
+  HttpResponder WaitParked() {
     for (int i = 0; i < 500; ++i) {
       {
         MutexLock lock(&mutex_);
         if (!parked_.empty()) {
-          HttpExchange* exchange = parked_.front();
+          HttpResponder responder = std::move(parked_.front());
           parked_.erase(parked_.begin());
-          return exchange;
+          return responder;
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return nullptr;
+    return HttpResponder();
   }
 
   Mutex mutex_;
-  std::vector<HttpExchange*> parked_ ABSL_GUARDED_BY(mutex_);
+  std::vector<HttpResponder> parked_ ABSL_GUARDED_BY(mutex_);
   std::atomic<int> cancels_{0};
 };
 
@@ -181,13 +183,13 @@ TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
   auto server = Start();
   Client client(server->port());
   client.Send(Get("/later/1"));
-  HttpExchange* exchange = WaitParked();
-  ASSERT_NE(exchange, nullptr);
-  std::thread worker([exchange] {
+  HttpResponder parked = WaitParked();
+  ASSERT_TRUE(parked);
+  std::thread worker([responder = std::move(parked)]() mutable {
     HttpResponse response;
     response.code = 202;
     response.body.push_back(std::string(100000, 'w'));  // a segment that moves by reference
-    exchange->Respond(std::move(response));
+    responder.Respond(std::move(response));
   });
   Reply reply = client.Read();
   worker.join();
@@ -199,15 +201,15 @@ TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
   // answer is dropped without harm.
   Client leaving(server->port());
   leaving.Send(Get("/later/2"));
-  HttpExchange* abandoned = WaitParked();
-  ASSERT_NE(abandoned, nullptr);
+  HttpResponder abandoned = WaitParked();
+  ASSERT_TRUE(abandoned);
   EXPECT_FALSE(abandoned->cancelled()->load());
   leaving.Close();
   for (int i = 0; i < 200 && cancels_.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(cancels_.load(), 1);
   EXPECT_TRUE(abandoned->cancelled()->load());
   EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(10)));
-  abandoned->Respond(HttpResponse{});
+  abandoned.Respond(HttpResponse{});
   EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));
 
   Client after(server->port());
@@ -257,27 +259,39 @@ TEST_F(HttpServerTest, StopAcceptingThenStopWithAnExchangeStillOpen) {
   auto server = Start();
   Client open(server->port());
   open.Send(Get("/later/x"));
-  HttpExchange* exchange = WaitParked();
-  ASSERT_NE(exchange, nullptr);
+  HttpResponder responder = WaitParked();
+  ASSERT_TRUE(responder);
   server->StopAccepting();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   Client refused(server->port());
   EXPECT_FALSE(refused.connected());
   EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(20)));
   server->Stop();
-  exchange->Respond(HttpResponse{});  // after Stop: dropped, no crash
+  responder.Respond(HttpResponse{});  // after Stop: dropped, no crash
   EXPECT_TRUE(open.Read().closed);
+}
+
+TEST_F(HttpServerTest, AResponderDroppedWithoutAnAnswerAnswers500AndTheServerGoesOn) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send(Get("/drop/me"));
+  Reply dropped = client.Read();
+  EXPECT_EQ(dropped.code, 500);
+  EXPECT_NE(dropped.body.find("without an answer"), std::string::npos) << dropped.body;
+  EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));  // nothing leaked in flight
+  client.Send(Get("/next"));  // same connection
+  EXPECT_EQ(client.Read().code, 200);
 }
 
 TEST(HttpServerStartTest, APortInUseIsUnavailableWithTheFlagNamed) {
   StatusOr<std::unique_ptr<HttpServer>> first =
-      HttpServer::Start({"127.0.0.1", 0}, [](HttpExchange* exchange) { exchange->Respond({}); });
+      HttpServer::Start({"127.0.0.1", 0}, [](HttpResponder responder) { responder.Respond({}); });
   ASSERT_TRUE(first.ok());
   HttpServerOptions taken;
   taken.address = "127.0.0.1";
   taken.port = (*first)->port();
   StatusOr<std::unique_ptr<HttpServer>> second =
-      HttpServer::Start(taken, [](HttpExchange* exchange) { exchange->Respond({}); });
+      HttpServer::Start(taken, [](HttpResponder responder) { responder.Respond({}); });
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(second.status().message(), "--http-port")) << second.status();

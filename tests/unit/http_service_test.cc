@@ -38,7 +38,8 @@ class HttpServiceTest : public ::testing::Test {
     HttpServerOptions server_options;
     server_options.address = "127.0.0.1";
     server_options.port = 0;
-    auto server = HttpServer::Start(server_options, [this](HttpExchange* exchange) { service_->Handle(exchange); });
+    auto server = HttpServer::Start(server_options,
+                                    [this](HttpResponder responder) { service_->Handle(std::move(responder)); });
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
