@@ -90,16 +90,20 @@ class Scheduler {
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.
   virtual void Stop() = 0;
+};
 
-  // Stateful models (SequenceBatcher); a scheduler without sequences has none.
+// A scheduler of a stateful model (SequenceBatcher): what the manager needs of its sequences to
+// route requests and to drain a retired version.
+class SequenceScheduler : public Scheduler {
+ public:
   // Whether the sequence `id` is active here (started, not ended, not expired).
-  virtual bool HasSequence(const CorrelationId& /*id*/) const { return false; }
-  virtual size_t ActiveSequences() const { return 0; }
+  virtual bool HasSequence(const CorrelationId& id) const = 0;
+  virtual size_t ActiveSequences() const = 0;
   // Blocks until no sequence is active or `deadline` (real time) passed; true when none is.
-  virtual bool WaitSequencesEnded(std::chrono::steady_clock::time_point /*deadline*/) { return true; }
+  virtual bool WaitSequencesEnded(std::chrono::steady_clock::time_point deadline) = 0;
   // Ends every active sequence now: its queued requests are answered `why` and later requests
   // for it are refused as for any sequence that is not active.
-  virtual void EndSequences(const Status& /*why*/) {}
+  virtual void EndSequences(const Status& why) = 0;
 };
 
 }  // namespace sluice

@@ -21,8 +21,8 @@
 
 #include "absl/base/thread_annotations.h"
 
-#include "server/batching/admission.h"
 #include "server/batching/instance_pool.h"
+#include "server/batching/sequence_slots.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
@@ -37,12 +37,14 @@ namespace sluice {
 // `control` is null (a filler row, warm-up), every flag off and a zero/empty correlation id.
 void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control, InferRequest* request);
 
-// Thread-safe. Every request is answered exactly once: with its outputs, or INVALID_ARGUMENT (no
+// The decisions live in SequenceSlots (thread-free, with each sequence's phase); this class adds
+// the lock, the batcher thread and the instance pool. Thread-safe. Every request is answered
+// exactly once: with its outputs, or INVALID_ARGUMENT (no
 // or a wrong sequence_id, a batch of more than one row, a request for a sequence that is not
 // active, a second sequence_start on an active one, a request after the sequence's
 // sequence_end), UNAVAILABLE (the queue is full, the sequence was ended by EndSequences, or the
 // batcher stopped), DEADLINE_EXCEEDED / CANCELLED (expired while queued), or the model's error.
-class SequenceBatcher final : public Scheduler {
+class SequenceBatcher final : public SequenceScheduler {
  public:
   struct Options {
     const TimeSource* clock = nullptr;             // required; outlives the batcher
@@ -80,46 +82,17 @@ class SequenceBatcher final : public Scheduler {
   int slots_per_instance() const { return slots_per_instance_; }
 
  private:
-  struct Sequence {
-    CorrelationId id;
-    int instance = -1;  // -1: waiting for a slot
-    int slot = -1;
-    std::deque<PendingRequest> pending;  // arrival order; the front runs next
-    bool end_queued = false;             // its sequence_end request has arrived
-    bool started = false;                // its sequence_start request has run (or is running)
-    bool running = false;                // one of its requests is in an execution now
-    TimePoint last_activity;             // last arrival, or the answer to its last request
-  };
-  struct InstanceState {
-    std::vector<std::shared_ptr<Sequence>> slots;    // by slot; null: free
-    bool busy = false;                               // an execution was handed over and has not ended
-  };
-
-  SequenceBatcher(ModelSpec spec, Options options);
+  SequenceBatcher(ModelSpec spec, Options options, size_t instances);
   void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
   void InstanceIdle(size_t instance) ABSL_LOCKS_EXCLUDED(mutex_);
   // Admission: the checks that need no lock. OK or why the request is refused.
   Status CheckRequest(const InferRequest& request) const;
   Status CheckRows(const InferRequest& request) const;  // one row per request
-  // Admits a request of `bytes` for `sequence` (null: a new one) into its share, or says why not.
-  Status AdmitLocked(const Sequence* sequence, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The admission share of `sequence`'s waiting requests: bound to a slot or waiting for one.
-  static int ShareOf(const Sequence& sequence) { return sequence.instance >= 0 ? kBoundShare : kWaitingShare; }
-  static constexpr int kWaitingShare = 0;
-  static constexpr int kBoundShare = 1;
-  // Binds waiting sequences to free slots, oldest first.
-  void AssignSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Frees the slot of `sequence` (if it has one), forgets it, and counts how it finished.
-  void ForgetLocked(const std::shared_ptr<Sequence>& sequence, SequenceOutcome outcome)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Moves expired requests (and whole sequences whose start expired) into `*out`, each with its
-  // answer; ends idle sequences. Returns the next time something can expire (kNoDeadline: none).
-  TimePoint ExpireLocked(TimePoint now, std::vector<std::pair<PendingRequest, Status>>* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The next execution of idle instance `index`, if one should run now; else when it may
-  // (`*wake`, kNoDeadline: when a request arrives).
-  std::optional<FormedBatch> FormBatchLocked(size_t index, TimePoint now, TimePoint* wake)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The completion a taken request runs under: reports the answer to the slots (which may drop a
+  // sequence whose start failed, answering its queued requests), then answers the caller.
+  InferCompletion Completion(std::shared_ptr<Sequence> sequence, bool start, InferCompletion done)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // A row that keeps an empty slot below a busy one (zeros, READY off), shaped like `like`.
   PendingRequest Filler(const InferRequest& like) const;
 
   const ModelSpec spec_;
@@ -130,10 +103,8 @@ class SequenceBatcher final : public Scheduler {
   mutable Mutex mutex_;
   CondVar batcher_cv_;  // a request arrived, an instance went idle, or stop
   CondVar ended_cv_;    // the last sequence ended
-  std::map<CorrelationId, std::shared_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mutex_);
-  std::deque<std::shared_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mutex_);  // for a slot, arrival order
-  std::vector<InstanceState> instances_ ABSL_GUARDED_BY(mutex_);
-  Admission admission_ ABSL_GUARDED_BY(mutex_);  // requests waiting (not running), by share
+  SequenceSlots slots_ ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> busy_ ABSL_GUARDED_BY(mutex_);  // by instance: an execution was handed over, not ended
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread batcher_;

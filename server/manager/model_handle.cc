@@ -16,6 +16,7 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       version_(version),
       device_(std::move(device)),
       scheduler_(std::move(scheduler)),
+      sequences_(dynamic_cast<SequenceScheduler*>(scheduler_.get())),
       stats_(std::move(stats)),
       clock_(clock),
       batch_sizes_(std::move(batch_sizes)) {}
@@ -100,15 +101,16 @@ InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found, cons
 }
 
 void ModelHandle::DrainSequences(Duration grace) {
-  const size_t active = scheduler_->ActiveSequences();
+  if (sequences_ == nullptr) return;
+  const size_t active = sequences_->ActiveSequences();
   if (active == 0) return;
   spdlog::info("event=model_draining_sequences model={} version={} active={} grace_ms={}", model_->name, version_,
                active, std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
-  if (scheduler_->WaitSequencesEnded(std::chrono::steady_clock::now() + grace)) return;
-  const size_t left = scheduler_->ActiveSequences();
+  if (sequences_->WaitSequencesEnded(std::chrono::steady_clock::now() + grace)) return;
+  const size_t left = sequences_->ActiveSequences();
   spdlog::warn("event=model_sequences_ended model={} version={} sequences={} reason=\"drain period over\"",
                model_->name, version_, left);
-  scheduler_->EndSequences(absl::UnavailableError(absl::StrCat(
+  sequences_->EndSequences(absl::UnavailableError(absl::StrCat(
       "the sequence was ended: model '", model_->name, "' version ", version_,
       " was unloaded or replaced, and the sequence did not end within the drain period (",
       std::chrono::duration_cast<std::chrono::milliseconds>(grace).count(),

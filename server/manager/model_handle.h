@@ -92,7 +92,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   void WaitIdle();
 
   // Whether the sequence `id` is active on this version (stateful models; see SequenceBatcher).
-  bool HasSequence(const CorrelationId& id) const { return scheduler_->HasSequence(id); }
+  bool HasSequence(const CorrelationId& id) const { return sequences_ != nullptr && sequences_->HasSequence(id); }
   // For a retired version of a stateful model: waits up to `grace` for its active sequences to
   // end (requests for them still come here, see ModelManager::FindSequence), then ends those left with
   // UNAVAILABLE, naming the reason. Returns at once when none is active.
@@ -107,6 +107,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const int64_t version_;
   const std::string device_;
   const std::shared_ptr<Scheduler> scheduler_;
+  SequenceScheduler* const sequences_;  // the scheduler, when it serves a stateful model; else null
   const std::shared_ptr<ModelStats> stats_;
   const TimeSource* const clock_;
   const BatchSizeChoice batch_sizes_;

@@ -387,7 +387,7 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
 }
 
 // A scheduler that holds the sequences it is told about (for routing tests).
-class HeldSequences final : public Scheduler {
+class HeldSequences final : public SequenceScheduler {
  public:
   explicit HeldSequences(std::set<uint64_t> ids) : ids_(std::move(ids)) {}
   void Enqueue(std::unique_ptr<InferRequest>, OutputSink*, InferCompletion done) override { done(absl::OkStatus()); }
@@ -397,6 +397,9 @@ class HeldSequences final : public Scheduler {
   void SetBatchSizeLadder(std::vector<int>) override {}
   void Stop() override {}
   bool HasSequence(const CorrelationId& id) const override { return !id.is_text && ids_.count(id.number) > 0; }
+  size_t ActiveSequences() const override { return ids_.size(); }
+  bool WaitSequencesEnded(std::chrono::steady_clock::time_point) override { return false; }
+  void EndSequences(const Status&) override {}
 
  private:
   const std::set<uint64_t> ids_;
