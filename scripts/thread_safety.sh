@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets="sluice_core sluice_repository sluice_batching sluice_manager sluice_api sluice_metrics sluice_runtime
+targets="sluice_core sluice_repository sluice_batching sluice_manager sluice_frontend sluice_grpc sluice_http sluice_metrics sluice_runtime
          sluice_server_flags sluice_server"
 mkdir -p build-tsa
 log=build-tsa/thread_safety.log

@@ -18,6 +18,35 @@
 #include "server/server.h"
 #include "server/server_flags.h"
 
+namespace {
+
+// Every HTTP keep-alive connection holds a file descriptor, and a container's soft limit is often
+// 1024 while its hard limit is far higher: take the hard limit.
+void RaiseOpenFilesLimit() {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) != 0) return;
+  if (files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+    getrlimit(RLIMIT_NOFILE, &files);
+  }
+  spdlog::info("event=open_files_limit limit={}", static_cast<unsigned long long>(files.rlim_cur));
+}
+
+// SIGINT and SIGTERM, blocked so that main's thread takes them synchronously (sigwait). Call it
+// before any thread starts (CUDA and cuDNN start threads as soon as the probe touches a GPU), so
+// that every thread inherits the mask.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // gRPC's locks are absl::Mutex. Debian builds Abseil without NDEBUG, which leaves absl's
   // deadlock detection on: every lock and unlock updates a global lock-order graph, about 7 % of
@@ -28,14 +57,7 @@ int main(int argc, char** argv) {
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   const sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
 
-  // Signals are taken synchronously by this thread (sigwait below); block them before any thread
-  // starts (CUDA and cuDNN start threads as soon as the probe touches a GPU), so that every
-  // thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t signals = BlockShutdownSignals();
   // A client that goes away while an answer is written must not kill the server: the write fails
   // with EPIPE instead (gRPC sends with MSG_NOSIGNAL; libevent's HTTP writes do not).
   std::signal(SIGPIPE, SIG_IGN);
@@ -53,17 +75,7 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
-  // Every HTTP keep-alive connection holds a file descriptor, and a container's soft limit is
-  // often 1024 while its hard limit is far higher: take the hard limit.
-  rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
-    if (files.rlim_cur < files.rlim_max) {
-      files.rlim_cur = files.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &files);
-      getrlimit(RLIMIT_NOFILE, &files);
-    }
-    spdlog::info("event=open_files_limit limit={}", static_cast<unsigned long long>(files.rlim_cur));
-  }
+  RaiseOpenFilesLimit();
 
   // A start-up load that fails for every model wakes the sigwait below.
   auto server = sluice::Server::Start(config, runtime, [] { kill(getpid(), SIGTERM); });

@@ -59,123 +59,19 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   std::unique_ptr<Server> server(new Server());
   LogRuntime(runtime, config);
   server->factory_ = MakeTorchBackendFactory(runtime);
-
-  VersionLoader::Options loader_options;
-  loader_options.device_policy = config.device;
-  loader_options.max_queue_size = config.max_queue_size;
-  loader_options.queued_bytes_budget = std::make_shared<ByteBudget>(config.max_queued_bytes);
-  loader_options.liveness = &server->liveness_;
-  loader_options.cudnn_benchmark = config.cudnn_benchmark;
-  loader_options.warmup = config.warmup;
-  const CpuBudget cpus = DetectCpuBudget();
-  loader_options.cpus = cpus.cpus;
-  loader_options.cpu_limit = absl::StrCat(cpus.limit, ": ", cpus.detail);
+  VersionLoader::Options loader_options = LoaderOptions(config, &server->liveness_);
   SLUICE_RETURN_IF_ERROR(VersionLoader(server->factory_.get(), loader_options).CheckDevicePolicy());
-
   SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, ScanModelRepository(config.model_repository));
   spdlog::info("event=repository path={} models={} model_control_mode={}", config.model_repository, models.size(),
                ModelControlModeName(config.model_control_mode));
   SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
-
-  if (config.allow_metrics) {
-    server->metrics_ = std::make_unique<ServerMetrics>(std::make_shared<prometheus::Registry>());
-    server->metrics_->SetBuildInfo(BuildInfoLabels(runtime, config));
-    SLUICE_ASSIGN_OR_RETURN(server->metrics_endpoint_,
-                            MetricsEndpoint::Start(config.metrics_address, config.metrics_port,
-                                                   server->metrics_->registry()));
-    spdlog::info("event=metrics_listening address={} port={} path=/metrics", config.metrics_address,
-                 server->metrics_endpoint_->port());
-    StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load(NvmlLibraryPath());
-    if (nvml.ok()) {
-      GpuTelemetry::Options telemetry_options;
-      telemetry_options.interval = std::chrono::milliseconds(config.metrics_interval_ms);
-      // GPUs labelled as the instances see them (cuda:N) and only those CUDA shows this process.
-      // With --device cpu no instance runs on a GPU: NVML's view, as on a host without CUDA.
-      if (config.device != DevicePolicy::kCpu) {
-        for (const GpuInfo& gpu : runtime.gpus) telemetry_options.cuda_uuids.push_back(gpu.uuid);
-      }
-      const char* labels = telemetry_options.cuda_uuids.empty() ? "nvml_index" : "cuda_ordinal";
-      server->gpu_telemetry_ = std::make_unique<GpuTelemetry>(*std::move(nvml), server->metrics_.get(),
-                                                              std::move(telemetry_options));
-      spdlog::info("event=gpu_telemetry gpus={} interval_ms={} gpu_label={}", server->gpu_telemetry_->gpus(),
-                   config.metrics_interval_ms, labels);
-    } else {
-      spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
-    }
-    loader_options.observer = server->metrics_.get();
-  } else {
-    spdlog::info("event=metrics_off reason=\"--allow-metrics false\"");
-  }
-
-  server->source_ = std::make_unique<DirectoryModelSource>(config.model_repository);
-  server->loader_ = std::make_unique<VersionLoader>(server->factory_.get(), loader_options);
-  ModelManager::Options manager_options;
-  manager_options.observer = server->metrics_.get();
-  server->manager_ = std::make_unique<ModelManager>(std::move(models), manager_options);
-  ModelControl::Options control_options;
-  control_options.mode = config.model_control_mode;
-  control_options.startup_models = config.load_models;
-  control_options.source = server->source_.get();
-  control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
-  control_options.sequence_drain = std::chrono::duration_cast<Duration>(
-      std::chrono::duration<double>(config.shutdown_grace_seconds));
-  server->control_ = std::make_unique<ModelControl>(server->manager_.get(), server->loader_.get(), control_options);
-
-  InferenceService::Options service_options;
-  service_options.server_version = SLUICE_VERSION;
-  service_options.readiness.strict = config.strict_readiness;
-  service_options.liveness = &server->liveness_;
-  service_options.restrictions = config.restrictions;
-  service_options.stream_max_in_flight = config.stream_max_in_flight;
-  if (config.allow_shared_memory) {
-    server->shared_memory_ = std::make_unique<SharedMemoryManager>();
-    service_options.shared_memory = server->shared_memory_.get();
-  } else {
-    spdlog::info("event=shared_memory_off reason=\"--allow-shared-memory false\"");
-  }
-  for (const ProtocolRestriction& restriction : config.restrictions) {
-    for (ProtocolGroup group : restriction.groups) {
-      spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
-    }
-  }
-  server->service_ = std::make_unique<InferenceService>(server->manager_.get(), server->control_.get(), service_options);
-  SLUICE_ASSIGN_OR_RETURN(server->grpc_, GrpcServer::Start(config.grpc, server->service_.get()));
-  spdlog::info("event=listening address={} port={}", config.grpc.address, server->grpc_->port());
-  GrpcServer* grpc = server->grpc_.get();
-  server->liveness_.SetListener([grpc] { grpc->RefreshHealth(); });
-  server->control_->SetChangeListener([grpc] { grpc->RefreshHealth(); });
-  if (config.allow_http) {
-    HttpService::Options http_options;
-    http_options.server_version = SLUICE_VERSION;
-    InferenceService* service = server->service_.get();
-    http_options.ready = [service] { return service->Ready(); };
-    http_options.live = [service] { return service->Live(); };
-    http_options.restrictions = config.http_restrictions;
-    for (const ProtocolRestriction& restriction : config.http_restrictions) {
-      for (ProtocolGroup group : restriction.groups) {
-        spdlog::info("event=http_api_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
-      }
-    }
-    server->http_service_ =
-        std::make_unique<HttpService>(server->manager_.get(), server->control_.get(), http_options);
-    HttpService* http_service = server->http_service_.get();
-    SLUICE_ASSIGN_OR_RETURN(server->http_, HttpServer::Start(config.http, [http_service](HttpResponder responder) {
-                              http_service->Handle(std::move(responder));
-                            }));
-    spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={}", config.http.address,
-                 server->http_->port(), config.http.max_body_bytes, config.http.max_connections);
-    if (config.http_plaintext_beside_tls) {
-      spdlog::warn("event=http_plaintext reason=\"--allow-http true with TLS on gRPC: the HTTP port is not "
-                   "encrypted\"");
-    }
-  } else {
-    spdlog::info("event=http_off reason=\"{}\"", config.grpc.tls.enabled || config.grpc.tls.mutual
-                                                     ? "gRPC uses TLS and the HTTP port has none (--allow-http true "
-                                                       "opens it in plaintext)"
-                                                     : "--allow-http false");
-  }
-  server->service_->SetStarted();
-  grpc->RefreshHealth();
+  SLUICE_RETURN_IF_ERROR(server->StartMetrics(config, runtime));
+  loader_options.observer = server->metrics_.get();
+  server->StartModelControl(config, std::move(models), loader_options);
+  SLUICE_RETURN_IF_ERROR(server->StartGrpc(config));
+  SLUICE_RETURN_IF_ERROR(server->StartHttp(config));
+  server->health_->SetStarted();
+  server->grpc_->RefreshHealth();
 
   // Models load (and warm up) on the control thread, so that a shutdown signal during a long
   // warm-up is taken at once: it abandons the warm-up instead of waiting for it.
@@ -184,7 +80,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
     self->grpc_->RefreshHealth();
     if (status.ok()) {
       spdlog::info("event=models_loaded all_ready={} server_ready={}", self->manager_->AllReady(),
-                   self->service_->Ready());
+                   self->health_->Ready());
     } else {
       spdlog::critical("event=start_failed reason=\"{}\"", status.message());
       self->load_failed_ = true;
@@ -195,12 +91,131 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
   return server;
 }
 
+VersionLoader::Options Server::LoaderOptions(const ServerConfig& config, LivenessMonitor* liveness) {
+  VersionLoader::Options options;
+  options.device_policy = config.device;
+  options.max_queue_size = config.max_queue_size;
+  options.queued_bytes_budget = std::make_shared<ByteBudget>(config.max_queued_bytes);
+  options.liveness = liveness;
+  options.cudnn_benchmark = config.cudnn_benchmark;
+  options.warmup = config.warmup;
+  const CpuBudget cpus = DetectCpuBudget();
+  options.cpus = cpus.cpus;
+  options.cpu_limit = absl::StrCat(cpus.limit, ": ", cpus.detail);
+  return options;
+}
+
+Status Server::StartMetrics(const ServerConfig& config, const RuntimeInfo& runtime) {
+  if (!config.allow_metrics) {
+    spdlog::info("event=metrics_off reason=\"--allow-metrics false\"");
+    return absl::OkStatus();
+  }
+  metrics_ = std::make_unique<ServerMetrics>(std::make_shared<prometheus::Registry>());
+  metrics_->SetBuildInfo(BuildInfoLabels(runtime, config));
+  SLUICE_ASSIGN_OR_RETURN(metrics_endpoint_,
+                          MetricsEndpoint::Start(config.metrics_address, config.metrics_port, metrics_->registry()));
+  spdlog::info("event=metrics_listening address={} port={} path=/metrics", config.metrics_address,
+               metrics_endpoint_->port());
+  StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load(NvmlLibraryPath());
+  if (!nvml.ok()) {
+    spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
+    return absl::OkStatus();
+  }
+  GpuTelemetry::Options telemetry_options;
+  telemetry_options.interval = std::chrono::milliseconds(config.metrics_interval_ms);
+  // GPUs labelled as the instances see them (cuda:N) and only those CUDA shows this process.
+  // With --device cpu no instance runs on a GPU: NVML's view, as on a host without CUDA.
+  if (config.device != DevicePolicy::kCpu) {
+    for (const GpuInfo& gpu : runtime.gpus) telemetry_options.cuda_uuids.push_back(gpu.uuid);
+  }
+  const char* labels = telemetry_options.cuda_uuids.empty() ? "nvml_index" : "cuda_ordinal";
+  gpu_telemetry_ = std::make_unique<GpuTelemetry>(*std::move(nvml), metrics_.get(), std::move(telemetry_options));
+  spdlog::info("event=gpu_telemetry gpus={} interval_ms={} gpu_label={}", gpu_telemetry_->gpus(),
+               config.metrics_interval_ms, labels);
+  return absl::OkStatus();
+}
+
+void Server::StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
+                               const VersionLoader::Options& loader_options) {
+  source_ = std::make_unique<DirectoryModelSource>(config.model_repository);
+  loader_ = std::make_unique<VersionLoader>(factory_.get(), loader_options);
+  ModelManager::Options manager_options;
+  manager_options.observer = metrics_.get();
+  manager_ = std::make_unique<ModelManager>(std::move(models), manager_options);
+  ModelControl::Options control_options;
+  control_options.mode = config.model_control_mode;
+  control_options.startup_models = config.load_models;
+  control_options.source = source_.get();
+  control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
+  control_options.sequence_drain = std::chrono::duration_cast<Duration>(
+      std::chrono::duration<double>(config.shutdown_grace_seconds));
+  control_ = std::make_unique<ModelControl>(manager_.get(), loader_.get(), control_options);
+  health_ = std::make_unique<ServerHealth>(ServerHealth::Options{config.strict_readiness, &liveness_, manager_.get()});
+}
+
+Status Server::StartGrpc(const ServerConfig& config) {
+  GrpcService::Options options;
+  options.server_version = SLUICE_VERSION;
+  options.health = health_.get();
+  options.restrictions = config.restrictions;
+  options.stream_max_in_flight = config.stream_max_in_flight;
+  if (config.allow_shared_memory) {
+    shared_memory_ = std::make_unique<SharedMemoryManager>();
+    options.shared_memory = shared_memory_.get();
+  } else {
+    spdlog::info("event=shared_memory_off reason=\"--allow-shared-memory false\"");
+  }
+  for (const ProtocolRestriction& restriction : config.restrictions) {
+    for (ProtocolGroup group : restriction.groups) {
+      spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
+    }
+  }
+  grpc_service_ = std::make_unique<GrpcService>(manager_.get(), control_.get(), options);
+  SLUICE_ASSIGN_OR_RETURN(grpc_, GrpcServer::Start(config.grpc, grpc_service_.get()));
+  spdlog::info("event=listening address={} port={}", config.grpc.address, grpc_->port());
+  GrpcServer* grpc = grpc_.get();
+  liveness_.SetListener([grpc] { grpc->RefreshHealth(); });
+  control_->SetChangeListener([grpc] { grpc->RefreshHealth(); });
+  return absl::OkStatus();
+}
+
+Status Server::StartHttp(const ServerConfig& config) {
+  if (!config.allow_http) {
+    spdlog::info("event=http_off reason=\"{}\"", config.grpc.tls.enabled || config.grpc.tls.mutual
+                                                     ? "gRPC uses TLS and the HTTP port has none (--allow-http true "
+                                                       "opens it in plaintext)"
+                                                     : "--allow-http false");
+    return absl::OkStatus();
+  }
+  HttpService::Options options;
+  options.server_version = SLUICE_VERSION;
+  options.health = health_.get();
+  options.restrictions = config.http_restrictions;
+  for (const ProtocolRestriction& restriction : config.http_restrictions) {
+    for (ProtocolGroup group : restriction.groups) {
+      spdlog::info("event=http_api_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
+    }
+  }
+  http_service_ = std::make_unique<HttpService>(manager_.get(), control_.get(), options);
+  HttpService* service = http_service_.get();
+  SLUICE_ASSIGN_OR_RETURN(http_, HttpServer::Start(config.http, [service](HttpResponder responder) {
+                            service->Handle(std::move(responder));
+                          }));
+  spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={}", config.http.address,
+               http_->port(), config.http.max_body_bytes, config.http.max_connections);
+  if (config.http_plaintext_beside_tls) {
+    spdlog::warn("event=http_plaintext reason=\"--allow-http true with TLS on gRPC: the HTTP port is not "
+                 "encrypted\"");
+  }
+  return absl::OkStatus();
+}
+
 Server::~Server() { Shutdown(0); }
 
 void Server::AbandonLoading() { control_->Stop(); }
 
 void Server::BeginDrain() {
-  service_->BeginDrain();
+  health_->BeginDrain();
   grpc_->RefreshHealth();
 }
 

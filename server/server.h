@@ -1,6 +1,6 @@
 // The server as one object: the model repository, the models (VersionLoader, ModelManager,
-// ModelControl), the metrics endpoint and GPU telemetry, the inference service, the gRPC server
-// and the HTTP/REST endpoint, started in order and stopped in reverse. main() owns signals and
+// ModelControl), the metrics endpoint and GPU telemetry, the server's health, the gRPC and HTTP
+// front ends, started in order and stopped in reverse. main() owns signals and
 // nothing else.
 #pragma once
 
@@ -8,12 +8,13 @@
 #include <functional>
 #include <memory>
 
-#include "server/api/grpc_server.h"
-#include "server/api/http_server.h"
-#include "server/api/http_service.h"
-#include "server/api/inference_service.h"
 #include "server/core/backend.h"
 #include "server/core/liveness.h"
+#include "server/frontend/server_health.h"
+#include "server/grpc/grpc_server.h"
+#include "server/grpc/grpc_service.h"
+#include "server/http/http_server.h"
+#include "server/http/http_service.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 #include "server/manager/version_loader.h"
@@ -58,6 +59,13 @@ class Server {
 
  private:
   Server() = default;
+  // The steps of Start, in order.
+  static VersionLoader::Options LoaderOptions(const ServerConfig& config, LivenessMonitor* liveness);
+  Status StartMetrics(const ServerConfig& config, const RuntimeInfo& runtime);  // and GPU telemetry
+  void StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
+                         const VersionLoader::Options& loader_options);  // and the server's health
+  Status StartGrpc(const ServerConfig& config);
+  Status StartHttp(const ServerConfig& config);
 
   // Construction order; destroyed in reverse.
   LivenessMonitor liveness_;
@@ -69,8 +77,9 @@ class Server {
   std::unique_ptr<VersionLoader> loader_;
   std::unique_ptr<ModelManager> manager_;
   std::unique_ptr<ModelControl> control_;
+  std::unique_ptr<ServerHealth> health_;
   std::unique_ptr<SharedMemoryManager> shared_memory_;  // null with --allow-shared-memory false
-  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<GrpcService> grpc_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<HttpService> http_service_;  // null with --allow-http false
   std::unique_ptr<HttpServer> http_;

@@ -21,14 +21,47 @@ struct TextFlags {
   std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
 };
 
-// Every flag, bound to `config` (or to `text` for those converted after parsing).
-void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
+// The process: version, logging, readiness, shutdown, --print-env. Listed under "Server" in --help.
+void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.set_version_flag("--version", SLUICE_VERSION);
+  app.add_option("--strict-readiness", config.strict_readiness,
+                 "true: ready only when every model in the repository is ready; false: ready once "
+                 "the server is up. A broken model never makes the server not live")
+      ->capture_default_str()
+      ->group("Server");
+  app.add_option("--log-level", config.log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str()
+      ->group("Server");
+  app.add_option("--shutdown-delay-seconds", config.shutdown_delay_seconds,
+                 "On SIGINT/SIGTERM, readiness turns NOT_SERVING at once (liveness stays SERVING) "
+                 "and the server keeps serving new calls this long, so that load balancers and "
+                 "Kubernetes endpoints stop sending before it stops accepting; a second signal "
+                 "cuts the delay short")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Server");
+  app.add_option("--shutdown-grace-seconds", config.shutdown_grace_seconds,
+                 "After the delay: new calls are refused, and the calls in flight (running and "
+                 "queued) have this long to finish before they are cancelled; then the process "
+                 "exits 0")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Server");
+  app.add_flag("--print-env", config.print_env,
+               "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
+               "what is wrong with them, then exit")
+      ->group("Server");
+}
+
+// The model repository, how models load, where they run and how they queue. Listed under "Models" in --help.
+void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--model-repository", config.model_repository,
                  "Model repository in Triton's layout: <dir>/<model>/config.pbtxt and "
                  "<dir>/<model>/<version>/model.pt (platform torch_aoti: model.pt2, or model.cpu.pt2 / "
                  "model.cuda.pt2)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--model-control-mode", text.model_control_mode,
                  "none: load every model at start-up, never change them; poll: also rescan the "
                  "repository every --repository-poll-secs and load new, reload changed and unload "
@@ -36,185 +69,224 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "others with RepositoryModelLoad/Unload (guard those with --grpc-restricted-protocol "
                  "model-repository:...). A reload swaps versions without failing requests")
       ->check(CLI::IsMember({"none", "poll", "explicit"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--load-model", config.load_models,
                  "With --model-control-mode explicit: a model to load at start-up (repeat it; '*' "
-                 "loads all)");
+                 "loads all)")
+      ->group("Models");
   app.add_option("--repository-poll-secs", config.repository_poll_secs,
                  "With --model-control-mode poll: seconds between repository scans")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  GrpcServerOptions& grpc = config.grpc;
-  app.add_option("--grpc-address", grpc.address, "Address to listen on")->capture_default_str();
-  app.add_option("--grpc-port", grpc.port,
-                 "Port of the gRPC inference and health services; 0 picks a free one (logged)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
-  app.add_option("--allow-metrics", config.allow_metrics,
-                 "Serve Prometheus metrics at http://<--metrics-address>:<--metrics-port>/metrics")
-      ->capture_default_str();
-  app.add_option("--metrics-address", config.metrics_address, "Address the metrics endpoint listens on")
-      ->capture_default_str();
-  app.add_option("--metrics-port", config.metrics_port, "Port of the Prometheus endpoint; 0 picks a free one (logged)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
-  app.add_option("--metrics-interval-ms", config.metrics_interval_ms,
-                 "How often GPU telemetry (NVML: utilisation, memory, power, temperature) is sampled")
-      ->check(CLI::Range(100, 3600000))
-      ->capture_default_str();
-  app.add_option("--strict-readiness", config.strict_readiness,
-                 "true: ready only when every model in the repository is ready; false: ready once "
-                 "the server is up. A broken model never makes the server not live")
-      ->capture_default_str();
-  app.add_option("--grpc-max-message-bytes", grpc.max_message_bytes,
-                 "Largest request or response message accepted or sent (gRPC's own default, "
-                 "4 MiB, is too small for image batches)")
-      ->check(CLI::Range(1 << 20, 2147483647))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--device", text.device,
                  "auto: KIND_GPU/KIND_AUTO instances on the GPU when CUDA is usable, else on the "
                  "CPU with a warning; cpu: every instance on the CPU; cuda: fail at start when no "
                  "GPU is usable")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--log-level", config.log_level, "trace, debug, info, warn, error or off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--max-queue-size", config.max_queue_size,
                  "Requests that may wait per model version; beyond it requests get UNAVAILABLE")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--max-queued-bytes", config.max_queued_bytes,
-                 "Input bytes that may wait in all dynamic-batching queues together; beyond it "
-                 "requests get UNAVAILABLE (memory stays bounded at any load)")
+                 "Input bytes that may wait in all models' queues together (dynamic, sequence and "
+                 "unbatched alike); beyond it requests get UNAVAILABLE (memory stays bounded at any load)")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--cudnn-benchmark", text.cudnn_benchmark,
+                 "auto: cuDNN benchmark mode on for each model whose shape set is finite (fixed "
+                 "dims or padding buckets), off for the others; on/off: for every model. A model's "
+                 "sluice.cudnn_benchmark parameter overrides it")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--cudnn-deterministic", config.cudnn_deterministic,
+                 "Only deterministic cuDNN convolution algorithms (reproducible, often slower)")
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--allow-tf32", config.allow_tf32,
+                 "Let cuDNN convolutions use TF32 on Ampere and newer GPUs (LibTorch's default; "
+                 "faster FP32 with a 10-bit mantissa). Matmuls keep LibTorch's FP32 default")
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--warmup", config.warmup,
+                 "Run every shape of each model's shape set (and its model_warmup samples) on "
+                 "every instance before the model reports ready; false: cold start")
+      ->capture_default_str()
+      ->group("Models");
+}
+
+// The gRPC front end: listening, TLS, connections, streams, shared memory, restrictions. Listed under "gRPC front end" in --help.
+void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
+  GrpcServerOptions& grpc = config.grpc;
+  app.add_option("--grpc-address", grpc.address, "Address to listen on")->capture_default_str()
+      ->group("gRPC front end");
+  app.add_option("--grpc-port", grpc.port,
+                 "Port of the gRPC inference and health services; 0 picks a free one (logged)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str()
+      ->group("gRPC front end");
+  app.add_option("--grpc-max-message-bytes", grpc.max_message_bytes,
+                 "Largest request or response message accepted or sent (gRPC's own default, "
+                 "4 MiB, is too small for image batches)")
+      ->check(CLI::Range(1 << 20, 2147483647))
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--allow-shared-memory", config.allow_shared_memory,
                  "Serve Triton's system shared memory extension on gRPC (SystemSharedMemoryRegister, "
                  "Status, Unregister; inputs and outputs in registered regions). false: those RPCs "
                  "answer UNAVAILABLE and requests naming a region FAILED_PRECONDITION")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-stream-max-in-flight", config.stream_max_in_flight,
                  "Requests of one ModelStreamInfer stream that may be queued, running or awaiting "
                  "their response's write at once; at the bound the server stops reading that stream "
                  "until one is answered, so a client that sends faster than it reads cannot make the "
                  "server buffer without bound")
       ->check(CLI::Range(1, 65536))
-      ->capture_default_str();
-  app.add_option("--shutdown-delay-seconds", config.shutdown_delay_seconds,
-                 "On SIGINT/SIGTERM, readiness turns NOT_SERVING at once (liveness stays SERVING) "
-                 "and the server keeps serving new calls this long, so that load balancers and "
-                 "Kubernetes endpoints stop sending before it stops accepting; a second signal "
-                 "cuts the delay short")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--shutdown-grace-seconds", config.shutdown_grace_seconds,
-                 "After the delay: new calls are refused, and the calls in flight (running and "
-                 "queued) have this long to finish before they are cancelled; then the process "
-                 "exits 0")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--cudnn-benchmark", text.cudnn_benchmark,
-                 "auto: cuDNN benchmark mode on for each model whose shape set is finite (fixed "
-                 "dims or padding buckets), off for the others; on/off: for every model. A model's "
-                 "sluice.cudnn_benchmark parameter overrides it")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
-      ->capture_default_str();
-  app.add_option("--cudnn-deterministic", config.cudnn_deterministic,
-                 "Only deterministic cuDNN convolution algorithms (reproducible, often slower)")
-      ->capture_default_str();
-  app.add_option("--allow-tf32", config.allow_tf32,
-                 "Let cuDNN convolutions use TF32 on Ampere and newer GPUs (LibTorch's default; "
-                 "faster FP32 with a 10-bit mantissa). Matmuls keep LibTorch's FP32 default")
-      ->capture_default_str();
-  app.add_option("--warmup", config.warmup,
-                 "Run every shape of each model's shape set (and its model_warmup samples) on "
-                 "every instance before the model reports ready; false: cold start")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   GrpcConnectionOptions& c = grpc.connections;
   app.add_option("--grpc-max-connection-age-ms", c.max_connection_age_ms,
                  "Close each client connection after this long (the client reconnects): behind an "
                  "L4 load balancer (kube-proxy, cloud LBs), which balances connections and not "
                  "calls, long-lived clients then spread over the replicas. 0: never")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-max-connection-age-grace-ms", c.max_connection_age_grace_ms,
                  "How long calls in flight on an aged connection may still take. 0: unbounded")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-max-connection-idle-ms", c.max_connection_idle_ms,
                  "Close connections idle this long. 0: never")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-keepalive-time", c.keepalive_time_ms,
                  "Milliseconds between the server's keepalive pings. 0: gRPC's default (2 hours)")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-keepalive-timeout", c.keepalive_timeout_ms,
                  "Milliseconds to wait for a keepalive ping's answer before closing. 0: gRPC's default (20 s)")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-keepalive-permit-without-calls", c.keepalive_permit_without_calls,
                  "Allow keepalive pings on connections without calls (both ways)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-http2-max-pings-without-data", c.http2_max_pings_without_data,
                  "Pings the server sends without data before it must wait for data. -1: gRPC's default")
       ->check(CLI::Range(-1, 1 << 30))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-http2-min-recv-ping-interval-without-data", c.http2_min_recv_ping_interval_without_data_ms,
                  "Milliseconds a client must leave between pings without data; faster ones count as "
                  "strikes. 0: gRPC's default (5 minutes)")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-http2-max-ping-strikes", c.http2_max_ping_strikes,
                  "Strikes before the server closes the connection (0: unlimited). -1: gRPC's default (2)")
       ->check(CLI::Range(-1, 1 << 30))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-use-ssl", grpc.tls.enabled, "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("gRPC front end");
   app.add_option("--grpc-use-ssl-mutual", grpc.tls.mutual,
                  "Mutual TLS: clients must present a certificate signed by --grpc-root-cert "
                  "(implies --grpc-use-ssl)")
-      ->capture_default_str();
-  app.add_option("--grpc-server-cert", grpc.tls.server_cert, "PEM certificate chain of the server (TLS)");
-  app.add_option("--grpc-server-key", grpc.tls.server_key, "PEM private key of the server (TLS)");
+      ->capture_default_str()
+      ->group("gRPC front end");
+  app.add_option("--grpc-server-cert", grpc.tls.server_cert, "PEM certificate chain of the server (TLS)")
+      ->group("gRPC front end");
+  app.add_option("--grpc-server-key", grpc.tls.server_key, "PEM private key of the server (TLS)")
+      ->group("gRPC front end");
   app.add_option("--grpc-root-cert", grpc.tls.root_cert,
-                 "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)");
+                 "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)")
+      ->group("gRPC front end");
   app.add_option("--grpc-restricted-protocol", text.restricted_protocols,
                  "<group>[,<group>...]:<header>=<value>: calls of these protocol groups (health, "
                  "metadata, inference, model-config, model-repository, statistics, shared-memory) must carry the "
                  "header with that value (UNAUTHENTICATED without it, PERMISSION_DENIED with another "
-                 "value). Repeatable; grpc.health.v1 stays open");
+                 "value). Repeatable; grpc.health.v1 stays open")
+      ->group("gRPC front end");
+}
+
+// The HTTP/REST front end. Listed under "HTTP front end" in --help.
+void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   HttpServerOptions& http = config.http;
   app.add_option("--allow-http", text.allow_http,
                  "Serve the KServe v2 REST API (Triton's HTTP endpoints, tritonclient.http, curl) beside gRPC. "
                  "Default: true, but false when gRPC uses TLS (the HTTP port has no TLS): give --allow-http true "
                  "to open it in plaintext anyway")
-      ->check(CLI::IsMember({"true", "false"}));
-  app.add_option("--http-address", http.address, "Address the HTTP endpoint listens on")->capture_default_str();
+      ->check(CLI::IsMember({"true", "false"}))
+      ->group("HTTP front end");
+  app.add_option("--http-address", http.address, "Address the HTTP endpoint listens on")->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-port", http.port, "Port of the HTTP endpoint; 0 picks a free one (logged)")
       ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-max-body-bytes", http.max_body_bytes,
                  "Largest HTTP request body, also once decompressed (413 beyond it); at most 4294967295")
       ->check(CLI::Range(size_t{1}, size_t{4294967295}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-max-connections", http.max_connections,
                  "Open HTTP connections the server keeps; a request on one more gets 503 and its connection closes")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-timeout-ms", http.timeout_ms,
                  "An HTTP connection that sends or takes nothing for this long is closed (idle keep-alive "
                  "connections, bodies that stall)")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-restricted-api", text.http_restricted_apis,
                  "<group>[,<group>...]:<header>=<value>: HTTP requests of these API groups (as "
                  "--grpc-restricted-protocol) must carry the header with that value (401 without it, 403 with "
-                 "another value). Repeatable");
-  app.add_flag("--print-env", config.print_env,
-               "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
-               "what is wrong with them, then exit");
+                 "another value). Repeatable")
+      ->group("HTTP front end");
+}
+
+// Prometheus metrics and GPU telemetry. Listed under "Metrics" in --help.
+void AddMetricsFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
+  app.add_option("--allow-metrics", config.allow_metrics,
+                 "Serve Prometheus metrics at http://<--metrics-address>:<--metrics-port>/metrics")
+      ->capture_default_str()
+      ->group("Metrics");
+  app.add_option("--metrics-address", config.metrics_address, "Address the metrics endpoint listens on")
+      ->capture_default_str()
+      ->group("Metrics");
+  app.add_option("--metrics-port", config.metrics_port, "Port of the Prometheus endpoint; 0 picks a free one (logged)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str()
+      ->group("Metrics");
+  app.add_option("--metrics-interval-ms", config.metrics_interval_ms,
+                 "How often GPU telemetry (NVML: utilisation, memory, power, temperature) is sampled")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str()
+      ->group("Metrics");
+}
+
+// Every flag, bound to `config` (or to `text` for those converted after parsing), by group.
+void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
+  AddServerFlags(app, config, text);
+  AddModelFlags(app, config, text);
+  AddGrpcFlags(app, config, text);
+  AddHttpFlags(app, config, text);
+  AddMetricsFlags(app, config, text);
 }
 
 // The checks across flags, and the conversions of the text flags.

@@ -7,9 +7,9 @@
 #include <variant>
 #include <vector>
 
-#include "server/api/grpc_server.h"
-#include "server/api/http_server.h"
-#include "server/api/restricted_protocols.h"
+#include "server/grpc/grpc_server.h"
+#include "server/http/http_server.h"
+#include "server/frontend/restricted_protocols.h"
 #include "server/core/device.h"
 #include "server/core/model_spec.h"
 #include "server/core/repository_model.h"

@@ -15,7 +15,7 @@
 #include "server/core/status.h"
 
 namespace inference {
-class ModelConfig;  // model_config.proto; complete in server/repository and server/api only
+class ModelConfig;  // model_config.proto; complete in server/repository and the front ends only
 }  // namespace inference
 
 namespace sluice {

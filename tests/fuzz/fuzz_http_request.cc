@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "server/api/json_protocol.h"
+#include "server/http/http_codec.h"
 #include "server/core/validation.h"
 
 namespace {

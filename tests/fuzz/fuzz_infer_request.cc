@@ -9,7 +9,7 @@
 #include <string>
 
 #include "grpc_service.pb.h"
-#include "server/api/protocol.h"
+#include "server/grpc/grpc_codec.h"
 #include "server/batching/shape_padding.h"
 #include "server/core/validation.h"
 

@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/api/protocol.h"
+#include "server/grpc/grpc_codec.h"
 #include "tests/unit/handle_factory.h"
 
 namespace {

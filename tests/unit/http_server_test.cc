@@ -1,6 +1,6 @@
 // HttpServer over real loopback sockets: a raw client writes exactly the bytes each case needs
 // (chunked bodies, a stalled body, too many connections) and reads the raw answer.
-#include "server/api/http_server.h"
+#include "server/http/http_server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // HTTP inference (POST /v2/models/{m}/infer) through the real HttpService behind a real
 // HttpServer on loopback, with a fake model lookup whose models run on fake backends: the answers
 // a REST client sees, and that a refusal counts in the model's statistics as over gRPC.
-#include "server/api/http_service.h"
+#include "server/http/http_service.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

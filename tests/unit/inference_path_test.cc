@@ -1,7 +1,7 @@
 // The inference path every front end shares, driven with a fake call and a fake lookup whose
 // models run on fake backends: the order of its steps, what it stamps on a request, what counts as
 // a rejection, and that the version is released before the answer.
-#include "server/api/inference_path.h"
+#include "server/frontend/inference_path.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The request parameters through both codecs: one value, one answer over gRPC and over HTTP
 // (request_parameters.h's table), down to the words of a refusal.
-#include "server/api/request_parameters.h"
+#include "server/frontend/request_parameters.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <functional>
 #include <map>
 
-#include "server/api/json_protocol.h"
-#include "server/api/protocol.h"
+#include "server/http/http_codec.h"
+#include "server/grpc/grpc_codec.h"
 
 namespace sluice {
 namespace {

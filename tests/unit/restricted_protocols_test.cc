@@ -1,7 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/api/restricted_protocols.h"
+#include "server/frontend/restricted_protocols.h"
 
 namespace sluice {
 namespace {

@@ -2,7 +2,7 @@
 // errors, status, unregister while a request still holds the region, slices checked against the
 // region (overflow-safe), requests whose inputs view a region and whose outputs are written into
 // one.
-#include "server/api/shared_memory.h"
+#include "server/frontend/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "grpc_service.pb.h"
-#include "server/api/protocol.h"
+#include "server/grpc/grpc_codec.h"
 
 namespace sluice {
 namespace {

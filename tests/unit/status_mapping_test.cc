@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "server/api/status_mapping.h"
+#include "server/frontend/status_mapping.h"
 
 namespace sluice {
 namespace {

@@ -1,6 +1,6 @@
 // A ModelStreamInfer stream's bookkeeping without gRPC or threads: every transition of
 // stream_flow.h's table, driven event by event.
-#include "server/api/stream_flow.h"
+#include "server/grpc/stream_flow.h"
 
 #include <gtest/gtest.h>
 

@@ -22,8 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "server/api/http_server.h"
-#include "server/api/restricted_protocols.h"
+#include "server/frontend/server_health.h"
+#include "server/http/http_server.h"
+#include "server/frontend/restricted_protocols.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 
@@ -33,8 +34,7 @@ class HttpService {
  public:
   struct Options {
     std::string server_version = "0.1.0";  // reported by GET /v2
-    std::function<bool()> ready;            // the server's readiness; null: ready
-    std::function<bool()> live;             // the server's liveness; null: live
+    const ServerHealth* health = nullptr;   // /v2/health/live and ready; null: live and ready
     std::vector<ProtocolRestriction> restrictions;  // --http-restricted-api; empty: all open
     const ModelLookup* lookup = nullptr;    // where inference finds models; null: the manager
   };

@@ -1,4 +1,4 @@
-#include "server/api/status_mapping.h"
+#include "server/frontend/status_mapping.h"
 
 namespace sluice {
 

@@ -1,9 +1,10 @@
+// The gRPC codec: ModelInferRequest <-> domain types, and the response sink.
 #include <cstring>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/api/protocol.h"
+#include "server/grpc/grpc_codec.h"
 
 namespace sluice {
 namespace {
@@ -18,7 +19,7 @@ std::vector<T> Values(const TensorView& view) {
   return values;
 }
 
-TEST(ProtocolTest, RawInputsAreViewedNotCopied) {
+TEST(GrpcCodecTest, RawInputsAreViewedNotCopied) {
   inference::ModelInferRequest proto;
   proto.set_model_name("m");
   proto.set_id("abc");
@@ -53,7 +54,7 @@ inference::ModelInferRequest Typed(const std::string& datatype, std::vector<int6
   return proto;
 }
 
-TEST(ProtocolTest, TypedContentsConvertPerDatatype) {
+TEST(GrpcCodecTest, TypedContentsConvertPerDatatype) {
   {
     auto proto = Typed("INT8", {3});
     for (int v : {-128, 0, 127}) proto.mutable_inputs(0)->mutable_contents()->add_int_contents(v);
@@ -109,7 +110,7 @@ TEST(ProtocolTest, TypedContentsConvertPerDatatype) {
   }
 }
 
-TEST(ProtocolTest, SequenceParametersAsTritonClientsSendThem) {
+TEST(GrpcCodecTest, SequenceParametersAsTritonClientsSendThem) {
   inference::ModelInferRequest proto = Typed("INT32", {1});
   proto.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
   auto& parameters = *proto.mutable_parameters();
@@ -147,7 +148,7 @@ TEST(ProtocolTest, SequenceParametersAsTritonClientsSendThem) {
   EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("'sequence_end' must be a boolean"));
 }
 
-TEST(ProtocolTest, Errors) {
+TEST(GrpcCodecTest, Errors) {
   struct Case {
     std::string what;
     inference::ModelInferRequest proto;
@@ -221,7 +222,7 @@ TEST(ProtocolTest, Errors) {
   }
 }
 
-TEST(ProtocolTest, ResponseEchoesAndTheSinkWritesIntoTheMessage) {
+TEST(GrpcCodecTest, ResponseEchoesAndTheSinkWritesIntoTheMessage) {
   InferRequest request;
   request.model_name = "m";
   request.id = "req-1";
@@ -241,42 +242,6 @@ TEST(ProtocolTest, ResponseEchoesAndTheSinkWritesIntoTheMessage) {
   EXPECT_EQ(proto.outputs(0).datatype(), "INT32");
   EXPECT_THAT(proto.outputs(0).shape(), ElementsAre(1, 2));
   EXPECT_EQ(proto.raw_output_contents(0), std::string(8, '\x01'));
-}
-
-TEST(ProtocolTest, MetadataShowsBatchDimension) {
-  ModelSpec spec;
-  spec.name = "m";
-  spec.max_batch_size = 4;
-  spec.inputs = {{"x", DataType::kFp16, {3, -1}}};
-  spec.outputs = {{"y", DataType::kBf16, {2}}};
-  inference::ModelMetadataResponse proto;
-  FillModelMetadata(spec, {1, 2}, &proto);
-  EXPECT_THAT(proto.versions(), ElementsAre("1", "2"));
-  EXPECT_EQ(proto.platform(), "pytorch_libtorch");
-  EXPECT_EQ(proto.inputs(0).datatype(), "FP16");
-  EXPECT_THAT(proto.inputs(0).shape(), ElementsAre(-1, 3, -1));
-  EXPECT_THAT(proto.outputs(0).shape(), ElementsAre(-1, 2));
-  spec.max_batch_size = 0;
-  proto.Clear();
-  FillModelMetadata(spec, {1}, &proto);
-  EXPECT_THAT(proto.inputs(0).shape(), ElementsAre(3, -1));
-}
-
-TEST(ProtocolTest, ModelConfigCarriesTheMeasuredBatchSizes) {
-  inference::ModelConfig config;
-  (*config.mutable_parameters())["INTRA_OP_THREAD_COUNT"].set_string_value("1");
-  BatchSizeChoice choice;
-  choice.off_reason = "preferred_batch_size is set";
-  AddBatchSizeChoice(choice, &config);
-  EXPECT_EQ(config.parameters().size(), 1);  // not measured: nothing added
-  choice.measured = true;
-  choice.sizes = {1, 2};
-  choice.rates = {{1, 1000.4, true}, {2, 2500.6, true}, {3, 2000, false}};
-  AddBatchSizeChoice(choice, &config);
-  EXPECT_EQ(config.parameters().at("sluice.auto_batch_sizes.chosen").string_value(), "1,2");
-  EXPECT_EQ(config.parameters().at("sluice.auto_batch_sizes.rows_per_second").string_value(),
-            "1:1000,2:2501,3:2000");
-  EXPECT_EQ(config.parameters().at("INTRA_OP_THREAD_COUNT").string_value(), "1");
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "server/api/inference_service.h"
+#include "server/grpc/grpc_service.h"
 #include "tests/unit/fakes.h"
 #include "tests/unit/handle_factory.h"
 
@@ -34,7 +34,7 @@ inference::ModelInferRequest Request(const std::string& model, std::vector<int32
   return request;
 }
 
-class InferenceServiceTest : public ::testing::Test {
+class GrpcServiceTest : public ::testing::Test {
  protected:
   static constexpr int kStreamBound = 2;  // requests in flight per ModelStreamInfer stream
 
@@ -49,10 +49,10 @@ class InferenceServiceTest : public ::testing::Test {
     auto roomy_gated = std::make_unique<testing::FakeBackend>();
     roomy_gated_ = roomy_gated.get();
     lookup_.models["roomy_gated"] = testing::MakeEchoModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
-    InferenceService::Options options;
+    GrpcService::Options options;
     options.lookup = &lookup_;
     options.stream_max_in_flight = kStreamBound;
-    service_ = std::make_unique<InferenceService>(&manager_, /*control=*/nullptr, options);
+    service_ = std::make_unique<GrpcService>(&manager_, /*control=*/nullptr, options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -106,13 +106,13 @@ class InferenceServiceTest : public ::testing::Test {
   testing::FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
   testing::FakeBackend* roomy_gated_ = nullptr;  // like gated_, with room for 64 waiting requests
-  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<GrpcService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
 };
 
-TEST_F(InferenceServiceTest, OkWritesTheRequestedOutputsIntoTheResponse) {
+TEST_F(GrpcServiceTest, OkWritesTheRequestedOutputsIntoTheResponse) {
   inference::ModelInferRequest request = Request("echo", {3, 4, 5}, "req-7");
   inference::ModelInferResponse response;
   grpc::Status status = Infer(request, &response);
@@ -136,7 +136,7 @@ TEST_F(InferenceServiceTest, OkWritesTheRequestedOutputsIntoTheResponse) {
   EXPECT_EQ(only_sum.raw_output_contents(0).size(), 8u);
 }
 
-TEST_F(InferenceServiceTest, UnknownAndNotReadyModels) {
+TEST_F(GrpcServiceTest, UnknownAndNotReadyModels) {
   inference::ModelInferResponse response;
   grpc::Status status = Infer(Request("nope", {1}), &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
@@ -146,7 +146,7 @@ TEST_F(InferenceServiceTest, UnknownAndNotReadyModels) {
   EXPECT_THAT(status.error_message(), HasSubstr("still loading"));
 }
 
-TEST_F(InferenceServiceTest, InvalidRequestsAreRejectedAndCounted) {
+TEST_F(GrpcServiceTest, InvalidRequestsAreRejectedAndCounted) {
   inference::ModelInferRequest bad_type = Request("echo", {1});
   bad_type.mutable_inputs(0)->set_datatype("FOO");
   inference::ModelInferResponse response;
@@ -162,7 +162,7 @@ TEST_F(InferenceServiceTest, InvalidRequestsAreRejectedAndCounted) {
   EXPECT_TRUE(Infer(Request("echo", {1}), &response).ok());  // and the model serves on
 }
 
-TEST_F(InferenceServiceTest, AFullQueueIsUnavailable) {
+TEST_F(GrpcServiceTest, AFullQueueIsUnavailable) {
   grpc::ClientContext running_context, second_context, third_context;
   auto running = HoldOne(&running_context);
   // The queue holds one request: of two more, whichever comes second is refused at once.
@@ -182,7 +182,7 @@ TEST_F(InferenceServiceTest, AFullQueueIsUnavailable) {
   EXPECT_TRUE((refused == &second ? third : second).get().ok());
 }
 
-TEST_F(InferenceServiceTest, TheRequestsOwnTimeoutExpiresItInTheQueue) {
+TEST_F(GrpcServiceTest, TheRequestsOwnTimeoutExpiresItInTheQueue) {
   grpc::ClientContext running_context;
   auto running = HoldOne(&running_context);
   inference::ModelInferRequest quick = Request("gated", {2});
@@ -197,7 +197,7 @@ TEST_F(InferenceServiceTest, TheRequestsOwnTimeoutExpiresItInTheQueue) {
   EXPECT_EQ(gated_->executed(), executed + 1);  // only the held request ran
 }
 
-TEST_F(InferenceServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
+TEST_F(GrpcServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   grpc::ClientContext running_context, cancelled_context;
   auto running = HoldOne(&running_context);
   auto cancelled = Start(Request("gated", {2}), &cancelled_context);
@@ -217,7 +217,7 @@ TEST_F(InferenceServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
 
-TEST_F(InferenceServiceTest, StreamAnswersEveryRequestByIdAndABadOneAlone) {
+TEST_F(GrpcServiceTest, StreamAnswersEveryRequestByIdAndABadOneAlone) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + 30s);
   auto stream = stub_->ModelStreamInfer(&context);
@@ -248,7 +248,7 @@ TEST_F(InferenceServiceTest, StreamAnswersEveryRequestByIdAndABadOneAlone) {
   EXPECT_THAT(error, HasSubstr("unknown model 'nope'"));
 }
 
-TEST_F(InferenceServiceTest, StreamStopsReadingAtItsInFlightBound) {
+TEST_F(GrpcServiceTest, StreamStopsReadingAtItsInFlightBound) {
   // Five requests written to a model that holds everything it is given: the server reads two
   // (the stream's bound), so the model sees two, and the other three wait unread in the
   // transport until one is answered.
@@ -271,7 +271,7 @@ TEST_F(InferenceServiceTest, StreamStopsReadingAtItsInFlightBound) {
   EXPECT_EQ(answered, (std::set<std::string>{"0", "1", "2", "3", "4"}));
 }
 
-TEST_F(InferenceServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
+TEST_F(GrpcServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
   grpc::ClientContext held_context;
   auto running = HoldOne(&held_context);  // the gated model's one instance is busy
   const uint64_t failures = lookup_.models["gated"]->Statistics().fail.count;
@@ -297,7 +297,7 @@ TEST_F(InferenceServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
 
-TEST_F(InferenceServiceTest, BytesThatAreNoRequestAreInvalidAndTheServerServesOn) {
+TEST_F(GrpcServiceTest, BytesThatAreNoRequestAreInvalidAndTheServerServesOn) {
   // The handler parses the request bytes itself (a raw method): bytes that are no
   // ModelInferRequest get INVALID_ARGUMENT with the reason, not gRPC's bare UNIMPLEMENTED.
   grpc::GenericStub generic(channel_);
@@ -318,7 +318,7 @@ TEST_F(InferenceServiceTest, BytesThatAreNoRequestAreInvalidAndTheServerServesOn
   EXPECT_TRUE(Infer(Request("echo", {1}), &response).ok());
 }
 
-TEST_F(InferenceServiceTest, ShutdownCancelsQueuedCallsAfterItsGraceAndWaitsForRunningOnes) {
+TEST_F(GrpcServiceTest, ShutdownCancelsQueuedCallsAfterItsGraceAndWaitsForRunningOnes) {
   grpc::ClientContext running_context, queued_context;
   auto running = HoldOne(&running_context);
   auto queued = Start(Request("gated", {2}), &queued_context);

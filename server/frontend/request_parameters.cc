@@ -1,4 +1,4 @@
-#include "server/api/request_parameters.h"
+#include "server/frontend/request_parameters.h"
 
 #include <limits>
 

@@ -1,4 +1,4 @@
-#include "server/api/grpc_server.h"
+#include "server/grpc/grpc_server.h"
 
 #include <chrono>
 
@@ -28,7 +28,7 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const G
 }
 
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
-                                                        InferenceService* service) {
+                                                        GrpcService* service) {
   SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                           MakeServerCredentials(options.tls));
   grpc::EnableDefaultHealthCheckService(true);
@@ -69,7 +69,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   return result;
 }
 
-GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port)
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, GrpcService* service, int port)
     : server_(std::move(server)), service_(service), port_(port) {}
 
 GrpcServer::~GrpcServer() { Shutdown(0); }

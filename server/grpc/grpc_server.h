@@ -9,7 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 
-#include "server/api/inference_service.h"
+#include "server/grpc/grpc_service.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
 
@@ -54,19 +54,19 @@ struct GrpcServerOptions {
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const GrpcTlsOptions& tls);
 
 // Health service names, as grpc.health.v1 reports them:
-//   ""      and "ready": SERVING when InferenceService::Ready()
-//   "live":             SERVING while the process serves at all
+//   ""      and "ready": SERVING when the server is ready (ServerHealth)
+//   "live":             SERVING while it is live
 class GrpcServer {
  public:
   // UNAVAILABLE when the port cannot be bound; INVALID_ARGUMENT for unusable TLS files.
   // `service` must outlive the server.
   static StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
-                                                     InferenceService* service);
+                                                     GrpcService* service);
   ~GrpcServer();
 
   int port() const { return port_; }
 
-  // Re-reads the service's liveness and readiness into the health service. Thread-safe; does
+  // Re-reads the server's liveness and readiness into the health service. Thread-safe; does
   // nothing after Shutdown.
   void RefreshHealth() ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -74,11 +74,11 @@ class GrpcServer {
   void Shutdown(int grace_ms) ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  GrpcServer(std::unique_ptr<grpc::Server> server, InferenceService* service, int port);
+  GrpcServer(std::unique_ptr<grpc::Server> server, GrpcService* service, int port);
 
   Mutex mutex_;  // RefreshHealth may run on a worker thread
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mutex_);
-  InferenceService* const service_;
+  GrpcService* const service_;
   const int port_;
 };
 

@@ -1,4 +1,4 @@
-#include "server/api/json_protocol.h"
+#include "server/http/http_codec.h"
 
 #include <gtest/gtest.h>
 #include <rapidjson/document.h>
@@ -29,7 +29,7 @@ StatusOr<JsonInferRequest> Parse(const std::string& body, std::optional<size_t> 
   return InferRequestFromJson(body, header);
 }
 
-TEST(JsonProtocolTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
+TEST(HttpCodecTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
   for (const char* data : {"[1, 2.5, -3, 4, 5, 6]", "[[1, 2.5, -3], [4, 5, 6]]", "[[[1], [2.5], [-3]], [[4], [5], [6]]]"}) {
     StatusOr<JsonInferRequest> parsed = Parse(std::string(R"({"id": "r1", "inputs": [{"name": "x", "shape": [2, 3],
         "datatype": "FP32", "data": )") + data + "}]}");
@@ -45,7 +45,7 @@ TEST(JsonProtocolTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
   }
 }
 
-TEST(JsonProtocolTest, EveryJsonDatatypeConverts) {
+TEST(HttpCodecTest, EveryJsonDatatypeConverts) {
   auto one = [](const std::string& datatype, const std::string& data) {
     return Parse(R"({"inputs": [{"name": "x", "shape": [2], "datatype": ")" + datatype + R"(", "data": )" + data +
                  "}]}");
@@ -99,7 +99,7 @@ TEST(JsonProtocolTest, EveryJsonDatatypeConverts) {
   }
 }
 
-TEST(JsonProtocolTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
+TEST(HttpCodecTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
   const std::string json = R"({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32",
       "parameters": {"binary_data_size": 8}}, {"name": "b", "shape": [1], "datatype": "INT64", "data": [7]},
       {"name": "c", "shape": [3], "datatype": "UINT8", "parameters": {"binary_data_size": 3}}],
@@ -131,7 +131,7 @@ TEST(JsonProtocolTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
   EXPECT_TRUE(all->Binary("unnamed"));
 }
 
-TEST(JsonProtocolTest, SequenceParameters) {
+TEST(HttpCodecTest, SequenceParameters) {
   StatusOr<JsonInferRequest> numbered =
       Parse(R"({"inputs": [], "parameters": {"sequence_id": 18446744073709551615, "sequence_start": true}})");
   ASSERT_TRUE(numbered.ok()) << numbered.status();
@@ -156,7 +156,7 @@ TEST(JsonProtocolTest, SequenceParameters) {
   }
 }
 
-TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
+TEST(HttpCodecTest, MalformedBodiesSayWhatIsWrong) {
   const std::string binary_header = R"({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32",
       "parameters": {"binary_data_size": 8}}]})";
   const std::vector<std::tuple<std::string, std::optional<size_t>, std::string>> cases = {
@@ -199,7 +199,7 @@ TEST(JsonProtocolTest, MalformedBodiesSayWhatIsWrong) {
   EXPECT_NE(nested.status().message().find("nested more than"), std::string::npos) << nested.status();
 }
 
-TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
+TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   JsonInferRequest request;
   request.outputs = {{"json", false}, {"bin", true}};
   std::deque<HttpOutputSink::Output> outputs(2);
@@ -238,7 +238,7 @@ TEST(JsonProtocolTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
                      R"("data":[true,false]}]})");
 }
 
-TEST(JsonProtocolTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
+TEST(HttpCodecTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
   JsonInferRequest request;
   request.outputs = {{"json", false}, {"bin", true}};
   std::deque<HttpOutputSink::Output> outputs(2);
@@ -261,7 +261,7 @@ TEST(JsonProtocolTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
                          std::to_string(serialized.size()) + "}}]}");
 }
 
-TEST(JsonProtocolTest, Fp32ValuesRoundTripExactlyThroughJson) {
+TEST(HttpCodecTest, Fp32ValuesRoundTripExactlyThroughJson) {
   std::mt19937 random(7);
   std::vector<float> values = {0.1f, 1.0f / 3.0f, std::numeric_limits<float>::min(),
                                std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
@@ -304,7 +304,7 @@ TEST(JsonProtocolTest, Fp32ValuesRoundTripExactlyThroughJson) {
   EXPECT_EQ(std::memcmp(parsed->request->inputs[0].data, values.data(), values.size() * 4), 0);
 }
 
-TEST(JsonProtocolTest, ProtocolMessagesPrintAsTritonsHttpJson) {
+TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   inference::ModelMetadataResponse metadata;
   metadata.set_name("mlp");
   metadata.add_versions("1");
@@ -348,7 +348,7 @@ TEST(JsonProtocolTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   EXPECT_EQ(ErrorJson("a \"quoted\"\nline"), R"({"error":"a \"quoted\"\nline"})");
 }
 
-TEST(JsonProtocolTest, RepositoryRequestBodies) {
+TEST(HttpCodecTest, RepositoryRequestBodies) {
   EXPECT_EQ(*ParseIndexRequest(""), false);
   EXPECT_EQ(*ParseIndexRequest(R"({"ready": true})"), true);
   EXPECT_FALSE(ParseIndexRequest(R"({"ready": "yes"})").ok());
@@ -359,7 +359,7 @@ TEST(JsonProtocolTest, RepositoryRequestBodies) {
   EXPECT_FALSE(ParseControlRequest(R"({"parameters": 3})").ok());
 }
 
-TEST(JsonProtocolTest, SinkKeepsEachOutputWithItsDescription) {
+TEST(HttpCodecTest, SinkKeepsEachOutputWithItsDescription) {
   HttpOutputSink sink;
   const std::string name = "y";
   const Shape shape = {2, 3};

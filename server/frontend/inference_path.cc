@@ -1,4 +1,4 @@
-#include "server/api/inference_path.h"
+#include "server/frontend/inference_path.h"
 
 #include "server/core/logging.h"
 

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
-#include "server/api/inference_path.h"
-#include "server/api/protocol.h"
-#include "server/api/restricted_protocols.h"
-#include "server/api/shared_memory.h"
+#include "server/frontend/inference_path.h"
+#include "server/grpc/grpc_codec.h"
+#include "server/frontend/restricted_protocols.h"
+#include "server/frontend/shared_memory.h"
 #include "server/core/clock.h"
-#include "server/core/liveness.h"
+#include "server/frontend/server_health.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 
@@ -55,22 +55,16 @@ class GrpcInferCall : public InferenceCall {
   SharedMemorySink sink_;  // outputs placed in shared memory go there, the others to response_sink_
 };
 
-// Readiness as the server reports it (ServerReady, grpc.health.v1 "ready" and "").
-struct ReadinessPolicy {
-  bool strict = true;  // --strict-readiness: ready only when every model is ready
-};
-
 // ModelInfer is a raw method (message bytes in and out): the service parses the request itself,
 // so that bytes that are no ModelInferRequest get INVALID_ARGUMENT with a reason (gRPC's typed
 // callback handler answers them UNIMPLEMENTED with no message). Marking it raw over the
 // callback base logs one line at GRPC_VERBOSITY=info.
-class InferenceService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+class GrpcService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
                                    inference::GRPCInferenceService::CallbackService> {
  public:
   struct Options {
     std::string server_version = "0.1.0";  // reported by ServerMetadata
-    ReadinessPolicy readiness;
-    LivenessMonitor* liveness = nullptr;  // ServerLive and health "live"; null: always live
+    const ServerHealth* health = nullptr;  // ServerLive and ServerReady; null: live and ready
     const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
@@ -82,16 +76,10 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
 
   // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
   // FAILED_PRECONDITION. Destroy the service after the gRPC server has shut down.
-  InferenceService(ModelManager* manager, ModelControl* control, Options options);
+  GrpcService(ModelManager* manager, ModelControl* control, Options options);
 
-  // Marks the server as started (models may still be loading). Until then ServerReady is false.
-  void SetStarted() { started_ = true; }
-  // The server is shutting down: from now on never ready (liveness is unchanged), so that
-  // load balancers stop sending while calls are still served. Irreversible.
-  void BeginDrain() { draining_ = true; }
-  // The readiness rule; see ReadinessPolicy. Never ready when not live or draining.
-  bool Ready() const;
-  bool Live() const { return options_.liveness == nullptr || options_.liveness->live(); }
+  bool Ready() const { return options_.health == nullptr || options_.health->Ready(); }
+  bool Live() const { return options_.health == nullptr || options_.health->Live(); }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -181,8 +169,6 @@ class InferenceService final : public inference::GRPCInferenceService::WithRawCa
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
   const ModelLookup* const lookup_;
-  std::atomic<bool> started_{false};
-  std::atomic<bool> draining_{false};
 };
 
 }  // namespace sluice

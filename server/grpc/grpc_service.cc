@@ -1,4 +1,4 @@
-#include "server/api/inference_service.h"
+#include "server/grpc/grpc_service.h"
 
 #include <memory>
 #include <type_traits>
@@ -8,10 +8,10 @@
 #include "server/core/mutex.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/api/model_queries.h"
-#include "server/api/protocol.h"
-#include "server/api/status_mapping.h"
-#include "server/api/stream_flow.h"
+#include "server/frontend/model_queries.h"
+#include "server/grpc/grpc_codec.h"
+#include "server/frontend/status_mapping.h"
+#include "server/grpc/stream_flow.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -81,7 +81,7 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 class StreamReactor final
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
  public:
-  StreamReactor(InferenceService* service, grpc::CallbackServerContext* context, int max_in_flight,
+  StreamReactor(GrpcService* service, grpc::CallbackServerContext* context, int max_in_flight,
                 const SharedMemoryManager* shared_memory, const Status& allowed)
       : service_(service),
         context_(context),
@@ -207,7 +207,7 @@ class StreamReactor final
     for (const InFlightModel& model : models) model->Poke();
   }
 
-  InferenceService* const service_;
+  GrpcService* const service_;
   grpc::CallbackServerContext* const context_;
   const SharedMemoryManager* const shared_memory_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;  // shared by every request of the stream
@@ -229,14 +229,14 @@ TimePoint CallerDeadline(const grpc::CallbackServerContext& context, TimePoint n
 
 }  // namespace
 
-InferenceService::InferenceService(ModelManager* manager, ModelControl* control, Options options)
+GrpcService::GrpcService(ModelManager* manager, ModelControl* control, Options options)
     : manager_(manager),
       control_(control),
       options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
       lookup_(options_.lookup ? options_.lookup : manager) {}
 
-grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* context,
                                                        std::function<Status()> task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   control_->Submit(std::move(task), [reactor](const Status& status) { reactor->Finish(ToGrpcStatus(status)); });
@@ -244,7 +244,7 @@ grpc::ServerUnaryReactor* InferenceService::RunControl(grpc::CallbackServerConte
 }
 
 template <typename Request>
-Status InferenceService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
+Status GrpcService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
   std::vector<std::string> keys;
   for (const auto& [key, value] : request.parameters()) keys.push_back(key);
@@ -252,14 +252,14 @@ Status InferenceService::CheckControl(const grpc::CallbackServerContext& context
                            std::is_same_v<Request, inference::RepositoryModelUnloadRequest>);
 }
 
-grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+grpc::ServerUnaryReactor* GrpcService::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
   return RunControl(context, [this, name = request->model_name()] { return control_->LoadModel(name); });
 }
 
-grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
@@ -269,17 +269,12 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
   });
 }
 
-Status InferenceService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {
+Status GrpcService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {
   if (options_.restrictions.empty()) return absl::OkStatus();
   return CheckProtocolAccess(options_.restrictions, group, context.client_metadata());
 }
 
-bool InferenceService::Ready() const {
-  if (!started_ || draining_ || !Live()) return false;
-  return !options_.readiness.strict || manager_->AllReady();
-}
-
-grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::ServerLive(grpc::CallbackServerContext* context,
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
@@ -289,7 +284,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
@@ -299,7 +294,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerCont
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::ModelReady(grpc::CallbackServerContext* context,
                                                        const inference::ModelReadyRequest* request,
                                                        inference::ModelReadyResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
@@ -310,7 +305,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
   return FinishNow(context, ready.status());
 }
 
-grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
+grpc::ServerUnaryReactor* GrpcService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
@@ -320,7 +315,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
+grpc::ServerUnaryReactor* GrpcService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
@@ -329,7 +324,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   return FinishNow(context, AnswerModelMetadata(*manager_, request->name(), request->version(), response));
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::ModelConfig(grpc::CallbackServerContext* context,
                                                         const inference::ModelConfigRequest* request,
                                                         inference::ModelConfigResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
@@ -338,7 +333,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   return FinishNow(context, AnswerModelConfig(*manager_, request->name(), request->version(), response));
 }
 
-grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
+grpc::ServerUnaryReactor* GrpcService::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kModelRepository); !allowed.ok()) {
@@ -347,7 +342,7 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
   return FinishNow(context, AnswerRepositoryIndex(*manager_, request->repository_name(), request->ready(), response));
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
+grpc::ServerUnaryReactor* GrpcService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kStatistics); !allowed.ok()) {
@@ -380,12 +375,12 @@ OutputSink* GrpcInferCall::sink() {
   return sink_.empty() ? static_cast<OutputSink*>(&response_sink_) : &sink_;
 }
 
-void InferenceService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call) {
+void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call) {
   call->deadline = CallerDeadline(context, clock_->Now());
   RunInference(*lookup_, call);
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request_bytes,
                                                        grpc::ByteBuffer* response_bytes) {
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
@@ -401,12 +396,12 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 }
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+GrpcService::ModelStreamInfer(grpc::CallbackServerContext* context) {
   return new StreamReactor(this, context, options_.stream_max_in_flight, options_.shared_memory,
                            Allow(*context, ProtocolGroup::kInference));
 }
 
-Status InferenceService::AllowSharedMemory(const grpc::CallbackServerContext& context) const {
+Status GrpcService::AllowSharedMemory(const grpc::CallbackServerContext& context) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kSharedMemory));
   if (options_.shared_memory == nullptr) {
     return absl::UnavailableError("system shared memory is off on this server (--allow-shared-memory false)");
@@ -414,7 +409,7 @@ Status InferenceService::AllowSharedMemory(const grpc::CallbackServerContext& co
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
+grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
@@ -430,7 +425,7 @@ grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryStatus(
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryRegister(
+grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
   if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
@@ -438,7 +433,7 @@ grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryRegister(
                                                              request->byte_size()));
 }
 
-grpc::ServerUnaryReactor* InferenceService::SystemSharedMemoryUnregister(
+grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
   if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
@@ -456,17 +451,17 @@ grpc::ServerUnaryReactor* NoCudaSharedMemory(grpc::CallbackServerContext* contex
 }
 }  // namespace
 
-grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
                                                                    const inference::CudaSharedMemoryStatusRequest*,
                                                                    inference::CudaSharedMemoryStatusResponse*) {
   return NoCudaSharedMemory(context);
 }
-grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
                                                                      const inference::CudaSharedMemoryRegisterRequest*,
                                                                      inference::CudaSharedMemoryRegisterResponse*) {
   return NoCudaSharedMemory(context);
 }
-grpc::ServerUnaryReactor* InferenceService::CudaSharedMemoryUnregister(
+grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
     inference::CudaSharedMemoryUnregisterResponse*) {
   return NoCudaSharedMemory(context);

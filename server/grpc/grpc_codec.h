@@ -12,7 +12,7 @@
 #include "server/core/model_spec.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
-#include "server/api/shared_memory.h"
+#include "server/frontend/shared_memory.h"
 
 namespace sluice {
 
@@ -57,18 +57,5 @@ class ResponseSink final : public OutputSink {
  private:
   inference::ModelInferResponse* const response_;
 };
-
-// ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
-// model batches).
-void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
-                       inference::ModelMetadataResponse* proto);
-
-// Adds the batch sizes warm-up chose to a ModelConfig answer's parameters (kAutoBatchSizesChosenKey,
-// kAutoBatchSizesRatesKey); nothing when they were not measured.
-void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config);
-
-// One ModelStatistics entry with Triton's meaning (durations in nanoseconds).
-void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,
-                         inference::ModelStatistics* proto);
 
 }  // namespace sluice

@@ -1,7 +1,7 @@
-#include "server/api/model_queries.h"
+#include "server/frontend/model_queries.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/api/protocol.h"
+#include "server/core/data_type.h"
 
 namespace sluice {
 namespace {
@@ -94,6 +94,57 @@ Status CheckModelControl(const ModelControl* control, const std::string& transpo
   }
   if (model_name.empty()) return absl::InvalidArgumentError("model_name is empty");
   return absl::OkStatus();
+}
+
+void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config) {
+  if (!choice.measured) return;
+  auto& parameters = *config->mutable_parameters();
+  parameters[kAutoBatchSizesChosenKey].set_string_value(choice.SizesText());
+  parameters[kAutoBatchSizesRatesKey].set_string_value(choice.RatesText());
+}
+
+void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
+                       inference::ModelMetadataResponse* proto) {
+  proto->set_name(spec.name);
+  proto->set_platform(spec.platform);
+  for (int64_t version : versions) proto->add_versions(std::to_string(version));
+  auto add = [&](const TensorSpec& tensor, auto* list) {
+    auto* meta = list->Add();
+    meta->set_name(tensor.name);
+    meta->set_datatype(std::string(DataTypeName(tensor.dtype)));
+    for (int64_t dim : spec.FullShape(tensor)) meta->add_shape(dim);
+  };
+  for (const TensorSpec& input : spec.inputs) {
+    if (!input.filled_by_server) add(input, proto->mutable_inputs());  // clients do not send it
+  }
+  for (const TensorSpec& output : spec.outputs) add(output, proto->mutable_outputs());
+}
+
+void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,
+                         inference::ModelStatistics* proto) {
+  auto fill = [](const DurationStat& from, inference::StatisticDuration* to) {
+    to->set_count(from.count);
+    to->set_ns(from.ns);
+  };
+  proto->set_name(name);
+  proto->set_version(std::to_string(version));
+  proto->set_last_inference(stats.last_inference_ms);
+  proto->set_inference_count(stats.inference_count);
+  proto->set_execution_count(stats.execution_count);
+  auto* inference = proto->mutable_inference_stats();
+  fill(stats.success, inference->mutable_success());
+  fill(stats.fail, inference->mutable_fail());
+  fill(stats.queue, inference->mutable_queue());
+  fill(stats.compute_input, inference->mutable_compute_input());
+  fill(stats.compute_infer, inference->mutable_compute_infer());
+  fill(stats.compute_output, inference->mutable_compute_output());
+  for (const auto& [size, batch] : stats.batches) {
+    auto* out = proto->add_batch_stats();
+    out->set_batch_size(size);
+    fill(batch.compute_input, out->mutable_compute_input());
+    fill(batch.compute_infer, out->mutable_compute_infer());
+    fill(batch.compute_output, out->mutable_compute_output());
+  }
 }
 
 }  // namespace sluice

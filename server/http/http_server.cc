@@ -1,4 +1,4 @@
-#include "server/api/http_server.h"
+#include "server/http/http_server.h"
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-#include "server/api/json_protocol.h"
+#include "server/http/http_codec.h"
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
 #include "server/core/thread_name.h"

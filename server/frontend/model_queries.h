@@ -10,6 +10,9 @@
 #include "server/core/status.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
+#include "server/batching/batch_sizes.h"
+#include "server/batching/model_stats.h"
+#include "server/core/model_spec.h"
 
 namespace sluice {
 
@@ -43,5 +46,18 @@ Status AnswerModelStatistics(const ModelManager& manager, const std::string& nam
 // message.
 Status CheckModelControl(const ModelControl* control, const std::string& transport, const std::string& repository_name,
                          const std::string& model_name, const std::vector<std::string>& parameter_keys, bool unload);
+
+// ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
+// model batches).
+void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
+                       inference::ModelMetadataResponse* proto);
+
+// Adds the batch sizes warm-up chose to a ModelConfig answer's parameters (kAutoBatchSizesChosenKey,
+// kAutoBatchSizesRatesKey); nothing when they were not measured.
+void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config);
+
+// One ModelStatistics entry with Triton's meaning (durations in nanoseconds).
+void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,
+                         inference::ModelStatistics* proto);
 
 }  // namespace sluice

@@ -1,4 +1,4 @@
-#include "server/api/http_service.h"
+#include "server/http/http_service.h"
 
 #include <charconv>
 #include <memory>
@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
-#include "server/api/inference_path.h"
-#include "server/api/json_protocol.h"
-#include "server/api/model_queries.h"
-#include "server/api/status_mapping.h"
+#include "server/frontend/inference_path.h"
+#include "server/http/http_codec.h"
+#include "server/frontend/model_queries.h"
+#include "server/frontend/status_mapping.h"
 #include "server/core/logging.h"
 
 namespace sluice {
@@ -202,8 +202,8 @@ void HttpService::Handle(HttpResponder responder) {
   }
   if (path[1] == "health" && path.size() == 3 && (path[2] == "live" || path[2] == "ready")) {
     return guarded_get(ProtocolGroup::kHealth, [&] {
-      const bool live = !options_.live || options_.live();
-      RespondCondition(responder, path[2] == "live" ? live : live && (!options_.ready || options_.ready()));
+      const ServerHealth* health = options_.health;
+      RespondCondition(responder, path[2] == "live" ? !health || health->Live() : !health || health->Ready());
     });
   }
   if (path[1] == "repository") {

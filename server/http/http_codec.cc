@@ -1,4 +1,4 @@
-#include "server/api/json_protocol.h"
+#include "server/http/http_codec.h"
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
@@ -14,7 +14,7 @@
 #include <google/protobuf/reflection.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/api/request_parameters.h"
+#include "server/frontend/request_parameters.h"
 #include "server/core/bytes_tensor.h"
 
 namespace sluice {

@@ -1,4 +1,4 @@
-#include "server/api/shared_memory.h"
+#include "server/frontend/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

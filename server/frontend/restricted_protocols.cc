@@ -1,4 +1,4 @@
-#include "server/api/restricted_protocols.h"
+#include "server/frontend/restricted_protocols.h"
 
 #include <algorithm>
 #include <cstring>
