@@ -120,13 +120,13 @@ TEST_F(HttpServiceTest, AFullQueueIs503AndAClientThatLeavesIsCancelledWithoutRun
   {
     Client queued(server_->port());
     queued.Send(Post("/v2/models/gated/infer", kBody));
-    // The queue holds one request: wait until it is that one, then a third is refused.
-    Reply refused;
-    for (int i = 0; i < 500; ++i) {
-      refused = Infer("gated", kBody);
-      if (refused.code == 503) break;
-      std::this_thread::sleep_for(2ms);  // the queued request has not reached the queue yet
-    }
+    // The queue holds one request: wait until it is that one (held in flight from before its
+    // submission, on the one HTTP thread, which handles the next request only after submitting
+    // it), then a third is refused. A probe sent earlier could take the queue's place itself.
+    ModelHandle& gated = *lookup_.models["gated"];
+    for (int i = 0; i < 2500 && gated.in_flight() < 2; ++i) std::this_thread::sleep_for(2ms);
+    ASSERT_EQ(gated.in_flight(), 2);
+    const Reply refused = Infer("gated", kBody);
     EXPECT_EQ(refused.code, 503);
     EXPECT_THAT(refused.body, HasSubstr("max_queue_size"));
   }  // the queued client goes away
