@@ -21,7 +21,8 @@ struct TextFlags {
   std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
 };
 
-// The process: version, logging, readiness, shutdown, --print-env. Listed under "Server" in --help.
+// The process: version, logging, readiness, shutdown, --print-env.
+// Listed under "Server" in --help.
 void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.set_version_flag("--version", SLUICE_VERSION);
   app.add_option("--strict-readiness", config.strict_readiness,
@@ -54,7 +55,8 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("Server");
 }
 
-// The model repository, how models load, where they run and how they queue. Listed under "Models" in --help.
+// The model repository, how models load, where they run and how they queue.
+// Listed under "Models" in --help.
 void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--model-repository", config.model_repository,
                  "Model repository in Triton's layout: <dir>/<model>/config.pbtxt and "
@@ -121,7 +123,8 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("Models");
 }
 
-// The gRPC front end: listening, TLS, connections, streams, shared memory, restrictions. Listed under "gRPC front end" in --help.
+// The gRPC front end: listening, TLS, connections, streams, shared memory, restrictions.
+// Listed under "gRPC front end" in --help.
 void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   GrpcServerOptions& grpc = config.grpc;
   app.add_option("--grpc-address", grpc.address, "Address to listen on")->capture_default_str()
@@ -222,7 +225,8 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("gRPC front end");
 }
 
-// The HTTP/REST front end. Listed under "HTTP front end" in --help.
+// The HTTP/REST front end.
+// Listed under "HTTP front end" in --help.
 void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   HttpServerOptions& http = config.http;
   app.add_option("--allow-http", text.allow_http,
@@ -260,7 +264,8 @@ void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("HTTP front end");
 }
 
-// Prometheus metrics and GPU telemetry. Listed under "Metrics" in --help.
+// Prometheus metrics and GPU telemetry.
+// Listed under "Metrics" in --help.
 void AddMetricsFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--allow-metrics", config.allow_metrics,
                  "Serve Prometheus metrics at http://<--metrics-address>:<--metrics-port>/metrics")

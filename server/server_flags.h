@@ -7,13 +7,13 @@
 #include <variant>
 #include <vector>
 
-#include "server/grpc/grpc_server.h"
-#include "server/http/http_server.h"
-#include "server/frontend/restricted_protocols.h"
 #include "server/core/device.h"
 #include "server/core/model_spec.h"
 #include "server/core/repository_model.h"
 #include "server/core/status.h"
+#include "server/frontend/restricted_protocols.h"
+#include "server/grpc/grpc_server.h"
+#include "server/http/http_server.h"
 #include "server/manager/model_control.h"
 
 namespace sluice {

@@ -98,7 +98,7 @@ SequenceBatcher::SequenceBatcher(ModelSpec spec, Options options, size_t instanc
       slots_per_instance_(std::max(1, spec_.max_batch_size)),
       slots_(&spec_, SequenceSlots::Options{instances, slots_per_instance_,
                                             Admission::Options{options_.max_requests, options_.max_bytes,
-                                                               options_.server_budget, /*shares=*/2},
+                                                               options_.server_budget},
                                             options_.stats.get()}),
       busy_(instances, false) {}
 

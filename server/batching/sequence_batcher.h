@@ -22,9 +22,9 @@
 #include "absl/base/thread_annotations.h"
 
 #include "server/batching/instance_pool.h"
-#include "server/batching/sequence_slots.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
+#include "server/batching/sequence_slots.h"
 #include "server/core/backend.h"
 #include "server/core/clock.h"
 #include "server/core/model_spec.h"

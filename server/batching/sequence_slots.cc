@@ -26,7 +26,8 @@ Admission::Options WithShares(Admission::Options options) {
 SequenceSlots::SequenceSlots(const ModelSpec* spec, Options options)
     : spec_(spec),
       options_(std::move(options)),
-      slots_(options_.instances, std::vector<std::shared_ptr<Sequence>>(static_cast<size_t>(options_.slots_per_instance))),
+      slots_(options_.instances,
+             std::vector<std::shared_ptr<Sequence>>(static_cast<size_t>(options_.slots_per_instance))),
       admission_(WithShares(options_.admission)) {}
 
 const Sequence* SequenceSlots::Find(const CorrelationId& id) const {
@@ -181,8 +182,9 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint n
                                                     WrapCompletion wrap,
                                                     absl::FunctionRef<PendingRequest(const InferRequest&)> filler) {
   std::vector<std::shared_ptr<Sequence>>& rows = slots_[instance];
-  // A slot's next request may run unless one of its sequence's runs already (a slot freed by an
-  // ending sequence and bound again holds a sequence that has nothing running).
+  // A slot's next request may run unless one of its sequence's requests still runs: one at a time
+  // per sequence. (The batcher forms batches for idle instances only, and InstancePool answers an
+  // execution's requests, so Finished has run, before it reports the instance idle.)
   auto ready = [](const std::shared_ptr<Sequence>& sequence) {
     return sequence != nullptr && !sequence->pending.empty() && sequence->phase != Sequence::Phase::kRunning;
   };

@@ -62,7 +62,8 @@ class SequenceSlots {
   struct Options {
     size_t instances = 1;
     int slots_per_instance = 1;      // max_batch_size (1 for a model without a batch dimension)
-    Admission::Options admission;    // per share: waiting for a slot / bound (shares is set here)
+    Admission::Options admission;    // the caps, per share: waiting for a slot / bound (the slots
+                                     // set the shares)
     ModelStats* stats = nullptr;     // may be null: sequences started and how they finished
   };
   // Wraps a taken request's completion (FormBatch): the batcher's way back to Finished.

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "grpc_service.pb.h"
-#include "server/core/status.h"
-#include "server/manager/model_control.h"
-#include "server/manager/model_manager.h"
 #include "server/batching/batch_sizes.h"
 #include "server/batching/model_stats.h"
 #include "server/core/model_spec.h"
+#include "server/core/status.h"
+#include "server/manager/model_control.h"
+#include "server/manager/model_manager.h"
 
 namespace sluice {
 

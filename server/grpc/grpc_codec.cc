@@ -5,8 +5,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "server/frontend/request_parameters.h"
 #include "server/core/bytes_tensor.h"
+#include "server/frontend/request_parameters.h"
 
 namespace sluice {
 namespace {

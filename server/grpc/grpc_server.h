@@ -9,9 +9,9 @@
 
 #include "absl/base/thread_annotations.h"
 
-#include "server/grpc/grpc_service.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
+#include "server/grpc/grpc_service.h"
 
 namespace sluice {
 

@@ -3,16 +3,15 @@
 #include <memory>
 #include <type_traits>
 
-
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/frontend/model_queries.h"
-#include "server/grpc/grpc_codec.h"
-#include "server/frontend/status_mapping.h"
-#include "server/grpc/stream_flow.h"
 #include "server/core/validation.h"
+#include "server/frontend/model_queries.h"
+#include "server/frontend/status_mapping.h"
+#include "server/grpc/grpc_codec.h"
+#include "server/grpc/stream_flow.h"
 
 namespace sluice {
 namespace {
@@ -54,8 +53,8 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
       return;
     }
     bool own_buffer = false;
-    const grpc::Status serialized =
-        grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(response_message_, response_bytes_, &own_buffer);
+    const grpc::Status serialized = grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(
+        response_message_, response_bytes_, &own_buffer);
     Finish(serialized);
   }
 
@@ -237,7 +236,7 @@ GrpcService::GrpcService(ModelManager* manager, ModelControl* control, Options o
       lookup_(options_.lookup ? options_.lookup : manager) {}
 
 grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* context,
-                                                       std::function<Status()> task) {
+                                                  std::function<Status()> task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   control_->Submit(std::move(task), [reactor](const Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
@@ -275,8 +274,8 @@ Status GrpcService::Allow(const grpc::CallbackServerContext& context, ProtocolGr
 }
 
 grpc::ServerUnaryReactor* GrpcService::ServerLive(grpc::CallbackServerContext* context,
-                                                       const inference::ServerLiveRequest*,
-                                                       inference::ServerLiveResponse* response) {
+                                                  const inference::ServerLiveRequest*,
+                                                  inference::ServerLiveResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -285,8 +284,8 @@ grpc::ServerUnaryReactor* GrpcService::ServerLive(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* GrpcService::ServerReady(grpc::CallbackServerContext* context,
-                                                        const inference::ServerReadyRequest*,
-                                                        inference::ServerReadyResponse* response) {
+                                                   const inference::ServerReadyRequest*,
+                                                   inference::ServerReadyResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -295,8 +294,8 @@ grpc::ServerUnaryReactor* GrpcService::ServerReady(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelReady(grpc::CallbackServerContext* context,
-                                                       const inference::ModelReadyRequest* request,
-                                                       inference::ModelReadyResponse* response) {
+                                                  const inference::ModelReadyRequest* request,
+                                                  inference::ModelReadyResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kHealth); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -325,8 +324,8 @@ grpc::ServerUnaryReactor* GrpcService::ModelMetadata(
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelConfig(grpc::CallbackServerContext* context,
-                                                        const inference::ModelConfigRequest* request,
-                                                        inference::ModelConfigResponse* response) {
+                                                   const inference::ModelConfigRequest* request,
+                                                   inference::ModelConfigResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -381,8 +380,8 @@ void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcIn
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request_bytes,
-                                                       grpc::ByteBuffer* response_bytes) {
+                                                  const grpc::ByteBuffer* request_bytes,
+                                                  grpc::ByteBuffer* response_bytes) {
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -452,13 +451,13 @@ grpc::ServerUnaryReactor* NoCudaSharedMemory(grpc::CallbackServerContext* contex
 }  // namespace
 
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
-                                                                   const inference::CudaSharedMemoryStatusRequest*,
-                                                                   inference::CudaSharedMemoryStatusResponse*) {
+                                                              const inference::CudaSharedMemoryStatusRequest*,
+                                                              inference::CudaSharedMemoryStatusResponse*) {
   return NoCudaSharedMemory(context);
 }
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
-                                                                     const inference::CudaSharedMemoryRegisterRequest*,
-                                                                     inference::CudaSharedMemoryRegisterResponse*) {
+                                                                const inference::CudaSharedMemoryRegisterRequest*,
+                                                                inference::CudaSharedMemoryRegisterResponse*) {
   return NoCudaSharedMemory(context);
 }
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryUnregister(

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "grpc_service.grpc.pb.h"
-#include "server/frontend/inference_path.h"
-#include "server/grpc/grpc_codec.h"
-#include "server/frontend/restricted_protocols.h"
-#include "server/frontend/shared_memory.h"
 #include "server/core/clock.h"
+#include "server/frontend/inference_path.h"
+#include "server/frontend/restricted_protocols.h"
 #include "server/frontend/server_health.h"
+#include "server/frontend/shared_memory.h"
+#include "server/grpc/grpc_codec.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 

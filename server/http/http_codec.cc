@@ -14,8 +14,8 @@
 #include <google/protobuf/reflection.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/frontend/request_parameters.h"
 #include "server/core/bytes_tensor.h"
+#include "server/frontend/request_parameters.h"
 
 namespace sluice {
 namespace {

@@ -24,10 +24,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-#include "server/http/http_codec.h"
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
 #include "server/core/thread_name.h"
+#include "server/http/http_codec.h"
 
 namespace sluice {
 namespace {

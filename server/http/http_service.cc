@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
+#include "server/core/logging.h"
 #include "server/frontend/inference_path.h"
-#include "server/http/http_codec.h"
 #include "server/frontend/model_queries.h"
 #include "server/frontend/status_mapping.h"
-#include "server/core/logging.h"
+#include "server/http/http_codec.h"
 
 namespace sluice {
 namespace {

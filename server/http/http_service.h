@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "server/frontend/restricted_protocols.h"
 #include "server/frontend/server_health.h"
 #include "server/http/http_server.h"
-#include "server/frontend/restricted_protocols.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "server/http/http_codec.h"
 #include "server/core/validation.h"
+#include "server/http/http_codec.h"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "grpc_service.pb.h"
-#include "server/grpc/grpc_codec.h"
 #include "server/batching/shape_padding.h"
 #include "server/core/validation.h"
+#include "server/grpc/grpc_codec.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <functional>
 #include <map>
 
-#include "server/http/http_codec.h"
 #include "server/grpc/grpc_codec.h"
+#include "server/http/http_codec.h"
 
 namespace sluice {
 namespace {
