@@ -201,8 +201,9 @@ Status Server::StartHttp(const ServerConfig& config) {
   SLUICE_ASSIGN_OR_RETURN(http_, HttpServer::Start(config.http, [service](HttpResponder responder) {
                             service->Handle(std::move(responder));
                           }));
-  spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={}", config.http.address,
-               http_->port(), config.http.max_body_bytes, config.http.max_connections);
+  spdlog::info("event=http_listening address={} port={} max_body_bytes={} max_connections={} compression_threads={}",
+               config.http.address, http_->port(), config.http.max_body_bytes, config.http.max_connections,
+               config.http.compression_threads);
   if (config.http_plaintext_beside_tls) {
     spdlog::warn("event=http_plaintext reason=\"--allow-http true with TLS on gRPC: the HTTP port is not "
                  "encrypted\"");

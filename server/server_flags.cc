@@ -257,6 +257,13 @@ void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group("HTTP front end");
+  app.add_option("--http-compression-threads", http.compression_threads,
+                 "Threads that compress answers of 64 KiB or more for clients that accept gzip or deflate, "
+                 "so that a model's instance does not wait for the compression; 0 compresses on the thread that "
+                 "answered (the model's worker)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-restricted-api", text.http_restricted_apis,
                  "<group>[,<group>...]:<header>=<value>: HTTP requests of these API groups (as "
                  "--grpc-restricted-protocol) must carry the header with that value (401 without it, 403 with "

@@ -2,8 +2,10 @@
 // (sluice-http), no thread per connection. It parses requests (keep-alive, chunked bodies, the
 // body-size limit, timeouts), decompresses gzip/deflate bodies, and hands each request to a
 // handler as an HttpExchange. Whoever answers calls Respond once, from any thread (a model's
-// worker for inference); the response is compressed on that thread when the client asked for it
-// and written by the event loop. Nothing here knows the KServe protocol (http_service.h does).
+// worker for inference); when the client asked for a compressed answer, a small one is compressed
+// on that thread and one of 64 KiB or more on the server's compression threads (a model's worker
+// goes back to its queue meanwhile); the event loop writes it. Nothing here knows the KServe
+// protocol (http_service.h does).
 // Ownership is in the types: the server owns an exchange until it hands it to the handler inside
 // an HttpResponder; whoever holds the responder owns the exchange and answers it once, which hands
 // it back to the server.
@@ -12,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,6 +38,8 @@ struct HttpServerOptions {
                                           // this gets 503 and the connection is closed
   int timeout_ms = 60000;                 // --http-timeout-ms: a connection silent this long (an
                                           // idle keep-alive one, a body that stalls) is closed
+  int compression_threads = 2;            // --http-compression-threads: threads that compress large
+                                          // answers; 0: the answering thread compresses
 };
 
 // A response: status code, headers (Content-Length is added), and the body as segments written
@@ -120,6 +125,8 @@ class HttpServer {
   ~HttpServer();
 
   int port() const { return port_; }
+  // Answers the compression threads have compressed so far (for tests and diagnostics).
+  int64_t compressed_off_thread() const;
 
   // Closes the listening socket: no new connections; open ones are still served, and each
   // answer from now on closes its connection (Connection: close). Idempotent.
