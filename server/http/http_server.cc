@@ -125,11 +125,11 @@ size_t BodyLength(const HttpResponse& response) {
   return length;
 }
 
-// Compresses `response` in the encoding the client accepts (kIdentity: leaves it).
+// Compresses `response` in the encoding the client accepts, when the response may be compressed.
 void Encode(int accept_encoding, HttpResponse& response) {
   const size_t length = BodyLength(response);
   // zlib counts in 32 bits: bodies past 1 GiB go out as they are.
-  if (accept_encoding == kIdentity || length == 0 || length > (size_t{1} << 30)) return;
+  if (!response.compress || accept_encoding == kIdentity || length == 0 || length > (size_t{1} << 30)) return;
   std::string compressed = Deflate(response.body, accept_encoding);
   response.body.clear();
   response.body.push_back(std::move(compressed));
@@ -248,7 +248,7 @@ HttpResponder::~HttpResponder() {
 void HttpResponder::Respond(HttpResponse response) {
   std::shared_ptr<HttpExchange::Loop> loop = exchange_->loop_;  // the exchange may be gone when Post returns
   const int accept_encoding = exchange_->accept_encoding_;
-  if (accept_encoding != kIdentity && BodyLength(response) >= kCompressOffThreadBytes &&
+  if (response.compress && accept_encoding != kIdentity && BodyLength(response) >= kCompressOffThreadBytes &&
       loop->QueueCompression(exchange_, response)) {
     return;
   }

@@ -2,7 +2,8 @@
 // (sluice-http), no thread per connection. It parses requests (keep-alive, chunked bodies, the
 // body-size limit, timeouts), decompresses gzip/deflate bodies, and hands each request to a
 // handler as an HttpExchange. Whoever answers calls Respond once, from any thread (a model's
-// worker for inference); when the client asked for a compressed answer, a small one is compressed
+// worker for inference); when the client asked for a compressed answer and the answer may be
+// compressed (HttpResponse::compress), a small one is compressed
 // on that thread and one of 64 KiB or more on the server's compression threads (a model's worker
 // goes back to its queue meanwhile); the event loop writes it. Nothing here knows the KServe
 // protocol (http_service.h does).
@@ -48,6 +49,11 @@ struct HttpResponse {
   int code = 200;
   std::vector<std::pair<std::string, std::string>> headers;
   std::vector<std::string> body;
+  // Compressed when the client's Accept-Encoding asks for gzip or deflate. Triton compresses
+  // inference answers only, and clients rely on it (tritonclient.http.aio turns its HTTP
+  // library's automatic decompression off while that library still sends Accept-Encoding), so
+  // only the inference answer sets this.
+  bool compress = false;
 };
 
 // One request, from its arrival until it is answered: readable (with the body's bytes) by whoever

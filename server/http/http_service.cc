@@ -123,6 +123,7 @@ class HttpInferCall final : public InferenceCall {
       RespondStatus(responder_, status);
     } else {
       HttpResponse response;
+      response.compress = true;  // as the request's Accept-Encoding asks (only inference answers)
       size_t header_length = 0;
       response.body =
           InferResponseToJson(model_name_, answering_version_, id_, parsed_, &sink_.outputs(), &header_length);

@@ -244,6 +244,42 @@ def test_compressed_requests_and_responses(rest):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), values * 2)
 
 
+def test_only_inference_answers_are_compressed(server):
+    """tritonclient.http.aio's HTTP library sends Accept-Encoding: gzip, deflate on every call while
+    the client turns automatic decompression off: a compressed statistics answer read as garbage.
+    As Triton, only inference answers are compressed, and only as the inference call asks."""
+    import asyncio
+    import tritonclient.http.aio as aioclient
+
+    async def run():
+        client = aioclient.InferenceServerClient(url=server.http_url)
+        try:
+            stats = await client.get_inference_statistics("dtype_fp32")
+            assert stats["model_stats"][0]["name"] == "dtype_fp32"
+            assert (await client.get_model_metadata("dtype_fp32"))["name"] == "dtype_fp32"
+            assert await client.is_server_ready()
+            values = np.arange(6, dtype=np.float32).reshape(2, 3)
+            inp = aioclient.InferInput("INPUT__0", [2, 3], "FP32")
+            inp.set_data_from_numpy(values)
+            for algorithm in (None, "gzip", "deflate"):
+                result = await client.infer("dtype_fp32", [inp], response_compression_algorithm=algorithm)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), values * 2)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    for path in ("/v2", "/v2/models/dtype_fp32/stats", "/v2/models/dtype_fp32/config"):
+        status, headers, _ = call(server, "GET", path, headers={"Accept-Encoding": "gzip, deflate"})
+        assert status == 200 and "Content-Encoding" not in headers, (path, headers)
+    status, headers, answer = call(server, "POST", "/v2/models/dtype_fp32/infer", infer_body(),
+                                   {"Accept-Encoding": "gzip"})
+    assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    assert json.loads(gzip.decompress(answer))["outputs"][0]["data"] == [2.0, 4.0, 6.0]
+    status, headers, _ = call(server, "POST", "/v2/models/no_such_model/infer", infer_body(),
+                              {"Accept-Encoding": "gzip"})
+    assert status == 404 and "Content-Encoding" not in headers
+
+
 def test_http_and_grpc_requests_share_one_model(server, rest):
     grpc_client = grpcclient.InferenceServerClient(url=server.url)
     values = np.random.default_rng(2).random((1, 4), dtype=np.float32)

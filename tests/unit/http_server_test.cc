@@ -60,8 +60,8 @@ std::string Gunzip(const std::string& data) {
   return out;
 }
 
-// Echoes method, path and body back; paths starting /later hand the exchange to `parked`, paths
-// starting /drop drop it unanswered.
+// Echoes method, path and body back, compressed when asked unless the path starts /plain; paths
+// starting /later hand the exchange to `parked`, paths starting /drop drop it unanswered.
 class HttpServerTest : public ::testing::Test {
  protected:
   std::unique_ptr<HttpServer> Start(HttpServerOptions options = {}) {
@@ -76,6 +76,7 @@ class HttpServerTest : public ::testing::Test {
         return;
       }
       HttpResponse response;
+      response.compress = !absl::StartsWith(responder->path(), "/plain");
       response.headers.emplace_back("X-Path", responder->path());
       response.body.push_back(responder->method() + " ");
       response.body.push_back(std::string(responder->body()));
@@ -172,6 +173,15 @@ TEST_F(HttpServerTest, CompressedBodiesInflateAndResponsesCompressWhenAsked) {
   refused.Send(Post("/z", text, "Accept-Encoding: gzip;q=0\r\n"));
   Reply plain = refused.Read();
   EXPECT_FALSE(absl::StrContains(plain.headers, "content-encoding")) << plain.headers;
+  // An answer that may not be compressed goes out plain whatever the client accepts, small or large.
+  for (size_t size : {size_t{5000}, size_t{100000}}) {
+    Client asked(server->port());
+    asked.Send(Post("/plain", std::string(size, 'p'), "Accept-Encoding: gzip, deflate\r\n"));
+    Reply uncompressed = asked.Read();
+    EXPECT_FALSE(absl::StrContains(uncompressed.headers, "content-encoding")) << uncompressed.headers;
+    EXPECT_EQ(uncompressed.body, "POST " + std::string(size, 'p'));
+  }
+  EXPECT_EQ(server->compressed_off_thread(), 0);
   Client broken(server->port());
   broken.Send(Post("/z", "not gzip at all", "Content-Encoding: gzip\r\n"));
   EXPECT_EQ(broken.Read().code, 400);
@@ -219,6 +229,7 @@ TEST_F(HttpServerTest, StopSendsAnAnswerQueuedForCompression) {
   HttpResponder parked = WaitParked();
   ASSERT_TRUE(parked);
   HttpResponse response;
+  response.compress = true;
   response.body.push_back(std::string(1 << 20, 'q'));
   parked.Respond(std::move(response));
   server->Stop();

@@ -17,6 +17,7 @@ namespace sluice {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Client;
 using testing::Post;
 using testing::Reply;
@@ -73,6 +74,28 @@ TEST_F(HttpServiceTest, JsonInferenceAnswersWithTheModelVersionIdAndOutputs) {
   EXPECT_THAT(reply.body, HasSubstr(R"("id":"r-1")"));
   EXPECT_THAT(reply.body, HasSubstr(R"("name":"y","datatype":"INT32","shape":[1,3],"data":[4,5,6])"));
   EXPECT_EQ(lookup_.models["echo"]->Statistics().success.count, 1u);
+}
+
+// As Triton: a client's Accept-Encoding compresses the inference answer and nothing else (not a
+// refusal, not health, not statistics), which clients that send the header without inflating
+// other answers (tritonclient.http.aio) rely on.
+TEST_F(HttpServiceTest, OnlyInferenceAnswersAreCompressed) {
+  const std::string gzip = "Accept-Encoding: gzip, deflate\r\n";
+  const Reply answer = Infer("echo", kBody, gzip);
+  ASSERT_EQ(answer.code, 200);
+  EXPECT_THAT(answer.headers, HasSubstr("content-encoding: gzip"));
+  EXPECT_THAT(answer.body.substr(0, 2), "\x1f\x8b");
+  const Reply refused = Infer("nonexistent", kBody, gzip);
+  EXPECT_EQ(refused.code, 404);
+  EXPECT_THAT(refused.headers, Not(HasSubstr("content-encoding")));
+  EXPECT_THAT(refused.body, HasSubstr("nonexistent"));
+  for (const char* path : {"/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/v2"}) {
+    Client client(server_->port());
+    client.Send(testing::Get(path, gzip));
+    const Reply reply = client.Read();
+    EXPECT_EQ(reply.code, 200) << path << " " << reply.body;
+    EXPECT_THAT(reply.headers, Not(HasSubstr("content-encoding"))) << path;
+  }
 }
 
 TEST_F(HttpServiceTest, ABinaryOutputComesAfterTheJsonHeader) {
