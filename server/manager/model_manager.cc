@@ -5,6 +5,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
+#include "server/manager/model_errors.h"
+
 namespace sluice {
 
 const char* ModelStateName(ModelState state) {
@@ -129,7 +131,7 @@ StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const st
   {
     MutexLock lock(&mutex_);
     auto it = entries_.find(name);
-    if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+    if (it == entries_.end()) return UnknownModelError(name);
     Entry& entry = it->second;
     old = std::move(entry.versions);
     entry.versions.clear();
@@ -190,7 +192,7 @@ std::vector<ModelTuning> ModelManager::Tunings() const {
 StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const std::string& name) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  if (it == entries_.end()) return UnknownModelError(name);
   return it->second.model;
 }
 
@@ -211,11 +213,11 @@ StatusOr<InFlightModel> ModelManager::FindSequence(const std::string& name, cons
 StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::string& version) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("unknown model '", name, "'"));
+  if (it == entries_.end()) return UnknownModelError(name);
   const Entry& entry = it->second;
   if (entry.versions.empty()) {
     const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
-    return absl::UnavailableError(absl::StrCat("model '", name, "' is not ready: ", why));
+    return NoReadyVersionError(name, why);
   }
   const VersionSlot* chosen = nullptr;
   if (version.empty()) {
@@ -224,27 +226,21 @@ StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::s
     }
     if (chosen == nullptr) {
       const VersionSlot& newest = entry.versions.back();
-      return absl::UnavailableError(absl::StrCat(
-          "model '", name, "' has no ready version",
-          newest.reason.empty() ? " yet (still loading)" : absl::StrCat(": ", newest.reason)));
+      return NoReadyVersionError(name, newest.reason.empty() ? "still loading" : newest.reason);
     }
   } else {
     int64_t wanted = 0;
     if (!absl::SimpleAtoi(version, &wanted)) {
-      return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version,
-                                              "' (versions are positive integers)"));
+      return UnknownVersionError(name, version, "versions are positive integers");
     }
     for (const VersionSlot& slot : entry.versions) {
       if (slot.version == wanted) chosen = &slot;
     }
     if (chosen == nullptr) {
-      return absl::NotFoundError(absl::StrCat("model '", name, "' has no version ", wanted,
-                                              " loaded (see its version_policy)"));
+      return UnknownVersionError(name, version, "not loaded: see the model's version_policy");
     }
     if (chosen->state != ModelState::kReady) {
-      return absl::UnavailableError(absl::StrCat(
-          "model '", name, "' version ", wanted, " is not ready",
-          chosen->reason.empty() ? " (still loading)" : absl::StrCat(": ", chosen->reason)));
+      return VersionNotReadyError(name, wanted, chosen->reason.empty() ? "still loading" : chosen->reason);
     }
   }
   return chosen->handle->Acquire();
@@ -282,7 +278,7 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
   if (!name.empty()) SLUICE_RETURN_IF_ERROR(FindModel(name).status());
   int64_t wanted = 0;
   if (!version.empty() && !absl::SimpleAtoi(version, &wanted)) {
-    return absl::NotFoundError(absl::StrCat("model '", name, "' has no version '", version, "'"));
+    return UnknownVersionError(name, version, "versions are positive integers");
   }
   std::vector<VersionStatistics> result;
   MutexLock lock(&mutex_);
@@ -294,7 +290,7 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
     }
   }
   if (!name.empty() && wanted != 0 && result.empty()) {
-    return absl::NotFoundError(absl::StrCat("model '", name, "' has no ready version ", wanted));
+    return UnknownVersionError(name, version, "not loaded, or not ready");
   }
   return result;
 }

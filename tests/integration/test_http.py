@@ -316,9 +316,12 @@ def binary_request(size_declared, payload):
 
 
 BAD = {
-    "unknown model": ("POST", "/v2/models/nope/infer", infer_body(), None, 404, "unknown model 'nope'"),
-    "unknown version": ("POST", "/v2/models/throws/versions/9/infer", infer_body(), None, 404, "no version 9"),
-    "model not ready": ("POST", "/v2/models/wrong_arity/infer", infer_body(), None, 503, "has no ready version"),
+    "unknown model": ("POST", "/v2/models/nope/infer", infer_body(), None, 404,
+                      "Request for unknown model: 'nope' is not found"),
+    "unknown version": ("POST", "/v2/models/throws/versions/9/infer", infer_body(), None, 404,
+                        "Request for unknown model: 'throws' version 9 is not found"),
+    "model not ready": ("POST", "/v2/models/wrong_arity/infer", infer_body(), None, 503,
+                        "Request for unknown model: 'wrong_arity' has no available versions"),
     "malformed json": ("POST", "/v2/models/dtype_fp32/infer", '{"inputs": [', None, 400, "not valid JSON"),
     "not an object": ("POST", "/v2/models/dtype_fp32/infer", "[]", None, 400, "not a JSON object"),
     "empty body": ("POST", "/v2/models/dtype_fp32/infer", "", None, 400, "not valid JSON"),

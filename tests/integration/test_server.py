@@ -314,9 +314,9 @@ def _no_data():
 
 BAD_REQUESTS = {
     "unknown model": (lambda: raw_request("nope", [("INPUT__0", "FP32", [1, 2], FP32_2)]),
-                      grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
+                      grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not found"),
     "unknown version": (lambda: raw_request("throws", [("INPUT__0", "FP32", [1, 2], FP32_2)], version="9"),
-                        grpc.StatusCode.NOT_FOUND, "no version 9"),
+                        grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'throws' version 9 is not found"),
     "missing input": (lambda: raw_request("multi_io", [("values", "FP32", [1, 4], bytes(16))]),
                       grpc.StatusCode.INVALID_ARGUMENT, "missing input 'counts'"),
     "extra input": (lambda: raw_request("throws", [("INPUT__0", "FP32", [1, 2], FP32_2), ("EXTRA", "FP32", [1, 2], FP32_2)]),
@@ -355,7 +355,7 @@ BAD_REQUESTS = {
     "byte count overflow": (lambda: raw_request("dtype_fp64", [("INPUT__0", "FP64", [1, 2**62], b"")]),
                             grpc.StatusCode.INVALID_ARGUMENT, "has too many bytes"),
     "model not ready": (lambda: raw_request("wrong_arity", [("INPUT__0", "FP32", [1, 2], FP32_2)]),
-                        grpc.StatusCode.UNAVAILABLE, "has no ready version: forward() takes 1 input(s)"),
+                        grpc.StatusCode.UNAVAILABLE, "has no available versions (forward() takes 1 input(s)"),
 }
 
 

@@ -58,7 +58,7 @@ def test_infer_npy_matches_torch(bundled_server, bundled_repository, tmp_path):
 def test_errors_exit_nonzero_with_server_message(bundled_server, tmp_path):
     result = run(bundled_server.url, "infer", "nope", check=False)
     assert result.returncode != 0
-    assert "NOT_FOUND" in result.stderr and "unknown model 'nope'" in result.stderr
+    assert "NOT_FOUND" in result.stderr and "Request for unknown model: 'nope' is not found" in result.stderr
     bad = tmp_path / "bad.npy"
     bad.write_bytes(b"not numpy")
     result = run(bundled_server.url, "infer", "mlp", "--input", f"INPUT__0={bad}", check=False)

@@ -140,7 +140,7 @@ TEST_F(GrpcServiceTest, UnknownAndNotReadyModels) {
   inference::ModelInferResponse response;
   grpc::Status status = Infer(Request("nope", {1}), &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_THAT(status.error_message(), HasSubstr("unknown model 'nope'"));
+  EXPECT_THAT(status.error_message(), HasSubstr("Request for unknown model: 'nope' is not found"));
   status = Infer(Request("loading", {1}), &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(status.error_message(), HasSubstr("still loading"));
@@ -245,7 +245,7 @@ TEST_F(GrpcServiceTest, StreamAnswersEveryRequestByIdAndABadOneAlone) {
   }
   EXPECT_TRUE(stream->Finish().ok());  // the client half-closed and every answer was written
   EXPECT_EQ(answered, sent);
-  EXPECT_THAT(error, HasSubstr("unknown model 'nope'"));
+  EXPECT_THAT(error, HasSubstr("Request for unknown model: 'nope' is not found"));
 }
 
 TEST_F(GrpcServiceTest, StreamStopsReadingAtItsInFlightBound) {

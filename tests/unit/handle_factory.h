@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "server/batching/dynamic_batcher.h"
+#include "server/manager/model_errors.h"
 #include "server/manager/model_handle.h"
 #include "server/repository/model_config_parser.h"
 
@@ -64,9 +65,9 @@ inline std::shared_ptr<ModelHandle> MakeEchoModel(const std::string& name, std::
 class FakeLookup final : public ModelLookup {
  public:
   StatusOr<InFlightModel> Find(const std::string& name, const std::string& /*version*/) const override {
-    if (name == "loading") return absl::UnavailableError("model 'loading' is not ready: still loading");
+    if (name == "loading") return NoReadyVersionError(name, "still loading");
     auto it = models.find(name);
-    if (it == models.end()) return absl::NotFoundError("unknown model '" + name + "'");
+    if (it == models.end()) return UnknownModelError(name);
     return it->second->Acquire();
   }
   StatusOr<InFlightModel> FindSequence(const std::string& /*name*/, const CorrelationId& id) const override {

@@ -15,6 +15,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
 using testing::Outputs;
@@ -149,10 +150,15 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   auto corrupt = manager.Find("corrupt", "");
   EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(corrupt.status().message(), HasSubstr("bad archive"));
+  // Triton's wording (model_errors.h), which clients match on; the reason after it.
+  EXPECT_THAT(std::string(corrupt.status().message()),
+              StartsWith("Request for unknown model: 'corrupt' has no available versions ("));
   auto bad = manager.Find("badconfig", "1");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(bad.status().message(), HasSubstr("line 1: oops"));
   EXPECT_EQ(manager.Find("nope", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.Find("nope", "").status().message(), "Request for unknown model: 'nope' is not found");
+  EXPECT_EQ(manager.FindModel("nope").status().message(), "Request for unknown model: 'nope' is not found");
 
   auto index = manager.Index();  // by name, as the repository scan sorts them
   ASSERT_EQ(index.size(), 3u);
@@ -245,8 +251,14 @@ TEST(ModelManagerTest, VersionResolution) {
   EXPECT_EQ((*manager.Find("m", "1"))->version(), 1);
   EXPECT_EQ(manager.Find("m", "3").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(manager.Find("m", "3").status().message(), HasSubstr("version 3 is broken"));
+  EXPECT_THAT(std::string(manager.Find("m", "3").status().message()),
+              StartsWith("Request for unknown model: 'm' version 3 is not at ready state ("));
   EXPECT_EQ(manager.Find("m", "4").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(manager.Find("m", "4").status().message()),
+              StartsWith("Request for unknown model: 'm' version 4 is not found"));
   EXPECT_EQ(manager.Find("m", "x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(manager.Find("m", "x").status().message()),
+              StartsWith("Request for unknown model: 'm' version x is not found"));
   EXPECT_THAT(manager.ReadyVersions("m"), ElementsAre(1, 2));
   EXPECT_FALSE(manager.AllReady());
 }
