@@ -535,6 +535,20 @@ std::string ErrorJson(absl::string_view message) {
   return std::string(buffer.GetString(), buffer.GetSize());
 }
 
+std::string ConditionJson(absl::string_view key, bool holds, absl::string_view model) {
+  rapidjson::StringBuffer buffer;
+  Writer writer(buffer);
+  writer.StartObject();
+  if (!model.empty()) {
+    writer.Key("name");
+    writer.String(model.data(), static_cast<rapidjson::SizeType>(model.size()));
+  }
+  writer.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+  writer.Bool(holds);
+  writer.EndObject();
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
 StatusOr<bool> ParseIndexRequest(absl::string_view body) {
   if (body.empty()) return false;
   rapidjson::Document document;

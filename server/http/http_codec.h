@@ -82,6 +82,10 @@ std::string RepeatedProtoToJson(const google::protobuf::Message& message, const 
 // {"error": "<message>"}.
 std::string ErrorJson(absl::string_view message);
 
+// The body of a health answer, as KServe's clients read it: {"<key>": <holds>} ("live" or
+// "ready"), with {"name": "<model>"} first for a model's readiness (`model` not empty).
+std::string ConditionJson(absl::string_view key, bool holds, absl::string_view model = "");
+
 // The "ready" field of a repository index request body (empty body: false). INVALID_ARGUMENT
 // when the body is not a JSON object or "ready" is not a boolean.
 StatusOr<bool> ParseIndexRequest(absl::string_view body);

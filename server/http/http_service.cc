@@ -33,11 +33,10 @@ void RespondStatus(HttpResponder& responder, const Status& status) {
   RespondJson(responder, ToHttpStatusCode(status), ErrorJson(status.message()));
 }
 
-// 200 with an empty body, or 400 (Triton's answer for "not live", "not ready").
-void RespondCondition(HttpResponder& responder, bool holds) {
-  HttpResponse response;
-  response.code = holds ? 200 : 400;
-  responder.Respond(std::move(response));
+// 200, or 400 (Triton's answer for "not live", "not ready"), with the body KServe's clients read
+// ({"live": true}, {"ready": false}, {"name": "m", "ready": true}); tritonclient reads the code only.
+void RespondCondition(HttpResponder& responder, absl::string_view key, bool holds, absl::string_view model = "") {
+  RespondJson(responder, holds ? 200 : 400, ConditionJson(key, holds, model));
 }
 
 // A path segment with its %XX escapes decoded; nullopt when an escape is malformed.
@@ -204,7 +203,7 @@ void HttpService::Handle(HttpResponder responder) {
   if (path[1] == "health" && path.size() == 3 && (path[2] == "live" || path[2] == "ready")) {
     return guarded_get(ProtocolGroup::kHealth, [&] {
       const ServerHealth* health = options_.health;
-      RespondCondition(responder, path[2] == "live" ? !health || health->Live() : !health || health->Ready());
+      RespondCondition(responder, path[2], path[2] == "live" ? !health || health->Live() : !health || health->Ready());
     });
   }
   if (path[1] == "repository") {
@@ -256,7 +255,7 @@ void HttpService::Handle(HttpResponder responder) {
     return guarded_get(ProtocolGroup::kHealth, [&] {
       StatusOr<bool> ready = AnswerModelReady(*manager_, model, version);
       if (!ready.ok()) return RespondStatus(responder, ready.status());
-      RespondCondition(responder, *ready);
+      RespondCondition(responder, "ready", *ready, model);
     });
   }
   if (action == "config") {

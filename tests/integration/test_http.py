@@ -70,10 +70,14 @@ def test_health_and_server_metadata(server, rest):
     metadata = rest.get_server_metadata()
     assert metadata["name"] == "sluice"
     assert metadata["extensions"] == ["model_configuration", "statistics", "model_repository", "binary_tensor_data"]
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/dtype_fp32/ready"):
-        status, headers, body = call(server, "GET", path)
-        assert (status, body) == (200, b""), path
-    assert call(server, "GET", "/v2/models/wrong_arity/ready")[0] == 400  # Triton's "not ready"
+    # Triton's status codes (tritonclient reads only those), and the bodies KServe's REST client reads.
+    for path, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
+                       ("/v2/models/dtype_fp32/ready", {"name": "dtype_fp32", "ready": True})):
+        status, headers, answer = call(server, "GET", path)
+        assert (status, json.loads(answer)) == (200, body), path
+        assert headers["Content-Type"] == "application/json", path
+    status, _, answer = call(server, "GET", "/v2/models/wrong_arity/ready")
+    assert (status, json.loads(answer)) == (400, {"name": "wrong_arity", "ready": False})  # Triton's "not ready"
     assert call(server, "GET", "/v2/models/nope/ready")[0] == 404
 
 
@@ -107,7 +111,7 @@ def curl(*args):
 
 def test_curl_reads_the_endpoints_and_infers(server, tmp_path):
     base = f"http://{server.http_url}"
-    assert curl(f"{base}/v2/health/ready") == (200, "")
+    assert curl(f"{base}/v2/health/ready") == (200, '{"ready":true}')
     code, body = curl(f"{base}/v2/models/multi_io")
     with open(os.path.join(GOLDEN, "model_metadata.json")) as f:
         assert (code, json.loads(body)) == (200, json.load(f))

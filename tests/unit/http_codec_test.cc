@@ -346,6 +346,10 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   EXPECT_EQ(RepeatedProtoToJson(index, "models"), R"([{"name":"a","version":"1","state":"READY","reason":""}])");
   EXPECT_EQ(RepeatedProtoToJson(inference::RepositoryIndexResponse(), "models"), "[]");
   EXPECT_EQ(ErrorJson("a \"quoted\"\nline"), R"({"error":"a \"quoted\"\nline"})");
+  // Health bodies as KServe's REST client reads them.
+  EXPECT_EQ(ConditionJson("live", true), R"({"live":true})");
+  EXPECT_EQ(ConditionJson("ready", false), R"({"ready":false})");
+  EXPECT_EQ(ConditionJson("ready", true, "m\"1"), R"({"name":"m\"1","ready":true})");
 }
 
 TEST(HttpCodecTest, RepositoryRequestBodies) {

@@ -98,6 +98,20 @@ TEST_F(HttpServiceTest, OnlyInferenceAnswersAreCompressed) {
   }
 }
 
+// The status codes are Triton's (tritonclient reads only those); the bodies are what KServe's REST
+// client reads.
+TEST_F(HttpServiceTest, HealthAnswersCarryKServesBodies) {
+  for (const auto& [path, body] : {std::pair<std::string, std::string>{"/v2/health/live", R"({"live":true})"},
+                                   {"/v2/health/ready", R"({"ready":true})"}}) {
+    Client client(server_->port());
+    client.Send(testing::Get(path));
+    const Reply reply = client.Read();
+    EXPECT_EQ(reply.code, 200) << path;
+    EXPECT_THAT(reply.headers, HasSubstr("content-type: application/json")) << path;
+    EXPECT_EQ(reply.body, body) << path;
+  }
+}
+
 TEST_F(HttpServiceTest, ABinaryOutputComesAfterTheJsonHeader) {
   const Reply reply = Infer("echo", R"({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}],
                                        "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})");
