@@ -2,7 +2,7 @@
 # Installs everything Sluice needs to build, run and test on a fresh Debian 12 or Ubuntu 24.04
 # machine: distribution packages (compiler toolchain, gRPC, Protobuf, spdlog, prometheus-cpp,
 # GoogleTest, CLI11), a virtual environment in ./.venv with the pinned PyPI packages (torch
-# provides LibTorch), and the third-party perf_analyzer binary. Idempotent: each step checks
+# provides LibTorch), KServe's SDK in ./.venv-kserve, and the third-party perf_analyzer binary. Idempotent: each step checks
 # whether it is already done.
 # SLUICE_SETUP_PROFILE=build (the container image's build stage) installs only what building
 # needs: no test tools (Prometheus, valgrind, clang, openssl, nginx, perf_analyzer).
@@ -133,6 +133,21 @@ fi
 if [ "$PROFILE" = build ]; then
   log "done (build profile: no test tools)"
   exit 0
+fi
+
+# KServe's Python SDK for tests/integration/test_kserve_client.py, in a virtual environment of its
+# own (kserve and tritonclient register the same protobuf names).
+KSERVE_VENV=$ROOT/.venv-kserve
+if [ ! -x "$KSERVE_VENV/bin/python" ]; then
+  log "creating virtual environment $KSERVE_VENV"
+  "$PYTHON" -m venv "$KSERVE_VENV"
+fi
+stamp=$KSERVE_VENV/.requirements.sha256
+want=$(sha256sum requirements-kserve.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "pip install -r requirements-kserve.txt (KServe's SDK, into $KSERVE_VENV)"
+  "$KSERVE_VENV/bin/pip" install -q --disable-pip-version-check -r requirements-kserve.txt
+  echo "$want" >"$stamp"
 fi
 
 # perf_analyzer is not published on PyPI on its own any more (the perf-analyzer project there is a
