@@ -71,7 +71,8 @@ def main():
         repository = os.path.join(workdir, "models")
         make_repository(repository, batching=True, names=["mlp"])
         add_big_input(repository)
-        process, url = serve(args.bin_dir, repository, ["--device", "cpu", "--allow-http", "false"],
+        process, url = serve(args.bin_dir, repository, ["--device", "cpu", "--allow-http", "false",
+                                                        "--allow-client-shm=true"],
                              prefix=server_prefix, log_level="info")
         try:
             for _ in range(repetitions):

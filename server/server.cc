@@ -163,7 +163,7 @@ Status Server::StartGrpc(const ServerConfig& config) {
     shared_memory_ = std::make_unique<SharedMemoryManager>();
     options.shared_memory = shared_memory_.get();
   } else {
-    spdlog::info("event=shared_memory_off reason=\"--allow-shared-memory false\"");
+    spdlog::info("event=shared_memory_off reason=\"client shared memory is off; --allow-client-shm=true turns it on\"");
   }
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {

@@ -78,7 +78,7 @@ class Server {
   std::unique_ptr<ModelManager> manager_;
   std::unique_ptr<ModelControl> control_;
   std::unique_ptr<ServerHealth> health_;
-  std::unique_ptr<SharedMemoryManager> shared_memory_;  // null with --allow-shared-memory false
+  std::unique_ptr<SharedMemoryManager> shared_memory_;  // null unless --allow-client-shm=true
   std::unique_ptr<GrpcService> grpc_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<HttpService> http_service_;  // null with --allow-http false

@@ -140,10 +140,13 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::Range(1 << 20, 2147483647))
       ->capture_default_str()
       ->group("gRPC front end");
-  app.add_option("--allow-shared-memory", config.allow_shared_memory,
-                 "Serve Triton's system shared memory extension on gRPC (SystemSharedMemoryRegister, "
-                 "Status, Unregister; inputs and outputs in registered regions). false: those RPCs "
-                 "answer UNAVAILABLE and requests naming a region FAILED_PRECONDITION")
+  app.add_option("--allow-client-shm,--allow-shared-memory", config.allow_shared_memory,
+                 "Client shared memory, as Triton 26.05+ (--allow-shared-memory is the older name): true "
+                 "serves the system shared memory extension on gRPC (SystemSharedMemoryRegister, Status, "
+                 "Unregister; inputs and outputs in registered regions). Off by default, because a client "
+                 "that truncates a registered object can fault the server: register and unregister calls "
+                 "(system and CUDA) answer UNIMPLEMENTED, status calls list nothing, and requests naming a "
+                 "region FAILED_PRECONDITION")
       ->capture_default_str()
       ->group("gRPC front end");
   app.add_option("--grpc-stream-max-in-flight", config.stream_max_in_flight,

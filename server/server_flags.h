@@ -40,7 +40,7 @@ struct ServerConfig {
   size_t max_queue_size = 1024;                // --max-queue-size (per model version)
   size_t max_queued_bytes = size_t{2} << 30;   // --max-queued-bytes (all queues together)
   int stream_max_in_flight = 64;               // --grpc-stream-max-in-flight (per ModelStreamInfer stream)
-  bool allow_shared_memory = true;             // --allow-shared-memory (system shared memory on gRPC)
+  bool allow_shared_memory = false;            // --allow-client-shm (alias --allow-shared-memory)
   double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds
   double shutdown_grace_seconds = 30;          // --shutdown-grace-seconds
   CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark

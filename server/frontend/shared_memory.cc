@@ -119,12 +119,17 @@ StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryManager::Find(co
   return it->second;
 }
 
+Status ClientSharedMemoryDisabledError() {
+  return absl::UnimplementedError(
+      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.");
+}
+
 StatusOr<char*> SharedMemoryRefs::Resolve(const std::string& what, const std::string& region, uint64_t offset,
                                          uint64_t byte_size) {
   if (manager_ == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " names shared memory region '", region,
-                     "', but system shared memory is off on this server (--allow-shared-memory false)"));
+        absl::StrCat(what, " names shared memory region '", region, "', but ",
+                     ClientSharedMemoryDisabledError().message()));
   }
   StatusOr<std::shared_ptr<const SharedMemoryRegion>> found = manager_->Find(region);
   if (!found.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", found.status().message()));

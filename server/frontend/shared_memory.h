@@ -61,6 +61,12 @@ struct SharedMemoryStatusEntry {
   uint64_t byte_size = 0;
 };
 
+// Client shared memory follows Triton 26.05 and later: off unless the operator starts the server
+// with --allow-client-shm=true (a client that truncates a registered object can fault the
+// server). Off, every register and unregister call, system and CUDA, answers this (UNIMPLEMENTED,
+// Triton's sentence); status calls still answer, with nothing registered.
+Status ClientSharedMemoryDisabledError();
+
 // The registry. Thread-safe.
 class SharedMemoryManager {
  public:
@@ -87,7 +93,7 @@ class SharedMemoryManager {
 // the request's answer). Thread-compatible (one request).
 class SharedMemoryRefs {
  public:
-  // `manager` null: shared memory is off (--allow-shared-memory false); every reference fails.
+  // `manager` null: client shared memory is off (--allow-client-shm false); every reference fails.
   explicit SharedMemoryRefs(const SharedMemoryManager* manager) : manager_(manager) {}
   StatusOr<char*> Resolve(const std::string& what, const std::string& region, uint64_t offset, uint64_t byte_size);
 

@@ -400,19 +400,25 @@ GrpcService::ModelStreamInfer(grpc::CallbackServerContext* context) {
                            Allow(*context, ProtocolGroup::kInference));
 }
 
-Status GrpcService::AllowSharedMemory(const grpc::CallbackServerContext& context) const {
+// Client shared memory (shared_memory.h): with --allow-client-shm false the registry is null,
+// register and unregister calls answer Triton's "disabled" sentence and status calls answer as
+// for an empty registry. This server has no CUDA shared memory: with the flag on, CUDA status
+// lists nothing, unregistering succeeds (nothing is registered) and a registration is refused.
+Status GrpcService::AllowSharedMemoryChange(const grpc::CallbackServerContext& context) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kSharedMemory));
-  if (options_.shared_memory == nullptr) {
-    return absl::UnavailableError("system shared memory is off on this server (--allow-shared-memory false)");
-  }
+  if (options_.shared_memory == nullptr) return ClientSharedMemoryDisabledError();
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
-  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
-  StatusOr<std::vector<SharedMemoryStatusEntry>> entries = options_.shared_memory->Regions(request->name());
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  static const SharedMemoryManager* const kNothingRegistered = new SharedMemoryManager();
+  const SharedMemoryManager* registry = options_.shared_memory ? options_.shared_memory : kNothingRegistered;
+  StatusOr<std::vector<SharedMemoryStatusEntry>> entries = registry->Regions(request->name());
   if (!entries.ok()) return FinishNow(context, entries.status());
   for (const SharedMemoryStatusEntry& entry : *entries) {
     auto& status = (*response->mutable_regions())[entry.name];
@@ -427,7 +433,7 @@ grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
-  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
+  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
   return FinishNow(context, options_.shared_memory->Register(request->name(), request->key(), request->offset(),
                                                              request->byte_size()));
 }
@@ -435,35 +441,39 @@ grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryRegister(
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  if (Status allowed = AllowSharedMemory(*context); !allowed.ok()) return FinishNow(context, allowed);
+  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
   options_.shared_memory->Unregister(request->name());
   return FinishNow(context, absl::OkStatus());
 }
 
-namespace {
-grpc::ServerUnaryReactor* NoCudaSharedMemory(grpc::CallbackServerContext* context) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                               "CUDA shared memory is not supported by Sluice yet; use system shared memory "
-                               "(SystemSharedMemoryRegister) or send the tensors in the request"));
-  return reactor;
-}
-}  // namespace
-
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
-                                                              const inference::CudaSharedMemoryStatusRequest*,
+                                                              const inference::CudaSharedMemoryStatusRequest* request,
                                                               inference::CudaSharedMemoryStatusResponse*) {
-  return NoCudaSharedMemory(context);
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  if (!request->name().empty()) {  // Triton's answer for a region it does not hold
+    return FinishNow(context, absl::NotFoundError(absl::StrCat("Unable to find cuda shared memory region: '",
+                                                               request->name(), "'")));
+  }
+  return FinishNow(context, absl::OkStatus());  // nothing registered
 }
-grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
-                                                                const inference::CudaSharedMemoryRegisterRequest*,
-                                                                inference::CudaSharedMemoryRegisterResponse*) {
-  return NoCudaSharedMemory(context);
+
+grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest* request,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
+  return FinishNow(context, absl::InvalidArgumentError(absl::StrCat(
+                                "failed to register CUDA shared memory region '", request->name(),
+                                "': GPUs not supported (this server has no CUDA shared memory; use system shared "
+                                "memory or send the tensors in the request)")));
 }
+
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  return NoCudaSharedMemory(context);
+  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
+  return FinishNow(context, absl::OkStatus());  // nothing is registered: unregistering one or all succeeds
 }
 
 }  // namespace sluice

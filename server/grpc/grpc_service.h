@@ -69,8 +69,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
     int stream_max_in_flight = 64;        // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
-    // System shared memory regions; null: off (--allow-shared-memory false), the RPCs answer
-    // UNAVAILABLE and requests naming a region FAILED_PRECONDITION.
+    // System shared memory regions; null: client shared memory is off (--allow-client-shm false):
+    // register and unregister calls answer UNIMPLEMENTED, status calls list nothing, and requests
+    // naming a region fail FAILED_PRECONDITION.
     SharedMemoryManager* shared_memory = nullptr;
   };
 
@@ -155,8 +156,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
-  // Allow(kSharedMemory), and UNAVAILABLE when shared memory is off.
-  Status AllowSharedMemory(const grpc::CallbackServerContext& context) const;
+  // Allow(kSharedMemory), and UNIMPLEMENTED (Triton's sentence) when client shared memory is off:
+  // for the calls that register or unregister.
+  Status AllowSharedMemoryChange(const grpc::CallbackServerContext& context) const;
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
   template <typename Request>
   Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;

@@ -191,7 +191,8 @@ def server(test_repository, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bundled_server(bundled_repository, tmp_path_factory):
-    server = start_server(bundled_repository, tmp_path_factory)
+    # Client shared memory on: perf_analyzer --shared-memory system registers its own regions.
+    server = start_server(bundled_repository, tmp_path_factory, ["--allow-client-shm=true"])
     yield server
     assert server.stop() == 0, server.log()
 

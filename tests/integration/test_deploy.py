@@ -347,6 +347,9 @@ def test_shm_sidecar_overlay_shares_a_memory_backed_dev_shm(rendered):
     for container in containers.values():
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert containers["sluice"]["startupProbe"]  # the rest of production is kept
+    # Client shared memory is off by default: the overlay turns it on, keeping production's flags.
+    assert "--allow-client-shm=true" in containers["sluice"]["args"]
+    assert "--model-repository=/models" in containers["sluice"]["args"]
 
 
 def test_example_models_overlay_needs_no_volume_claim(rendered):

@@ -90,8 +90,8 @@ def test_live_ready_and_server_metadata(triton):
     assert triton.is_server_ready()  # --strict-readiness false: ready although some models are broken
     metadata = triton.get_server_metadata()
     assert metadata.name == "sluice"
-    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository", "binary_tensor_data",
-                                         "system_shared_memory"]
+    # No system_shared_memory: client shared memory is off unless --allow-client-shm=true.
+    assert list(metadata.extensions) == ["model_configuration", "statistics", "model_repository", "binary_tensor_data"]
 
 
 def test_model_metadata_has_leading_batch_dimension(triton):
@@ -158,13 +158,17 @@ def test_broken_model_requests_are_unavailable(stub):
     assert_still_serving(stub)
 
 
-def test_unimplemented_rpcs(stub):
-    for call, request in [(stub.CudaSharedMemoryStatus, service_pb2.CudaSharedMemoryStatusRequest()),
-                          (stub.CudaSharedMemoryRegister, service_pb2.CudaSharedMemoryRegisterRequest())]:
+def test_cuda_shared_memory_calls_without_client_shared_memory(stub):
+    """As Triton without --allow-client-shm=true: status answers (nothing registered); register and
+    unregister answer UNIMPLEMENTED with Triton's sentence."""
+    assert not stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest(), timeout=5).regions
+    for call, request in [(stub.CudaSharedMemoryRegister, service_pb2.CudaSharedMemoryRegisterRequest()),
+                          (stub.CudaSharedMemoryUnregister, service_pb2.CudaSharedMemoryUnregisterRequest())]:
         with pytest.raises(grpc.RpcError) as error:
             call(request, timeout=5)
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "CUDA shared memory is not supported by Sluice yet" in error.value.details()
+        assert error.value.details() == ("Client shared memory is disabled. Start the server with "
+                                         "'--allow-client-shm=true' to enable.")
 
 
 # ---- inference -------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from conftest import start_server, wait_models_ready
 
 @pytest.fixture(scope="module")
 def shm_server(test_repository, tmp_path_factory):
-    server = start_server(test_repository, tmp_path_factory, ["--strict-readiness", "false", "--device", "cpu"])
+    server = start_server(test_repository, tmp_path_factory,
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-client-shm=true"])
     wait_models_ready(server, ["dtype_fp32", "slow_queue"])
     yield server
     assert server.stop() == 0, server.log()
@@ -121,15 +122,21 @@ def test_every_error_has_its_code(client, regions):
          "StatusCode.INVALID_ARGUMENT", "cannot open shared memory object"),
         (lambda: client.get_system_shared_memory_status("nope"), "StatusCode.NOT_FOUND",
          "Unable to find system shared memory region: 'nope'"),
-        (lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 16), "StatusCode.UNIMPLEMENTED",
-         "CUDA shared memory is not supported by Sluice yet"),
-        (lambda: client.get_cuda_shared_memory_status(), "StatusCode.UNIMPLEMENTED", "CUDA shared memory"),
+        # No CUDA shared memory here: a registration is refused, as by Triton without GPUs.
+        (lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 16), "StatusCode.INVALID_ARGUMENT",
+         "failed to register CUDA shared memory region 'c': GPUs not supported"),
+        (lambda: client.get_cuda_shared_memory_status("c"), "StatusCode.NOT_FOUND",
+         "Unable to find cuda shared memory region: 'c'"),
     ]
     for call, code, message in cases:
         with pytest.raises(InferenceServerException) as error:
             call()
         assert error.value.status() == code, (message, error.value)
         assert message in error.value.message(), error.value
+    # What Triton's shared-memory examples do first: clean up CUDA regions (there are none).
+    assert not client.get_cuda_shared_memory_status(as_json=True).get("regions")
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("c")
 
     x = np.ones((1, 16), dtype=np.float32)
     shm.set_shared_memory_region(region.handle, [x])
@@ -186,30 +193,42 @@ def test_unregister_while_in_use_succeeds_and_the_request_still_completes(client
         client.infer("slow_queue", inputs, outputs=outputs)
 
 
-def test_shared_memory_can_be_turned_off(test_repository, tmp_path_factory, regions):
-    server = start_server(test_repository, tmp_path_factory,
-                          ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "false"])
-    try:
-        wait_models_ready(server, ["dtype_fp32"])
-        client = grpcclient.InferenceServerClient(server.url)
-        region = regions("off", 64)
-        with pytest.raises(InferenceServerException, match="--allow-shared-memory false") as error:
-            client.register_system_shared_memory("off", region.key, 64)
-        assert error.value.status() == "StatusCode.UNAVAILABLE"
-        assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
-        x = np.ones((1, 4), dtype=np.float32)
-        inputs, outputs = shm_request(region, region, x)
-        with pytest.raises(InferenceServerException, match="--allow-shared-memory false") as error:
-            client.infer("dtype_fp32", inputs, outputs=outputs)
-        assert error.value.status() == "StatusCode.FAILED_PRECONDITION"
-        client.close()
-    finally:
-        assert server.stop() == 0, server.log()
+def test_client_shared_memory_is_off_by_default(test_repository, tmp_path_factory, regions):
+    """As Triton 26.05+: without --allow-client-shm=true every register and unregister call, system
+    and CUDA, answers UNIMPLEMENTED with Triton's sentence; status calls answer, listing nothing."""
+    disabled = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+    for flags in ([], ["--allow-shared-memory", "false"]):  # the default, and the older flag's name
+        server = start_server(test_repository, tmp_path_factory, ["--strict-readiness", "false", "--device", "cpu",
+                                                                  *flags])
+        try:
+            wait_models_ready(server, ["dtype_fp32"])
+            client = grpcclient.InferenceServerClient(server.url)
+            region = regions("off", 64)
+            for call in (lambda: client.register_system_shared_memory("off", region.key, 64),
+                         lambda: client.unregister_system_shared_memory(),
+                         lambda: client.unregister_system_shared_memory("off"),
+                         lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 16),
+                         lambda: client.unregister_cuda_shared_memory()):
+                with pytest.raises(InferenceServerException) as error:
+                    call()
+                assert error.value.status() == "StatusCode.UNIMPLEMENTED", (flags, error.value)
+                assert error.value.message() == disabled, (flags, error.value)
+            assert not client.get_system_shared_memory_status(as_json=True).get("regions")
+            assert not client.get_cuda_shared_memory_status(as_json=True).get("regions")
+            assert "system_shared_memory" not in client.get_server_metadata(as_json=True)["extensions"]
+            x = np.ones((1, 4), dtype=np.float32)
+            inputs, outputs = shm_request(region, region, x)
+            with pytest.raises(InferenceServerException, match="--allow-client-shm=true") as error:
+                client.infer("dtype_fp32", inputs, outputs=outputs)
+            assert error.value.status() == "StatusCode.FAILED_PRECONDITION"
+            client.close()
+        finally:
+            assert server.stop() == 0, server.log()
 
 
 def test_the_shared_memory_group_can_be_restricted(test_repository, tmp_path_factory, regions):
     server = start_server(test_repository, tmp_path_factory,
-                          ["--strict-readiness", "false", "--device", "cpu",
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "true",
                            "--grpc-restricted-protocol", "shared-memory:shm-key=s3cret"])
     try:
         client = grpcclient.InferenceServerClient(server.url)

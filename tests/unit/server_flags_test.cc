@@ -22,6 +22,21 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_TRUE(config->strict_readiness);
   EXPECT_TRUE(config->warmup);
   EXPECT_EQ(config->shutdown_grace_seconds, 30);
+  EXPECT_FALSE(config->allow_shared_memory);  // client shared memory off, as Triton 26.05+
+  EXPECT_EQ(config->http.compression_threads, 2);
+}
+
+// Triton's name and form (--allow-client-shm=true) and the older --allow-shared-memory.
+TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--allow-client-shm=true"}, {"--allow-client-shm", "true"}, {"--allow-shared-memory", "true"}}) {
+    auto config = ParseServerFlags(flags);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_TRUE(config->allow_shared_memory) << flags[0];
+  }
+  auto off = ParseServerFlags({"--allow-shared-memory", "false"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->allow_shared_memory);
 }
 
 TEST(ServerFlagsTest, EveryKindOfFlagReachesTheConfig) {
