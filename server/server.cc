@@ -151,6 +151,11 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
       std::chrono::duration<double>(config.shutdown_grace_seconds));
   control_ = std::make_unique<ModelControl>(manager_.get(), loader_.get(), control_options);
   health_ = std::make_unique<ServerHealth>(ServerHealth::Options{config.strict_readiness, &liveness_, manager_.get()});
+  if (config.allow_shared_memory) {  // one registry for both front ends
+    shared_memory_ = std::make_unique<SharedMemoryManager>();
+  } else {
+    spdlog::info("event=shared_memory_off reason=\"client shared memory is off; --allow-client-shm=true turns it on\"");
+  }
 }
 
 Status Server::StartGrpc(const ServerConfig& config) {
@@ -159,12 +164,7 @@ Status Server::StartGrpc(const ServerConfig& config) {
   options.health = health_.get();
   options.restrictions = config.restrictions;
   options.stream_max_in_flight = config.stream_max_in_flight;
-  if (config.allow_shared_memory) {
-    shared_memory_ = std::make_unique<SharedMemoryManager>();
-    options.shared_memory = shared_memory_.get();
-  } else {
-    spdlog::info("event=shared_memory_off reason=\"client shared memory is off; --allow-client-shm=true turns it on\"");
-  }
+  options.shared_memory = shared_memory_.get();
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group), restriction.key);
@@ -191,6 +191,7 @@ Status Server::StartHttp(const ServerConfig& config) {
   options.server_version = SLUICE_VERSION;
   options.health = health_.get();
   options.restrictions = config.http_restrictions;
+  options.shared_memory = shared_memory_.get();
   for (const ProtocolRestriction& restriction : config.http_restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=http_api_restricted group={} header={}", ProtocolGroupName(group), restriction.key);

@@ -143,7 +143,8 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--allow-client-shm,--allow-shared-memory", config.allow_shared_memory,
                  "Client shared memory, as Triton 26.05+ (--allow-shared-memory is the older name): true "
                  "serves the system shared memory extension on gRPC (SystemSharedMemoryRegister, Status, "
-                 "Unregister; inputs and outputs in registered regions). Off by default, because a client "
+                 "Unregister) and HTTP (/v2/systemsharedmemory/...), one registry for both; inputs and "
+                 "outputs in registered regions. Off by default, because a client "
                  "that truncates a registered object can fault the server: register and unregister calls "
                  "(system and CUDA) answer UNIMPLEMENTED, status calls list nothing, and requests naming a "
                  "region FAILED_PRECONDITION")

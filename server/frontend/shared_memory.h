@@ -2,22 +2,46 @@
 // object with shm_open, registers (name, key, offset, byte size), and then names the region, an
 // offset and a byte size in a request's input and output parameters instead of sending tensor
 // bytes. Inputs are read where they lie (the request views the mapping); outputs are written
-// straight into the region by the backend (the sink hands out the mapped memory). No protobuf
-// here: the gRPC front end maps messages onto this.
+// straight into the region by the backend (the sink hands out the mapped memory). No protobuf and
+// no JSON here: the gRPC and HTTP front ends both map their messages onto this, so the control
+// calls, the parameters and the errors are the same over both.
+//
+// Errors use Triton's wording where Triton's clients and scripts see it (Sluice's explanation
+// follows in brackets):
+//
+//   case                                 code              message
+//   register or unregister, shm off      UNIMPLEMENTED     Client shared memory is disabled. Start the server
+//                                                          with '--allow-client-shm=true' to enable.
+//   register a name in use               ALREADY_EXISTS    shared memory region 'r' already in manager (..)
+//   register: object cannot be opened    INVALID_ARGUMENT  Unable to open shared memory region: 'key' (..)
+//   register: range past the object      INVALID_ARGUMENT  failed to register shared memory region 'r': invalid
+//                                                          args (..)
+//   status of an unknown name            NOT_FOUND         Unable to find system shared memory region: 'r'
+//   CUDA status of any name              NOT_FOUND         Unable to find cuda shared memory region: 'r'
+//   CUDA register (no CUDA shm here)     INVALID_ARGUMENT  failed to register CUDA shared memory region: 'r',
+//                                                          GPUs not supported (..)
+//   a request names an unknown region    NOT_FOUND         Unable to find shared memory region: 'r' (input 'x')
+//   a request's slice past the region    INVALID_ARGUMENT  Invalid offset + byte size for shared memory
+//                                                          region: 'r' (..)
+//   a request names a region, shm off    FAILED_PRECONDITION  input 'x' names shared memory region 'r', but
+//                                                          Client shared memory is disabled. ...
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 
+#include "server/core/infer_request.h"
 #include "server/core/mutex.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/frontend/request_parameters.h"
 
 namespace sluice {
 
@@ -67,12 +91,26 @@ struct SharedMemoryStatusEntry {
 // Triton's sentence); status calls still answer, with nothing registered.
 Status ClientSharedMemoryDisabledError();
 
+// A tensor's shared memory reference, read from its parameters (shared_memory_region,
+// shared_memory_byte_size, shared_memory_offset) by either codec; nullopt when it names no region.
+// INVALID_ARGUMENT for a byte size or offset without a region, a region that is not a name, a
+// region without a byte size, or values that are not non-negative integers. `what`: "input 'x'"
+// or "output 'y'".
+struct SharedMemoryReference {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+StatusOr<std::optional<SharedMemoryReference>> ReadSharedMemoryReference(ParameterFinder find,
+                                                                         const std::string& what);
+
 // The registry. Thread-safe.
 class SharedMemoryManager {
  public:
   // Maps `byte_size` bytes at `offset` of the POSIX shared memory object `key` under `name`.
   // ALREADY_EXISTS for a name in use; INVALID_ARGUMENT for an empty name or key, a zero size, an
-  // object that cannot be opened, or a range past the object's real size (fstat; overflow-safe).
+  // object that cannot be opened, or a range past the object's real size (fstat; overflow-safe),
+  // each in the table's words.
   Status Register(const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size)
       ABSL_LOCKS_EXCLUDED(mutex_);
   // Forgets `name` (every region when empty). A name that is not registered is not an error
@@ -80,13 +118,28 @@ class SharedMemoryManager {
   void Unregister(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
   // `name`'s entry, or every region's when empty; NOT_FOUND for an unknown name.
   StatusOr<std::vector<SharedMemoryStatusEntry>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
-  // The region `name`; NOT_FOUND ("Unable to find system shared memory region: 'name'").
+  // The region `name`; NOT_FOUND ("Unable to find shared memory region: 'name'", Triton's words
+  // when a request names it).
   StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   mutable Mutex mutex_;
   std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> regions_ ABSL_GUARDED_BY(mutex_);
 };
+
+// The control calls as both front ends answer them (Triton's behaviour), the front end having
+// checked its restrictions first. `registry` null: client shared memory is off (register and
+// unregister answer ClientSharedMemoryDisabledError, status lists nothing). This server has no
+// CUDA shared memory: with the registry on, CUDA status lists nothing, unregistering one or all
+// succeeds and a registration is refused.
+StatusOr<std::vector<SharedMemoryStatusEntry>> SystemSharedMemoryStatus(const SharedMemoryManager* registry,
+                                                                        const std::string& name);
+Status RegisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name, const std::string& key,
+                                  uint64_t offset, uint64_t byte_size);
+Status UnregisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name);
+Status CudaSharedMemoryStatus(const std::string& name);  // OK (none), or NOT_FOUND for a name
+Status RegisterCudaSharedMemory(const SharedMemoryManager* registry, const std::string& name);
+Status UnregisterCudaSharedMemory(const SharedMemoryManager* registry);
 
 // One request's references to regions: resolves (region, offset, byte size) to memory and keeps
 // each region it resolved mapped until this object is destroyed (the transport destroys it after
@@ -96,6 +149,12 @@ class SharedMemoryRefs {
   // `manager` null: client shared memory is off (--allow-client-shm false); every reference fails.
   explicit SharedMemoryRefs(const SharedMemoryManager* manager) : manager_(manager) {}
   StatusOr<char*> Resolve(const std::string& what, const std::string& region, uint64_t offset, uint64_t byte_size);
+  // Points input `view` (name and dtype set) at `reference`'s slice. BYTES inputs are copied into
+  // `request`'s owned buffers: they are checked (framing, count, UTF-8) and later split again by
+  // their length prefixes, and a client rewriting its region in between could move row
+  // boundaries into another request's strings in the same batch; a private copy makes the check
+  // hold.
+  Status ResolveInput(const SharedMemoryReference& reference, TensorView* view, InferRequest* request);
 
  private:
   const SharedMemoryManager* const manager_;

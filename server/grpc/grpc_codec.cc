@@ -85,55 +85,6 @@ int64_t TypedValueCount(const inference::InferTensorContents& c) {
          c.fp64_contents_size() + c.bytes_contents_size();
 }
 
-}  // namespace
-
-StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
-    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what) {
-  if (parameters.empty()) return std::nullopt;  // the common case: no lookups
-  auto find = [&](const char* key) -> const inference::InferParameter* {
-    auto it = parameters.find(key);
-    return it == parameters.end() ? nullptr : &it->second;
-  };
-  const inference::InferParameter* region = find("shared_memory_region");
-  const inference::InferParameter* byte_size = find("shared_memory_byte_size");
-  const inference::InferParameter* offset = find("shared_memory_offset");
-  if (region == nullptr) {
-    if (byte_size != nullptr || offset != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
-    }
-    return std::nullopt;
-  }
-  auto integer = [&](const inference::InferParameter* parameter, const char* key) -> StatusOr<uint64_t> {
-    int64_t value = -1;
-    if (parameter->parameter_choice_case() == inference::InferParameter::kInt64Param) value = parameter->int64_param();
-    if (parameter->parameter_choice_case() == inference::InferParameter::kUint64Param) {
-      if (parameter->uint64_param() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) value = -1;
-      else value = static_cast<int64_t>(parameter->uint64_param());
-    }
-    if (value < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", key, " must be a non-negative integer"));
-    }
-    return static_cast<uint64_t>(value);
-  };
-  if (region->parameter_choice_case() != inference::InferParameter::kStringParam || region->string_param().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shared_memory_region must be a region name"));
-  }
-  if (byte_size == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " names shared memory region '", region->string_param(),
-                                                   "' without shared_memory_byte_size"));
-  }
-  SharedMemoryReference reference;
-  reference.region = region->string_param();
-  SLUICE_ASSIGN_OR_RETURN(reference.byte_size, integer(byte_size, "shared_memory_byte_size"));
-  if (offset != nullptr) {
-    SLUICE_ASSIGN_OR_RETURN(reference.offset, integer(offset, "shared_memory_offset"));
-  }
-  return reference;
-}
-
-namespace {
-
 // An InferParameter as the shared parameter reader sees it.
 ParameterValue ValueOf(const inference::InferParameter& parameter) {
   ParameterValue value;
@@ -166,6 +117,18 @@ ParameterValue ValueOf(const inference::InferParameter& parameter) {
 
 }  // namespace
 
+StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what) {
+  if (parameters.empty()) return std::nullopt;  // the common case: no lookups
+  return ReadSharedMemoryReference(
+      [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
+        auto it = parameters.find(std::string(key));
+        if (it == parameters.end()) return std::nullopt;
+        return ValueOf(it->second);
+      },
+      what);
+}
+
 StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
                                                               SharedMemoryRefs* shm) {
   auto request = std::make_unique<InferRequest>();
@@ -184,6 +147,16 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     if (in_shm[static_cast<size_t>(i)]) ++shm_inputs;
   }
   const bool raw = proto.raw_input_contents_size() > 0;
+  for (int i = 0; raw && i < proto.inputs_size(); ++i) {  // before the count: what is wrong is the mix
+    const auto& input = proto.inputs(i);
+    const bool in_region = !in_shm.empty() && in_shm[static_cast<size_t>(i)].has_value();
+    if (!in_region && input.has_contents() && TypedValueCount(input.contents()) > 0) {
+      // Triton's words (its example clients check them), then what to do.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "contents field must not be specified when using raw_input_contents for '", input.name(),
+          "' for model '", proto.model_name(), "' (use one or the other for all inputs)"));
+    }
+  }
   if (raw && proto.raw_input_contents_size() != proto.inputs_size() - shm_inputs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "raw_input_contents has ", proto.raw_input_contents_size(), " entries for ",
@@ -216,24 +189,8 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
         return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '", reference->region,
                                                           "', but shared memory is not available here"));
       }
-      SLUICE_ASSIGN_OR_RETURN(char* data, shm->Resolve(what, reference->region, reference->offset,
-                                                       reference->byte_size));
-      view.data = data;
-      view.byte_size = static_cast<size_t>(reference->byte_size);
-      if (view.dtype == DataType::kBytes) {
-        // Strings are checked (framing, count, UTF-8) and later split again by their length
-        // prefixes: a client rewriting its region in between could move row boundaries into
-        // another request's strings in the same batch. A private copy makes the check hold.
-        auto copy = std::make_unique<std::string>(data, view.byte_size);
-        view.data = copy->data();
-        request->owned_buffers.push_back(std::move(copy));
-      }
+      SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*reference, &view, request.get()));
     } else if (raw) {
-      if (typed_values > 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "input '", input.name(), "' has typed contents while the request also uses "
-            "raw_input_contents; use one or the other for all inputs"));
-      }
       const std::string& bytes = proto.raw_input_contents(raw_index++);
       view.data = bytes.data();
       view.byte_size = bytes.size();

@@ -29,14 +29,7 @@ namespace sluice {
 StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
                                                               SharedMemoryRefs* shm = nullptr);
 
-// A tensor's shared memory reference in its parameters; nullopt when it names no region.
-// INVALID_ARGUMENT for a byte size or offset without a region, a region without a byte size, or
-// negative values. `what`: "input 'x'" or "output 'y'".
-struct SharedMemoryReference {
-  std::string region;
-  uint64_t offset = 0;
-  uint64_t byte_size = 0;
-};
+// A tensor's shared memory reference in its parameters (ReadSharedMemoryReference's rules).
 StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
     const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what);
 

@@ -400,25 +400,16 @@ GrpcService::ModelStreamInfer(grpc::CallbackServerContext* context) {
                            Allow(*context, ProtocolGroup::kInference));
 }
 
-// Client shared memory (shared_memory.h): with --allow-client-shm false the registry is null,
-// register and unregister calls answer Triton's "disabled" sentence and status calls answer as
-// for an empty registry. This server has no CUDA shared memory: with the flag on, CUDA status
-// lists nothing, unregistering succeeds (nothing is registered) and a registration is refused.
-Status GrpcService::AllowSharedMemoryChange(const grpc::CallbackServerContext& context) const {
-  SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kSharedMemory));
-  if (options_.shared_memory == nullptr) return ClientSharedMemoryDisabledError();
-  return absl::OkStatus();
-}
-
+// Client shared memory: the answers are shared_memory.h's (the same over HTTP); the registry is
+// null when --allow-client-shm is false.
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  static const SharedMemoryManager* const kNothingRegistered = new SharedMemoryManager();
-  const SharedMemoryManager* registry = options_.shared_memory ? options_.shared_memory : kNothingRegistered;
-  StatusOr<std::vector<SharedMemoryStatusEntry>> entries = registry->Regions(request->name());
+  StatusOr<std::vector<SharedMemoryStatusEntry>> entries =
+      sluice::SystemSharedMemoryStatus(options_.shared_memory, request->name());
   if (!entries.ok()) return FinishNow(context, entries.status());
   for (const SharedMemoryStatusEntry& entry : *entries) {
     auto& status = (*response->mutable_regions())[entry.name];
@@ -433,17 +424,21 @@ grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
-  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
-  return FinishNow(context, options_.shared_memory->Register(request->name(), request->key(), request->offset(),
-                                                             request->byte_size()));
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  return FinishNow(context, sluice::RegisterSystemSharedMemory(options_.shared_memory, request->name(),
+                                                               request->key(), request->offset(),
+                                                               request->byte_size()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
-  options_.shared_memory->Unregister(request->name());
-  return FinishNow(context, absl::OkStatus());
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  return FinishNow(context, sluice::UnregisterSystemSharedMemory(options_.shared_memory, request->name()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
@@ -452,28 +447,25 @@ grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServ
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  if (!request->name().empty()) {  // Triton's answer for a region it does not hold
-    return FinishNow(context, absl::NotFoundError(absl::StrCat("Unable to find cuda shared memory region: '",
-                                                               request->name(), "'")));
-  }
-  return FinishNow(context, absl::OkStatus());  // nothing registered
+  return FinishNow(context, sluice::CudaSharedMemoryStatus(request->name()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest* request,
     inference::CudaSharedMemoryRegisterResponse*) {
-  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
-  return FinishNow(context, absl::InvalidArgumentError(absl::StrCat(
-                                "failed to register CUDA shared memory region '", request->name(),
-                                "': GPUs not supported (this server has no CUDA shared memory; use system shared "
-                                "memory or send the tensors in the request)")));
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  return FinishNow(context, sluice::RegisterCudaSharedMemory(options_.shared_memory, request->name()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  if (Status allowed = AllowSharedMemoryChange(*context); !allowed.ok()) return FinishNow(context, allowed);
-  return FinishNow(context, absl::OkStatus());  // nothing is registered: unregistering one or all succeeds
+  if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return FinishNow(context, allowed);
+  }
+  return FinishNow(context, sluice::UnregisterCudaSharedMemory(options_.shared_memory));
 }
 
 }  // namespace sluice

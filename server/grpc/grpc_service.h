@@ -156,9 +156,6 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
-  // Allow(kSharedMemory), and UNIMPLEMENTED (Triton's sentence) when client shared memory is off:
-  // for the calls that register or unregister.
-  Status AllowSharedMemoryChange(const grpc::CallbackServerContext& context) const;
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
   template <typename Request>
   Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;

@@ -65,6 +65,15 @@ ParameterValue ValueOf(const rapidjson::Value& json) {
   return value;
 }
 
+// The parameter `key` of a "parameters" object (null: none), as the shared readers see it.
+std::optional<ParameterValue> FindParameter(const rapidjson::Value* parameters, absl::string_view key) {
+  if (parameters == nullptr) return std::nullopt;
+  auto found = parameters->FindMember(
+      rapidjson::Value(rapidjson::StringRef(key.data(), static_cast<rapidjson::SizeType>(key.size()))));
+  if (found == parameters->MemberEnd()) return std::nullopt;
+  return ValueOf(found->value);
+}
+
 template <typename T>
 void AppendBytes(T value, std::string* out) {
   char bytes[sizeof(T)];
@@ -302,7 +311,15 @@ bool JsonInferRequest::Binary(const std::string& name) const {
   return binary_default;
 }
 
-StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length) {
+bool JsonInferRequest::InSharedMemory(const std::string& name) const {
+  for (const RequestedOutput& output : outputs) {
+    if (output.name == name) return output.shared_memory.has_value();
+  }
+  return false;
+}
+
+StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length,
+                                                SharedMemoryRefs* shm) {
   if (header_length && *header_length > body.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Inference-Header-Content-Length is ", *header_length,
                                                    " but the body has only ", body.size(), " bytes"));
@@ -324,13 +341,7 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
   SLUICE_ASSIGN_OR_RETURN(parsed.binary_default, BoolParameter(parameters, "binary_data_output", false, "the request"));
   if (parameters != nullptr) {
     SLUICE_RETURN_IF_ERROR(ReadRequestParameters(
-        [parameters](absl::string_view key) -> std::optional<ParameterValue> {
-          auto found = parameters->FindMember(
-              rapidjson::Value(rapidjson::StringRef(key.data(), static_cast<rapidjson::SizeType>(key.size()))));
-          if (found == parameters->MemberEnd()) return std::nullopt;
-          return ValueOf(found->value);
-        },
-        &request.parameters));
+        [parameters](absl::string_view key) { return FindParameter(parameters, key); }, &request.parameters));
   }
 
   const rapidjson::Value* inputs = Member(document, "inputs");
@@ -375,11 +386,28 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     const rapidjson::Value* binary_size =
         input_parameters != nullptr ? Member(*input_parameters, "binary_data_size") : nullptr;
     const rapidjson::Value* data = Member(input, "data");
-    if (binary_size != nullptr) {
-      if (data != nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, " has both 'data' and the binary_data_size parameter; send one"));
+    SLUICE_ASSIGN_OR_RETURN(
+        const std::optional<SharedMemoryReference> in_shm,
+        ReadSharedMemoryReference([input_parameters](absl::string_view key) {
+          return FindParameter(input_parameters, key);
+        }, where));
+    if (const int forms = (data != nullptr) + (binary_size != nullptr) + in_shm.has_value(); forms != 1) {
+      // Triton's sentence, then which fields were set.
+      std::string error = absl::StrCat(
+          where, ": Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+          "'shared_memory_region' in 'parameters'. But ", forms == 0 ? "no field is set" : "set");
+      if (data != nullptr) absl::StrAppend(&error, " 'data'");
+      if (binary_size != nullptr) absl::StrAppend(&error, " 'binary_data_size'");
+      if (in_shm) absl::StrAppend(&error, " 'shared_memory_region'");
+      return absl::InvalidArgumentError(error);
+    }
+    if (in_shm) {
+      if (shm == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(where, " names shared memory region '", in_shm->region,
+                                                          "', but shared memory is not available here"));
       }
+      SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*in_shm, &view, &request));
+    } else if (binary_size != nullptr) {
       if (!header_length) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, " is binary (binary_data_size) but the request has no Inference-Header-Content-Length header"));
@@ -397,9 +425,6 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
       view.byte_size = size;
       binary_offset += size;
     } else {
-      if (data == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has no 'data' and no binary_data_size parameter"));
-      }
       auto buffer = std::make_unique<std::string>();
       // Not from the shape alone, which the client chose: every JSON value takes at least a byte.
       buffer->reserve(std::min(static_cast<size_t>(elements), json.size()) * ElementSize(view.dtype));
@@ -438,6 +463,18 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
       }
       SLUICE_ASSIGN_OR_RETURN(requested.binary,
                               BoolParameter(output_parameters, "binary_data", parsed.binary_default, where));
+      SLUICE_ASSIGN_OR_RETURN(requested.shared_memory,
+                              ReadSharedMemoryReference([output_parameters](absl::string_view key) {
+                                return FindParameter(output_parameters, key);
+                              }, where));
+      if (requested.shared_memory) {
+        SLUICE_ASSIGN_OR_RETURN(const bool binary, BoolParameter(output_parameters, "binary_data", false, where));
+        if (binary) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": Output can't set both 'shared_memory_region' and 'binary_data'"));
+        }
+        requested.binary = false;
+      }
       request.requested_outputs.push_back(requested.name);
       parsed.outputs.push_back(std::move(requested));
     }
@@ -452,6 +489,14 @@ StatusOr<char*> HttpOutputSink::Allocate(const OutputDescription& output) {
   out.shape = output.shape;
   out.data.resize(output.byte_size);
   return out.data.data();
+}
+
+void HttpOutputSink::Describe(const OutputDescription& output) {
+  Output& out = outputs_.emplace_back();
+  out.name = output.name;
+  out.dtype = output.dtype;
+  out.shape = output.shape;
+  out.in_shared_memory = true;
 }
 
 std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version, const std::string& id,
@@ -482,7 +527,9 @@ std::vector<std::string> InferResponseToJson(const std::string& model_name, int6
     writer.StartArray();
     for (int64_t dim : output.shape) writer.Int64(dim);
     writer.EndArray();
-    if (request.Binary(output.name)) {
+    if (output.in_shared_memory) {
+      // described only: the client reads the bytes from its region
+    } else if (request.Binary(output.name)) {
       writer.Key("parameters");
       writer.StartObject();
       writer.Key("binary_data_size");
@@ -554,6 +601,51 @@ StatusOr<bool> ParseIndexRequest(absl::string_view body) {
   rapidjson::Document document;
   SLUICE_RETURN_IF_ERROR(ParseDocument(body, &document));
   return BoolParameter(&document, "ready", false, "the repository index request");
+}
+
+std::string SharedMemoryStatusJson(const std::vector<SharedMemoryStatusEntry>& entries) {
+  rapidjson::StringBuffer buffer;
+  Writer writer(buffer);
+  writer.StartArray();
+  for (const SharedMemoryStatusEntry& entry : entries) {
+    writer.StartObject();
+    writer.Key("name");
+    writer.String(entry.name.data(), static_cast<rapidjson::SizeType>(entry.name.size()));
+    writer.Key("key");
+    writer.String(entry.key.data(), static_cast<rapidjson::SizeType>(entry.key.size()));
+    writer.Key("offset");
+    writer.Uint64(entry.offset);
+    writer.Key("byte_size");
+    writer.Uint64(entry.byte_size);
+    writer.EndObject();
+  }
+  writer.EndArray();
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
+StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::string_view body) {
+  rapidjson::Document document;
+  SLUICE_RETURN_IF_ERROR(ParseDocument(body, &document));
+  SystemSharedMemoryRegistration registration;
+  const rapidjson::Value* key = Member(document, "key");
+  if (key == nullptr) return absl::InvalidArgumentError("Shared memory register request has no 'key' field");
+  if (!key->IsString()) return absl::InvalidArgumentError("Shared memory register request: 'key' must be a string");
+  registration.key.assign(key->GetString(), key->GetStringLength());
+  if (const rapidjson::Value* offset = Member(document, "offset"); offset != nullptr) {
+    if (!offset->IsUint64()) {
+      return absl::InvalidArgumentError("Shared memory register request: 'offset' must be a non-negative integer");
+    }
+    registration.offset = offset->GetUint64();
+  }
+  const rapidjson::Value* byte_size = Member(document, "byte_size");
+  if (byte_size == nullptr) {
+    return absl::InvalidArgumentError("Shared memory register request has no 'byte_size' field");
+  }
+  if (!byte_size->IsUint64()) {
+    return absl::InvalidArgumentError("Shared memory register request: 'byte_size' must be a non-negative integer");
+  }
+  registration.byte_size = byte_size->GetUint64();
+  return registration;
 }
 
 StatusOr<std::vector<std::string>> ParseControlRequest(absl::string_view body) {

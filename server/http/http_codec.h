@@ -18,6 +18,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/frontend/shared_memory.h"
 
 namespace sluice {
 
@@ -25,6 +26,7 @@ namespace sluice {
 struct RequestedOutput {
   std::string name;
   bool binary = false;  // its "binary_data" parameter (default: the request's binary_data_output)
+  std::optional<SharedMemoryReference> shared_memory;  // its shared_memory_* parameters: the bytes go there
 };
 
 // An inference request as the HTTP body gave it.
@@ -35,6 +37,8 @@ struct JsonInferRequest {
 
   // Whether output `name` goes into the response as binary data.
   bool Binary(const std::string& name) const;
+  // Whether output `name` goes to a shared memory region (and into the response without data).
+  bool InSharedMemory(const std::string& name) const;
 };
 
 // Parses an inference request body: a JSON object, or with `header_length` (the request's
@@ -42,8 +46,14 @@ struct JsonInferRequest {
 // input that has a binary_data_size parameter, in input order, with nothing left over. Inputs
 // sent as JSON `data` (flat or nested, row-major) are converted to raw bytes the request owns;
 // binary inputs are views of `body`, which must outlive the request. FP16 and BF16 have no JSON
-// form (binary only). INVALID_ARGUMENT naming the tensor or field that is wrong.
-StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length);
+// form (binary only). Each input sets exactly one of `data`, binary_data_size and
+// shared_memory_region (Triton's rule); an input in shared memory views its slice through `shm`
+// (which keeps the region mapped; null: FAILED_PRECONDITION, as shared memory is off). An output's
+// shared_memory_* parameters are read into its RequestedOutput (binary_data true beside them is
+// refused, as by Triton), for the caller to resolve. INVALID_ARGUMENT naming the tensor or field
+// that is wrong.
+StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length,
+                                                SharedMemoryRefs* shm = nullptr);
 
 // The HTTP path's output sink: each output's bytes in a string of its own, written once by the
 // backend, then moved into the response body (binary) or printed (JSON).
@@ -54,8 +64,11 @@ class HttpOutputSink final : public OutputSink {
     DataType dtype = DataType::kFp32;
     Shape shape;
     std::string data;
+    bool in_shared_memory = false;  // its bytes went to a region: described, no data
   };
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  // An output whose bytes went to shared memory (SharedMemorySink): listed, without data.
+  void Describe(const OutputDescription& output);
   std::deque<Output>& outputs() { return outputs_; }
 
  private:
@@ -63,7 +76,8 @@ class HttpOutputSink final : public OutputSink {
 };
 
 // The body of a successful inference response: the JSON header first, then the bytes of every
-// output `request` wants in binary, in output order (moved out of `outputs`, not copied).
+// output `request` wants in binary, in output order (moved out of `outputs`, not copied). An
+// output in shared memory has its name, datatype and shape only (as Triton).
 // `header_length` gets the JSON's length when some output is binary (the response's
 // Inference-Header-Content-Length), else 0. FP32 values print so that they parse back to the same
 // float.
@@ -89,6 +103,19 @@ std::string ConditionJson(absl::string_view key, bool holds, absl::string_view m
 // The "ready" field of a repository index request body (empty body: false). INVALID_ARGUMENT
 // when the body is not a JSON object or "ready" is not a boolean.
 StatusOr<bool> ParseIndexRequest(absl::string_view body);
+
+// Shared memory status as Triton's HTTP endpoint answers it: a JSON array of
+// {"name", "key", "offset", "byte_size"} objects.
+std::string SharedMemoryStatusJson(const std::vector<SharedMemoryStatusEntry>& entries);
+
+// The body of POST /v2/systemsharedmemory/region/{r}/register: {"key": s, "offset": n (optional),
+// "byte_size": n}. INVALID_ARGUMENT in Triton's words for a missing key or byte_size.
+struct SystemSharedMemoryRegistration {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::string_view body);
 
 // The names in a repository load/unload body's "parameters" object (empty body: none).
 StatusOr<std::vector<std::string>> ParseControlRequest(absl::string_view body);

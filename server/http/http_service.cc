@@ -62,6 +62,7 @@ std::optional<std::string> PercentDecode(absl::string_view segment) {
 Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
   for (const TensorSpec& output : spec.outputs) {
     if (output.dtype != DataType::kFp16 && output.dtype != DataType::kBf16) continue;
+    if (parsed.InSharedMemory(output.name)) continue;
     const bool requested = parsed.outputs.empty() ||
                            std::any_of(parsed.outputs.begin(), parsed.outputs.end(),
                                        [&](const RequestedOutput& each) { return each.name == output.name; });
@@ -80,8 +81,13 @@ Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
 // Answer; the path owns the call and destroys it after Answer.
 class HttpInferCall final : public InferenceCall {
  public:
-  HttpInferCall(HttpResponder responder, std::string model_name, std::string version)
-      : responder_(std::move(responder)), model_name_(std::move(model_name)), version_(std::move(version)) {
+  HttpInferCall(HttpResponder responder, std::string model_name, std::string version,
+                const SharedMemoryManager* shared_memory)
+      : responder_(std::move(responder)),
+        model_name_(std::move(model_name)),
+        version_(std::move(version)),
+        shm_refs_(shared_memory),
+        shm_sink_(&sink_, [this](const OutputDescription& output) { sink_.Describe(output); }) {
     protocol = Protocol::kHttp;
     cancelled = responder_->cancelled();
   }
@@ -89,7 +95,7 @@ class HttpInferCall final : public InferenceCall {
   const std::string& model_name() const override { return model_name_; }
   const std::string& model_version() const override { return version_; }
   absl::string_view request_id() const override { return id_; }
-  OutputSink* sink() override { return &sink_; }
+  OutputSink* sink() override { return shm_sink_.empty() ? static_cast<OutputSink*>(&sink_) : &shm_sink_; }
 
   StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override {
     std::optional<size_t> header_length;
@@ -103,8 +109,15 @@ class HttpInferCall final : public InferenceCall {
       }
       header_length = value;
     }
-    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(responder_->body(), header_length));
+    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(responder_->body(), header_length, &shm_refs_));
     SLUICE_RETURN_IF_ERROR(CheckJsonOutputs(model.spec(), parsed_));
+    for (const RequestedOutput& output : parsed_.outputs) {  // outputs that go to shared memory
+      if (!output.shared_memory) continue;
+      const SharedMemoryReference& target = *output.shared_memory;
+      SLUICE_ASSIGN_OR_RETURN(char* data, shm_refs_.Resolve(absl::StrCat("output '", output.name, "'"), target.region,
+                                                            target.offset, target.byte_size));
+      shm_sink_.Add(output.name, {data, target.byte_size});
+    }
     id_ = parsed_.request->id;
     return std::move(parsed_.request);  // the output forms stay here for the response
   }
@@ -144,6 +157,8 @@ class HttpInferCall final : public InferenceCall {
   std::string id_;
   int64_t answering_version_ = 0;
   HttpOutputSink sink_;
+  SharedMemoryRefs shm_refs_;  // keeps the regions the request uses mapped until it is destroyed
+  SharedMemorySink shm_sink_;  // outputs placed in shared memory go there, the others to sink_
 };
 
 }  // namespace
@@ -196,7 +211,7 @@ void HttpService::Handle(HttpResponder responder) {
   if (path.size() == 1) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ServerMetadataResponse metadata;
-      AnswerServerMetadata(options_.server_version, /*system_shared_memory=*/false, &metadata);
+      AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, &metadata);
       RespondJson(responder, 200, ProtoToJson(metadata));
     });
   }
@@ -224,6 +239,25 @@ void HttpService::Handle(HttpResponder responder) {
       return Control(std::move(responder), path[3], path[4] == "unload");
     }
     return unknown();
+  }
+  if (path[1] == "systemsharedmemory" || path[1] == "cudasharedmemory") {
+    // [/region/{r}]/{status,register,unregister}
+    std::string region;
+    size_t next = 2;
+    if (path.size() >= 4 && path[2] == "region") {
+      region = path[3];
+      next = 4;
+    }
+    if (next + 1 != path.size()) return unknown();
+    const std::string& action = path[next];
+    if (action == "status") {
+      if (!get) return wrong_method("GET");
+    } else if (action == "register" || action == "unregister") {
+      if (!post) return wrong_method("POST");
+    } else {
+      return unknown();
+    }
+    return SharedMemory(std::move(responder), path[1] == "cudasharedmemory", region, action);
   }
   if (path[1] != "models" || path.size() < 3) return unknown();
   if (path.size() == 3 && path[2] == "stats") {
@@ -303,11 +337,46 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
       });
 }
 
+// The answers are shared_memory.h's, the same as over gRPC.
+void HttpService::SharedMemory(HttpResponder responder, bool cuda, const std::string& region,
+                               const std::string& action) {
+  if (Status allowed = Allow(responder.exchange(), ProtocolGroup::kSharedMemory); !allowed.ok()) {
+    return RespondStatus(responder, allowed);
+  }
+  SharedMemoryManager* registry = options_.shared_memory;
+  if (action == "status") {
+    if (cuda) {
+      Status found = CudaSharedMemoryStatus(region);
+      if (!found.ok()) return RespondStatus(responder, found);
+      return RespondJson(responder, 200, SharedMemoryStatusJson({}));
+    }
+    StatusOr<std::vector<SharedMemoryStatusEntry>> entries = SystemSharedMemoryStatus(registry, region);
+    if (!entries.ok()) return RespondStatus(responder, entries.status());
+    return RespondJson(responder, 200, SharedMemoryStatusJson(*entries));
+  }
+  if (action == "unregister") {
+    return RespondStatus(responder, cuda ? UnregisterCudaSharedMemory(registry)
+                                         : UnregisterSystemSharedMemory(registry, region));
+  }
+  // register: the checks in Triton's order (off, then a name, then the body)
+  if (registry == nullptr) return RespondStatus(responder, ClientSharedMemoryDisabledError());
+  if (region.empty()) {
+    return RespondStatus(responder, absl::InvalidArgumentError(absl::StrCat(
+                                        "'region name' is necessary to register ", cuda ? "cuda" : "system",
+                                        " shared memory region")));
+  }
+  if (cuda) return RespondStatus(responder, RegisterCudaSharedMemory(registry, region));
+  StatusOr<SystemSharedMemoryRegistration> body = ParseSystemSharedMemoryRegister(responder.exchange().body());
+  if (!body.ok()) return RespondStatus(responder, body.status());
+  RespondStatus(responder, RegisterSystemSharedMemory(registry, region, body->key, body->offset, body->byte_size));
+}
+
 void HttpService::Infer(HttpResponder responder, const std::string& model_name, const std::string& version) {
   if (Status allowed = Allow(responder.exchange(), ProtocolGroup::kInference); !allowed.ok()) {
     return RespondStatus(responder, allowed);
   }
-  RunInference(*lookup_, std::make_unique<HttpInferCall>(std::move(responder), model_name, version));
+  RunInference(*lookup_,
+               std::make_unique<HttpInferCall>(std::move(responder), model_name, version, options_.shared_memory));
 }
 
 }  // namespace sluice

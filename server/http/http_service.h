@@ -15,6 +15,10 @@
 //   POST /v2/models/{m}/infer                   inference
 //   POST /v2/repository/index                   repository index ({"ready": true} optional)
 //   POST /v2/repository/models/{m}/load|unload  model control (explicit mode)
+//   GET  /v2/systemsharedmemory[/region/{r}]/status       regions (a JSON array)
+//   POST /v2/systemsharedmemory/region/{r}/register       {"key", "offset", "byte_size"}
+//   POST /v2/systemsharedmemory[/region/{r}]/unregister   one region, or all
+//   the same under /v2/cudasharedmemory (nothing registered; a registration is refused)
 // Errors are {"error": "..."} with ToHttpStatusCode's code.
 #pragma once
 
@@ -24,6 +28,7 @@
 
 #include "server/frontend/restricted_protocols.h"
 #include "server/frontend/server_health.h"
+#include "server/frontend/shared_memory.h"
 #include "server/http/http_server.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
@@ -37,6 +42,7 @@ class HttpService {
     const ServerHealth* health = nullptr;   // /v2/health/live and ready; null: live and ready
     std::vector<ProtocolRestriction> restrictions;  // --http-restricted-api; empty: all open
     const ModelLookup* lookup = nullptr;    // where inference finds models; null: the manager
+    SharedMemoryManager* shared_memory = nullptr;  // client shared memory; null: off (--allow-client-shm)
   };
 
   // `manager` and `control` outlive the service (`control` null: load and unload answer
@@ -51,6 +57,8 @@ class HttpService {
   Status Allow(const HttpExchange& exchange, ProtocolGroup group) const;
   void Infer(HttpResponder responder, const std::string& model, const std::string& version);
   void Control(HttpResponder responder, const std::string& model, bool unload);
+  // /v2/{systemsharedmemory,cudasharedmemory}[/region/{r}]/{status,register,unregister}.
+  void SharedMemory(HttpResponder responder, bool cuda, const std::string& region, const std::string& action);
 
   ModelManager* const manager_;
   ModelControl* const control_;

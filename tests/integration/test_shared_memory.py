@@ -1,7 +1,12 @@
 """System shared memory with tritonclient's own tritonclient.utils.shared_memory against the real
-server: register, infer with inputs and outputs in regions (unary and on a stream), status,
-unregister, every error case with its code, unregister while a request uses the region, CUDA
-shared memory refused by name, and the server serving after each."""
+server, over gRPC and HTTP: register, infer with inputs and outputs in regions (unary, on a gRPC
+stream, and over HTTP beside JSON and binary tensors), status, unregister, every error case with
+its code and Triton's words, unregister while a request uses the region, CUDA shared memory
+answered as Triton without GPUs, one registry for both protocols, and the server serving after
+each."""
+import asyncio
+import http.client as httplib
+import json
 import os
 import queue
 import threading
@@ -10,6 +15,8 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aiohttpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
@@ -113,18 +120,18 @@ def test_every_error_has_its_code(client, regions):
     client.register_system_shared_memory("r", region.key, 256)
     cases = [
         (lambda: client.register_system_shared_memory("r", region.key, 256), "StatusCode.ALREADY_EXISTS",
-         "'r' is already registered"),
+         "shared memory region 'r' already in manager"),
         (lambda: client.register_system_shared_memory("big", region.key, 257), "StatusCode.INVALID_ARGUMENT",
-         "run past the end of shared memory object"),
+         "failed to register shared memory region 'big': invalid args"),
         (lambda: client.register_system_shared_memory("off", region.key, 16, offset=250),
          "StatusCode.INVALID_ARGUMENT", "run past the end"),
         (lambda: client.register_system_shared_memory("nokey", "/sluice_no_such_object", 16),
-         "StatusCode.INVALID_ARGUMENT", "cannot open shared memory object"),
+         "StatusCode.INVALID_ARGUMENT", "Unable to open shared memory region: '/sluice_no_such_object'"),
         (lambda: client.get_system_shared_memory_status("nope"), "StatusCode.NOT_FOUND",
          "Unable to find system shared memory region: 'nope'"),
         # No CUDA shared memory here: a registration is refused, as by Triton without GPUs.
         (lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 16), "StatusCode.INVALID_ARGUMENT",
-         "failed to register CUDA shared memory region 'c': GPUs not supported"),
+         "failed to register CUDA shared memory region: 'c', GPUs not supported"),
         (lambda: client.get_cuda_shared_memory_status("c"), "StatusCode.NOT_FOUND",
          "Unable to find cuda shared memory region: 'c'"),
     ]
@@ -150,10 +157,13 @@ def test_every_error_has_its_code(client, regions):
     inputs[0].set_shared_memory("r", 64, offset=200)  # 200 + 64 > 256
     error = infer_error(inputs, outputs)
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "64 bytes at offset 200 do not fit system shared memory region 'r' (256 bytes)" in error.message()
+    assert error.message().startswith("Invalid offset + byte size for shared memory region: 'r'"), error
+    assert "64 bytes at offset 200 do not fit its 256 bytes" in error.message()
     inputs, outputs = shm_request(region, region, x)
     inputs[0].set_shared_memory("nope", 64)
-    assert "Unable to find system shared memory region: 'nope'" in infer_error(inputs, outputs).message()
+    error = infer_error(inputs, outputs)
+    assert error.status() == "StatusCode.NOT_FOUND"
+    assert error.message() == "Unable to find shared memory region: 'nope' (input 'INPUT__0')"
     inputs, outputs = shm_request(region, region, x, out_size=32)  # the output needs 64 bytes
     error = infer_error(inputs, outputs)
     assert "output 'OUTPUT__0' has 64 bytes, more than its shared memory slice holds (32 bytes)" in error.message()
@@ -189,7 +199,7 @@ def test_unregister_while_in_use_succeeds_and_the_request_still_completes(client
     assert answer["error"] is None, answer["error"]
     # RowMix: each row is x * 2 + the row's sum.
     np.testing.assert_array_equal(read_output(answer["result"], region_out), x * 2 + x.sum(axis=1, keepdims=True))
-    with pytest.raises(InferenceServerException, match="Unable to find system shared memory region: 'busy_in'"):
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'busy_in'"):
         client.infer("slow_queue", inputs, outputs=outputs)
 
 
@@ -222,6 +232,24 @@ def test_client_shared_memory_is_off_by_default(test_repository, tmp_path_factor
                 client.infer("dtype_fp32", inputs, outputs=outputs)
             assert error.value.status() == "StatusCode.FAILED_PRECONDITION"
             client.close()
+            # The same over HTTP: 501 (Triton's code for UNSUPPORTED) with the sentence.
+            rest = httpclient.InferenceServerClient(server.http_url)
+            for call in (lambda: rest.register_system_shared_memory("off", region.key, 64),
+                         lambda: rest.unregister_system_shared_memory(),
+                         lambda: rest.unregister_system_shared_memory("off"),
+                         lambda: rest.register_cuda_shared_memory("c", b"\0" * 64, 0, 16),
+                         lambda: rest.unregister_cuda_shared_memory("c")):
+                with pytest.raises(InferenceServerException) as error:
+                    call()
+                assert (error.value.status(), error.value.message()) == ("501", disabled), flags
+            assert rest.get_system_shared_memory_status() == []
+            assert rest.get_cuda_shared_memory_status() == []
+            assert "system_shared_memory" not in rest.get_server_metadata()["extensions"]
+            inputs, outputs = http_shm_request(region, region, x)
+            with pytest.raises(InferenceServerException, match="--allow-client-shm=true") as error:
+                rest.infer("dtype_fp32", inputs, outputs=outputs)
+            assert error.value.status() == "400"
+            rest.close()
         finally:
             assert server.stop() == 0, server.log()
 
@@ -229,7 +257,8 @@ def test_client_shared_memory_is_off_by_default(test_repository, tmp_path_factor
 def test_the_shared_memory_group_can_be_restricted(test_repository, tmp_path_factory, regions):
     server = start_server(test_repository, tmp_path_factory,
                           ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "true",
-                           "--grpc-restricted-protocol", "shared-memory:shm-key=s3cret"])
+                           "--grpc-restricted-protocol", "shared-memory:shm-key=s3cret",
+                           "--http-restricted-api", "shared-memory:shm-key=s3cret"])
     try:
         client = grpcclient.InferenceServerClient(server.url)
         region = regions("guarded", 64)
@@ -240,5 +269,176 @@ def test_the_shared_memory_group_can_be_restricted(test_repository, tmp_path_fac
         status = client.get_system_shared_memory_status(headers={"shm-key": "s3cret"}, as_json=True)
         assert list(status["regions"]) == ["guarded"]
         client.close()
+        rest = httpclient.InferenceServerClient(server.http_url)
+        for call in (lambda headers: rest.get_system_shared_memory_status(headers=headers),
+                     lambda headers: rest.unregister_system_shared_memory("guarded", headers=headers),
+                     lambda headers: rest.get_cuda_shared_memory_status(headers=headers)):
+            with pytest.raises(InferenceServerException) as error:
+                call(None)
+            assert error.value.status() == "401", error.value
+        assert [entry["name"] for entry in rest.get_system_shared_memory_status(headers={"shm-key": "s3cret"})] \
+            == ["guarded"]
+        rest.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+# ---- HTTP: Triton's /v2/systemsharedmemory and /v2/cudasharedmemory endpoints, and the
+# shared_memory_* parameters of JSON inference requests.
+
+@pytest.fixture()
+def rest(shm_server):
+    client = httpclient.InferenceServerClient(shm_server.http_url)
+    yield client
+    client.unregister_system_shared_memory()  # all
+    client.close()
+
+
+def http_shm_request(region_in, region_out, x, out_offset=0, out_size=None):
+    inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp.set_shared_memory(region_in.name, x.nbytes)
+    out = httpclient.InferRequestedOutput("OUTPUT__0", binary_data=True)
+    out.set_shared_memory(region_out.name, out_size or x.nbytes, offset=out_offset)
+    return [inp], [out]
+
+
+def raw(server, method, path, body=None):
+    """One raw HTTP request: (status, decoded JSON body or None)."""
+    connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        payload = response.read()
+        return response.status, json.loads(payload) if payload else None
+    finally:
+        connection.close()
+
+
+def test_http_inputs_and_outputs_in_regions(shm_server, rest, client, regions):
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    region_in, region_out = regions("hin", x.nbytes), regions("hout", 4096)
+    shm.set_shared_memory_region(region_in.handle, [x])
+    rest.register_system_shared_memory(region_in.name, region_in.key, region_in.byte_size)
+    rest.register_system_shared_memory(region_out.name, region_out.key, 2048, offset=1024)
+    assert sorted(rest.get_system_shared_memory_status(), key=lambda entry: entry["name"]) == [
+        {"name": "hin", "key": region_in.key, "offset": 0, "byte_size": x.nbytes},
+        {"name": "hout", "key": region_out.key, "offset": 1024, "byte_size": 2048}]
+    assert [entry["name"] for entry in rest.get_system_shared_memory_status("hout")] == ["hout"]
+    # One registry for both protocols.
+    assert set(client.get_system_shared_memory_status(as_json=True)["regions"]) == {"hin", "hout"}
+    assert "system_shared_memory" in rest.get_server_metadata()["extensions"]
+
+    # Input and output in regions: the output is described (name, datatype, shape) without data.
+    inputs, outputs = http_shm_request(region_in, region_out, x, out_offset=128)
+    result = rest.infer("dtype_fp32", inputs, outputs=outputs)
+    output = result.get_output("OUTPUT__0")
+    assert output == {"name": "OUTPUT__0", "datatype": "FP32", "shape": [2, 6]}
+    np.testing.assert_array_equal(
+        shm.get_contents_as_numpy(region_out.handle, np.float32, output["shape"], offset=1024 + 128), x + x)
+
+    # An input in a region with the output in JSON or binary; an inline input with the output in a region.
+    for binary in (False, True):
+        result = rest.infer("dtype_fp32", inputs,
+                            outputs=[httpclient.InferRequestedOutput("OUTPUT__0", binary_data=binary)])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), x + x)
+    for binary in (False, True):
+        inline = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
+        inline.set_data_from_numpy(x * 3, binary_data=binary)
+        rest.infer("dtype_fp32", [inline], outputs=outputs)
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(region_out.handle, np.float32, [2, 6], offset=1024 + 128), x * 6)
+
+    # tritonclient.http.aio, the same request.
+    async def aio_infer():
+        async with aiohttpclient.InferenceServerClient(shm_server.http_url) as aio:
+            assert [entry["name"] for entry in await aio.get_system_shared_memory_status("hin")] == ["hin"]
+            aio_inputs, aio_outputs = http_shm_request(region_in, region_out, x, out_offset=512)
+            return (await aio.infer("dtype_fp32", aio_inputs, outputs=aio_outputs)).get_output("OUTPUT__0")
+    assert asyncio.run(aio_infer())["shape"] == [2, 6]
+    np.testing.assert_array_equal(
+        shm.get_contents_as_numpy(region_out.handle, np.float32, [2, 6], offset=1024 + 512), x + x)
+
+    rest.unregister_system_shared_memory("hin")
+    assert [entry["name"] for entry in rest.get_system_shared_memory_status()] == ["hout"]
+    rest.unregister_system_shared_memory()
+    assert rest.get_system_shared_memory_status() == []
+    assert client.get_system_shared_memory_status(as_json=True).get("regions", {}) == {}
+
+
+def test_http_errors_have_tritons_codes_and_words(shm_server, rest, regions):
+    region = regions("hr", 256)
+    rest.register_system_shared_memory("hr", region.key, 256)
+    cases = [
+        (lambda: rest.register_system_shared_memory("hr", region.key, 256), "400",
+         "shared memory region 'hr' already in manager"),
+        (lambda: rest.register_system_shared_memory("big", region.key, 257), "400",
+         "failed to register shared memory region 'big': invalid args"),
+        (lambda: rest.register_system_shared_memory("nokey", "/sluice_no_such_object", 16), "400",
+         "Unable to open shared memory region: '/sluice_no_such_object'"),
+        (lambda: rest.get_system_shared_memory_status("nope"), "404",
+         "Unable to find system shared memory region: 'nope'"),
+        (lambda: rest.register_cuda_shared_memory("c", b"\0" * 64, 0, 16), "400",
+         "failed to register CUDA shared memory region: 'c', GPUs not supported"),
+        (lambda: rest.get_cuda_shared_memory_status("c"), "404", "Unable to find cuda shared memory region: 'c'"),
+    ]
+    for call, code, message in cases:
+        with pytest.raises(InferenceServerException) as error:
+            call()
+        assert (error.value.status(), message in error.value.message()) == (code, True), (message, error.value)
+    # What Triton's HTTP shared-memory examples do first: clean up CUDA regions (there are none).
+    assert rest.get_cuda_shared_memory_status() == []
+    rest.unregister_cuda_shared_memory()
+    rest.unregister_cuda_shared_memory("c")
+
+    # Bodies, names and methods, as Triton's endpoints refuse them.
+    for method, path, body, code, words in [
+            ("POST", "/v2/systemsharedmemory/register", json.dumps({"key": region.key, "byte_size": 8}), 400,
+             "'region name' is necessary to register system shared memory region"),
+            ("POST", "/v2/cudasharedmemory/register", "{}", 400,
+             "'region name' is necessary to register cuda shared memory region"),
+            ("POST", "/v2/systemsharedmemory/region/q/register", json.dumps({"byte_size": 8}), 400,
+             "Shared memory register request has no 'key' field"),
+            ("POST", "/v2/systemsharedmemory/region/q/register", json.dumps({"key": region.key}), 400,
+             "Shared memory register request has no 'byte_size' field"),
+            ("POST", "/v2/systemsharedmemory/region/q/register", "not json", 400, "not valid JSON"),
+            ("GET", "/v2/systemsharedmemory/region/q/register", None, 405, "use POST"),
+            ("POST", "/v2/systemsharedmemory/status", None, 405, "use GET"),
+            ("GET", "/v2/systemsharedmemory/region/q/delete", None, 404, "no endpoint")]:
+        status, answer = raw(shm_server, method, path, body)
+        assert (status, words in answer["error"]) == (code, True), (path, status, answer)
+
+    x = np.ones((1, 16), dtype=np.float32)
+    shm.set_shared_memory_region(region.handle, [x])
+
+    def infer_error(inputs, outputs):
+        with pytest.raises(InferenceServerException) as error:
+            rest.infer("dtype_fp32", inputs, outputs=outputs)
+        return error.value
+
+    inputs, outputs = http_shm_request(region, region, x)
+    inputs[0].set_shared_memory("hr", 64, offset=200)  # 200 + 64 > 256
+    error = infer_error(inputs, outputs)
+    assert error.status() == "400"
+    assert error.message().startswith("Invalid offset + byte size for shared memory region: 'hr'"), error
+    inputs, outputs = http_shm_request(region, region, x)
+    inputs[0].set_shared_memory("nope", 64)
+    error = infer_error(inputs, outputs)
+    assert (error.status(), error.message()) == ("404", "Unable to find shared memory region: 'nope' (input 'INPUT__0')")
+    inputs, outputs = http_shm_request(region, region, x, out_size=32)  # the output needs 64 bytes
+    error = infer_error(inputs, outputs)
+    assert "output 'OUTPUT__0' has 64 bytes, more than its shared memory slice holds (32 bytes)" in error.message()
+    # A raw request that sets both data and a region, and an output that asks for binary in a region.
+    both = {"inputs": [{"name": "INPUT__0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16,
+                        "parameters": {"shared_memory_region": "hr", "shared_memory_byte_size": 64}}]}
+    status, answer = raw(shm_server, "POST", "/v2/models/dtype_fp32/infer", json.dumps(both))
+    assert status == 400 and "Input must set only one of the following fields" in answer["error"], answer
+    binary_too = {"inputs": [{"name": "INPUT__0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}],
+                  "outputs": [{"name": "OUTPUT__0", "parameters": {"shared_memory_region": "hr",
+                                                                   "shared_memory_byte_size": 64,
+                                                                   "binary_data": True}}]}
+    status, answer = raw(shm_server, "POST", "/v2/models/dtype_fp32/infer", json.dumps(binary_too))
+    assert status == 400 and "Output can't set both 'shared_memory_region' and 'binary_data'" in answer["error"]
+    # The server serves on, from the same region.
+    inputs, outputs = http_shm_request(region, region, x, out_offset=64)
+    rest.infer("dtype_fp32", inputs, outputs=outputs)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(region.handle, np.float32, [1, 16], offset=64), x + x)

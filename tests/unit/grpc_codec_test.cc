@@ -202,7 +202,9 @@ TEST(GrpcCodecTest, Errors) {
     auto proto = Typed("FP32", {1});
     proto.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1);
     proto.add_raw_input_contents(std::string(4, '\0'));
-    cases.push_back({"mixed", proto, "use one or the other"});
+    proto.set_model_name("simple");
+    cases.push_back({"mixed", proto,
+                     "contents field must not be specified when using raw_input_contents for 'x' for model 'simple'"});
   }
   {
     auto proto = Typed("FP32", {1});

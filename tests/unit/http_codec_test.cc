@@ -5,6 +5,10 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -169,9 +173,28 @@ TEST(HttpCodecTest, MalformedBodiesSayWhatIsWrong) {
        "non-negative integers"},
       {R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]})", std::nullopt,
        "has 2 values in 'data', but shape [3] needs 3"},
-      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", std::nullopt, "no 'data'"},
+      // Triton's rule and words: exactly one of data, binary_data_size, shared_memory_region.
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", std::nullopt,
+       "input 'x': Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+       "'shared_memory_region' in 'parameters'. But no field is set"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
-          "parameters": {"binary_data_size": 4}}]})", std::nullopt, "both 'data' and"},
+          "parameters": {"binary_data_size": 4}}]})", std::nullopt, "But set 'data' 'binary_data_size'"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]})", std::nullopt,
+       "But set 'data' 'shared_memory_region'"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+          "parameters": {"shared_memory_region": "r"}}]})", std::nullopt, "without shared_memory_byte_size"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+          "parameters": {"shared_memory_offset": 4}}]})", std::nullopt, "but no shared_memory_region"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+          "parameters": {"shared_memory_region": 7, "shared_memory_byte_size": 4}}]})", std::nullopt,
+       "shared_memory_region must be a region name"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": -4}}]})", std::nullopt,
+       "shared_memory_byte_size must be a non-negative integer"},
+      {R"({"inputs": [], "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r",
+          "shared_memory_byte_size": 4, "binary_data": true}}]})", std::nullopt,
+       "output 'y': Output can't set both 'shared_memory_region' and 'binary_data'"},
       {binary_header, std::nullopt, "no Inference-Header-Content-Length"},
       {binary_header + "1234", binary_header.size(), "only 4 bytes of binary data are left"},
       {binary_header + "123456789", binary_header.size(), "1 bytes after the JSON header"},
@@ -201,7 +224,7 @@ TEST(HttpCodecTest, MalformedBodiesSayWhatIsWrong) {
 
 TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   JsonInferRequest request;
-  request.outputs = {{"json", false}, {"bin", true}};
+  request.outputs = {{"json", false, std::nullopt}, {"bin", true, std::nullopt}};
   std::deque<HttpOutputSink::Output> outputs(2);
   outputs[0].name = "json";
   outputs[0].dtype = DataType::kInt32;
@@ -240,7 +263,7 @@ TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
 
 TEST(HttpCodecTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
   JsonInferRequest request;
-  request.outputs = {{"json", false}, {"bin", true}};
+  request.outputs = {{"json", false, std::nullopt}, {"bin", true, std::nullopt}};
   std::deque<HttpOutputSink::Output> outputs(2);
   std::string serialized;
   for (const char* element : {"ab", "", "q\"\n\xc3\xa9"}) AppendBytesElement(element, &serialized);
@@ -361,6 +384,133 @@ TEST(HttpCodecTest, RepositoryRequestBodies) {
   EXPECT_EQ(*ParseControlRequest(R"({"parameters": {"unload_dependents": true, "config": "{}"}})"),
             (std::vector<std::string>{"unload_dependents", "config"}));
   EXPECT_FALSE(ParseControlRequest(R"({"parameters": 3})").ok());
+}
+
+// A POSIX shared memory object of `size` bytes, registered as `name`, unlinked at the end.
+class ShmObject {
+ public:
+  ShmObject(SharedMemoryManager* registry, const std::string& name, size_t size)
+      : key_("/sluice_http_codec_test_" + std::to_string(getpid()) + "_" + name) {
+    const int fd = shm_open(key_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    void* mapping = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    data_ = static_cast<char*>(mapping);
+    size_ = size;
+    EXPECT_TRUE(registry->Register(name, key_, 0, size).ok());
+  }
+  ~ShmObject() {
+    munmap(data_, size_);
+    shm_unlink(key_.c_str());
+  }
+  char* data() { return data_; }
+
+ private:
+  std::string key_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+TEST(HttpCodecTest, InputsAndOutputsInSharedMemory) {
+  SharedMemoryManager registry;
+  ShmObject region(&registry, "r", 64);
+  const float values[3] = {1.5f, -2.f, 4.f};
+  std::memcpy(region.data() + 16, values, sizeof(values));
+  SharedMemoryRefs refs(&registry);
+  const std::string body = R"({"inputs": [
+      {"name": "x", "shape": [3], "datatype": "FP32",
+       "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 12, "shared_memory_offset": 16}},
+      {"name": "s", "shape": [1], "datatype": "BYTES",
+       "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 6}},
+      {"name": "z", "shape": [1], "datatype": "INT32", "data": [9]}],
+    "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8,
+                 "shared_memory_offset": 32}}, {"name": "w"}]})";
+  std::string element;
+  AppendBytesElement("hi", &element);  // 4-byte length, then the bytes: 6 bytes
+  std::memcpy(region.data(), element.data(), element.size());
+  StatusOr<JsonInferRequest> parsed = InferRequestFromJson(body, std::nullopt, &refs);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const InferRequest& request = *parsed->request;
+  ASSERT_EQ(request.inputs.size(), 3u);
+  EXPECT_EQ(Values<float>(request.inputs[0]), (std::vector<float>{1.5f, -2.f, 4.f}));
+  EXPECT_EQ(std::string(request.inputs[1].data, request.inputs[1].byte_size), element);
+  // Numbers are viewed where they lie (the server's own mapping of the object); strings are
+  // copied (checked once, split later): a client writing meanwhile changes only the former.
+  region.data()[16 + 3] = 0;
+  region.data()[4] = 'X';
+  EXPECT_NE(Values<float>(request.inputs[0])[0], 1.5f);
+  EXPECT_EQ(std::string(request.inputs[1].data, request.inputs[1].byte_size), element);
+  EXPECT_EQ(Values<int32_t>(request.inputs[2]), (std::vector<int32_t>{9}));
+  ASSERT_EQ(parsed->outputs.size(), 2u);
+  ASSERT_TRUE(parsed->outputs[0].shared_memory.has_value());
+  EXPECT_EQ(parsed->outputs[0].shared_memory->region, "r");
+  EXPECT_EQ(parsed->outputs[0].shared_memory->offset, 32u);
+  EXPECT_EQ(parsed->outputs[0].shared_memory->byte_size, 8u);
+  EXPECT_TRUE(parsed->InSharedMemory("y"));
+  EXPECT_FALSE(parsed->InSharedMemory("w"));
+
+  // A slice past the region, an unknown region, and shared memory off: refused with the words.
+  auto refused = [&](const std::string& parameters, SharedMemoryRefs* with) {
+    const std::string one = R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "parameters": )" +
+                            parameters + "}]}";
+    StatusOr<JsonInferRequest> result = InferRequestFromJson(one, std::nullopt, with);
+    EXPECT_FALSE(result.ok()) << parameters;
+    return result.status();
+  };
+  Status past = refused(R"({"shared_memory_region": "r", "shared_memory_byte_size": 12, "shared_memory_offset": 60})",
+                        &refs);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("Invalid offset + byte size for shared memory region: 'r'"), std::string::npos)
+      << past;
+  Status unknown = refused(R"({"shared_memory_region": "q", "shared_memory_byte_size": 12})", &refs);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.message(), "Unable to find shared memory region: 'q' (input 'x')");
+  SharedMemoryRefs off(nullptr);
+  Status disabled = refused(R"({"shared_memory_region": "r", "shared_memory_byte_size": 12})", &off);
+  EXPECT_EQ(disabled.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(disabled.message().find("--allow-client-shm=true"), std::string::npos) << disabled;
+}
+
+TEST(HttpCodecTest, SharedMemoryOutputsAreDescribedWithoutData) {
+  JsonInferRequest request;
+  request.binary_default = true;  // binary_data_output does not apply to an output in shared memory
+  request.outputs = {{"y", false, SharedMemoryReference{"r", 0, 8}}};
+  HttpOutputSink sink;
+  sink.Describe({"y", DataType::kFp16, {2, 2}, 8, MemoryType::kCpu});
+  size_t header_length = 0;
+  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &sink.outputs(), &header_length);
+  ASSERT_EQ(body.size(), 1u);
+  EXPECT_EQ(header_length, 0u);
+  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"y","datatype":"FP16",)"
+                     R"("shape":[2,2]}]})");
+}
+
+TEST(HttpCodecTest, SharedMemoryControlBodies) {
+  EXPECT_EQ(SharedMemoryStatusJson({}), "[]");
+  EXPECT_EQ(SharedMemoryStatusJson({{"a", "/k", 8, 64}}),
+            R"([{"name":"a","key":"/k","offset":8,"byte_size":64}])");
+  StatusOr<SystemSharedMemoryRegistration> full =
+      ParseSystemSharedMemoryRegister(R"({"key": "/k", "offset": 16, "byte_size": 64})");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->key, "/k");
+  EXPECT_EQ(full->offset, 16u);
+  EXPECT_EQ(full->byte_size, 64u);
+  EXPECT_EQ(ParseSystemSharedMemoryRegister(R"({"key": "/k", "byte_size": 4})")->offset, 0u);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"byte_size": 4})", "Shared memory register request has no 'key' field"},
+      {R"({"key": "/k"})", "Shared memory register request has no 'byte_size' field"},
+      {R"({"key": 3, "byte_size": 4})", "'key' must be a string"},
+      {R"({"key": "/k", "byte_size": -4})", "'byte_size' must be a non-negative integer"},
+      {R"({"key": "/k", "byte_size": 4, "offset": "x"})", "'offset' must be a non-negative integer"},
+      {"", "not valid JSON"},
+  };
+  for (const auto& [body, words] : refused) {
+    StatusOr<SystemSharedMemoryRegistration> parsed = ParseSystemSharedMemoryRegister(body);
+    ASSERT_FALSE(parsed.ok()) << body;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(words), std::string::npos) << parsed.status();
+  }
 }
 
 TEST(HttpCodecTest, SinkKeepsEachOutputWithItsDescription) {

@@ -55,7 +55,7 @@ TEST(SharedMemoryTest, RegisterStatusUnregister) {
   ASSERT_TRUE(manager.Register("b", object.key(), 5000, 100).ok());  // an offset that is not page-aligned
   Status again = manager.Register("a", object.key(), 0, 16);
   EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(again.message(), HasSubstr("'a' is already registered"));
+  EXPECT_THAT(again.message(), HasSubstr("shared memory region 'a' already in manager"));
 
   auto all = manager.Regions("");
   ASSERT_TRUE(all.ok());
@@ -93,11 +93,12 @@ TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {"", object.key(), 0, 16, "needs a name"},
+           {"", object.key(), 0, 16, "'region name' is necessary to register system shared memory region"},
            {"r", "", 0, 16, "has no key"},
            {"r", object.key(), 0, 0, "byte_size 0"},
-           {"r", "/sluice_test_missing_object", 0, 16, "cannot open shared memory object"},
-           {"r", object.key(), 0, 4097, "run past the end of shared memory object"},
+           {"r", "/sluice_test_missing_object", 0, 16, "Unable to open shared memory region: '/sluice_test_missing_object'"},
+           {"r", object.key(), 0, 4097, "failed to register shared memory region 'r': invalid args (4097 bytes at offset 0 "
+                                        "run past the end of shared memory object"},
            {"r", object.key(), 4000, 97, "run past the end"},
            {"r", object.key(), huge, 2, "run past the end"},   // offset + size wraps
            {"r", object.key(), 16, huge, "run past the end"},
@@ -111,7 +112,8 @@ TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
   EXPECT_TRUE(region->Slice("x", 0, 64).ok());
   EXPECT_TRUE(region->Slice("x", 64, 0).ok());
   EXPECT_THAT(region->Slice("input 'x'", 60, 8).status().message(),
-              HasSubstr("input 'x': 8 bytes at offset 60 do not fit system shared memory region 'r' (64 bytes)"));
+              HasSubstr("Invalid offset + byte size for shared memory region: 'r' (input 'x': 8 bytes at offset 60 do "
+                        "not fit its 64 bytes)"));
   EXPECT_FALSE(region->Slice("x", huge, 2).ok());
   EXPECT_FALSE(region->Slice("x", 1, huge).ok());
 }
@@ -132,7 +134,7 @@ TEST(SharedMemoryTest, AnUnregisteredRegionStaysMappedWhileARequestHoldsIt) {
   EXPECT_EQ(off.Resolve("input 'x'", "r", 0, 4).status().code(), absl::StatusCode::kFailedPrecondition);
   SharedMemoryRefs fresh(&manager);
   EXPECT_THAT(fresh.Resolve("input 'x'", "r", 0, 4).status().message(),
-              HasSubstr("input 'x': Unable to find system shared memory region: 'r'"));
+              HasSubstr("Unable to find shared memory region: 'r' (input 'x')"));
 }
 
 TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
@@ -197,9 +199,9 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
     return InferRequestFromProto(changed, &scoped).status();
   };
   EXPECT_THAT(with("shared_memory_byte_size", [](auto& p) { p.set_int64_param(2000); }).message(),
-              HasSubstr("input 'a': 2000 bytes at offset 16 do not fit system shared memory region 'in'"));
+              HasSubstr("Invalid offset + byte size for shared memory region: 'in' (input 'a': 2000 bytes at offset 16"));
   EXPECT_THAT(with("shared_memory_region", [](auto& p) { p.set_string_param("nope"); }).message(),
-              HasSubstr("Unable to find system shared memory region: 'nope'"));
+              HasSubstr("Unable to find shared memory region: 'nope'"));
   EXPECT_THAT(with("shared_memory_offset", [](auto& p) { p.set_int64_param(-1); }).message(),
               HasSubstr("shared_memory_offset must be a non-negative integer"));
   inference::ModelInferRequest no_region = proto;
@@ -236,6 +238,37 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   auto too_big = sink.Allocate({y, DataType::kFp32, shape, 17, MemoryType::kCpu});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_big.status().message(), HasSubstr("output 'y' has 17 bytes, more than its shared memory slice"));
+}
+
+TEST(SharedMemoryTest, ControlCallsAnswerAsTriton) {
+  const std::string disabled =
+      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
+  // Off (no registry): register and unregister, system and CUDA, refused; status answers, empty.
+  for (const Status& status : {RegisterSystemSharedMemory(nullptr, "r", "/k", 0, 8),
+                               UnregisterSystemSharedMemory(nullptr, ""), UnregisterSystemSharedMemory(nullptr, "r"),
+                               RegisterCudaSharedMemory(nullptr, "c"), UnregisterCudaSharedMemory(nullptr)}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(status.message(), disabled);
+  }
+  EXPECT_TRUE(SystemSharedMemoryStatus(nullptr, "").value().empty());
+  EXPECT_EQ(SystemSharedMemoryStatus(nullptr, "r").status().message(),
+            "Unable to find system shared memory region: 'r'");
+
+  // On: the registry answers; CUDA lists nothing, unregisters fine, refuses a registration.
+  ShmObject object(4096);
+  SharedMemoryManager manager;
+  ASSERT_TRUE(RegisterSystemSharedMemory(&manager, "r", object.key(), 0, 64).ok());
+  EXPECT_EQ(SystemSharedMemoryStatus(&manager, "r").value().size(), 1u);
+  EXPECT_TRUE(UnregisterSystemSharedMemory(&manager, "r").ok());
+  EXPECT_TRUE(SystemSharedMemoryStatus(&manager, "").value().empty());
+  EXPECT_TRUE(CudaSharedMemoryStatus("").ok());
+  const Status cuda_status = CudaSharedMemoryStatus("c");
+  EXPECT_EQ(cuda_status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cuda_status.message(), "Unable to find cuda shared memory region: 'c'");
+  EXPECT_TRUE(UnregisterCudaSharedMemory(&manager).ok());
+  const Status cuda_register = RegisterCudaSharedMemory(&manager, "c");
+  EXPECT_EQ(cuda_register.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cuda_register.message(), HasSubstr("failed to register CUDA shared memory region: 'c', GPUs not supported"));
 }
 
 }  // namespace
