@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ struct RepositoryModel {
   std::string fingerprint;
 };
 
+// What a load request sends in place of the repository's configuration (Triton's load parameter
+// "config": a ModelConfig in JSON, used instead of config.pbtxt for this load only; a later load
+// without it goes back to config.pbtxt).
+struct ModelOverride {
+  std::optional<std::string> config_json;
+  bool empty() const { return !config_json.has_value(); }
+};
+
 // Where model control reads models from while the server runs (start-up, RepositoryModelLoad,
 // polling). An interface so that the manager's tests need no files. Thread-safe.
 class ModelSource {
@@ -47,8 +56,9 @@ class ModelSource {
   // One model as it is now. INVALID_ARGUMENT for a name that is not a plain directory name
   // ("", ".", "..", "a/b", ".hidden"): a client-supplied name never leaves the repository.
   // NOT_FOUND when the repository has no such directory. A broken model is returned with its
-  // own status, as by ScanModelRepository.
-  virtual StatusOr<RepositoryModel> Read(const std::string& name) const = 0;
+  // own status, as by ScanModelRepository. With an override, the model is read with its config
+  // (see DirectoryModelSource); a bad override is the model's status (INVALID_ARGUMENT).
+  virtual StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const = 0;
 };
 
 }  // namespace sluice

@@ -1,5 +1,6 @@
 #include "server/frontend/model_queries.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/data_type.h"
 
@@ -73,8 +74,9 @@ Status AnswerModelStatistics(const ModelManager& manager, const std::string& nam
   return absl::OkStatus();
 }
 
-Status CheckModelControl(const ModelControl* control, const std::string& transport, const std::string& repository_name,
-                         const std::string& model_name, const std::vector<std::string>& parameter_keys, bool unload) {
+StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
+                                          const std::string& repository_name, const std::string& model_name,
+                                          const std::vector<ControlParameter>& parameters, bool unload) {
   // Load and unload work only in explicit mode (see ModelControlMode).
   const ModelControlMode mode = control != nullptr ? control->mode() : ModelControlMode::kNone;
   if (mode != ModelControlMode::kExplicit) {
@@ -83,17 +85,38 @@ Status CheckModelControl(const ModelControl* control, const std::string& transpo
         ModelControlModeName(mode), "; start the server with --model-control-mode explicit"));
   }
   SLUICE_RETURN_IF_ERROR(CheckRepositoryName(repository_name));
-  for (const std::string& key : parameter_keys) {
-    // Unload's unload_dependents concerns ensembles, which Sluice does not have: nothing depends
-    // on a model, so either value means the same.
-    if (unload && key == "unload_dependents") continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter '", key,
-        "' is not supported: Sluice loads models only as the repository has them (edit config.pbtxt "
-        "and the version directories, then load)"));
+  auto kind_name = [](ControlParameter::Kind kind) {
+    switch (kind) {
+      case ControlParameter::Kind::kBool: return "bool";
+      case ControlParameter::Kind::kInt64: return "int64";
+      case ControlParameter::Kind::kString: return "string";
+      case ControlParameter::Kind::kBytes: return "bytes";
+    }
+    return "unknown";
+  };
+  ModelOverride override;
+  for (const ControlParameter& parameter : parameters) {
+    if (unload) {
+      if (parameter.key == "unload_dependents") continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", parameter.key, "' is not supported by unload (only unload_dependents)"));
+    }
+    if (parameter.key == "config") {
+      if (parameter.kind != ControlParameter::Kind::kString) {
+        return absl::InvalidArgumentError("Config parameter 'config' must have string type for its value");
+      }
+      override.config_json = parameter.value;
+    } else if (absl::StartsWith(parameter.key, "file:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "load parameter '", parameter.key,
+          "': model files sent with a load are not accepted by this server; put them in the model repository"));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("Unrecognized load parameter '", parameter.key,
+                                                     "' with type '", kind_name(parameter.kind), "'"));
+    }
   }
   if (model_name.empty()) return absl::InvalidArgumentError("model_name is empty");
-  return absl::OkStatus();
+  return override;
 }
 
 void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config) {

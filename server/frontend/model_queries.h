@@ -40,12 +40,25 @@ Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& rep
 Status AnswerModelStatistics(const ModelManager& manager, const std::string& name, const std::string& version,
                              inference::ModelStatisticsResponse* response);
 
+// One load or unload parameter as a front end decoded it: a gRPC ModelRepositoryParameter, or a
+// member of the HTTP body's "parameters" (a "file:" member's base64 already decoded to kBytes).
+struct ControlParameter {
+  enum class Kind { kBool, kInt64, kString, kBytes };
+  std::string key;
+  Kind kind = Kind::kString;
+  std::string value;  // kString and kBytes
+};
+
 // The checks a repository load or unload request passes before it is queued: explicit model
-// control (`control` null counts as none), the one repository, a model name, and parameters
-// (none for load; unload accepts unload_dependents). `transport` ("gRPC", "HTTP") goes into the
+// control (`control` null counts as none), the one repository, a model name, and the parameters,
+// with Triton's rules. Load takes "config" (a string: ModelConfig JSON, returned as the
+// override); "file:<path>" entries (model files sent with the load) are refused; anything else
+// is INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents (Sluice
+// has no ensembles: nothing depends on a model). `transport` ("gRPC", "HTTP") goes into the
 // message.
-Status CheckModelControl(const ModelControl* control, const std::string& transport, const std::string& repository_name,
-                         const std::string& model_name, const std::vector<std::string>& parameter_keys, bool unload);
+StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
+                                          const std::string& repository_name, const std::string& model_name,
+                                          const std::vector<ControlParameter>& parameters, bool unload);
 
 // ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
 // model batches).

@@ -243,25 +243,44 @@ grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* c
 }
 
 template <typename Request>
-Status GrpcService::CheckControl(const grpc::CallbackServerContext& context, const Request& request) const {
+StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerContext& context,
+                                                  const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
-  std::vector<std::string> keys;
-  for (const auto& [key, value] : request.parameters()) keys.push_back(key);
-  return CheckModelControl(control_, "gRPC", request.repository_name(), request.model_name(), keys,
+  std::vector<ControlParameter> parameters;
+  for (const auto& [key, value] : request.parameters()) {
+    ControlParameter& parameter = parameters.emplace_back();
+    parameter.key = key;
+    switch (value.parameter_choice_case()) {
+      case inference::ModelRepositoryParameter::kBoolParam: parameter.kind = ControlParameter::Kind::kBool; break;
+      case inference::ModelRepositoryParameter::kInt64Param: parameter.kind = ControlParameter::Kind::kInt64; break;
+      case inference::ModelRepositoryParameter::kBytesParam:
+        parameter.kind = ControlParameter::Kind::kBytes;
+        parameter.value = value.bytes_param();
+        break;
+      default:
+        parameter.kind = ControlParameter::Kind::kString;
+        parameter.value = value.string_param();
+        break;
+    }
+  }
+  return CheckModelControl(control_, "gRPC", request.repository_name(), request.model_name(), parameters,
                            std::is_same_v<Request, inference::RepositoryModelUnloadRequest>);
 }
 
 grpc::ServerUnaryReactor* GrpcService::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
-  return RunControl(context, [this, name = request->model_name()] { return control_->LoadModel(name); });
+  StatusOr<ModelOverride> override = CheckControl(*context, *request);
+  if (!override.ok()) return FinishNow(context, override.status());
+  return RunControl(context, [this, name = request->model_name(), override = *std::move(override)] {
+    return control_->LoadModel(name, override);
+  });
 }
 
 grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (Status allowed = CheckControl(*context, *request); !allowed.ok()) return FinishNow(context, allowed);
+  if (Status allowed = CheckControl(*context, *request).status(); !allowed.ok()) return FinishNow(context, allowed);
   return RunControl(context, [this, name = request->model_name()] {
     spdlog::info("event=model_unload_requested model={}", name);
     return control_->UnloadModel(name);

@@ -157,8 +157,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
+  // (A load's config override comes back.)
   template <typename Request>
-  Status CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;
+  StatusOr<ModelOverride> CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;
   // Runs `task` on the control thread and finishes the call with its status.
   grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context, std::function<Status()> task);
 

@@ -13,6 +13,8 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/reflection.h>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
 #include "server/frontend/request_parameters.h"
@@ -648,17 +650,42 @@ StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::s
   return registration;
 }
 
-StatusOr<std::vector<std::string>> ParseControlRequest(absl::string_view body) {
-  std::vector<std::string> keys;
-  if (body.empty()) return keys;
+StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view body) {
+  std::vector<ControlParameter> parameters;
+  if (body.empty()) return parameters;
   rapidjson::Document document;
   SLUICE_RETURN_IF_ERROR(ParseDocument(body, &document));
-  const rapidjson::Value* parameters = Member(document, "parameters");
-  SLUICE_RETURN_IF_ERROR(CheckParameters(parameters, "the request"));
-  if (parameters != nullptr) {
-    for (const auto& member : parameters->GetObject()) keys.emplace_back(member.name.GetString());
+  const rapidjson::Value* members = Member(document, "parameters");
+  SLUICE_RETURN_IF_ERROR(CheckParameters(members, "the request"));
+  if (members == nullptr) return parameters;
+  for (const auto& member : members->GetObject()) {
+    ControlParameter& parameter = parameters.emplace_back();
+    parameter.key.assign(member.name.GetString(), member.name.GetStringLength());
+    const rapidjson::Value& value = member.value;
+    if (value.IsString()) {
+      const absl::string_view text(value.GetString(), value.GetStringLength());
+      if (absl::StartsWith(parameter.key, "file:")) {  // file contents travel as base64, as in Triton
+        parameter.kind = ControlParameter::Kind::kBytes;
+        if (!absl::Base64Unescape(text, &parameter.value)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("load parameter '", parameter.key, "' is not valid base64"));
+        }
+      } else {
+        parameter.kind = ControlParameter::Kind::kString;
+        parameter.value = std::string(text);
+      }
+    } else if (value.IsBool()) {
+      parameter.kind = ControlParameter::Kind::kBool;
+      parameter.value = value.GetBool() ? "true" : "false";
+    } else if (value.IsInt64()) {
+      parameter.kind = ControlParameter::Kind::kInt64;
+      parameter.value = std::to_string(value.GetInt64());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", parameter.key, "' must be a string, a boolean or an integer"));
+    }
   }
-  return keys;
+  return parameters;
 }
 
 }  // namespace sluice

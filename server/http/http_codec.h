@@ -18,6 +18,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/frontend/model_queries.h"
 #include "server/frontend/shared_memory.h"
 
 namespace sluice {
@@ -117,7 +118,10 @@ struct SystemSharedMemoryRegistration {
 };
 StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::string_view body);
 
-// The names in a repository load/unload body's "parameters" object (empty body: none).
-StatusOr<std::vector<std::string>> ParseControlRequest(absl::string_view body);
+// The members of a repository load/unload body's "parameters" object (empty body: none), as
+// Triton's HTTP endpoint reads them: strings (a "file:<path>" member is base64, decoded here to
+// kBytes), booleans and integers. INVALID_ARGUMENT for a body that is not a JSON object, bad
+// base64, or another kind of value.
+StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view body);
 
 }  // namespace sluice

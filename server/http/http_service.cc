@@ -320,15 +320,14 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
   if (Status allowed = Allow(exchange, ProtocolGroup::kModelRepository); !allowed.ok()) {
     return RespondStatus(responder, allowed);
   }
-  StatusOr<std::vector<std::string>> keys = ParseControlRequest(exchange.body());
-  if (!keys.ok()) return RespondStatus(responder, keys.status());
-  if (Status checked = CheckModelControl(control_, "HTTP", "", model, *keys, unload); !checked.ok()) {
-    return RespondStatus(responder, checked);
-  }
+  StatusOr<std::vector<ControlParameter>> parameters = ParseControlRequest(exchange.body());
+  if (!parameters.ok()) return RespondStatus(responder, parameters.status());
+  StatusOr<ModelOverride> checked = CheckModelControl(control_, "HTTP", "", model, *parameters, unload);
+  if (!checked.ok()) return RespondStatus(responder, checked.status());
   // Load and unload take seconds: the control thread runs them and answers.
   control_->Submit(
-      [this, model, unload] {
-        if (!unload) return control_->LoadModel(model);
+      [this, model, unload, override = *std::move(checked)] {
+        if (!unload) return control_->LoadModel(model, override);
         spdlog::info("event=model_unload_requested model={} protocol=http", model);
         return control_->UnloadModel(model);
       },

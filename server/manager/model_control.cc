@@ -214,21 +214,24 @@ void ModelControl::Retire(const std::string& name, RetiredVersions retired) {
   loader_->ReleaseCachedMemory();
 }
 
-Status ModelControl::LoadModel(const std::string& name) {
+Status ModelControl::LoadModel(const std::string& name, const ModelOverride& override) {
+  auto failed = [&name](const Status& status) {
+    return Status(status.code(), absl::StrCat("failed to load '", name, "': ", status.message()));
+  };
   if (options_.source == nullptr) {
-    return absl::FailedPreconditionError("model control has no model repository to read from");
+    return failed(absl::FailedPreconditionError("model control has no model repository to read from"));
   }
   Status status;
   {
     MutexLock control(&control_mutex_);
-    if (stopping_) return absl::UnavailableError("the server is shutting down");
-    StatusOr<RepositoryModel> read = options_.source->Read(name);
-    if (!read.ok()) return read.status();
-    spdlog::info("event=model_load model={}", name);
+    if (stopping_) return failed(absl::UnavailableError("the server is shutting down"));
+    StatusOr<RepositoryModel> read = options_.source->Read(name, override);
+    if (!read.ok()) return failed(read.status());
+    spdlog::info("event=model_load model={}{}", name, override.config_json ? " config_override=true" : "");
     status = Install(std::make_shared<const RepositoryModel>(*std::move(read)));
   }
   NotifyChange();
-  return status;
+  return status.ok() ? status : failed(status);
 }
 
 Status ModelControl::UnloadModel(const std::string& name) {

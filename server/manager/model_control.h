@@ -80,8 +80,11 @@ class ModelControl {
   // request holding them is answered, before this returns. If anything fails (config, a version's
   // load or warm-up) while an old version serves, nothing changes and the error comes back; a
   // model that served nothing shows each version's failure. NOT_FOUND or INVALID_ARGUMENT for a
-  // name the source does not have; FAILED_PRECONDITION without a source.
-  Status LoadModel(const std::string& name);
+  // name the source does not have; FAILED_PRECONDITION without a source. `override` (a load
+  // request's config) replaces the repository's configuration for this load; the next load
+  // without one reads the repository's again. Every error starts "failed to load 'name': "
+  // (Triton's words, which its clients match).
+  Status LoadModel(const std::string& name, const ModelOverride& override = {});
 
   // Unloads every version of `name`: lookups answer UNAVAILABLE ("unloaded") at once, and this
   // returns when every request already given one of its versions is answered, after stopping the

@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace sluice {
 namespace {
@@ -820,6 +821,17 @@ std::vector<int64_t> SelectVersions(const inference::ModelVersionPolicy& policy,
     }
   }
   return available;
+}
+
+StatusOr<inference::ModelConfig> ParseModelConfigJson(const std::string& json) {
+  inference::ModelConfig config;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // a misspelt field is an error, not a silent default
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &config, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("Invalid config override: ", std::string(parsed.message())));
+  }
+  return config;
 }
 
 }  // namespace sluice

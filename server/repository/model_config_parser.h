@@ -16,6 +16,10 @@ namespace sluice {
 StatusOr<inference::ModelConfig> ParseModelConfigText(const std::string& text,
                                                       const std::string& source);
 
+// Parses protobuf's JSON form of ModelConfig (a load request's "config" override; numbers may be
+// quoted, as Triton's clients send them). INVALID_ARGUMENT says what is wrong.
+StatusOr<inference::ModelConfig> ParseModelConfigJson(const std::string& json);
+
 // Validates a parsed config for the model directory `model_name` and converts it. Fills the
 // config's defaults in place (name, platform, instance groups, version policy), so that the
 // ModelConfig RPC reports what Sluice actually uses. Features Sluice does not support are rejected

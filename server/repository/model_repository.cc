@@ -22,14 +22,40 @@ StatusOr<std::string> ReadFile(const fs::path& path) {
   return text.str();
 }
 
-Status FillModel(RepositoryModel* model) {
-  const fs::path config_path = model->directory / "config.pbtxt";
+StatusOr<inference::ModelConfig> ReadConfigFile(const fs::path& directory) {
+  const fs::path config_path = directory / "config.pbtxt";
   std::error_code ec;
   if (!fs::is_regular_file(config_path, ec)) {
-    return absl::NotFoundError(absl::StrCat("no config.pbtxt in ", model->directory.string()));
+    return absl::NotFoundError(absl::StrCat("no config.pbtxt in ", directory.string()));
   }
   SLUICE_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
-  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigText(text, config_path.string()));
+  return ParseModelConfigText(text, config_path.string());
+}
+
+// The override's config, completed from config.pbtxt where Triton would complete it from the
+// model file (see ReadModelDirectory).
+StatusOr<inference::ModelConfig> OverrideConfig(const fs::path& directory, const std::string& json) {
+  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigJson(json));
+  const bool needs_tensors = config.input_size() == 0 && config.output_size() == 0;
+  const bool needs_runtime = config.platform().empty() && config.backend().empty();
+  if (!needs_tensors && !needs_runtime) return config;
+  StatusOr<inference::ModelConfig> repository = ReadConfigFile(directory);
+  if (!repository.ok()) return config;  // nothing to complete from: the override stands alone
+  if (needs_tensors) {
+    *config.mutable_input() = repository->input();
+    *config.mutable_output() = repository->output();
+  }
+  if (needs_runtime) {
+    config.set_platform(repository->platform());
+    config.set_backend(repository->backend());
+  }
+  return config;
+}
+
+Status FillModel(RepositoryModel* model, const ModelOverride& override) {
+  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
+                          override.config_json ? OverrideConfig(model->directory, *override.config_json)
+                                               : ReadConfigFile(model->directory));
   const StatusOr<ModelSpec> spec = BuildModelSpec(model->name, &config);
   // Kept even when the spec is refused: the ModelConfig RPC shows what was read.
   model->config = std::make_shared<const inference::ModelConfig>(std::move(config));
@@ -37,6 +63,7 @@ Status FillModel(RepositoryModel* model) {
   model->spec = *spec;
 
   std::map<int64_t, fs::path> on_disk;
+  std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(model->directory, ec)) {
     int64_t version = 0;
     if (!entry.is_directory() || !absl::SimpleAtoi(entry.path().filename().string(), &version) ||
@@ -88,12 +115,13 @@ std::string Fingerprint(const fs::path& directory) {
 
 }  // namespace
 
-RepositoryModel ReadModelDirectory(const fs::path& directory) {
+RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override) {
   RepositoryModel model;
   model.name = directory.filename().string();
   model.directory = directory;
   model.fingerprint = Fingerprint(directory);
-  model.status = FillModel(&model);
+  if (override.config_json) absl::StrAppend(&model.fingerprint, "\nconfig override:", *override.config_json);
+  model.status = FillModel(&model, override);
   if (!model.status.ok()) model.spec = ModelSpec{};
   return model;
 }
@@ -123,7 +151,7 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
   return models;
 }
 
-StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name) const {
+StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, const ModelOverride& override) const {
   if (name.empty() || name.front() == '.' || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -136,7 +164,7 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name) co
     return absl::NotFoundError(absl::StrCat("the model repository has no model '", name, "' (no directory ",
                                             directory.string(), ")"));
   }
-  return ReadModelDirectory(directory);
+  return ReadModelDirectory(directory, override);
 }
 
 }  // namespace sluice

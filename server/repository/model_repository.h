@@ -18,15 +18,19 @@ namespace sluice {
 // starts with '.', and __pycache__ (Python's bytecode cache), are ignored.
 StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const std::filesystem::path& root);
 
-// Reads one model directory (exposed for tests).
-RepositoryModel ReadModelDirectory(const std::filesystem::path& directory);
+// Reads one model directory (exposed for tests). With `override.config_json`, that JSON
+// (protobuf's JSON form of ModelConfig, Triton's field names) is the configuration instead of
+// config.pbtxt. What Triton would complete from the model file itself, and a TorchScript file
+// cannot tell (the inputs and outputs, the platform or backend), comes from config.pbtxt when the
+// override has none of it; everything else is the override's alone (or Sluice's default).
+RepositoryModel ReadModelDirectory(const std::filesystem::path& directory, const ModelOverride& override = {});
 
 // The repository on disk at `root`.
 class DirectoryModelSource final : public ModelSource {
  public:
   explicit DirectoryModelSource(std::filesystem::path root) : root_(std::move(root)) {}
   StatusOr<std::vector<RepositoryModel>> Scan() const override { return ScanModelRepository(root_); }
-  StatusOr<RepositoryModel> Read(const std::string& name) const override;
+  StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const override;
 
  private:
   const std::filesystem::path root_;

@@ -533,8 +533,11 @@ def test_repository_control_over_http(test_repository, tmp_path_factory):
                 client.load_model("no_such_model")
             assert error.value.status() == "404", error.value.message()
         status, _, answer = call(server, "POST", "/v2/repository/models/dtype_int8/load",
-                                 json.dumps({"parameters": {"config": "{}"}}))
-        assert status == 400 and "parameter 'config' is not supported" in json.loads(answer)["error"]
+                                 json.dumps({"parameters": {"colour": "red"}}))
+        assert status == 400 and "Unrecognized load parameter 'colour'" in json.loads(answer)["error"]
+        # An empty override: config.pbtxt's tensors and platform, Sluice's defaults elsewhere.
+        assert call(server, "POST", "/v2/repository/models/dtype_int8/load",
+                    json.dumps({"parameters": {"config": "{}"}}))[0] == 200
         assert call(server, "POST", "/v2/repository/models/dtype_fp32/unload",
                     json.dumps({"parameters": {"unload_dependents": True}}))[0] == 200
     finally:

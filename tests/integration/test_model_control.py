@@ -2,6 +2,9 @@
 load, reload to a new version under load with no failed request, a failed reload that keeps the
 old version, unload that waits for the requests it admitted, polling, the access guard, and
 memory across load/unload cycles."""
+import asyncio
+import http.client as httplib
+import json
 import os
 import re
 import shutil
@@ -12,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aiohttpclient
 from conftest import ASAN_BUILD, start_server
 from torch import nn
 from tritonclient.utils import InferenceServerException
@@ -128,13 +133,71 @@ def test_explicit_mode_loads_on_request_and_unloads(repository, tmp_path_factory
                 client.load_model(name)
             assert error.value.status() == f"StatusCode.{status}", name
             assert words in error.value.message()
-        with pytest.raises(InferenceServerException) as error:
-            client.load_model("adder", config='{"max_batch_size": 4}')
-        assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
-        assert "'config' is not supported" in error.value.message()
-        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0  # still serving
+            if name:
+                assert error.value.message().startswith(f"failed to load '{name}': "), name  # Triton's start
     finally:
         client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_load_with_a_config_override(repository, tmp_path_factory):
+    """Triton's "config" load parameter, over gRPC, HTTP and HTTP aio: the JSON replaces
+    config.pbtxt for that load (tensors and platform completed from config.pbtxt, as Triton
+    completes them from the model file); a later load without it goes back to config.pbtxt; a bad
+    override fails "failed to load" and the old version keeps serving; other parameters are
+    refused."""
+    server = explicit_server(repository, tmp_path_factory)
+    client = grpcclient.InferenceServerClient(server.url)
+    rest = httpclient.InferenceServerClient(server.http_url)
+    try:
+        client.load_model("adder", config='{"max_batch_size":"16"}')  # as Triton's example sends it
+        assert client.get_model_config("adder", as_json=True)["config"]["max_batch_size"] == 16
+        assert rest.get_model_config("adder")["max_batch_size"] == 16
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0
+
+        for config, words in [('"parameters": {"config": {{"max_batch_size": "16"}}}', "Invalid config override"),
+                              ('{"max_batch_sise": 4}', "Invalid config override"),
+                              ('{"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [9]}}',
+                               "preferred_batch_size")]:
+            with pytest.raises(InferenceServerException) as error:
+                client.load_model("adder", config=config)
+            assert error.value.status() == "StatusCode.INVALID_ARGUMENT", config
+            assert error.value.message().startswith("failed to load 'adder': "), error.value
+            assert words in error.value.message(), error.value
+            assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0  # the loaded one serves on
+        assert rest.get_model_config("adder")["max_batch_size"] == 16
+
+        client.load_model("adder")  # no override: config.pbtxt again
+        assert rest.get_model_config("adder")["max_batch_size"] == 8
+
+        rest.load_model("adder", config='{"max_batch_size": 2}')
+        assert client.get_model_config("adder", as_json=True)["config"]["max_batch_size"] == 2
+        with pytest.raises(InferenceServerException) as error:
+            rest.load_model("adder", config='{"max_batch_size": "x"}')
+        assert error.value.status() == "400" and "failed to load 'adder'" in error.value.message()
+
+        async def aio_load():
+            async with aiohttpclient.InferenceServerClient(server.http_url) as aio:
+                await aio.load_model("adder", config='{"max_batch_size": 4}')
+                return (await aio.get_model_config("adder"))["max_batch_size"]
+        assert asyncio.run(aio_load()) == 4
+
+        # Other load parameters: refused before anything loads.
+        with pytest.raises(InferenceServerException) as error:
+            rest.load_model("adder", config='{"max_batch_size": 4}', files={"file:1/model.pt": b"\0"})
+        assert error.value.status() == "400"
+        assert "model files sent with a load are not accepted" in error.value.message()
+        connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+        connection.request("POST", "/v2/repository/models/adder/load",
+                           body=json.dumps({"parameters": {"colour": "red"}}))
+        response = connection.getresponse()
+        assert response.status == 400
+        assert "Unrecognized load parameter 'colour' with type 'string'" in json.loads(response.read())["error"]
+        connection.close()
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0
+    finally:
+        client.close()
+        rest.close()
         assert server.stop() == 0, server.log()
 
 

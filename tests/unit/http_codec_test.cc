@@ -381,9 +381,20 @@ TEST(HttpCodecTest, RepositoryRequestBodies) {
   EXPECT_FALSE(ParseIndexRequest(R"({"ready": "yes"})").ok());
   EXPECT_FALSE(ParseIndexRequest("nope").ok());
   EXPECT_TRUE(ParseControlRequest("")->empty());
-  EXPECT_EQ(*ParseControlRequest(R"({"parameters": {"unload_dependents": true, "config": "{}"}})"),
-            (std::vector<std::string>{"unload_dependents", "config"}));
+  StatusOr<std::vector<ControlParameter>> parameters = ParseControlRequest(
+      R"({"parameters": {"unload_dependents": true, "config": "{}", "file:1/model.pt": "aGVsbG8=", "n": 3}})");
+  ASSERT_TRUE(parameters.ok()) << parameters.status();
+  ASSERT_EQ(parameters->size(), 4u);
+  EXPECT_EQ((*parameters)[0].key, "unload_dependents");
+  EXPECT_EQ((*parameters)[0].kind, ControlParameter::Kind::kBool);
+  EXPECT_EQ((*parameters)[1].kind, ControlParameter::Kind::kString);
+  EXPECT_EQ((*parameters)[1].value, "{}");
+  EXPECT_EQ((*parameters)[2].kind, ControlParameter::Kind::kBytes);  // base64, decoded
+  EXPECT_EQ((*parameters)[2].value, "hello");
+  EXPECT_EQ((*parameters)[3].kind, ControlParameter::Kind::kInt64);
   EXPECT_FALSE(ParseControlRequest(R"({"parameters": 3})").ok());
+  EXPECT_FALSE(ParseControlRequest(R"({"parameters": {"file:1/model.pt": "not base64!"}})").ok());
+  EXPECT_FALSE(ParseControlRequest(R"({"parameters": {"config": [1]}})").ok());
 }
 
 // A POSIX shared memory object of `size` bytes, registered as `name`, unlinked at the end.

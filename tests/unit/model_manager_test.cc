@@ -55,6 +55,10 @@ std::vector<RepositoryModel> Models(std::vector<RepositoryModel> models) { retur
 // A repository in memory for model control: what LoadModel and PollRepository read.
 class MemorySource final : public ModelSource {
  public:
+  std::optional<std::string> last_override() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_override_;
+  }
   void Put(RepositoryModel model, const std::string& fingerprint) {
     std::lock_guard<std::mutex> lock(mutex_);
     model.fingerprint = fingerprint;
@@ -70,8 +74,9 @@ class MemorySource final : public ModelSource {
     for (const auto& [name, model] : models_) models.push_back(model);
     return models;
   }
-  StatusOr<RepositoryModel> Read(const std::string& name) const override {
+  StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const override {
     std::lock_guard<std::mutex> lock(mutex_);
+    last_override_ = override.config_json;
     auto it = models_.find(name);
     if (it == models_.end()) return absl::NotFoundError("no model '" + name + "'");
     return it->second;
@@ -80,6 +85,7 @@ class MemorySource final : public ModelSource {
  private:
   mutable std::mutex mutex_;
   std::map<std::string, RepositoryModel> models_;
+  mutable std::optional<std::string> last_override_;
 };
 
 // Submits a request with id `id` (one row of INPUT__0) and returns where its answer will be.
@@ -504,7 +510,15 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_EQ(Send(&**loaded, "3").get()->outputs[0].data, "3");
   loaded = StatusOr<InFlightModel>(absl::CancelledError("released"));
 
-  EXPECT_EQ(control.LoadModel("nope").code(), absl::StatusCode::kNotFound);
+  const Status nope = control.LoadModel("nope");
+  EXPECT_EQ(nope.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(nope.message(), "failed to load 'nope': no model 'nope'");  // Triton's start, then why
+  // A load's config override reaches the source for that load only.
+  ASSERT_TRUE(control.LoadModel("b", ModelOverride{std::string(R"({"max_batch_size": 4})")}).ok());
+  EXPECT_EQ(source.last_override(), std::optional<std::string>(R"({"max_batch_size": 4})"));
+  ASSERT_TRUE(control.LoadModel("b").ok());
+  EXPECT_EQ(source.last_override(), std::nullopt);
+  changes = 1;  // the reloads above are changes too
   ASSERT_TRUE(control.UnloadModel("a").ok());
   EXPECT_EQ(changes, 2);  // a name the source does not have changes nothing
   auto a = manager.Find("a", "1");

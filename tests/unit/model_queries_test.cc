@@ -45,5 +45,42 @@ TEST(ModelQueriesTest, ModelConfigCarriesTheMeasuredBatchSizes) {
   EXPECT_EQ(config.parameters().at("INTRA_OP_THREAD_COUNT").string_value(), "1");
 }
 
+// Triton's load parameter rules, the same over gRPC and HTTP.
+TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
+  ModelManager manager({}, {});
+  ModelControl::Options options;
+  options.mode = ModelControlMode::kExplicit;
+  ModelControl control(&manager, /*loader=*/nullptr, options);
+  using Kind = ControlParameter::Kind;
+  auto check = [&](std::vector<ControlParameter> parameters, bool unload = false) {
+    return CheckModelControl(&control, "gRPC", "", "m", parameters, unload);
+  };
+  StatusOr<ModelOverride> plain = check({});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->empty());
+  StatusOr<ModelOverride> config = check({{"config", Kind::kString, R"({"max_batch_size": 16})"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->config_json, std::optional<std::string>(R"({"max_batch_size": 16})"));
+  EXPECT_TRUE(check({{"unload_dependents", Kind::kBool, "true"}}, /*unload=*/true).ok());
+
+  const std::vector<std::pair<std::vector<ControlParameter>, std::string>> refused = {
+      {{{"config", Kind::kBytes, "{}"}}, "Config parameter 'config' must have string type for its value"},
+      {{{"colour", Kind::kString, "red"}}, "Unrecognized load parameter 'colour' with type 'string'"},
+      {{{"unload_dependents", Kind::kBool, "true"}}, "Unrecognized load parameter 'unload_dependents'"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "x"}},
+       "model files sent with a load are not accepted"},
+  };
+  for (const auto& [parameters, words] : refused) {
+    StatusOr<ModelOverride> result = check(parameters);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << words;
+    EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr(words));
+  }
+  EXPECT_EQ(check({{"config", Kind::kString, "{}"}}, /*unload=*/true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelControl polling(&manager, nullptr, ModelControl::Options{});
+  EXPECT_EQ(CheckModelControl(&polling, "HTTP", "", "m", {}, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -612,18 +612,57 @@ TEST_F(RepositoryTest, FingerprintChangesWithAnyFileAndSourceReadsOneModel) {
   EXPECT_FALSE(ReadModelDirectory(root_ / "broken").fingerprint.empty());
 
   DirectoryModelSource source(root_);
-  auto model = source.Read("m");
+  auto model = source.Read("m", {});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(model->versions.size(), 1u);
   EXPECT_EQ(model->versions.begin()->first, 2);
-  EXPECT_EQ(source.Read("absent").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(source.Read("absent", {}).status().code(), absl::StatusCode::kNotFound);
   // A client-supplied name never leaves the repository.
   for (const std::string& name : std::vector<std::string>{"", ".", "..", "../m", "m/1", ".hidden", std::string("m\0x", 3)}) {
-    EXPECT_EQ(source.Read(name).status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_EQ(source.Read(name, {}).status().code(), absl::StatusCode::kInvalidArgument) << name;
   }
   auto all = source.Scan();
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 2u);
+}
+
+// A load's config override (Triton's "config" load parameter): JSON instead of config.pbtxt,
+// completed from config.pbtxt only where Triton would complete from the model file.
+TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
+  Write("m/config.pbtxt", kMinimal);
+  Write("m/1/model.pt", "x");
+  DirectoryModelSource source(root_);
+
+  // Numbers may be quoted (Triton's example sends "16"); tensors and platform come from config.pbtxt.
+  auto overridden = source.Read("m", ModelOverride{std::string(R"({"max_batch_size": "16"})")});
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  ASSERT_TRUE(overridden->status.ok()) << overridden->status;
+  EXPECT_EQ(overridden->config->max_batch_size(), 16);
+  EXPECT_EQ(overridden->spec.max_batch_size, 16);
+  EXPECT_EQ(overridden->config->input(0).name(), "INPUT__0");
+  EXPECT_EQ(overridden->config->platform(), "pytorch_libtorch");
+  EXPECT_NE(overridden->fingerprint, ReadModelDirectory(root_ / "m").fingerprint);
+
+  // An override with its own tensors keeps them: nothing of config.pbtxt is merged in.
+  auto own = source.Read("m", ModelOverride{std::string(
+      R"({"platform": "pytorch_libtorch", "max_batch_size": 2,
+          "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]})")});
+  ASSERT_TRUE(own.ok() && own->status.ok()) << own->status;
+  EXPECT_EQ(own->config->input(0).name(), "X");
+  EXPECT_EQ(own->spec.max_batch_size, 2);
+
+  // Without an override, config.pbtxt again.
+  EXPECT_EQ(source.Read("m", {})->spec.max_batch_size, 8);
+
+  // A malformed override, or an unknown field: the model's status says why.
+  for (const std::string& bad : {std::string(R"("parameters": {"config": {{"max_batch_size": "16"}}})"),
+                                 std::string(R"({"max_batch_sise": 4})")}) {
+    auto broken = source.Read("m", ModelOverride{bad});
+    ASSERT_TRUE(broken.ok());
+    EXPECT_EQ(broken->status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(broken->status.message()), ::testing::HasSubstr("Invalid config override")) << bad;
+  }
 }
 
 }  // namespace
