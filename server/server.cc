@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -66,6 +68,17 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
                ModelControlModeName(config.model_control_mode));
   SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
   SLUICE_RETURN_IF_ERROR(server->StartMetrics(config, runtime));
+  if (config.allow_load_files) {  // read by StartModelControl
+    LoadedFileStore::Options files;
+    files.root = !config.load_files_dir.empty()
+                     ? std::filesystem::path(config.load_files_dir)
+                     : std::filesystem::temp_directory_path() / absl::StrCat("sluice-load-files-", getpid());
+    files.disk_bytes = config.load_files_disk_bytes;
+    SLUICE_ASSIGN_OR_RETURN(server->load_files_, LoadedFileStore::Create(files));
+    spdlog::warn("event=load_files_allowed dir={} max_bytes_per_load={} disk_bytes={} reason=\"loads may carry "
+                 "model files, which are code the server runs: trusted clients only\"",
+                 files.root.string(), config.load_files_max_bytes, files.disk_bytes);
+  }
   loader_options.observer = server->metrics_.get();
   server->StartModelControl(config, std::move(models), loader_options);
   SLUICE_RETURN_IF_ERROR(server->StartGrpc(config));
@@ -137,7 +150,7 @@ Status Server::StartMetrics(const ServerConfig& config, const RuntimeInfo& runti
 
 void Server::StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
                                const VersionLoader::Options& loader_options) {
-  source_ = std::make_unique<DirectoryModelSource>(config.model_repository);
+  source_ = std::make_unique<DirectoryModelSource>(config.model_repository, load_files_.get());
   loader_ = std::make_unique<VersionLoader>(factory_.get(), loader_options);
   ModelManager::Options manager_options;
   manager_options.observer = metrics_.get();
@@ -145,6 +158,8 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
   ModelControl::Options control_options;
   control_options.mode = config.model_control_mode;
   control_options.startup_models = config.load_models;
+  control_options.accept_load_files = load_files_ != nullptr;
+  control_options.max_load_file_bytes = config.load_files_max_bytes;
   control_options.source = source_.get();
   control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
   control_options.sequence_drain = std::chrono::duration_cast<Duration>(

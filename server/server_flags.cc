@@ -77,6 +77,30 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "With --model-control-mode explicit: a model to load at start-up (repeat it; '*' "
                  "loads all)")
       ->group("Models");
+  app.add_option("--allow-load-files", config.allow_load_files,
+                 "With --model-control-mode explicit: accept model files sent with a load (Triton's "
+                 "'file:<path>' load parameters, with a 'config'). They are code the server runs (a .pt2 "
+                 "is a shared library it loads, a TorchScript file arbitrary TorchScript), so only for "
+                 "trusted clients: guard model-repository with --grpc-restricted-protocol and "
+                 "--http-restricted-api. Written under --load-files-dir, never the repository")
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--load-files-dir", config.load_files_dir,
+                 "Where model files sent with loads are written (emptied at start, removed at exit; one "
+                 "directory per load, removed when that load no longer serves); default: "
+                 "$TMPDIR/sluice-load-files-<pid>")
+      ->group("Models");
+  app.add_option("--load-files-max-bytes", config.load_files_max_bytes,
+                 "The model files one load may send, in bytes (more is INVALID_ARGUMENT)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--load-files-disk-bytes", config.load_files_disk_bytes,
+                 "The model files of every load serving at once, in bytes (a load past it is "
+                 "RESOURCE_EXHAUSTED)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Models");
   app.add_option("--repository-poll-secs", config.repository_poll_secs,
                  "With --model-control-mode poll: seconds between repository scans")
       ->check(CLI::PositiveNumber)
@@ -315,6 +339,10 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
   if (!config->load_models.empty() && config->model_control_mode != ModelControlMode::kExplicit) {
     return absl::InvalidArgumentError(absl::StrCat("--load-model needs --model-control-mode explicit (in mode ",
                                                    text.model_control_mode, " every model loads)"));
+  }
+  if (config->allow_load_files && config->model_control_mode != ModelControlMode::kExplicit) {
+    return absl::InvalidArgumentError(absl::StrCat("--allow-load-files needs --model-control-mode explicit (in mode ",
+                                                   text.model_control_mode, " nothing loads on request)"));
   }
   config->restrictions.clear();
   for (const std::string& each : text.restricted_protocols) {

@@ -24,6 +24,10 @@ struct ServerConfig {
   ModelControlMode model_control_mode = ModelControlMode::kNone;  // --model-control-mode
   std::vector<std::string> load_models;        // --load-model (explicit mode only)
   int repository_poll_secs = 15;               // --repository-poll-secs
+  bool allow_load_files = false;               // --allow-load-files (explicit mode only)
+  std::string load_files_dir;                  // --load-files-dir ("": $TMPDIR/sluice-load-files-<pid>)
+  uint64_t load_files_max_bytes = 1ull << 30;  // --load-files-max-bytes (one load)
+  uint64_t load_files_disk_bytes = 8ull << 30; // --load-files-disk-bytes (every serving load together)
   GrpcServerOptions grpc;                      // --grpc-address, --grpc-port, TLS, connections
   std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol, parsed and distinct
   bool allow_http = true;                      // --allow-http (false by default when gRPC uses TLS)

@@ -38,12 +38,16 @@ struct RepositoryModel {
   std::string fingerprint;
 };
 
-// What a load request sends in place of the repository's configuration (Triton's load parameter
-// "config": a ModelConfig in JSON, used instead of config.pbtxt for this load only; a later load
-// without it goes back to config.pbtxt).
+// What a load request sends in place of the repository's configuration and files (Triton's load
+// parameters), for this load only; a later load without them goes back to the repository.
+//   config_json: "config", a ModelConfig in JSON, used instead of config.pbtxt.
+//   files: "file:<path>" entries, the model directory's files (path relative to it, e.g.
+//          "1/model.pt"); with files the model is these files and the config alone, not the
+//          repository's directory. The front ends check the paths and the sizes.
 struct ModelOverride {
   std::optional<std::string> config_json;
-  bool empty() const { return !config_json.has_value(); }
+  std::map<std::string, std::string> files;
+  bool empty() const { return !config_json.has_value() && files.empty(); }
 };
 
 // Where model control reads models from while the server runs (start-up, RepositoryModelLoad,
@@ -59,6 +63,11 @@ class ModelSource {
   // own status, as by ScanModelRepository. With an override, the model is read with its config
   // (see DirectoryModelSource); a bad override is the model's status (INVALID_ARGUMENT).
   virtual StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const = 0;
+  // Model files sent with loads are kept where the source writes them until the load that wrote
+  // them is no longer served: after every load and unload of `name`, model control names the
+  // directory that serves now (empty: none), and the source removes the others it wrote for
+  // `name`. Nothing to do for a source that writes nothing.
+  virtual void Retain(const std::string& name, const std::filesystem::path& serving) const {}
 };
 
 }  // namespace sluice

@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/core/data_type.h"
 
 namespace sluice {
@@ -74,6 +75,36 @@ Status AnswerModelStatistics(const ModelManager& manager, const std::string& nam
   return absl::OkStatus();
 }
 
+namespace {
+
+// A "file:" load parameter's path: relative to the model directory, each component a plain name
+// (not empty, ".", ".." or longer than NAME_MAX), so that a file lands inside the load's own
+// directory and nowhere else.
+Status CheckLoadFilePath(const std::string& key, const std::string& path) {
+  auto refuse = [&key](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("Invalid file parameter '", key, "': ", why));
+  };
+  constexpr size_t kNameMax = 255;
+  constexpr size_t kPathMax = 4095;
+  if (path.empty()) return refuse("no path after 'file:'");
+  if (path.size() > kPathMax) return refuse(absl::StrCat("the path is longer than ", kPathMax, " bytes"));
+  if (path.front() == '/') return refuse("the path must be relative to the model directory");
+  if (path.find('\0') != std::string::npos) return refuse("the path holds a NUL byte");
+  if (path == "config.pbtxt") return refuse("the 'config' parameter is the model's configuration");
+  for (absl::string_view component : absl::StrSplit(path, '/')) {
+    if (component.empty() || component == "." || component == "..") {
+      return refuse("each path component must be a file or directory name (no '', '.' or '..'): the file must "
+                    "stay within the model directory");
+    }
+    if (component.size() > kNameMax) {
+      return refuse(absl::StrCat("a path component is longer than ", kNameMax, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
                                           const std::string& repository_name, const std::string& model_name,
                                           const std::vector<ControlParameter>& parameters, bool unload) {
@@ -95,6 +126,7 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
     return "unknown";
   };
   ModelOverride override;
+  uint64_t file_bytes = 0;
   for (const ControlParameter& parameter : parameters) {
     if (unload) {
       if (parameter.key == "unload_dependents") continue;
@@ -107,12 +139,33 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
       }
       override.config_json = parameter.value;
     } else if (absl::StartsWith(parameter.key, "file:")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "load parameter '", parameter.key,
-          "': model files sent with a load are not accepted by this server; put them in the model repository"));
+      if (!control->accepts_load_files()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "load parameter '", parameter.key,
+            "': model files sent with a load are not accepted by this server (they are code it would run; the "
+            "operator allows them with --allow-load-files=true); put them in the model repository"));
+      }
+      if (parameter.kind != ControlParameter::Kind::kBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("File parameter '", parameter.key, "' must have bytes type for its value"));
+      }
+      const std::string path = parameter.key.substr(5);
+      SLUICE_RETURN_IF_ERROR(CheckLoadFilePath(parameter.key, path));
+      file_bytes += parameter.value.size();
+      override.files[path] = parameter.value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("Unrecognized load parameter '", parameter.key,
                                                      "' with type '", kind_name(parameter.kind), "'"));
+    }
+  }
+  if (!override.files.empty()) {
+    if (!override.config_json) {
+      return absl::InvalidArgumentError("Load parameter 'config' must be specified for model file override");
+    }
+    if (file_bytes > control->max_load_file_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("the model files sent with this load have ", file_bytes,
+                                                     " bytes, more than --load-files-max-bytes ",
+                                                     control->max_load_file_bytes()));
     }
   }
   if (model_name.empty()) return absl::InvalidArgumentError("model_name is empty");

@@ -51,11 +51,12 @@ struct ControlParameter {
 
 // The checks a repository load or unload request passes before it is queued: explicit model
 // control (`control` null counts as none), the one repository, a model name, and the parameters,
-// with Triton's rules. Load takes "config" (a string: ModelConfig JSON, returned as the
-// override); "file:<path>" entries (model files sent with the load) are refused; anything else
-// is INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents (Sluice
-// has no ensembles: nothing depends on a model). `transport` ("gRPC", "HTTP") goes into the
-// message.
+// with Triton's rules. Load takes "config" (a string: ModelConfig JSON) and, when the control
+// accepts load files, "file:<path>" entries (bytes; they require "config"; each path relative,
+// every component a plain name of at most 255 bytes, all of them within the per-load byte cap),
+// returned as the override; "file:" entries are refused otherwise, and anything else is
+// INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents (Sluice has
+// no ensembles: nothing depends on a model). `transport` ("gRPC", "HTTP") goes into the message.
 StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
                                           const std::string& repository_name, const std::string& model_name,
                                           const std::vector<ControlParameter>& parameters, bool unload);

@@ -227,8 +227,20 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     if (stopping_) return failed(absl::UnavailableError("the server is shutting down"));
     StatusOr<RepositoryModel> read = options_.source->Read(name, override);
     if (!read.ok()) return failed(read.status());
-    spdlog::info("event=model_load model={}{}", name, override.config_json ? " config_override=true" : "");
-    status = Install(std::make_shared<const RepositoryModel>(*std::move(read)));
+    spdlog::info("event=model_load model={}{}{}", name, override.config_json ? " config_override=true" : "",
+                 override.files.empty() ? "" : absl::StrCat(" files=", override.files.size()));
+    const bool served_before = !manager_->ReadyVersions(name).empty();
+    auto model = std::make_shared<const RepositoryModel>(*std::move(read));
+    status = Install(model);
+    // The files of a load stay while it serves: this one if it serves now (in full, or partly
+    // where nothing served before), else the one before it if that serves on.
+    if (status.ok() || (!served_before && !manager_->ReadyVersions(name).empty())) {
+      serving_directory_[name] = model->directory;
+    } else if (!served_before) {
+      serving_directory_.erase(name);
+    }
+    auto serving = serving_directory_.find(name);
+    options_.source->Retain(name, serving == serving_directory_.end() ? std::filesystem::path() : serving->second);
   }
   NotifyChange();
   return status.ok() ? status : failed(status);
@@ -250,6 +262,8 @@ Status ModelControl::Unload(const std::string& name, bool forget) {
     spdlog::info("event=model_unload model={}{}", name, forget ? " reason=\"removed from the repository\"" : "");
   }
   Retire(name, std::move(retired));
+  serving_directory_.erase(name);
+  if (options_.source != nullptr) options_.source->Retain(name, {});  // files sent with its loads go
   return absl::OkStatus();
 }
 

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
+#include <map>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -48,6 +50,10 @@ class ModelControl {
     // How long a retired version (reload, unload) keeps serving its active sequences so that they
     // can end; then they are ended with an error (--shutdown-grace-seconds).
     Duration sequence_drain = std::chrono::seconds(30);
+    // Loads may carry model files (--allow-load-files; explicit mode): the front ends accept
+    // "file:" load parameters, within max_load_file_bytes per load (--load-files-max-bytes).
+    bool accept_load_files = false;
+    uint64_t max_load_file_bytes = 1ull << 30;
   };
 
   // `manager` and `loader` outlive the control.
@@ -56,6 +62,8 @@ class ModelControl {
   ~ModelControl();
 
   ModelControlMode mode() const { return options_.mode; }
+  bool accepts_load_files() const { return options_.accept_load_files; }
+  uint64_t max_load_file_bytes() const { return options_.max_load_file_bytes; }
 
   // Marks the start-up models LOADING (in explicit mode the others not loaded) before it returns,
   // then starts the control thread: LoadAll first (ahead of tasks submitted before Start), then
@@ -134,6 +142,9 @@ class ModelControl {
   std::atomic<bool> stopping_{false};  // read by warm-ups as their abandon flag
 
   Mutex control_mutex_;  // one change at a time; held while loading and draining
+  // Where each model's serving versions were read from (RepositoryModel::directory), for
+  // ModelSource::Retain.
+  std::map<std::string, std::filesystem::path> serving_directory_ ABSL_GUARDED_BY(control_mutex_);
 
   Mutex mutex_;  // the control thread's queue; never held while a task runs
   CondVar wake_;

@@ -1,6 +1,9 @@
 #include "server/repository/model_repository.h"
 
+#include <ftw.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -98,6 +101,18 @@ Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   return absl::OkStatus();
 }
 
+// Deletes `path` and everything below it, not following symbolic links; a path that is not there
+// is not an error. Not std::filesystem::remove_all: the LibTorch wheel's libtorch.so exports its
+// own copy of that symbol, which the dynamic linker binds for the whole process, and it jumps
+// through a null pointer (seen with torch 2.11, where the tree is not empty).
+void RemoveTree(const fs::path& path) {
+  auto remove_one = [](const char* each, const struct stat*, int, struct FTW*) {
+    ::remove(each);  // best effort: what cannot be removed stays, the walk goes on
+    return 0;
+  };
+  nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 // Relative path, size and modification time of every regular file under `directory`, sorted.
 std::string Fingerprint(const fs::path& directory) {
   std::vector<std::string> files;
@@ -115,9 +130,9 @@ std::string Fingerprint(const fs::path& directory) {
 
 }  // namespace
 
-RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override) {
+RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override, const std::string& name) {
   RepositoryModel model;
-  model.name = directory.filename().string();
+  model.name = name.empty() ? directory.filename().string() : name;
   model.directory = directory;
   model.fingerprint = Fingerprint(directory);
   if (override.config_json) absl::StrAppend(&model.fingerprint, "\nconfig override:", *override.config_json);
@@ -158,6 +173,15 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, co
         "'", name, "' is not a model name (a directory directly under the model repository, not "
         "starting with '.')"));
   }
+  if (!override.files.empty()) {
+    if (files_ == nullptr) {
+      return absl::FailedPreconditionError("model files sent with a load are not accepted (--allow-load-files)");
+    }
+    SLUICE_ASSIGN_OR_RETURN(const fs::path directory, files_->Write(name, override.files));
+    RepositoryModel model = ReadModelDirectory(directory, override, name);
+    if (!model.status.ok()) files_->Discard(directory);  // it will not be served
+    return model;
+  }
   const fs::path directory = root_ / name;
   std::error_code ec;
   if (!fs::is_directory(directory, ec)) {
@@ -165,6 +189,88 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, co
                                             directory.string(), ")"));
   }
   return ReadModelDirectory(directory, override);
+}
+
+void DirectoryModelSource::Retain(const std::string& name, const fs::path& serving) const {
+  if (files_ != nullptr) files_->Retain(name, serving);
+}
+
+StatusOr<std::unique_ptr<LoadedFileStore>> LoadedFileStore::Create(Options options) {
+  RemoveTree(options.root);  // what an earlier run left (a crash): never served again
+  std::error_code ec;
+  fs::create_directories(options.root, ec);
+  if (ec || !fs::is_directory(options.root)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create the directory for model files sent with loads '",
+                                                   options.root.string(), "'", ec ? ": " + ec.message() : ""));
+  }
+  fs::permissions(options.root, fs::perms::owner_all, fs::perm_options::replace, ec);  // private
+  return std::unique_ptr<LoadedFileStore>(new LoadedFileStore(std::move(options)));
+}
+
+LoadedFileStore::~LoadedFileStore() { RemoveTree(options_.root); }
+
+StatusOr<fs::path> LoadedFileStore::Write(const std::string& name, const std::map<std::string, std::string>& files) {
+  uint64_t bytes = 0;
+  for (const auto& [path, contents] : files) bytes += contents.size();
+  fs::path directory;
+  {
+    MutexLock lock(&mutex_);
+    if (bytes > options_.disk_bytes || bytes_in_use_ > options_.disk_bytes - bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the model files sent with this load (", bytes, " bytes) do not fit beside those of the loads serving now (",
+          bytes_in_use_, " bytes) within --load-files-disk-bytes ", options_.disk_bytes));
+    }
+    directory = options_.root / absl::StrCat(name, ".", next_++);
+    written_[directory] = Written{name, bytes};
+    bytes_in_use_ += bytes;
+  }
+  auto fail = [&](const std::string& why) {
+    Discard(directory);
+    return absl::InternalError(absl::StrCat("cannot write the model files sent with the load of '", name, "': ", why));
+  };
+  std::error_code ec;
+  for (const auto& [relative, contents] : files) {
+    const fs::path target = directory / relative;  // the front end checked every component
+    fs::create_directories(target.parent_path(), ec);
+    if (ec) return fail(ec.message());
+    std::ofstream out(target, std::ios::binary | std::ios::trunc);
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    out.close();
+    if (!out) return fail(absl::StrCat("writing ", relative, " failed"));
+  }
+  return directory;
+}
+
+void LoadedFileStore::Retain(const std::string& name, const fs::path& serving) {
+  Remove([&](const fs::path& directory, const Written& written) {
+    return written.name == name && directory != serving;
+  });
+}
+
+void LoadedFileStore::Discard(const fs::path& directory) {
+  Remove([&](const fs::path& each, const Written&) { return each == directory; });
+}
+
+void LoadedFileStore::Remove(absl::FunctionRef<bool(const fs::path&, const Written&)> which) {
+  std::vector<fs::path> removed;
+  {
+    MutexLock lock(&mutex_);
+    for (auto it = written_.begin(); it != written_.end();) {
+      if (which(it->first, it->second)) {
+        bytes_in_use_ -= it->second.bytes;
+        removed.push_back(it->first);
+        it = written_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const fs::path& directory : removed) RemoveTree(directory);
+}
+
+uint64_t LoadedFileStore::bytes_in_use() const {
+  MutexLock lock(&mutex_);
+  return bytes_in_use_;
 }
 
 }  // namespace sluice

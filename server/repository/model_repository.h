@@ -3,11 +3,18 @@
 //   <root>/<model>/<version>/<default_model_filename, model.pt unless the config says otherwise>
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+
 #include "model_config.pb.h"  // completes RepositoryModel::config for the code that reads it
+#include "server/core/mutex.h"
 #include "server/core/repository_model.h"
 #include "server/core/status.h"
 
@@ -23,17 +30,65 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const std::filesystem
 // config.pbtxt. What Triton would complete from the model file itself, and a TorchScript file
 // cannot tell (the inputs and outputs, the platform or backend), comes from config.pbtxt when the
 // override has none of it; everything else is the override's alone (or Sluice's default).
-RepositoryModel ReadModelDirectory(const std::filesystem::path& directory, const ModelOverride& override = {});
+// `name` empty: the directory's name.
+RepositoryModel ReadModelDirectory(const std::filesystem::path& directory, const ModelOverride& override = {},
+                                   const std::string& name = "");
 
-// The repository on disk at `root`.
+// Where the model files sent with loads go (--allow-load-files): a private directory, never the
+// user's repository, emptied when the store is made and removed when it is destroyed; each load
+// gets a directory of its own below it (<model>.<n>), removed once that load serves no more
+// (ModelSource::Retain), or at once when it fails. Thread-safe.
+class LoadedFileStore {
+ public:
+  struct Options {
+    std::filesystem::path root;                 // --load-files-dir
+    uint64_t disk_bytes = 8ull << 30;           // --load-files-disk-bytes: all loads' files together
+  };
+  // Creates (or empties) `root`. INVALID_ARGUMENT when it cannot.
+  static StatusOr<std::unique_ptr<LoadedFileStore>> Create(Options options);
+  ~LoadedFileStore();
+
+  // Writes `files` into a new directory for `name` and returns it. RESOURCE_EXHAUSTED (with the
+  // numbers) when they would take the store past disk_bytes; INTERNAL when writing fails. Nothing
+  // is left behind on an error.
+  StatusOr<std::filesystem::path> Write(const std::string& name, const std::map<std::string, std::string>& files);
+  // Removes every directory written for `name` except `serving`.
+  void Retain(const std::string& name, const std::filesystem::path& serving);
+  // Removes the one directory `directory` (a load of it failed).
+  void Discard(const std::filesystem::path& directory);
+  uint64_t bytes_in_use() const;
+  const std::filesystem::path& root() const { return options_.root; }
+
+ private:
+  explicit LoadedFileStore(Options options) : options_(std::move(options)) {}
+  const Options options_;
+  mutable Mutex mutex_;
+  struct Written {
+    std::string name;
+    uint64_t bytes = 0;
+  };
+  // Forgets and deletes the directories `which` picks.
+  void Remove(absl::FunctionRef<bool(const std::filesystem::path&, const Written&)> which) ABSL_LOCKS_EXCLUDED(mutex_);
+  std::map<std::filesystem::path, Written> written_ ABSL_GUARDED_BY(mutex_);
+  uint64_t bytes_in_use_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t next_ ABSL_GUARDED_BY(mutex_) = 1;
+};
+
+// The repository on disk at `root`, and the store for files sent with loads (null: none).
 class DirectoryModelSource final : public ModelSource {
  public:
-  explicit DirectoryModelSource(std::filesystem::path root) : root_(std::move(root)) {}
+  explicit DirectoryModelSource(std::filesystem::path root, LoadedFileStore* files = nullptr)
+      : root_(std::move(root)), files_(files) {}
   StatusOr<std::vector<RepositoryModel>> Scan() const override { return ScanModelRepository(root_); }
+  // With override.files, the model is those files (written to the store) and the override's
+  // config, whether or not the repository has a directory `name`; FAILED_PRECONDITION without a
+  // store.
   StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const override;
+  void Retain(const std::string& name, const std::filesystem::path& serving) const override;
 
  private:
   const std::filesystem::path root_;
+  LoadedFileStore* const files_;
 };
 
 }  // namespace sluice

@@ -4,6 +4,7 @@ old version, unload that waits for the requests it admitted, polling, the access
 memory across load/unload cycles."""
 import asyncio
 import http.client as httplib
+import io
 import json
 import os
 import re
@@ -416,3 +417,84 @@ def test_load_unload_cycles_keep_memory_bounded(tmp_path, tmp_path_factory):
     growth = rss[-1] - rss[2]
     print("RSS MiB per cycle:", [round(r / 2**20, 1) for r in rss])
     assert growth < 24 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 12 cycles"
+
+
+def test_load_with_model_files_sent(repository, tmp_path_factory, tmp_path):
+    """Triton's "file:<path>" load parameters with --allow-load-files: the model is the files and
+    the config sent, written under --load-files-dir (never the repository), over gRPC, HTTP
+    (base64) and HTTP aio; removed when that load no longer serves (a later load, an unload), at
+    once when the load fails, and at start. Paths that leave the model directory, files without
+    a config and loads past the caps are refused, and the server serves on."""
+    files_dir = tmp_path / "sent"
+    (files_dir / "stale.1").mkdir(parents=True)  # what a crashed run left: emptied at start
+    server = explicit_server(repository, tmp_path_factory, "--allow-load-files", "true",
+                             "--load-files-dir", str(files_dir), "--load-files-max-bytes", str(4 << 20),
+                             "--load-files-disk-bytes", str(6 << 20))
+    client = grpcclient.InferenceServerClient(server.url)
+    rest = httpclient.InferenceServerClient(server.http_url)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(AddVersion(5)), buffer)
+    model_bytes = buffer.getvalue()
+    config = json.dumps({"platform": "pytorch_libtorch", "max_batch_size": 8,
+                         "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [64]}],
+                         "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [64]}],
+                         "instance_group": [{"kind": "KIND_CPU", "count": 1}]})
+
+    def sent_directories():
+        return sorted(p.name for p in files_dir.iterdir())
+
+    try:
+        assert sent_directories() == []
+        # A model the repository does not have, over gRPC.
+        client.load_model("sent", config=config, files={"file:1/model.pt": model_bytes})
+        assert infer(client, "sent").as_numpy("OUTPUT__0")[0, 0] == 6.0
+        assert not (repository / "sent").exists()
+        assert sent_directories() == ["sent.1"]
+        # Reloaded over HTTP (base64): the new load's files replace the old ones.
+        rest.load_model("sent", config=config, files={"file:1/model.pt": model_bytes})
+        assert sent_directories() == ["sent.2"]
+        # A load whose files do not load: refused, its files gone, the loaded one serves on.
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("sent", config=config, files={"file:1/model.pt": b"not a model"})
+        assert error.value.message().startswith("failed to load 'sent': "), error.value
+        assert sent_directories() == ["sent.2"]
+        assert infer(client, "sent").as_numpy("OUTPUT__0")[0, 0] == 6.0
+
+        # Refusals before anything is written.
+        for files, words in [({"file:../adder/1/model.pt": b"x"}, "stay within the model directory"),
+                             ({"file:/tmp/x": b"x"}, "must be relative"),
+                             ({"file:" + "A" * 256: b"a"}, "longer than 255 bytes"),
+                             ({"file:1/model.pt": b"\0" * (5 << 20)}, "more than --load-files-max-bytes")]:
+            with pytest.raises(InferenceServerException) as error:
+                client.load_model("sent", config=config, files=files)
+            assert error.value.status() == "StatusCode.INVALID_ARGUMENT", (words, error.value)
+            assert words in error.value.message(), error.value
+        with pytest.raises(InferenceServerException) as error:
+            client.load_model("sent", files={"file:1/model.pt": model_bytes})
+        assert "Load parameter 'config' must be specified for model file override" in error.value.message()
+        # Past the disk cap (6 MiB): each load is within the per-load cap, together they are not.
+        padded = {"file:1/model.pt": model_bytes, "file:1/padding.bin": b"\0" * (3 << 20)}
+        rest.load_model("big", config=config, files=padded)
+        with pytest.raises(InferenceServerException) as error:
+            rest.load_model("bigger", config=config, files=padded)
+        assert error.value.status() == "429" and "--load-files-disk-bytes" in error.value.message(), error.value
+        assert sent_directories() == ["big.4", "sent.2"]
+        client.unload_model("big")
+        assert client.is_server_live()
+
+        async def aio_load():
+            async with aiohttpclient.InferenceServerClient(server.http_url) as aio:
+                await aio.load_model("other", config=config, files={"file:1/model.pt": model_bytes})
+                return await aio.is_model_ready("other")
+        assert asyncio.run(aio_load())
+        assert sent_directories() == ["other.5", "sent.2"]
+
+        client.unload_model("sent")
+        rest.unload_model("other")
+        assert sent_directories() == []
+        assert infer(client, "adder").as_numpy("OUTPUT__0")[0, 0] == 2.0
+    finally:
+        client.close()
+        rest.close()
+        assert server.stop() == 0, server.log()
+    assert not files_dir.exists()  # removed at exit

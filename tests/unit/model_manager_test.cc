@@ -13,6 +13,12 @@
 namespace sluice {
 namespace {
 
+ModelOverride ConfigOverride(std::string json) {
+  ModelOverride override;
+  override.config_json = std::move(json);
+  return override;
+}
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -514,7 +520,7 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_EQ(nope.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(nope.message(), "failed to load 'nope': no model 'nope'");  // Triton's start, then why
   // A load's config override reaches the source for that load only.
-  ASSERT_TRUE(control.LoadModel("b", ModelOverride{std::string(R"({"max_batch_size": 4})")}).ok());
+  ASSERT_TRUE(control.LoadModel("b", ConfigOverride(std::string(R"({"max_batch_size": 4})"))).ok());
   EXPECT_EQ(source.last_override(), std::optional<std::string>(R"({"max_batch_size": 4})"));
   ASSERT_TRUE(control.LoadModel("b").ok());
   EXPECT_EQ(source.last_override(), std::nullopt);

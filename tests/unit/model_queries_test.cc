@@ -77,6 +77,39 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
   }
   EXPECT_EQ(check({{"config", Kind::kString, "{}"}}, /*unload=*/true).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // With load files accepted (--allow-load-files): bytes, with a config, plain relative paths,
+  // within the per-load cap.
+  options.accept_load_files = true;
+  options.max_load_file_bytes = 10;
+  ModelControl files(&manager, nullptr, options);
+  auto with_files = [&](std::vector<ControlParameter> parameters) {
+    return CheckModelControl(&files, "HTTP", "", "m", parameters, false);
+  };
+  StatusOr<ModelOverride> accepted = with_files(
+      {{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "12345"}, {"file:1/a/b", Kind::kBytes, "x"}});
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->files.size(), 2u);
+  EXPECT_EQ(accepted->files.at("1/model.pt"), "12345");
+  const std::string long_name(256, 'A');
+  const std::vector<std::pair<std::vector<ControlParameter>, std::string>> bad_files = {
+      {{{"file:1/model.pt", Kind::kBytes, "x"}}, "Load parameter 'config' must be specified for model file override"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kString, "x"}}, "must have bytes type"},
+      {{{"config", Kind::kString, "{}"}, {"file:../m/1/model.pt", Kind::kBytes, "x"}}, "stay within the model directory"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/../../x", Kind::kBytes, "x"}}, "stay within the model directory"},
+      {{{"config", Kind::kString, "{}"}, {"file:/etc/passwd", Kind::kBytes, "x"}}, "must be relative"},
+      {{{"config", Kind::kString, "{}"}, {"file:1//model.pt", Kind::kBytes, "x"}}, "no '', '.' or '..'"},
+      {{{"config", Kind::kString, "{}"}, {"file:", Kind::kBytes, "x"}}, "no path after 'file:'"},
+      {{{"config", Kind::kString, "{}"}, {"file:" + long_name, Kind::kBytes, "x"}}, "longer than 255 bytes"},
+      {{{"config", Kind::kString, "{}"}, {"file:config.pbtxt", Kind::kBytes, "x"}}, "is the model's configuration"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "123456"}, {"file:2/model.pt",
+        Kind::kBytes, "123456"}}, "12 bytes, more than --load-files-max-bytes 10"},
+  };
+  for (const auto& [parameters, words] : bad_files) {
+    StatusOr<ModelOverride> result = with_files(parameters);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << words;
+    EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr(words));
+  }
+
   ModelControl polling(&manager, nullptr, ModelControl::Options{});
   EXPECT_EQ(CheckModelControl(&polling, "HTTP", "", "m", {}, false).status().code(),
             absl::StatusCode::kFailedPrecondition);

@@ -10,6 +10,12 @@
 namespace sluice {
 namespace {
 
+ModelOverride ConfigOverride(std::string json) {
+  ModelOverride override;
+  override.config_json = std::move(json);
+  return override;
+}
+
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -634,7 +640,7 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
   DirectoryModelSource source(root_);
 
   // Numbers may be quoted (Triton's example sends "16"); tensors and platform come from config.pbtxt.
-  auto overridden = source.Read("m", ModelOverride{std::string(R"({"max_batch_size": "16"})")});
+  auto overridden = source.Read("m", ConfigOverride(std::string(R"({"max_batch_size": "16"})")));
   ASSERT_TRUE(overridden.ok()) << overridden.status();
   ASSERT_TRUE(overridden->status.ok()) << overridden->status;
   EXPECT_EQ(overridden->config->max_batch_size(), 16);
@@ -644,10 +650,10 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
   EXPECT_NE(overridden->fingerprint, ReadModelDirectory(root_ / "m").fingerprint);
 
   // An override with its own tensors keeps them: nothing of config.pbtxt is merged in.
-  auto own = source.Read("m", ModelOverride{std::string(
+  auto own = source.Read("m", ConfigOverride(std::string(
       R"({"platform": "pytorch_libtorch", "max_batch_size": 2,
           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
-          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]})")});
+          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]})")));
   ASSERT_TRUE(own.ok() && own->status.ok()) << own->status;
   EXPECT_EQ(own->config->input(0).name(), "X");
   EXPECT_EQ(own->spec.max_batch_size, 2);
@@ -658,11 +664,74 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
   // A malformed override, or an unknown field: the model's status says why.
   for (const std::string& bad : {std::string(R"("parameters": {"config": {{"max_batch_size": "16"}}})"),
                                  std::string(R"({"max_batch_sise": 4})")}) {
-    auto broken = source.Read("m", ModelOverride{bad});
+    auto broken = source.Read("m", ConfigOverride(bad));
     ASSERT_TRUE(broken.ok());
     EXPECT_EQ(broken->status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(broken->status.message()), ::testing::HasSubstr("Invalid config override")) << bad;
   }
+}
+
+// Model files sent with a load: written to the store (never the repository), read with the
+// override's config alone, kept while that load serves, removed otherwise.
+TEST_F(RepositoryTest, LoadFilesGoToThePrivateStoreAndLeaveWhenNotServed) {
+  Write("m/config.pbtxt", kMinimal);
+  Write("m/1/model.pt", "x");
+  const fs::path store_root = root_ / ".." / "store";
+  fs::create_directories(store_root / "left_by_a_crash");
+  LoadedFileStore::Options options;
+  options.root = store_root;
+  options.disk_bytes = 100;
+  auto store = LoadedFileStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_FALSE(fs::exists(store_root / "left_by_a_crash"));  // emptied at start
+  DirectoryModelSource source(root_, store->get());
+
+  ModelOverride load = ConfigOverride(R"({"platform": "pytorch_libtorch", "max_batch_size": 2,
+      "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+      "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]})");
+  load.files["1/model.pt"] = std::string(40, 'a');
+  load.files["1/extra/data.bin"] = "bb";
+  auto first = source.Read("fresh", load);  // a model the repository does not have
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->status.ok()) << first->status;
+  EXPECT_EQ(first->name, "fresh");
+  EXPECT_EQ(first->directory.parent_path(), store_root);
+  EXPECT_EQ(first->versions.at(1), first->directory / "1" / "model.pt");
+  EXPECT_TRUE(fs::exists(first->directory / "1" / "extra" / "data.bin"));
+  EXPECT_FALSE(fs::exists(root_ / "fresh"));  // nothing goes into the repository
+  EXPECT_EQ((*store)->bytes_in_use(), 42u);
+
+  // A second load of it: both kept until model control says which one serves.
+  auto second = source.Read("fresh", load);
+  ASSERT_TRUE(second.ok() && second->status.ok());
+  EXPECT_NE(second->directory, first->directory);
+  EXPECT_EQ((*store)->bytes_in_use(), 84u);
+  // Past the disk cap (100 bytes): refused, nothing written.
+  auto full = source.Read("fresh", load);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("--load-files-disk-bytes 100"));
+  source.Retain("fresh", second->directory);
+  EXPECT_FALSE(fs::exists(first->directory));
+  EXPECT_TRUE(fs::exists(second->directory));
+  EXPECT_EQ((*store)->bytes_in_use(), 42u);
+
+  // Files whose config does not load are removed at once; the serving load's stay.
+  ModelOverride broken = load;
+  broken.config_json = R"({"max_batch_size": 2})";  // no tensors, and no config.pbtxt to complete from
+  auto refused = source.Read("fresh", broken);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_FALSE(refused->status.ok());
+  EXPECT_FALSE(fs::exists(refused->directory));
+  EXPECT_TRUE(fs::exists(second->directory));
+
+  // Unloaded: nothing of it stays. Without a store, files are refused.
+  source.Retain("fresh", {});
+  EXPECT_FALSE(fs::exists(second->directory));
+  EXPECT_EQ((*store)->bytes_in_use(), 0u);
+  DirectoryModelSource without(root_);
+  EXPECT_EQ(without.Read("fresh", load).status().code(), absl::StatusCode::kFailedPrecondition);
+  store->reset();
+  EXPECT_FALSE(fs::exists(store_root));  // removed at exit
 }
 
 }  // namespace

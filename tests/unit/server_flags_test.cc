@@ -24,6 +24,22 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(config->shutdown_grace_seconds, 30);
   EXPECT_FALSE(config->allow_shared_memory);  // client shared memory off, as Triton 26.05+
   EXPECT_EQ(config->http.compression_threads, 2);
+  EXPECT_FALSE(config->allow_load_files);  // model files sent with loads: refused unless asked for
+  EXPECT_EQ(config->load_files_max_bytes, 1ull << 30);
+  EXPECT_EQ(config->load_files_disk_bytes, 8ull << 30);
+}
+
+TEST(ServerFlagsTest, LoadFilesOnlyInExplicitMode) {
+  auto config = ParseServerFlags({"--model-control-mode", "explicit", "--allow-load-files", "true", "--load-files-dir",
+                                  "/var/sluice/files", "--load-files-max-bytes", "1000", "--load-files-disk-bytes",
+                                  "5000"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->allow_load_files);
+  EXPECT_EQ(config->load_files_dir, "/var/sluice/files");
+  EXPECT_EQ(config->load_files_max_bytes, 1000u);
+  EXPECT_EQ(config->load_files_disk_bytes, 5000u);
+  auto polling = ParseServerFlags({"--model-control-mode", "poll", "--allow-load-files", "true"});
+  EXPECT_THAT(std::string(polling.status().message()), HasSubstr("--allow-load-files needs --model-control-mode explicit"));
 }
 
 // Triton's name and form (--allow-client-shm=true) and the older --allow-shared-memory.
