@@ -224,6 +224,14 @@ Status SharedMemoryRefs::ResolveInput(const SharedMemoryReference& reference, Te
   return absl::OkStatus();
 }
 
+Status SharedMemoryRefs::ResolveOutput(const std::string& name, const SharedMemoryReference& reference,
+                                       SharedMemorySink* sink) {
+  SLUICE_ASSIGN_OR_RETURN(char* data, Resolve(absl::StrCat("output '", name, "'"), reference.region,
+                                              reference.offset, reference.byte_size));
+  sink->Add(name, {data, reference.byte_size});
+  return absl::OkStatus();
+}
+
 StatusOr<char*> SharedMemorySink::Allocate(const OutputDescription& output) {
   auto it = targets_.find(output.name);
   if (it == targets_.end()) return fallback_->Allocate(output);

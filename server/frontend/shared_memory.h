@@ -141,6 +141,8 @@ Status CudaSharedMemoryStatus(const std::string& name);  // OK (none), or NOT_FO
 Status RegisterCudaSharedMemory(const SharedMemoryManager* registry, const std::string& name);
 Status UnregisterCudaSharedMemory(const SharedMemoryManager* registry);
 
+class SharedMemorySink;
+
 // One request's references to regions: resolves (region, offset, byte size) to memory and keeps
 // each region it resolved mapped until this object is destroyed (the transport destroys it after
 // the request's answer). Thread-compatible (one request).
@@ -155,6 +157,8 @@ class SharedMemoryRefs {
   // boundaries into another request's strings in the same batch; a private copy makes the check
   // hold.
   Status ResolveInput(const SharedMemoryReference& reference, TensorView* view, InferRequest* request);
+  // Sends output `name` to `reference`'s slice through `sink` (SharedMemorySink::Add).
+  Status ResolveOutput(const std::string& name, const SharedMemoryReference& reference, SharedMemorySink* sink);
 
  private:
   const SharedMemoryManager* const manager_;

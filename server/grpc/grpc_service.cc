@@ -377,10 +377,7 @@ StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&
     const std::string what = absl::StrCat("output '", output.name(), "'");
     SLUICE_ASSIGN_OR_RETURN(std::optional<SharedMemoryReference> reference,
                             SharedMemoryReferenceOf(output.parameters(), what));
-    if (!reference) continue;
-    SLUICE_ASSIGN_OR_RETURN(char* data, shm_refs_.Resolve(what, reference->region, reference->offset,
-                                                          reference->byte_size));
-    sink_.Add(output.name(), {data, reference->byte_size});
+    if (reference) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name(), *reference, &sink_));
   }
   return decoded;
 }

@@ -112,11 +112,7 @@ class HttpInferCall final : public InferenceCall {
     SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(responder_->body(), header_length, &shm_refs_));
     SLUICE_RETURN_IF_ERROR(CheckJsonOutputs(model.spec(), parsed_));
     for (const RequestedOutput& output : parsed_.outputs) {  // outputs that go to shared memory
-      if (!output.shared_memory) continue;
-      const SharedMemoryReference& target = *output.shared_memory;
-      SLUICE_ASSIGN_OR_RETURN(char* data, shm_refs_.Resolve(absl::StrCat("output '", output.name, "'"), target.region,
-                                                            target.offset, target.byte_size));
-      shm_sink_.Add(output.name, {data, target.byte_size});
+      if (output.shared_memory) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name, *output.shared_memory, &shm_sink_));
     }
     id_ = parsed_.request->id;
     return std::move(parsed_.request);  // the output forms stay here for the response
