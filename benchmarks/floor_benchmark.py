@@ -127,6 +127,51 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_counters(pid):
+    """{thread id: (name, voluntary context switches, involuntary ones, CPU seconds)} of every
+    thread of process `pid` now (/proc/<pid>/task/*/status and stat)."""
+    counters = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        counters[tid] = (status["Name"].strip(), int(status["voluntary_ctxt_switches"]),
+                         int(status["nonvoluntary_ctxt_switches"]),
+                         (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return counters
+
+
+def thread_group(name):
+    """The group a server thread's counters are reported under."""
+    if name.startswith("sluice-worker"):
+        return "worker"
+    if name in ("sluice-batcher", "sluice-sequence"):
+        return "batcher"
+    return "gRPC and the rest"
+
+
+def per_call_counters(before, after, calls):
+    """Context switches and CPU per call between two thread_counters() readings, in total and by
+    thread group (threads that ended in between are not counted)."""
+    totals = {"voluntary": 0.0, "involuntary": 0.0, "cpu_us": 0.0}
+    groups = {}
+    for tid, (name, voluntary, involuntary, cpu) in after.items():
+        if tid not in before:
+            continue
+        _, voluntary0, involuntary0, cpu0 = before[tid]
+        delta = {"voluntary": (voluntary - voluntary0) / calls, "involuntary": (involuntary - involuntary0) / calls,
+                 "cpu_us": (cpu - cpu0) / calls * 1e6}
+        group = groups.setdefault(thread_group(name), {"voluntary": 0.0, "involuntary": 0.0, "cpu_us": 0.0})
+        for key, value in delta.items():
+            group[key] += value
+            totals[key] += value
+    return totals, groups
+
+
 class Load:
     """Runs sluice-bench-load windows against one server."""
 
@@ -146,8 +191,10 @@ class Load:
         # The server's CPU time over the whole client run (warm-up included) is divided by the
         # calls sent in it: at a fixed rate that is the measured calls x (warm-up + window) / window.
         before = cpu_seconds(server_pid) if server_pid else None
+        threads_before = thread_counters(server_pid) if server_pid else None
         result = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout)
         after = cpu_seconds(server_pid) if server_pid else None
+        threads_after = thread_counters(server_pid) if server_pid else None
         try:
             out = json.loads(result.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -155,9 +202,15 @@ class Load:
         if result.returncode != 0 or out["errors"]:
             raise BenchmarkError(f"{' '.join(command)}: {out['errors']} failed calls, first: {out['first_error']}")
         out["valid"] = out["client_cpu_busy"] <= CLIENT_BUSY_LIMIT
-        if server_pid and rate:
-            sent = rate * (self.warmup_s + out["seconds"])
+        if server_pid:
+            # Calls in warm-up and window: at a fixed rate the rate's; closed loop, the window's
+            # pace over both.
+            sent = (rate or out["calls_per_s"]) * (self.warmup_s + out["seconds"])
             out["server_cpu_us_per_call"] = (after - before) / sent * 1e6
+            totals, groups = per_call_counters(threads_before, threads_after, sent)
+            out["server_voluntary_switches_per_call"] = totals["voluntary"]
+            out["server_involuntary_switches_per_call"] = totals["involuntary"]
+            out["server_threads_per_call"] = groups
         return out
 
 
@@ -227,10 +280,13 @@ def chosen_batch_sizes(url):
         client.close()
 
 
-def inprocess(bin_dir, repository, prefix, smoke):
+def inprocess(bin_dir, repository, prefix, smoke, models=("mlp", "convnet")):
+    """{model: {batch: sluice-bench-inprocess's row}} for `models` of `repository`."""
     rows = {}
     for model, sizes in (("mlp", [1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64]),
                          ("convnet", list(range(1, 33)))):
+        if model not in models:
+            continue
         if smoke:
             sizes = [1, 2]
         out = subprocess.run(

@@ -150,8 +150,9 @@ class Server:
     """sluice-server (optionally under a prefix: taskset, valgrind) on a free port; a context
     manager that stops it (SIGTERM, then SIGKILL) whatever happens."""
 
-    def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0):
+    def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0, extra_args=()):
         self.binary, self.repository, self.prefix = binary, repository, tuple(prefix)
+        self.extra_args = tuple(extra_args)
         self.log_path = log_path
         self.ready_timeout = ready_timeout
         self.process = None
@@ -165,7 +166,7 @@ class Server:
         self.command = [*self.prefix, self.binary, "--model-repository", self.repository,
                         "--grpc-address", "127.0.0.1", "--grpc-port", str(self.port),
                         "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                        "--device", "cpu", "--log-level", "warn", *http_off(self.binary)]
+                        "--device", "cpu", "--log-level", "warn", *http_off(self.binary), *self.extra_args]
 
     def __enter__(self, attempts=3):
         for attempt in range(attempts):

@@ -3,9 +3,11 @@
 // runtime, starts the Server (server.h) and turns signals into its drain and shutdown.
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <variant>
 
@@ -14,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 
 #include "server/core/logging.h"
+#include "server/core/thread_name.h"
 #include "server/runtime/torch_backend.h"
 #include "server/server.h"
 #include "server/server_flags.h"
@@ -57,6 +60,9 @@ int main(int argc, char** argv) {
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   const sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
 
+  // Before any thread starts: every thread started from here on inherits it (thread_name.h).
+  const bool batch_policy = config.model_threads_first && sluice::RunThreadsFromHereAsBatch();
+  const int batch_errno = errno;
   sigset_t signals = BlockShutdownSignals();
   // A client that goes away while an answer is written must not kill the server: the write fails
   // with EPIPE instead (gRPC sends with MSG_NOSIGNAL; libevent's HTTP writes do not).
@@ -76,6 +82,13 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
   RaiseOpenFilesLimit();
+  if (config.model_threads_first) {
+    if (batch_policy) {
+      spdlog::info("event=thread_policy front_ends=SCHED_BATCH models=SCHED_OTHER");
+    } else {
+      spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"", strerror(batch_errno));
+    }
+  }
 
   // A start-up load that fails for every model wakes the sigwait below.
   auto server = sluice::Server::Start(config, runtime, [] { kill(getpid(), SIGTERM); });

@@ -49,6 +49,12 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
       ->group("Server");
+  app.add_option("--model-threads-first", config.model_threads_first,
+                 "Run every thread but the models' workers and batchers (gRPC's, HTTP's, control) as "
+                 "Linux SCHED_BATCH, so that a request arriving on a busy CPU does not preempt a "
+                 "forward pass; false: every thread SCHED_OTHER")
+      ->capture_default_str()
+      ->group("Server");
   app.add_flag("--print-env", config.print_env,
                "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
                "what is wrong with them, then exit")

@@ -52,6 +52,7 @@ struct ServerConfig {
   bool allow_tf32 = true;                      // --allow-tf32
   bool warmup = true;                          // --warmup
   bool print_env = false;                      // --print-env: print the environment and exit
+  bool model_threads_first = true;             // --model-threads-first (front ends as SCHED_BATCH)
 };
 
 // Parses and validates `args` (without the program name). INVALID_ARGUMENT with the reason, the

@@ -1,5 +1,7 @@
 #include "server/batching/dynamic_batcher.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "server/core/thread_name.h"
 
@@ -36,21 +38,50 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
   pending.sink = sink;
   pending.done = std::move(done);
   ModelStats* stats = pool_->stats();
+  const bool may_run_here = pending.request->caller_may_run && caller_runs_.load(std::memory_order_relaxed);
+  const TimePoint enqueued = pending.enqueued;
   Status admitted;
+  bool wake = false;
+  std::optional<size_t> claimed;  // with `here`: the instance this thread runs the request on
+  std::optional<FormedBatch> here;
   {
     MutexLock lock(&mutex_);
+    const bool nothing_queued = queue_.size() == 0;
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
                          : queue_.Add(pending);
     // Under the lock: the request cannot be answered (and stop being pending) before this.
     if (admitted.ok() && stats) stats->RecordAdmitted();
+    // The batcher would hand this request over at once: run it here instead. Through the queue,
+    // so that it forms the batch the batcher would form (padding, ladder, delay).
+    if (admitted.ok() && may_run_here && nothing_queued && pool_->idle() > 0) {
+      claimed = pool_->TryClaim();
+      if (claimed) {
+        here = queue_.TakeReadyBatch(enqueued);
+        if (!here) {  // it waits for company (max_queue_delay): the batcher's job
+          pool_->Unclaim(*claimed);
+          claimed.reset();
+        }
+      }
+    }
+    // The batcher needs this request now only if an instance could take a batch, or if its
+    // deadline comes before the batcher's planned wake-up. Otherwise the pool's idle
+    // notification (or that wake-up) comes first: while every instance is busy, requests
+    // gather without waking anyone. A batcher that is not waiting looks at the queue before it
+    // waits again.
+    wake = admitted.ok() && !here && (pool_->idle() > 0 || queue_.NextDeadline() < batcher_wakes_at_);
+    if (wake) ++arrival_signals_;
   }
   if (!admitted.ok()) {
     if (stats) stats->RecordRejected(admitted, pending.request->protocol);
     pending.done(std::move(admitted));
     return;
   }
-  batcher_cv_.Signal();
+  if (here) {
+    pool_->RunClaimed(*claimed, *std::move(here));
+    return;
+  }
+  if (wake) batcher_cv_.Signal();
 }
 
 void DynamicBatcher::Poke() {
@@ -60,6 +91,7 @@ void DynamicBatcher::Poke() {
 
 void DynamicBatcher::BatcherLoop() {
   NameThisThread("sluice-batcher");
+  RunThisThreadAsModelWork();
   MutexLock lock(&mutex_);
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();
@@ -82,13 +114,21 @@ void DynamicBatcher::BatcherLoop() {
     // with one idle, also the next group's delay.
     TimePoint wakeup = queue_.NextDeadline();
     if (idle) wakeup = std::min(wakeup, queue_.NextBatchTime());
+    batcher_wakes_at_ = wakeup;
     if (wakeup == kNoDeadline) {
       batcher_cv_.Wait(&mutex_);
     } else {
       // The clock may be a fake one: wait for the real time it says is left, or a Poke.
       batcher_cv_.WaitFor(&mutex_, std::max(wakeup - now, Duration(std::chrono::microseconds(50))));
     }
+    batcher_wakes_at_ = TimePoint::min();
+    ++waits_ended_;
   }
+}
+
+DynamicBatcher::BatcherWaits DynamicBatcher::Waits() const {
+  MutexLock lock(&mutex_);
+  return {waits_ended_, batcher_wakes_at_ != TimePoint::min(), arrival_signals_};
 }
 
 StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {

@@ -4,6 +4,7 @@
 // one_request_per_batch): the same queue caps, expiry timer and messages.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -22,7 +23,11 @@
 namespace sluice {
 
 // Threads: one batcher thread forms batches, only when an instance is idle (so batches keep
-// growing while every instance is busy), and hands them to the pool. Every request is answered
+// growing while every instance is busy), and hands them to the pool. It is woken by an arrival
+// only when that arrival could change its plan (an instance idle, or an earlier deadline), by
+// the pool when an instance goes idle, and by its own timer. With SetCallerRuns, a request that
+// would run at once (nothing queued, an instance waiting, its batch ready by itself) runs on the
+// enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is answered
 // exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED (caller
 // gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error (only
 // the requests of the failing batch get it).
@@ -44,6 +49,7 @@ class DynamicBatcher final : public Scheduler {
       ABSL_LOCKS_EXCLUDED(mutex_);
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
   void SetBatchSizeLadder(std::vector<int> sizes) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void SetCallerRuns(bool allowed) override { caller_runs_.store(allowed, std::memory_order_relaxed); }
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;
@@ -53,6 +59,16 @@ class DynamicBatcher final : public Scheduler {
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const { return pool_->StagingAllocations(); }
 
+  // The batcher thread's waits: how many it has ended (a signal, its timer, or a spurious
+  // wake-up), whether it is in one now, and how many arrivals signalled it. For tests of who
+  // wakes it.
+  struct BatcherWaits {
+    uint64_t ended = 0;
+    bool waiting = false;
+    uint64_t arrival_signals = 0;
+  };
+  BatcherWaits Waits() const ABSL_LOCKS_EXCLUDED(mutex_);
+
  private:
   explicit DynamicBatcher(Options options);
   void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
@@ -60,12 +76,18 @@ class DynamicBatcher final : public Scheduler {
   const Options options_;
   std::unique_ptr<InstancePool> pool_;  // set by Create before the batcher thread starts
 
-  Mutex mutex_;
+  mutable Mutex mutex_;
   CondVar batcher_cv_;  // queue changed, an instance went idle, or stop
   BatchQueue queue_ ABSL_GUARDED_BY(mutex_);
+  // While the batcher thread waits: when it plans to look again (kNoDeadline: only when poked).
+  // TimePoint::min() while it runs (it looks at the queue before it waits again).
+  TimePoint batcher_wakes_at_ ABSL_GUARDED_BY(mutex_) = TimePoint::min();
+  uint64_t waits_ended_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t arrival_signals_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread batcher_;
+  std::atomic<bool> caller_runs_{false};  // SetCallerRuns
 };
 
 }  // namespace sluice

@@ -59,6 +59,8 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
   idle_ = static_cast<int>(instances_.size());
   tasks_.resize(instances_.size());
   assigned_.resize(instances_.size());
+  waiting_.assign(instances_.size(), 0);
+  claimed_.assign(instances_.size(), 0);
   for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -70,7 +72,7 @@ void InstancePool::Run(FormedBatch batch) {
     if (!stopping_) {
       idle_.fetch_sub(1, std::memory_order_acq_rel);
       ready_.push_back(std::move(batch));
-      work_cv_.Signal();
+      WakeOne();
       return;
     }
   }
@@ -83,12 +85,64 @@ void InstancePool::RunOn(size_t instance, FormedBatch batch) {
     if (!stopping_) {
       idle_.fetch_sub(1, std::memory_order_acq_rel);
       assigned_[instance].push_back(std::move(batch));
-      // Every worker waits on the one condition variable: wake them all so that this one hears.
-      work_cv_.SignalAll();
+      Wake(instance);
       return;
     }
   }
   Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
+}
+
+bool InstancePool::HasWork(size_t index) const {
+  return !claimed_[index] && (!tasks_[index].empty() || !assigned_[index].empty() || !ready_.empty());
+}
+
+void InstancePool::Wake(size_t index) {
+  if (!waiting_[index]) return;
+  waiting_[index] = 0;
+  instances_[index]->wake.Signal();
+}
+
+void InstancePool::WakeOne() {
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    if (waiting_[i] && !claimed_[i]) return Wake(i);
+  }
+}
+
+std::optional<size_t> InstancePool::TryClaim() {
+  MutexLock lock(&mutex_);
+  if (stopping_ || idle_.load(std::memory_order_acquire) <= 0) return std::nullopt;
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    // Waiting and not woken: nothing is promised to it (a woken worker is on its way to a batch).
+    if (waiting_[i] && !claimed_[i] && tasks_[i].empty() && assigned_[i].empty()) {
+      claimed_[i] = 1;
+      ++claims_;
+      idle_.fetch_sub(1, std::memory_order_acq_rel);
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
+void InstancePool::EndClaim(size_t index) {
+  claimed_[index] = 0;
+  --claims_;
+  idle_.fetch_add(1, std::memory_order_acq_rel);
+  if (HasWork(index)) Wake(index);  // what was handed over meanwhile, if no other worker took it
+  claims_cv_.SignalAll();
+}
+
+void InstancePool::Unclaim(size_t instance) {
+  MutexLock lock(&mutex_);
+  EndClaim(instance);
+}
+
+void InstancePool::RunClaimed(size_t instance, FormedBatch batch) {
+  RunBatch(instances_[instance].get(), std::move(batch));
+  {
+    MutexLock lock(&mutex_);
+    EndClaim(instance);
+  }
+  if (options_.on_idle) options_.on_idle(instance, /*after_batch=*/false);
 }
 
 void InstancePool::Drop(PendingRequest& pending, const Status& status) {
@@ -139,9 +193,9 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
               return status;
             }));
       });
+      Wake(i);
     }
   }
-  work_cv_.SignalAll();
   return collector.Wait();
 }
 
@@ -158,12 +212,16 @@ Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool 
 
 void InstancePool::WorkerLoop(size_t index) {
   NameThisThread("sluice-worker-" + std::to_string(index));
+  RunThisThreadAsModelWork();
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {
-    while (!stopping_ && ready_.empty() && tasks_[index].empty() && assigned_[index].empty()) {
-      work_cv_.Wait(&mutex_);
+    while (!stopping_ && !HasWork(index)) {
+      waiting_[index] = 1;
+      instance->wake.Wait(&mutex_);
+      waiting_[index] = 0;
     }
+    if (!HasWork(index)) return;  // stopping, and nothing left to run here (a claim ends by itself)
     if (!tasks_[index].empty()) {
       std::function<void()> task = std::move(tasks_[index].front());
       tasks_[index].pop_front();
@@ -172,7 +230,7 @@ void InstancePool::WorkerLoop(size_t index) {
       task();
       idle_.fetch_add(1, std::memory_order_acq_rel);
       if (options_.on_idle) options_.on_idle(index, /*after_batch=*/false);
-    } else if (!assigned_[index].empty() || !ready_.empty()) {
+    } else {
       std::deque<FormedBatch>& queue = assigned_[index].empty() ? ready_ : assigned_[index];
       FormedBatch batch = std::move(queue.front());
       queue.pop_front();
@@ -180,8 +238,6 @@ void InstancePool::WorkerLoop(size_t index) {
       RunBatch(instance, std::move(batch));
       idle_.fetch_add(1, std::memory_order_acq_rel);
       if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
-    } else {
-      return;  // stopping, and nothing left to run
     }
     lock.Lock();
   }
@@ -236,8 +292,9 @@ void InstancePool::Stop() {
   {
     MutexLock lock(&mutex_);
     stopping_ = true;
+    for (size_t i = 0; i < instances_.size(); ++i) Wake(i);
+    while (claims_ > 0) claims_cv_.Wait(&mutex_);
   }
-  work_cv_.SignalAll();
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
   }

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -36,9 +37,10 @@ class InstancePool {
     std::shared_ptr<ModelStats> stats;             // may be null
     std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
     // An instance became free: its index, and whether it finished a batch (Run or RunOn:
-    // exactly one such call per batch handed over, so a scheduler may count on it) or a warm-up
-    // task (which may come after WarmUp returned). Runs on that instance's worker thread with no
-    // pool lock held; must be cheap. May be null.
+    // exactly one such call per batch handed over, so a scheduler may count on it) or something
+    // else (a warm-up task, which may come after WarmUp returned, or a RunClaimed batch). Runs on
+    // the thread that ran it (the instance's worker, or RunClaimed's caller) with no pool lock
+    // held; must be cheap. May be null.
     std::function<void(size_t instance, bool after_batch)> on_idle;
     // Whether several requests may run together. False (a model without dynamic_batching): every
     // request runs alone on its own bytes, so warm-up does not assemble either.
@@ -68,6 +70,17 @@ class InstancePool {
   // scheduler that binds requests to instances (SequenceBatcher) tracks itself which are free.
   void RunOn(size_t instance, FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
+  // An instance whose worker waits with nothing to do, taken away from its worker (which runs
+  // nothing until the claim ends) for the caller to run one batch on its own thread with
+  // RunClaimed; counts as busy in idle(). nullopt when none waits, idle() is not positive, or the
+  // pool is stopping. Cheap: no thread is woken.
+  std::optional<size_t> TryClaim() ABSL_LOCKS_EXCLUDED(mutex_);
+  // Runs `batch` on the claimed instance on the calling thread, as a worker would (assembly,
+  // delivery, statistics, every request answered), then ends the claim and calls on_idle.
+  void RunClaimed(size_t instance, FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Ends a claim without running anything (no on_idle call: the scheduler that claimed knows).
+  void Unclaim(size_t instance) ABSL_LOCKS_EXCLUDED(mutex_);
+
   // Answers a request that leaves a queue without running (expired, cancelled, shut down) with
   // `status`, on the calling thread, and records it.
   void Drop(PendingRequest& pending, const Status& status);
@@ -78,8 +91,8 @@ class InstancePool {
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon)
       ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // Runs the batches already handed over, then joins the workers. Run after Stop answers the
-  // batch UNAVAILABLE. Idempotent.
+  // Runs the batches already handed over, waits for the claimed runs, then joins the workers.
+  // Run after Stop answers the batch UNAVAILABLE; TryClaim after Stop finds nothing. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mutex_);
 
   ModelStats* stats() const { return options_.stats.get(); }  // may be null
@@ -91,7 +104,8 @@ class InstancePool {
   struct Instance {
     explicit Instance(std::unique_ptr<ModelBackend> model) : backend(std::move(model)), staging(backend.get()) {}
     std::unique_ptr<ModelBackend> backend;
-    StagingPool staging;  // touched only by this instance's worker thread
+    StagingPool staging;  // touched only by whoever runs the instance: its worker, or a claimer
+    CondVar wake;         // its worker's: work for it, a claim ended, or stop
   };
 
   InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
@@ -103,6 +117,14 @@ class InstancePool {
   Status Execute(Instance* instance, const FormedBatch& batch, bool assemble,
                  absl::Span<const OutputTarget> targets, TimePoint* assembled_at, TimePoint* infer_done);
   void Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran);
+  // Whether instance `index`'s worker may run something now.
+  bool HasWork(size_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Wakes instance `index`'s worker if it waits and nobody woke it yet.
+  void Wake(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Wakes one waiting worker of an unclaimed instance, if any (for a batch in ready_: any
+  // instance may take it; when none waits, a busy worker takes it when it is done).
+  void WakeOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void EndClaim(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ModelSpec spec_;
   const Options options_;
@@ -110,12 +132,17 @@ class InstancePool {
   std::atomic<int> idle_{0};
 
   mutable Mutex mutex_;
-  CondVar work_cv_;  // a batch or a task is ready, or stop
+  CondVar claims_cv_;  // a claim ended (Stop waits for none)
   std::deque<FormedBatch> ready_ ABSL_GUARDED_BY(mutex_);
   std::vector<std::deque<FormedBatch>> assigned_ ABSL_GUARDED_BY(mutex_);  // RunOn's, by instance index
   // Each instance's own work (warm-up), by instance index, run before batches. Kept here rather
   // than in Instance so that the analysis can see the pool's mutex guards it.
   std::vector<std::deque<std::function<void()>>> tasks_ ABSL_GUARDED_BY(mutex_);
+  // By instance index: its worker waits on its `wake` and nobody has woken it since; a caller
+  // has claimed it (TryClaim).
+  std::vector<char> waiting_ ABSL_GUARDED_BY(mutex_);
+  std::vector<char> claimed_ ABSL_GUARDED_BY(mutex_);
+  int claims_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;
 };

@@ -83,6 +83,12 @@ class Scheduler {
   virtual StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
                                         const std::atomic<bool>* abandon) = 0;
 
+  // From now on a request whose caller_may_run is set may run on the thread that enqueues it,
+  // when it finds nothing queued before it and an instance idle (it would run at once anyway):
+  // Enqueue then returns after the forward pass and the answer. Call it after warm-up, for a
+  // model whose lone request is cheap (see ChooseCallerRuns). A scheduler that cannot ignores it.
+  virtual void SetCallerRuns(bool allowed) { (void)allowed; }
+
   // The batch sizes to form from now on (ascending; see BatchQueue::SetBatchSizeLadder). Call it
   // before the scheduler takes traffic. A scheduler that forms no batches ignores it.
   virtual void SetBatchSizeLadder(std::vector<int> sizes) = 0;

@@ -231,6 +231,7 @@ InferCompletion SequenceBatcher::Completion(std::shared_ptr<Sequence> sequence, 
 
 void SequenceBatcher::BatcherLoop() {
   NameThisThread("sluice-sequence");
+  RunThisThreadAsModelWork();
   MutexLock lock(&mutex_);
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();

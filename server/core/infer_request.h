@@ -76,6 +76,11 @@ struct InferRequest {
   // away (may be null).
   TimePoint deadline = kNoDeadline;
   std::shared_ptr<std::atomic<bool>> cancelled;
+  // The thread that submits the request may run it itself, when its model allows that
+  // (sluice.run_on_receiving_thread) and nothing waits for the instance. Set by a front end whose
+  // thread may be held for one forward pass: gRPC unary calls (not a stream, whose next reads
+  // would wait, nor HTTP's event loop, which serves other connections).
+  bool caller_may_run = false;
 
   // Total bytes of input data (what the request costs while queued).
   size_t InputBytes() const {

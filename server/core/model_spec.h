@@ -46,6 +46,10 @@ struct InstanceGroupSpec {
   std::vector<int> gpus;                    // empty: every visible GPU
 };
 
+// sluice.run_on_receiving_thread_max_us's default: a lone request measured at or below it may run
+// on the thread that received it.
+inline constexpr int64_t kRunOnReceivingThreadMaxUs = 100;
+
 // Triton's dynamic_batching block, with Sluice's batching parameters (config `parameters`).
 struct DynamicBatchingSpec {
   bool enabled = false;                  // a dynamic_batching block is present
@@ -65,6 +69,13 @@ struct DynamicBatchingSpec {
   // batcher forms a larger batch only where it serves more rows per second (server/batching/
   // batch_sizes.h).
   bool auto_batch_sizes = true;
+  // sluice.run_on_receiving_thread (read also without dynamic_batching): a gRPC unary request
+  // that would run at once (nothing queued, an instance idle) runs on the gRPC thread that
+  // received it, saving the hand-offs to and from the worker, when warm-up measured a lone
+  // request of this model at or below sluice.run_on_receiving_thread_max_us
+  // (server/batching/caller_runs.h). Off by default: that thread reads no other call meanwhile.
+  bool run_on_receiving_thread = false;
+  int64_t run_on_receiving_thread_max_us = kRunOnReceivingThreadMaxUs;
 };
 
 // The ModelConfig answer's parameters with the measured choice ("1,2,4,8" and

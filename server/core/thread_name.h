@@ -1,4 +1,5 @@
-// Names the calling thread, as `top -H`, `ps -L`, gdb and `perf report --sort comm` show it.
+// Names the calling thread, as `top -H`, `ps -L`, gdb and `perf report --sort comm` show it, and
+// sets the Linux scheduling class of the threads that serve requests against those that run models.
 #pragma once
 
 #include <string>
@@ -8,5 +9,20 @@ namespace sluice {
 // Linux keeps 15 characters of a thread name: longer names are cut. Best effort: a failure
 // leaves the name as it was.
 void NameThisThread(const std::string& name);
+
+// Linux's SCHED_BATCH for the calling thread and every thread it (or a thread it starts) starts
+// afterwards (a thread inherits its creator's policy). main() calls it before any thread exists,
+// so that gRPC's and the HTTP front end's threads run as SCHED_BATCH: same share of the CPU as
+// SCHED_OTHER, but a SCHED_BATCH thread that wakes does not preempt the thread running on its CPU.
+// On a busy CPU a request's arrival then waits for the model's worker to finish or block instead
+// of cutting its forward pass (and its cache) in two; the arrivals of that time are read together
+// (docs/performance.md: 3.1 -> 0.9 context switches per request at concurrency 32, one core).
+// Threads that find idle CPUs are not affected. False when the kernel refused (the reason logged
+// by the caller from errno).
+bool RunThreadsFromHereAsBatch();
+
+// SCHED_OTHER for the calling thread: model workers and batchers call it when they start, so that
+// they keep preempting the front ends. A no-op where the policy already is SCHED_OTHER.
+void RunThisThreadAsModelWork();
 
 }  // namespace sluice

@@ -28,6 +28,7 @@ void Run(const ModelLookup& lookup, Call owned) {
   request->protocol = call->protocol;
   request->deadline = call->deadline;
   request->cancelled = call->cancelled;
+  request->caller_may_run = call->caller_may_run;
   call->Accepted(*request, model);
   // The call's hold keeps the version in flight until the answer; `model`, a second hold, keeps
   // it alive until Submit has returned (the answer may come before that). From Submit on the

@@ -49,6 +49,7 @@ class InferenceCall {
   Protocol protocol = Protocol::kGrpc;
   TimePoint deadline = kNoDeadline;  // the caller's own (the queue timeout may narrow it)
   std::shared_ptr<std::atomic<bool>> cancelled;  // set when the caller goes away; may be null
+  bool caller_may_run = false;  // see InferRequest::caller_may_run
   // The version the request runs on, from submission until just before Answer: an unload waits
   // for the answer, not for the transport. A cancellation may Poke it from another thread.
   ModelHold hold;

@@ -32,6 +32,8 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   InferReactor(grpc::ByteBuffer* response_bytes, const SharedMemoryManager* shared_memory)
       : GrpcInferCall(&request_message_, &response_message_, shared_memory), response_bytes_(response_bytes) {
     cancelled = std::make_shared<std::atomic<bool>>(false);
+    // The handler's thread is one of gRPC's callback threads: it may run a cheap model itself.
+    caller_may_run = true;
   }
 
   // Parses the call's request bytes; INVALID_ARGUMENT when they are no ModelInferRequest.

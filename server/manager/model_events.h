@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/batching/batch_sizes.h"
+#include "server/batching/caller_runs.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
@@ -33,6 +34,7 @@ struct ModelTuning {
   Duration warmup_time{0};         // wall time of the warm-up
   std::vector<std::string> warnings;  // the runtime's (ModelBackend::Warnings)
   BatchSizeChoice batch_sizes;        // sluice.auto_batch_sizes: measured, or why not
+  CallerRunsChoice caller_runs;       // sluice.run_on_receiving_thread: on, or why not
 };
 
 // Told about model versions as they load, become ready and go away. Implementations are

@@ -209,6 +209,8 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   } else {
     tuning->batch_sizes.off_reason = auto_off;
   }
+  tuning->caller_runs = ChooseCallerRuns(spec, tuning->warmup);
+  if (tuning->caller_runs.on) scheduler->SetCallerRuns(true);
   return scheduler;
 }
 
@@ -242,6 +244,10 @@ void LogTuning(const ModelTuning& tuning) {
   } else {
     spdlog::info("event=auto_batch_sizes model={} version={} off=\"{}\"", tuning.name, tuning.version,
                  batch_sizes.off_reason);
+  }
+  if (tuning.caller_runs.asked) {
+    spdlog::info("event=run_on_receiving_thread model={} version={} on={} reason=\"{}\"", tuning.name,
+                 tuning.version, tuning.caller_runs.on, tuning.caller_runs.reason);
   }
   std::set<int> instances;
   for (const WarmupPass& pass : tuning.warmup) instances.insert(pass.instance);

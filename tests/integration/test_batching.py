@@ -12,6 +12,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from conftest import start_server
+
 
 def row_mix(x):
     """What the batched test models compute (make_test_repository.RowMix), in torch."""
@@ -143,3 +145,88 @@ def test_cancelled_call_leaves_the_queue(server, triton):
             time.sleep(0.02)
     assert now.inference_stats.fail.count == before.inference_stats.fail.count + 1
     assert now.execution_count == before.execution_count
+
+
+def thread_counters(pid):
+    """[(name, scheduling policy, voluntary context switches)] of every thread of `pid`."""
+    import os
+    rows = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        # stat's 41st field is the policy (0 SCHED_OTHER, 3 SCHED_BATCH); fields[0] is the 3rd.
+        rows.append((status["Name"].strip(), int(fields[38]), int(status["voluntary_ctxt_switches"])))
+    return rows
+
+
+def worker_switches(pid):
+    return sum(switches for name, _, switches in thread_counters(pid) if name.startswith("sluice-worker"))
+
+
+def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_path_factory):
+    """sluice.run_on_receiving_thread: requests sent one at a time run on gRPC's thread (the
+    model's worker never wakes), with the same answers; over its bound, or over HTTP, they go to
+    the worker. Also --model-threads-first (the default): gRPC's threads run SCHED_BATCH, the
+    models' workers and batchers SCHED_OTHER."""
+    from make_test_repository import RowMix, tensor_block, write_model
+    import tritonclient.http as httpclient
+    root = tmp_path_factory.mktemp("receiving_thread")
+    row_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+              + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4]))
+    for name, bound in (("cheap", 100000), ("over_bound", 1)):
+        write_model(root, name, 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                    + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 1 }]\n"
+                    + 'parameters { key: "sluice.run_on_receiving_thread" value { string_value: "true" } }\n'
+                    + f'parameters {{ key: "sluice.run_on_receiving_thread_max_us" value {{ string_value: "{bound}" }} }}\n',
+                    RowMix())
+    server = start_server(root, tmp_path_factory, ["--device", "cpu"])
+    try:
+        log = server.log()
+        assert "event=run_on_receiving_thread model=cheap version=1 on=true" in log, log
+        assert "event=run_on_receiving_thread model=over_bound version=1 on=false" in log, log
+        assert "the bound is 1 us (sluice.run_on_receiving_thread_max_us)" in log, log
+        pid = server.process.pid
+        policies = thread_counters(pid)
+        assert {policy for name, policy, _ in policies if name.startswith(("sluice-worker", "sluice-batcher"))} == {0}
+        assert {policy for name, policy, _ in policies
+                if not name.startswith(("sluice-worker", "sluice-batcher"))} == {3}, policies
+
+        rng = np.random.default_rng(3)
+        client = grpcclient.InferenceServerClient(server.url)
+        http = httpclient.InferenceServerClient(server.http_url)
+        try:
+            for model, at_most, at_least in (("cheap", 10, 0), ("over_bound", None, 100)):
+                before = worker_switches(pid)
+                for _ in range(100):
+                    data = rng.random((1, 4), dtype=np.float32)
+                    result = infer(client, model, data)
+                    np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), row_mix(data), rtol=1e-6)
+                woke = worker_switches(pid) - before
+                assert woke >= at_least, (model, woke)
+                if at_most is not None:
+                    assert woke <= at_most, (model, woke)  # a few: warm-up's tail, a request racing it
+            # HTTP's event loop is never held: its requests go to the worker.
+            before = worker_switches(pid)
+            for _ in range(20):
+                data = rng.random((1, 4), dtype=np.float32)
+                inp = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+                inp.set_data_from_numpy(data)
+                np.testing.assert_allclose(http.infer("cheap", [inp]).as_numpy("OUTPUT__0"), row_mix(data), rtol=1e-6)
+            assert worker_switches(pid) - before >= 20
+            # Concurrent callers: whoever finds the instance busy queues; every answer is right.
+            def call(i):
+                data = np.full((1, 4), float(i), np.float32)
+                return infer(client, "cheap", data).as_numpy("OUTPUT__0"), row_mix(data)
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                for got, want in pool.map(call, range(200)):
+                    np.testing.assert_allclose(got, want, rtol=1e-6)
+        finally:
+            client.close()
+            http.close()
+    finally:
+        assert server.stop() == 0, server.log()

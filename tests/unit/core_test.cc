@@ -6,6 +6,8 @@
 #include <limits>
 #include <thread>
 
+#include <sched.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -212,6 +214,28 @@ TEST(ThreadNameTest, LinuxKeepsFifteenCharacters) {
     EXPECT_STREQ(name, "short");
   });
   named.join();
+}
+
+// Runs in its own thread so that the test process's policy is left alone.
+TEST(ThreadPolicyTest, BatchIsInheritedAndModelWorkTurnsItBack) {
+  std::thread front([] {
+    ASSERT_EQ(sched_getscheduler(0), SCHED_OTHER);
+    ASSERT_TRUE(RunThreadsFromHereAsBatch());
+    EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);
+    int started_as = -1, model_work_as = -1;
+    std::thread child([&] {  // as gRPC's and the front ends' threads: started after main's call
+      started_as = sched_getscheduler(0);
+      RunThisThreadAsModelWork();  // as a worker or a batcher does first
+      model_work_as = sched_getscheduler(0);
+    });
+    child.join();
+    EXPECT_EQ(started_as, SCHED_BATCH);
+    EXPECT_EQ(model_work_as, SCHED_OTHER);
+    EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);  // the child's change is its own
+  });
+  front.join();
+  RunThisThreadAsModelWork();  // on a SCHED_OTHER thread: nothing to do
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
 }
 
 TEST(DeviceTest, Rule) {

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -183,6 +185,147 @@ TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
   batcher->Enqueue(Request(call, 1, 2, 1), &call.sink, Answer(call));
   EXPECT_THAT(call.answer.get_future().get().status().message(), HasSubstr("illegal memory access"));
   EXPECT_THAT(fatal_.get_future().get(), HasSubstr("illegal memory access"));
+}
+
+// Waits (yielding, not sleeping) until the batcher thread is in a wait it began after ending
+// `after` waits.
+DynamicBatcher::BatcherWaits WhenWaiting(const DynamicBatcher& batcher, uint64_t after = 0) {
+  DynamicBatcher::BatcherWaits waits = batcher.Waits();
+  while (!waits.waiting || waits.ended < after) {
+    std::this_thread::yield();
+    waits = batcher.Waits();
+  }
+  return waits;
+}
+
+TEST_F(DynamicBatcherTest, ArrivalsWhileEveryInstanceIsBusyWakeTheBatcherOnlyForAnEarlierDeadline) {
+  auto gated = std::make_unique<testing::FakeBackend>([](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+    const TensorView& x = request.inputs[0];
+    return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
+  });
+  testing::FakeBackend* model = gated.get();
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::move(gated));
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 8;
+  options.queue.max_queue_delay = 0s;
+  options.clock = &clock_;
+  options.stats = stats_;
+  auto batcher = *DynamicBatcher::Create(Spec(), std::move(backends), options);
+
+  model->CloseGate();
+  Call first;
+  batcher->Enqueue(Request(first, 1, 2, 1), &first.sink, Answer(first));  // an instance idle: signals
+  model->WaitStarted(1);  // the only instance is busy
+  const DynamicBatcher::BatcherWaits busy = WhenWaiting(*batcher);
+  EXPECT_EQ(busy.arrival_signals, 1u);
+  Call queued[5];
+  for (int i = 0; i < 5; ++i) batcher->Enqueue(Request(queued[i], 1, 2, 10 + i), &queued[i].sink, Answer(queued[i]));
+  // Nothing the batcher could do: the instance going idle will wake it.
+  EXPECT_EQ(batcher->Waits().arrival_signals, 1u);
+
+  Call urgent;
+  auto request = Request(urgent, 1, 2, 99);
+  request->deadline = clock_.Now() + 1h;  // earlier than the batcher's plan (none)
+  batcher->Enqueue(std::move(request), &urgent.sink, Answer(urgent));
+  EXPECT_EQ(batcher->Waits().arrival_signals, 2u);
+  WhenWaiting(*batcher, busy.ended + 1);  // it woke, planned its look at the deadline, and waits
+  Call later;
+  auto relaxed = Request(later, 1, 2, 100);
+  relaxed->deadline = clock_.Now() + 2h;  // after the batcher's planned look (1 h)
+  batcher->Enqueue(std::move(relaxed), &later.sink, Answer(later));
+  EXPECT_EQ(batcher->Waits().arrival_signals, 2u);
+
+  model->OpenGate();  // the instance goes idle: everything queued runs in one batch
+  EXPECT_TRUE(first.answer.get_future().get().ok());
+  for (Call& call : queued) EXPECT_TRUE(call.answer.get_future().get().ok());
+  EXPECT_TRUE(urgent.answer.get_future().get().ok());
+  EXPECT_TRUE(later.answer.get_future().get().ok());
+  EXPECT_EQ(model->executed(), 2);
+}
+
+// A batcher over one FakeBackend that echoes "x" as "y" and notes the thread of each batch.
+struct ThreadNotingModel {
+  std::mutex mutex;
+  std::vector<std::thread::id> threads;
+  testing::FakeBackend* backend = nullptr;
+
+  std::unique_ptr<DynamicBatcher> Make(FakeTimeSource* clock, Duration delay) {
+    auto fake = std::make_unique<testing::FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        threads.push_back(std::this_thread::get_id());
+      }
+      const TensorView& x = request.inputs[0];
+      return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
+    });
+    backend = fake.get();
+    std::vector<std::unique_ptr<ModelBackend>> backends;
+    backends.push_back(std::move(fake));
+    DynamicBatcher::Options options;
+    options.queue.max_batch_size = 8;
+    options.queue.max_queue_delay = delay;
+    options.clock = clock;
+    return *DynamicBatcher::Create(Spec(), std::move(backends), options);
+  }
+  std::vector<std::thread::id> Threads() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return threads;
+  }
+};
+
+TEST_F(DynamicBatcherTest, WithCallerRunsALoneRequestRunsOnTheEnqueuingThreadAndOthersQueue) {
+  ThreadNotingModel model;
+  auto batcher = model.Make(&clock_, 0s);
+  batcher->SetCallerRuns(true);
+  // The worker must be waiting for the claim: the first request may find it still starting.
+  std::optional<std::thread::id> ran_here;
+  for (int attempt = 0; attempt < 1000 && !ran_here; ++attempt) {
+    Call call;
+    auto request = Request(call, 1, 2, attempt);
+    request->caller_may_run = true;
+    batcher->Enqueue(std::move(request), &call.sink, Answer(call));
+    auto answer = call.answer.get_future();
+    answer.wait();
+    ASSERT_TRUE(answer.get().ok());
+    if (model.Threads().back() == std::this_thread::get_id()) ran_here = std::this_thread::get_id();
+  }
+  ASSERT_TRUE(ran_here.has_value());
+  // A request from a front end that may not be held runs on the worker.
+  Call http;
+  batcher->Enqueue(Request(http, 1, 2, 7), &http.sink, Answer(http));
+  ASSERT_TRUE(http.answer.get_future().get().ok());
+  EXPECT_NE(model.Threads().back(), std::this_thread::get_id());
+  // With the instance busy, a caller_may_run request queues and the worker runs it.
+  model.backend->CloseGate();
+  Call busy, queued;
+  const int started = model.backend->started();
+  batcher->Enqueue(Request(busy, 1, 2, 8), &busy.sink, Answer(busy));
+  model.backend->WaitStarted(started + 1);
+  auto request = Request(queued, 1, 2, 9);
+  request->caller_may_run = true;
+  batcher->Enqueue(std::move(request), &queued.sink, Answer(queued));  // returns: it did not run here
+  model.backend->OpenGate();
+  ASSERT_TRUE(busy.answer.get_future().get().ok());
+  ASSERT_TRUE(queued.answer.get_future().get().ok());
+  EXPECT_NE(model.Threads().back(), std::this_thread::get_id());
+  batcher->Stop();
+}
+
+TEST_F(DynamicBatcherTest, CallerRunsNeverSkipsTheQueueDelay) {
+  ThreadNotingModel model;
+  auto batcher = model.Make(&clock_, 1s);
+  batcher->SetCallerRuns(true);
+  Call call;
+  auto request = Request(call, 1, 2, 1);
+  request->caller_may_run = true;
+  batcher->Enqueue(std::move(request), &call.sink, Answer(call));
+  auto answer = call.answer.get_future();
+  EXPECT_EQ(answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // waits for company
+  clock_.Advance(1s);
+  batcher->Poke();
+  ASSERT_TRUE(answer.get().ok());
+  EXPECT_NE(model.Threads().back(), std::this_thread::get_id());
 }
 
 TEST_F(DynamicBatcherTest, StopAnswersEverythingQueued) {

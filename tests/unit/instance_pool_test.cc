@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <optional>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -184,6 +186,99 @@ TEST_F(InstancePoolTest, DropAnswersWithoutRunningAndRunAfterStopIsUnavailable) 
   EXPECT_EQ(late.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(model->executed(), 0);
   EXPECT_EQ(stats_->Snapshot().fail.count, 2u);
+}
+
+// Claims an instance as soon as one waits (its worker reaches its wait on its own).
+size_t ClaimWhenWaiting(InstancePool& pool) {
+  for (;;) {
+    if (std::optional<size_t> claimed = pool.TryClaim()) return *claimed;
+    std::this_thread::yield();
+  }
+}
+
+// A backend that notes the thread each batch ran on.
+std::unique_ptr<testing::FakeBackend> ThreadNoting(std::vector<std::thread::id>* threads, std::mutex* mutex) {
+  return std::make_unique<testing::FakeBackend>([threads, mutex](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+    {
+      std::lock_guard<std::mutex> lock(*mutex);
+      threads->push_back(std::this_thread::get_id());
+    }
+    const TensorView& x = request.inputs[0];
+    return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
+  });
+}
+
+TEST_F(InstancePoolTest, AClaimedInstanceRunsOnTheCallersThreadAndItsWorkerLeavesItAlone) {
+  std::mutex mutex;
+  std::vector<std::thread::id> first, second;
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(ThreadNoting(&first, &mutex));
+  backends.push_back(ThreadNoting(&second, &mutex));
+  InstancePool::Options options;
+  options.clock = &clock_;
+  options.stats = stats_;
+  std::atomic<int> after_batch{0}, other{0};
+  options.on_idle = [&](size_t, bool batch) { (batch ? after_batch : other).fetch_add(1); };
+  auto pool = *InstancePool::Create(Spec(), std::move(backends), options);
+
+  const size_t claimed = ClaimWhenWaiting(*pool);
+  EXPECT_EQ(pool->idle(), 1);  // the claim counts as busy
+  // A batch handed over meanwhile goes to the other instance.
+  Call queued;
+  FormedBatch batch;
+  batch.requests.push_back(queued.Pending(1, 3));
+  batch.rows = batch.padded_rows = 1;
+  pool->Run(std::move(batch));
+  ASSERT_TRUE(queued.answer.get_future().get().ok());
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE((claimed == 0 ? first : second).empty());
+    ASSERT_EQ((claimed == 0 ? second : first).size(), 1u);
+    EXPECT_NE((claimed == 0 ? second : first)[0], std::this_thread::get_id());
+  }
+  Call here;
+  FormedBatch mine;
+  mine.requests.push_back(here.Pending(2, 5));
+  mine.rows = mine.padded_rows = 2;
+  pool->RunClaimed(claimed, std::move(mine));
+  // Answered before RunClaimed returned, on this thread, on the claimed instance.
+  auto future = here.answer.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  ASSERT_TRUE(future.get().ok());
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ((claimed == 0 ? first : second).size(), 1u);
+    EXPECT_EQ((claimed == 0 ? first : second)[0], std::this_thread::get_id());
+  }
+  EXPECT_EQ(other.load(), 1);  // RunClaimed's idle notification, not counted as a handed-over batch
+  pool->Stop();
+  EXPECT_EQ(after_batch.load(), 1);
+  EXPECT_EQ(pool->idle(), 2);
+  EXPECT_EQ(stats_->Snapshot().success.count, 2u);
+}
+
+TEST_F(InstancePoolTest, NoClaimWhileTheOnlyInstanceIsBusyOrClaimedOrAfterStop) {
+  auto gated = std::make_unique<testing::FakeBackend>();
+  testing::FakeBackend* model = gated.get();
+  auto pool = Make(std::move(gated));
+  const size_t claimed = ClaimWhenWaiting(*pool);
+  EXPECT_FALSE(pool->TryClaim().has_value());  // claimed already
+  pool->Unclaim(claimed);
+  EXPECT_EQ(pool->idle(), 1);
+  EXPECT_EQ(idle_calls_.load(), 0);  // Unclaim tells no one
+
+  model->CloseGate();
+  Call busy;
+  FormedBatch batch;
+  batch.requests.push_back(busy.Pending(1, 1));
+  batch.rows = batch.padded_rows = 1;
+  pool->Run(std::move(batch));
+  model->WaitStarted(1);
+  EXPECT_FALSE(pool->TryClaim().has_value());  // running
+  model->OpenGate();
+  ASSERT_TRUE(busy.answer.get_future().get().ok());
+  pool->Stop();
+  EXPECT_FALSE(pool->TryClaim().has_value());
 }
 
 }  // namespace

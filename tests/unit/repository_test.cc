@@ -505,6 +505,26 @@ TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
 }
 
+TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
+  auto spec = Build(std::string(kMinimal));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->dynamic_batching.run_on_receiving_thread);  // off by default
+  EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, kRunOnReceivingThreadMaxUs);
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "true" } }
+      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "120" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->dynamic_batching.enabled);
+  EXPECT_TRUE(spec->dynamic_batching.run_on_receiving_thread);
+  EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, 120);
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "0" } })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread_max_us"));
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "yes" } })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread must be \"true\" or \"false\""));
+}
+
 TEST(ModelConfigParserTest, DynamicBatchingErrors) {
   const std::string base = kMinimal;
   struct Case {

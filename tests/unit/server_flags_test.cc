@@ -116,6 +116,8 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   auto defaults = ParseServerFlags({});
   ASSERT_TRUE(defaults.ok());
   EXPECT_TRUE(defaults->allow_http);
+  EXPECT_TRUE(defaults->model_threads_first);
+  EXPECT_FALSE(ParseServerFlags({"--model-threads-first", "false"})->model_threads_first);
   EXPECT_EQ(defaults->http.port, 8000);
   EXPECT_EQ(defaults->http.address, "0.0.0.0");
   EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
