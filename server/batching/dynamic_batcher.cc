@@ -42,7 +42,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
   const TimePoint enqueued = pending.enqueued;
   Status admitted;
   bool wake = false;
-  std::optional<size_t> claimed;  // with `here`: the instance this thread runs the request on
+  size_t claimed = 0;  // with `here`: the instance this thread runs the request on
   std::optional<FormedBatch> here;
   {
     MutexLock lock(&mutex_);
@@ -55,13 +55,11 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     // The batcher would hand this request over at once: run it here instead. Through the queue,
     // so that it forms the batch the batcher would form (padding, ladder, delay).
     if (admitted.ok() && may_run_here && nothing_queued && pool_->idle() > 0) {
-      claimed = pool_->TryClaim();
-      if (claimed) {
+      if (std::optional<size_t> instance = pool_->TryClaim()) {
+        claimed = *instance;
         here = queue_.TakeReadyBatch(enqueued);
-        if (!here) {  // it waits for company (max_queue_delay): the batcher's job
-          pool_->Unclaim(*claimed);
-          claimed.reset();
-        }
+        // Without a batch it waits for company (max_queue_delay): the batcher's job.
+        if (!here) pool_->Unclaim(claimed);
       }
     }
     // The batcher needs this request now only if an instance could take a batch, or if its
@@ -78,7 +76,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     return;
   }
   if (here) {
-    pool_->RunClaimed(*claimed, *std::move(here));
+    pool_->RunClaimed(claimed, *std::move(here));
     return;
   }
   if (wake) batcher_cv_.Signal();
