@@ -199,10 +199,8 @@ DynamicBatcher::BatcherWaits WhenWaiting(const DynamicBatcher& batcher, uint64_t
 }
 
 TEST_F(DynamicBatcherTest, ArrivalsWhileEveryInstanceIsBusyWakeTheBatcherOnlyForAnEarlierDeadline) {
-  auto gated = std::make_unique<testing::FakeBackend>([](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-    const TensorView& x = request.inputs[0];
-    return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
-  });
+  testing::ThreadNotingEcho echo;
+  std::unique_ptr<testing::FakeBackend> gated = echo.Backend();
   testing::FakeBackend* model = gated.get();
   std::vector<std::unique_ptr<ModelBackend>> backends;
   backends.push_back(std::move(gated));
@@ -244,21 +242,13 @@ TEST_F(DynamicBatcherTest, ArrivalsWhileEveryInstanceIsBusyWakeTheBatcherOnlyFor
   EXPECT_EQ(model->executed(), 2);
 }
 
-// A batcher over one FakeBackend that echoes "x" as "y" and notes the thread of each batch.
+// A batcher over one ThreadNotingEcho instance.
 struct ThreadNotingModel {
-  std::mutex mutex;
-  std::vector<std::thread::id> threads;
+  testing::ThreadNotingEcho echo;
   testing::FakeBackend* backend = nullptr;
 
   std::unique_ptr<DynamicBatcher> Make(FakeTimeSource* clock, Duration delay) {
-    auto fake = std::make_unique<testing::FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        threads.push_back(std::this_thread::get_id());
-      }
-      const TensorView& x = request.inputs[0];
-      return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
-    });
+    std::unique_ptr<testing::FakeBackend> fake = echo.Backend();
     backend = fake.get();
     std::vector<std::unique_ptr<ModelBackend>> backends;
     backends.push_back(std::move(fake));
@@ -268,10 +258,7 @@ struct ThreadNotingModel {
     options.clock = clock;
     return *DynamicBatcher::Create(Spec(), std::move(backends), options);
   }
-  std::vector<std::thread::id> Threads() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return threads;
-  }
+  std::vector<std::thread::id> Threads() const { return echo.Threads(); }
 };
 
 TEST_F(DynamicBatcherTest, WithCallerRunsALoneRequestRunsOnTheEnqueuingThreadAndOthersQueue) {

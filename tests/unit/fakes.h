@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/core/backend.h"
@@ -87,6 +88,30 @@ class FakeBackend final : public ModelBackend {
   bool open_ = true;
   int started_ = 0;
   std::atomic<int> executed_{0};
+};
+
+// A FakeBackend (so it can be held at its gate) that echoes input "x" as output "y" (same type,
+// shape and bytes) and notes the thread each execution ran on. Outlives the backends it makes.
+class ThreadNotingEcho {
+ public:
+  std::unique_ptr<FakeBackend> Backend() {
+    return std::make_unique<FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        threads_.push_back(std::this_thread::get_id());
+      }
+      const TensorView& x = request.inputs[0];
+      return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
+    });
+  }
+  std::vector<std::thread::id> Threads() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return threads_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::thread::id> threads_;
 };
 
 // The model EchoBackend serves: "x" INT32 [-1] -> "y" INT32 [-1], max_batch_size 8.

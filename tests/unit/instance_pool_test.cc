@@ -196,24 +196,11 @@ size_t ClaimWhenWaiting(InstancePool& pool) {
   }
 }
 
-// A backend that notes the thread each batch ran on.
-std::unique_ptr<testing::FakeBackend> ThreadNoting(std::vector<std::thread::id>* threads, std::mutex* mutex) {
-  return std::make_unique<testing::FakeBackend>([threads, mutex](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-    {
-      std::lock_guard<std::mutex> lock(*mutex);
-      threads->push_back(std::this_thread::get_id());
-    }
-    const TensorView& x = request.inputs[0];
-    return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::string(x.data, x.byte_size)}};
-  });
-}
-
 TEST_F(InstancePoolTest, AClaimedInstanceRunsOnTheCallersThreadAndItsWorkerLeavesItAlone) {
-  std::mutex mutex;
-  std::vector<std::thread::id> first, second;
+  testing::ThreadNotingEcho first, second;
   std::vector<std::unique_ptr<ModelBackend>> backends;
-  backends.push_back(ThreadNoting(&first, &mutex));
-  backends.push_back(ThreadNoting(&second, &mutex));
+  backends.push_back(first.Backend());
+  backends.push_back(second.Backend());
   InstancePool::Options options;
   options.clock = &clock_;
   options.stats = stats_;
@@ -231,10 +218,11 @@ TEST_F(InstancePoolTest, AClaimedInstanceRunsOnTheCallersThreadAndItsWorkerLeave
   pool->Run(std::move(batch));
   ASSERT_TRUE(queued.answer.get_future().get().ok());
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    EXPECT_TRUE((claimed == 0 ? first : second).empty());
-    ASSERT_EQ((claimed == 0 ? second : first).size(), 1u);
-    EXPECT_NE((claimed == 0 ? second : first)[0], std::this_thread::get_id());
+    const std::vector<std::thread::id> on_claimed = (claimed == 0 ? first : second).Threads();
+    const std::vector<std::thread::id> on_other = (claimed == 0 ? second : first).Threads();
+    EXPECT_TRUE(on_claimed.empty());
+    ASSERT_EQ(on_other.size(), 1u);
+    EXPECT_NE(on_other[0], std::this_thread::get_id());
   }
   Call here;
   FormedBatch mine;
@@ -246,9 +234,9 @@ TEST_F(InstancePoolTest, AClaimedInstanceRunsOnTheCallersThreadAndItsWorkerLeave
   ASSERT_EQ(future.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   ASSERT_TRUE(future.get().ok());
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    ASSERT_EQ((claimed == 0 ? first : second).size(), 1u);
-    EXPECT_EQ((claimed == 0 ? first : second)[0], std::this_thread::get_id());
+    const std::vector<std::thread::id> on_claimed = (claimed == 0 ? first : second).Threads();
+    ASSERT_EQ(on_claimed.size(), 1u);
+    EXPECT_EQ(on_claimed[0], std::this_thread::get_id());
   }
   EXPECT_EQ(other.load(), 1);  // RunClaimed's idle notification, not counted as a handed-over batch
   pool->Stop();
