@@ -83,17 +83,31 @@ class BenchmarkError(Exception):
 # Repository
 
 
+def trivial_model(name):
+    """The TorchScript file of "addsub" or "big_output", built once into .cache/models (again when
+    this file or torch changes; models/model_cache.py): a smoke run that finds it there does not
+    import torch."""
+    sys.path.insert(0, os.path.join(ROOT, "models"))
+    from model_cache import cached, source_key
+
+    def build(path):
+        import torch
+
+        class AddSub(torch.nn.Module):
+            def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor):
+                return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+        class BigOutput(torch.nn.Module):
+            def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+                return INPUT0[:, :1].expand(-1, 1048576).contiguous()
+
+        torch.jit.script({"addsub": AddSub, "big_output": BigOutput}[name]()).save(path)
+
+    return cached(os.path.join(ROOT, ".cache", "models"), f"benchmark_{name}.pt",
+                  source_key(os.path.abspath(__file__)), build)
+
+
 def make_repository(directory, models=("addsub", "mlp", "big_output")):
-    import torch
-
-    class AddSub(torch.nn.Module):
-        def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor):
-            return INPUT0 + INPUT1, INPUT0 - INPUT1
-
-    class BigOutput(torch.nn.Module):
-        def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
-            return INPUT0[:, :1].expand(-1, 1048576).contiguous()
-
     def write(name, config, module):
         if name not in models:
             return
@@ -101,7 +115,7 @@ def make_repository(directory, models=("addsub", "mlp", "big_output")):
         with open(os.path.join(directory, name, "config.pbtxt"), "w") as f:
             f.write(config)
         if module is not None:
-            module.save(os.path.join(directory, name, "1", "model.pt"))
+            shutil.copyfile(trivial_model(module), os.path.join(directory, name, "1", "model.pt"))
 
     write("addsub",
           'name: "addsub"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
@@ -110,13 +124,13 @@ def make_repository(directory, models=("addsub", "mlp", "big_output")):
           'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },\n'
           '         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
           + CPU_INSTANCE + "dynamic_batching { }\n" + ONE_THREAD,
-          torch.jit.script(AddSub()))
+          "addsub")
     write("big_output",
           'name: "big_output"\nplatform: "pytorch_libtorch"\nmax_batch_size: 16\n'
           'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
           f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {BIG} ] }} ]\n'
           + CPU_INSTANCE + "dynamic_batching { }\n" + ONE_THREAD,
-          torch.jit.script(BigOutput()))
+          "big_output")
 
     # The bundled MLP: its config with a CPU instance (whatever kind the bundled one asks for),
     # dynamic batching (unless the bundled config has it already) and one intra-op thread.

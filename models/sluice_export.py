@@ -141,35 +141,3 @@ def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
             metadata[key] = json.dumps(tensors)
         path = torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
     return path
-
-
-def cached(cache: str, name: str, key: str, build) -> str:
-    """<cache>/<name>.pt2, built by build(path) first when it is missing or was built for another
-    `key` (record it: the torch version and the hash of the sources the package comes from).
-    Concurrent callers (test suites running in parallel) wait for one another instead of
-    compiling twice."""
-    import fcntl
-    os.makedirs(cache, exist_ok=True)
-    path = os.path.join(cache, f"{name}.pt2")
-    with open(os.path.join(cache, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(path) and os.path.exists(path + ".stamp"):
-            with open(path + ".stamp") as file:
-                if file.read() == key:
-                    return path
-        partial = os.path.join(cache, f"{name}.partial.pt2")
-        build(partial)
-        os.replace(partial, path)
-        with open(path + ".stamp", "w") as file:
-            file.write(key)
-    return path
-
-
-def source_key(*files: str) -> str:
-    """The torch version and the SHA-256 of `files`: what cached() compares."""
-    import hashlib
-    digest = hashlib.sha256()
-    for name in files:
-        with open(name, "rb") as file:
-            digest.update(file.read())
-    return f"torch {torch.__version__} source {digest.hexdigest()}\n"

@@ -113,7 +113,7 @@ build_kit() {
   cp benchmarks/floor_benchmark.py benchmarks/batching_benchmark.py benchmarks/request_path_benchmark.py \
     "$KIT/src/benchmarks/"
   find "$KIT/src" -name __pycache__ -prune -exec rm -rf {} +
-  cp models/generate_models.py models/sluice_export.py "$KIT/src/models/"
+  cp models/generate_models.py models/bundled_models.py models/model_cache.py models/sluice_export.py "$KIT/src/models/"
   for config in models/*/config.pbtxt; do
     mkdir -p "$KIT/src/models/$(basename "$(dirname "$config")")"
     cp "$config" "$KIT/src/models/$(basename "$(dirname "$config")")/"

@@ -8,7 +8,8 @@ from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "models"))
-from sluice_export import cached, export_package, source_key  # noqa: E402
+from model_cache import cached, source_key  # noqa: E402
+from sluice_export import export_package  # noqa: E402
 
 DTYPES = {  # protocol name -> torch dtype
     "BOOL": torch.bool, "UINT8": torch.uint8, "INT8": torch.int8, "INT16": torch.int16,
@@ -70,6 +71,6 @@ def compiled_packages():
     """name -> path of each package, compiled into .cache/aoti-test unless already there."""
     cache = os.path.join(ROOT, ".cache", "aoti-test")
     key = source_key(os.path.abspath(__file__), os.path.join(ROOT, "models", "sluice_export.py"))
-    return {name: cached(cache, name, key, build) for name, build in
+    return {name: cached(cache, f"{name}.pt2", key, build) for name, build in
             [("every_dtype", build_every_dtype), ("list_min2", build_list_min2),
              ("dict_fixed1", build_dict_fixed1), ("sequence", build_sequence)]}

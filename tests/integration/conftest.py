@@ -130,8 +130,16 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def test_repository(tmp_path_factory):
+    """The test models of make_test_repository.py, built once per checkout into
+    .cache/test-models/repository (again when the script or torch changes) and copied from there."""
+    import shutil
+    sys.path.insert(0, os.path.join(ROOT, "models"))
+    from model_cache import cached, source_key
+    script = os.path.join(HERE, "make_test_repository.py")
+    built = cached(os.path.join(ROOT, ".cache", "test-models"), "repository", source_key(script),
+                   lambda path: subprocess.run([sys.executable, script, path], check=True))
     root = tmp_path_factory.mktemp("repository")
-    subprocess.run([sys.executable, os.path.join(HERE, "make_test_repository.py"), str(root)], check=True)
+    shutil.copytree(built, root, dirs_exist_ok=True)
     return root
 
 

@@ -131,7 +131,7 @@ def test_aoti_package_compiled_for_cuda_serves_on_the_gpu(tmp_path_factory):
     import sys
     from conftest import ROOT
     sys.path.insert(0, os.path.join(ROOT, "models"))
-    import generate_models
+    import bundled_models
     root = tmp_path_factory.mktemp("aoti_gpu")
     os.makedirs(root / "mlp_aoti" / "1")
     with open(os.path.join(ROOT, "models", "mlp_aoti", "config.pbtxt")) as f:
@@ -139,7 +139,7 @@ def test_aoti_package_compiled_for_cuda_serves_on_the_gpu(tmp_path_factory):
     assert "KIND_GPU" in config
     (root / "mlp_aoti" / "config.pbtxt").write_text(config)
     package = str(root / "mlp_aoti" / "1" / "model.cuda.pt2")
-    generate_models.export("mlp_aoti", package, device="cuda")
+    bundled_models.export("mlp_aoti", package, device="cuda")
     server = start_server(root, tmp_path_factory, ["--device", "cuda"])
     try:
         assert "model=mlp_aoti version=1 device=cuda:0 x2" in server.log()

@@ -27,7 +27,7 @@ from conftest import CLIENT, ROOT, start_server, write_bundled
 from make_test_repository import write_model
 
 sys.path.insert(0, os.path.join(ROOT, "models"))
-from generate_models import Accumulator  # noqa: E402
+from bundled_models import Accumulator  # noqa: E402
 
 CONTROLS = """sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}

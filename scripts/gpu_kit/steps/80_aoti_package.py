@@ -66,8 +66,8 @@ def body():
         if missing:
             return "skipped", "skipped: " + "; ".join(missing), {"missing": missing}, ""
         code, text = kitlib.run_logged(
-            [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import generate_models; "
-             "generate_models.export('mlp_aoti', sys.argv[2], device='cuda')",
+            [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import bundled_models; "
+             "bundled_models.export('mlp_aoti', sys.argv[2], device='cuda')",
              os.path.join(kitlib.KIT, "src", "models"), package], "compile.log", timeout=COMPILE_CAP)
         if code != 0:
             return "fail", f"the compile exited {code}: {text[-300:]}", {}, "```\n" + text[-3000:] + "\n```"
