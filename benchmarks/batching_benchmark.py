@@ -27,13 +27,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from harness.server import SluiceServer  # noqa: E402
 MODELS = {
     # name: (row shape, max_batch_size)
     "mlp": ([784], 64),
@@ -47,12 +47,6 @@ def write_json(path, report):
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
     print(f"\nwrote {path}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pinning(enabled):
@@ -110,51 +104,15 @@ def statistics(url, model):
         client.close()
 
 
-def lost_port_race(log_path):
-    """Whether a server's log says its port was taken between free_port() and its bind (another
-    process's outgoing connection, or its own metrics endpoint on port 0, can get the port the OS
-    just called free): worth a new port, not a failure."""
-    with open(log_path) as f:
-        log = f.read()
-    return "cannot listen on" in log or "cannot serve metrics on" in log
-
-
-def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60, attempts=3):
+def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
     """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
-    `repository`.log) and returns (process, url) once it is ready."""
-    for attempt in range(attempts):
-        try:
-            return _serve_once(bin_dir, repository, extra_args, prefix, log_level, timeout)
-        except RuntimeError:
-            if attempt + 1 == attempts or not lost_port_race(repository + ".log"):
-                raise
-
-
-def _serve_once(bin_dir, repository, extra_args, prefix, log_level, timeout):
-    port = free_port()
-    log = open(repository + ".log", "w")
-    process = subprocess.Popen([*prefix, os.path.join(bin_dir, "sluice-server"), "--model-repository", repository,
-                                "--grpc-address", "127.0.0.1", "--grpc-port", str(port),
-                                "--metrics-port", "0", "--http-port", "0", "--log-level", log_level, *extra_args],
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    import tritonclient.grpc as grpcclient
-    while time.monotonic() < deadline:
-        try:
-            client = grpcclient.InferenceServerClient(url=url)
-            if client.is_server_ready():
-                client.close()
-                return process, url
-            client.close()
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if process.poll() is not None:
-            log.close()
-            raise RuntimeError(f"sluice-server exited: {open(log.name).read()}")
-        time.sleep(0.1)
-    process.kill()
-    raise TimeoutError(f"sluice-server did not become ready:\n{open(log.name).read()}")
+    `repository`.log; its metrics and HTTP endpoints on ports it picks, which the log names) and
+    returns (process, url) once it is ready (harness.server: a lost port race starts it again)."""
+    server = SluiceServer(os.path.join(bin_dir, "sluice-server"), repository, extra_args,
+                          log_path=repository + ".log", prefix=prefix, log_level=log_level,
+                          metrics_port=0, http_port=0)
+    server.start(timeout)
+    return server.process, server.url
 
 
 def perf_analyzer_path():

@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import (ROOT, make_repository as make_bundled, pinning, statistics as model_counts,  # noqa: E402
                                 write_json)
 from request_path_benchmark import BenchmarkError, Server, callgrind_run, make_repository as make_trivial  # noqa: E402
+from harness.process import cpu_seconds  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 FIXED_RATE = 2000  # calls/s for the CPU-per-call windows: below every saturation measured here
 CLIENT_BUSY_LIMIT = 0.75
@@ -118,13 +119,6 @@ def make_mlp_addsub(workdir):
     make_bundled(repository, True, ["mlp"])
     make_trivial(repository, models=("addsub",))
     return repository, write_request_files(workdir, ("mlp", "addsub"))
-
-
-def cpu_seconds(pid):
-    """utime + stime of process `pid`, all threads, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_counters(pid):

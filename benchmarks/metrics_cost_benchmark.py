@@ -29,27 +29,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, free_port, make_repository, write_json  # noqa: E402
+from batching_benchmark import ROOT, make_repository, write_json  # noqa: E402
+from harness.server import SluiceServer  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 TARGET_RATIO = 1.02
-
-
-def wait_ready(url, process, timeout):
-    import tritonclient.grpc as grpcclient
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("sluice-server under valgrind exited early")
-        try:
-            client = grpcclient.InferenceServerClient(url=url)
-            ready = client.is_server_ready()
-            client.close()
-            if ready:
-                return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("sluice-server under valgrind did not become ready")
 
 
 def callgrind_control(*args):
@@ -70,20 +53,17 @@ def instructions(dump):
 
 def measure(bin_dir, repository, metrics, requests, warm, workdir):
     import tritonclient.grpc as grpcclient
-    port = free_port()
     dump = os.path.join(workdir, f"callgrind.{'on' if metrics else 'off'}")
-    log = open(dump + ".log", "w")
-    process = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}.%p",
-         os.path.join(bin_dir, "sluice-server"), "--model-repository", repository, "--grpc-address", "127.0.0.1",
-         "--grpc-port", str(port), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
-         "--allow-http", "false", "--allow-metrics", "true" if metrics else "false", "--warmup", "false", "--device", "cpu",
-         "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"127.0.0.1:{port}"
+    server = SluiceServer(
+        os.path.join(bin_dir, "sluice-server"), repository,
+        ["--metrics-address", "127.0.0.1", "--allow-http", "false", "--allow-metrics", "true" if metrics else "false",
+         "--warmup", "false", "--device", "cpu"],
+        log_path=dump + ".log", log_level="warn", metrics_port=0, http_port=None,
+        prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}.%p"])
     try:
-        wait_ready(url, process, timeout=600)
-        client = grpcclient.InferenceServerClient(url=url)
+        server.start(timeout=600)
+        process = server.process
+        client = grpcclient.InferenceServerClient(url=server.url)
         data = np.random.default_rng(0).random((1, 784), dtype=np.float32)
         tensor = grpcclient.InferInput("INPUT__0", [1, 784], "FP32")
         tensor.set_data_from_numpy(data)
@@ -102,9 +82,7 @@ def measure(bin_dir, repository, metrics, requests, warm, workdir):
         callgrind_control("-i", "off", str(process.pid))
         client.close()
     finally:
-        process.terminate()
-        process.wait(timeout=120)
-        log.close()
+        server.stop(timeout=120)
     counted = instructions(dump)
     return {"metrics": metrics, "requests": requests, "instructions": counted,
             "instructions_per_request": counted / requests, "seconds_under_valgrind": seconds}

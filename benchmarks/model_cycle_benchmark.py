@@ -21,7 +21,6 @@ Prints a table and writes JSON. --smoke runs 3 cycles of an 8 MiB model; its num
 """
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import ROOT, serve, write_json  # noqa: E402
+from harness.process import rss_bytes  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 SETTLE = 5  # cycles before growth is measured
-
-
-def rss_bytes(pid="self"):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 
 
 def make_model(path, rows, columns):

@@ -47,7 +47,6 @@ import glob
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, free_port, lost_port_race, perf_analyzer_path, pinning, write_json  # noqa: E402
+from batching_benchmark import ROOT, perf_analyzer_path, pinning, write_json  # noqa: E402
+from harness.server import SluiceServer  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -160,94 +160,22 @@ def http_off(binary):
     help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
     return ["--allow-http", "false"] if "--allow-http" in help_text else []
 
-class Server:
-    """sluice-server (optionally under a prefix: taskset, valgrind) on a free port; a context
-    manager that stops it (SIGTERM, then SIGKILL) whatever happens."""
+class Server(SluiceServer):
+    """sluice-server (optionally under a prefix: taskset, valgrind) on free ports, on the CPU, with
+    the HTTP endpoint off; a context manager that waits `ready_timeout` for it to be ready (raising
+    BenchmarkError) and stops it (SIGTERM, then SIGKILL) whatever happens. `ready_s`: from its
+    start to ready."""
 
     def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0, extra_args=()):
-        self.binary, self.repository, self.prefix = binary, repository, tuple(prefix)
-        self.extra_args = tuple(extra_args)
-        self.log_path = log_path
+        super().__init__(binary, repository, ["--device", "cpu", *http_off(binary), *extra_args],
+                         log_path=log_path, prefix=prefix, log_level="warn", http_port=None, new_session=True)
         self.ready_timeout = ready_timeout
-        self.process = None
-        self.ready_s = None
-        self._choose_ports()
 
-    def _choose_ports(self):
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.url = f"127.0.0.1:{self.port}"
-        self.command = [*self.prefix, self.binary, "--model-repository", self.repository,
-                        "--grpc-address", "127.0.0.1", "--grpc-port", str(self.port),
-                        "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                        "--device", "cpu", "--log-level", "warn", *http_off(self.binary), *self.extra_args]
-
-    def __enter__(self, attempts=3):
-        for attempt in range(attempts):
-            self.log = open(self.log_path, "w")
-            started = time.monotonic()
-            self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-            try:
-                self._wait_ready()
-            except BenchmarkError:
-                self.stop()
-                if attempt + 1 < attempts and lost_port_race(self.log_path):
-                    self._choose_ports()
-                    continue
-                raise
-            except BaseException:
-                self.stop()
-                raise
-            self.ready_s = time.monotonic() - started
-            return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
-
-    def log_tail(self, lines=40):
+    def __enter__(self):
         try:
-            with open(self.log_path) as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
-
-    def _wait_ready(self):
-        import tritonclient.grpc as grpcclient
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchmarkError(f"{' '.join(self.command)}\nexited with {self.process.returncode} before it "
-                                     f"was ready; its log ({self.log_path}):\n{self.log_tail()}")
-            try:
-                client = grpcclient.InferenceServerClient(url=self.url)
-                try:
-                    if client.is_server_ready():
-                        return
-                finally:
-                    client.close()
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.2)
-        raise BenchmarkError(f"{' '.join(self.command)}\nwas not ready within {self.ready_timeout:.0f} s; "
-                             f"its log ({self.log_path}):\n{self.log_tail()}")
-
-    def stop(self, timeout=60.0):
-        if self.process is None or self.process.poll() is not None:
-            self._close_log()
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
-        self._close_log()
-
-    def _close_log(self):
-        if getattr(self, "log", None) is not None and not self.log.closed:
-            self.log.close()
+            return self.start(self.ready_timeout)
+        except (RuntimeError, TimeoutError) as error:
+            raise BenchmarkError(str(error)) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ Target: end within 5% of the baseline, no unexpected error, the server exits 0 o
 import argparse
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -29,13 +28,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import MODELS, ROOT, make_repository, serve, write_json  # noqa: E402
+from harness.process import rss_bytes  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 TARGET_GROWTH = 0.05
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 
 
 def client_loop(url, seed, stop, counts, lock):

@@ -109,7 +109,7 @@ build_kit() {
   # What the steps import: the integration test helpers (and the GPU tests themselves), the floor
   # benchmark's load driver and the modules it imports, and the bundled models' configs and
   # generator.
-  cp -r tests/integration "$KIT/src/tests/"
+  cp -r tests/integration tests/harness "$KIT/src/tests/"
   cp benchmarks/floor_benchmark.py benchmarks/batching_benchmark.py benchmarks/request_path_benchmark.py \
     "$KIT/src/benchmarks/"
   find "$KIT/src" -name __pycache__ -prune -exec rm -rf {} +

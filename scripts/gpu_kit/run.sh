@@ -106,7 +106,7 @@ WRAP
 done
 export KIT_BIN KIT_LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$KIT_BIN:$PATH"
-export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT/src/benchmarks:$KIT"
+export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT/src/tests:$KIT/src/benchmarks:$KIT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SLUICE_BIN_DIR="$KIT_BIN"
 
 # The machine, as found: recorded before anything runs.

@@ -5,8 +5,6 @@ Environment (set by ctest, see tests/CMakeLists.txt):
   SLUICE_PROTO_DESCRIPTORS   descriptor set of our protos
 """
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ SERVER = os.path.join(BIN_DIR, "sluice-server")
 CLIENT = os.path.join(BIN_DIR, "sluice-client")
 
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: the harness package
+from harness.server import SluiceServer, free_port  # noqa: E402,F401 (free_port: for the tests)
 
 
 def _built_with_asan():
@@ -35,97 +35,15 @@ def _built_with_asan():
 ASAN_BUILD = _built_with_asan()
 
 
-def free_port():
-    """A port the OS says is free on loopback (bound, then released for the server to take)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """One sluice-server process; `url` is host:port for clients."""
+class ServerProcess(SluiceServer):
+    """The built sluice-server (SLUICE_BIN_DIR) on free loopback ports, started at once (its
+    gRPC, HTTP and metrics ports in `port`, `http_port`, `metrics_port`; `url` is host:port for
+    clients); wait_serving() and stop() as in harness.server."""
 
     def __init__(self, repository, extra_args=(), log_path=None, env=None, credentials=None, prefix=()):
-        """`prefix`: a command that execs the server (taskset), so that the pid stays the server's."""
-        self.credentials = credentials  # grpc.ChannelCredentials for a TLS server, else None
-        self.log_path = log_path
-        self._repository, self._extra_args, self._env = str(repository), list(extra_args), env
-        self._prefix = list(prefix)
-        self._log = subprocess.DEVNULL
-        self._spawns_left = 3
-        self._spawn()
-
-    def _spawn(self):
-        """Starts the process on ports the OS calls free. Between that and the server's bind
-        another process's outgoing connection (or the server's own metrics endpoint on port 0)
-        can take the port; wait_serving then starts it again on new ports (with a log to tell)."""
-        self._spawns_left -= 1
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.http_port = free_port()
-        self.url = f"127.0.0.1:{self.port}"
-        self.http_url = f"127.0.0.1:{self.http_port}"
-        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        self.args = [*self._prefix, SERVER, "--model-repository", self._repository, "--grpc-address", "127.0.0.1",
-                     "--grpc-port", str(self.port), "--metrics-address", "127.0.0.1",
-                     "--metrics-port", str(self.metrics_port), "--http-address", "127.0.0.1",
-                     "--http-port", str(self.http_port), "--log-level", "debug", *self._extra_args]
-        self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(self._env or {})})
-
-    def _lost_port_race(self):
-        if self.process.poll() is None or self._spawns_left == 0 or not self.log_path:
-            return False
-        log = self.log()
-        return "cannot listen on" in log or "cannot serve metrics on" in log
-
-    def log(self):
-        if not self.log_path:
-            return ""
-        with open(self.log_path) as f:
-            return f.read()
-
-    def wait_serving(self, timeout=60.0, ready=True):
-        """Waits until ServerLive answers (and ServerReady is true when `ready`)."""
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
-        deadline = time.monotonic() + timeout
-        channel = (grpc.secure_channel(self.url, self.credentials) if self.credentials
-                   else grpc.insecure_channel(self.url))
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        try:
-            while time.monotonic() < deadline:
-                if self._lost_port_race():
-                    self._log.close()
-                    self._spawn()
-                    channel.close()
-                    channel = (grpc.secure_channel(self.url, self.credentials) if self.credentials
-                               else grpc.insecure_channel(self.url))
-                    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"sluice-server exited with {self.process.returncode}:\n{self.log()}")
-                try:
-                    stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)
-                    if not ready or stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1).ready:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        finally:
-            channel.close()
-        raise TimeoutError(f"sluice-server not serving after {timeout}s:\n{self.log()}")
-
-    def stop(self, timeout=30.0):
-        """SIGTERM, then the exit code (0 for a clean shutdown)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self._log is not subprocess.DEVNULL:
-            self._log.close()
-        return self.process.returncode
+        super().__init__(SERVER, repository, extra_args, log_path=log_path, env=env, credentials=credentials,
+                         prefix=prefix, stop_timeout=30.0)
+        self.spawn()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import http.client as httplib
 import io
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -19,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 from conftest import ASAN_BUILD, start_server
+from harness.process import rss_bytes
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
@@ -81,11 +81,6 @@ def infer(client, model, value=1.0, version=""):
     inputs = [grpcclient.InferInput("INPUT__0", list(data.shape), "FP32")]
     inputs[0].set_data_from_numpy(data)
     return client.infer(model, inputs, model_version=version)
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 
 
 @pytest.fixture()

@@ -14,6 +14,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from conftest import ASAN_BUILD, start_server, wait_models_ready
+from harness.process import rss_bytes
 
 MAX_IN_FLIGHT = 16
 
@@ -26,14 +27,6 @@ def stream_server(test_repository, tmp_path_factory):
     wait_models_ready(server, ["dtype_fp32", "dtype_int64", "multi_io", "slow_queue", "throws"])
     yield server
     assert server.stop() == 0, server.log()
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def assert_serving(server):

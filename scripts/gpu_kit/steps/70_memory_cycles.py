@@ -30,7 +30,7 @@ class Big(torch.nn.Module):
 
 def rss_mib(server):
     """The server's resident memory: unload must give back pinned host memory too."""
-    from test_model_control import rss_bytes
+    from harness.process import rss_bytes
     return rss_bytes(server.process.pid) / 2**20
 
 

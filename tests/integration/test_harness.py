@@ -1,0 +1,64 @@
+"""The harness the tests, benchmarks and GPU kit share (tests/harness): a server that loses its
+port to another process is started again on new ports, one that fails for another reason is not
+(its log is in the error), and stop() reports a clean shutdown."""
+import os
+import socket
+
+import pytest
+
+from conftest import SERVER
+from harness import process, server as harness_server
+from harness.server import SluiceServer
+
+
+@pytest.fixture()
+def repository(tmp_path):
+    root = tmp_path / "repository"
+    root.mkdir()
+    return root
+
+
+def test_a_server_that_lost_its_port_is_started_again_on_new_ports(repository, tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    real = harness_server.free_port
+    handed = []
+
+    def first_the_taken_port():
+        handed.append(port if not handed else real())
+        return handed[-1]
+
+    monkeypatch.setattr(harness_server, "free_port", first_the_taken_port)
+    server = SluiceServer(SERVER, repository, ["--device", "cpu"], log_path=str(tmp_path / "server.log"))
+    try:
+        with server:
+            assert server.port != port and server.url == f"127.0.0.1:{server.port}"
+            assert server._spawns_left == 1  # started twice out of three
+            assert server.ready_s is not None and server.ready_s > 0
+        assert server.process.returncode == 0
+    finally:
+        taken.close()
+
+
+def test_a_server_that_fails_otherwise_is_not_started_again(tmp_path):
+    server = SluiceServer(SERVER, tmp_path / "absent", log_path=str(tmp_path / "server.log"))
+    with pytest.raises(RuntimeError, match="is not a directory") as failure:
+        server.start(timeout=60)
+    assert server._spawns_left == 2  # one start, no retry
+    assert str(tmp_path / "absent") in str(failure.value)  # the command line is in the error
+
+
+def test_port_options_and_stop(repository, tmp_path):
+    server = SluiceServer(SERVER, repository, ["--device", "cpu", "--allow-http", "false"],
+                          log_path=str(tmp_path / "server.log"), metrics_port=0, http_port=None)
+    with server:
+        assert "--http-port" not in server.args and "--http-address" not in server.args
+        assert server.args[server.args.index("--metrics-port") + 1] == "0"
+        assert "--metrics-address" not in server.args
+        assert server.http_url is None
+        assert process.rss_bytes(server.process.pid) > 1 << 20
+        assert process.cpu_seconds(server.process.pid) >= 0
+    assert server.stop() == 0  # stopping twice is harmless
+    assert process.rss_bytes() > 0 and os.getpid() > 0
