@@ -24,7 +24,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from harness.repository import write_bundled  # noqa: E402
 from harness.server import SluiceServer  # noqa: E402
 MODELS = {
     # name: (row shape, max_batch_size)
@@ -60,24 +60,11 @@ def pinning(enabled):
             f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
 
 
-def without_dynamic_batching(config):
-    """`config` (config.pbtxt text) without its dynamic_batching block (the bundled configs have
-    one; its fields are flat, so the block ends at its first closing brace)."""
-    return re.sub(r"^dynamic_batching\s*\{[^}]*\}[ \t]*\n?", "", config, flags=re.M)
-
-
 def make_repository(directory, batching, names):
+    """The bundled models `names` in the new repository `directory`, with dynamic batching (its
+    defaults) or without."""
     os.makedirs(directory)
-    for name in names:
-        os.makedirs(os.path.join(directory, name))
-        with open(os.path.join(ROOT, "models", name, "config.pbtxt")) as f:
-            config = without_dynamic_batching(f.read())
-        if batching:
-            config += "\ndynamic_batching { }\n"
-        with open(os.path.join(directory, name, "config.pbtxt"), "w") as f:
-            f.write(config)
-    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
-                    "--repository", directory, "--models", *names], check=True, stdout=subprocess.DEVNULL)
+    write_bundled(directory, names, "dynamic_batching { }" if batching else None)
 
 
 def inprocess(bin_dir, repository, smoke, threads, prefix=()):

@@ -237,16 +237,8 @@ def table(header, rows):
 def write_bundled(root, names, dynamic_batching):
     """The bundled example models `names` (src/models configs, their own dynamic_batching block
     replaced by `dynamic_batching`; weights from their generator) in the repository `root`."""
-    source = os.path.join(KIT, "src", "models")
-    for name in names:
-        os.makedirs(os.path.join(root, name))
-        with open(os.path.join(source, name, "config.pbtxt")) as f:
-            # The block's fields are flat: it ends at its first closing brace.
-            config = re.sub(r"^dynamic_batching\s*\{[^}]*\}[ \t]*\n?", "", f.read(), flags=re.M)
-        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-            f.write(config + "\n" + dynamic_batching + "\n")
-    subprocess.run([sys.executable, os.path.join(source, "generate_models.py"), "--repository", root,
-                    "--models", *names], check=True, stdout=subprocess.DEVNULL)
+    from harness.repository import write_bundled as write
+    write(root, names, dynamic_batching)
 
 
 def resnet_geometry():

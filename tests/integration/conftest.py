@@ -20,6 +20,7 @@ CLIENT = os.path.join(BIN_DIR, "sluice-client")
 
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: the harness package
+from harness.repository import write_bundled  # noqa: E402,F401 (for the tests)
 from harness.server import SluiceServer, free_port  # noqa: E402,F401 (free_port: for the tests)
 
 
@@ -58,19 +59,6 @@ def test_repository(tmp_path_factory):
                    lambda path: subprocess.run([sys.executable, script, path], check=True))
     root = tmp_path_factory.mktemp("repository")
     shutil.copytree(built, root, dirs_exist_ok=True)
-    return root
-
-
-def write_bundled(root, names=None):
-    """The bundled models/ configs `names` (default: all) with freshly generated weights in `root`."""
-    import shutil
-    names = names or [name for name in os.listdir(os.path.join(ROOT, "models"))
-                      if os.path.exists(os.path.join(ROOT, "models", name, "config.pbtxt"))]
-    for name in names:
-        os.makedirs(root / name)
-        shutil.copy(os.path.join(ROOT, "models", name, "config.pbtxt"), root / name / "config.pbtxt")
-    subprocess.run([sys.executable, os.path.join(ROOT, "models", "generate_models.py"),
-                    "--repository", str(root), "--models", *names], check=True, stdout=subprocess.DEVNULL)
     return root
 
 
