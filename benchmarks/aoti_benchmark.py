@@ -31,7 +31,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from batching_benchmark import perf_analyzer_path, serve, write_json  # noqa: E402
+from batching_benchmark import serve, write_json  # noqa: E402
+from harness import perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
 from request_path_benchmark import pinning  # noqa: E402
 
 # name -> (format, input name, row shape, package or file)
@@ -91,18 +92,8 @@ def first_request_ms(url, name):
 
 
 def through_server(url, name, concurrency, smoke, workdir, pin):
-    import csv
-    out_csv = os.path.join(workdir, f"{name}_{concurrency}.csv")
-    args = [*pin, perf_analyzer_path(), "-m", name, "-u", url, "-i", "grpc", "-b", "1",
-            "--concurrency-range", str(concurrency), "--async", "-f", out_csv,
-            "--stability-percentage", "1000" if smoke else "50", "--max-trials", "5"]
-    args += (["--measurement-mode", "count_windows", "--measurement-request-count", "20"] if smoke
-             else ["--measurement-interval", "3000"])
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"perf_analyzer failed for {name} c={concurrency}:\n{result.stdout}\n{result.stderr}")
-    with open(out_csv) as f:
-        row = next(csv.DictReader(f))
+    row = perf_analyzer.run(url, name, concurrency, os.path.join(workdir, f"{name}_{concurrency}.csv"),
+                            smoke=smoke, interval_ms=3000, prefix=pin)
     return {"infer_per_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"])}
 
 

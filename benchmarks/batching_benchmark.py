@@ -21,7 +21,6 @@ Prints a table and writes JSON. --smoke runs a tiny version (the test command ru
 script keeps working); its numbers mean nothing.
 """
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402
 from harness.repository import write_bundled  # noqa: E402
 from harness.server import SluiceServer  # noqa: E402
 MODELS = {
@@ -102,32 +102,12 @@ def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeo
     return server.process, server.url
 
 
-def perf_analyzer_path():
-    """perf_analyzer from the PATH, else the one scripts/setup.sh puts in .venv/bin."""
-    path = shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer")
-    if not os.path.exists(path):
-        raise RuntimeError("perf_analyzer not found on PATH or in .venv/bin (scripts/setup.sh installs it)")
-    return path
-
-
 def perf_analyzer(url, model, concurrency, smoke, workdir, prefix=()):
-    out_csv = os.path.join(workdir, f"{model}_{concurrency}.csv")
-    args = [*prefix, perf_analyzer_path(),
-            "-m", model, "-u", url, "-i", "grpc", "-b", "1", "--concurrency-range", str(concurrency),
-            # Asynchronous clients: fewer client threads competing with the server for the cores.
-            "--async",
-            "-f", out_csv, "--stability-percentage", "1000" if smoke else "50", "--max-trials", "5"]
-    if smoke:
-        args += ["--measurement-mode", "count_windows", "--measurement-request-count", "30"]
-    else:
-        args += ["--measurement-interval", "2000"]
     before = statistics(url, model)
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"perf_analyzer failed for {model} c={concurrency}:\n{result.stdout}\n{result.stderr}")
+    # Asynchronous clients: fewer client threads competing with the server for the cores.
+    row = harness_perf_analyzer.run(url, model, concurrency, os.path.join(workdir, f"{model}_{concurrency}.csv"),
+                                    smoke=smoke, smoke_requests=30, prefix=prefix)
     after = statistics(url, model)
-    with open(out_csv) as f:
-        row = next(csv.DictReader(f))
     executions = after[1] - before[1]
     return {
         "concurrency": concurrency,

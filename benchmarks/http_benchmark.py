@@ -17,17 +17,16 @@ Prints a table and writes JSON. --smoke runs a tiny version (the test command ru
 script keeps working: concurrency 1 only); its numbers mean nothing.
 """
 import argparse
-import csv
 import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import make_repository, perf_analyzer_path, pinning, serve, write_json  # noqa: E402
+from batching_benchmark import make_repository, pinning, serve, write_json  # noqa: E402
+from harness import perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
 
 MODES = {
     "grpc": ["-i", "grpc"],
@@ -39,21 +38,10 @@ CONCURRENCY = (1, 16)
 
 def measure(model, mode_args, url, concurrency, smoke, out_csv, prefix):
     """One perf_analyzer run of `model` with `mode_args` (batch 1): throughput and latencies."""
-    args = [*prefix, perf_analyzer_path(), "-m", model, "-u", url, *mode_args, "-b", "1",
-            "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", "5",
-            # A noisy shared host never looks "stable": accept any spread and take medians over
-            # the interleaved repetitions instead.
-            "--stability-percentage", "1000"]
-    if smoke:
-        args += ["--measurement-mode", "count_windows", "--measurement-request-count", "20"]
-    else:
-        args += ["--measurement-interval", "2000"]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"perf_analyzer {model} {mode_args} c={concurrency} failed:\n{result.stdout}\n"
-                           f"{result.stderr}")
-    with open(out_csv) as f:
-        row = next(csv.DictReader(f))
+    # A noisy shared host never looks "stable": accept any spread and take medians over the
+    # interleaved repetitions instead.
+    row = perf_analyzer.run(url, model, concurrency, out_csv, smoke=smoke, protocol=mode_args, asynchronous=False,
+                            stability=1000, prefix=prefix)
     return {"infer_per_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
             "p99_us": float(row["p99 latency"])}
 

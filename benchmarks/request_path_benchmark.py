@@ -42,7 +42,6 @@ non-zero if any request fails; its numbers mean nothing. Identical binaries meas
 differ by up to 2 % in Ir/request and up to 10 % in the wall-clock figures on a 2-core VM.
 """
 import argparse
-import csv
 import glob
 import os
 import re
@@ -56,8 +55,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, perf_analyzer_path, pinning, write_json  # noqa: E402
-from harness.server import SluiceServer  # noqa: E402 (batching_benchmark put tests/ on the path)
+from batching_benchmark import ROOT, pinning, write_json  # noqa: E402
+from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
+from harness.server import SluiceServer  # noqa: E402
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -250,29 +250,20 @@ def counts(url, model):
 
 
 def perf_analyzer(url, model, concurrency, mode, workdir, tag, client_prefix):
-    out_csv = os.path.join(workdir, f"pa_{tag}_{model}_c{concurrency}.csv")
-    args = [*client_prefix, perf_analyzer_path(), "-m", model, "-u", url, "-i", "grpc", "-b", "1",
-            "--concurrency-range", str(concurrency), "-f", out_csv]
-    if concurrency > 1:
-        args.append("--async")  # one client thread, not 16 competing with each other
-    if mode == "smoke":
-        args += ["--measurement-mode", "count_windows", "--measurement-request-count", "20",
-                 "--stability-percentage", "1000", "--max-trials", "3"]
-    else:
-        args += ["--measurement-interval", "1000" if mode == "quick" else "3000",
-                 "--stability-percentage", "50", "--max-trials", "10"]
     before = counts(url, model)
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    try:
+        # --async above 1: one client thread, not 16 competing with each other.
+        row = harness_perf_analyzer.run(url, model, concurrency, os.path.join(workdir, f"pa_{tag}_{model}_c{concurrency}.csv"),
+                                        smoke=mode == "smoke", asynchronous=concurrency > 1,
+                                        interval_ms=1000 if mode == "quick" else 3000,
+                                        max_trials=3 if mode == "smoke" else 10, prefix=client_prefix, timeout=600)
+    except RuntimeError as error:
+        raise BenchmarkError(str(error)) from None
     after = counts(url, model)
-    if result.returncode != 0 or not os.path.exists(out_csv):
-        raise BenchmarkError(f"perf_analyzer failed for {model} at concurrency {concurrency} "
-                             f"(exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     if after[1] != before[1]:
         raise BenchmarkError(f"{after[1] - before[1]} {model} requests failed during perf_analyzer's run")
     if after[0] == before[0]:
         raise BenchmarkError(f"no {model} request succeeded during perf_analyzer's run")
-    with open(out_csv) as f:
-        row = next(csv.DictReader(f))
     return {"infer_per_s": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
             "p99_us": float(row["p99 latency"]), "requests": after[0] - before[0]}
 
@@ -424,7 +415,7 @@ def main():
         notes.append("--no-callgrind: instruction counts skipped")
 
     try:
-        perf_analyzer_path()  # missing: say so now, before any server starts
+        harness_perf_analyzer.path()  # missing: say so now, before any server starts
     except RuntimeError as error:
         sys.exit(f"request_path_benchmark: {error}")
 

@@ -1,13 +1,14 @@
 """The harness the tests, benchmarks and GPU kit share (tests/harness): a server that loses its
 port to another process is started again on new ports, one that fails for another reason is not
-(its log is in the error), and stop() reports a clean shutdown."""
+(its log is in the error), stop() reports a clean shutdown, and a failed perf_analyzer run says
+why."""
 import os
 import socket
 
 import pytest
 
 from conftest import SERVER
-from harness import process, server as harness_server
+from harness import perf_analyzer, process, server as harness_server
 from harness.server import SluiceServer
 
 
@@ -60,5 +61,9 @@ def test_port_options_and_stop(repository, tmp_path):
         assert server.http_url is None
         assert process.rss_bytes(server.process.pid) > 1 << 20
         assert process.cpu_seconds(server.process.pid) >= 0
+        # perf_analyzer's failure comes back with its own words (here: no such model).
+        with pytest.raises(RuntimeError, match="perf_analyzer failed for absent") as failure:
+            perf_analyzer.run(server.url, "absent", 1, str(tmp_path / "absent.csv"), smoke=True, timeout=120)
+        assert "absent" in str(failure.value).split("\n", 1)[1]
     assert server.stop() == 0  # stopping twice is harmless
     assert process.rss_bytes() > 0 and os.getpid() > 0

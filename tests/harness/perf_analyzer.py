@@ -1,0 +1,41 @@
+"""Triton's perf_analyzer as the benchmarks run it: one copy of finding it, its measurement flags
+and reading the CSV it writes."""
+import csv
+import os
+import shutil
+import subprocess
+
+from harness.repository import ROOT
+
+
+def path():
+    """perf_analyzer from the PATH, else the one scripts/setup.sh puts in .venv/bin."""
+    found = shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer")
+    if not os.path.exists(found):
+        raise RuntimeError("perf_analyzer not found on PATH or in .venv/bin (scripts/setup.sh installs it)")
+    return found
+
+
+def run(url, model, concurrency, out_csv, *, smoke=False, protocol=("-i", "grpc"), asynchronous=True,
+        interval_ms=2000, stability=50, max_trials=5, smoke_requests=20, prefix=(), timeout=300):
+    """One perf_analyzer run at batch 1 and `concurrency`; the first row of its CSV (a dict of
+    perf_analyzer's columns: "Inferences/Second", "p50 latency", ... in us). A measured run takes
+    windows of `interval_ms` until two are within `stability` percent (at most `max_trials`); a
+    smoke run (it checks the script, its numbers mean nothing) counts `smoke_requests` requests per
+    window and accepts any spread. `asynchronous`: one client thread for every concurrent request
+    (--async) instead of a thread each. RuntimeError with perf_analyzer's output when it fails."""
+    args = [*prefix, path(), "-m", model, "-u", url, *protocol, "-b", "1",
+            "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", str(max_trials)]
+    if asynchronous:
+        args.append("--async")
+    if smoke:
+        args += ["--measurement-mode", "count_windows", "--measurement-request-count", str(smoke_requests),
+                 "--stability-percentage", "1000"]
+    else:
+        args += ["--measurement-interval", str(interval_ms), "--stability-percentage", str(stability)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0 or not os.path.exists(out_csv):
+        raise RuntimeError(f"perf_analyzer failed for {model} {' '.join(protocol)} at concurrency {concurrency} "
+                           f"(exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    with open(out_csv) as f:
+        return next(csv.DictReader(f))
