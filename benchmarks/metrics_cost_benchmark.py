@@ -18,37 +18,19 @@ Target: metrics on / off below 1.02 instructions per request. Prints a table, wr
 only, so no ratio.
 """
 import argparse
-import glob
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import ROOT, make_repository, write_json  # noqa: E402
-from harness.server import SluiceServer  # noqa: E402 (batching_benchmark put tests/ on the path)
+from harness import callgrind  # noqa: E402 (batching_benchmark put tests/ on the path)
+from harness.server import SluiceServer  # noqa: E402
 
 TARGET_RATIO = 1.02
-
-
-def callgrind_control(*args):
-    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, text=True, timeout=120)
-
-
-def instructions(dump):
-    """Ir of the first explicit dump (`<dump>.<pid>.1`): everything since the counters were zeroed."""
-    paths = glob.glob(dump + ".*.1")
-    if len(paths) != 1:
-        raise RuntimeError(f"expected one callgrind dump, found {paths}")
-    with open(paths[0]) as f:
-        for line in f:
-            if line.startswith("summary:") or line.startswith("totals:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no totals in {paths[0]}")
 
 
 def measure(bin_dir, repository, metrics, requests, warm, workdir):
@@ -59,33 +41,23 @@ def measure(bin_dir, repository, metrics, requests, warm, workdir):
         ["--metrics-address", "127.0.0.1", "--allow-http", "false", "--allow-metrics", "true" if metrics else "false",
          "--warmup", "false", "--device", "cpu"],
         log_path=dump + ".log", log_level="warn", metrics_port=0, http_port=None,
-        prefix=["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}.%p"])
+        prefix=callgrind.command(dump))
     try:
         server.start(timeout=600)
-        process = server.process
         client = grpcclient.InferenceServerClient(url=server.url)
         data = np.random.default_rng(0).random((1, 784), dtype=np.float32)
         tensor = grpcclient.InferInput("INPUT__0", [1, 784], "FP32")
         tensor.set_data_from_numpy(data)
         for _ in range(warm):
             client.infer("mlp", [tensor])
-        for path in glob.glob(dump + ".*"):
-            if not path.endswith(".log"):
-                os.remove(path)
-        callgrind_control("-i", "on", str(process.pid))
-        callgrind_control("-z", str(process.pid))
-        started = time.monotonic()
-        for _ in range(requests):
-            client.infer("mlp", [tensor])
-        seconds = time.monotonic() - started
-        callgrind_control("-d", str(process.pid))
-        callgrind_control("-i", "off", str(process.pid))
+        counted = callgrind.window(server.process.pid, dump,
+                                   lambda: [client.infer("mlp", [tensor]) for _ in range(requests)])
         client.close()
     finally:
         server.stop(timeout=120)
-    counted = instructions(dump)
-    return {"metrics": metrics, "requests": requests, "instructions": counted,
-            "instructions_per_request": counted / requests, "seconds_under_valgrind": seconds}
+    return {"metrics": metrics, "requests": requests, "instructions": counted["instructions"],
+            "instructions_per_request": counted["instructions"] / requests,
+            "seconds_under_valgrind": counted["seconds"]}
 
 
 def main():

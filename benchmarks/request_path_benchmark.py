@@ -42,7 +42,6 @@ non-zero if any request fails; its numbers mean nothing. Identical binaries meas
 differ by up to 2 % in Ir/request and up to 10 % in the wall-clock figures on a 2-core VM.
 """
 import argparse
-import glob
 import os
 import re
 import shutil
@@ -56,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import ROOT, pinning, write_json  # noqa: E402
-from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
+from harness import callgrind, perf_analyzer as harness_perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
 from harness.server import SluiceServer  # noqa: E402
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
@@ -288,34 +287,6 @@ def wall_clock_run(binary, repository, mode, workdir, tag, pin):
 # callgrind
 
 
-def callgrind_control(*args):
-    result = subprocess.run(["callgrind_control", *args], capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise BenchmarkError(f"callgrind_control {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-
-
-def dumped_instructions(prefix, model):
-    """Ir of the one explicit dump since the old files were removed: `<prefix>.<n>` holds every
-    thread (callgrind's default, no --separate-threads); with --separate-threads=yes there would be
-    `<prefix>.<n>-NN` per thread, summed here. The `summary:` line is callgrind's own total (the
-    `totals:` line, the sum of the cost lines written, differs by a few hundred)."""
-    paths = sorted(p for p in glob.glob(prefix + ".*") if re.fullmatch(r"\d+(-\d+)?", p[len(prefix) + 1:]))
-    if not paths:
-        raise BenchmarkError(f"{model}: no callgrind dump {prefix}.<n> (files: {glob.glob(prefix + '*')})")
-    total = 0
-    for path in paths:
-        found = {}
-        with open(path) as f:
-            for line in f:
-                if line.startswith(("summary:", "totals:")):
-                    key, value = line.split()[:2]
-                    found[key] = int(value)
-        if not found:
-            raise BenchmarkError(f"{model}: no summary or totals in {path}")
-        total += found.get("summary:", found.get("totals:"))
-    return total, len(paths)
-
-
 def callgrind_run(binary, repository, requests, warm, rounds, workdir, tag, pin, ready_timeout):
     """One server under callgrind: instructions per request for each of CALLGRIND_MODELS, the
     median of `rounds` windows of `requests` requests (the models interleaved). Under valgrind the
@@ -324,8 +295,7 @@ def callgrind_run(binary, repository, requests, warm, rounds, workdir, tag, pin,
     import tritonclient.grpc as grpcclient
     server_prefix, _ = pin
     out_prefix = os.path.join(workdir, f"cg_{tag}")
-    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no", "--trace-children=no",
-                f"--callgrind-out-file={out_prefix}.%p"]
+    valgrind = callgrind.command(out_prefix, "--dump-instr=no", "--trace-children=no")
     out = {}
     windows = {model: [] for model in CALLGRIND_MODELS}
     with Server(binary, repository, os.path.join(workdir, f"{tag}.log"), prefix=[*server_prefix, *valgrind],
@@ -342,24 +312,17 @@ def callgrind_run(binary, repository, requests, warm, rounds, workdir, tag, pin,
                     check(client.infer(model, tensors))
             for _ in range(rounds):
                 for model, (tensors, _) in inputs.items():
-                    for path in glob.glob(f"{out_prefix}.{pid}*"):
-                        os.remove(path)
                     before = counts(server.url, model)
-                    callgrind_control("-i", "on", pid)
-                    callgrind_control("-z", pid)
-                    started = time.monotonic()
-                    for _ in range(requests):
-                        client.infer(model, tensors)
-                    seconds = time.monotonic() - started
-                    callgrind_control("-d", pid)
-                    callgrind_control("-i", "off", pid)
+                    try:
+                        counted = callgrind.window(pid, out_prefix,
+                                                   lambda: [client.infer(model, tensors) for _ in range(requests)])
+                    except RuntimeError as error:
+                        raise BenchmarkError(f"{model}: {error}") from None
                     after = counts(server.url, model)
                     if after[1] != before[1] or after[0] - before[0] != requests:
                         raise BenchmarkError(f"{model} under callgrind: {after[0] - before[0]} of {requests} "
                                              f"requests succeeded, {after[1] - before[1]} failed")
-                    instructions, files = dumped_instructions(f"{out_prefix}.{pid}", model)
-                    windows[model].append({"instructions": instructions, "per_request": instructions / requests,
-                                           "dump_files": files, "seconds": seconds})
+                    windows[model].append({**counted, "per_request": counted["instructions"] / requests})
         finally:
             client.close()
     for model, rows in windows.items():
