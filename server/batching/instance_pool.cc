@@ -177,7 +177,7 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
         std::unique_lock<std::mutex> turn;
         if (one_at_a_time) turn = std::unique_lock<std::mutex>(*one_at_a_time);
         collector.Report(RunWarmupOnInstance(
-            static_cast<int>(i), *shared, abandon, [&](const InferRequest& request) -> Status {
+            static_cast<int>(i), *shared, abandon, *options_.clock, [&](const InferRequest& request) -> Status {
               FormedBatch batch;
               batch.requests.emplace_back();
               batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));

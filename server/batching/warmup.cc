@@ -130,7 +130,7 @@ InferRequest ViewOf(const InferRequest& request) {
 
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
-    const std::function<Status(const InferRequest&)>& run) {
+    const TimeSource& clock, const std::function<Status(const InferRequest&)>& run) {
   std::vector<WarmupPass> passes;
   for (const WarmupRequest& warmup : requests) {
     WarmupPass pass;
@@ -143,12 +143,12 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
       if (abandon != nullptr && abandon->load()) {
         return absl::CancelledError("warm-up abandoned: the server is shutting down");
       }
-      const auto started = std::chrono::steady_clock::now();
+      const TimePoint started = clock.Now();
       if (Status status = run(*warmup.request); !status.ok()) {
         return Status(status.code(), absl::StrCat("warm-up ", warmup.label, " on instance ",
                                                   instance, " failed: ", status.message()));
       }
-      const Duration took = std::chrono::steady_clock::now() - started;
+      const Duration took = clock.Now() - started;
       if (i == 0) pass.first_run = took;
       if (i < runs) {
         pass.last_run = took;

@@ -12,6 +12,7 @@
 
 #include "server/batching/scheduler.h"
 #include "server/batching/shape_plan.h"
+#include "server/core/clock.h"
 #include "server/core/model_spec.h"
 #include "server/core/mutex.h"
 
@@ -32,11 +33,11 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
 InferRequest ViewOf(const InferRequest& request);
 
 // Runs `requests` on one instance through `run` (the scheduler's execution path), timing each
-// run (the median of each request's timed runs goes to WarmupPass::median_timed); CANCELLED
-// before the next run once `*abandon` (may be null) is true.
+// run on `clock` (the scheduler's; the median of each request's timed runs goes to
+// WarmupPass::median_timed); CANCELLED before the next run once `*abandon` (may be null) is true.
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
-    const std::function<Status(const InferRequest&)>& run);
+    const TimeSource& clock, const std::function<Status(const InferRequest&)>& run);
 
 // Collects the per-instance results of one warm-up. Thread-safe.
 class WarmupCollector {
