@@ -323,12 +323,17 @@ def summarize(result, inproc):
         "inprocess_convnet_best_rows_per_s": conv[best_batch]["rows_per_s"],
         "inprocess_convnet_best_batch": best_batch,
     })
-    echo_cost_us = 1e6 / figures["echo_callback_c32_per_s"]
+    def ratio(a, b):
+        # A smoke run's window can end before a slow model answers at all (0/s on a loaded
+        # machine): its figures mean nothing, and a ratio of them is NaN rather than a crash.
+        return a / b if b else float("nan")
+
+    echo_cost_us = ratio(1e6, figures["echo_callback_c32_per_s"])
     figures.update({
         "mlp_c1_overhead_us": figures["mlp_c1_p50_us"] - (figures["echo_callback_c1_p50_us"] + b1_p50),
-        "mlp_c32_cost_ratio": (1e6 / figures["mlp_c32_per_s"]) / (echo_cost_us + per_row_us),
-        "convnet_c32_over_c8": figures["convnet_c32_per_s"] / figures["convnet_c8_per_s"],
-        "convnet_vs_inprocess": figures["convnet_c32_per_s"] / figures["inprocess_convnet_best_rows_per_s"],
+        "mlp_c32_cost_ratio": ratio(ratio(1e6, figures["mlp_c32_per_s"]), echo_cost_us + per_row_us),
+        "convnet_c32_over_c8": ratio(figures["convnet_c32_per_s"], figures["convnet_c8_per_s"]),
+        "convnet_vs_inprocess": ratio(figures["convnet_c32_per_s"], figures["inprocess_convnet_best_rows_per_s"]),
     })
     return s, figures
 
