@@ -57,6 +57,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from batching_benchmark import ROOT, pinning, write_json  # noqa: E402
 from harness import callgrind, perf_analyzer as harness_perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
 from harness.server import SluiceServer  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "models"))
+from model_cache import cached, source_key  # noqa: E402 (torch-free)
 
 BIG = 1048576  # elements of big_output's OUTPUT0 per request (4 MiB of FP32)
 CALLGRIND_MODELS = ("addsub", "mlp")
@@ -86,9 +88,6 @@ def trivial_model(name):
     """The TorchScript file of "addsub" or "big_output", built once into .cache/models (again when
     this file or torch changes; models/model_cache.py): a smoke run that finds it there does not
     import torch."""
-    sys.path.insert(0, os.path.join(ROOT, "models"))
-    from model_cache import cached, source_key
-
     def build(path):
         import torch
 

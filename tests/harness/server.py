@@ -73,7 +73,6 @@ class SluiceServer:
                 ports += [f"--{name}-port", str(port)]
         self.args = [*self.prefix, self.binary, "--model-repository", self.repository, *ports,
                      "--log-level", self.log_level, *self.extra_args]
-        self.command = self.args
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self._spawned_at = time.monotonic()
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
@@ -90,9 +89,6 @@ class SluiceServer:
                 return f.read()
         except OSError:
             return ""
-
-    def log_tail(self, lines=40):
-        return "".join(self.log().splitlines(keepends=True)[-lines:])
 
     def _channel(self):
         import grpc
