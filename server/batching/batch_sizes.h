@@ -6,6 +6,7 @@
 // size. An explicit preferred_batch_size always wins: the rule applies only without one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,8 +17,15 @@
 
 namespace sluice {
 
-// Timed runs per (instance, shape) after the warm-up runs; their median counts.
+// Timed runs per (instance, shape) after the warm-up runs; their median counts. At least
+// kBatchSizeTimedRuns; more while they have taken less than kBatchSizeTimedBudget together, up to
+// kBatchSizeMaxTimedRuns; in rounds across the sizes (RunWarmupOnInstance). A model that runs
+// in microseconds gets a median of a hundred or more runs, and a busy spell of the host slows
+// every size alike (3 runs of each size in turn once made batch 3 of a 5 us model look slower
+// than batch 2 on a loaded CI machine); a model that runs in 10 ms or more pays only the 3 runs.
 inline constexpr int kBatchSizeTimedRuns = 3;
+inline constexpr Duration kBatchSizeTimedBudget = std::chrono::milliseconds(20);
+inline constexpr int kBatchSizeMaxTimedRuns = 200;
 // A size is kept when it serves at least this share of the best rows/s of the smaller sizes:
 // timings on a busy host vary by a few percent, and a size within that of the best is no loss.
 inline constexpr double kBatchSizeKeepRatio = 0.9;

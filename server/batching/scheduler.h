@@ -42,8 +42,12 @@ struct WarmupRequest {
   std::string label;                      // "batch=4 image[4,3,32,32]", for logs and errors
   std::unique_ptr<InferRequest> request;  // owns its bytes (owned_buffers)
   int runs = 1;                           // times it runs on each instance
-  // Runs after `runs`, each timed; their median is WarmupPass::median_timed (0: none).
+  // Runs after every request's `runs`, each timed, in rounds across the requests; their median
+  // is WarmupPass::median_timed (0: none). At least `timed_runs`; then more while the timed runs
+  // have taken less than `timed_budget` together, up to `max_timed_runs` in all.
   int timed_runs = 0;
+  Duration timed_budget{0};
+  int max_timed_runs = 0;
   int64_t batch_size = 0;  // rows, for a shape-plan request; 0 for a model_warmup sample
 };
 

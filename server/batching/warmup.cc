@@ -81,7 +81,11 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
       WarmupRequest warmup;
       warmup.label = entry.label;
       warmup.runs = spec.warmup_runs;
-      warmup.timed_runs = timed ? kBatchSizeTimedRuns : 0;
+      if (timed) {
+        warmup.timed_runs = kBatchSizeTimedRuns;
+        warmup.timed_budget = kBatchSizeTimedBudget;
+        warmup.max_timed_runs = kBatchSizeMaxTimedRuns;
+      }
       warmup.batch_size = entry.batch_size;
       warmup.request = NewRequest(spec);
       warmup.request->batch_size = std::max<int64_t>(entry.batch_size, 1);
@@ -131,36 +135,57 @@ InferRequest ViewOf(const InferRequest& request) {
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const TimeSource& clock, const std::function<Status(const InferRequest&)>& run) {
-  std::vector<WarmupPass> passes;
-  for (const WarmupRequest& warmup : requests) {
-    WarmupPass pass;
+  // One run of requests[i]: how long it took, or why it failed.
+  auto run_once = [&](size_t i) -> StatusOr<Duration> {
+    if (abandon != nullptr && abandon->load()) {
+      return absl::CancelledError("warm-up abandoned: the server is shutting down");
+    }
+    const TimePoint started = clock.Now();
+    if (Status status = run(*requests[i].request); !status.ok()) {
+      return Status(status.code(), absl::StrCat("warm-up ", requests[i].label, " on instance ",
+                                                instance, " failed: ", status.message()));
+    }
+    return clock.Now() - started;
+  };
+  std::vector<WarmupPass> passes(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    WarmupPass& pass = passes[i];
     pass.instance = instance;
-    pass.label = warmup.label;
-    pass.batch_size = warmup.batch_size;
-    const int runs = std::max(1, warmup.runs);
-    std::vector<Duration> timed;
-    for (int i = 0; i < runs + std::max(0, warmup.timed_runs); ++i) {
-      if (abandon != nullptr && abandon->load()) {
-        return absl::CancelledError("warm-up abandoned: the server is shutting down");
-      }
-      const TimePoint started = clock.Now();
-      if (Status status = run(*warmup.request); !status.ok()) {
-        return Status(status.code(), absl::StrCat("warm-up ", warmup.label, " on instance ",
-                                                  instance, " failed: ", status.message()));
-      }
-      const Duration took = clock.Now() - started;
-      if (i == 0) pass.first_run = took;
-      if (i < runs) {
-        pass.last_run = took;
-      } else {
-        timed.push_back(took);
-      }
+    pass.label = requests[i].label;
+    pass.batch_size = requests[i].batch_size;
+    for (int run_index = 0; run_index < std::max(1, requests[i].runs); ++run_index) {
+      SLUICE_ASSIGN_OR_RETURN(const Duration took, run_once(i));
+      if (run_index == 0) pass.first_run = took;
+      pass.last_run = took;
     }
-    if (!timed.empty()) {
-      std::nth_element(timed.begin(), timed.begin() + timed.size() / 2, timed.end());
-      pass.median_timed = timed[timed.size() / 2];
+  }
+  // Timed runs in rounds, one run of every request that still wants one per round, so that a
+  // busy spell of the host (another process on this core or its hyperthread sibling) slows
+  // every batch size alike instead of the one being timed then.
+  std::vector<std::vector<Duration>> timed(requests.size());
+  std::vector<Duration> totals(requests.size(), Duration::zero());
+  auto wants_more = [&](size_t i) {
+    const WarmupRequest& warmup = requests[i];
+    const int done = static_cast<int>(timed[i].size());
+    const int min_timed = std::max(0, warmup.timed_runs);
+    if (done < min_timed) return true;
+    return done < warmup.max_timed_runs && totals[i] < warmup.timed_budget;
+  };
+  for (bool any = true; any;) {
+    any = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!wants_more(i)) continue;
+      any = true;
+      SLUICE_ASSIGN_OR_RETURN(const Duration took, run_once(i));
+      timed[i].push_back(took);
+      totals[i] += took;
     }
-    passes.push_back(std::move(pass));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::vector<Duration>& runs = timed[i];
+    if (runs.empty()) continue;
+    std::nth_element(runs.begin(), runs.begin() + runs.size() / 2, runs.end());
+    passes[i].median_timed = runs[runs.size() / 2];
   }
   return passes;
 }

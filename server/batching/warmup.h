@@ -21,7 +21,8 @@ namespace sluice {
 // One zero-filled request per shape of `plan` (when the plan is finite and spec.warmup is on;
 // BYTES inputs hold empty strings),
 // each run spec.warmup_runs times and, where sluice.auto_batch_sizes applies
-// (AutoBatchSizesOffReason), kBatchSizeTimedRuns more times, timed; then each model_warmup
+// (AutoBatchSizesOffReason), timed runs after those (kBatchSizeTimedRuns at least, more within
+// kBatchSizeTimedBudget, see batch_sizes.h); then each model_warmup
 // sample (zero, random or file data; files are read from <model_directory>/warmup/; for BYTES:
 // empty strings, random digits, or a file of serialized elements), run
 // `count` times. INVALID_ARGUMENT for a sample that does not fit the model's inputs or whose
@@ -32,9 +33,11 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
 // A request viewing the same input bytes as `request` (not owning them).
 InferRequest ViewOf(const InferRequest& request);
 
-// Runs `requests` on one instance through `run` (the scheduler's execution path), timing each
-// run on `clock` (the scheduler's; the median of each request's timed runs goes to
+// Runs `requests` on one instance through `run` (the scheduler's execution path): each request's
+// `runs` in order, then the timed runs in rounds across the requests (WarmupRequest), timed on
+// `clock` (the scheduler's; the median of each request's timed runs goes to
 // WarmupPass::median_timed); CANCELLED before the next run once `*abandon` (may be null) is true.
+// The first failing run's status ends it, naming the request and the instance.
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const TimeSource& clock, const std::function<Status(const InferRequest&)>& run);

@@ -5,6 +5,7 @@
 #include <future>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -466,6 +467,85 @@ TEST(AutoBatchSizesTest, TimedRunsGiveTheirMedian) {
   EXPECT_EQ(pass.first_run, 50ms);
   EXPECT_EQ(pass.last_run, 20ms);
   EXPECT_EQ(pass.median_timed, 5ms);
+}
+
+TEST(AutoBatchSizesTest, TimedRunsComeAfterEveryWarmUpRunInRoundsAcrossTheRequests) {
+  // a: 1 run + 2 timed; b: 2 runs + 2 timed; s (a model_warmup sample): 1 run, none timed.
+  std::vector<WarmupRequest> requests;
+  for (const auto& [label, runs, timed] : std::vector<std::tuple<std::string, int, int>>{
+           {"a", 1, 2}, {"b", 2, 2}, {"s", 1, 0}}) {
+    WarmupRequest warmup;
+    warmup.label = label;
+    warmup.request = std::make_unique<InferRequest>();
+    warmup.request->id = label;
+    warmup.runs = runs;
+    warmup.timed_runs = timed;
+    requests.push_back(std::move(warmup));
+  }
+  std::string order;
+  FakeTimeSource clock;
+  auto passes = RunWarmupOnInstance(3, requests, nullptr, clock, [&](const InferRequest& request) {
+    order += request.id;
+    clock.Advance(request.id == "a" ? 1ms : 2ms);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(passes.ok()) << passes.status();
+  EXPECT_EQ(order, "abbsabab");
+  ASSERT_EQ(passes->size(), 3u);
+  EXPECT_EQ((*passes)[0].median_timed, 1ms);
+  EXPECT_EQ((*passes)[1].median_timed, 2ms);
+  EXPECT_EQ((*passes)[2].median_timed, Duration::zero());
+  EXPECT_EQ((*passes)[2].instance, 3);
+
+  // A failing timed run ends the warm-up with its request and instance named.
+  order.clear();
+  passes = RunWarmupOnInstance(3, requests, nullptr, clock, [&](const InferRequest& request) {
+    order += request.id;
+    if (order == "abbsab") return absl::InternalError("out of memory");
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(passes.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(passes.status().message(), HasSubstr("warm-up b on instance 3 failed: out of memory"));
+}
+
+TEST(AutoBatchSizesTest, TimedRunsGoOnWithinTheirBudgetUpToTheirCap) {
+  // Timed runs of `each` on a fake clock, at least 3, more while under 10 ms together, at most 6:
+  // how many ran.
+  auto timed_runs = [](Duration each) {
+    WarmupRequest warmup;
+    warmup.label = "batch=1";
+    warmup.request = std::make_unique<InferRequest>();
+    warmup.runs = 1;
+    warmup.timed_runs = 3;
+    warmup.timed_budget = 10ms;
+    warmup.max_timed_runs = 6;
+    warmup.batch_size = 1;
+    std::vector<WarmupRequest> requests;
+    requests.push_back(std::move(warmup));
+    size_t call = 0;
+    FakeTimeSource clock;
+    auto passes = RunWarmupOnInstance(0, requests, nullptr, clock, [&](const InferRequest&) {
+      clock.Advance(each);
+      ++call;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(passes.ok()) << passes.status();
+    return static_cast<int>(call) - 1;  // less the warm-up run
+  };
+  EXPECT_EQ(timed_runs(4ms), 3);   // 12 ms after the minimum: no more
+  EXPECT_EQ(timed_runs(2ms), 5);   // 10 ms reached at the fifth
+  EXPECT_EQ(timed_runs(1ms), 6);   // the cap before the budget
+  EXPECT_EQ(timed_runs(20ms), 3);  // a slow model pays only the minimum
+
+  // What BuildWarmupRequests hands out: the constants of batch_sizes.h.
+  ModelSpec spec = FixedSpec(2);
+  spec.dynamic_batching.enabled = true;
+  auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
+  ASSERT_TRUE(warmup.ok()) << warmup.status();
+  ASSERT_FALSE(warmup->empty());
+  EXPECT_EQ((*warmup)[0].timed_runs, kBatchSizeTimedRuns);
+  EXPECT_EQ((*warmup)[0].timed_budget, kBatchSizeTimedBudget);
+  EXPECT_EQ((*warmup)[0].max_timed_runs, kBatchSizeMaxTimedRuns);
 }
 
 WarmupPass Timed(int instance, int64_t batch_size, Duration median, std::string label = "") {
