@@ -112,13 +112,10 @@ void DynamicBatcher::BatcherLoop() {
     // with one idle, also the next group's delay.
     TimePoint wakeup = queue_.NextDeadline();
     if (idle) wakeup = std::min(wakeup, queue_.NextBatchTime());
+    // (At least 50 us: a deadline the queue reports as due but did not act on must not spin.)
+    if (wakeup != kNoDeadline) wakeup = std::max(wakeup, now + std::chrono::microseconds(50));
     batcher_wakes_at_ = wakeup;
-    if (wakeup == kNoDeadline) {
-      batcher_cv_.Wait(&mutex_);
-    } else {
-      // The clock may be a fake one: wait for the real time it says is left, or a Poke.
-      batcher_cv_.WaitFor(&mutex_, std::max(wakeup - now, Duration(std::chrono::microseconds(50))));
-    }
+    options_.clock->WaitUntil(&batcher_cv_, &mutex_, wakeup);
     batcher_wakes_at_ = TimePoint::min();
     ++waits_ended_;
   }

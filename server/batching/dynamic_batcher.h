@@ -52,8 +52,8 @@ class DynamicBatcher final : public Scheduler {
   void SetCallerRuns(bool allowed) override { caller_runs_.store(allowed, std::memory_order_relaxed); }
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // Makes the batcher thread look at the queue now (tests call it after moving a fake clock;
-  // the transport after a cancellation; the pool when an instance goes idle).
+  // Makes the batcher thread look at the queue now (the transport after a cancellation; the
+  // pool when an instance goes idle). Moving the clock needs none: the thread waits on it.
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Staging allocations so far, over all instances.

@@ -218,7 +218,7 @@ void InstancePool::WorkerLoop(size_t index) {
   for (;;) {
     while (!stopping_ && !HasWork(index)) {
       waiting_[index] = 1;
-      instance->wake.Wait(&mutex_);
+      options_.clock->WaitUntil(&instance->wake, &mutex_, kNoDeadline);  // (a fake clock sees it wait)
       waiting_[index] = 0;
     }
     if (!HasWork(index)) return;  // stopping, and nothing left to run here (a claim ends by itself)

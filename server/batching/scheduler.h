@@ -109,8 +109,9 @@ class SequenceScheduler : public Scheduler {
   // Whether the sequence `id` is active here (started, not ended, not expired).
   virtual bool HasSequence(const CorrelationId& id) const = 0;
   virtual size_t ActiveSequences() const = 0;
-  // Blocks until no sequence is active or `deadline` (real time) passed; true when none is.
-  virtual bool WaitSequencesEnded(std::chrono::steady_clock::time_point deadline) = 0;
+  // Blocks until no sequence is active or `deadline` (on the scheduler's clock) passed; true
+  // when none is.
+  virtual bool WaitSequencesEnded(TimePoint deadline) = 0;
   // Ends every active sequence now: its queued requests are answered `why` and later requests
   // for it are refused as for any sequence that is not active.
   virtual void EndSequences(const Status& why) = 0;

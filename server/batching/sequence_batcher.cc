@@ -259,12 +259,9 @@ void SequenceBatcher::BatcherLoop() {
       }
     }
     if (slots_.active() == 0) ended_cv_.SignalAll();
-    if (wake == kNoDeadline) {
-      batcher_cv_.Wait(&mutex_);
-    } else {
-      // The clock may be a fake one: wait for the real time it says is left, or a signal.
-      batcher_cv_.WaitFor(&mutex_, std::max(wake - now, Duration(std::chrono::microseconds(50))));
-    }
+    // (At least 50 us: a deadline reported as due but not acted on must not spin.)
+    if (wake != kNoDeadline) wake = std::max(wake, now + std::chrono::microseconds(50));
+    options_.clock->WaitUntil(&batcher_cv_, &mutex_, wake);
   }
 }
 
@@ -283,10 +280,10 @@ size_t SequenceBatcher::ActiveSequences() const {
   return slots_.active();
 }
 
-bool SequenceBatcher::WaitSequencesEnded(std::chrono::steady_clock::time_point deadline) {
+bool SequenceBatcher::WaitSequencesEnded(TimePoint deadline) {
   MutexLock lock(&mutex_);
   while (slots_.active() > 0 && !stopping_) {
-    if (!ended_cv_.WaitUntil(&mutex_, deadline)) return slots_.active() == 0;
+    if (!options_.clock->WaitUntil(&ended_cv_, &mutex_, deadline)) return slots_.active() == 0;
   }
   return true;
 }

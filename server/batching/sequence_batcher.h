@@ -75,7 +75,7 @@ class SequenceBatcher final : public SequenceScheduler {
 
   bool HasSequence(const CorrelationId& id) const override ABSL_LOCKS_EXCLUDED(mutex_);
   size_t ActiveSequences() const override ABSL_LOCKS_EXCLUDED(mutex_);
-  bool WaitSequencesEnded(std::chrono::steady_clock::time_point deadline) override ABSL_LOCKS_EXCLUDED(mutex_);
+  bool WaitSequencesEnded(TimePoint deadline) override ABSL_LOCKS_EXCLUDED(mutex_);
   void EndSequences(const Status& why) override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Slots per instance: max_batch_size (1 for a model without a batch dimension).

@@ -10,8 +10,10 @@
 // analysed as a function of its own that holds no lock.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
@@ -80,11 +82,21 @@ class CondVar {
   bool WaitFor(Mutex* mutex, const std::chrono::duration<Rep, Period>& timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     return WaitUntil(mutex, std::chrono::steady_clock::now() + timeout);
   }
-  void Signal() { wake_.notify_one(); }
-  void SignalAll() { wake_.notify_all(); }
+  void Signal() {
+    signals_.fetch_add(1, std::memory_order_release);
+    wake_.notify_one();
+  }
+  void SignalAll() {
+    signals_.fetch_add(1, std::memory_order_release);
+    wake_.notify_all();
+  }
+  // Signals so far. A waiter that waits in slices (FakeTimeSource) compares it across a slice
+  // that timed out: a signal sent while it was between two waits is not lost.
+  uint64_t signals() const { return signals_.load(std::memory_order_acquire); }
 
  private:
   std::condition_variable wake_;
+  std::atomic<uint64_t> signals_{0};
 };
 
 }  // namespace sluice

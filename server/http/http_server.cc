@@ -159,6 +159,7 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   CondVar idle;
   bool stopping ABSL_GUARDED_BY(mutex) = false;  // Stop asked the loop to end
   bool draining = false;                          // loop thread only: StopAccepting ran
+  bool listener_closed ABSL_GUARDED_BY(mutex) = false;  // StopAccepting's close ran on the loop
   event* flush_check = nullptr;                   // while stopping: are the answers written?
   std::chrono::steady_clock::time_point flush_deadline;
   bool stopped ABSL_GUARDED_BY(mutex) = false;   // the loop has ended
@@ -178,6 +179,7 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   };
   // Loop thread only: for cancellation and the connection bound.
   std::unordered_map<evhttp_connection*, std::unique_ptr<Connection>> connections;
+  std::atomic<size_t> open_connections{0};  // connections.size(), for other threads
 
   static thread_local const Loop* current;  // the loop this thread runs, if any
 
@@ -326,6 +328,7 @@ void HttpExchange::Loop::Accept(evhttp_request* request) {
           [](evutil_socket_t, short, void* arg) { CancelWaiting(static_cast<Connection*>(arg)); }, entry.get());
     }
     open = connections.emplace(connection, std::move(entry)).first;
+    open_connections.store(connections.size(), std::memory_order_relaxed);
     evhttp_connection_set_closecb(
         connection, [](evhttp_connection* closed, void* loop) { static_cast<Loop*>(loop)->ConnectionClosed(closed); },
         this);
@@ -445,6 +448,7 @@ void HttpExchange::Loop::ConnectionClosed(evhttp_connection* connection) {
   if (open == connections.end()) return;
   std::unique_ptr<Connection> entry = std::move(open->second);
   connections.erase(open);
+  open_connections.store(connections.size(), std::memory_order_relaxed);
   CancelWaiting(entry.get());
   for (HttpExchange* exchange : entry->waiting) exchange->connection_ = nullptr;
 }  // frees the close watch before libevent closes the socket
@@ -543,7 +547,12 @@ HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::StopAccepting() {
   HttpExchange::Loop* loop = loop_.get();
-  // evhttp is not thread-safe: the loop closes its own socket.
+  {
+    MutexLock lock(&loop->mutex);
+    if (loop->listener_closed || loop->stopped) return;
+  }
+  // evhttp is not thread-safe: the loop closes its own socket, and this waits until it has (or
+  // the loop has ended).
   event_base_once(
       loop->base, -1, EV_TIMEOUT,
       [](evutil_socket_t, short, void* arg) {
@@ -551,8 +560,17 @@ void HttpServer::StopAccepting() {
         if (self->socket != nullptr) evhttp_del_accept_socket(self->http, self->socket);
         self->socket = nullptr;
         self->draining = true;
+        MutexLock lock(&self->mutex);
+        self->listener_closed = true;
+        self->idle.SignalAll();
       },
       loop, nullptr);
+  MutexLock lock(&loop->mutex);
+  while (!loop->listener_closed && !loop->stopped) loop->idle.Wait(&loop->mutex);
+}
+
+size_t HttpServer::open_connections() const {
+  return loop_->open_connections.load(std::memory_order_relaxed);
 }
 
 int64_t HttpServer::compressed_off_thread() const {
@@ -594,6 +612,7 @@ void HttpServer::Stop() {
       for (HttpExchange* exchange : entry->waiting) exchange->connection_ = nullptr;
     }
     loop->connections.clear();
+    loop->open_connections.store(0, std::memory_order_relaxed);
     loop->idle.SignalAll();
   }
   unsent.clear();  // frees those exchanges before their connections go

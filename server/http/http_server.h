@@ -134,9 +134,12 @@ class HttpServer {
   // Answers the compression threads have compressed so far (for tests and diagnostics).
   int64_t compressed_off_thread() const;
 
-  // Closes the listening socket: no new connections; open ones are still served, and each
-  // answer from now on closes its connection (Connection: close). Idempotent.
+  // Closes the listening socket, and returns once it is closed: no new connections; open ones
+  // are still served, and each answer from now on closes its connection (Connection: close).
+  // Idempotent. Not from a handler (it waits for the loop that runs handlers).
   void StopAccepting();
+  // Connections open now (those counted against max_connections), for tests and diagnostics.
+  size_t open_connections() const;
   // Waits until every exchange has been answered, or `timeout`. True when none is left.
   bool WaitIdle(std::chrono::milliseconds timeout);
   // Sends the answers already given (waiting up to a second for them to be written), stops the

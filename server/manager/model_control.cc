@@ -28,7 +28,8 @@ StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
 }
 
 ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options options)
-    : manager_(manager), loader_(loader), options_(std::move(options)) {}
+    : manager_(manager), loader_(loader), options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_) {}
 
 ModelControl::~ModelControl() { Stop(); }
 
@@ -47,7 +48,7 @@ void ModelControl::Start(std::function<void(const Status&)> loaded) {
                       spdlog::info("event=repository_polling interval_s={}",
                                    std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
                       polling_ = true;
-                      next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
+                      next_poll_ = clock_->Now() + options_.poll_interval;
                     }
                   }
                   return status;
@@ -95,20 +96,16 @@ void ModelControl::Loop() {
       continue;
     }
     if (thread_stopping_) return;
-    if (polling_ && std::chrono::steady_clock::now() >= next_poll_) {
+    if (polling_ && clock_->Now() >= next_poll_) {
       lock.Unlock();
       if (Status status = PollRepository(); !status.ok()) {
         spdlog::error("event=repository_poll_failed reason=\"{}\"", status.message());
       }
       lock.Lock();
-      next_poll_ = std::chrono::steady_clock::now() + options_.poll_interval;
+      next_poll_ = clock_->Now() + options_.poll_interval;
       continue;
     }
-    if (polling_) {
-      wake_.WaitUntil(&mutex_, next_poll_);
-    } else {
-      wake_.Wait(&mutex_);
-    }
+    clock_->WaitUntil(&wake_, &mutex_, polling_ ? next_poll_ : kNoDeadline);
   }
 }
 

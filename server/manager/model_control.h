@@ -47,6 +47,7 @@ class ModelControl {
     std::vector<std::string> startup_models;
     const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
     Duration poll_interval = std::chrono::seconds(15);  // poll mode: --repository-poll-secs
+    const TimeSource* clock = nullptr;  // what the polls are timed on (outlives the control); null: the steady clock
     // How long a retired version (reload, unload) keeps serving its active sequences so that they
     // can end; then they are ended with an error (--shutdown-grace-seconds).
     Duration sequence_drain = std::chrono::seconds(30);
@@ -139,6 +140,8 @@ class ModelControl {
   ModelManager* const manager_;
   VersionLoader* const loader_;
   const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;  // options_.clock or &steady_
   std::atomic<bool> stopping_{false};  // read by warm-ups as their abandon flag
 
   Mutex control_mutex_;  // one change at a time; held while loading and draining
@@ -158,7 +161,7 @@ class ModelControl {
   bool Enqueue(Task task, bool first) ABSL_LOCKS_EXCLUDED(mutex_);
   bool polling_ ABSL_GUARDED_BY(mutex_) = false;  // poll mode, once LoadAll ran
   bool thread_stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::chrono::steady_clock::time_point next_poll_ ABSL_GUARDED_BY(mutex_);
+  TimePoint next_poll_ ABSL_GUARDED_BY(mutex_);
   std::function<void()> change_listener_ ABSL_GUARDED_BY(mutex_);
 
   Mutex thread_mutex_;  // Start and Stop may run on different threads

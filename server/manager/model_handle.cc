@@ -75,16 +75,15 @@ int64_t ModelHandle::in_flight() const {
 }
 
 void ModelHandle::WaitIdle() {
-  const auto started = std::chrono::steady_clock::now();
+  const TimePoint started = clock_->Now();
   InFlight& state = *in_flight_;
   MutexLock lock(&state.mutex);
-  auto next_report = started + std::chrono::seconds(10);
+  TimePoint next_report = started + std::chrono::seconds(10);
   while (state.count > 0 && !state.stopped) {
-    if (state.idle.WaitUntil(&state.mutex, next_report) || std::chrono::steady_clock::now() < next_report) continue;
+    if (clock_->WaitUntil(&state.idle, &state.mutex, next_report) || clock_->Now() < next_report) continue;
     next_report += std::chrono::seconds(10);
     spdlog::warn("event=model_draining model={} version={} in_flight={} waited_s={}", model_->name, version_,
-                 state.count,
-                 std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started).count());
+                 state.count, std::chrono::duration_cast<std::chrono::seconds>(clock_->Now() - started).count());
   }
 }
 
@@ -106,7 +105,7 @@ void ModelHandle::DrainSequences(Duration grace) {
   if (active == 0) return;
   spdlog::info("event=model_draining_sequences model={} version={} active={} grace_ms={}", model_->name, version_,
                active, std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
-  if (sequences_->WaitSequencesEnded(std::chrono::steady_clock::now() + grace)) return;
+  if (sequences_->WaitSequencesEnded(clock_->Now() + grace)) return;
   const size_t left = sequences_->ActiveSequences();
   spdlog::warn("event=model_sequences_ended model={} version={} sequences={} reason=\"drain period over\"",
                model_->name, version_, left);

@@ -1,10 +1,10 @@
-// The batching decisions with a fake clock: no threads, no sleeps.
+// The batching decisions (BatchQueue) with a fake clock: no threads, no sleeps.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/batching/batch_assembly.h"
 #include "server/batching/batch_queue.h"
 #include "server/core/bytes_tensor.h"
+#include "tests/unit/batch_queue_fixture.h"
 #include "tests/unit/fakes.h"
 
 namespace sluice {
@@ -14,52 +14,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// A request for input "x" of INT32 with `rows` rows of `width` values, each value = `tag`.
-struct Owned {
-  std::vector<int32_t> data;
-  std::unique_ptr<InferRequest> request;
-};
-Owned Make(int64_t rows, int64_t width, int32_t tag, TimePoint deadline = kNoDeadline) {
-  Owned owned;
-  owned.data.assign(static_cast<size_t>(rows * width), tag);
-  owned.request = std::make_unique<InferRequest>();
-  owned.request->model_name = "m";
-  owned.request->id = std::to_string(tag);
-  owned.request->batch_size = rows;
-  owned.request->deadline = deadline;
-  owned.request->inputs.push_back({"x", DataType::kInt32, {rows, width},
-                                   reinterpret_cast<const char*>(owned.data.data()),
-                                   owned.data.size() * sizeof(int32_t)});
-  return owned;
-}
-
-class BatchQueueTest : public ::testing::Test {
- protected:
-  BatchQueue::Options Options() {
-    BatchQueue::Options options;
-    options.max_batch_size = 8;
-    options.max_queue_delay = 100us;
-    return options;
-  }
-
-  // Adds a request; keeps its data alive for the test.
-  Status Add(BatchQueue& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline) {
-    Owned owned = Make(rows, width, next_tag_++, deadline);
-    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
-    data_.push_back(std::move(owned.data));
-    return queue.Add(pending);
-  }
-
-  static std::vector<std::string> Ids(const FormedBatch& batch) {
-    std::vector<std::string> ids;
-    for (const auto& pending : batch.requests) ids.push_back(pending.request->id);
-    return ids;
-  }
-
-  FakeTimeSource clock_;
-  int32_t next_tag_ = 1;
-  std::vector<std::vector<int32_t>> data_;
-};
+class BatchQueueTest : public testing::BatchQueueFixture {};
+using testing::Make;
 
 TEST_F(BatchQueueTest, DelayExpiryFormsPartialBatch) {
   BatchQueue queue(Options());
@@ -281,108 +237,6 @@ TEST_F(BatchQueueTest, PaddingToPreferredSizes) {
   ASSERT_TRUE(Add(queue, 5).ok());
   batch = queue.TakeReadyBatch(clock_.Now());
   EXPECT_EQ(batch->padded_rows, 8);  // above every preferred size: max_batch_size
-}
-
-TEST_F(BatchQueueTest, AssembleAndDeliverRoundTripWithPadding) {
-  auto options = Options();
-  options.preferred_batch_sizes = {4};
-  options.pad_to_preferred = true;
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 1).ok());  // tag 1
-  ASSERT_TRUE(Add(queue, 2).ok());  // tag 2
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_EQ(batch->padded_rows, 4);
-  ModelSpec spec;
-  spec.max_batch_size = 8;
-  spec.inputs = {{"x", DataType::kInt32, {2}}};
-  testing::EchoBackend echo;
-  StagingPool pool(&echo);
-  InferRequest assembled = AssembleBatch(spec, *batch, &pool);
-  ASSERT_EQ(assembled.batch_size, 4);
-  EXPECT_THAT(assembled.inputs[0].shape, ElementsAre(4, 2));
-  std::vector<int32_t> staged(8);
-  std::memcpy(staged.data(), assembled.inputs[0].data, 32);
-  EXPECT_THAT(staged, ElementsAre(1, 1, 2, 2, 2, 2, 0, 0));  // padding rows are zero
-  TensorSink first, second;
-  const std::vector<OutputTarget> targets = {{1, nullptr, &first}, {2, nullptr, &second}};
-  ASSERT_TRUE(echo.Execute(assembled, targets).ok());
-  ASSERT_EQ(first.outputs().size(), 1u);
-  ASSERT_EQ(second.outputs().size(), 1u);
-  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 2));
-  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 2));  // padding never reaches a caller
-  EXPECT_EQ(second.outputs()[0].data.size(), 16u);
-  std::vector<int32_t> rows(4);
-  std::memcpy(rows.data(), second.outputs()[0].data.data(), 16);
-  EXPECT_THAT(rows, ElementsAre(2, 2, 2, 2));
-  EXPECT_EQ(echo.bytes_copied(), 8u + 16u);  // each caller's rows, once; the padding rows never
-  // The same pool serves later batches without allocating again.
-  for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(Add(queue, 1 + i % 8).ok());
-    auto next = queue.TakeReadyBatch(clock_.Now());
-    AssembleBatch(spec, *next, &pool);
-  }
-  EXPECT_EQ(pool.allocations(), 1u);  // 64 bytes (the minimum) hold max_batch_size rows here
-}
-
-TEST_F(BatchQueueTest, StringRowsConcatenateAndSplitBackByElementCount) {
-  auto options = Options();
-  options.preferred_batch_sizes = {4};
-  options.pad_to_preferred = true;
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  // Two requests of [rows, 1] strings of different lengths (one group: the element count per
-  // row is what must agree, not the bytes).
-  std::vector<std::string> buffers(2);
-  AppendBytesElement("a", &buffers[0]);
-  AppendBytesElement("bbbb", &buffers[1]);
-  AppendBytesElement("", &buffers[1]);
-  for (int i = 0; i < 2; ++i) {
-    auto request = std::make_unique<InferRequest>();
-    request->model_name = "m";
-    request->batch_size = i + 1;
-    request->inputs.push_back({"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size()});
-    PendingRequest pending{std::move(request), nullptr, nullptr, clock_.Now(), buffers[i].size()};
-    ASSERT_TRUE(queue.Add(pending).ok());
-  }
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  ASSERT_EQ(batch->rows, 3);
-  ASSERT_EQ(batch->padded_rows, 4);
-  ModelSpec spec;
-  spec.max_batch_size = 8;
-  spec.inputs = {{"s", DataType::kBytes, {1}}};
-  testing::EchoBackend echo;
-  StagingPool pool(&echo);
-  InferRequest assembled = AssembleBatch(spec, *batch, &pool);
-  EXPECT_THAT(assembled.inputs[0].shape, ElementsAre(4, 1));
-  const std::string_view staged(assembled.inputs[0].data, assembled.inputs[0].byte_size);
-  ASSERT_TRUE(CheckBytesTensor("staged", staged, 4, true).ok());
-  EXPECT_THAT(SplitBytesTensor(staged), ElementsAre("a", "bbbb", "", ""));  // the padding row: empty
-
-  // The batch's output splits back by rows, whatever each row's byte length.
-  const std::string name = "out";
-  std::string out;
-  for (const char* element : {"x", "yyyyyy", "zz", "pad"}) AppendBytesElement(element, &out);
-  const HostOutput strings{&name, DataType::kBytes, {4, 1}, out.data(), out.size(), MemoryType::kCpu};
-  TensorSink first, second;
-  const std::vector<OutputTarget> targets = {{1, nullptr, &first}, {2, nullptr, &second}};
-  ASSERT_TRUE(DeliverOutputs({&strings, 1}, targets, /*batched=*/true).ok());
-  EXPECT_THAT(first.outputs()[0].shape, ElementsAre(1, 1));
-  EXPECT_THAT(SplitBytesTensor(first.outputs()[0].data), ElementsAre("x"));
-  EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 1));
-  EXPECT_THAT(SplitBytesTensor(second.outputs()[0].data), ElementsAre("yyyyyy", "zz"));
-}
-
-TEST_F(BatchQueueTest, DeliverRejectsOutputsWithoutBatchDimension) {
-  const std::string name = "y";
-  const std::string data(12, '\0');
-  const HostOutput wrong{&name, DataType::kFp32, {1, 3}, data.data(), data.size(), MemoryType::kCpu};
-  TensorSink a, b;
-  const std::vector<OutputTarget> targets = {{1, nullptr, &a}, {1, nullptr, &b}};
-  EXPECT_THAT(DeliverOutputs({&wrong, 1}, targets, /*batched=*/true).message(),
-              HasSubstr("does not start with the batch dimension (2 rows)"));
-  EXPECT_TRUE(a.outputs().empty());
 }
 
 TEST_F(BatchQueueTest, OneRequestPerBatchKeepsArrivalOrderAcrossShapes) {

@@ -88,14 +88,17 @@ std::multiset<std::string> ThreadNames() {
 TEST_F(DynamicBatcherTest, ItsThreadsAreNamedForTopAndPerf) {
   auto batcher = Make(/*instances=*/2);
   std::multiset<std::string> names;
-  for (int i = 0; i < 5000; ++i) {  // each thread names itself when it starts
+  // Each thread names itself when it starts, in any order on a busy machine: read /proc (yielding
+  // to them) until all three have, or 10 s.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  do {
     names = ThreadNames();
     if (names.count("sluice-batcher") == 1 && names.count("sluice-worker-0") == 1 &&
         names.count("sluice-worker-1") == 1) {
-      break;  // (waiting for all three: the threads start in any order on a busy machine)
+      break;
     }
-    std::this_thread::sleep_for(1ms);
-  }
+    std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < deadline);
   EXPECT_EQ(names.count("sluice-batcher"), 1u);
   EXPECT_EQ(names.count("sluice-worker-0"), 1u);
   EXPECT_EQ(names.count("sluice-worker-1"), 1u);

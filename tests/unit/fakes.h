@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,19 @@
 #include "server/core/backend.h"
 
 namespace sluice::testing {
+
+// True once `condition` holds, false if it still does not after `timeout`. For state another
+// thread changes that has no signal to wait on (a count of in-flight requests, a statistic):
+// polls, yielding the CPU between looks rather than sleeping a guessed time.
+inline bool Eventually(const std::function<bool()>& condition,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return condition();
+    std::this_thread::yield();
+  }
+  return true;
+}
 
 // What a test gets back for one request: the outputs its TensorSink received.
 struct Outputs {
@@ -222,10 +236,17 @@ class FakeBackendFactory final : public BackendFactory {
       backends.push_back(backend.get());
       instances.push_back(std::move(backend));
     }
+    loaded_.notify_all();
     return instances;
   }
   FakeBackend* backend(size_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
+    return index < backends.size() ? backends[index] : nullptr;
+  }
+  // backend(index) once a load on another thread has made it, or null after 10 s.
+  FakeBackend* WaitBackend(size_t index) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    loaded_.wait_for(lock, std::chrono::seconds(10), [&] { return index < backends.size(); });
     return index < backends.size() ? backends[index] : nullptr;
   }
   bool CudaUsable() const override { return cuda_; }
@@ -244,6 +265,7 @@ class FakeBackendFactory final : public BackendFactory {
 
  private:
   std::mutex mutex_;
+  std::condition_variable loaded_;
   const bool cuda_;
   const int gpus_;
 };

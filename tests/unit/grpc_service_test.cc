@@ -96,9 +96,7 @@ class GrpcServiceTest : public ::testing::Test {
 
   // Waits (bounded) until `model` has counted `failures` failed requests.
   void WaitForFailures(const std::string& model, uint64_t failures) {
-    for (int i = 0; i < 5000 && lookup_.models[model]->Statistics().fail.count < failures; ++i) {
-      std::this_thread::sleep_for(1ms);
-    }
+    testing::Eventually([&] { return lookup_.models[model]->Statistics().fail.count >= failures; });
   }
 
   SteadyTimeSource clock_;
@@ -202,7 +200,7 @@ TEST_F(GrpcServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   auto running = HoldOne(&running_context);
   auto cancelled = Start(Request("gated", {2}), &cancelled_context);
   // Let the request reach the queue before the caller gives up.
-  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+  testing::Eventually([&] { return lookup_.models["gated"]->in_flight() >= 2; });
   cancelled_context.TryCancel();
   EXPECT_EQ(cancelled.get().error_code(), grpc::StatusCode::CANCELLED);
   // The server answers it CANCELLED from the queue (a failure), while the model is still held.
@@ -213,7 +211,7 @@ TEST_F(GrpcServiceTest, ACancelledCallIsAnsweredWithoutRunning) {
   EXPECT_TRUE(running.get().ok());
   EXPECT_EQ(gated_->executed(), executed + 1);
   // Every reference the handler took is given back once its call is answered.
-  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
+  testing::Eventually([&] { return lookup_.models["gated"]->in_flight() <= 0; });
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
 
@@ -258,7 +256,7 @@ TEST_F(GrpcServiceTest, StreamStopsReadingAtItsInFlightBound) {
   auto stream = stub_->ModelStreamInfer(&context);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(stream->Write(Request("roomy_gated", {i}, std::to_string(i))));
   ModelHandle& model = *lookup_.models["roomy_gated"];
-  for (int i = 0; i < 5000 && model.in_flight() < kStreamBound; ++i) std::this_thread::sleep_for(1ms);
+  testing::Eventually([&] { return model.in_flight() >= kStreamBound; });
   std::this_thread::sleep_for(100ms);  // time for a (wrong) third read
   EXPECT_EQ(model.in_flight(), kStreamBound);
   roomy_gated_->OpenGate();
@@ -280,7 +278,7 @@ TEST_F(GrpcServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
     grpc::ClientContext context;
     auto stream = stub_->ModelStreamInfer(&context);
     ASSERT_TRUE(stream->Write(Request("gated", {2}, "queued")));
-    for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+    testing::Eventually([&] { return lookup_.models["gated"]->in_flight() >= 2; });
     ASSERT_EQ(lookup_.models["gated"]->in_flight(), 2);
     context.TryCancel();
     inference::ModelStreamInferResponse response;
@@ -293,7 +291,7 @@ TEST_F(GrpcServiceTest, AStreamThatEndsCancelsItsQueuedRequests) {
   gated_->OpenGate();
   EXPECT_TRUE(running.get().ok());
   EXPECT_EQ(gated_->executed(), executed + 1);
-  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() > 0; ++i) std::this_thread::sleep_for(1ms);
+  testing::Eventually([&] { return lookup_.models["gated"]->in_flight() <= 0; });
   EXPECT_EQ(lookup_.models["gated"]->in_flight(), 0);
 }
 
@@ -322,7 +320,7 @@ TEST_F(GrpcServiceTest, ShutdownCancelsQueuedCallsAfterItsGraceAndWaitsForRunnin
   grpc::ClientContext running_context, queued_context;
   auto running = HoldOne(&running_context);
   auto queued = Start(Request("gated", {2}), &queued_context);
-  for (int i = 0; i < 5000 && lookup_.models["gated"]->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+  testing::Eventually([&] { return lookup_.models["gated"]->in_flight() >= 2; });
   const int executed = gated_->executed();
   auto stopped = std::async(std::launch::async, [this] {
     server_->Shutdown(std::chrono::system_clock::now() + 50ms);

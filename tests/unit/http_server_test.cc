@@ -70,9 +70,14 @@ class HttpServerTest : public ::testing::Test {
     StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, [this](HttpResponder responder) {
       if (absl::StartsWith(responder->path(), "/drop")) return;  // a handler bug: no answer
       if (absl::StartsWith(responder->path(), "/later")) {
-        responder->OnCancel([this] { cancels_.fetch_add(1); });
+        responder->OnCancel([this] {
+          MutexLock lock(&mutex_);
+          ++cancels_;
+          changed_.SignalAll();
+        });
         MutexLock lock(&mutex_);
         parked_.push_back(std::move(responder));
+        changed_.SignalAll();
         return;
       }
       HttpResponse response;
@@ -86,24 +91,32 @@ class HttpServerTest : public ::testing::Test {
     return *std::move(server);
   }
 
+  // The first exchange parked, or an empty responder after 5 s.
   HttpResponder WaitParked() {
-    for (int i = 0; i < 500; ++i) {
-      {
-        MutexLock lock(&mutex_);
-        if (!parked_.empty()) {
-          HttpResponder responder = std::move(parked_.front());
-          parked_.erase(parked_.begin());
-          return responder;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    MutexLock lock(&mutex_);
+    while (parked_.empty()) {
+      if (!changed_.WaitUntil(&mutex_, deadline) && parked_.empty()) return HttpResponder();
     }
-    return HttpResponder();
+    HttpResponder responder = std::move(parked_.front());
+    parked_.erase(parked_.begin());
+    return responder;
+  }
+
+  // The cancellations heard once there are at least `count`, or after 2 s.
+  int WaitCancels(int count) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    MutexLock lock(&mutex_);
+    while (cancels_ < count) {
+      if (!changed_.WaitUntil(&mutex_, deadline)) break;
+    }
+    return cancels_;
   }
 
   Mutex mutex_;
+  CondVar changed_;  // an exchange parked or a cancellation heard
   std::vector<HttpResponder> parked_ ABSL_GUARDED_BY(mutex_);
-  std::atomic<int> cancels_{0};
+  int cancels_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 TEST_F(HttpServerTest, AnswersOnAKeepAliveConnectionWithPathAndBody) {
@@ -295,8 +308,7 @@ TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
   ASSERT_TRUE(abandoned);
   EXPECT_FALSE(abandoned->cancelled()->load());
   leaving.Close();
-  for (int i = 0; i < 200 && cancels_.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(cancels_.load(), 1);
+  EXPECT_EQ(WaitCancels(1), 1);
   EXPECT_TRUE(abandoned->cancelled()->load());
   EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(10)));
   abandoned.Respond(HttpResponse{});
@@ -323,8 +335,11 @@ TEST_F(HttpServerTest, ConnectionsPastTheLimitGet503AndAreClosed) {
   EXPECT_EQ(refused.code, 503);
   EXPECT_TRUE(absl::StrContains(refused.body, "--http-max-connections")) << refused.body;
   EXPECT_TRUE(third.Read().closed);
-  first.Close();  // frees a place
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(server->open_connections(), 2u);  // the refused one is not counted
+  first.Close();  // frees a place once the server's loop has seen it close
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (server->open_connections() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(server->open_connections(), 1u);
   Client fourth(server->port());
   fourth.Send(Get("/d"));
   EXPECT_EQ(fourth.Read().code, 200);
@@ -351,8 +366,7 @@ TEST_F(HttpServerTest, StopAcceptingThenStopWithAnExchangeStillOpen) {
   open.Send(Get("/later/x"));
   HttpResponder responder = WaitParked();
   ASSERT_TRUE(responder);
-  server->StopAccepting();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  server->StopAccepting();  // returns with the socket closed
   Client refused(server->port());
   EXPECT_FALSE(refused.connected());
   EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(20)));

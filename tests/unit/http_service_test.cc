@@ -162,7 +162,7 @@ TEST_F(HttpServiceTest, AFullQueueIs503AndAClientThatLeavesIsCancelledWithoutRun
     // submission, on the one HTTP thread, which handles the next request only after submitting
     // it), then a third is refused. A probe sent earlier could take the queue's place itself.
     ModelHandle& gated = *lookup_.models["gated"];
-    for (int i = 0; i < 2500 && gated.in_flight() < 2; ++i) std::this_thread::sleep_for(2ms);
+    testing::Eventually([&] { return gated.in_flight() >= 2; });
     ASSERT_EQ(gated.in_flight(), 2);
     const Reply refused = Infer("gated", kBody);
     EXPECT_EQ(refused.code, 503);
@@ -171,7 +171,7 @@ TEST_F(HttpServiceTest, AFullQueueIs503AndAClientThatLeavesIsCancelledWithoutRun
     // it goes away its cancellation may be counted at once).
     before = Failures("gated");
   }  // the queued client goes away
-  for (int i = 0; i < 2500 && Failures("gated") == before; ++i) std::this_thread::sleep_for(2ms);
+  testing::Eventually([&] { return Failures("gated") != before; });
   EXPECT_EQ(Failures("gated"), before + 1);  // answered CANCELLED while the instance is still busy
   EXPECT_EQ(gated_->started(), 1);
   gated_->OpenGate();

@@ -416,12 +416,13 @@ TEST_F(SequenceBatcherTest, AnIdleSequenceIsEndedAndItsSlotFreed) {
   ASSERT_EQ(*Send(*batcher, Id(1), 1, true), 1);
   clock.Advance(900ms);
   ASSERT_EQ(*Send(*batcher, Id(1), 1), 2);  // a request restarts the idle time
+  // The batcher's thread and the worker wait on the clock; once both wait, unsignalled, with
+  // their deadlines still ahead, they have done everything due by then.
   clock.Advance(900ms);
-  batcher->Poke();
+  ASSERT_TRUE(clock.AwaitWaiting(2));
   EXPECT_TRUE(batcher->HasSequence(Id(1)));
   clock.Advance(200ms);
-  batcher->Poke();
-  for (int i = 0; i < 2000 && batcher->HasSequence(Id(1)); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(clock.AwaitWaiting(2));
   EXPECT_FALSE(batcher->HasSequence(Id(1)));
   StatusOr<int32_t> late = Send(*batcher, Id(1), 1);
   ASSERT_FALSE(late.ok());
@@ -438,8 +439,7 @@ TEST_F(SequenceBatcherTest, AStartThatExpiresWhileWaitingForASlotDropsItsSequenc
   request->deadline = clock.Now() + 1s;
   batcher->Enqueue(std::move(request), &start.sink, Done(start));
   batcher->Enqueue(Request(next, Id(2), false, false), &next.sink, Done(next));
-  clock.Advance(2s);
-  batcher->Poke();
+  clock.Advance(2s);  // wakes the batcher's thread, which waits on the clock
   StatusOr<int32_t> expired = start.Get(), dropped = next.Get();
   ASSERT_FALSE(expired.ok());
   EXPECT_EQ(expired.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -471,10 +471,16 @@ TEST_F(SequenceBatcherTest, AStartTheModelFailsDropsItsSequenceSoThatItCanStartA
 }
 
 TEST_F(SequenceBatcherTest, DrainWaitsForSequencesThenEndsThoseLeft) {
-  auto batcher = Make();
+  FakeTimeSource clock;
+  auto batcher = Make(1, AccumulatorSpec(), 64, &clock);
   ASSERT_EQ(*Send(*batcher, Id(1), 1, true), 1);
   ASSERT_EQ(*Send(*batcher, Id(2), 1, true), 1);
-  EXPECT_FALSE(batcher->WaitSequencesEnded(std::chrono::steady_clock::now() + 20ms));
+  // The drain waits on the batcher's clock until its deadline, then says sequences are left.
+  auto drained = std::async(std::launch::async, [&] { return batcher->WaitSequencesEnded(clock.Now() + 20ms); });
+  ASSERT_TRUE(clock.AwaitWaiting(3));  // the drain, the batcher's thread and the worker
+  EXPECT_EQ(drained.wait_for(0ms), std::future_status::timeout);
+  clock.Advance(20ms);
+  EXPECT_FALSE(drained.get());
   std::thread ender([&] { EXPECT_EQ(*Send(*batcher, Id(1), 1, false, true), 2); });
   ender.join();
   EXPECT_EQ(batcher->ActiveSequences(), 1u);
@@ -487,7 +493,7 @@ TEST_F(SequenceBatcherTest, DrainWaitsForSequencesThenEndsThoseLeft) {
   StatusOr<int32_t> ended = queued.Get();
   ASSERT_FALSE(ended.ok());
   EXPECT_EQ(ended.status().message(), "version unloaded");
-  EXPECT_TRUE(batcher->WaitSequencesEnded(std::chrono::steady_clock::now()));
+  EXPECT_TRUE(batcher->WaitSequencesEnded(clock.Now()));
   models_[0]->OpenGate();
   EXPECT_EQ(*running.Get(), 1);  // what was running finishes
   EXPECT_FALSE(Send(*batcher, Id(2), 1).ok());
