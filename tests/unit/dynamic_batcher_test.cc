@@ -88,17 +88,13 @@ std::multiset<std::string> ThreadNames() {
 TEST_F(DynamicBatcherTest, ItsThreadsAreNamedForTopAndPerf) {
   auto batcher = Make(/*instances=*/2);
   std::multiset<std::string> names;
-  // Each thread names itself when it starts, in any order on a busy machine: read /proc (yielding
-  // to them) until all three have, or 10 s.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  do {
+  // Each thread names itself when it starts, in any order on a busy machine: read /proc until
+  // all three have.
+  testing::Eventually([&] {
     names = ThreadNames();
-    if (names.count("sluice-batcher") == 1 && names.count("sluice-worker-0") == 1 &&
-        names.count("sluice-worker-1") == 1) {
-      break;
-    }
-    std::this_thread::yield();
-  } while (std::chrono::steady_clock::now() < deadline);
+    return names.count("sluice-batcher") == 1 && names.count("sluice-worker-0") == 1 &&
+           names.count("sluice-worker-1") == 1;
+  });
   EXPECT_EQ(names.count("sluice-batcher"), 1u);
   EXPECT_EQ(names.count("sluice-worker-0"), 1u);
   EXPECT_EQ(names.count("sluice-worker-1"), 1u);

@@ -72,7 +72,7 @@ TEST(ModelManagerTest, ReadinessWaitsForWarmUpOfEveryShapeOnEveryInstance) {
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   std::thread loader([&] { ASSERT_TRUE(control.LoadAll().ok()); });
-  while (factory.backend(1) == nullptr) std::this_thread::yield();
+  ASSERT_NE(factory.WaitBackend(1), nullptr);
   factory.backend(0)->WaitStarted(1);
   factory.backend(1)->WaitStarted(1);
   // Warming up: not ready, and requests are told so.
