@@ -42,6 +42,7 @@ class Server {
 
   int grpc_port() const { return grpc_->port(); }
   int http_port() const { return http_ ? http_->port() : 0; }  // 0: HTTP is off
+  int metrics_port() const { return metrics_endpoint_ ? metrics_endpoint_->port() : 0; }  // 0: metrics are off
   // Start-up loading is still going on.
   bool loading() const { return loading_; }
   // Start-up loading failed (see Start).
