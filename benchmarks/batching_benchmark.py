@@ -67,9 +67,10 @@ def make_repository(directory, batching, names):
     write_bundled(directory, names, "dynamic_batching { }" if batching else None)
 
 
-def inprocess(bin_dir, repository, smoke, threads, prefix=()):
+def inprocess(bin_dir, repository, smoke, threads, models, prefix=()):
     results = {}
-    for name, (row_shape, max_batch) in MODELS.items():
+    for name in models:
+        row_shape, max_batch = MODELS[name]
         sizes = [1, 2] if smoke else [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
         out = subprocess.run(
             [*prefix, os.path.join(bin_dir, "sluice-bench-inprocess"), "--model",
@@ -106,7 +107,7 @@ def perf_analyzer(url, model, concurrency, smoke, workdir, prefix=()):
     before = statistics(url, model)
     # Asynchronous clients: fewer client threads competing with the server for the cores.
     row = harness_perf_analyzer.run(url, model, concurrency, os.path.join(workdir, f"{model}_{concurrency}.csv"),
-                                    smoke=smoke, smoke_requests=30, prefix=prefix)
+                                    smoke=smoke, prefix=prefix)
     after = statistics(url, model)
     executions = after[1] - before[1]
     return {
@@ -134,6 +135,9 @@ def main():
                              "were measured: their latencies measure the contention)")
     args = parser.parse_args()
     concurrencies = [1, 4] if args.smoke else [1, 4, 16, 32, 64]
+    # The smoke run drives the MLP only: the conv net takes the same code path, and each model
+    # costs the smoke run two servers and four perf_analyzer runs.
+    models = ["mlp"] if args.smoke else list(MODELS)
     (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
     # Pinned, the server (and the ceiling, on the same CPU) has one CPU: one intra-op thread.
     cores = 1 if server_prefix else (os.cpu_count() or 1)
@@ -144,11 +148,11 @@ def main():
         # One server per model and mode, as one model per replica is deployed: its single CPU
         # instance gets all cores (the server's default split), and so does the ceiling.
         ceiling_repo = os.path.join(workdir, "ceiling")
-        make_repository(ceiling_repo, batching=False, names=list(MODELS))
-        ceiling = inprocess(args.bin_dir, ceiling_repo, args.smoke, threads=cores, prefix=server_prefix)
+        make_repository(ceiling_repo, batching=False, names=models)
+        ceiling = inprocess(args.bin_dir, ceiling_repo, args.smoke, threads=cores, models=models, prefix=server_prefix)
         served = {"on": {}, "off": {}}
         for mode in served:
-            for name in MODELS:
+            for name in models:
                 path = os.path.join(workdir, f"{mode}-{name}")
                 make_repository(path, batching=(mode == "on"), names=[name])
                 process, url = serve(args.bin_dir, path, prefix=server_prefix)
@@ -162,7 +166,7 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
 
     ratios = {}
-    for name in MODELS:
+    for name in models:
         on = served["on"][name]
         best = max(on, key=lambda r: r["infer_per_s"])
         formed = nearest(ceiling[name], best["avg_batch"])
@@ -183,7 +187,7 @@ def main():
     print("\nSluice through perf_analyzer (-b 1)")
     print(f"{'model':8} {'batching':8} {'conc':>4} {'infer/s':>9} {'p50 us':>8} {'p99 us':>8} {'avg batch':>9}")
     for mode in ("off", "on"):
-        for name in MODELS:
+        for name in models:
             for r in served[mode][name]:
                 print(f"{name:8} {mode:8} {r['concurrency']:4d} {r['infer_per_s']:9.0f} {r['p50_us']:8.0f} "
                       f"{r['p99_us']:8.0f} {r['avg_batch']:9.2f}")

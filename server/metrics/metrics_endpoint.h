@@ -18,10 +18,15 @@ class MetricsEndpoint {
                                                           const std::shared_ptr<prometheus::Registry>& registry);
   int port() const { return port_; }
 
+  // Stops serving; returns once the exposer's threads are gone (within milliseconds: see the
+  // definition).
+  ~MetricsEndpoint();
+
  private:
-  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer, int port)
-      : exposer_(std::move(exposer)), port_(port) {}
+  MetricsEndpoint(std::unique_ptr<prometheus::Exposer> exposer, std::string address, int port)
+      : exposer_(std::move(exposer)), address_(std::move(address)), port_(port) {}
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string address_;  // as given to Start
   int port_;
 };
 

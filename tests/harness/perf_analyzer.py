@@ -8,6 +8,15 @@ import subprocess
 from harness.repository import ROOT
 
 
+# Short time windows that accept any spread: for runs that check that perf_analyzer works against
+# the server, not how fast it is. (Count windows last about a second each whatever the count, so
+# a two-level run took 6 s for 0.3 s of requests; 500 ms windows take 3.5 s and still hold
+# hundreds of requests of a bundled model on a loaded host.)
+SMOKE_WINDOW_MS = 500
+SMOKE_WINDOWS = ["--measurement-mode", "time_windows", "--measurement-interval", str(SMOKE_WINDOW_MS),
+                 "--stability-percentage", "1000"]
+
+
 def path():
     """perf_analyzer from the PATH, else the one scripts/setup.sh puts in .venv/bin."""
     found = shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer")
@@ -17,20 +26,19 @@ def path():
 
 
 def run(url, model, concurrency, out_csv, *, smoke=False, protocol=("-i", "grpc"), asynchronous=True,
-        interval_ms=2000, stability=50, max_trials=5, smoke_requests=20, prefix=(), timeout=300):
+        interval_ms=2000, stability=50, max_trials=5, prefix=(), timeout=300):
     """One perf_analyzer run at batch 1 and `concurrency`; the first row of its CSV (a dict of
     perf_analyzer's columns: "Inferences/Second", "p50 latency", ... in us). A measured run takes
     windows of `interval_ms` until two are within `stability` percent (at most `max_trials`); a
-    smoke run (it checks the script, its numbers mean nothing) counts `smoke_requests` requests per
-    window and accepts any spread. `asynchronous`: one client thread for every concurrent request
+    smoke run (it checks the script, its numbers mean nothing) takes three windows of SMOKE_WINDOW_MS
+    and accepts any spread. `asynchronous`: one client thread for every concurrent request
     (--async) instead of a thread each. RuntimeError with perf_analyzer's output when it fails."""
     args = [*prefix, path(), "-m", model, "-u", url, *protocol, "-b", "1",
             "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", str(max_trials)]
     if asynchronous:
         args.append("--async")
     if smoke:
-        args += ["--measurement-mode", "count_windows", "--measurement-request-count", str(smoke_requests),
-                 "--stability-percentage", "1000"]
+        args += SMOKE_WINDOWS
     else:
         args += ["--measurement-interval", str(interval_ms), "--stability-percentage", str(stability)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)

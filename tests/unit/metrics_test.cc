@@ -458,5 +458,21 @@ TEST_F(MetricsTest, EndpointServesTheRegistryAndATakenPortIsAClearError) {
   EXPECT_THAT(second.status().message(), HasSubstr("--metrics-port"));
 }
 
+// The destructor returns with the port closed, on a loopback and on a wildcard address (reached
+// through loopback by the knocks that end civetweb's poll), and a new endpoint can take the port.
+TEST_F(MetricsTest, AStoppedEndpointClosesItsPortAndFreesIt) {
+  for (const char* address : {"127.0.0.1", "0.0.0.0"}) {
+    SCOPED_TRACE(address);
+    auto endpoint = MetricsEndpoint::Start(address, 0, registry_);
+    ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+    const int port = (*endpoint)->port();
+    EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("200 OK"));
+    endpoint->reset();
+    EXPECT_EQ(HttpGet(port, "/metrics"), "");
+    auto again = MetricsEndpoint::Start(address, port, registry_);
+    EXPECT_TRUE(again.ok()) << again.status();
+  }
+}
+
 }  // namespace
 }  // namespace sluice

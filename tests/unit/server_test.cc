@@ -141,8 +141,7 @@ TEST_F(ServerTest, StartsOnAnEmptyRepositoryAndShutdownClosesEveryPort) {
 }
 
 TEST_F(ServerTest, BeginDrainTakesReadinessAwayButKeepsLivenessAndServing) {
-  // Without metrics: stopping prometheus-cpp's endpoint (civetweb) takes about 2 s.
-  auto server = Start(Config(0, 0, 0, {"--allow-metrics", "false"}));
+  auto server = Start(Config(0, 0, 0));
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE(testing::Eventually([&] { return !(*server)->loading(); }));
   (*server)->BeginDrain();
