@@ -49,7 +49,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, pinning, serve, write_json  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, pinning, serve, write_json  # noqa: E402
 from http_benchmark import http_port, measure  # noqa: E402
 
 MODEL = "wide"

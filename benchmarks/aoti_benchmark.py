@@ -31,8 +31,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from batching_benchmark import serve, write_json  # noqa: E402
-from harness import perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import serve, write_json  # noqa: E402
+from harness import perf_analyzer  # noqa: E402
 from request_path_benchmark import pinning  # noqa: E402
 
 # name -> (format, input name, row shape, package or file)

@@ -32,39 +32,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402
-from harness.repository import write_bundled  # noqa: E402
-from harness.server import SluiceServer  # noqa: E402
-MODELS = {
-    # name: (row shape, max_batch_size)
-    "mlp": ([784], 64),
-    "convnet": ([3, 32, 32], 32),
-}
+from harness.bench import MODELS, make_repository, pinning, serve, statistics, write_json  # noqa: E402,F401
 TARGETS = {"convnet_saturation_ratio": 0.90, "mlp_on_off_ratio_c32": 3.0, "overhead_p50_us": 150.0}
-
-
-def write_json(path, report):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"\nwrote {path}")
-
-
-def pinning(enabled):
-    """(server prefix, client prefix): taskset onto two different CPUs, or nothing."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if not enabled:
-        return ((), ()), "off (--no-pin)"
-    if len(cpus) < 2 or shutil.which("taskset") is None:
-        return ((), ()), f"off ({len(cpus)} CPU(s), taskset {'found' if shutil.which('taskset') else 'missing'})"
-    return ((("taskset", "-c", str(cpus[0])), ("taskset", "-c", str(cpus[1]))),
-            f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
-
-
-def make_repository(directory, batching, names):
-    """The bundled models `names` in the new repository `directory`, with dynamic batching (its
-    defaults) or without."""
-    os.makedirs(directory)
-    write_bundled(directory, names, "dynamic_batching { }" if batching else None)
 
 
 def inprocess(bin_dir, repository, smoke, threads, models, prefix=()):
@@ -80,27 +49,6 @@ def inprocess(bin_dir, repository, smoke, threads, models, prefix=()):
             check=True, capture_output=True, text=True).stdout
         results[name] = {row["batch"]: row for row in map(json.loads, out.splitlines())}
     return results
-
-
-def statistics(url, model):
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(url=url)
-    try:
-        stats = client.get_inference_statistics(model).model_stats[0]
-        return stats.inference_count, stats.execution_count
-    finally:
-        client.close()
-
-
-def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
-    """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
-    `repository`.log; its metrics and HTTP endpoints on ports it picks, which the log names) and
-    returns (process, url) once it is ready (harness.server: a lost port race starts it again)."""
-    server = SluiceServer(os.path.join(bin_dir, "sluice-server"), repository, extra_args,
-                          log_path=repository + ".log", prefix=prefix, log_level=log_level,
-                          metrics_port=0, http_port=0)
-    server.start(timeout)
-    return server.process, server.url
 
 
 def perf_analyzer(url, model, concurrency, smoke, workdir, prefix=()):

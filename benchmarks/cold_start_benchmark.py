@@ -29,7 +29,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import MODELS, ROOT, make_repository, serve, write_json  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import MODELS, ROOT, make_repository, serve, write_json  # noqa: E402
 
 TARGET_FIRST_OVER_P50 = 1.5
 

@@ -37,7 +37,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import floor_benchmark as fb  # noqa: E402
-from batching_benchmark import ROOT, make_repository as make_bundled, pinning, statistics as model_counts  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, make_repository as make_bundled, pinning, statistics as model_counts  # noqa: E402
 from request_path_benchmark import BenchmarkError, Server, make_repository as make_trivial  # noqa: E402
 
 LOWER_IS_BETTER = ("p50_us", "cpu_us", "voluntary", "involuntary", "cost_ratio", "overhead_us")

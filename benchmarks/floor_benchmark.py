@@ -50,10 +50,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import (ROOT, make_repository as make_bundled, pinning, statistics as model_counts,  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import (ROOT, make_repository as make_bundled, pinning, statistics as model_counts,  # noqa: E402
                                 write_json)
 from request_path_benchmark import BenchmarkError, Server, callgrind_run, make_repository as make_trivial  # noqa: E402
-from harness.process import cpu_seconds  # noqa: E402 (batching_benchmark put tests/ on the path)
+from harness.process import cpu_seconds  # noqa: E402
 
 FIXED_RATE = 2000  # calls/s for the CPU-per-call windows: below every saturation measured here
 CLIENT_BUSY_LIMIT = 0.75

@@ -25,8 +25,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import make_repository, pinning, serve, write_json  # noqa: E402
-from harness import perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import make_repository, pinning, serve, write_json  # noqa: E402
+from harness import perf_analyzer  # noqa: E402
 
 MODES = {
     "grpc": ["-i", "grpc"],

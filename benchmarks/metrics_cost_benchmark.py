@@ -26,8 +26,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, make_repository, write_json  # noqa: E402
-from harness import callgrind  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, make_repository, write_json  # noqa: E402
+from harness import callgrind  # noqa: E402
 from harness.server import SluiceServer  # noqa: E402
 
 TARGET_RATIO = 1.02

@@ -30,8 +30,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, serve, write_json  # noqa: E402
-from harness.process import rss_bytes  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, serve, write_json  # noqa: E402
+from harness.process import rss_bytes  # noqa: E402
 
 SETTLE = 5  # cycles before growth is measured
 

@@ -54,8 +54,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, pinning, write_json  # noqa: E402
-from harness import callgrind, perf_analyzer as harness_perf_analyzer  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, pinning, write_json  # noqa: E402
+from harness import callgrind, perf_analyzer as harness_perf_analyzer  # noqa: E402
 from harness.server import SluiceServer  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "models"))
 from model_cache import cached, source_key  # noqa: E402 (torch-free)

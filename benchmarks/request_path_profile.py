@@ -31,7 +31,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import ROOT, pinning, write_json  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import ROOT, pinning, write_json  # noqa: E402
 from floor_benchmark import FIXED_RATE, Load, cpu_seconds, make_mlp_addsub  # noqa: E402
 from request_path_benchmark import BenchmarkError, Server  # noqa: E402
 

@@ -27,8 +27,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import MODELS, ROOT, make_repository, serve, write_json  # noqa: E402
-from harness.process import rss_bytes  # noqa: E402 (batching_benchmark put tests/ on the path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import MODELS, ROOT, make_repository, serve, write_json  # noqa: E402
+from harness.process import rss_bytes  # noqa: E402
 
 TARGET_GROWTH = 0.05
 

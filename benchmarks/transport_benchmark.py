@@ -30,7 +30,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batching_benchmark import make_repository, serve, write_json  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from harness.bench import make_repository, serve, write_json  # noqa: E402
 from http_benchmark import measure, parse_args  # noqa: E402
 
 MODES = {

@@ -18,7 +18,7 @@ import shutil
 
 import floor_benchmark as fb
 import kitlib
-from batching_benchmark import pinning
+from harness.bench import pinning
 
 BLOCKING = 'parameters { key: "sluice.cuda_wait" value { string_value: "blocking" } }\n'
 

@@ -1,0 +1,64 @@
+"""What the benchmark scripts share: the bundled models they drive, pinning server and client to
+different CPUs, a repository of bundled models with or without dynamic batching, a server
+started for a benchmark, a model's request and execution counts, and writing the JSON report."""
+import json
+import os
+import shutil
+
+from harness.repository import ROOT, write_bundled  # noqa: F401 (ROOT: for the scripts)
+from harness.server import SluiceServer
+
+MODELS = {
+    # name: (row shape, max_batch_size) of the bundled models the benchmarks drive
+    "mlp": ([784], 64),
+    "convnet": ([3, 32, 32], 32),
+}
+
+
+def write_json(path, report):
+    """`report` as indented JSON at `path` (its folder made if missing)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"\nwrote {path}")
+
+
+def pinning(enabled):
+    """((server prefix, client prefix), note): taskset onto two different CPUs, or nothing (and
+    why, in the note)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not enabled:
+        return ((), ()), "off (--no-pin)"
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        return ((), ()), f"off ({len(cpus)} CPU(s), taskset {'found' if shutil.which('taskset') else 'missing'})"
+    return ((("taskset", "-c", str(cpus[0])), ("taskset", "-c", str(cpus[1]))),
+            f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
+
+
+def make_repository(directory, batching, names):
+    """The bundled models `names` in the new repository `directory`, with dynamic batching (its
+    defaults) or without."""
+    os.makedirs(directory)
+    write_bundled(directory, names, "dynamic_batching { }" if batching else None)
+
+
+def statistics(url, model):
+    """(inference count, execution count) of `model` from the server's statistics."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        stats = client.get_inference_statistics(model).model_stats[0]
+        return stats.inference_count, stats.execution_count
+    finally:
+        client.close()
+
+
+def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
+    """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
+    `repository`.log; its metrics and HTTP endpoints on ports it picks, which the log names) and
+    returns (process, url) once it is ready (harness.server: a lost port race starts it again)."""
+    server = SluiceServer(os.path.join(bin_dir, "sluice-server"), repository, extra_args,
+                          log_path=repository + ".log", prefix=prefix, log_level=log_level,
+                          metrics_port=0, http_port=0)
+    server.start(timeout)
+    return server.process, server.url
