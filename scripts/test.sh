@@ -11,14 +11,34 @@ cd "$(dirname "$0")/.."
 times=()
 mark=$SECONDS
 stage() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; echo "== took ${times[-1]}"; }
-trap 'echo "== stage times: ${times[*]:-none}"' EXIT
+prebuild=
+trap 'echo "== stage times: ${times[*]:-none}"; [ -z "$prebuild" ] || kill -- -"$prebuild" 2>/dev/null || true' EXIT
+
+tsan_build() {
+  SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
+    scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
+    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1"
+}
 
 scripts/setup.sh
 stage setup
 scripts/build.sh -DSLUICE_WERROR=ON
 stage build
+
+# The integration tests and benchmark smoke runs spend much of their time waiting (servers
+# starting, perf_analyzer's windows, sockets), so the later stages' builds (ThreadSanitizer, the
+# clang build of the thread-safety check and the fuzz targets) compile meanwhile at the lowest
+# priority (nice 19): they take the CPU time the tests leave idle. Their result is not read here:
+# each stage below builds again (ninja finds what is done) and reports its own errors.
+# Its own process group (setsid), so that a failing ctest stops all of it on the way out.
+setsid nice -n 19 bash -c "$(declare -f tsan_build); tsan_build && scripts/thread_safety.sh && scripts/fuzz.sh --build-only" \
+  >build/prebuild.log 2>&1 &
+prebuild=$!
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
 stage ctest
+wait "$prebuild" || true
+prebuild=
+stage prebuild-rest
 
 # The batching and manager code has no torch and no protobuf in it, so a ThreadSanitizer build of
 # their tests (queue, batcher, instance pool, stress test; the model table, loader and control
@@ -27,9 +47,7 @@ stage ctest
 # -fsanitize=thread, so mixing the two crashes in map fields.
 # -O1 with line tables (ThreadSanitizer's reports name files and lines; -O2 -g costs about twice
 # the compile time for nothing it finds).
-SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
-  scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
-  "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" >/dev/null
+tsan_build >/dev/null
 # The batcher stress test sends 500 requests from each of its 64 threads here (32,000; 1,000 each
 # in the plain run): under ThreadSanitizer its cost grows faster than the count (about 19 s at
 # 500, 108 s at 1,000 on 2 cores) while the interleavings it exercises do not.
