@@ -7,7 +7,6 @@
 # 10 s fails the run and leaves the input in build-clang/.
 #   scripts/fuzz.sh          # what the test command runs
 #   scripts/fuzz.sh 3600     # a longer run
-#   scripts/fuzz.sh --build-only   # build the targets, run nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
@@ -19,7 +18,6 @@ if ! scripts/build_clang.sh fuzz_infer_request fuzz_model_config fuzz_http_reque
   echo "building the fuzz targets failed (whole log: $out/fuzz_build.log)" >&2
   exit 1
 fi
-[ "$seconds" = --build-only ] && exit 0
 
 for target in infer_request model_config http_request; do
   mkdir -p "$out/corpus/$target"

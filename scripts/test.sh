@@ -11,8 +11,7 @@ cd "$(dirname "$0")/.."
 times=()
 mark=$SECONDS
 stage() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; echo "== took ${times[-1]}"; }
-prebuild=
-trap 'echo "== stage times: ${times[*]:-none}"; [ -z "$prebuild" ] || kill -- -"$prebuild" 2>/dev/null || true' EXIT
+trap 'echo "== stage times: ${times[*]:-none}"' EXIT
 
 tsan_build() {
   SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
@@ -25,20 +24,8 @@ stage setup
 scripts/build.sh -DSLUICE_WERROR=ON
 stage build
 
-# The integration tests and benchmark smoke runs spend much of their time waiting (servers
-# starting, perf_analyzer's windows, sockets), so the later stages' builds (ThreadSanitizer, the
-# clang build of the thread-safety check and the fuzz targets) compile meanwhile at the lowest
-# priority (nice 19): they take the CPU time the tests leave idle. Their result is not read here:
-# each stage below builds again (ninja finds what is done) and reports its own errors.
-# Its own process group (setsid), so that a failing ctest stops all of it on the way out.
-setsid nice -n 19 bash -c "$(declare -f tsan_build); tsan_build && scripts/thread_safety.sh && scripts/fuzz.sh --build-only" \
-  >build/prebuild.log 2>&1 &
-prebuild=$!
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
 stage ctest
-wait "$prebuild" || true
-prebuild=
-stage prebuild-rest
 
 # The batching and manager code has no torch and no protobuf in it, so a ThreadSanitizer build of
 # their tests (queue, batcher, instance pool, stress test; the model table, loader and control

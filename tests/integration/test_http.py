@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import start_server, wait_models_ready
 from test_server import TORCH, assert_matches, from_bytes, sample, to_bytes, torch_reference
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "http")
@@ -551,6 +551,9 @@ def test_drain_reports_not_ready_and_finishes_requests_in_flight(test_repository
     server = start_server(test_repository, tmp_path_factory,
                           ["--strict-readiness", "false", "--device", "cpu", "--shutdown-delay-seconds", "1"])
     try:
+        # Without strict readiness the server serves before its models load: wait for this one
+        # (on a loaded host its load took longer than the 0.2 s below once).
+        wait_models_ready(server, ["slow_queue"])
         body = json.dumps({"inputs": [{"name": "INPUT__0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             queued = pool.submit(call, server, "POST", "/v2/models/slow_queue/infer", body)
