@@ -13,17 +13,10 @@ mark=$SECONDS
 stage() { times+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; echo "== took ${times[-1]}"; }
 trap 'echo "== stage times: ${times[*]:-none}"' EXIT
 
-tsan_build() {
-  SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
-    scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
-    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1"
-}
-
 scripts/setup.sh
 stage setup
 scripts/build.sh -DSLUICE_WERROR=ON
 stage build
-
 (cd build && ctest --output-on-failure -j "${SLUICE_TEST_JOBS:-2}" --timeout 900)
 stage ctest
 
@@ -34,7 +27,9 @@ stage ctest
 # -fsanitize=thread, so mixing the two crashes in map fields.
 # -O1 with line tables (ThreadSanitizer's reports name files and lines; -O2 -g costs about twice
 # the compile time for nothing it finds).
-tsan_build >/dev/null
+SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
+  scripts/build.sh -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
+  "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" >/dev/null
 # The batcher stress test sends 500 requests from each of its 64 threads here (32,000; 1,000 each
 # in the plain run): under ThreadSanitizer its cost grows faster than the count (about 19 s at
 # 500, 108 s at 1,000 on 2 cores) while the interleavings it exercises do not.

@@ -9,16 +9,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/unit/fakes.h"
+#include "tests/unit/http_client.h"
 
 namespace sluice {
 namespace {
@@ -51,38 +50,14 @@ class TakenPort {
   int port_ = 0;
 };
 
-bool Accepts(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-  close(fd);
-  return connected;
-}
+bool Accepts(int port) { return testing::Client(port).connected(); }
 
-// The status code of GET `path` on the HTTP port ("HTTP/1.1 200 OK" -> 200), 0 when no answer.
+// The status code of GET `path` on the HTTP port; 0 when nothing answered.
 int HttpStatus(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return 0;
-  }
-  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return 0;
-  }
-  std::string answer(64, '\0');
-  const ssize_t got = read(fd, answer.data(), answer.size());
-  close(fd);
-  if (got < 12 || answer.compare(0, 5, "HTTP/") != 0) return 0;
-  return std::stoi(answer.substr(9, 3));
+  testing::Client client(port);
+  if (!client.connected()) return 0;
+  client.Send(testing::Get(path));
+  return client.Read().code;
 }
 
 class ServerTest : public ::testing::Test {
