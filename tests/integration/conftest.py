@@ -82,6 +82,24 @@ def wait_models_ready(server, names, timeout=60.0):
         client.close()
 
 
+def wait_models_loaded(server, timeout=60.0):
+    """Waits until no model of the repository is still loading: READY or UNAVAILABLE with its
+    reason (a server with --strict-readiness false is ready before its models are)."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            index = client.get_model_repository_index(as_json=True).get("models", [])
+            loading = [model["name"] for model in index if model.get("state") not in ("READY", "UNAVAILABLE")]
+            if index and not loading:
+                return
+            assert time.monotonic() < deadline, f"{loading} still loading after {timeout}s:\n{server.log()}"
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None, credentials=None):
     log = tmp_path_factory.mktemp("log") / "server.log"
     server = ServerProcess(repository, extra_args, log_path=str(log), env=env, credentials=credentials)
@@ -98,6 +116,7 @@ def server(test_repository, tmp_path_factory):
     """The test repository served with --strict-readiness false (it holds broken models)."""
     server = start_server(test_repository, tmp_path_factory, ["--strict-readiness", "false",
                                                               "--device", "cpu"])
+    wait_models_loaded(server)  # the tests read each model's final state
     yield server
     code = server.stop()
     assert code == 0, f"sluice-server did not shut down cleanly ({code}):\n{server.log()}"

@@ -200,7 +200,10 @@ def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_
         client = grpcclient.InferenceServerClient(server.url)
         http = httpclient.InferenceServerClient(server.http_url)
         try:
-            for model, at_most, at_least in (("cheap", 10, 0), ("over_bound", None, 100)):
+            # Over its bound each request goes to the worker, which sleeps once per request less
+            # the times the next request arrived before it went back to sleep (95 of 100 once on
+            # a loaded host): at least half, against at most 10 of 100 on the receiving thread.
+            for model, at_most, at_least in (("cheap", 10, 0), ("over_bound", None, 50)):
                 before = worker_switches(pid)
                 for _ in range(100):
                     data = rng.random((1, 4), dtype=np.float32)
