@@ -5,8 +5,15 @@
 # provides LibTorch), KServe's SDK in ./.venv-kserve, and the third-party perf_analyzer binary. Idempotent: each step checks
 # whether it is already done.
 # SLUICE_SETUP_PROFILE=build (the container image's build stage) installs only what building
-# needs: no test tools (Prometheus, valgrind, clang, openssl, nginx, perf_analyzer).
+# needs: no test tools (Prometheus, valgrind, the sanitizer runtimes, openssl, nginx, perf_analyzer).
+#   scripts/setup.sh            # everything
+#   scripts/setup.sh --system   # the distribution packages only (enough for -DSLUICE_TORCH=OFF)
 set -euo pipefail
+case "${1:-}" in
+  "") SYSTEM_ONLY=0 ;;
+  --system) SYSTEM_ONLY=1 ;;
+  *) echo "usage: scripts/setup.sh [--system]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=$ROOT/.venv
@@ -24,6 +31,7 @@ esac
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache git pkg-config python3-venv unzip
+  clang  # the compiler scripts/build.sh uses (its -Wthread-safety checks every lock annotation)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libevent-dev rapidjson-dev zlib1g-dev  # the HTTP/REST endpoint
@@ -37,7 +45,7 @@ if [ "$PROFILE" = test ]; then
     valgrind    # the metrics cost benchmark counts instructions with callgrind
     linux-perf  # benchmarks/request_path_profile.py samples the server with perf
     patchelf    # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
-    clang "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
+    "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, ThreadSanitizer)
     "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)
   )
 fi
@@ -56,6 +64,7 @@ if ((${#missing[@]})); then
 else
   log "Debian packages: all present"
 fi
+[ "$SYSTEM_ONLY" -eq 0 ] || exit 0
 
 PYTHON=${PYTHON:-python3}
 

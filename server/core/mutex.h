@@ -1,5 +1,5 @@
 // A mutex, its scoped lock and a condition variable that clang's thread-safety analysis
-// understands (-Wthread-safety; scripts/thread_safety.sh builds server/ with it). libstdc++'s
+// understands (-Wthread-safety, on in every clang build: see SLUICE_THREAD_SAFETY). libstdc++'s
 // std::mutex carries no capability attributes, so ABSL_GUARDED_BY(a std::mutex) cannot be
 // checked. absl::Mutex can, but Debian's libabsl is not built with ThreadSanitizer and its futex
 // waits are invisible to it; these wrap std::mutex and std::condition_variable, which TSan
