@@ -202,7 +202,6 @@ docker images --format '{{.Repository}}:{{.Tag}}' sluice | grep -vxF "$TAG" | xa
 used_gb=$($SUDO du -sx --block-size=1G "$CACHE" 2>/dev/null | cut -f1 || echo 0)
 if [ "$used_gb" -gt "$CACHE_BOUND_GB" ]; then
   log "the cache holds $used_gb GB, above $CACHE_BOUND_GB GB: pruning everything (the next run is cold)"
-  docker rmi "$TAG" >/dev/null || true
   docker system prune -af >/dev/null || true
   used_gb=$($SUDO du -sx --block-size=1G "$CACHE" | cut -f1)
 fi

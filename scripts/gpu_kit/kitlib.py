@@ -168,21 +168,14 @@ def run_logged(args, name, timeout):
 
 
 def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=(), timeout=None):
-    """One perf_analyzer run at a fixed concurrency (three windows of window_ms), as a dict."""
-    out_csv = os.path.join(workdir, f"pa_{model}_c{concurrency}.csv")
-    args = [os.path.join(BIN, "perf_analyzer"), "-m", model, "-u", url, "-i", "grpc", "-b", "1",
-            "--concurrency-range", str(concurrency), "--async", "-f", out_csv,
-            "--measurement-interval", str(window_ms), "--stability-percentage", "1000", "--max-trials", "3",
-            *extra]
-    if shape:
-        args += ["--shape", shape]
-    code, text = run_logged(args, f"perf_analyzer_{model}_c{concurrency}.txt",
-                            timeout or max(30, window_ms * 6 // 1000))
-    if code != 0:
-        raise RuntimeError(f"perf_analyzer {model} c={concurrency} exited {code}: {text[-800:]}")
-    import csv
-    with open(out_csv) as f:
-        row = next(csv.DictReader(f))
+    """One perf_analyzer run at a fixed concurrency (three windows of window_ms, any spread), as a
+    dict; its output in STEP_DIR (harness.perf_analyzer runs it)."""
+    from harness.perf_analyzer import run
+    row = run(url, model, concurrency, os.path.join(workdir, f"pa_{model}_c{concurrency}.csv"),
+              binary=os.path.join(BIN, "perf_analyzer"), interval_ms=window_ms, stability=1000, max_trials=3,
+              extra=[*(["--shape", shape] if shape else []), *extra],
+              log_path=step_path(f"perf_analyzer_{model}_c{concurrency}.txt"),
+              timeout=timeout or max(30, window_ms * 6 // 1000))
     return {"concurrency": concurrency, "infer_per_s": float(row["Inferences/Second"]),
             "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),
             "server_queue_us": float(row.get("Server Queue", 0) or 0),

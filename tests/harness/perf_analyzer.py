@@ -26,14 +26,18 @@ def path():
 
 
 def run(url, model, concurrency, out_csv, *, smoke=False, protocol=("-i", "grpc"), asynchronous=True,
-        interval_ms=2000, stability=50, max_trials=5, prefix=(), timeout=300):
+        interval_ms=2000, stability=50, max_trials=5, prefix=(), extra=(), binary=None, log_path=None,
+        timeout=300):
     """One perf_analyzer run at batch 1 and `concurrency`; the first row of its CSV (a dict of
     perf_analyzer's columns: "Inferences/Second", "p50 latency", ... in us). A measured run takes
     windows of `interval_ms` until two are within `stability` percent (at most `max_trials`); a
     smoke run (it checks the script, its numbers mean nothing) takes three windows of SMOKE_WINDOW_MS
     and accepts any spread. `asynchronous`: one client thread for every concurrent request
-    (--async) instead of a thread each. RuntimeError with perf_analyzer's output when it fails."""
-    args = [*prefix, path(), "-m", model, "-u", url, *protocol, "-b", "1",
+    (--async) instead of a thread each. `extra`: more perf_analyzer flags (--shape ...); `binary`:
+    a perf_analyzer other than path()'s; `log_path`: its command line and output go to that file
+    as it runs (a caller killed meanwhile keeps them). RuntimeError with perf_analyzer's output
+    when it fails or runs over `timeout` seconds."""
+    args = [*prefix, binary or path(), "-m", model, "-u", url, *protocol, "-b", "1",
             "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", str(max_trials)]
     if asynchronous:
         args.append("--async")
@@ -41,9 +45,32 @@ def run(url, model, concurrency, out_csv, *, smoke=False, protocol=("-i", "grpc"
         args += SMOKE_WINDOWS
     else:
         args += ["--measurement-interval", str(interval_ms), "--stability-percentage", str(stability)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0 or not os.path.exists(out_csv):
-        raise RuntimeError(f"perf_analyzer failed for {model} {' '.join(protocol)} at concurrency {concurrency} "
-                           f"(exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    args += list(extra)
+    what = f"for {model} {' '.join(protocol)} at concurrency {concurrency}"
+    log = open(log_path, "w+") if log_path else None
+    try:
+        if log:
+            log.write(" ".join(args) + "\n")
+            log.flush()
+        try:
+            result = subprocess.run(args, stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                                    text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            raise RuntimeError(f"perf_analyzer did not finish in {timeout} s {what}:\n{_output(log, expired.stdout, expired.stderr)}") from None
+        if result.returncode != 0 or not os.path.exists(out_csv):
+            raise RuntimeError(f"perf_analyzer failed {what} (exit {result.returncode}):\n{_output(log, result.stdout, result.stderr)}")
+    finally:
+        if log:
+            log.close()
     with open(out_csv) as f:
         return next(csv.DictReader(f))
+
+
+def _output(log, stdout, stderr):
+    """The end of what perf_analyzer wrote: its log file's, or the captured streams'."""
+    if log:
+        log.flush()
+        log.seek(0)
+        return log.read()[-6000:]
+    decode = (lambda text: text.decode(errors="replace") if isinstance(text, bytes) else text or "")
+    return f"{decode(stdout)[-3000:]}\n{decode(stderr)[-3000:]}"

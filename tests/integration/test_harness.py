@@ -65,5 +65,13 @@ def test_port_options_and_stop(repository, tmp_path):
         with pytest.raises(RuntimeError, match="perf_analyzer failed for absent") as failure:
             perf_analyzer.run(server.url, "absent", 1, str(tmp_path / "absent.csv"), smoke=True, timeout=120)
         assert "absent" in str(failure.value).split("\n", 1)[1]
+        # With a log file (the GPU kit's steps): the output goes there as it runs, and the error
+        # still carries it.
+        log = tmp_path / "perf_analyzer.txt"
+        with pytest.raises(RuntimeError, match="perf_analyzer failed for absent") as failure:
+            perf_analyzer.run(server.url, "absent", 1, str(tmp_path / "absent.csv"), smoke=True, timeout=120,
+                              log_path=str(log))
+        assert "absent" in str(failure.value).split("\n", 1)[1]
+        assert log.read_text().startswith(perf_analyzer.path()) and "absent" in log.read_text().split("\n", 1)[1]
     assert server.stop() == 0  # stopping twice is harmless
     assert process.rss_bytes() > 0 and os.getpid() > 0
