@@ -15,6 +15,10 @@ from harness.repository import ROOT
 SMOKE_WINDOW_MS = 500
 SMOKE_WINDOWS = ["--measurement-mode", "time_windows", "--measurement-interval", str(SMOKE_WINDOW_MS),
                  "--stability-percentage", "1000"]
+# perf_analyzer still wants three windows within that spread of each other; a window of 4 MiB
+# answers at concurrency 16 on a loaded host can come up nearly empty, so a smoke run may take
+# more than three windows to find three that agree (it failed once at three).
+SMOKE_MAX_TRIALS = 10
 
 
 def path():
@@ -31,14 +35,15 @@ def run(url, model, concurrency, out_csv, *, smoke=False, protocol=("-i", "grpc"
     """One perf_analyzer run at batch 1 and `concurrency`; the first row of its CSV (a dict of
     perf_analyzer's columns: "Inferences/Second", "p50 latency", ... in us). A measured run takes
     windows of `interval_ms` until two are within `stability` percent (at most `max_trials`); a
-    smoke run (it checks the script, its numbers mean nothing) takes three windows of SMOKE_WINDOW_MS
-    and accepts any spread. `asynchronous`: one client thread for every concurrent request
-    (--async) instead of a thread each. `extra`: more perf_analyzer flags (--shape ...); `binary`:
-    a perf_analyzer other than path()'s; `log_path`: its command line and output go to that file
-    as it runs (a caller killed meanwhile keeps them). RuntimeError with perf_analyzer's output
+    smoke run (it checks the script, its numbers mean nothing) takes windows of SMOKE_WINDOW_MS
+    (three, or up to SMOKE_MAX_TRIALS) and accepts a wide spread. `asynchronous`: one client
+    thread for every concurrent request (--async) instead of a thread each. `extra`: more
+    perf_analyzer flags (--shape ...); `binary`: a perf_analyzer other than path()'s; `log_path`:
+    its command line and output go to that file as it runs (a caller killed meanwhile keeps them). RuntimeError with perf_analyzer's output
     when it fails or runs over `timeout` seconds."""
     args = [*prefix, binary or path(), "-m", model, "-u", url, *protocol, "-b", "1",
-            "--concurrency-range", str(concurrency), "-f", out_csv, "--max-trials", str(max_trials)]
+            "--concurrency-range", str(concurrency), "-f", out_csv,
+            "--max-trials", str(max(max_trials, SMOKE_MAX_TRIALS) if smoke else max_trials)]
     if asynchronous:
         args.append("--async")
     if smoke:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from harness.perf_analyzer import SMOKE_WINDOWS
+from harness.perf_analyzer import SMOKE_MAX_TRIALS, SMOKE_WINDOWS
 
 PERF_ANALYZER = shutil.which("perf_analyzer", path=os.path.dirname(os.environ.get("SLUICE_VENV_BIN", "")) or None) \
     or shutil.which("perf_analyzer")
@@ -17,7 +17,7 @@ def run_perf_analyzer(*args):
     assert PERF_ANALYZER, "perf_analyzer is not on PATH (scripts/setup.sh installs it into .venv/bin)"
     # This checks interoperability, not speed: short windows that accept any spread (on a shared
     # 2-core machine the windows are never "stable").
-    result = subprocess.run([PERF_ANALYZER, *args, *SMOKE_WINDOWS, "--max-trials", "10"],
+    result = subprocess.run([PERF_ANALYZER, *args, *SMOKE_WINDOWS, "--max-trials", str(SMOKE_MAX_TRIALS)],
                             capture_output=True, text=True, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
