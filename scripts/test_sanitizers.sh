@@ -3,7 +3,7 @@
 # Debian's packages alone): the scheduler, manager and clock tests under ThreadSanitizer, then
 # each libFuzzer target for SECONDS (default 10) under AddressSanitizer and UBSan
 # (scripts/fuzz.sh). scripts/test.sh runs this in the background while scripts/setup.sh installs
-# torch and the main build compiles, so it fills a core that pip leaves idle.
+# torch and the main build compiles (see the timing there).
 #   scripts/test_sanitizers.sh [SECONDS]
 # Prints each part's time; exits non-zero on the first failure.
 set -euo pipefail
