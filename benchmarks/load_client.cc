@@ -2,10 +2,14 @@
 // serialized message from --request-file), so that a server and the echo floor
 // (sluice-bench-echo) are measured by the same client with the same bytes. One thread drives the
 // calls on a completion queue: closed loop with --concurrency calls in flight, or open loop at
-// --rate calls per second (at most --concurrency in flight). Warm-up calls are not measured.
+// --rate calls per second (at most --concurrency in flight; with --poisson the gaps between calls
+// are exponential, as independent clients arrive). Warm-up calls are not measured.
 // Prints one JSON object: calls, errors, seconds, calls_per_s, latency percentiles (us), and
 // client_cpu_busy (this process's user+system CPU time / wall time over the measured window;
-// a load client near one full core is itself the bottleneck).
+// a load client near one full core is itself the bottleneck). Also, for the calls started in the
+// window (each followed to its end): sent, ok, the answered calls' p50/p99, the failures by kind
+// (unavailable, deadline_exceeded, other), and with --within-us the answers within that time
+// (within, goodput_per_s). not_sent: calls the schedule wanted while --concurrency were in flight.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -13,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,6 +69,10 @@ int main(int argc, char** argv) {
   double warmup_seconds = 1;
   double seconds = 5;
   double timeout_seconds = 30;
+  bool poisson = false;
+  unsigned seed = 1;
+  double within_us = 0;
+  bool errors_ok = false;
   app.add_option("--target", target, "host:port")->required();
   app.add_option("--method", method, "Full method name")->capture_default_str();
   app.add_option("--request-file", request_file, "The serialized request message")->required();
@@ -74,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-seconds", warmup_seconds, "Unmeasured time first")->capture_default_str();
   app.add_option("--seconds", seconds, "Measured time")->capture_default_str();
   app.add_option("--timeout-seconds", timeout_seconds, "Deadline per call")->capture_default_str();
+  app.add_flag("--poisson", poisson, "With --rate: exponential gaps between calls (Poisson arrivals)");
+  app.add_option("--seed", seed, "Seed of the --poisson gaps")->capture_default_str();
+  app.add_option("--within-us", within_us, "Count the answers within this many microseconds (goodput)");
+  app.add_flag("--errors-ok", errors_ok, "Exit 0 although calls failed (refusals are expected)");
   CLI11_PARSE(app, argc, argv);
 
   std::ifstream file(request_file, std::ios::binary);
@@ -105,6 +118,15 @@ int main(int argc, char** argv) {
   const auto interval = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
                                  : Clock::duration::zero();
   Clock::time_point next_send = begin;
+  std::mt19937_64 random(seed);
+  std::exponential_distribution<double> gaps(rate > 0 ? rate : 1.0);
+  auto next_gap = [&]() -> Clock::duration {
+    if (!poisson) return interval;
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gaps(random)));
+  };
+  // Calls started in the window, followed to their end.
+  int64_t sent = 0, ok_calls = 0, within = 0, unavailable = 0, deadline_exceeded = 0, other_failures = 0;
+  std::vector<double> answered_us;
   int in_flight = 0;
   int64_t measured = 0, errors = 0, not_sent = 0;
   std::string first_error;
@@ -117,6 +139,7 @@ int main(int argc, char** argv) {
     call->context.set_deadline(Wall(now + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(timeout_seconds))));
     call->started = now;
+    if (now >= measure_from && now < end) ++sent;
     call->reader = stub.PrepareUnaryCall(&call->context, method, request, &cq);
     call->reader->StartCall();
     call->reader->Finish(&call->response, &call->status, call);
@@ -144,7 +167,7 @@ int main(int argc, char** argv) {
           } else if (now >= measure_from) {
             ++not_sent;  // the cap is reached: the server does not keep up with the rate
           }
-          next_send += interval;
+          next_send += next_gap();
         }
       } else {
         while (in_flight < concurrency) start_call(now);
@@ -161,6 +184,20 @@ int main(int argc, char** argv) {
     --in_flight;
     const Clock::time_point done = Clock::now();
     const bool in_window = call->started >= measure_from && done <= end;
+    if (call->started >= measure_from && call->started < end) {
+      if (ok && call->status.ok()) {
+        const double took_us = std::chrono::duration<double, std::micro>(done - call->started).count();
+        ++ok_calls;
+        answered_us.push_back(took_us);
+        if (within_us > 0 && took_us <= within_us) ++within;
+      } else if (call->status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        ++unavailable;
+      } else if (call->status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        ++deadline_exceeded;
+      } else {
+        ++other_failures;
+      }
+    }
     if (!ok || !call->status.ok()) {
       ++errors;
       if (first_error.empty()) first_error = call->status.error_message();
@@ -170,6 +207,7 @@ int main(int argc, char** argv) {
     }
   }
   std::sort(latencies_us.begin(), latencies_us.end());
+  std::sort(answered_us.begin(), answered_us.end());
   const double wall = std::chrono::duration<double>(measured_end - measured_start).count();
   double mean = 0;
   for (double each : latencies_us) mean += each;
@@ -182,10 +220,17 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"calls\": %lld, \"errors\": %lld, \"not_sent\": %lld, \"seconds\": %.4f, \"calls_per_s\": %.1f, "
       "\"p50_us\": %.1f, \"p90_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, \"client_cpu_busy\": %.3f, "
-      "\"concurrency\": %d, \"rate\": %.1f, \"first_error\": \"%s\"}\n",
+      "\"concurrency\": %d, \"rate\": %.1f, \"poisson\": %s, \"sent\": %lld, \"ok\": %lld, "
+      "\"answered_p50_us\": %.1f, \"answered_p99_us\": %.1f, \"unavailable\": %lld, \"deadline_exceeded\": %lld, "
+      "\"other_failures\": %lld, \"within_us\": %.1f, \"within\": %lld, \"goodput_per_s\": %.1f, "
+      "\"first_error\": \"%s\"}\n",
       static_cast<long long>(measured), static_cast<long long>(errors), static_cast<long long>(not_sent), wall,
       wall > 0 ? static_cast<double>(measured) / wall : 0.0, Percentile(latencies_us, 0.5),
       Percentile(latencies_us, 0.9), Percentile(latencies_us, 0.99), mean,
-      wall > 0 ? (cpu_at_end - cpu_at_start) / wall : 0.0, concurrency, rate, escaped.c_str());
-  return errors > 0 ? 1 : 0;
+      wall > 0 ? (cpu_at_end - cpu_at_start) / wall : 0.0, concurrency, rate, poisson ? "true" : "false",
+      static_cast<long long>(sent), static_cast<long long>(ok_calls), Percentile(answered_us, 0.5),
+      Percentile(answered_us, 0.99), static_cast<long long>(unavailable), static_cast<long long>(deadline_exceeded),
+      static_cast<long long>(other_failures), within_us, static_cast<long long>(within),
+      wall > 0 ? static_cast<double>(within) / wall : 0.0, escaped.c_str());
+  return errors > 0 && !errors_ok ? 1 : 0;
 }

@@ -7,6 +7,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace sluice {
+namespace {
+
+int64_t Micros(Duration duration) { return std::chrono::duration_cast<std::chrono::microseconds>(duration).count(); }
+
+}  // namespace
 
 BatchQueue::BatchQueue(Options options)
     : options_(std::move(options)),
@@ -28,11 +33,12 @@ std::string BatchQueue::GroupKey(const InferRequest& request) {
 }
 
 void BatchQueue::EraseGroup(Groups::iterator group) {
+  group->second.rows = 0;
   Groups::node_type node = groups_.extract(group);
   if (!spare_group_) spare_group_ = std::move(node);
 }
 
-Status BatchQueue::Add(PendingRequest& pending) {
+Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused) {
   const InferRequest& request = *pending.request;
   const std::string key = options_.one_request_per_batch ? std::string() : GroupKey(request);
   auto group = groups_.find(key);
@@ -42,6 +48,7 @@ Status BatchQueue::Add(PendingRequest& pending) {
         " different input shapes waiting (sluice.max_shape_groups); retry later or send fewer "
         "distinct shapes"));
   }
+  if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused));
   SLUICE_RETURN_IF_ERROR(admission_.Admit(0, pending.bytes, request.model_name, [&](size_t waiting) {
     return absl::UnavailableError(absl::StrCat(
         "model '", request.model_name, "' has ", waiting,
@@ -55,8 +62,119 @@ Status BatchQueue::Add(PendingRequest& pending) {
       group = groups_.try_emplace(key).first;
     }
   }
-  group->second.queue.push_back(std::move(pending));
+  Group& joined = group->second;
+  if (Targeted()) {
+    if (last_arrival_ != TimePoint{}) {
+      const double gap = static_cast<double>(Micros(pending.enqueued - last_arrival_)) /
+                         static_cast<double>(std::max<int64_t>(request.batch_size, 1));
+      gap_us_per_row_ = gap_us_per_row_ < 0 ? gap : (1 - kBatchCostSmoothing) * gap_us_per_row_ + kBatchCostSmoothing * gap;
+    }
+    last_arrival_ = pending.enqueued;
+  }
+  joined.rows += request.batch_size;
+  joined.queue.push_back(std::move(pending));
   return absl::OkStatus();
+}
+
+Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused) const {
+  const InferRequest& request = *pending.request;
+  using Pick = BatchCostModel::Pick;
+  const std::optional<Duration> own = options_.costs->Predict(key, PaddedRows(request.batch_size), Pick::kFastest);
+  if (!own) return absl::OkStatus();  // nothing known of this shape yet: no refusal on a guess
+  // The work ahead: every waiting group's rows at the per-row cost of the largest batch the
+  // target lets it form, and what the batches already handed out are predicted to have left.
+  double ahead_us = 0;
+  for (const auto& [group_key, group] : groups_) {
+    if (group.rows == 0) continue;
+    const int64_t size = options_.one_request_per_batch ? group.queue.front().request->batch_size : UsefulBatchSize(group_key);
+    const std::optional<Duration> full = options_.costs->Predict(group_key, PaddedRows(size), Pick::kFastest);
+    if (full) ahead_us += static_cast<double>(Micros(*full)) * static_cast<double>(group.rows) / static_cast<double>(size);
+  }
+  for (TimePoint end : running_until_) {
+    if (end > pending.enqueued) ahead_us += static_cast<double>(Micros(end - pending.enqueued));
+  }
+  const auto ahead = std::chrono::microseconds(static_cast<int64_t>(ahead_us / std::max(options_.instances, 1)));
+  // Nothing ahead: it runs as early as it ever could. Refusing it on its predicted cost alone
+  // could refuse everything for good (no batch would run to correct an estimate that is too high,
+  // as warm-up's can be on a host busy loading other models).
+  if (ahead == Duration::zero()) return absl::OkStatus();
+  const TimePoint finish = pending.enqueued + ahead + *own;
+  const bool by_deadline = request.deadline < TargetDeadline(pending);
+  if (finish <= std::min(request.deadline, TargetDeadline(pending))) return absl::OkStatus();
+  if (refused != nullptr) *refused = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
+  const std::string work = absl::StrCat("about ", Micros(ahead), " us of work is queued ahead of it and its own batch takes about ",
+                                        Micros(*own), " us");
+  if (by_deadline) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "model '", request.model_name, "' cannot answer this request before its deadline or queue timeout: ", work,
+        "; it was refused without running"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "model '", request.model_name, "' cannot answer this request within its latency target of ",
+      Micros(options_.latency_target), " us (sluice.latency_target_us): ", work,
+      "; it was refused without running: retry later, or add instances"));
+}
+
+int64_t BatchQueue::UsefulBatchSize(const std::string& key) const {
+  // Costs grow with rows: the largest size whose predicted cost is within the target.
+  int64_t low = 1, high = ladder_.empty() ? options_.max_batch_size : ladder_.back();
+  while (low < high) {
+    const int64_t middle = (low + high + 1) / 2;
+    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(middle), BatchCostModel::Pick::kFastest);
+    if (cost && *cost <= options_.latency_target) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return low;
+}
+
+std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
+  std::vector<RefusedRequest> refused;
+  if (!Targeted()) return refused;
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& group = it->second;
+    for (auto entry = group.queue.begin(); entry != group.queue.end();) {
+      const InferRequest& request = *entry->request;
+      const std::optional<Duration> own =
+          options_.costs->Predict(it->first, PaddedRows(request.batch_size), BatchCostModel::Pick::kFastest);
+      // Without an estimate only a target already past is certain; an estimate longer than the
+      // target itself is not trusted alone either (see CheckInTime): it runs and corrects it.
+      const bool trusted = own.has_value() && *own <= options_.latency_target;
+      const TimePoint done = now + (trusted ? *own : Duration::zero());
+      const bool late_for_target = done > TargetDeadline(*entry);
+      const bool late_for_deadline = trusted && done > request.deadline;
+      if (!late_for_target && !late_for_deadline) {
+        ++entry;
+        continue;
+      }
+      RefusedRequest out;
+      const bool by_deadline = late_for_deadline && request.deadline < TargetDeadline(*entry);
+      out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
+      out.status = by_deadline
+                       ? absl::DeadlineExceededError(absl::StrCat(
+                             "model '", request.model_name,
+                             "' could no longer answer this request before its deadline or queue timeout (its batch "
+                             "takes about ", Micros(own.value_or(Duration::zero())), " us); it was refused without running"))
+                       : absl::UnavailableError(absl::StrCat(
+                             "model '", request.model_name, "' could no longer answer this request within its latency "
+                             "target of ", Micros(options_.latency_target),
+                             " us (sluice.latency_target_us) after it waited ", Micros(now - entry->enqueued),
+                             " us; it was refused without running: retry later, or add instances"));
+      Forget(*entry);
+      group.rows -= request.batch_size;
+      out.pending = std::move(*entry);
+      refused.push_back(std::move(out));
+      entry = group.queue.erase(entry);
+    }
+    if (group.queue.empty()) {
+      EraseGroup(it++);
+    } else {
+      ++it;
+    }
+  }
+  return refused;
 }
 
 void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, pending.bytes); }
@@ -68,6 +186,7 @@ std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
     for (auto entry = group.queue.begin(); entry != group.queue.end();) {
       if (entry->request->deadline <= now || entry->request->IsCancelled()) {
         Forget(*entry);
+        group.rows -= entry->request->batch_size;
         expired.push_back(std::move(*entry));
         entry = group.queue.erase(entry);
       } else {
@@ -83,7 +202,7 @@ std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
   return expired;
 }
 
-size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
+size_t BatchQueue::ReadyPrefix(const std::string& key, const Group& group, TimePoint now) const {
   // The longest prefix that fits max_batch_size, and the longest whose rows are a preferred size.
   int64_t rows = 0;
   size_t fitting = 0;
@@ -101,8 +220,22 @@ size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
   }
   // A request larger than the ladder's largest size (at most max_batch_size) runs alone.
   if (fitting == 0) return 1;
-  const bool full = fitting < group.queue.size() || rows == largest;
-  const bool waited = now - group.queue.front().enqueued >= options_.max_queue_delay;
+  bool full = fitting < group.queue.size() || rows == largest;
+  bool waited = now - group.queue.front().enqueued >= options_.max_queue_delay;
+  if (Targeted()) {
+    bool wait = false;
+    if (std::optional<size_t> limit = TargetLimit(key, group, now, fitting, rows, &wait)) {
+      if (*limit < fitting) {  // cut so that the oldest answers in time: ready now
+        for (size_t i = *limit; i < fitting; ++i) rows -= group.queue[i].request->batch_size;
+        fitting = *limit;
+        full = true;
+        preferred = std::min(preferred, fitting);
+      }
+      // The target decides the wait; a positive max_queue_delay bounds it.
+      const bool bounded = options_.max_queue_delay > Duration::zero() && waited;
+      waited = bounded || !wait;
+    }
+  }
   if (!full && !waited) return preferred;
   if (ladder_.empty()) return fitting;
   // The largest ladder size the rows reach, and the longest prefix within it.
@@ -118,6 +251,34 @@ size_t BatchQueue::ReadyPrefix(const Group& group, TimePoint now) const {
   return std::max<size_t>(kept, 1);
 }
 
+std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Group& group, TimePoint now,
+                                              size_t fitting, int64_t rows, bool* wait) const {
+  using Pick = BatchCostModel::Pick;
+  const PendingRequest& front = group.queue.front();
+  const TimePoint answer_by = std::min(TargetDeadline(front), front.request->deadline);
+  std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), Pick::kSlowest);
+  if (!cost) return std::nullopt;  // nothing known of this shape yet
+  size_t take = fitting;
+  int64_t take_rows = rows;
+  while (take > 1 && now + *cost > answer_by) {
+    take_rows -= group.queue[take - 1].request->batch_size;
+    --take;
+    cost = options_.costs->Predict(key, PaddedRows(take_rows), Pick::kSlowest);
+    if (!cost) return std::nullopt;
+  }
+  *wait = false;
+  if (take < fitting || gap_us_per_row_ < 0) return take;
+  // Waiting pays when batches this small, on every instance, serve fewer rows per second than
+  // arrive; it is allowed while one more arrival and the larger batch still answer the oldest in time.
+  const double serve_us_per_row = static_cast<double>(Micros(*cost)) / static_cast<double>(take_rows) /
+                                  static_cast<double>(std::max(options_.instances, 1));
+  if (serve_us_per_row <= gap_us_per_row_) return take;
+  const std::optional<Duration> larger = options_.costs->Predict(key, PaddedRows(take_rows + 1), Pick::kSlowest);
+  const auto gap = std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
+  *wait = larger.has_value() && now + gap + *larger < answer_by;
+  return take;
+}
+
 int64_t BatchQueue::PaddedRows(int64_t rows) const {
   if (!options_.pad_to_preferred) return rows;
   for (int size : options_.preferred_batch_sizes) {
@@ -131,7 +292,7 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   size_t take = 0;
   Groups::iterator chosen_it;
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
-    const size_t prefix = ReadyPrefix(it->second, now);
+    const size_t prefix = ReadyPrefix(it->first, it->second, now);
     if (prefix == 0) continue;
     if (chosen == nullptr || it->second.queue.front().enqueued < chosen->queue.front().enqueued) {
       chosen = &it->second;
@@ -145,19 +306,42 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   for (size_t i = 0; i < take; ++i) {
     PendingRequest& front = chosen->queue.front();
     batch.rows += front.request->batch_size;
+    chosen->rows -= front.request->batch_size;
     Forget(front);
     batch.requests.push_back(std::move(front));
     chosen->queue.pop_front();
   }
-  if (chosen->queue.empty()) EraseGroup(chosen_it);
   batch.padded_rows = PaddedRows(batch.rows);
+  if (Targeted()) {
+    // When it is predicted to end, for the work ahead of later arrivals; at most one per instance.
+    running_until_.erase(std::remove_if(running_until_.begin(), running_until_.end(),
+                                        [&](TimePoint end) { return end <= now; }),
+                         running_until_.end());
+    if (static_cast<int>(running_until_.size()) >= std::max(options_.instances, 1)) {
+      running_until_.erase(std::min_element(running_until_.begin(), running_until_.end()));
+    }
+    const std::optional<Duration> cost =
+        options_.costs->Predict(chosen_it->first, batch.padded_rows, BatchCostModel::Pick::kSlowest);
+    if (cost) running_until_.push_back(now + *cost);
+  }
+  if (chosen->queue.empty()) EraseGroup(chosen_it);
   return batch;
 }
 
 TimePoint BatchQueue::NextBatchTime() const {
   TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
-    next = std::min(next, group.queue.front().enqueued + options_.max_queue_delay);
+    const PendingRequest& front = group.queue.front();
+    TimePoint ready = front.enqueued + options_.max_queue_delay;
+    std::optional<Duration> larger;
+    if (Targeted() && !options_.one_request_per_batch && gap_us_per_row_ >= 0 &&
+        (larger = options_.costs->Predict(key, PaddedRows(group.rows + 1), BatchCostModel::Pick::kSlowest))) {
+      // A group waiting for the target stops when one more arrival would make the oldest late.
+      const TimePoint answer_by = std::min(TargetDeadline(front), front.request->deadline);
+      const TimePoint last = answer_by - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
+      ready = options_.max_queue_delay > Duration::zero() ? std::min(ready, last) : last;
+    }
+    next = std::min(next, ready);
   }
   return next;
 }
@@ -165,7 +349,9 @@ TimePoint BatchQueue::NextBatchTime() const {
 TimePoint BatchQueue::NextDeadline() const {
   TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
-    for (const PendingRequest& pending : group.queue) next = std::min(next, pending.request->deadline);
+    for (const PendingRequest& pending : group.queue) {
+      next = std::min({next, pending.request->deadline, TargetDeadline(pending)});
+    }
   }
   return next;
 }

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "server/batching/admission.h"
+#include "server/batching/batch_cost.h"
+#include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/clock.h"
 #include "server/core/infer_request.h"
@@ -30,6 +32,13 @@ struct PendingRequest {
   // A row the scheduler added, not a caller's request (an empty sequence slot below a busy one):
   // it runs and is answered like the others but counts in no statistics.
   bool filler = false;
+};
+
+// A request taken out of the queue unrun, with the answer it gets.
+struct RefusedRequest {
+  PendingRequest pending;
+  Status status;
+  EarlyRefusal reason = EarlyRefusal::kNone;
 };
 
 // Requests that run together in one forward pass.
@@ -53,14 +62,45 @@ class BatchQueue {
     // Every batch is one request (with its own batch size, at most max_batch_size), and requests
     // wait in one queue in arrival order whatever their shapes: a model without dynamic_batching.
     bool one_request_per_batch = false;
+    // sluice.latency_target_us; 0: none. With a target (and `costs`), see "Latency target" below.
+    Duration latency_target{0};
+    std::shared_ptr<BatchCostModel> costs;  // required with latency_target; shared with the pool
+    int instances = 1;                      // instances the queue feeds (work ahead is spread over them)
   };
 
   explicit BatchQueue(Options options);
 
   // Admits `pending` or returns why not (UNAVAILABLE: a cap is reached, see Admission, or too many
   // shapes wait; the caller answers the request). Requests whose non-batch shapes differ wait in
-  // different groups.
-  Status Add(PendingRequest& pending);
+  // different groups. With a latency target, also refuses a request that cannot be answered in
+  // time (see below); `*refused` (may be null) then says why.
+  Status Add(PendingRequest& pending, EarlyRefusal* refused = nullptr);
+
+  // Latency target (Options::latency_target > 0). Each request must be answered within the
+  // target of its arrival, and within its own deadline. Costs come from `costs` (BatchCostModel:
+  // warm-up timings, corrected by every batch run); a shape group it knows nothing of yet is
+  // batched as without a target, and its requests are not refused on a guess.
+  //  - Size: a batch takes the longest prefix (within max_batch_size and the ladder) whose
+  //    predicted time on the slowest instance still answers its oldest request in time.
+  //  - Waiting: a group that could still grow waits only while (a) a batch of its present rows,
+  //    on every instance, would serve fewer rows per second than arrive for the model (so waiting
+  //    pays), and (b) one more arrival (at that smoothed rate) plus the larger batch still answers
+  //    the oldest in time; a positive max_queue_delay bounds the wait, and a preferred size cuts
+  //    as without a target.
+  //  - Refusal at arrival: refused when even the fastest instance could not answer it in time
+  //    after the work ahead: every group's rows at the per-row cost of the largest batch the target
+  //    allows, and what the batches handed out last are predicted to have left, spread over the
+  //    instances (a batch that ends early still counts until its predicted end):
+  //    DEADLINE_EXCEEDED when its own deadline is the one it would miss, else UNAVAILABLE. With
+  //    nothing ahead a request is always admitted: refusing it on its own predicted cost could
+  //    refuse everything for good, with no batch left to correct an estimate that is too high.
+  //  - Refusal while queued: TakeHopeless.
+
+  // Removes and returns, with their answers, the requests that can no longer be answered in time
+  // even in a batch of their own started now (their target passed, or now + their own predicted
+  // cost is past it or past their deadline; a predicted cost longer than the whole target is not
+  // trusted alone). Empty without a latency target.
+  std::vector<RefusedRequest> TakeHopeless(TimePoint now);
 
   // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
   std::vector<PendingRequest> TakeExpired(TimePoint now);
@@ -74,7 +114,8 @@ class BatchQueue {
   // the queue is empty. (A time in the past: a group is ready now.)
   TimePoint NextBatchTime() const;
 
-  // The earliest deadline of a waiting request; kNoDeadline when none has one.
+  // The earliest deadline of a waiting request (its target deadline included); kNoDeadline when
+  // none has one.
   TimePoint NextDeadline() const;
 
   // Limits the batches formed from now on to the rows in `sizes` (ascending, each in
@@ -97,10 +138,28 @@ class BatchQueue {
  private:
   struct Group {
     std::deque<PendingRequest> queue;  // arrival order
+    int64_t rows = 0;                  // rows waiting in `queue`
   };
 
+  bool Targeted() const { return options_.latency_target > Duration::zero() && options_.costs != nullptr; }
+  // When `pending` must be answered by for the target (kNoDeadline without one). Not stored in
+  // PendingRequest: a larger entry would cost every model's queues more deque blocks.
+  TimePoint TargetDeadline(const PendingRequest& pending) const {
+    return Targeted() ? pending.enqueued + options_.latency_target : kNoDeadline;
+  }
   // How many requests from the front of `group` form a batch now, or 0 when it should wait.
-  size_t ReadyPrefix(const Group& group, TimePoint now) const;
+  size_t ReadyPrefix(const std::string& key, const Group& group, TimePoint now) const;
+  // With a latency target: at most how many requests from the front of `group` (which has
+  // `fitting` requests of `rows` rows within the largest size) may run now so that the oldest
+  // is answered in time, and whether the group should still wait for more (`*wait`).
+  // nullopt when the cost model knows nothing of the group yet (decide as without a target).
+  std::optional<size_t> TargetLimit(const std::string& key, const Group& group, TimePoint now, size_t fitting,
+                                    int64_t rows, bool* wait) const;
+  // The largest batch of group `key` whose predicted cost (fastest instance) is within the target
+  // (at least 1): the batch size the work ahead is counted at.
+  int64_t UsefulBatchSize(const std::string& key) const;
+  // Why `pending` (in group `key`, not yet added) cannot be answered in time, or OK.
+  Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused) const;
   void Forget(const PendingRequest& pending);
   int64_t PaddedRows(int64_t rows) const;
 
@@ -113,6 +172,13 @@ class BatchQueue {
   std::vector<int> ladder_;  // SetBatchSizeLadder's sizes; empty: no limit below max_batch_size
   Groups groups_;
   Groups::node_type spare_group_;  // EraseGroup's kept node; empty when none
+  // Latency target only: the smoothed time between arrivals per row, over every shape (us; < 0:
+  // fewer than two arrivals yet), and the last arrival.
+  double gap_us_per_row_ = -1;
+  TimePoint last_arrival_;
+  // Latency target only: when the batches handed out last are predicted to end (at most one per
+  // instance; entries in the past are dropped).
+  std::vector<TimePoint> running_until_;
   Admission admission_;
 };
 

@@ -12,6 +12,11 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   if (instances.empty()) return absl::InvalidArgumentError("a batcher needs at least one instance");
   if (options.clock == nullptr) return absl::InvalidArgumentError("a batcher needs a clock");
   if (options.queue.max_batch_size < 1) return absl::InvalidArgumentError("max_batch_size must be >= 1");
+  if (options.queue.latency_target > Duration::zero()) {
+    // Learned per instance: warm-up seeds it (WarmUp), every batch run corrects it (the pool).
+    options.queue.costs = std::make_shared<BatchCostModel>(instances.size());
+    options.queue.instances = static_cast<int>(instances.size());
+  }
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
   InstancePool::Options pool_options;
   pool_options.clock = options.clock;
@@ -20,6 +25,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.on_idle = [raw = batcher.get()](size_t, bool) { raw->Poke(); };
   pool_options.batches = !options.queue.one_request_per_batch;
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
+  pool_options.costs = options.queue.costs;
   SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
                           InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   batcher->batcher_ = std::thread([raw = batcher.get()] { raw->BatcherLoop(); });
@@ -41,6 +47,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
   const bool may_run_here = pending.request->caller_may_run && caller_runs_.load(std::memory_order_relaxed);
   const TimePoint enqueued = pending.enqueued;
   Status admitted;
+  EarlyRefusal refused = EarlyRefusal::kNone;
   bool wake = false;
   size_t claimed = 0;  // with `here`: the instance this thread runs the request on
   std::optional<FormedBatch> here;
@@ -49,7 +56,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     const bool nothing_queued = queue_.size() == 0;
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
-                         : queue_.Add(pending);
+                         : queue_.Add(pending, &refused);
     // Under the lock: the request cannot be answered (and stop being pending) before this.
     if (admitted.ok() && stats) stats->RecordAdmitted();
     // The batcher would hand this request over at once: run it here instead. Through the queue,
@@ -71,7 +78,10 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     if (wake) ++arrival_signals_;
   }
   if (!admitted.ok()) {
-    if (stats) stats->RecordRejected(admitted, pending.request->protocol);
+    if (stats) {
+      stats->RecordEarlyRefusal(refused, /*queued=*/false);
+      stats->RecordRejected(admitted, pending.request->protocol);
+    }
     pending.done(std::move(admitted));
     return;
   }
@@ -94,9 +104,14 @@ void DynamicBatcher::BatcherLoop() {
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
-    if (!expired.empty()) {
+    std::vector<RefusedRequest> hopeless = queue_.TakeHopeless(now);
+    if (!expired.empty() || !hopeless.empty()) {
       lock.Unlock();
       for (PendingRequest& pending : expired) pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
+      for (RefusedRequest& refused : hopeless) {
+        if (ModelStats* stats = pool_->stats()) stats->RecordEarlyRefusal(refused.reason, /*queued=*/true);
+        pool_->Drop(refused.pending, refused.status);
+      }
       lock.Lock();
       continue;
     }
@@ -127,7 +142,24 @@ DynamicBatcher::BatcherWaits DynamicBatcher::Waits() const {
 }
 
 StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
-  return pool_->WarmUp(std::move(requests), abandon);
+  const std::shared_ptr<BatchCostModel>& costs = options_.queue.costs;
+  if (costs == nullptr) return pool_->WarmUp(std::move(requests), abandon);
+  // Each request's shape group and rows, to seed the cost model with what warm-up timed.
+  std::vector<std::pair<std::string, int64_t>> shapes;
+  for (const WarmupRequest& warmup : requests) {
+    shapes.emplace_back(options_.queue.one_request_per_batch ? std::string() : BatchQueue::GroupKey(*warmup.request),
+                        warmup.request->batch_size);
+  }
+  StatusOr<WarmupReport> report = pool_->WarmUp(std::move(requests), abandon);
+  if (!report.ok() || shapes.empty()) return report;
+  // One pass per (instance, request), instance-major, requests in the order given.
+  for (size_t i = 0; i < report->passes.size(); ++i) {
+    const WarmupPass& pass = report->passes[i];
+    const auto& [group, rows] = shapes[i % shapes.size()];
+    const Duration cost = pass.median_timed > Duration::zero() ? pass.median_timed : pass.last_run;
+    if (cost > Duration::zero()) costs->Seed(static_cast<size_t>(pass.instance), group, rows, cost);
+  }
+  return report;
 }
 
 void DynamicBatcher::SetBatchSizeLadder(std::vector<int> sizes) {

@@ -30,7 +30,10 @@ namespace sluice {
 // enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is answered
 // exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED (caller
 // gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error (only
-// the requests of the failing batch get it).
+// the requests of the failing batch get it). With a latency target (BatchQueue::Options::
+// latency_target) the batcher learns batch costs (warm-up seeds them, the pool corrects them),
+// and a request that cannot be answered in time is refused at arrival or while queued
+// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see BatchQueue).
 class DynamicBatcher final : public Scheduler {
  public:
   struct Options {
@@ -58,6 +61,9 @@ class DynamicBatcher final : public Scheduler {
 
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const { return pool_->StagingAllocations(); }
+
+  // The batch costs it learns (with a latency target; else null).
+  const BatchCostModel* costs() const { return options_.queue.costs.get(); }
 
   // The batcher thread's waits: how many it has ended (a signal, its timer, or a spurious
   // wake-up), whether it is in one now, and how many arrivals signalled it. For tests of who

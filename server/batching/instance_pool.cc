@@ -55,7 +55,9 @@ StatusOr<std::unique_ptr<InstancePool>> InstancePool::Create(ModelSpec spec,
 
 InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options)
     : spec_(std::move(spec)), options_(std::move(options)) {
-  for (auto& backend : instances) instances_.push_back(std::make_unique<Instance>(std::move(backend)));
+  for (auto& backend : instances) {
+    instances_.push_back(std::make_unique<Instance>(instances_.size(), std::move(backend)));
+  }
   idle_ = static_cast<int>(instances_.size());
   tasks_.resize(instances_.size());
   assigned_.resize(instances_.size());
@@ -272,6 +274,15 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   }
   const Duration input = assembled_at - started, infer = infer_done - assembled_at, output = delivered_at - infer_done;
   if (options_.stats) options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
+  if (options_.costs) {
+    // The batch's shape group, as its queue keyed it (one group, "", where requests run alone).
+    const std::string group = options_.batches ? BatchQueue::GroupKey(*batch.requests.front().request) : std::string();
+    const std::optional<Duration> predicted =
+        options_.costs->Observe(instance->index, group, batch.padded_rows, delivered_at - started);
+    if (options_.stats) {
+      options_.stats->RecordBatchCost(started - batch.requests.front().enqueued, predicted, delivered_at - started);
+    }
+  }
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     PendingRequest& pending = batch.requests[i];
     const Status& refused = sinks[i].status();

@@ -49,6 +49,9 @@ class InstancePool {
     // GPU instances, cudnnFind times every algorithm, and instances timing on one GPU at the same
     // time disturb each other's timings (and the choice each keeps). Off: all at once.
     bool warm_up_one_at_a_time = false;
+    // Latency target models: every batch's execution time (assembly, forward, delivery) is
+    // recorded here per instance, for the batch's shape group (BatchQueue::GroupKey). May be null.
+    std::shared_ptr<BatchCostModel> costs;
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
@@ -102,7 +105,9 @@ class InstancePool {
 
  private:
   struct Instance {
-    explicit Instance(std::unique_ptr<ModelBackend> model) : backend(std::move(model)), staging(backend.get()) {}
+    Instance(size_t position, std::unique_ptr<ModelBackend> model)
+        : index(position), backend(std::move(model)), staging(backend.get()) {}
+    const size_t index;
     std::unique_ptr<ModelBackend> backend;
     StagingPool staging;  // touched only by whoever runs the instance: its worker, or a claimer
     CondVar wake;         // its worker's: work for it, a claim ended, or stop

@@ -81,6 +81,22 @@ void ModelStats::RecordRejected(const Status& status, Protocol protocol) {
   stats_.fail.Add(Duration::zero());
 }
 
+const char* EarlyRefusalName(EarlyRefusal reason) {
+  switch (reason) {
+    case EarlyRefusal::kDeadline: return "deadline";
+    case EarlyRefusal::kTarget: return "target";
+    case EarlyRefusal::kNone: break;
+  }
+  return "none";
+}
+
+void ModelStats::RecordEarlyRefusal(EarlyRefusal reason, bool queued) {
+  if (reason == EarlyRefusal::kNone) return;
+  if (sink_) sink_->OnEarlyRefusal(reason, queued);
+  MutexLock lock(&mutex_);
+  ++(reason == EarlyRefusal::kTarget ? stats_.refused_for_target : stats_.refused_for_deadline);
+}
+
 ModelStatsSnapshot ModelStats::Snapshot() const {
   MutexLock lock(&mutex_);
   return stats_;

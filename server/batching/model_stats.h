@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 
@@ -35,6 +36,8 @@ struct ModelStatsSnapshot {
     DurationStat compute_input, compute_infer, compute_output;
   };
   std::map<uint64_t, Batch> batches;  // by batch size the model saw (padding included)
+  // Latency target models: requests refused because they could not be answered in time.
+  uint64_t refused_for_target = 0, refused_for_deadline = 0;
 };
 
 // Why a request failed, as operators group failures.
@@ -62,6 +65,12 @@ inline constexpr SequenceOutcome kAllSequenceOutcomes[] = {SequenceOutcome::kEnd
                                                            SequenceOutcome::kDropped, SequenceOutcome::kCut};
 const char* SequenceOutcomeName(SequenceOutcome outcome);  // "ended", "idle_expired", "dropped", "cut"
 
+// Why a request was refused before running because it could not be answered in time (latency
+// target mode, sluice.latency_target_us): its own deadline (the client's, or the queue timeout)
+// or the model's target.
+enum class EarlyRefusal { kNone, kDeadline, kTarget };
+const char* EarlyRefusalName(EarlyRefusal reason);  // "deadline", "target"
+
 // Receives every event ModelStats records. Implementations must be thread-safe and cheap: they
 // run on the request path.
 class StatsSink {
@@ -79,6 +88,13 @@ class StatsSink {
   // Stateful models only: a sequence became active (its start was admitted), or stopped.
   virtual void OnSequenceStarted() {}
   virtual void OnSequenceFinished(SequenceOutcome /*outcome*/) {}
+  // Latency target models only: a request refused because it could not be answered in time, at
+  // its arrival or later while queued (it is also reported through OnFailure).
+  virtual void OnEarlyRefusal(EarlyRefusal /*reason*/, bool /*queued*/) {}
+  // Latency target models only, per batch: how long its oldest request had waited when the
+  // batch formed, and its execution time against what the cost model predicted (nullopt: no
+  // prediction yet).
+  virtual void OnBatchCost(Duration /*oldest_wait*/, std::optional<Duration> /*predicted*/, Duration /*measured*/) {}
 };
 
 class ModelStats {
@@ -107,6 +123,11 @@ class ModelStats {
   }
   void RecordSequenceFinished(SequenceOutcome outcome) {
     if (sink_) sink_->OnSequenceFinished(outcome);
+  }
+  // Latency target models: see StatsSink::OnEarlyRefusal and OnBatchCost.
+  void RecordEarlyRefusal(EarlyRefusal reason, bool queued) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordBatchCost(Duration oldest_wait, std::optional<Duration> predicted, Duration measured) {
+    if (sink_) sink_->OnBatchCost(oldest_wait, predicted, measured);
   }
 
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);

@@ -76,6 +76,12 @@ struct DynamicBatchingSpec {
   // (server/batching/caller_runs.h). Off by default: that thread reads no other call meanwhile.
   bool run_on_receiving_thread = false;
   int64_t run_on_receiving_thread_max_us = kRunOnReceivingThreadMaxUs;
+  // sluice.latency_target_us (read also without dynamic_batching; 0: none): every request should
+  // be answered within this many microseconds of its arrival. The batcher sizes batches and waits
+  // for more requests from measured batch costs so that it is, and refuses at once a request that
+  // cannot be (server/batching/batch_queue.h, "Latency target"). max_queue_delay_microseconds and
+  // preferred_batch_size, when also given, are upper bounds.
+  int64_t latency_target_us = 0;
 };
 
 // The ModelConfig answer's parameters with the measured choice ("1,2,4,8" and

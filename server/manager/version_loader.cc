@@ -164,6 +164,7 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   batcher.queue.max_groups = batching.max_shape_groups;
   batcher.queue.pad_to_preferred = batching.pad_to_preferred;
   batcher.queue.server_budget = options_.queued_bytes_budget;
+  batcher.queue.latency_target = std::chrono::microseconds(batching.latency_target_us);
   batcher.clock = clock_;
   batcher.stats = stats;
   // cudnnFind on several instances of one GPU at once would time each against the others.

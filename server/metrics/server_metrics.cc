@@ -63,6 +63,16 @@ struct ServerMetrics::Families {
                                .Help("Stateful models: sequences that finished, by outcome: ended (sequence_end "
                                      "ran), idle_expired, dropped (its start expired while queued or failed), cut (unload, "
                                      "reload or shutdown)").Register(r)),
+        latency_refusals(prometheus::BuildCounter().Name("sluice_latency_refusals_total")
+                             .Help("Latency target models (sluice.latency_target_us): requests refused without "
+                                   "running because they could not be answered in time, by reason (target, or "
+                                   "deadline: the client's or the queue timeout) and when (arrival, queued)").Register(r)),
+        batch_oldest_wait_seconds(prometheus::BuildHistogram().Name("sluice_batch_oldest_wait_seconds")
+                                      .Help("Latency target models: how long the oldest request of each batch had "
+                                            "waited when the batch formed (the wait the batcher chose)").Register(r)),
+        batch_cost_ratio(prometheus::BuildHistogram().Name("sluice_batch_cost_ratio")
+                             .Help("Latency target models: each batch's execution time divided by what the "
+                                   "cost model predicted for it (1: exact; the error of the cost model)").Register(r)),
         state(prometheus::BuildGauge().Name("sluice_model_state")
                   .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)").Register(r)),
         load_seconds(prometheus::BuildGauge().Name("sluice_model_load_seconds")
@@ -139,6 +149,9 @@ struct ServerMetrics::Families {
   Family<Gauge>& pending;
   Family<Gauge>& sequences_active;
   Family<Counter>& sequences_finished;
+  Family<Counter>& latency_refusals;
+  Family<Histogram>& batch_oldest_wait_seconds;
+  Family<Histogram>& batch_cost_ratio;
   Family<Gauge>& state;
   Family<Gauge>& load_seconds;
   Family<Gauge>& warmup_seconds;
@@ -269,6 +282,17 @@ class ModelMetrics final : public StatsSink {
     nv_failure_[static_cast<int>(reason)]->Increment();
   }
 
+  void OnEarlyRefusal(EarlyRefusal reason, bool queued) override {
+    if (reason == EarlyRefusal::kNone) return;
+    Target().refusals[reason == EarlyRefusal::kTarget ? 0 : 1][queued ? 1 : 0]->Increment();
+  }
+
+  void OnBatchCost(Duration oldest_wait, std::optional<Duration> predicted, Duration measured) override {
+    const TargetSeries& series = Target();
+    series.oldest_wait->Observe(Seconds(oldest_wait));
+    if (predicted && *predicted > Duration::zero()) series.cost_ratio->Observe(Seconds(measured) / Seconds(*predicted));
+  }
+
   void OnSequenceStarted() override { Sequences().active->Increment(); }
   void OnSequenceFinished(SequenceOutcome outcome) override {
     const SequenceSeries& series = Sequences();
@@ -295,10 +319,40 @@ class ModelMetrics final : public StatsSink {
     return sequences_;
   }
 
+  struct TargetSeries {
+    Counter* refusals[2][2] = {};  // [target, deadline][arrival, queued]
+    Histogram* oldest_wait = nullptr;
+    Histogram* cost_ratio = nullptr;
+  };
+  // Created with the first latency-target event, so that models without a target export none.
+  const TargetSeries& Target() {
+    std::call_once(target_once_, [this] {
+      const char* reasons[] = {"target", "deadline"};
+      const char* whens[] = {"arrival", "queued"};
+      for (int reason = 0; reason < 2; ++reason) {
+        for (int when = 0; when < 2; ++when) {
+          Labels with = labels_;
+          with["reason"] = reasons[reason];
+          with["when"] = whens[when];
+          target_.refusals[reason][when] = &families_.latency_refusals.Add(with);
+        }
+      }
+      target_.oldest_wait = &families_.batch_oldest_wait_seconds.Add(labels_, LatencyBucketsSeconds());
+      target_.cost_ratio = &families_.batch_cost_ratio.Add(labels_, CostRatioBuckets());
+    });
+    return target_;
+  }
+  static const std::vector<double>& CostRatioBuckets() {
+    static const std::vector<double> buckets = {0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4};
+    return buckets;
+  }
+
   ServerMetrics::Families& families_;
   const Labels labels_;
   std::once_flag sequences_once_;
   SequenceSeries sequences_;
+  std::once_flag target_once_;
+  TargetSeries target_;
   struct PerProtocol {
     Counter* succeeded = nullptr;
     Counter* failed[std::size(kAllFailureReasons)] = {};

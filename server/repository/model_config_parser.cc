@@ -441,7 +441,7 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
     "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait",
-    "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us"};
+    "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
@@ -792,6 +792,14 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread_max_us,
                           IntParameter(spec.parameters, "sluice.run_on_receiving_thread_max_us",
                                        kRunOnReceivingThreadMaxUs, 1, 1000000));
+  SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.latency_target_us,
+                          IntParameter(spec.parameters, "sluice.latency_target_us", 0, 1, int64_t{3600} * 1000000));
+  if (spec.dynamic_batching.latency_target_us > 0 && config->has_sequence_batching()) {
+    return absl::InvalidArgumentError(
+        "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's requests must run "
+        "in their sequence's order and slot, so the batcher cannot size batches or refuse requests for a target; "
+        "remove the parameter");
+  }
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
   SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));
   SLUICE_RETURN_IF_ERROR(ConvertWarmup(*config, &spec));

@@ -1,6 +1,7 @@
 """Dynamic batching end to end: concurrent clients against the real server, each answer equal to
 the un-batched torch reference; queue timeouts, caps, cancellation and padding; ModelStatistics."""
 import concurrent.futures
+from functools import partial
 import threading
 import time
 
@@ -236,3 +237,86 @@ def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_
             http.close()
     finally:
         assert server.stop() == 0, server.log()
+
+
+class SlowMix(torch.nn.Module):
+    """Rows independent of each other, about a quarter of a millisecond of CPU per row (48
+    products of 512 x 512): slow enough that a burst of requests holds more work than a short
+    latency target allows, however fast the client sends."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(5)
+        self.w_in = torch.nn.Parameter(torch.randn(4, 512, generator=generator) / 2, requires_grad=False)
+        self.layers = torch.nn.Parameter(torch.randn(4, 512, 512, generator=generator) / 23, requires_grad=False)
+        self.w_out = torch.nn.Parameter(torch.randn(512, 4, generator=generator) / 23, requires_grad=False)
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        h = INPUT__0 @ self.w_in
+        for i in range(48):
+            h = torch.relu(h @ self.layers[i % 4])
+        return h @ self.w_out
+
+
+def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path_factory):
+    """sluice.latency_target_us: a burst holding far more work than the target allows gets some
+    answers (equal to the model's) and, at once, UNAVAILABLE with the reason for the rest; the
+    refusals are counted in the metrics and the server keeps serving."""
+    from make_test_repository import tensor_block, write_model
+    root = tmp_path_factory.mktemp("latency_target")
+    row_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+              + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4]))
+    module = SlowMix().eval()
+    write_model(root, "slow", 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 1 }]\n"
+                + 'parameters { key: "sluice.latency_target_us" value { string_value: "5000" } }\n', module)
+    server = start_server(root, tmp_path_factory, ["--device", "cpu"])
+    client = grpcclient.InferenceServerClient(server.url)
+    try:
+        data = np.random.default_rng(11).random((64, 1, 4), dtype=np.float32)
+        with torch.no_grad():
+            want = [module(torch.from_numpy(x)).numpy() for x in data]
+        answers = [None] * len(data)
+        done = threading.Semaphore(0)
+
+        def callback(index, result, error):
+            answers[index] = (result, error, time.monotonic())
+            done.release()
+
+        sent = time.monotonic()
+        for i, x in enumerate(data):
+            inp = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            client.async_infer("slow", [inp], partial(callback, i))
+        for _ in data:
+            assert done.acquire(timeout=60)
+        ok = refused = 0
+        for i, (result, error, at) in enumerate(answers):
+            if error is None:
+                np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), want[i], rtol=1e-4, atol=1e-5)
+                ok += 1
+            else:
+                assert error.status() == "StatusCode.UNAVAILABLE", error
+                assert "within its latency target of 5000 us (sluice.latency_target_us)" in error.message(), error
+                refused += 1
+        # 64 rows of this model take far longer than 5 ms on one instance: both happen.
+        assert ok > 0 and refused > 0, (ok, refused)
+        text = scrape_metrics(server)
+        counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith('sluice_latency_refusals_total{model="slow"'))
+        assert counted == refused, text
+        assert 'sluice_batch_cost_ratio_count{model="slow",version="1"}' in text
+        # Still serving: a lone request is answered.
+        inp = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+        inp.set_data_from_numpy(data[0])
+        np.testing.assert_allclose(client.infer("slow", [inp]).as_numpy("OUTPUT__0"), want[0], rtol=1e-4, atol=1e-5)
+        assert time.monotonic() - sent < 60
+    finally:
+        client.close()
+        server.stop()
+
+
+def scrape_metrics(server):
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
+        return response.read().decode()

@@ -405,14 +405,7 @@ TEST_F(DynamicBatcherTest, WithoutDynamicBatchingEachRequestRunsAloneWithItsOwnB
   testing::EchoBackend* model = echo.get();
   auto batcher = MakeUnbatched(std::move(echo), &clock_);
   // Warm-up takes the path requests take: alone, on their own bytes, no staging.
-  std::vector<WarmupRequest> warmup(1);
-  warmup[0].label = "batch=4";
-  warmup[0].request = std::make_unique<InferRequest>();
-  warmup[0].request->batch_size = 4;
-  auto zeros = std::make_unique<std::string>(32, '\0');
-  warmup[0].request->inputs.push_back({"x", DataType::kInt32, {4, 2}, zeros->data(), zeros->size()});
-  warmup[0].request->owned_buffers.push_back(std::move(zeros));
-  ASSERT_TRUE(batcher->WarmUp(std::move(warmup), nullptr).ok());
+  ASSERT_TRUE(batcher->WarmUp(testing::ZeroWarmup(4, 2), nullptr).ok());
   Call a, b, c;
   batcher->Enqueue(Request(a, 3, 2, 1), &a.sink, Answer(a));
   batcher->Enqueue(Request(b, 1, 5, 2), &b.sink, Answer(b));

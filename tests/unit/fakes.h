@@ -12,9 +12,23 @@
 #include <thread>
 #include <vector>
 
+#include "server/batching/scheduler.h"
 #include "server/core/backend.h"
 
 namespace sluice::testing {
+
+// A one-request warm-up (Scheduler::WarmUp) of `rows` x `width` INT32 zeros in input `input`,
+// labelled "batch=<rows>"; the request owns its bytes.
+inline std::vector<WarmupRequest> ZeroWarmup(int64_t rows, int64_t width, const std::string& input = "x") {
+  std::vector<WarmupRequest> warmup(1);
+  warmup[0].label = "batch=" + std::to_string(rows);
+  warmup[0].request = std::make_unique<InferRequest>();
+  warmup[0].request->batch_size = rows;
+  auto zeros = std::make_unique<std::string>(static_cast<size_t>(rows * width * 4), '\0');
+  warmup[0].request->inputs.push_back({input, DataType::kInt32, {rows, width}, zeros->data(), zeros->size()});
+  warmup[0].request->owned_buffers.push_back(std::move(zeros));
+  return warmup;
+}
 
 // True once `condition` holds, false if it still does not after `timeout`. For state another
 // thread changes that has no signal to wait on (a count of in-flight requests, a statistic):

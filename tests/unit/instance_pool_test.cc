@@ -94,14 +94,7 @@ int MostWarmupRunsAtOnce(bool one_at_a_time, std::chrono::milliseconds alone) {
   options.clock = &clock;
   options.warm_up_one_at_a_time = one_at_a_time;
   auto pool = *InstancePool::Create(Spec(), std::move(backends), options);
-  std::vector<WarmupRequest> warmup(1);
-  warmup[0].label = "batch=1";
-  warmup[0].request = std::make_unique<InferRequest>();
-  warmup[0].request->batch_size = 1;
-  auto zeros = std::make_unique<std::string>(8, '\0');
-  warmup[0].request->inputs.push_back({"x", DataType::kInt32, {1, 2}, zeros->data(), zeros->size()});
-  warmup[0].request->owned_buffers.push_back(std::move(zeros));
-  EXPECT_TRUE(pool->WarmUp(std::move(warmup), nullptr).ok());
+  EXPECT_TRUE(pool->WarmUp(testing::ZeroWarmup(1, 2), nullptr).ok());
   pool->Stop();
   return overlap->most;
 }

@@ -160,6 +160,32 @@ TEST_F(MetricsTest, SequencesAreCountedByOutcomeAndOnlyForModelsThatHaveThem) {
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_sequences_active{model="plain")")));
 }
 
+TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATarget) {
+  ModelStats plain(metrics_.SinkFor("plain", 1));
+  plain.RecordAdmitted();
+  ModelStats stats(metrics_.SinkFor("fast", 3));
+  stats.RecordEarlyRefusal(EarlyRefusal::kTarget, /*queued=*/false);
+  stats.RecordEarlyRefusal(EarlyRefusal::kTarget, /*queued=*/false);
+  stats.RecordEarlyRefusal(EarlyRefusal::kDeadline, /*queued=*/true);
+  stats.RecordEarlyRefusal(EarlyRefusal::kNone, /*queued=*/true);  // not a refusal: ignored
+  stats.RecordBatchCost(std::chrono::microseconds(300), std::chrono::microseconds(1000), std::chrono::microseconds(1200));
+  stats.RecordBatchCost(std::chrono::microseconds(40), std::nullopt, std::chrono::microseconds(500));  // no prediction
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="arrival"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="queued"})"), 0);
+  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="deadline",version="3",when="queued"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_batch_oldest_wait_seconds_count{model="fast",version="3"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_batch_oldest_wait_seconds_bucket{model="fast",version="3",le="0.00025"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_count{model="fast",version="3"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_bucket{model="fast",version="3",le="1.1"})"), 0);
+  EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_bucket{model="fast",version="3",le="1.25"})"), 1);
+  const ModelStatsSnapshot snapshot = stats.Snapshot();
+  EXPECT_EQ(snapshot.refused_for_target, 2u);
+  EXPECT_EQ(snapshot.refused_for_deadline, 1u);
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_latency_refusals_total{model="plain")")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_batch_cost_ratio_count{model="plain")")));
+}
+
 TEST_F(MetricsTest, BucketsResolveSubMillisecondAndMultiSecondTimes) {
   const std::vector<double>& buckets = LatencyBucketsSeconds();
   EXPECT_LE(buckets.front(), 0.0001);

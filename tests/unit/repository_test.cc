@@ -525,6 +525,36 @@ TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread must be \"true\" or \"false\""));
 }
 
+TEST(ModelConfigParserTest, LatencyTarget) {
+  auto spec = Build(std::string(kMinimal));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dynamic_batching.latency_target_us, 0);  // none by default
+  spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { max_queue_delay_microseconds: 500 }
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "20000" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dynamic_batching.latency_target_us, 20000);
+  EXPECT_EQ(spec->dynamic_batching.max_queue_delay_us, 500);  // kept, as the wait's upper bound
+  // Without dynamic_batching too (each request its own batch: only refusals apply).
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "1000" } })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dynamic_batching.latency_target_us, 1000);
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "0" } })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us must be an integer in [1, "));
+  spec = Build(std::string(kMinimal) + R"pb(
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "20ms" } })pb");
+  EXPECT_THAT(spec.status().message(), HasSubstr("found '20ms'"));
+  // A stateful model's requests run in their sequence's order and slot: refused, with why.
+  spec = Build("max_batch_size: 0\n"
+               "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "sequence_batching { }\n"
+               "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"1000\" } }\n");
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us cannot be combined with sequence_batching"));
+}
+
 TEST(ModelConfigParserTest, DynamicBatchingErrors) {
   const std::string base = kMinimal;
   struct Case {

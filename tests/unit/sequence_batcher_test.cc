@@ -501,14 +501,7 @@ TEST_F(SequenceBatcherTest, DrainWaitsForSequencesThenEndsThoseLeft) {
 
 TEST_F(SequenceBatcherTest, StopAnswersQueuedRequestsAndWarmUpRunsWithReadyOff) {
   auto batcher = Make();
-  std::vector<WarmupRequest> warmup(1);
-  warmup[0].label = "batch=2";
-  warmup[0].request = std::make_unique<InferRequest>();
-  warmup[0].request->batch_size = 2;
-  auto zeros = std::make_unique<std::string>(8, '\0');
-  warmup[0].request->inputs.push_back({"INPUT", DataType::kInt32, {2, 1}, zeros->data(), 8});
-  warmup[0].request->owned_buffers.push_back(std::move(zeros));
-  ASSERT_TRUE(batcher->WarmUp(std::move(warmup), nullptr).ok());
+  ASSERT_TRUE(batcher->WarmUp(testing::ZeroWarmup(2, 1, "INPUT"), nullptr).ok());
   ASSERT_EQ(accumulators_[0]->executions().size(), 1u);
   EXPECT_THAT(accumulators_[0]->executions()[0].ready, ElementsAre(0, 0));
 

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Batching to a latency target (sluice.latency_target_us) against batching with no delay and
+with the best fixed delay, under open-loop Poisson load from half to three times a model's
+capacity, in one run. Prints a table and writes JSON.
+
+    .venv/bin/python benchmarks/latency_target_benchmark.py [--reps 3] [--seconds 3] [--json out.json]
+    .venv/bin/python benchmarks/latency_target_benchmark.py --smoke --bin-dir build/bin --json out.json
+
+Per model (the bundled MLP and conv net), measured first in the same run:
+  target      3 x (in-process LibTorch batch-1 p50 + the bare gRPC echo's c=1 p50)
+  capacity    the highest closed-loop requests/s of the model without a delay (concurrency 8, 32, 64)
+Then, at each offered load (0.5x, 1x, 2x, 3x capacity; Poisson arrivals from sluice-bench-load,
+which never waits for answers before sending), three variants of the same model in one server:
+  a  dynamic_batching { } (no delay: a batch forms whenever an instance is free)
+  b  a fixed max_queue_delay_microseconds, the best goodput among a few tried at 1x in this run
+  c  sluice.latency_target_us = target - the echo's c=1 p50: the server counts from a request's
+     arrival in its queue to its answer, the client also sees the transport (an operator who wants
+     answers within 20 ms sets the target that much below it)
+Figures per window: goodput (answers within the target per second), p50/p99 of the answered
+requests, refusals (UNAVAILABLE or DEADLINE_EXCEEDED) and other failures, the calls the client
+could not send, and the client's CPU (a client near a full core is itself the bottleneck).
+Medians of --reps repetitions. The targets (issue 34): at every load, c's goodput at least 0.95x
+the better of a and b, and c's p99 of answered requests within the target; at 3x, c's goodput at
+least 1.5x the better of a and b.
+
+The server runs on one CPU and the client on another (--no-pin: both anywhere). --smoke (the
+test command's check that the script runs): the MLP at one load, one repetition, tiny windows;
+its numbers mean nothing.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import floor_benchmark as fb  # noqa: E402
+from harness.bench import ROOT, pinning, write_json  # noqa: E402
+from harness.repository import without_dynamic_batching, write_bundled  # noqa: E402
+from request_path_benchmark import BenchmarkError, Server  # noqa: E402
+
+LOADS = (0.5, 1.0, 2.0, 3.0)
+DELAY_SHARES = (1 / 16, 1 / 8, 1 / 4, 1 / 2)  # fixed delays tried at 1x, as shares of the target
+CAPACITY_CONCURRENCY = (8, 32, 64)
+OPEN_LOOP_CAP = 4096  # calls in flight the client allows: far above any queue, so it never closes the loop
+
+
+def variant_configs(base_config, name, target_us, delays_us):
+    """{variant model name: config.pbtxt text} of one bundled model."""
+    config = without_dynamic_batching(re.sub(r'^name:\s*"[^"]*"\s*\n', "", base_config, flags=re.M))
+    variants = {f"{name}_a": config + "dynamic_batching { }\n"}
+    for delay in delays_us:
+        variants[f"{name}_b{delay}"] = config + f"dynamic_batching {{ max_queue_delay_microseconds: {delay} }}\n"
+    variants[f"{name}_c"] = (config + "dynamic_batching { }\n"
+                             + f'parameters {{ key: "sluice.latency_target_us" value {{ string_value: "{target_us}" }} }}\n')
+    return variants
+
+
+def write_variants(repository, source, name, variants):
+    for variant, config in variants.items():
+        os.makedirs(os.path.join(repository, variant, "1"), exist_ok=True)
+        with open(os.path.join(repository, variant, "config.pbtxt"), "w") as f:
+            f.write(config)
+        shutil.copyfile(os.path.join(source, name, "1", "model.pt"), os.path.join(repository, variant, "1", "model.pt"))
+
+
+def request_file(workdir, base, variant):
+    """A one-row request for `variant`, with `base`'s input (floor_benchmark.request_bytes)."""
+    from tritonclient.grpc import service_pb2
+    request = service_pb2.ModelInferRequest.FromString(fb.request_bytes(base))
+    request.model_name = variant
+    path = os.path.join(workdir, f"{variant}.request")
+    with open(path, "wb") as f:
+        f.write(request.SerializeToString())
+    return path
+
+
+def open_loop(load, url, path, rate, target_us, seed):
+    """One Poisson window at `rate` requests/s; sluice-bench-load's JSON."""
+    command = [*load.prefix, load.binary, "--target", url, "--request-file", path,
+               "--concurrency", str(OPEN_LOOP_CAP), "--rate", f"{rate:.1f}", "--poisson", "--seed", str(seed),
+               "--within-us", str(target_us), "--errors-ok", "--timeout-seconds", "30",
+               "--warmup-seconds", str(load.warmup_s), "--seconds", str(load.seconds)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=load.timeout)
+    try:
+        out = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BenchmarkError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    if out["other_failures"]:
+        raise BenchmarkError(f"{' '.join(command)}: {out['other_failures']} unexpected failures: {out['first_error']}")
+    out["refused"] = out["unavailable"] + out["deadline_exceeded"]
+    return out
+
+
+def capacity(load, url, path):
+    """The highest closed-loop requests/s over CAPACITY_CONCURRENCY."""
+    return max(load.run(url, path, concurrency)["calls_per_s"] for concurrency in CAPACITY_CONCURRENCY)
+
+
+def summarize(windows, keys=("goodput_per_s", "answered_p50_us", "answered_p99_us", "refused", "not_sent",
+                             "client_cpu_busy", "ok", "sent")):
+    return {key: statistics.median(window[key] for window in windows) for key in keys}
+
+
+def measure_model(args, name, bin_dir, prefixes, workdir, smoke):
+    """Everything for one bundled model: its target, capacity, delay choice and load windows."""
+    windows = (0.1, 0.3) if smoke else (1.0, args.seconds)
+    load = fb.Load(bin_dir, prefixes[1], workdir, windows)
+    source = os.path.join(workdir, "bundled")
+    write_bundled(source, [name], "dynamic_batching { }")
+    echo_path = os.path.join(workdir, f"{name}_echo.request")
+    with open(echo_path, "wb") as f:
+        f.write(fb.request_bytes(name))
+    with fb.EchoServer(bin_dir, "callback", prefixes[0]) as echo:
+        echo_p50 = statistics.median(load.run(echo.url, echo_path, 1)["p50_us"] for _ in range(1 if smoke else 3))
+    inproc_p50 = fb.inprocess(bin_dir, source, prefixes[0], smoke, models=(name,))[name][1]["p50_us"]
+    target_us = int(3 * (inproc_p50 + echo_p50))
+    server_target_us = max(target_us // 2, int(target_us - echo_p50))
+    delays = sorted({max(1, int(target_us * share)) for share in (DELAY_SHARES[1:2] if smoke else DELAY_SHARES)})
+    with open(os.path.join(source, name, "config.pbtxt")) as f:
+        variants = variant_configs(f.read(), name, server_target_us, delays)
+    repository = os.path.join(workdir, f"repository_{name}")
+    write_variants(repository, source, name, variants)
+    paths = {variant: request_file(workdir, name, variant) for variant in variants}
+    report = {"target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
+              "delays_tried_us": delays, "loads": {}}
+    log = os.path.join(workdir, f"{name}_server.log")
+    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0]) as server:
+        report["capacity_per_s"] = cap = capacity(load, server.url, paths[f"{name}_a"])
+        # The fixed delay: the best goodput at 1x among those tried.
+        tried = {delay: open_loop(load, server.url, paths[f"{name}_b{delay}"], cap, target_us, seed=99)["goodput_per_s"]
+                 for delay in delays}
+        best = max(tried, key=tried.get)
+        report["delay_goodput_at_1x"] = {str(delay): goodput for delay, goodput in tried.items()}
+        report["delay_chosen_us"] = best
+        chosen = {"a": f"{name}_a", "b": f"{name}_b{best}", "c": f"{name}_c"}
+        for share in ((1.0,) if smoke else LOADS):
+            raw = {variant: [] for variant in chosen}
+            for rep in range(1 if smoke else args.reps):
+                for variant, model in chosen.items():  # same seed: the same arrivals for each
+                    raw[variant].append(open_loop(load, server.url, paths[model], cap * share, target_us, seed=rep + 1))
+            report["loads"][str(share)] = {"rate_per_s": cap * share, "raw": raw,
+                                           **{variant: summarize(runs) for variant, runs in raw.items()}}
+    judge(report)
+    return report
+
+
+def judge(report):
+    """Adds each load's verdicts on issue 34's targets."""
+    for share, figures in report["loads"].items():
+        best_other = max(figures["a"]["goodput_per_s"], figures["b"]["goodput_per_s"])
+        c = figures["c"]
+        ratio = c["goodput_per_s"] / best_other if best_other > 0 else float("inf")
+        figures["c_goodput_ratio"] = ratio
+        figures["met"] = {"goodput_at_least_0.95x": ratio >= 0.95,
+                          "p99_within_target": c["answered_p99_us"] <= report["target_us"]}
+        if float(share) >= 3.0:
+            figures["met"]["goodput_at_least_1.5x_at_3x"] = ratio >= 1.5
+
+
+def print_table(report):
+    print(f"\npinning: {report['pinning']}; medians of {report['reps']} repetitions; "
+          "a: no delay, b: best fixed delay, c: latency target")
+    for name, model in report["models"].items():
+        print(f"\n{name}: target {model['target_us']} us (3 x (in-process batch-1 {model['inprocess_batch1_p50_us']:.0f} us"
+              f" + echo c=1 {model['echo_c1_p50_us']:.0f} us)), c's sluice.latency_target_us {model['server_target_us']}, "
+              f"capacity {model['capacity_per_s']:.0f}/s, "
+              f"fixed delay {model['delay_chosen_us']} us (goodput at 1x: {model['delay_goodput_at_1x']})")
+        print(f"{'load':>5} {'var':>3} {'goodput/s':>10} {'p50 us':>9} {'p99 us':>9} {'refused':>8} {'ok':>7} "
+              f"{'not sent':>8} {'client cpu':>10}  c vs best(a,b)")
+        for share, figures in model["loads"].items():
+            for variant in ("a", "b", "c"):
+                f = figures[variant]
+                verdict = ""
+                if variant == "c":
+                    verdict = f"{figures['c_goodput_ratio']:.2f}x " + " ".join(
+                        f"{key}={'yes' if ok else 'NO'}" for key, ok in figures["met"].items())
+                print(f"{share:>5} {variant:>3} {f['goodput_per_s']:>10.0f} {f['answered_p50_us']:>9.0f} "
+                      f"{f['answered_p99_us']:>9.0f} {f['refused']:>8.0f} {f['ok']:>7.0f} {f['not_sent']:>8.0f} "
+                      f"{f['client_cpu_busy']:>10.2f}  {verdict}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per window")
+    parser.add_argument("--models", nargs="*", default=["mlp", "convnet"], choices=["mlp", "convnet"])
+    parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    prefixes, pin_note = pinning(not args.no_pin)
+    started = time.monotonic()
+    report = {"benchmark": "latency_target", "smoke": args.smoke, "pinning": pin_note,
+              "reps": 1 if args.smoke else args.reps, "window_seconds": 0.3 if args.smoke else args.seconds,
+              "models": {}}
+    try:
+        for name in (["mlp"] if args.smoke else args.models):
+            with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
+                report["models"][name] = measure_model(args, name, args.bin_dir, prefixes, workdir, args.smoke)
+    except BenchmarkError as error:
+        print(f"latency target benchmark failed: {error}", file=sys.stderr)
+        return 1
+    report["elapsed_s"] = time.monotonic() - started
+    print_table(report)
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

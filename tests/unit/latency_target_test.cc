@@ -1,0 +1,412 @@
+// Batching to a latency target (sluice.latency_target_us): BatchQueue's decisions with a fake
+// clock and costs given by hand, then the threaded batcher learning costs from its workers.
+#include <condition_variable>
+#include <future>
+#include <mutex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/batching/batch_queue.h"
+#include "server/batching/dynamic_batcher.h"
+#include "tests/unit/batch_queue_fixture.h"
+#include "tests/unit/fakes.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+using Pick = BatchCostModel::Pick;
+
+constexpr char kGroup[] = "x[2,]";  // the fixture's requests: input "x", rows of 2 values
+
+class LatencyTargetQueueTest : public testing::BatchQueueFixture {
+ protected:
+  // Target 1 ms, one instance, no max_queue_delay unless a test sets one; the caller seeds costs.
+  BatchQueue::Options TargetOptions(int instances = 1) {
+    BatchQueue::Options options = Options();
+    options.max_queue_delay = Duration::zero();
+    options.latency_target = 1000us;
+    options.costs = costs_ = std::make_shared<BatchCostModel>(instances);
+    options.instances = instances;
+    return options;
+  }
+  // 100 us per row, from 1 to 8 rows.
+  void SeedLinear() {
+    costs_->Seed(0, kGroup, 1, 100us);
+    costs_->Seed(0, kGroup, 8, 800us);
+  }
+  // 100 us per batch plus 10 us per row.
+  void SeedWithOverhead() {
+    costs_->Seed(0, kGroup, 1, 110us);
+    costs_->Seed(0, kGroup, 8, 180us);
+  }
+  // Adds a request of one row; `why` gets the early refusal reason.
+  Status AddOne(BatchQueue& queue, EarlyRefusal* why = nullptr, TimePoint deadline = kNoDeadline, int64_t width = 2) {
+    testing::Owned owned = testing::Make(1, width, next_tag_++, deadline);
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+    data_.push_back(std::move(owned.data));
+    return queue.Add(pending, why);
+  }
+
+  std::shared_ptr<BatchCostModel> costs_;
+};
+
+TEST_F(LatencyTargetQueueTest, ABatchIsCutSoThatItsOldestRequestAnswersInTime) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  clock_.Advance(500us);  // 500 us left: five rows at 100 us each
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("1", "2", "3", "4", "5"));
+  // The other three could grow, arrivals came all at once (faster than any batch serves), and
+  // one more row still answers in time: they wait, until one more would make the oldest late.
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  const TimePoint first = clock_.Now() - 500us;
+  EXPECT_EQ(queue.NextBatchTime(), first + 1000us - 400us);
+  clock_.Advance(100us);
+  batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("6", "7", "8"));
+}
+
+TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWaits) {
+  auto options = TargetOptions();
+  options.max_queue_delay = 100us;  // without the target the first request would wait this long
+  BatchQueue queue(options);
+  SeedWithOverhead();
+  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());  // no arrival rate yet: no waiting
+  clock_.Advance(2ms);
+  ASSERT_TRUE(AddOne(queue).ok());  // one row per 2 ms; a lone row is served in 110 us
+  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
+
+  BatchQueue plain(Options());  // the same delay, no target
+  ASSERT_TRUE(Add(plain, 1).ok());
+  EXPECT_FALSE(plain.TakeReadyBatch(clock_.Now()).has_value());
+}
+
+TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileTheOldestCanStillMakeIt) {
+  BatchQueue queue(TargetOptions());
+  SeedWithOverhead();  // 2 rows: 120 us, 60 us a row; arrivals: one row per 20 us
+  const TimePoint first = clock_.Now();
+  ASSERT_TRUE(AddOne(queue).ok());
+  clock_.Advance(20us);
+  ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  // It stops waiting when one more arrival (20 us) and a batch of 3 (130 us) would end past the target.
+  EXPECT_EQ(queue.NextBatchTime(), first + 1000us - 130us - 20us);
+  clock_.Advance(queue.NextBatchTime() - clock_.Now() - 1us);
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  clock_.Advance(1us);
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 2);
+}
+
+TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
+  auto options = TargetOptions();
+  options.max_queue_delay = 100us;
+  BatchQueue queue(options);
+  SeedWithOverhead();
+  const TimePoint first = clock_.Now();
+  ASSERT_TRUE(AddOne(queue).ok());
+  clock_.Advance(20us);
+  ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  EXPECT_EQ(queue.NextBatchTime(), first + 100us);
+  clock_.Advance(80us);
+  EXPECT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
+}
+
+TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArrival) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  // The tenth finds 900 us of work ahead and needs 100 us itself: exactly in time.
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;
+  EarlyRefusal why = EarlyRefusal::kNone;
+  Status refused = AddOne(queue, &why);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
+  EXPECT_THAT(refused.message(), HasSubstr("about 1000 us of work is queued ahead of it"));
+  EXPECT_EQ(why, EarlyRefusal::kTarget);
+  EXPECT_EQ(queue.size(), 10u);
+}
+
+TEST_F(LatencyTargetQueueTest, TheWorkAheadIsSpreadOverTheInstances) {
+  BatchQueue queue(TargetOptions(/*instances=*/2));
+  SeedLinear();  // instance 0 only; the other has not run the group and counts as unknown
+  for (int i = 0; i < 19; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;
+  EXPECT_FALSE(AddOne(queue).ok());  // 1900 us of work over two instances + 100 us > 1000 us
+}
+
+TEST_F(LatencyTargetQueueTest, ARequestWhoseOwnDeadlineComesFirstIsRefusedWithDeadlineExceeded) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  EarlyRefusal why = EarlyRefusal::kNone;
+  Status refused = AddOne(queue, &why, clock_.Now() + 350us);  // 300 us ahead + 100 us
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(refused.message(), HasSubstr("before its deadline or queue timeout"));
+  EXPECT_EQ(why, EarlyRefusal::kDeadline);
+  EXPECT_TRUE(AddOne(queue, nullptr, clock_.Now() + 400us).ok());
+}
+
+TEST_F(LatencyTargetQueueTest, AShapeWithoutCostsIsBatchedAsWithoutATargetAndNeverRefused) {
+  auto options = TargetOptions();
+  options.max_queue_delay = 100us;
+  BatchQueue queue(options);
+  costs_->Seed(0, "x[3,]", 1, 1s);  // another shape's cost says nothing about this one
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // four rows wait for the delay
+  clock_.Advance(100us);
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 4);
+}
+
+TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQueue) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  const TimePoint first = clock_.Now();
+  ASSERT_TRUE(AddOne(queue).ok());
+  clock_.Advance(850us);
+  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(AddOne(queue, nullptr, kNoDeadline, /*width=*/3).ok());  // a shape without costs
+  EXPECT_EQ(queue.NextDeadline(), first + 1000us);  // the target is a deadline too
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(100us);  // the first now needs until 1050 us
+  std::vector<RefusedRequest> refused = queue.TakeHopeless(clock_.Now());
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].pending.request->id, "1");
+  EXPECT_EQ(refused[0].status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused[0].status.message(), HasSubstr("after it waited 950 us"));
+  EXPECT_EQ(refused[0].reason, EarlyRefusal::kTarget);
+  EXPECT_EQ(queue.size(), 2u);
+  EXPECT_EQ(queue.bytes(), 8u + 12u);
+  clock_.Advance(800us);  // the second now needs until 1850 us: exactly its target
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(1us);
+  refused = queue.TakeHopeless(clock_.Now());
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].pending.request->id, "2");
+  // Without a cost, only a target already past is certain.
+  clock_.Advance(99us);  // the third's target, not past yet
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(1us);
+  refused = queue.TakeHopeless(clock_.Now());
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].pending.request->id, "3");
+  EXPECT_EQ(queue.size(), 0u);
+}
+
+TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatchesFormed) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);  // 800 us predicted: in time
+  clock_.Advance(800us);  // it ended
+  // The batches run three times slower than warm-up said.
+  for (int i = 0; i < 30; ++i) {
+    costs_->Observe(0, kGroup, 8, 2400us);
+    costs_->Observe(0, kGroup, 1, 300us);
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_FALSE(AddOne(queue).ok());  // 900 us ahead + 300 us
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 3);  // 300 us a row: three rows fit
+}
+
+TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
+  BatchQueue queue(TargetOptions());
+  costs_->Seed(0, kGroup, 1, 2000us);  // twice the target: warm-up on a busy host, say
+  EarlyRefusal why = EarlyRefusal::kNone;
+  ASSERT_TRUE(AddOne(queue, &why).ok());  // nothing ahead: refusing would leave nothing to correct the cost
+  EXPECT_EQ(why, EarlyRefusal::kNone);
+  EXPECT_FALSE(AddOne(queue).ok());  // behind it, 2000 us of work ahead
+  // Queued, only a target already past refuses it: not an estimate longer than the target.
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(1000us);
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(1us);
+  EXPECT_EQ(queue.TakeHopeless(clock_.Now()).size(), 1u);
+}
+
+TEST_F(LatencyTargetQueueTest, ABatchHandedOutCountsAsWorkAheadUntilItsPredictedEnd) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  auto batch = queue.TakeReadyBatch(clock_.Now());  // full: predicted to end in 800 us
+  ASSERT_TRUE(batch.has_value());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;  // 800 + 100 + 100 us
+  EXPECT_FALSE(AddOne(queue).ok());
+  clock_.Advance(200us);  // 600 us of it left: 600 + 200 + 100 us
+  EXPECT_TRUE(AddOne(queue).ok());
+}
+
+TEST_F(LatencyTargetQueueTest, WithoutDynamicBatchingOnlyRefusalsApply) {
+  auto options = TargetOptions();
+  options.one_request_per_batch = true;
+  BatchQueue queue(options);
+  costs_->Seed(0, "", 1, 400us);  // one group, keyed "", each request its own batch
+  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(AddOne(queue).ok());
+  EXPECT_EQ(AddOne(queue).code(), absl::StatusCode::kUnavailable);  // 800 us ahead + 400 us
+  EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 1);
+}
+
+// A model that takes 100 us of the fake clock per row, echoes "x" as "y", and can be held at a
+// gate before it runs.
+class ClockedEcho final : public ModelBackend {
+ public:
+  explicit ClockedEcho(FakeTimeSource* clock) : clock_(clock) {}
+  Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++started_;
+      changed_.notify_all();
+      changed_.wait(lock, [this] { return open_; });
+      sizes_.push_back(request.batch_size);
+    }
+    clock_->Advance(100us * request.batch_size);
+    return echo_.Execute(request, targets);
+  }
+  void SetGate(bool open) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = open;
+    changed_.notify_all();
+  }
+  void WaitStarted(int count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return started_ >= count; });
+  }
+  std::vector<int64_t> sizes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sizes_;
+  }
+
+ private:
+  FakeTimeSource* const clock_;
+  testing::EchoBackend echo_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool open_ = true;
+  int started_ = 0;
+  std::vector<int64_t> sizes_;
+};
+
+struct Call {
+  std::vector<int32_t> data;
+  TensorSink sink;
+  std::promise<Status> answer;
+  std::future<Status> future = answer.get_future();
+};
+
+class LatencyTargetBatcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = std::make_unique<ClockedEcho>(&clock_);
+    model_ = model.get();
+    std::vector<std::unique_ptr<ModelBackend>> backends;
+    backends.push_back(std::move(model));
+    DynamicBatcher::Options options;
+    options.queue.max_batch_size = 8;
+    options.queue.latency_target = 1000us;
+    options.clock = &clock_;
+    options.stats = stats_;
+    batcher_ = *DynamicBatcher::Create(testing::EchoSpec(), std::move(backends), options);
+  }
+  void TearDown() override { batcher_->Stop(); }
+
+  void Send(Call& call) {
+    call.data.assign(2, 7);
+    auto request = std::make_unique<InferRequest>();
+    request->model_name = "m";
+    request->batch_size = 1;
+    request->inputs.push_back({"x", DataType::kInt32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+    batcher_->Enqueue(std::move(request), &call.sink, [&call](Status status) { call.answer.set_value(status); });
+  }
+
+  FakeTimeSource clock_;
+  std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
+  ClockedEcho* model_ = nullptr;
+  std::unique_ptr<DynamicBatcher> batcher_;
+};
+
+TEST_F(LatencyTargetBatcherTest, WarmUpSeedsTheCosts) {
+  std::vector<WarmupRequest> warmup = testing::ZeroWarmup(4, 2);
+  warmup[0].timed_runs = 3;
+  ASSERT_TRUE(batcher_->WarmUp(std::move(warmup), nullptr).ok());
+  ASSERT_NE(batcher_->costs(), nullptr);
+  EXPECT_EQ(batcher_->costs()->Predict(kGroup, 4, Pick::kSlowest), 400us);
+}
+
+TEST_F(LatencyTargetBatcherTest, CostsLearnedFromTheWorkersRefuseWhatCannotBeAnsweredInTime) {
+  Call first;
+  Send(first);  // nothing known yet: admitted, and its batch teaches the model 100 us a row
+  ASSERT_TRUE(first.future.get().ok());
+  EXPECT_EQ(batcher_->costs()->Predict(kGroup, 1, Pick::kSlowest), 100us);
+
+  model_->SetGate(false);
+  Call running;
+  Send(running);
+  model_->WaitStarted(2);
+  Call queued[9], late;
+  // 100 us each, after the running request's 100 us: the ninth is exactly in time.
+  for (Call& call : queued) Send(call);
+  Send(late);
+  ASSERT_EQ(late.future.wait_for(0s), std::future_status::ready);  // answered at once
+  const Status refused = late.future.get();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("latency target"));
+
+  model_->SetGate(true);
+  ASSERT_TRUE(running.future.get().ok());
+  int answered = 0, refused_queued = 0;
+  for (Call& call : queued) {
+    const Status status = call.future.get();
+    if (status.ok()) {
+      ++answered;
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+      ++refused_queued;
+    }
+  }
+  // The running request took 100 us: the next batch, eight rows (the most), ends at 900 us and
+  // the last row alone at 1000 us: all in time, as admission predicted.
+  EXPECT_EQ(answered, 9);
+  EXPECT_EQ(refused_queued, 0);
+  EXPECT_EQ(model_->sizes(), (std::vector<int64_t>{1, 1, 8, 1}));
+  const ModelStatsSnapshot stats = stats_->Snapshot();
+  EXPECT_EQ(stats.refused_for_target, 1u);
+  EXPECT_EQ(stats.refused_for_deadline, 0u);
+}
+
+TEST_F(LatencyTargetBatcherTest, RequestsHeldPastTheirTargetAreRefusedWhileQueuedAndNeverRun) {
+  Call first;
+  Send(first);
+  ASSERT_TRUE(first.future.get().ok());
+  model_->SetGate(false);
+  Call running;
+  Send(running);
+  model_->WaitStarted(2);
+  Call queued[3];
+  for (Call& call : queued) Send(call);
+  // The running batch is held far past its predicted 100 us: at their target the batcher's timer
+  // refuses the waiting requests without running them.
+  clock_.Advance(1000us);
+  for (Call& call : queued) {
+    const Status status = call.future.get();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_THAT(status.message(), HasSubstr("after it waited 1000 us"));
+  }
+  model_->SetGate(true);
+  ASSERT_TRUE(running.future.get().ok());
+  EXPECT_EQ(model_->sizes(), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(stats_->Snapshot().refused_for_target, 3u);
+}
+
+}  // namespace
+}  // namespace sluice
