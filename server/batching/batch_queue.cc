@@ -100,7 +100,7 @@ Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string&
   if (ahead == Duration::zero()) return absl::OkStatus();
   const TimePoint finish = pending.enqueued + ahead + *own;
   const bool by_deadline = request.deadline < TargetDeadline(pending);
-  if (finish <= std::min(request.deadline, TargetDeadline(pending))) return absl::OkStatus();
+  if (finish <= AnswerBy(pending)) return absl::OkStatus();
   if (refused != nullptr) *refused = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
   const std::string work = absl::StrCat("about ", Micros(ahead), " us of work is queued ahead of it and its own batch takes about ",
                                         Micros(*own), " us");
@@ -130,42 +130,19 @@ int64_t BatchQueue::UsefulBatchSize(const std::string& key) const {
   return low;
 }
 
-std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
-  std::vector<RefusedRequest> refused;
-  if (!Targeted()) return refused;
+template <typename Take>
+void BatchQueue::TakeWhere(Take take) {
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& group = it->second;
     for (auto entry = group.queue.begin(); entry != group.queue.end();) {
-      const InferRequest& request = *entry->request;
-      const std::optional<Duration> own =
-          options_.costs->Predict(it->first, PaddedRows(request.batch_size), BatchCostModel::Pick::kFastest);
-      // Without an estimate only a target already past is certain; an estimate longer than the
-      // target itself is not trusted alone either (see CheckInTime): it runs and corrects it.
-      const bool trusted = own.has_value() && *own <= options_.latency_target;
-      const TimePoint done = now + (trusted ? *own : Duration::zero());
-      const bool late_for_target = done > TargetDeadline(*entry);
-      const bool late_for_deadline = trusted && done > request.deadline;
-      if (!late_for_target && !late_for_deadline) {
+      const int64_t rows = entry->request->batch_size;
+      const size_t bytes = entry->bytes;
+      if (!take(it->first, *entry)) {
         ++entry;
         continue;
       }
-      RefusedRequest out;
-      const bool by_deadline = late_for_deadline && request.deadline < TargetDeadline(*entry);
-      out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
-      out.status = by_deadline
-                       ? absl::DeadlineExceededError(absl::StrCat(
-                             "model '", request.model_name,
-                             "' could no longer answer this request before its deadline or queue timeout (its batch "
-                             "takes about ", Micros(own.value_or(Duration::zero())), " us); it was refused without running"))
-                       : absl::UnavailableError(absl::StrCat(
-                             "model '", request.model_name, "' could no longer answer this request within its latency "
-                             "target of ", Micros(options_.latency_target),
-                             " us (sluice.latency_target_us) after it waited ", Micros(now - entry->enqueued),
-                             " us; it was refused without running: retry later, or add instances"));
-      Forget(*entry);
-      group.rows -= request.batch_size;
-      out.pending = std::move(*entry);
-      refused.push_back(std::move(out));
+      admission_.Release(0, bytes);
+      group.rows -= rows;
       entry = group.queue.erase(entry);
     }
     if (group.queue.empty()) {
@@ -174,6 +151,39 @@ std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
       ++it;
     }
   }
+}
+
+std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
+  std::vector<RefusedRequest> refused;
+  if (!Targeted()) return refused;
+  TakeWhere([&](const std::string& key, PendingRequest& pending) {
+    const InferRequest& request = *pending.request;
+    const std::optional<Duration> own =
+        options_.costs->Predict(key, PaddedRows(request.batch_size), BatchCostModel::Pick::kFastest);
+    // Without an estimate only a target already past is certain; an estimate longer than the
+    // target itself is not trusted alone either (see CheckInTime): it runs and corrects it.
+    const bool trusted = own.has_value() && *own <= options_.latency_target;
+    const TimePoint done = now + (trusted ? *own : Duration::zero());
+    const bool late_for_target = done > TargetDeadline(pending);
+    const bool late_for_deadline = trusted && done > request.deadline;
+    if (!late_for_target && !late_for_deadline) return false;
+    RefusedRequest out;
+    const bool by_deadline = late_for_deadline && request.deadline < TargetDeadline(pending);
+    out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
+    out.status = by_deadline
+                     ? absl::DeadlineExceededError(absl::StrCat(
+                           "model '", request.model_name,
+                           "' could no longer answer this request before its deadline or queue timeout (its batch "
+                           "takes about ", Micros(own.value_or(Duration::zero())), " us); it was refused without running"))
+                     : absl::UnavailableError(absl::StrCat(
+                           "model '", request.model_name, "' could no longer answer this request within its latency "
+                           "target of ", Micros(options_.latency_target),
+                           " us (sluice.latency_target_us) after it waited ", Micros(now - pending.enqueued),
+                           " us; it was refused without running: retry later, or add instances"));
+    out.pending = std::move(pending);
+    refused.push_back(std::move(out));
+    return true;
+  });
   return refused;
 }
 
@@ -181,24 +191,11 @@ void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, p
 
 std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
   std::vector<PendingRequest> expired;
-  for (auto it = groups_.begin(); it != groups_.end();) {
-    Group& group = it->second;
-    for (auto entry = group.queue.begin(); entry != group.queue.end();) {
-      if (entry->request->deadline <= now || entry->request->IsCancelled()) {
-        Forget(*entry);
-        group.rows -= entry->request->batch_size;
-        expired.push_back(std::move(*entry));
-        entry = group.queue.erase(entry);
-      } else {
-        ++entry;
-      }
-    }
-    if (group.queue.empty()) {
-      EraseGroup(it++);
-    } else {
-      ++it;
-    }
-  }
+  TakeWhere([&](const std::string&, PendingRequest& pending) {
+    if (pending.request->deadline > now && !pending.request->IsCancelled()) return false;
+    expired.push_back(std::move(pending));
+    return true;
+  });
   return expired;
 }
 
@@ -254,8 +251,7 @@ size_t BatchQueue::ReadyPrefix(const std::string& key, const Group& group, TimeP
 std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Group& group, TimePoint now,
                                               size_t fitting, int64_t rows, bool* wait) const {
   using Pick = BatchCostModel::Pick;
-  const PendingRequest& front = group.queue.front();
-  const TimePoint answer_by = std::min(TargetDeadline(front), front.request->deadline);
+  const TimePoint answer_by = AnswerBy(group.queue.front());
   std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), Pick::kSlowest);
   if (!cost) return std::nullopt;  // nothing known of this shape yet
   size_t take = fitting;
@@ -273,10 +269,17 @@ std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Grou
   const double serve_us_per_row = static_cast<double>(Micros(*cost)) / static_cast<double>(take_rows) /
                                   static_cast<double>(std::max(options_.instances, 1));
   if (serve_us_per_row <= gap_us_per_row_) return take;
-  const std::optional<Duration> larger = options_.costs->Predict(key, PaddedRows(take_rows + 1), Pick::kSlowest);
-  const auto gap = std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
-  *wait = larger.has_value() && now + gap + *larger < answer_by;
+  const std::optional<TimePoint> stop = StopWaitingAt(key, group);
+  *wait = stop.has_value() && now < *stop;
   return take;
+}
+
+std::optional<TimePoint> BatchQueue::StopWaitingAt(const std::string& key, const Group& group) const {
+  if (gap_us_per_row_ < 0) return std::nullopt;
+  const std::optional<Duration> larger =
+      options_.costs->Predict(key, PaddedRows(group.rows + 1), BatchCostModel::Pick::kSlowest);
+  if (!larger) return std::nullopt;
+  return AnswerBy(group.queue.front()) - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
 }
 
 int64_t BatchQueue::PaddedRows(int64_t rows) const {
@@ -331,15 +334,10 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
 TimePoint BatchQueue::NextBatchTime() const {
   TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
-    const PendingRequest& front = group.queue.front();
-    TimePoint ready = front.enqueued + options_.max_queue_delay;
-    std::optional<Duration> larger;
-    if (Targeted() && !options_.one_request_per_batch && gap_us_per_row_ >= 0 &&
-        (larger = options_.costs->Predict(key, PaddedRows(group.rows + 1), BatchCostModel::Pick::kSlowest))) {
-      // A group waiting for the target stops when one more arrival would make the oldest late.
-      const TimePoint answer_by = std::min(TargetDeadline(front), front.request->deadline);
-      const TimePoint last = answer_by - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
-      ready = options_.max_queue_delay > Duration::zero() ? std::min(ready, last) : last;
+    TimePoint ready = group.queue.front().enqueued + options_.max_queue_delay;
+    std::optional<TimePoint> stop;
+    if (Targeted() && !options_.one_request_per_batch && (stop = StopWaitingAt(key, group))) {
+      ready = options_.max_queue_delay > Duration::zero() ? std::min(ready, *stop) : *stop;
     }
     next = std::min(next, ready);
   }
@@ -350,7 +348,7 @@ TimePoint BatchQueue::NextDeadline() const {
   TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
     for (const PendingRequest& pending : group.queue) {
-      next = std::min({next, pending.request->deadline, TargetDeadline(pending)});
+      next = std::min(next, AnswerBy(pending));
     }
   }
   return next;

@@ -3,6 +3,7 @@
 // under its lock; tests drive it with a fake clock.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <deque>
@@ -147,6 +148,14 @@ class BatchQueue {
   TimePoint TargetDeadline(const PendingRequest& pending) const {
     return Targeted() ? pending.enqueued + options_.latency_target : kNoDeadline;
   }
+  // The earlier of `pending`'s own deadline and its target deadline.
+  TimePoint AnswerBy(const PendingRequest& pending) const {
+    return std::min(pending.request->deadline, TargetDeadline(pending));
+  }
+  // Removes every waiting request for which `take(group key, pending)` returns true (it may move
+  // the request out first), keeping the admission counts, group rows and groups right.
+  template <typename Take>
+  void TakeWhere(Take take);
   // How many requests from the front of `group` form a batch now, or 0 when it should wait.
   size_t ReadyPrefix(const std::string& key, const Group& group, TimePoint now) const;
   // With a latency target: at most how many requests from the front of `group` (which has
@@ -155,6 +164,10 @@ class BatchQueue {
   // nullopt when the cost model knows nothing of the group yet (decide as without a target).
   std::optional<size_t> TargetLimit(const std::string& key, const Group& group, TimePoint now, size_t fitting,
                                     int64_t rows, bool* wait) const;
+  // Latency target: the moment a group waiting for more requests stops waiting, when one more
+  // arrival (at the smoothed arrival rate) plus the larger batch would answer its oldest request
+  // late; nullopt before the arrival rate or the group's cost is known.
+  std::optional<TimePoint> StopWaitingAt(const std::string& key, const Group& group) const;
   // The largest batch of group `key` whose predicted cost (fastest instance) is within the target
   // (at least 1): the batch size the work ahead is counted at.
   int64_t UsefulBatchSize(const std::string& key) const;

@@ -90,6 +90,13 @@ class SluiceServer:
         except OSError:
             return ""
 
+    def metrics_text(self, timeout=10):
+        """The Prometheus exposition of the server's metrics endpoint now."""
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout) as response:
+            assert response.status == 200
+            return response.read().decode()
+
     def _channel(self):
         import grpc
         return (grpc.secure_channel(self.url, self.credentials) if self.credentials

@@ -301,7 +301,7 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
                 refused += 1
         # 64 rows of this model take far longer than 5 ms on one instance: both happen.
         assert ok > 0 and refused > 0, (ok, refused)
-        text = scrape_metrics(server)
+        text = server.metrics_text()
         counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                       if line.startswith('sluice_latency_refusals_total{model="slow"'))
         assert counted == refused, text
@@ -314,9 +314,3 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
     finally:
         client.close()
         server.stop()
-
-
-def scrape_metrics(server):
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
-        return response.read().decode()

@@ -11,7 +11,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import yaml
@@ -390,8 +389,7 @@ def test_kserve_runtime_and_inference_service(rendered):
 
 
 def test_metrics_the_dashboards_and_autoscaler_use_are_served(bundled_server):
-    with urllib.request.urlopen(f"http://127.0.0.1:{bundled_server.metrics_port}/metrics", timeout=10) as page:
-        text = page.read().decode()
+    text = bundled_server.metrics_text()
     assert re.search(r"^sluice_pending_requests\{", text, re.M)
 
 

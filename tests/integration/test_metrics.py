@@ -72,9 +72,7 @@ def server(repository, tmp_path_factory):
 
 def scrape(server):
     """{(name, ((label, value), ...)): value} of the server's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as response:
-        assert response.status == 200
-        text = response.read().decode()
+    text = server.metrics_text()
     series = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import Dict, List
 
 import numpy as np
@@ -336,7 +335,7 @@ def test_metrics_count_sequences_by_outcome(server):
     the accumulator's is left active, and models without sequences export no sequence series."""
     client = grpcclient.InferenceServerClient(server.url)
     assert infer(client, grpcclient, 95, 1, start=True)[0] == 1
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    text = server.metrics_text()
     samples = {}
     for line in text.splitlines():
         if line.startswith("sluice_sequences"):

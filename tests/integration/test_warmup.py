@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -228,8 +227,7 @@ def test_auto_batch_sizes_skip_the_sizes_that_serve_fewer_rows_per_second(client
     assert parameters["sluice.auto_batch_sizes.chosen"].string_value == "1,2,3,4"
     assert parameters["sluice.auto_batch_sizes.rows_per_second"].string_value == found.group(2)
     assert "sluice.auto_batch_sizes.chosen" not in client.get_model_config("seq_padded").config.parameters
-    with urllib.request.urlopen(f"http://127.0.0.1:{warm_server.metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = warm_server.metrics_text()
     series = set(re.findall(r'sluice_model_auto_batch_rows_per_second\{batch_size="(\d+)",model="cliff"', text))
     assert series == {"1", "2", "3", "4"}, text
 

@@ -1,6 +1,5 @@
 // Batching to a latency target (sluice.latency_target_us): BatchQueue's decisions with a fake
 // clock and costs given by hand, then the threaded batcher learning costs from its workers.
-#include <condition_variable>
 #include <future>
 #include <mutex>
 
@@ -43,21 +42,13 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
     costs_->Seed(0, kGroup, 1, 110us);
     costs_->Seed(0, kGroup, 8, 180us);
   }
-  // Adds a request of one row; `why` gets the early refusal reason.
-  Status AddOne(BatchQueue& queue, EarlyRefusal* why = nullptr, TimePoint deadline = kNoDeadline, int64_t width = 2) {
-    testing::Owned owned = testing::Make(1, width, next_tag_++, deadline);
-    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
-    data_.push_back(std::move(owned.data));
-    return queue.Add(pending, why);
-  }
-
   std::shared_ptr<BatchCostModel> costs_;
 };
 
 TEST_F(LatencyTargetQueueTest, ABatchIsCutSoThatItsOldestRequestAnswersInTime) {
   BatchQueue queue(TargetOptions());
   SeedLinear();
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(500us);  // 500 us left: five rows at 100 us each
   auto batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
@@ -78,10 +69,10 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWait
   options.max_queue_delay = 100us;  // without the target the first request would wait this long
   BatchQueue queue(options);
   SeedWithOverhead();
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());  // no arrival rate yet: no waiting
   clock_.Advance(2ms);
-  ASSERT_TRUE(AddOne(queue).ok());  // one row per 2 ms; a lone row is served in 110 us
+  ASSERT_TRUE(Add(queue, 1).ok());  // one row per 2 ms; a lone row is served in 110 us
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
 
   BatchQueue plain(Options());  // the same delay, no target
@@ -93,9 +84,9 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWa
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();  // 2 rows: 120 us, 60 us a row; arrivals: one row per 20 us
   const TimePoint first = clock_.Now();
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(20us);
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
   // It stops waiting when one more arrival (20 us) and a batch of 3 (130 us) would end past the target.
   EXPECT_EQ(queue.NextBatchTime(), first + 1000us - 130us - 20us);
@@ -113,9 +104,9 @@ TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
   BatchQueue queue(options);
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(20us);
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
   EXPECT_EQ(queue.NextBatchTime(), first + 100us);
   clock_.Advance(80us);
@@ -126,9 +117,9 @@ TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArriv
   BatchQueue queue(TargetOptions());
   SeedLinear();
   // The tenth finds 900 us of work ahead and needs 100 us itself: exactly in time.
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
   EarlyRefusal why = EarlyRefusal::kNone;
-  Status refused = AddOne(queue, &why);
+  Status refused = Add(queue, 1, 2, kNoDeadline, &why);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
   EXPECT_THAT(refused.message(), HasSubstr("about 1000 us of work is queued ahead of it"));
@@ -139,20 +130,20 @@ TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArriv
 TEST_F(LatencyTargetQueueTest, TheWorkAheadIsSpreadOverTheInstances) {
   BatchQueue queue(TargetOptions(/*instances=*/2));
   SeedLinear();  // instance 0 only; the other has not run the group and counts as unknown
-  for (int i = 0; i < 19; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;
-  EXPECT_FALSE(AddOne(queue).ok());  // 1900 us of work over two instances + 100 us > 1000 us
+  for (int i = 0; i < 19; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
+  EXPECT_FALSE(Add(queue, 1).ok());  // 1900 us of work over two instances + 100 us > 1000 us
 }
 
 TEST_F(LatencyTargetQueueTest, ARequestWhoseOwnDeadlineComesFirstIsRefusedWithDeadlineExceeded) {
   BatchQueue queue(TargetOptions());
   SeedLinear();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EarlyRefusal why = EarlyRefusal::kNone;
-  Status refused = AddOne(queue, &why, clock_.Now() + 350us);  // 300 us ahead + 100 us
+  Status refused = Add(queue, 1, 2, clock_.Now() + 350us, &why);  // 300 us ahead + 100 us
   EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(refused.message(), HasSubstr("before its deadline or queue timeout"));
   EXPECT_EQ(why, EarlyRefusal::kDeadline);
-  EXPECT_TRUE(AddOne(queue, nullptr, clock_.Now() + 400us).ok());
+  EXPECT_TRUE(Add(queue, 1, 2, clock_.Now() + 400us).ok());
 }
 
 TEST_F(LatencyTargetQueueTest, AShapeWithoutCostsIsBatchedAsWithoutATargetAndNeverRefused) {
@@ -160,7 +151,7 @@ TEST_F(LatencyTargetQueueTest, AShapeWithoutCostsIsBatchedAsWithoutATargetAndNev
   options.max_queue_delay = 100us;
   BatchQueue queue(options);
   costs_->Seed(0, "x[3,]", 1, 1s);  // another shape's cost says nothing about this one
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // four rows wait for the delay
@@ -172,10 +163,10 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
   BatchQueue queue(TargetOptions());
   SeedLinear();
   const TimePoint first = clock_.Now();
-  ASSERT_TRUE(AddOne(queue).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(850us);
-  ASSERT_TRUE(AddOne(queue).ok());
-  ASSERT_TRUE(AddOne(queue, nullptr, kNoDeadline, /*width=*/3).ok());  // a shape without costs
+  ASSERT_TRUE(Add(queue, 1).ok());
+  ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());  // a shape without costs
   EXPECT_EQ(queue.NextDeadline(), first + 1000us);  // the target is a deadline too
   EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
   clock_.Advance(100us);  // the first now needs until 1050 us
@@ -206,7 +197,7 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
 TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatchesFormed) {
   BatchQueue queue(TargetOptions());
   SeedLinear();
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);  // 800 us predicted: in time
   clock_.Advance(800us);  // it ended
   // The batches run three times slower than warm-up said.
@@ -214,8 +205,8 @@ TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatc
     costs_->Observe(0, kGroup, 8, 2400us);
     costs_->Observe(0, kGroup, 1, 300us);
   }
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(AddOne(queue).ok());
-  EXPECT_FALSE(AddOne(queue).ok());  // 900 us ahead + 300 us
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_FALSE(Add(queue, 1).ok());  // 900 us ahead + 300 us
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 3);  // 300 us a row: three rows fit
 }
 
@@ -223,9 +214,9 @@ TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
   BatchQueue queue(TargetOptions());
   costs_->Seed(0, kGroup, 1, 2000us);  // twice the target: warm-up on a busy host, say
   EarlyRefusal why = EarlyRefusal::kNone;
-  ASSERT_TRUE(AddOne(queue, &why).ok());  // nothing ahead: refusing would leave nothing to correct the cost
+  ASSERT_TRUE(Add(queue, 1, 2, kNoDeadline, &why).ok());  // nothing ahead: refusing would leave nothing to correct the cost
   EXPECT_EQ(why, EarlyRefusal::kNone);
-  EXPECT_FALSE(AddOne(queue).ok());  // behind it, 2000 us of work ahead
+  EXPECT_FALSE(Add(queue, 1).ok());  // behind it, 2000 us of work ahead
   // Queued, only a target already past refuses it: not an estimate longer than the target.
   EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
   clock_.Advance(1000us);
@@ -237,13 +228,13 @@ TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
 TEST_F(LatencyTargetQueueTest, ABatchHandedOutCountsAsWorkAheadUntilItsPredictedEnd) {
   BatchQueue queue(TargetOptions());
   SeedLinear();
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(AddOne(queue).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   auto batch = queue.TakeReadyBatch(clock_.Now());  // full: predicted to end in 800 us
   ASSERT_TRUE(batch.has_value());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(AddOne(queue).ok()) << i;  // 800 + 100 + 100 us
-  EXPECT_FALSE(AddOne(queue).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;  // 800 + 100 + 100 us
+  EXPECT_FALSE(Add(queue, 1).ok());
   clock_.Advance(200us);  // 600 us of it left: 600 + 200 + 100 us
-  EXPECT_TRUE(AddOne(queue).ok());
+  EXPECT_TRUE(Add(queue, 1).ok());
 }
 
 TEST_F(LatencyTargetQueueTest, WithoutDynamicBatchingOnlyRefusalsApply) {
@@ -251,51 +242,11 @@ TEST_F(LatencyTargetQueueTest, WithoutDynamicBatchingOnlyRefusalsApply) {
   options.one_request_per_batch = true;
   BatchQueue queue(options);
   costs_->Seed(0, "", 1, 400us);  // one group, keyed "", each request its own batch
-  ASSERT_TRUE(AddOne(queue).ok());
-  ASSERT_TRUE(AddOne(queue).ok());
-  EXPECT_EQ(AddOne(queue).code(), absl::StatusCode::kUnavailable);  // 800 us ahead + 400 us
+  ASSERT_TRUE(Add(queue, 1).ok());
+  ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_EQ(Add(queue, 1).code(), absl::StatusCode::kUnavailable);  // 800 us ahead + 400 us
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 1);
 }
-
-// A model that takes 100 us of the fake clock per row, echoes "x" as "y", and can be held at a
-// gate before it runs.
-class ClockedEcho final : public ModelBackend {
- public:
-  explicit ClockedEcho(FakeTimeSource* clock) : clock_(clock) {}
-  Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      ++started_;
-      changed_.notify_all();
-      changed_.wait(lock, [this] { return open_; });
-      sizes_.push_back(request.batch_size);
-    }
-    clock_->Advance(100us * request.batch_size);
-    return echo_.Execute(request, targets);
-  }
-  void SetGate(bool open) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_ = open;
-    changed_.notify_all();
-  }
-  void WaitStarted(int count) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return started_ >= count; });
-  }
-  std::vector<int64_t> sizes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return sizes_;
-  }
-
- private:
-  FakeTimeSource* const clock_;
-  testing::EchoBackend echo_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool open_ = true;
-  int started_ = 0;
-  std::vector<int64_t> sizes_;
-};
 
 struct Call {
   std::vector<int32_t> data;
@@ -307,7 +258,16 @@ struct Call {
 class LatencyTargetBatcherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = std::make_unique<ClockedEcho>(&clock_);
+    // Echoes "x" as "y", taking 100 us of the fake clock per row; held at its gate on demand.
+    auto model = std::make_unique<testing::FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+      {
+        std::lock_guard<std::mutex> lock(sizes_mutex_);
+        sizes_.push_back(request.batch_size);
+      }
+      clock_.Advance(100us * request.batch_size);
+      const TensorView& x = request.inputs[0];
+      return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
+    });
     model_ = model.get();
     std::vector<std::unique_ptr<ModelBackend>> backends;
     backends.push_back(std::move(model));
@@ -329,9 +289,17 @@ class LatencyTargetBatcherTest : public ::testing::Test {
     batcher_->Enqueue(std::move(request), &call.sink, [&call](Status status) { call.answer.set_value(status); });
   }
 
+  // The batch sizes the model ran, in order.
+  std::vector<int64_t> Sizes() {
+    std::lock_guard<std::mutex> lock(sizes_mutex_);
+    return sizes_;
+  }
+
   FakeTimeSource clock_;
   std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
-  ClockedEcho* model_ = nullptr;
+  std::mutex sizes_mutex_;
+  std::vector<int64_t> sizes_;
+  testing::FakeBackend* model_ = nullptr;
   std::unique_ptr<DynamicBatcher> batcher_;
 };
 
@@ -349,7 +317,7 @@ TEST_F(LatencyTargetBatcherTest, CostsLearnedFromTheWorkersRefuseWhatCannotBeAns
   ASSERT_TRUE(first.future.get().ok());
   EXPECT_EQ(batcher_->costs()->Predict(kGroup, 1, Pick::kSlowest), 100us);
 
-  model_->SetGate(false);
+  model_->CloseGate();
   Call running;
   Send(running);
   model_->WaitStarted(2);
@@ -362,7 +330,7 @@ TEST_F(LatencyTargetBatcherTest, CostsLearnedFromTheWorkersRefuseWhatCannotBeAns
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.message(), HasSubstr("latency target"));
 
-  model_->SetGate(true);
+  model_->OpenGate();
   ASSERT_TRUE(running.future.get().ok());
   int answered = 0, refused_queued = 0;
   for (Call& call : queued) {
@@ -378,7 +346,7 @@ TEST_F(LatencyTargetBatcherTest, CostsLearnedFromTheWorkersRefuseWhatCannotBeAns
   // the last row alone at 1000 us: all in time, as admission predicted.
   EXPECT_EQ(answered, 9);
   EXPECT_EQ(refused_queued, 0);
-  EXPECT_EQ(model_->sizes(), (std::vector<int64_t>{1, 1, 8, 1}));
+  EXPECT_EQ(Sizes(), (std::vector<int64_t>{1, 1, 8, 1}));
   const ModelStatsSnapshot stats = stats_->Snapshot();
   EXPECT_EQ(stats.refused_for_target, 1u);
   EXPECT_EQ(stats.refused_for_deadline, 0u);
@@ -388,7 +356,7 @@ TEST_F(LatencyTargetBatcherTest, RequestsHeldPastTheirTargetAreRefusedWhileQueue
   Call first;
   Send(first);
   ASSERT_TRUE(first.future.get().ok());
-  model_->SetGate(false);
+  model_->CloseGate();
   Call running;
   Send(running);
   model_->WaitStarted(2);
@@ -402,9 +370,9 @@ TEST_F(LatencyTargetBatcherTest, RequestsHeldPastTheirTargetAreRefusedWhileQueue
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_THAT(status.message(), HasSubstr("after it waited 1000 us"));
   }
-  model_->SetGate(true);
+  model_->OpenGate();
   ASSERT_TRUE(running.future.get().ok());
-  EXPECT_EQ(model_->sizes(), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(Sizes(), (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(stats_->Snapshot().refused_for_target, 3u);
 }
 
