@@ -41,7 +41,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import floor_benchmark as fb  # noqa: E402
-from harness.bench import ROOT, pinning, write_json  # noqa: E402
+from harness.bench import ROOT, awake, pinning, write_json  # noqa: E402
 from harness.repository import without_dynamic_batching, write_bundled  # noqa: E402
 from request_path_benchmark import BenchmarkError, Server  # noqa: E402
 
@@ -165,7 +165,7 @@ def judge(report):
 
 
 def print_table(report):
-    print(f"\npinning: {report['pinning']}; medians of {report['reps']} repetitions; "
+    print(f"\npinning: {report['pinning']}; awake: {report.get('awake', 'off')}; medians of {report['reps']} repetitions; "
           "a: no delay, b: best fixed delay, c: latency target")
     for name, model in report["models"].items():
         print(f"\n{name}: target {model['target_us']} us (3 x (in-process batch-1 {model['inprocess_batch1_p50_us']:.0f} us"
@@ -193,6 +193,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per window")
     parser.add_argument("--models", nargs="*", default=["mlp", "convnet"], choices=["mlp", "convnet"])
     parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument("--no-awake", action="store_true",
+                        help="let the CPUs go idle between requests (see harness.bench.awake)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -202,9 +204,11 @@ def main():
               "reps": 1 if args.smoke else args.reps, "window_seconds": 0.3 if args.smoke else args.seconds,
               "models": {}}
     try:
-        for name in (["mlp"] if args.smoke else args.models):
-            with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
-                report["models"][name] = measure_model(args, name, args.bin_dir, prefixes, workdir, args.smoke)
+        with awake(not args.no_awake and not args.smoke) as awake_note:
+            report["awake"] = awake_note
+            for name in (["mlp"] if args.smoke else args.models):
+                with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
+                    report["models"][name] = measure_model(args, name, args.bin_dir, prefixes, workdir, args.smoke)
     except BenchmarkError as error:
         print(f"latency target benchmark failed: {error}", file=sys.stderr)
         return 1

@@ -187,6 +187,78 @@ std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
   return refused;
 }
 
+std::optional<int64_t> BatchQueue::InTimeRows(const std::string& key, const Group& group, TimePoint now,
+                                              int64_t* fitting_rows) const {
+  const int64_t largest = ladder_.empty() ? options_.max_batch_size : ladder_.back();
+  const TimePoint answer_by = AnswerBy(group.queue.front());
+  int64_t rows = 0, in_time = 0;
+  bool late = false;  // costs grow with rows: once a prefix is late, every longer one is
+  for (const PendingRequest& pending : group.queue) {
+    if (rows + pending.request->batch_size > largest) break;
+    rows += pending.request->batch_size;
+    if (late) continue;
+    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
+    if (!cost) return std::nullopt;
+    late = now + *cost > answer_by;
+    if (!late) in_time = rows;
+  }
+  *fitting_rows = rows;
+  return in_time;
+}
+
+int64_t BatchQueue::KeepingUpRows(const std::string& key, int64_t limit) const {
+  const double instances = static_cast<double>(std::max(options_.instances, 1));
+  for (int64_t rows = 1; rows < limit; ++rows) {
+    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
+    if (cost && static_cast<double>(Micros(*cost)) / static_cast<double>(rows) / instances <= gap_us_per_row_) {
+      return rows;
+    }
+  }
+  return limit;
+}
+
+std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
+  std::vector<RefusedRequest> refused;
+  if (!Targeted() || options_.one_request_per_batch || gap_us_per_row_ < 0) return refused;
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& group = it->second;
+    // The batch worth forming: the smallest that keeps up with arrivals, within the largest the
+    // target allows a request that has just arrived.
+    // A lone row predicted beyond the whole target is not trusted (see CheckInTime): no shedding on it.
+    const std::optional<Duration> lone = options_.costs->Predict(it->first, PaddedRows(1), BatchCostModel::Pick::kFastest);
+    if (!lone || *lone > options_.latency_target) {
+      ++it;
+      continue;
+    }
+    const int64_t goal = KeepingUpRows(it->first, UsefulBatchSize(it->first));
+    while (group.queue.size() > 1) {
+      int64_t fitting_rows = 0;
+      const std::optional<int64_t> in_time = InTimeRows(it->first, group, now, &fitting_rows);
+      // Shed the oldest only while its batch would be cut below what keeps up and below what waits.
+      if (!in_time || *in_time >= std::min(goal, fitting_rows)) break;
+      PendingRequest& oldest = group.queue.front();
+      const InferRequest& request = *oldest.request;
+      RefusedRequest out;
+      const bool by_deadline = request.deadline < TargetDeadline(oldest);
+      out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
+      const std::string why = absl::StrCat(
+          "model '", request.model_name, "' is overloaded: requests arrive faster than batches small enough to answer "
+          "this one ", by_deadline ? "before its deadline or queue timeout" : "within its latency target",
+          " can serve them (it waited ", Micros(now - oldest.enqueued),
+          " us); it was refused without running so that the requests behind it are answered in time");
+      out.status = by_deadline ? absl::DeadlineExceededError(why)
+                               : absl::UnavailableError(absl::StrCat(why, ": retry later, or add instances"));
+      admission_.Release(0, oldest.bytes);
+      group.rows -= request.batch_size;
+      out.pending = std::move(oldest);
+      group.queue.pop_front();
+      refused.push_back(std::move(out));
+    }
+    ++it;  // a group keeps at least one request here
+  }
+  return refused;
+}
+
 void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, pending.bytes); }
 
 std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {

@@ -95,13 +95,23 @@ class BatchQueue {
   //    DEADLINE_EXCEEDED when its own deadline is the one it would miss, else UNAVAILABLE. With
   //    nothing ahead a request is always admitted: refusing it on its own predicted cost could
   //    refuse everything for good, with no batch left to correct an estimate that is too high.
-  //  - Refusal while queued: TakeHopeless.
+  //  - Refusal while queued: TakeHopeless; under overload, TakeOverloaded.
 
   // Removes and returns, with their answers, the requests that can no longer be answered in time
   // even in a batch of their own started now (their target passed, or now + their own predicted
   // cost is past it or past their deadline; a predicted cost longer than the whole target is not
   // trusted alone). Empty without a latency target.
   std::vector<RefusedRequest> TakeHopeless(TimePoint now);
+
+  // Latency target, with an instance free at `now` (call it just before TakeReadyBatch): when a
+  // batch cut so that a group's oldest request answers in time would serve rows more slowly than
+  // they arrive (the model is overloaded: the queue would only grow, and every request behind
+  // would wait longer), refuses that oldest request instead, and repeats while that lets the batch
+  // grow, up to the smallest size that keeps up with arrivals (or the largest the target allows).
+  // Trades the few oldest requests for batches that answer the many behind them in time. Empty
+  // without a target, before the arrival rate is known, or when the cost model knows nothing of
+  // the group.
+  std::vector<RefusedRequest> TakeOverloaded(TimePoint now);
 
   // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
   std::vector<PendingRequest> TakeExpired(TimePoint now);
@@ -168,6 +178,15 @@ class BatchQueue {
   // arrival (at the smoothed arrival rate) plus the larger batch would answer its oldest request
   // late; nullopt before the arrival rate or the group's cost is known.
   std::optional<TimePoint> StopWaitingAt(const std::string& key, const Group& group) const;
+  // Latency target: the rows of the longest prefix of `group` (within the largest batch size)
+  // whose batch started at `now` answers the oldest request in time on the slowest instance
+  // (`*fitting_rows`: the rows of the prefix within the largest size); nullopt when the cost
+  // model knows nothing of the group.
+  std::optional<int64_t> InTimeRows(const std::string& key, const Group& group, TimePoint now,
+                                    int64_t* fitting_rows) const;
+  // Latency target: the smallest batch of group `key`, up to `limit` rows, that serves rows at
+  // least as fast as they arrive (on every instance), or `limit` when none does.
+  int64_t KeepingUpRows(const std::string& key, int64_t limit) const;
   // The largest batch of group `key` whose predicted cost (fastest instance) is within the target
   // (at least 1): the batch size the work ahead is counted at.
   int64_t UsefulBatchSize(const std::string& key) const;

@@ -105,6 +105,9 @@ void DynamicBatcher::BatcherLoop() {
     const TimePoint now = options_.clock->Now();
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
     std::vector<RefusedRequest> hopeless = queue_.TakeHopeless(now);
+    const bool idle = pool_->idle() > 0;
+    // About to form a batch: under overload the oldest may make way for a batch that keeps up.
+    if (idle && expired.empty() && hopeless.empty()) hopeless = queue_.TakeOverloaded(now);
     if (!expired.empty() || !hopeless.empty()) {
       lock.Unlock();
       for (PendingRequest& pending : expired) pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
@@ -115,7 +118,6 @@ void DynamicBatcher::BatcherLoop() {
       lock.Lock();
       continue;
     }
-    const bool idle = pool_->idle() > 0;
     if (idle) {
       if (std::optional<FormedBatch> batch = queue_.TakeReadyBatch(now)) {
         // Under the lock, so that Stop cannot slip between taking the batch and handing it over.

@@ -1,9 +1,11 @@
 """What the benchmark scripts share: the bundled models they drive, pinning server and client to
-different CPUs, a repository of bundled models with or without dynamic batching, a server
+different CPUs, keeping those CPUs out of idle, a repository of bundled models with or without dynamic batching, a server
 started for a benchmark, a model's request and execution counts, and writing the JSON report."""
+import contextlib
 import json
 import os
 import shutil
+import signal
 
 from harness.repository import ROOT, write_bundled  # noqa: F401 (ROOT: for the scripts)
 from harness.server import SluiceServer
@@ -33,6 +35,38 @@ def pinning(enabled):
         return ((), ()), f"off ({len(cpus)} CPU(s), taskset {'found' if shutil.which('taskset') else 'missing'})"
     return ((("taskset", "-c", str(cpus[0])), ("taskset", "-c", str(cpus[1]))),
             f"server on CPU {cpus[0]}, client on CPU {cpus[1]}")
+
+
+@contextlib.contextmanager
+def awake(enabled, cpus=None):
+    """Keeps `cpus` (default: every CPU this process may use) out of idle while the block runs:
+    one busy loop per CPU at SCHED_IDLE, the lowest class, which runs only when nothing else
+    wants that CPU and yields to anything that does. On a virtual machine whose host is busy, a
+    CPU that goes idle is slow to wake: the bare gRPC echo at concurrency 1 measured 1,700 us
+    there against 130 us with the CPUs kept awake, and that wake-up, not the server, then
+    decides every latency measured. Yields a note for the report."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    if not enabled or not hasattr(os, "SCHED_IDLE"):
+        yield "off"
+        return
+    children = []
+    try:
+        for cpu in cpus:
+            pid = os.fork()
+            if pid == 0:  # the busy loop: nothing but spinning, killed by the parent
+                try:
+                    os.sched_setaffinity(0, {cpu})
+                    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+                    while True:
+                        pass
+                finally:
+                    os._exit(0)
+            children.append(pid)
+        yield f"CPUs {', '.join(map(str, cpus))} kept awake (a SCHED_IDLE busy loop each)"
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def make_repository(directory, batching, names):
