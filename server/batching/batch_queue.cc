@@ -243,7 +243,10 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
       out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
       const std::string why = absl::StrCat(
           "model '", request.model_name, "' is overloaded: requests arrive faster than batches small enough to answer "
-          "this one ", by_deadline ? "before its deadline or queue timeout" : "within its latency target",
+          "this one ",
+          by_deadline ? std::string("before its deadline or queue timeout")
+                      : absl::StrCat("within its latency target of ", Micros(options_.latency_target),
+                                     " us (sluice.latency_target_us)"),
           " can serve them (it waited ", Micros(now - oldest.enqueued),
           " us); it was refused without running so that the requests behind it are answered in time");
       out.status = by_deadline ? absl::DeadlineExceededError(why)

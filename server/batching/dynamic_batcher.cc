@@ -16,6 +16,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     // Learned per instance: warm-up seeds it (WarmUp), every batch run corrects it (the pool).
     options.queue.costs = std::make_shared<BatchCostModel>(instances.size());
     options.queue.instances = static_cast<int>(instances.size());
+    if (options.stats) options.stats->ShowLatencyTarget(options.queue.latency_target, options.queue.costs);
   }
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
   InstancePool::Options pool_options;

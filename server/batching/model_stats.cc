@@ -97,9 +97,22 @@ void ModelStats::RecordEarlyRefusal(EarlyRefusal reason, bool queued) {
   ++(reason == EarlyRefusal::kTarget ? stats_.refused_for_target : stats_.refused_for_deadline);
 }
 
-ModelStatsSnapshot ModelStats::Snapshot() const {
+void ModelStats::ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs) {
   MutexLock lock(&mutex_);
-  return stats_;
+  stats_.latency_target = target;
+  costs_ = std::move(costs);
+}
+
+ModelStatsSnapshot ModelStats::Snapshot() const {
+  ModelStatsSnapshot snapshot;
+  std::shared_ptr<const BatchCostModel> costs;
+  {
+    MutexLock lock(&mutex_);
+    snapshot = stats_;
+    costs = costs_;
+  }
+  if (costs) snapshot.batch_costs = costs->Snapshot();  // outside our lock: the two never nest
+  return snapshot;
 }
 
 }  // namespace sluice

@@ -6,9 +6,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 
+#include "server/batching/batch_cost.h"
 #include "server/core/clock.h"
 #include "server/core/infer_request.h"
 #include "server/core/mutex.h"
@@ -36,8 +38,11 @@ struct ModelStatsSnapshot {
     DurationStat compute_input, compute_infer, compute_output;
   };
   std::map<uint64_t, Batch> batches;  // by batch size the model saw (padding included)
-  // Latency target models: requests refused because they could not be answered in time.
+  // Latency target models: the target (zero: none), requests refused because they could not be
+  // answered in time, and the batch costs the batcher decides from.
+  Duration latency_target{0};
   uint64_t refused_for_target = 0, refused_for_deadline = 0;
+  std::vector<BatchCostModel::Entry> batch_costs;
 };
 
 // Why a request failed, as operators group failures.
@@ -130,12 +135,16 @@ class ModelStats {
     if (sink_) sink_->OnBatchCost(oldest_wait, predicted, measured);
   }
 
+  // Latency target models: snapshots carry `target` and `costs`' live figures from now on.
+  void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs) ABSL_LOCKS_EXCLUDED(mutex_);
+
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   const std::shared_ptr<StatsSink> sink_;  // may be null
   mutable Mutex mutex_;
   ModelStatsSnapshot stats_ ABSL_GUARDED_BY(mutex_);
+  std::shared_ptr<const BatchCostModel> costs_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

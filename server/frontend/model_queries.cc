@@ -221,6 +221,20 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
     fill(batch.compute_infer, out->mutable_compute_infer());
     fill(batch.compute_output, out->mutable_compute_output());
   }
+  if (stats.latency_target > Duration::zero()) {
+    auto* target = proto->mutable_sluice_latency_target();
+    target->set_target_us(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(stats.latency_target).count()));
+    target->set_refused_for_target(stats.refused_for_target);
+    target->set_refused_for_deadline(stats.refused_for_deadline);
+    for (const BatchCostModel::Entry& entry : stats.batch_costs) {
+      auto* cost = target->add_batch_costs();
+      cost->set_shape_group(entry.group);
+      cost->set_batch_size(static_cast<uint64_t>(entry.rows));
+      cost->set_instance(static_cast<uint32_t>(entry.instance));
+      cost->set_ns(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(entry.cost).count()));
+      cost->set_observations(entry.observations);
+    }
+  }
 }
 
 }  // namespace sluice

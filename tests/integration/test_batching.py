@@ -261,7 +261,8 @@ class SlowMix(torch.nn.Module):
 def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path_factory):
     """sluice.latency_target_us: a burst holding far more work than the target allows gets some
     answers (equal to the model's) and, at once, UNAVAILABLE with the reason for the rest; the
-    refusals are counted in the metrics and the server keeps serving."""
+    refusals are counted in the metrics and the statistics, and the server keeps serving."""
+    import tritonclient.http as httpclient
     from make_test_repository import tensor_block, write_model
     root = tmp_path_factory.mktemp("latency_target")
     row_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
@@ -306,6 +307,20 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
                       if line.startswith('sluice_latency_refusals_total{model="slow"'))
         assert counted == refused, text
         assert 'sluice_batch_cost_ratio_count{model="slow",version="1"}' in text
+        # The statistics extension shows the target, the refusals and the live costs (Sluice's
+        # own fields: tritonclient's gRPC client parses the response unchanged, skipping them).
+        (grpc_stats,) = client.get_inference_statistics("slow", as_json=True)["model_stats"]
+        assert "sluice_latency_target" not in grpc_stats and int(grpc_stats["inference_count"]) >= ok
+        http = httpclient.InferenceServerClient(server.http_url)
+        try:
+            (stats,) = http.get_inference_statistics("slow")["model_stats"]
+        finally:
+            http.close()
+        target = stats["sluice_latency_target"]
+        assert int(target["target_us"]) == 5000 and int(target["refused_for_target"]) == refused, target
+        costs = target["batch_costs"]
+        assert costs and all(c["shape_group"] == "INPUT__0[4,]" and int(c["ns"]) > 0 for c in costs), costs
+        assert sum(int(c.get("observations", 0)) for c in costs) > 0, costs  # corrected by the batches that ran
         # Still serving: a lone request is answered.
         inp = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
         inp.set_data_from_numpy(data[0])

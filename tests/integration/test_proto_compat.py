@@ -1,6 +1,10 @@
 """Wire compatibility: every message, enum and RPC that Sluice's .proto files define must match
 tritonclient's generated modules (names, field numbers, types, labels, oneofs, map entries).
 
+Sluice's own additions are the one exception, and must be marked as such: messages named Sluice*,
+and fields named sluice_* numbered from 1000 in Triton's messages (Triton's clients skip them as
+unknown fields).
+
 Our descriptors come from `protoc --descriptor_set_out` (built by CMake); tritonclient's come from
 its installed *_pb2 modules, so a drift on either side fails here.
 """
@@ -11,6 +15,7 @@ from google.protobuf import descriptor_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 DESCRIPTOR_SET = os.environ.get("SLUICE_PROTO_DESCRIPTORS", "")
+SLUICE_FIELDS_FROM = 1000  # Sluice's own fields in Triton's messages are numbered from here
 
 
 def _load_ours():
@@ -58,11 +63,15 @@ def _compare_file(ours, theirs):
     _flatten_messages(theirs.package, theirs.message_type, their_msgs)
     assert our_msgs, "no messages parsed from our descriptor set"
     for name, msg in our_msgs.items():
+        if msg.name.startswith("Sluice"):
+            continue  # ours alone (see the module's note)
         if name not in their_msgs:
             problems.append(f"{name}: not a message in tritonclient")
             continue
         their_fields = {f.name: f for f in their_msgs[name].field}
         for field in msg.field:
+            if field.name.startswith("sluice_") and field.number >= SLUICE_FIELDS_FROM:
+                continue  # ours alone
             other = their_fields.get(field.name)
             if other is None:
                 problems.append(f"{name}.{field.name}: no such field in tritonclient")
@@ -120,3 +129,24 @@ def test_service_methods_match_tritonclient():
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
                  "ModelInfer", "ModelConfig", "RepositoryIndex"):
         assert name in {m.name for m in our_service.method}
+
+
+def test_only_marked_sluice_additions_are_exempt():
+    theirs = _theirs(service_pb2)
+
+    def with_addition(message_name, field_name, number):
+        ours = descriptor_pb2.FileDescriptorProto()
+        ours.CopyFrom(theirs)
+        (message,) = [m for m in ours.message_type if m.name == message_name]
+        message.field.add(name=field_name, number=number, type=descriptor_pb2.FieldDescriptorProto.TYPE_UINT64,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        return _compare_file(ours, theirs)[0]
+
+    assert with_addition("ModelStatistics", "sluice_extra", SLUICE_FIELDS_FROM) == []
+    assert with_addition("ModelStatistics", "sluice_extra", 99) != []  # in Triton's own number range
+    assert with_addition("ModelStatistics", "extra", SLUICE_FIELDS_FROM) != []  # not marked as ours
+    ours = descriptor_pb2.FileDescriptorProto()
+    ours.CopyFrom(theirs)
+    ours.message_type.add(name="SluiceExtra")
+    ours.message_type.add(name="Extra")
+    assert _compare_file(ours, theirs)[0] == ["inference.Extra: not a message in tritonclient"]

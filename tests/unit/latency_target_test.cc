@@ -211,6 +211,7 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
   EXPECT_EQ(refused[1].pending.request->id, "2");
   EXPECT_EQ(refused[0].status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused[0].status.message(), HasSubstr("is overloaded"));
+  EXPECT_THAT(refused[0].status.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
   EXPECT_THAT(refused[0].status.message(), HasSubstr("it waited 880 us"));
   EXPECT_EQ(refused[0].reason, EarlyRefusal::kTarget);
   EXPECT_EQ(queue.size(), 6u);
@@ -363,6 +364,14 @@ TEST_F(LatencyTargetBatcherTest, WarmUpSeedsTheCosts) {
   ASSERT_TRUE(batcher_->WarmUp(std::move(warmup), nullptr).ok());
   ASSERT_NE(batcher_->costs(), nullptr);
   EXPECT_EQ(batcher_->costs()->Predict(kGroup, 4, Pick::kSlowest), 400us);
+  // The model's statistics show the target and the costs, live.
+  const ModelStatsSnapshot stats = stats_->Snapshot();
+  EXPECT_EQ(stats.latency_target, 1000us);
+  ASSERT_EQ(stats.batch_costs.size(), 1u);
+  EXPECT_EQ(stats.batch_costs[0].group, kGroup);
+  EXPECT_EQ(stats.batch_costs[0].rows, 4);
+  EXPECT_EQ(stats.batch_costs[0].cost, 400us);
+  EXPECT_EQ(stats.batch_costs[0].observations, 0u);
 }
 
 TEST_F(LatencyTargetBatcherTest, CostsLearnedFromTheWorkersRefuseWhatCannotBeAnsweredInTime) {
