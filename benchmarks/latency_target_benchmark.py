@@ -108,9 +108,12 @@ def summarize(windows, keys=("goodput_per_s", "answered_p50_us", "answered_p99_u
     return {key: statistics.median(window[key] for window in windows) for key in keys}
 
 
-def measure_model(args, name, bin_dir, prefixes, workdir, smoke):
-    """Everything for one bundled model: its target, capacity, delay choice and load windows."""
-    windows = (0.1, 0.3) if smoke else (1.0, args.seconds)
+def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmup=1.0, reps=3, loads=LOADS,
+                  delay_shares=DELAY_SHARES, device="cpu", inprocess_seconds=0.5):
+    """Everything for one bundled model on `device`: its target, capacity, delay choice and load
+    windows (`warmup` + `seconds` each, `reps` repetitions per load; smoke: tiny windows, one
+    repetition at 1x). The GPU proof kit calls it too (with fewer loads and shorter windows)."""
+    windows = (0.1, 0.3) if smoke else (warmup, seconds)
     load = fb.Load(bin_dir, prefixes[1], workdir, windows)
     source = os.path.join(workdir, "bundled")
     write_bundled(source, [name], "dynamic_batching { }")
@@ -119,19 +122,20 @@ def measure_model(args, name, bin_dir, prefixes, workdir, smoke):
         f.write(fb.request_bytes(name))
     with fb.EchoServer(bin_dir, "callback", prefixes[0]) as echo:
         echo_p50 = statistics.median(load.run(echo.url, echo_path, 1)["p50_us"] for _ in range(1 if smoke else 3))
-    inproc_p50 = fb.inprocess(bin_dir, source, prefixes[0], smoke, models=(name,))[name][1]["p50_us"]
+    inproc_p50 = fb.inprocess(bin_dir, source, prefixes[0], smoke, models=(name,), device=device,
+                              seconds=inprocess_seconds)[name][1]["p50_us"]
     target_us = int(3 * (inproc_p50 + echo_p50))
     server_target_us = max(target_us // 2, int(target_us - echo_p50))
-    delays = sorted({max(1, int(target_us * share)) for share in (DELAY_SHARES[1:2] if smoke else DELAY_SHARES)})
+    delays = sorted({max(1, int(target_us * share)) for share in (delay_shares[1:2] if smoke else delay_shares)})
     with open(os.path.join(source, name, "config.pbtxt")) as f:
         variants = variant_configs(f.read(), name, server_target_us, delays)
     repository = os.path.join(workdir, f"repository_{name}")
     write_variants(repository, source, name, variants)
     paths = {variant: request_file(workdir, name, variant) for variant in variants}
-    report = {"target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
+    report = {"device": device, "target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
               "delays_tried_us": delays, "loads": {}}
     log = os.path.join(workdir, f"{name}_server.log")
-    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0]) as server:
+    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0], device=device) as server:
         report["capacity_per_s"] = cap = capacity(load, server.url, paths[f"{name}_a"])
         # The fixed delay: the best goodput at 1x among those tried.
         tried = {delay: open_loop(load, server.url, paths[f"{name}_b{delay}"], cap, target_us, seed=99)["goodput_per_s"]
@@ -140,9 +144,9 @@ def measure_model(args, name, bin_dir, prefixes, workdir, smoke):
         report["delay_goodput_at_1x"] = {str(delay): goodput for delay, goodput in tried.items()}
         report["delay_chosen_us"] = best
         chosen = {"a": f"{name}_a", "b": f"{name}_b{best}", "c": f"{name}_c"}
-        for share in ((1.0,) if smoke else LOADS):
+        for share in ((1.0,) if smoke else loads):
             raw = {variant: [] for variant in chosen}
-            for rep in range(1 if smoke else args.reps):
+            for rep in range(1 if smoke else reps):
                 for variant, model in chosen.items():  # same seed: the same arrivals for each
                     raw[variant].append(open_loop(load, server.url, paths[model], cap * share, target_us, seed=rep + 1))
             report["loads"][str(share)] = {"rate_per_s": cap * share, "raw": raw,
@@ -208,7 +212,8 @@ def main():
             report["awake"] = awake_note
             for name in (["mlp"] if args.smoke else args.models):
                 with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
-                    report["models"][name] = measure_model(args, name, args.bin_dir, prefixes, workdir, args.smoke)
+                    report["models"][name] = measure_model(name, args.bin_dir, prefixes, workdir, args.smoke,
+                                                           seconds=args.seconds, reps=args.reps)
     except BenchmarkError as error:
         print(f"latency target benchmark failed: {error}", file=sys.stderr)
         return 1

@@ -160,13 +160,13 @@ def http_off(binary):
     return ["--allow-http", "false"] if "--allow-http" in help_text else []
 
 class Server(SluiceServer):
-    """sluice-server (optionally under a prefix: taskset, valgrind) on free ports, on the CPU, with
-    the HTTP endpoint off; a context manager that waits `ready_timeout` for it to be ready (raising
+    """sluice-server (optionally under a prefix: taskset, valgrind) on free ports, on the CPU (or
+    `device`), with the HTTP endpoint off; a context manager that waits `ready_timeout` for it to be ready (raising
     BenchmarkError) and stops it (SIGTERM, then SIGKILL) whatever happens. `ready_s`: from its
     start to ready."""
 
-    def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0, extra_args=()):
-        super().__init__(binary, repository, ["--device", "cpu", *http_off(binary), *extra_args],
+    def __init__(self, binary, repository, log_path, prefix=(), ready_timeout=120.0, extra_args=(), device="cpu"):
+        super().__init__(binary, repository, ["--device", device, *http_off(binary), *extra_args],
                          log_path=log_path, prefix=prefix, log_level="warn", http_port=None, new_session=True)
         self.ready_timeout = ready_timeout
 
