@@ -168,6 +168,18 @@ def judge(report):
             figures["met"]["goodput_at_least_1.5x_at_3x"] = ratio >= 1.5
 
 
+def rows(model):
+    """(load, variant, figures, verdict) per load and variant; the verdict (c only): c's goodput
+    over the better of a and b, and issue 34's targets met or not."""
+    for share, figures in model["loads"].items():
+        for variant in ("a", "b", "c"):
+            verdict = ""
+            if variant == "c":
+                verdict = f"{figures['c_goodput_ratio']:.2f}x " + " ".join(
+                    f"{key}={'yes' if ok else 'NO'}" for key, ok in figures["met"].items())
+            yield share, variant, figures[variant], verdict
+
+
 def print_table(report):
     print(f"\npinning: {report['pinning']}; awake: {report.get('awake', 'off')}; medians of {report['reps']} repetitions; "
           "a: no delay, b: best fixed delay, c: latency target")
@@ -178,16 +190,10 @@ def print_table(report):
               f"fixed delay {model['delay_chosen_us']} us (goodput at 1x: {model['delay_goodput_at_1x']})")
         print(f"{'load':>5} {'var':>3} {'goodput/s':>10} {'p50 us':>9} {'p99 us':>9} {'refused':>8} {'ok':>7} "
               f"{'not sent':>8} {'client cpu':>10}  c vs best(a,b)")
-        for share, figures in model["loads"].items():
-            for variant in ("a", "b", "c"):
-                f = figures[variant]
-                verdict = ""
-                if variant == "c":
-                    verdict = f"{figures['c_goodput_ratio']:.2f}x " + " ".join(
-                        f"{key}={'yes' if ok else 'NO'}" for key, ok in figures["met"].items())
-                print(f"{share:>5} {variant:>3} {f['goodput_per_s']:>10.0f} {f['answered_p50_us']:>9.0f} "
-                      f"{f['answered_p99_us']:>9.0f} {f['refused']:>8.0f} {f['ok']:>7.0f} {f['not_sent']:>8.0f} "
-                      f"{f['client_cpu_busy']:>10.2f}  {verdict}")
+        for share, variant, f, verdict in rows(model):
+            print(f"{share:>5} {variant:>3} {f['goodput_per_s']:>10.0f} {f['answered_p50_us']:>9.0f} "
+                  f"{f['answered_p99_us']:>9.0f} {f['refused']:>8.0f} {f['ok']:>7.0f} {f['not_sent']:>8.0f} "
+                  f"{f['client_cpu_busy']:>10.2f}  {verdict}")
 
 
 def main():

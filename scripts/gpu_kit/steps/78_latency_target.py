@@ -34,16 +34,8 @@ def body():
     for figures in model["loads"].values():
         figures.pop("raw", None)  # the medians of one repetition are the windows themselves
     numbers = {"pinning": pin_note, "awake": awake_note, name: model}
-    rows = []
-    for share, figures in model["loads"].items():
-        for variant in ("a", "b", "c"):
-            f = figures[variant]
-            verdict = ""
-            if variant == "c":
-                verdict = f"{figures['c_goodput_ratio']:.2f}x; " + ", ".join(
-                    f"{key} {'yes' if ok else 'NO'}" for key, ok in figures["met"].items())
-            rows.append([share, variant, round(f["goodput_per_s"]), round(f["answered_p50_us"]),
-                         round(f["answered_p99_us"]), round(f["refused"]), round(f["ok"]), verdict])
+    rows = [[share, variant, round(f["goodput_per_s"]), round(f["answered_p50_us"]), round(f["answered_p99_us"]),
+             round(f["refused"]), round(f["ok"]), verdict] for share, variant, f, verdict in lt.rows(model)]
     details = kitlib.table(["load", "variant", "goodput/s", "answered p50 us", "answered p99 us", "refused", "ok",
                             "c vs best(a, b)"], rows)
     details += (f"\n\n{name} on {kitlib.device()}: client-side target {model['target_us']} us (in-process batch-1 "
