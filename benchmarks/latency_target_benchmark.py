@@ -163,7 +163,8 @@ def judge(report):
         ratio = c["goodput_per_s"] / best_other if best_other > 0 else float("inf")
         figures["c_goodput_ratio"] = ratio
         figures["met"] = {"goodput_at_least_0.95x": ratio >= 0.95,
-                          "p99_within_target": c["answered_p99_us"] <= report["target_us"]}
+                          # Nothing answered is no p99 within the target.
+                          "p99_within_target": c["ok"] > 0 and c["answered_p99_us"] <= report["target_us"]}
         if float(share) >= 3.0:
             figures["met"]["goodput_at_least_1.5x_at_3x"] = ratio >= 1.5
 

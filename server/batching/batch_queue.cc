@@ -1,6 +1,7 @@
 #include "server/batching/batch_queue.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 
 #include "absl/container/inlined_vector.h"
@@ -38,7 +39,7 @@ void BatchQueue::EraseGroup(Groups::iterator group) {
   if (!spare_group_) spare_group_ = std::move(node);
 }
 
-Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused) {
+Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy) {
   const InferRequest& request = *pending.request;
   const std::string key = options_.one_request_per_batch ? std::string() : GroupKey(request);
   auto group = groups_.find(key);
@@ -48,7 +49,7 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused) {
         " different input shapes waiting (sluice.max_shape_groups); retry later or send fewer "
         "distinct shapes"));
   }
-  if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused));
+  if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused, busy));
   SLUICE_RETURN_IF_ERROR(admission_.Admit(0, pending.bytes, request.model_name, [&](size_t waiting) {
     return absl::UnavailableError(absl::StrCat(
         "model '", request.model_name, "' has ", waiting,
@@ -76,7 +77,8 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused) {
   return absl::OkStatus();
 }
 
-Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused) const {
+Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused,
+                               int busy) const {
   const InferRequest& request = *pending.request;
   using Pick = BatchCostModel::Pick;
   const std::optional<Duration> own = options_.costs->Predict(key, PaddedRows(request.batch_size), Pick::kFastest);
@@ -90,9 +92,16 @@ Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string&
     const std::optional<Duration> full = options_.costs->Predict(group_key, PaddedRows(size), Pick::kFastest);
     if (full) ahead_us += static_cast<double>(Micros(*full)) * static_cast<double>(group.rows) / static_cast<double>(size);
   }
+  // The batches still running: the `busy` predicted to end last (the others ended early).
+  absl::InlinedVector<TimePoint, 4> running;
   for (TimePoint end : running_until_) {
-    if (end > pending.enqueued) ahead_us += static_cast<double>(Micros(end - pending.enqueued));
+    if (end > pending.enqueued) running.push_back(end);
   }
+  if (busy >= 0 && running.size() > static_cast<size_t>(busy)) {
+    std::sort(running.begin(), running.end(), std::greater<TimePoint>());
+    running.resize(static_cast<size_t>(busy));
+  }
+  for (TimePoint end : running) ahead_us += static_cast<double>(Micros(end - pending.enqueued));
   const auto ahead = std::chrono::microseconds(static_cast<int64_t>(ahead_us / std::max(options_.instances, 1)));
   // Nothing ahead: it runs as early as it ever could. Refusing it on its predicted cost alone
   // could refuse everything for good (no batch would run to correct an estimate that is too high,

@@ -74,8 +74,9 @@ class BatchQueue {
   // Admits `pending` or returns why not (UNAVAILABLE: a cap is reached, see Admission, or too many
   // shapes wait; the caller answers the request). Requests whose non-batch shapes differ wait in
   // different groups. With a latency target, also refuses a request that cannot be answered in
-  // time (see below); `*refused` (may be null) then says why.
-  Status Add(PendingRequest& pending, EarlyRefusal* refused = nullptr);
+  // time (see below); `*refused` (may be null) then says why. `busy`: how many instances are
+  // running a batch now, when the caller knows (-1: it does not; see "Refusal at arrival").
+  Status Add(PendingRequest& pending, EarlyRefusal* refused = nullptr, int busy = -1);
 
   // Latency target (Options::latency_target > 0). Each request must be answered within the
   // target of its arrival, and within its own deadline. Costs come from `costs` (BatchCostModel:
@@ -91,7 +92,9 @@ class BatchQueue {
   //  - Refusal at arrival: refused when even the fastest instance could not answer it in time
   //    after the work ahead: every group's rows at the per-row cost of the largest batch the target
   //    allows, and what the batches handed out last are predicted to have left, spread over the
-  //    instances (a batch that ends early still counts until its predicted end):
+  //    instances (of the batches handed out, only the `busy` ones predicted to end last count:
+  //    a batch that ended early on an instance now idle counts no more; without `busy`, every
+  //    batch counts until its predicted end):
   //    DEADLINE_EXCEEDED when its own deadline is the one it would miss, else UNAVAILABLE. With
   //    nothing ahead a request is always admitted: refusing it on its own predicted cost could
   //    refuse everything for good, with no batch left to correct an estimate that is too high.
@@ -191,7 +194,7 @@ class BatchQueue {
   // (at least 1): the batch size the work ahead is counted at.
   int64_t UsefulBatchSize(const std::string& key) const;
   // Why `pending` (in group `key`, not yet added) cannot be answered in time, or OK.
-  Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused) const;
+  Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused, int busy) const;
   void Forget(const PendingRequest& pending);
   int64_t PaddedRows(int64_t rows) const;
 

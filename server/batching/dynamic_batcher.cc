@@ -57,7 +57,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     const bool nothing_queued = queue_.size() == 0;
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
-                         : queue_.Add(pending, &refused);
+                         : queue_.Add(pending, &refused, options_.queue.instances - static_cast<int>(pool_->idle()));
     // Under the lock: the request cannot be answered (and stop being pending) before this.
     if (admitted.ok() && stats) stats->RecordAdmitted();
     // The batcher would hand this request over at once: run it here instead. Through the queue,

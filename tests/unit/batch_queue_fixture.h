@@ -43,13 +43,13 @@ class BatchQueueFixture : public ::testing::Test {
     return options;
   }
 
-  // Adds a request; keeps its data alive for the test. `why` (may be null): BatchQueue::Add's.
+  // Adds a request; keeps its data alive for the test. `why` (may be null) and `busy`: BatchQueue::Add's.
   Status Add(BatchQueue& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline,
-             EarlyRefusal* why = nullptr) {
+             EarlyRefusal* why = nullptr, int busy = -1) {
     Owned owned = Make(rows, width, next_tag_++, deadline);
     PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
     data_.push_back(std::move(owned.data));
-    return queue.Add(pending, why);
+    return queue.Add(pending, why, busy);
   }
 
   static std::vector<std::string> Ids(const FormedBatch& batch) {

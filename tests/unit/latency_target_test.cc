@@ -292,6 +292,20 @@ TEST_F(LatencyTargetQueueTest, ABatchHandedOutCountsAsWorkAheadUntilItsPredicted
   EXPECT_TRUE(Add(queue, 1).ok());
 }
 
+TEST_F(LatencyTargetQueueTest, ABatchThatEndedEarlyStopsCountingOnceItsInstanceIsIdle) {
+  BatchQueue queue(TargetOptions());
+  SeedLinear();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());  // predicted to end in 800 us
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
+  clock_.Advance(10us);
+  EarlyRefusal why = EarlyRefusal::kNone;
+  EXPECT_FALSE(Add(queue, 1, 2, kNoDeadline, &why, /*busy=*/1).ok());  // still running: 790 + 200 + 100 us
+  EXPECT_EQ(why, EarlyRefusal::kTarget);
+  // It ended early: its instance is idle, and only the two queued rows are ahead (200 + 100 us).
+  EXPECT_TRUE(Add(queue, 1, 2, kNoDeadline, nullptr, /*busy=*/0).ok());
+}
+
 TEST_F(LatencyTargetQueueTest, WithoutDynamicBatchingOnlyRefusalsApply) {
   auto options = TargetOptions();
   options.one_request_per_batch = true;
