@@ -6,7 +6,8 @@ capacity, in one run. Prints a table and writes JSON.
     .venv/bin/python benchmarks/latency_target_benchmark.py [--reps 3] [--seconds 3] [--json out.json]
     .venv/bin/python benchmarks/latency_target_benchmark.py --smoke --bin-dir build/bin --json out.json
 
-Per model (the bundled MLP and conv net), measured first in the same run:
+Per model (the bundled MLP and conv net, and "wideconv": the conv net with 64-channel convolutions,
+whose compute outweighs the transport's cost per request), measured first in the same run:
   target      3 x (in-process LibTorch batch-1 p50 + the bare gRPC echo's c=1 p50)
   capacity    the highest closed-loop requests/s of the model without a delay (concurrency 8, 32, 64)
 Then, at each offered load (0.5x, 1x, 2x, 3x capacity; Poisson arrivals from sluice-bench-load,
@@ -49,6 +50,34 @@ LOADS = (0.5, 1.0, 2.0, 3.0)
 DELAY_SHARES = (1 / 16, 1 / 8, 1 / 4, 1 / 2)  # fixed delays tried at 1x, as shares of the target
 CAPACITY_CONCURRENCY = (8, 32, 64)
 OPEN_LOOP_CAP = 4096  # calls in flight the client allows: far above any queue, so it never closes the loop
+
+
+# Models this benchmark builds on a bundled one's configuration and input: name -> (the bundled
+# model, a function that writes the TorchScript file in its place).
+def write_wideconv(path):
+    """The conv net's input and output with 64-channel convolutions: about 100 MFLOP a row, so
+    that compute, not the transport's per-request cost, decides the model's capacity on a CPU
+    (the regime a latency target is for: refusing a request costs far less than serving it)."""
+    import torch
+    from torch import nn
+
+    class WideConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                nn.MaxPool2d(2), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+            self.classifier = nn.Linear(64 * 8 * 8, 10)
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            return self.classifier(torch.flatten(self.features(image), 1))
+
+    torch.manual_seed(5)
+    torch.jit.script(WideConv().eval()).save(path)
+
+
+DERIVED = {"wideconv": ("convnet", write_wideconv)}
+MODEL_NAMES = ("mlp", "convnet", "wideconv")
 
 
 def variant_configs(base_config, name, target_us, delays_us):
@@ -109,33 +138,38 @@ def summarize(windows, keys=("goodput_per_s", "answered_p50_us", "answered_p99_u
 
 
 def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmup=1.0, reps=3, loads=LOADS,
-                  delay_shares=DELAY_SHARES, device="cpu", inprocess_seconds=0.5):
+                  delay_shares=DELAY_SHARES, device="cpu", inprocess_seconds=0.5, server_args=()):
     """Everything for one bundled model on `device`: its target, capacity, delay choice and load
     windows (`warmup` + `seconds` each, `reps` repetitions per load; smoke: tiny windows, one
     repetition at 1x). The GPU proof kit calls it too (with fewer loads and shorter windows)."""
     windows = (0.1, 0.3) if smoke else (warmup, seconds)
     load = fb.Load(bin_dir, prefixes[1], workdir, windows)
     source = os.path.join(workdir, "bundled")
-    write_bundled(source, [name], "dynamic_batching { }")
+    # A derived model takes its bundled base's place (configuration, input, in-process sizes).
+    base, write_model = DERIVED.get(name, (name, None))
+    write_bundled(source, [base], "dynamic_batching { }")
+    if write_model:
+        write_model(os.path.join(source, base, "1", "model.pt"))
     echo_path = os.path.join(workdir, f"{name}_echo.request")
     with open(echo_path, "wb") as f:
-        f.write(fb.request_bytes(name))
+        f.write(fb.request_bytes(base))
     with fb.EchoServer(bin_dir, "callback", prefixes[0]) as echo:
         echo_p50 = statistics.median(load.run(echo.url, echo_path, 1)["p50_us"] for _ in range(1 if smoke else 3))
-    inproc_p50 = fb.inprocess(bin_dir, source, prefixes[0], smoke, models=(name,), device=device,
-                              seconds=inprocess_seconds)[name][1]["p50_us"]
+    inproc_p50 = fb.inprocess(bin_dir, source, prefixes[0], smoke, models=(base,), device=device,
+                              seconds=inprocess_seconds)[base][1]["p50_us"]
     target_us = int(3 * (inproc_p50 + echo_p50))
     server_target_us = max(target_us // 2, int(target_us - echo_p50))
     delays = sorted({max(1, int(target_us * share)) for share in (delay_shares[1:2] if smoke else delay_shares)})
-    with open(os.path.join(source, name, "config.pbtxt")) as f:
+    with open(os.path.join(source, base, "config.pbtxt")) as f:
         variants = variant_configs(f.read(), name, server_target_us, delays)
     repository = os.path.join(workdir, f"repository_{name}")
-    write_variants(repository, source, name, variants)
-    paths = {variant: request_file(workdir, name, variant) for variant in variants}
-    report = {"device": device, "target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
+    write_variants(repository, source, base, variants)
+    paths = {variant: request_file(workdir, base, variant) for variant in variants}
+    report = {"device": device, "server_args": list(server_args), "target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
               "delays_tried_us": delays, "loads": {}}
     log = os.path.join(workdir, f"{name}_server.log")
-    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0], device=device) as server:
+    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0], device=device,
+                extra_args=server_args) as server:
         report["capacity_per_s"] = cap = capacity(load, server.url, paths[f"{name}_a"])
         # The fixed delay: the best goodput at 1x among those tried.
         tried = {delay: open_loop(load, server.url, paths[f"{name}_b{delay}"], cap, target_us, seed=99)["goodput_per_s"]
@@ -202,10 +236,12 @@ def main():
     parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per window")
-    parser.add_argument("--models", nargs="*", default=["mlp", "convnet"], choices=["mlp", "convnet"])
+    parser.add_argument("--models", nargs="*", default=list(MODEL_NAMES), choices=MODEL_NAMES,
+                        help="wideconv: the conv net with 64-channel convolutions (see write_wideconv)")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--no-awake", action="store_true",
                         help="let the CPUs go idle between requests (see harness.bench.awake)")
+    parser.add_argument("--server-args", default="", help="more sluice-server flags, one string")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -220,7 +256,8 @@ def main():
             for name in (["mlp"] if args.smoke else args.models):
                 with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
                     report["models"][name] = measure_model(name, args.bin_dir, prefixes, workdir, args.smoke,
-                                                           seconds=args.seconds, reps=args.reps)
+                                                           seconds=args.seconds, reps=args.reps,
+                                                           server_args=args.server_args.split())
     except BenchmarkError as error:
         print(f"latency target benchmark failed: {error}", file=sys.stderr)
         return 1

@@ -13,8 +13,18 @@ Duration FromMicros(double us) {
 
 }  // namespace
 
-BatchCostModel::BatchCostModel(size_t instances, double smoothing)
-    : instances_(std::max<size_t>(instances, 1)), smoothing_(smoothing) {}
+BatchCostModel::BatchCostModel(size_t instances, double smoothing, Duration target)
+    : instances_(std::max<size_t>(instances, 1)), smoothing_(smoothing), target_(target) {}
+
+void BatchCostModel::ObserveAnswer(Duration in_server) {
+  if (target_ <= Duration::zero()) return;
+  const double step = in_server > target_ ? -kPlanShareStep : kPlanShareStep * kLateAnswerShare / (1 - kLateAnswerShare);
+  double share = plan_share_.load(std::memory_order_relaxed);
+  // Workers of several instances answer at once: a lost update would lose a step.
+  while (!plan_share_.compare_exchange_weak(share, std::clamp(share + step, kMinPlanShare, 1.0),
+                                            std::memory_order_relaxed)) {
+  }
+}
 
 void BatchCostModel::Seed(size_t instance, const std::string& group, int64_t rows, Duration cost) {
   if (instance >= instances_ || rows < 1) return;
@@ -22,6 +32,22 @@ void BatchCostModel::Seed(size_t instance, const std::string& group, int64_t row
   auto [it, added] = costs_.try_emplace(group);
   if (added) it->second.resize(instances_);
   it->second[instance][rows] = Cost{Micros(cost), 0};
+  UpdateFloorLocked();
+}
+
+void BatchCostModel::UpdateFloorLocked() {
+  if (target_ <= Duration::zero()) return;
+  double costliest_lone_us = 0;
+  for (const auto& [group, instances] : costs_) {
+    double fastest = -1;
+    for (const Sizes& sizes : instances) {
+      if (sizes.empty()) continue;
+      const double lone = sizes.begin()->second.us;  // the smallest size measured: as a lone row
+      fastest = fastest < 0 ? lone : std::min(fastest, lone);
+    }
+    costliest_lone_us = std::max(costliest_lone_us, fastest);
+  }
+  floor_share_.store(std::min(1.0, 2 * costliest_lone_us / Micros(target_)), std::memory_order_relaxed);
 }
 
 std::optional<Duration> BatchCostModel::Observe(size_t instance, const std::string& group, int64_t rows,
@@ -42,6 +68,7 @@ std::optional<Duration> BatchCostModel::Observe(size_t instance, const std::stri
   // The first batch of a size on an instance is its estimate; later ones are smoothed in.
   cost->second.us = first ? Micros(measured) : (1 - smoothing_) * cost->second.us + smoothing_ * Micros(measured);
   ++cost->second.observations;
+  UpdateFloorLocked();
   return predicted;
 }
 

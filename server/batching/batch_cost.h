@@ -5,6 +5,8 @@
 // target, and which requests cannot meet theirs at all.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -23,10 +25,36 @@ namespace sluice {
 // about the last ten batches of a size count.
 inline constexpr double kBatchCostSmoothing = 0.2;
 
+// Planning within a latency target (BatchCostModel::PlanShare): the share of answered requests
+// allowed to take longer than the target inside the server, how far one late answer lowers the
+// share of the target the batcher plans with, and how low that share may go.
+inline constexpr double kLateAnswerShare = 0.01;
+inline constexpr double kPlanShareStep = 0.01;
+inline constexpr double kMinPlanShare = 0.25;
+
 // Thread-safe: the workers record, the batcher predicts.
 class BatchCostModel {
  public:
-  explicit BatchCostModel(size_t instances, double smoothing = kBatchCostSmoothing);
+  // `target`: the model's latency target, for PlanShare (zero: none, the share stays 1).
+  explicit BatchCostModel(size_t instances, double smoothing = kBatchCostSmoothing,
+                          Duration target = Duration::zero());
+
+  // The share of the latency target the batcher plans with, in [kMinPlanShare, 1]; 1 to start
+  // with. Every answered request moves it (ObserveAnswer): down by kPlanShareStep when the
+  // request took longer than the target inside the server (from its arrival in the queue to its
+  // answer), up by kPlanShareStep x kLateAnswerShare / (1 - kLateAnswerShare) when it did not,
+  // so that it settles where about kLateAnswerShare of the answers are late: a stochastic
+  // approximation of the share at which the 99th percentile meets the target. Whatever makes the
+  // plan miss (costs that vary from batch to batch about their average, a CPU shared with the
+  // transport, work the batcher does not see) shows up as late answers and is corrected here.
+  // Never below the time the costliest shape group's lone row takes twice over (one batch ahead
+  // of it, then its own), on its fastest instance: a plan shorter than that would refuse every
+  // request, and with nothing answered nothing would raise it again.
+  double PlanShare() const {
+    return std::max(plan_share_.load(std::memory_order_relaxed), floor_share_.load(std::memory_order_relaxed));
+  }
+  // A request answered OK `in_server` after its arrival in the queue (no-op without a target).
+  void ObserveAnswer(Duration in_server);
 
   // A warm-up timing of `rows` rows of `group` on instance `instance`: replaces what is known
   // (warm-up runs before traffic, and its timed runs are steadier than any one batch).
@@ -74,6 +102,12 @@ class BatchCostModel {
 
   const size_t instances_;
   const double smoothing_;
+  // Recomputes floor_share_ from the lone-row costs (see PlanShare).
+  void UpdateFloorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const Duration target_;
+  std::atomic<double> plan_share_{1.0};
+  std::atomic<double> floor_share_{0.0};
   mutable Mutex mutex_;
   // group -> per instance -> rows -> cost
   std::map<std::string, std::vector<Sizes>, std::less<>> costs_ ABSL_GUARDED_BY(mutex_);

@@ -125,12 +125,12 @@ Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string&
 }
 
 int64_t BatchQueue::UsefulBatchSize(const std::string& key) const {
-  // Costs grow with rows: the largest size whose predicted cost is within the target.
+  // Costs grow with rows: the largest size whose predicted cost is within the planned target.
   int64_t low = 1, high = ladder_.empty() ? options_.max_batch_size : ladder_.back();
   while (low < high) {
     const int64_t middle = (low + high + 1) / 2;
     const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(middle), BatchCostModel::Pick::kFastest);
-    if (cost && *cost <= options_.latency_target) {
+    if (cost && *cost <= PlannedTarget()) {
       low = middle;
     } else {
       high = middle - 1;

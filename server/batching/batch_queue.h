@@ -159,7 +159,12 @@ class BatchQueue {
   // When `pending` must be answered by for the target (kNoDeadline without one). Not stored in
   // PendingRequest: a larger entry would cost every model's queues more deque blocks.
   TimePoint TargetDeadline(const PendingRequest& pending) const {
-    return Targeted() ? pending.enqueued + options_.latency_target : kNoDeadline;
+    return Targeted() ? pending.enqueued + PlannedTarget() : kNoDeadline;
+  }
+  // The part of the target the batcher plans with (BatchCostModel::PlanShare): the whole target
+  // until answers come late inside the server.
+  Duration PlannedTarget() const {
+    return std::chrono::duration_cast<Duration>(options_.latency_target * options_.costs->PlanShare());
   }
   // The earlier of `pending`'s own deadline and its target deadline.
   TimePoint AnswerBy(const PendingRequest& pending) const {

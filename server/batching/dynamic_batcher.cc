@@ -14,7 +14,8 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   if (options.queue.max_batch_size < 1) return absl::InvalidArgumentError("max_batch_size must be >= 1");
   if (options.queue.latency_target > Duration::zero()) {
     // Learned per instance: warm-up seeds it (WarmUp), every batch run corrects it (the pool).
-    options.queue.costs = std::make_shared<BatchCostModel>(instances.size());
+    options.queue.costs =
+        std::make_shared<BatchCostModel>(instances.size(), kBatchCostSmoothing, options.queue.latency_target);
     options.queue.instances = static_cast<int>(instances.size());
     if (options.stats) options.stats->ShowLatencyTarget(options.queue.latency_target, options.queue.costs);
   }

@@ -286,6 +286,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     PendingRequest& pending = batch.requests[i];
     const Status& refused = sinks[i].status();
+    if (options_.costs && refused.ok() && !pending.filler) options_.costs->ObserveAnswer(delivered_at - pending.enqueued);
     if (options_.stats && !pending.filler) {
       if (refused.ok()) {
         options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued, input, infer,

@@ -111,7 +111,10 @@ ModelStatsSnapshot ModelStats::Snapshot() const {
     snapshot = stats_;
     costs = costs_;
   }
-  if (costs) snapshot.batch_costs = costs->Snapshot();  // outside our lock: the two never nest
+  if (costs) {  // outside our lock: the two never nest
+    snapshot.batch_costs = costs->Snapshot();
+    snapshot.plan_share = costs->PlanShare();
+  }
   return snapshot;
 }
 

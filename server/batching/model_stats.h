@@ -43,6 +43,7 @@ struct ModelStatsSnapshot {
   Duration latency_target{0};
   uint64_t refused_for_target = 0, refused_for_deadline = 0;
   std::vector<BatchCostModel::Entry> batch_costs;
+  double plan_share = 1;  // BatchCostModel::PlanShare
 };
 
 // Why a request failed, as operators group failures.

@@ -226,6 +226,7 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
     target->set_target_us(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(stats.latency_target).count()));
     target->set_refused_for_target(stats.refused_for_target);
     target->set_refused_for_deadline(stats.refused_for_deadline);
+    target->set_plan_share(stats.plan_share);
     for (const BatchCostModel::Entry& entry : stats.batch_costs) {
       auto* cost = target->add_batch_costs();
       cost->set_shape_group(entry.group);

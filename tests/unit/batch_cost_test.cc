@@ -65,5 +65,41 @@ TEST(BatchCostModelTest, PredictionsFollowTheSlowestOrTheFastestInstance) {
   EXPECT_EQ(costs.Predict("g", 4, Pick::kSlowest), 300us);
 }
 
+TEST(BatchCostModelTest, ThePlanShareFallsWithLateAnswersAndSettlesWhereAboutOnePercentAreLate) {
+  BatchCostModel costs(1, kBatchCostSmoothing, 1000us);
+  EXPECT_EQ(costs.PlanShare(), 1.0);
+  costs.ObserveAnswer(900us);  // in time: already at the top
+  EXPECT_EQ(costs.PlanShare(), 1.0);
+  costs.ObserveAnswer(1001us);
+  EXPECT_DOUBLE_EQ(costs.PlanShare(), 1.0 - kPlanShareStep);
+  // A late answer in every hundred holds it where it is.
+  for (int i = 0; i < 99; ++i) costs.ObserveAnswer(500us);
+  costs.ObserveAnswer(2000us);
+  EXPECT_NEAR(costs.PlanShare(), 1.0 - kPlanShareStep, 1e-9);
+  // Answers late in the server, one in ten, drive it down to its floor; then in time, back up.
+  for (int i = 0; i < 10000; ++i) costs.ObserveAnswer(i % 10 == 0 ? 3000us : 500us);
+  EXPECT_NEAR(costs.PlanShare(), kMinPlanShare, 0.01);
+  for (int i = 0; i < 100000; ++i) costs.ObserveAnswer(500us);
+  EXPECT_EQ(costs.PlanShare(), 1.0);
+}
+
+TEST(BatchCostModelTest, ThePlanShareNeverFallsBelowTwiceTheCostliestLoneRow) {
+  BatchCostModel costs(2, kBatchCostSmoothing, 1000us);
+  for (int i = 0; i < 1000; ++i) costs.ObserveAnswer(2000us);
+  EXPECT_EQ(costs.PlanShare(), kMinPlanShare);
+  costs.Seed(0, "cheap", 1, 50us);
+  costs.Seed(0, "dear", 2, 300us);  // its smallest size measured stands for a lone row
+  costs.Seed(1, "dear", 1, 200us);  // the fastest instance counts
+  EXPECT_DOUBLE_EQ(costs.PlanShare(), 0.4);  // 2 x 200 us of 1000
+  costs.Observe(1, "dear", 1, 700us);  // smoothed: 200 x 0.8 + 700 x 0.2 = 300 us
+  EXPECT_DOUBLE_EQ(costs.PlanShare(), 0.6);
+}
+
+TEST(BatchCostModelTest, WithoutATargetThePlanShareStaysWhole) {
+  BatchCostModel costs(1);
+  costs.ObserveAnswer(1s);
+  EXPECT_EQ(costs.PlanShare(), 1.0);
+}
+
 }  // namespace
 }  // namespace sluice

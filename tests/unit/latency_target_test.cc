@@ -249,6 +249,26 @@ TEST_F(LatencyTargetQueueTest, NothingIsShedOnALoneRowCostBeyondTheTarget) {
   EXPECT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
 }
 
+TEST_F(LatencyTargetQueueTest, LateAnswersShrinkThePartOfTheTargetTheBatcherPlansWith) {
+  auto options = TargetOptions();
+  options.costs = costs_ = std::make_shared<BatchCostModel>(1, kBatchCostSmoothing, 1000us);
+  BatchQueue queue(options);
+  SeedLinear();
+  const TimePoint first = clock_.Now();
+  ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_EQ(queue.NextDeadline(), first + 1000us);
+  // Half the answers came late inside the server: the plan keeps well within the target.
+  for (int i = 0; i < 20; ++i) costs_->ObserveAnswer(i % 2 == 0 ? 1500us : 500us);
+  const double share = costs_->PlanShare();
+  ASSERT_LT(share, 0.95);
+  const TimePoint planned = first + std::chrono::duration_cast<Duration>(1000us * share);
+  EXPECT_EQ(queue.NextDeadline(), planned);
+  clock_.Advance(planned - clock_.Now() - 100us);  // exactly one row's time left of the plan
+  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  clock_.Advance(1us);
+  EXPECT_EQ(queue.TakeHopeless(clock_.Now()).size(), 1u);  // refused before the whole target passed
+}
+
 TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatchesFormed) {
   BatchQueue queue(TargetOptions());
   SeedLinear();
