@@ -231,14 +231,14 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
   if (!Targeted() || options_.one_request_per_batch || gap_us_per_row_ < 0) return refused;
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& group = it->second;
-    // The batch worth forming: the smallest that keeps up with arrivals, within the largest the
-    // target allows a request that has just arrived.
     // A lone row predicted beyond the whole target is not trusted (see CheckInTime): no shedding on it.
     const std::optional<Duration> lone = options_.costs->Predict(it->first, PaddedRows(1), BatchCostModel::Pick::kFastest);
     if (!lone || *lone > options_.latency_target) {
       ++it;
       continue;
     }
+    // The batch worth forming: the smallest that keeps up with arrivals, within the largest the
+    // target allows a request that has just arrived.
     const int64_t goal = KeepingUpRows(it->first, UsefulBatchSize(it->first));
     while (group.queue.size() > 1) {
       int64_t fitting_rows = 0;
