@@ -260,10 +260,7 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
           " us); it was refused without running so that the requests behind it are answered in time");
       out.status = by_deadline ? absl::DeadlineExceededError(why)
                                : absl::UnavailableError(absl::StrCat(why, ": retry later, or add instances"));
-      admission_.Release(0, oldest.bytes);
-      group.rows -= request.batch_size;
-      out.pending = std::move(oldest);
-      group.queue.pop_front();
+      out.pending = PopFront(group);
       refused.push_back(std::move(out));
     }
     ++it;  // a group keeps at least one request here
@@ -272,6 +269,14 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
 }
 
 void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, pending.bytes); }
+
+PendingRequest BatchQueue::PopFront(Group& group) {
+  PendingRequest front = std::move(group.queue.front());
+  group.queue.pop_front();
+  group.rows -= front.request->batch_size;
+  Forget(front);
+  return front;
+}
 
 std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
   std::vector<PendingRequest> expired;
@@ -391,12 +396,8 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   FormedBatch batch;
   batch.requests.reserve(take);
   for (size_t i = 0; i < take; ++i) {
-    PendingRequest& front = chosen->queue.front();
-    batch.rows += front.request->batch_size;
-    chosen->rows -= front.request->batch_size;
-    Forget(front);
-    batch.requests.push_back(std::move(front));
-    chosen->queue.pop_front();
+    batch.rows += chosen->queue.front().request->batch_size;
+    batch.requests.push_back(PopFront(*chosen));
   }
   batch.padded_rows = PaddedRows(batch.rows);
   if (Targeted()) {

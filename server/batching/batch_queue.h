@@ -201,6 +201,8 @@ class BatchQueue {
   // Why `pending` (in group `key`, not yet added) cannot be answered in time, or OK.
   Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused, int busy) const;
   void Forget(const PendingRequest& pending);
+  // Takes `group`'s oldest request out of the queue (its rows and admitted bytes with it).
+  PendingRequest PopFront(Group& group);
   int64_t PaddedRows(int64_t rows) const;
 
   using Groups = std::map<std::string, Group>;
