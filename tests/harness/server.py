@@ -23,6 +23,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def metric_value(text, series):
+    """The value of one series in a Prometheus exposition (`series` exactly as exposed:
+    'name{label="x",...}' or a bare name), or None when it is absent."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def lost_port_race(log):
     """Whether a server's log (its text) says its port was taken between free_port() and its bind
     (another process's outgoing connection, or its own metrics endpoint on port 0, can get the

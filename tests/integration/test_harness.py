@@ -75,3 +75,12 @@ def test_port_options_and_stop(repository, tmp_path):
         assert log.read_text().startswith(perf_analyzer.path()) and "absent" in log.read_text().split("\n", 1)[1]
     assert server.stop() == 0  # stopping twice is harmless
     assert process.rss_bytes() > 0 and os.getpid() > 0
+
+
+def test_metric_value_reads_one_series_exactly():
+    text = ('# HELP a_total help\n# TYPE a_total counter\na_total 3\n'
+            'a_total_more 9\nb{model="m",version="1"} 2.5\nb{model="m2",version="1"} 7\n')
+    assert harness_server.metric_value(text, "a_total") == 3
+    assert harness_server.metric_value(text, 'b{model="m",version="1"}') == 2.5
+    assert harness_server.metric_value(text, 'b{model="x",version="1"}') is None
+    assert harness_server.metric_value(text, "a") is None  # a prefix is not the series
