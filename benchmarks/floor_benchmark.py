@@ -179,10 +179,12 @@ class Load:
         self.warmup_s, self.seconds = windows
         self.timeout = timeout or 120 + self.seconds * 4
 
-    def run(self, url, request_file, concurrency, rate=0, server_pid=None):
+    def run(self, url, request_file, concurrency, rate=0, server_pid=None, extra=()):
+        """One client run (`extra`: more sluice-bench-load flags); its JSON, with the server's CPU
+        and context switches per call when `server_pid` is given."""
         command = [*self.prefix, self.binary, "--target", url, "--request-file", request_file,
                    "--concurrency", str(concurrency), "--rate", str(rate),
-                   "--warmup-seconds", str(self.warmup_s), "--seconds", str(self.seconds)]
+                   "--warmup-seconds", str(self.warmup_s), "--seconds", str(self.seconds), *extra]
         # The server's CPU time over the whole client run (warm-up included) is divided by the
         # calls sent in it: at a fixed rate that is the measured calls x (warm-up + window) / window.
         before = cpu_seconds(server_pid) if server_pid else None

@@ -10,11 +10,16 @@
 // window (each followed to its end): sent, ok, the answered calls' p50/p99, the failures by kind
 // (unavailable, deadline_exceeded, other), and with --within-us the answers within that time
 // (within, goodput_per_s). not_sent: calls the schedule wanted while --concurrency were in flight.
+// With --unique-offset, a share of the calls (1 - --repeat-share) carry inputs no call sent before
+// (two FP32 values at that byte offset of the request, the first 1000 or more, replaced by a
+// counter), and the others the file's bytes unchanged: a response cache's hit rate follows
+// --repeat-share. "repeated" counts the unchanged calls.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -87,6 +92,15 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Seed of the --poisson gaps")->capture_default_str();
   app.add_option("--within-us", within_us, "Count the answers within this many microseconds (goodput)");
   app.add_flag("--errors-ok", errors_ok, "Exit 0 although calls failed (refusals are expected)");
+  int64_t unique_offset = -1;
+  double repeat_share = 1;
+  app.add_option("--unique-offset", unique_offset,
+                 "Byte offset of two FP32 input values in the request that calls with unique inputs "
+                 "overwrite with a counter (-1: every call sends the file's bytes)")
+      ->capture_default_str();
+  app.add_option("--repeat-share", repeat_share, "With --unique-offset: the share of calls that send the file's bytes")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::ifstream file(request_file, std::ios::binary);
@@ -99,6 +113,29 @@ int main(int argc, char** argv) {
   const std::string bytes = contents.str();
   grpc::Slice slice(bytes);
   const grpc::ByteBuffer request(&slice, 1);
+  if (unique_offset >= 0 && static_cast<size_t>(unique_offset) + 2 * sizeof(float) > bytes.size()) {
+    std::fprintf(stderr, "--unique-offset %lld is past the request's %zu bytes\n", static_cast<long long>(unique_offset),
+                 bytes.size());
+    return 2;
+  }
+  std::mt19937_64 repeats(seed + 1);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  uint64_t unique_calls = 0;
+  int64_t repeated = 0;
+  // The request of the next call: the file's, or one with inputs never sent before.
+  auto next_request = [&]() -> grpc::ByteBuffer {
+    if (unique_offset < 0 || uniform(repeats) < repeat_share) {
+      ++repeated;
+      return request;
+    }
+    std::string unique = bytes;
+    const float values[2] = {1000.0f + static_cast<float>(unique_calls % 1000000),
+                             static_cast<float>(unique_calls / 1000000)};
+    std::memcpy(&unique[static_cast<size_t>(unique_offset)], values, sizeof(values));
+    ++unique_calls;
+    grpc::Slice unique_slice(unique);
+    return grpc::ByteBuffer(&unique_slice, 1);
+  };
 
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
@@ -140,7 +177,7 @@ int main(int argc, char** argv) {
                                               std::chrono::duration<double>(timeout_seconds))));
     call->started = now;
     if (now >= measure_from && now < end) ++sent;
-    call->reader = stub.PrepareUnaryCall(&call->context, method, request, &cq);
+    call->reader = stub.PrepareUnaryCall(&call->context, method, next_request(), &cq);
     call->reader->StartCall();
     call->reader->Finish(&call->response, &call->status, call);
     ++in_flight;
@@ -223,7 +260,7 @@ int main(int argc, char** argv) {
       "\"concurrency\": %d, \"rate\": %.1f, \"poisson\": %s, \"sent\": %lld, \"ok\": %lld, "
       "\"answered_p50_us\": %.1f, \"answered_p99_us\": %.1f, \"unavailable\": %lld, \"deadline_exceeded\": %lld, "
       "\"other_failures\": %lld, \"within_us\": %.1f, \"within\": %lld, \"goodput_per_s\": %.1f, "
-      "\"first_error\": \"%s\"}\n",
+      "\"repeated\": %lld, \"first_error\": \"%s\"}\n",
       static_cast<long long>(measured), static_cast<long long>(errors), static_cast<long long>(not_sent), wall,
       wall > 0 ? static_cast<double>(measured) / wall : 0.0, Percentile(latencies_us, 0.5),
       Percentile(latencies_us, 0.9), Percentile(latencies_us, 0.99), mean,
@@ -231,6 +268,6 @@ int main(int argc, char** argv) {
       static_cast<long long>(sent), static_cast<long long>(ok_calls), Percentile(answered_us, 0.5),
       Percentile(answered_us, 0.99), static_cast<long long>(unavailable), static_cast<long long>(deadline_exceeded),
       static_cast<long long>(other_failures), within_us, static_cast<long long>(within),
-      wall > 0 ? static_cast<double>(within) / wall : 0.0, escaped.c_str());
+      wall > 0 ? static_cast<double>(within) / wall : 0.0, static_cast<long long>(repeated), escaped.c_str());
   return errors > 0 && !errors_ok ? 1 : 0;
 }

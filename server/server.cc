@@ -80,6 +80,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
                  files.root.string(), config.load_files_max_bytes, files.disk_bytes);
   }
   loader_options.observer = server->metrics_.get();
+  if (config.response_cache_bytes > 0) {
+    server->response_cache_ =
+        std::make_shared<ResponseCache>(config.response_cache_bytes, nullptr, server->metrics_.get());
+    loader_options.response_cache = server->response_cache_;
+    spdlog::info("event=response_cache cache=local size_bytes={}", config.response_cache_bytes);
+  }
   server->StartModelControl(config, std::move(models), loader_options);
   SLUICE_RETURN_IF_ERROR(server->StartGrpc(config));
   SLUICE_RETURN_IF_ERROR(server->StartHttp(config));

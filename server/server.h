@@ -74,6 +74,7 @@ class Server {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<GpuTelemetry> gpu_telemetry_;
+  std::shared_ptr<ResponseCache> response_cache_;  // null without --cache-config; tells metrics_
   std::unique_ptr<LoadedFileStore> load_files_;  // null unless --allow-load-files
   std::unique_ptr<DirectoryModelSource> source_;
   std::unique_ptr<VersionLoader> loader_;

@@ -19,6 +19,8 @@ struct TextFlags {
   std::vector<std::string> restricted_protocols;
   std::vector<std::string> http_restricted_apis;
   std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
+  std::vector<std::string> cache_configs;  // --cache-config, each "<cache>,<key>=<value>"
+  int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -123,6 +125,16 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "Requests that may wait per model version; beyond it requests get UNAVAILABLE")
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
+      ->group("Models");
+  app.add_option("--cache-config", text.cache_configs,
+                 "The response cache, in Triton's spelling: local,size=BYTES keeps up to BYTES of answers "
+                 "(oldest out first; those used since they were kept get a second chance) for the models whose config.pbtxt says "
+                 "response_cache { enable: true }; without it no answer is cached. Only the local cache "
+                 "exists")
+      ->group("Models");
+  app.add_option("--response-cache-byte-size", text.response_cache_byte_size,
+                 "Triton's older spelling of --cache-config local,size=BYTES (0: no cache)")
+      ->check(CLI::NonNegativeNumber)
       ->group("Models");
   app.add_option("--max-queued-bytes", config.max_queued_bytes,
                  "Input bytes that may wait in all models' queues together (dynamic, sequence and "
@@ -335,8 +347,47 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   AddMetricsFlags(app, config, text);
 }
 
+// --cache-config values (Triton's "<cache>,<key>=<value>", one setting each, repeatable) and the
+// older --response-cache-byte-size, into the local cache's size.
+Status ParseCacheConfig(const TextFlags& text, ServerConfig* config) {
+  bool sized = false;
+  for (const std::string& each : text.cache_configs) {
+    const size_t comma = each.find(',');
+    const std::string cache = each.substr(0, comma);
+    if (cache != "local") {
+      return absl::InvalidArgumentError(absl::StrCat("--cache-config ", each, ": cache '", cache,
+                                                     "' is not available; Sluice has the local cache only "
+                                                     "(--cache-config local,size=BYTES)"));
+    }
+    const std::string setting = comma == std::string::npos ? "" : each.substr(comma + 1);
+    const size_t equals = setting.find('=');
+    const std::string key = setting.substr(0, equals);
+    const std::string value = equals == std::string::npos ? "" : setting.substr(equals + 1);
+    if (key != "size" || equals == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--cache-config ", each,
+                                                     ": the local cache takes one setting, size=BYTES"));
+    }
+    uint64_t bytes = 0;
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos || value.size() > 19 ||
+        (bytes = std::stoull(value)) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--cache-config ", each,
+                                                     ": size must be a positive number of bytes, found '", value, "'"));
+    }
+    config->response_cache_bytes = bytes;
+    sized = true;
+  }
+  if (text.response_cache_byte_size >= 0) {
+    if (sized) {
+      return absl::InvalidArgumentError("--response-cache-byte-size and --cache-config both size the cache: give one");
+    }
+    config->response_cache_bytes = static_cast<uint64_t>(text.response_cache_byte_size);
+  }
+  return absl::OkStatus();
+}
+
 // The checks across flags, and the conversions of the text flags.
 Status Finish(const TextFlags& text, ServerConfig* config) {
+  SLUICE_RETURN_IF_ERROR(ParseCacheConfig(text, config));
   SLUICE_ASSIGN_OR_RETURN(config->model_control_mode, ParseModelControlMode(text.model_control_mode));
   SLUICE_ASSIGN_OR_RETURN(config->device, ParseDevicePolicy(text.device));
   StatusOr<CudnnBenchmarkMode> benchmark = ParseCudnnBenchmarkMode(text.cudnn_benchmark);

@@ -43,6 +43,7 @@ struct ServerConfig {
   std::string log_level = "info";              // --log-level
   size_t max_queue_size = 1024;                // --max-queue-size (per model version)
   size_t max_queued_bytes = size_t{2} << 30;   // --max-queued-bytes (all queues together)
+  uint64_t response_cache_bytes = 0;           // --cache-config local,size=BYTES (0: no response cache)
   int stream_max_in_flight = 64;               // --grpc-stream-max-in-flight (per ModelStreamInfer stream)
   bool allow_shared_memory = false;            // --allow-client-shm (alias --allow-shared-memory)
   double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds

@@ -34,6 +34,16 @@ const char* SequenceOutcomeName(SequenceOutcome outcome) {
   return "cut";
 }
 
+namespace {
+
+// last_inference_ms's clock: wall-clock milliseconds since the epoch.
+uint64_t WallClockMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+}  // namespace
+
 void ModelStats::RecordAdmitted() {
   if (sink_) sink_->OnAdmitted();
 }
@@ -55,16 +65,31 @@ void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration in
 void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer,
                                Duration output, Duration total, Protocol protocol) {
   if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total, protocol);
-  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
+  const uint64_t now_ms = WallClockMs();
   MutexLock lock(&mutex_);
   stats_.inference_count += static_cast<uint64_t>(rows);
-  stats_.last_inference_ms = static_cast<uint64_t>(now_ms);
+  stats_.last_inference_ms = now_ms;
   stats_.success.Add(total);
   stats_.queue.Add(queue);
   stats_.compute_input.Add(input);
   stats_.compute_infer.Add(infer);
   stats_.compute_output.Add(output);
+}
+
+void ModelStats::RecordCacheHit(Duration took, Protocol protocol) {
+  if (sink_) sink_->OnCacheHit(took, protocol);
+  const uint64_t now_ms = WallClockMs();
+  MutexLock lock(&mutex_);
+  stats_.last_inference_ms = now_ms;
+  stats_.success.Add(took);
+  stats_.queue.Add(Duration::zero());  // as Triton: a hit counts in queue, with no time queued
+  stats_.cache_hit.Add(took);
+}
+
+void ModelStats::RecordCacheMiss(Duration took) {
+  if (sink_) sink_->OnCacheMiss(took);
+  MutexLock lock(&mutex_);
+  stats_.cache_miss.Add(took);
 }
 
 void ModelStats::RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol) {

@@ -34,6 +34,9 @@ struct ModelStatsSnapshot {
   uint64_t execution_count = 0;  // forward passes
   uint64_t last_inference_ms = 0;  // wall-clock ms since the epoch
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
+  // Response cache models: lookups that hit (lookup and copy into the response) and that missed
+  // (lookup and insertion of the answer once computed). A hit also counts in `success`.
+  DurationStat cache_hit, cache_miss;
   struct Batch {
     DurationStat compute_input, compute_infer, compute_output;
   };
@@ -101,6 +104,11 @@ class StatsSink {
   // batch formed, and its execution time against what the cost model predicted (nullopt: no
   // prediction yet).
   virtual void OnBatchCost(Duration /*oldest_wait*/, std::optional<Duration> /*predicted*/, Duration /*measured*/) {}
+  // Response cache models only: a request answered from the cache (never admitted to a queue;
+  // `took`: lookup and copy), or one that missed (`took`: lookup and insertion; its run is
+  // reported as any other request's).
+  virtual void OnCacheHit(Duration /*took*/, Protocol /*protocol*/) {}
+  virtual void OnCacheMiss(Duration /*took*/) {}
 };
 
 class ModelStats {
@@ -135,6 +143,12 @@ class ModelStats {
   void RecordBatchCost(Duration oldest_wait, std::optional<Duration> predicted, Duration measured) {
     if (sink_) sink_->OnBatchCost(oldest_wait, predicted, measured);
   }
+
+  // Response cache models: a request answered from the cache after `took` (a success that did
+  // not run: no inference, execution or compute time), or a lookup that missed and the insertion
+  // that followed, `took` together.
+  void RecordCacheHit(Duration took, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordCacheMiss(Duration took) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Latency target models: snapshots carry `target` and `costs`' live figures from now on.
   void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs) ABSL_LOCKS_EXCLUDED(mutex_);

@@ -81,6 +81,10 @@ struct InferRequest {
   // thread may be held for one forward pass: gRPC unary calls (not a stream, whose next reads
   // would wait, nor HTTP's event loop, which serves other connections).
   bool caller_may_run = false;
+  // An input or output is in the client's shared memory, which the client may rewrite while the
+  // request runs: such an answer is not kept by the response cache (it could be for other bytes
+  // than the key's). Set by the front ends.
+  bool shared_memory = false;
 
   // Total bytes of input data (what the request costs while queued).
   size_t InputBytes() const {

@@ -187,6 +187,9 @@ struct ModelSpec {
   // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.
   int intra_op_threads = 0;
   PaddingSpec padding;
+  // response_cache { enable: true }: identical requests are answered from the server's response
+  // cache (when it has one, --cache-config) instead of running. Refused with sequence_batching.
+  bool response_cache = false;
   // Warm-up before the model reports ready (see server/batching/warmup.h).
   bool warmup = true;                          // sluice.warmup: false skips the shape warm-up
   int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance

@@ -1,5 +1,6 @@
 #include "server/core/output_sink.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,9 @@ StatusOr<char*> TensorSink::Allocate(const OutputDescription& output) {
   tensor.name = output.name;
   tensor.dtype = output.dtype;
   tensor.shape = output.shape;
+  // On the heap even when short enough for the string's inline buffer: the memory handed out
+  // must survive outputs_ growing (moving a string keeps its heap buffer, not its inline one).
+  tensor.data.reserve(std::max<size_t>(output.byte_size, sizeof(std::string)));
   tensor.data.resize(output.byte_size);
   bytes_ += output.byte_size;
   return tensor.data.data();

@@ -44,7 +44,8 @@ class OutputSink {
 };
 
 // A sink that keeps the outputs as Tensors: tests, warm-up, the in-process benchmark, and the
-// padding layer (which cuts padded outputs before they reach the caller's sink).
+// padding layer (which cuts padded outputs before they reach the caller's sink). Every output's
+// memory stays where it was handed out while more outputs are allocated.
 class TensorSink final : public OutputSink {
  public:
   StatusOr<char*> Allocate(const OutputDescription& output) override;

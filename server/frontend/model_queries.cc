@@ -214,6 +214,8 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
   fill(stats.compute_input, inference->mutable_compute_input());
   fill(stats.compute_infer, inference->mutable_compute_infer());
   fill(stats.compute_output, inference->mutable_compute_output());
+  fill(stats.cache_hit, inference->mutable_cache_hit());
+  fill(stats.cache_miss, inference->mutable_cache_miss());
   for (const auto& [size, batch] : stats.batches) {
     auto* out = proto->add_batch_stats();
     out->set_batch_size(size);

@@ -159,6 +159,8 @@ class SharedMemoryRefs {
   Status ResolveInput(const SharedMemoryReference& reference, TensorView* view, InferRequest* request);
   // Sends output `name` to `reference`'s slice through `sink` (SharedMemorySink::Add).
   Status ResolveOutput(const std::string& name, const SharedMemoryReference& reference, SharedMemorySink* sink);
+  // Whether any input or output was resolved into a region (InferRequest::shared_memory).
+  bool used() const { return !held_.empty(); }
 
  private:
   const SharedMemoryManager* const manager_;

@@ -381,6 +381,7 @@ StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&
                             SharedMemoryReferenceOf(output.parameters(), what));
     if (reference) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name(), *reference, &sink_));
   }
+  decoded->shared_memory = shm_refs_.used();
   return decoded;
 }
 

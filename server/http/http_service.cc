@@ -115,6 +115,7 @@ class HttpInferCall final : public InferenceCall {
       if (output.shared_memory) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name, *output.shared_memory, &shm_sink_));
     }
     id_ = parsed_.request->id;
+    parsed_.request->shared_memory = shm_refs_.used();
     return std::move(parsed_.request);  // the output forms stay here for the response
   }
 

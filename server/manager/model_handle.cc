@@ -1,6 +1,7 @@
 #include "server/manager/model_handle.h"
 
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
@@ -11,7 +12,8 @@ namespace sluice {
 
 ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
                          std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats,
-                         const TimeSource* clock, BatchSizeChoice batch_sizes)
+                         const TimeSource* clock, BatchSizeChoice batch_sizes,
+                         std::shared_ptr<ResponseCache> response_cache)
     : model_(std::move(model)),
       version_(version),
       device_(std::move(device)),
@@ -19,7 +21,11 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       sequences_(dynamic_cast<SequenceScheduler*>(scheduler_.get())),
       stats_(std::move(stats)),
       clock_(clock),
-      batch_sizes_(std::move(batch_sizes)) {}
+      batch_sizes_(std::move(batch_sizes)),
+      cache_(std::move(response_cache)),
+      cache_space_(cache_ ? cache_->OpenNamespace() : 0) {
+  for (const TensorSpec& output : model_->spec.outputs) output_names_.push_back(output.name);
+}
 
 ModelHandle::~ModelHandle() { Stop(); }
 
@@ -39,7 +45,49 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
   if (timeout_us > 0) {
     request->deadline = std::min(request->deadline, clock_->Now() + std::chrono::microseconds(timeout_us));
   }
+  if (cache_ != nullptr) return SubmitCached(std::move(request), sink, std::move(done));
   scheduler_->Enqueue(std::move(request), sink, std::move(done));
+}
+
+void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+  const TimePoint started = clock_->Now();
+  ResponseCache::Key key = cache_->MakeKey(cache_space_, *request, output_names_);
+  std::optional<Status> answered;  // set on a hit: the answer written (or the sink's refusal)
+  {
+    // Let go of the hit before answering: it pins its segment in memory until then.
+    if (ResponseCache::Hit hit = cache_->Find(key)) answered = hit.WriteTo(sink);
+  }
+  if (answered) {
+    if (!answered->ok()) {
+      done(Reject(*std::move(answered), request->protocol));
+      return;
+    }
+    stats_->RecordCacheHit(clock_->Now() - started, request->protocol);
+    done(absl::OkStatus());
+    return;
+  }
+  const Duration lookup = clock_->Now() - started;
+  // An answer written into, or computed from, the client's shared memory may not be the key's:
+  // the client can rewrite it while the request runs. Such a request is answered from the cache
+  // (above) but its own answer is not kept.
+  const bool keep = !request->shared_memory;
+  // The recording sink lives as long as the completion that reads it: the scheduler's contract
+  // keeps `sink` (and so this wrapper's target) alive until `done` has run.
+  auto recording = std::make_unique<RecordingSink>(sink);
+  OutputSink* into = recording.get();
+  scheduler_->Enqueue(
+      std::move(request), into,
+      [cache = cache_, stats = stats_, clock = clock_, key = std::move(key), recording = std::move(recording),
+       lookup, keep, done = std::move(done)](Status status) mutable {
+        Duration took = lookup;
+        if (status.ok() && keep) {  // a failure is not an answer to keep
+          const TimePoint inserting = clock->Now();
+          cache->Insert(key, recording->Outputs());
+          took += clock->Now() - inserting;
+        }
+        stats->RecordCacheMiss(took);
+        done(std::move(status));
+      });
 }
 
 Status ModelHandle::Reject(Status status, Protocol protocol) {
@@ -123,6 +171,7 @@ void ModelHandle::Stop() {
   }
   in_flight_->idle.SignalAll();
   scheduler_->Stop();
+  if (cache_ != nullptr) cache_->CloseNamespace(cache_space_);
 }
 
 }  // namespace sluice

@@ -18,6 +18,7 @@
 #include "server/core/mutex.h"
 #include "server/core/output_sink.h"
 #include "server/core/repository_model.h"
+#include "server/manager/response_cache.h"
 
 namespace sluice {
 
@@ -54,10 +55,11 @@ class InFlightModel {
 // Thread-safe. Create it with std::make_shared (Acquire needs shared_from_this).
 class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
  public:
-  // `clock` outlives the handle; `stats` never null.
+  // `clock` outlives the handle; `stats` never null. `response_cache` (may be null): answers of
+  // this version are kept there, in a namespace of its own that Stop drops.
   ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
               std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats, const TimeSource* clock,
-              BatchSizeChoice batch_sizes = {});
+              BatchSizeChoice batch_sizes = {}, std::shared_ptr<ResponseCache> response_cache = nullptr);
   ~ModelHandle();
 
   const ModelSpec& spec() const { return model_->spec; }
@@ -73,6 +75,9 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // allows overrides, else the model's default_timeout_us; none when 0) and hands it to the
   // scheduler, which writes the outputs into `sink` and calls `done` exactly once (see
   // Scheduler::Enqueue for the lifetimes). Never blocks on model work.
+  // With a response cache, a request whose answer is cached is answered here, at once, through
+  // `sink` (nothing queued, nothing run); one that misses runs as any other, and its answer is
+  // kept when it succeeds (copied out of `sink` before `done` runs).
   void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
 
   // Records a request that never became an InferRequest (the front end could not convert it) as
@@ -98,11 +103,17 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // UNAVAILABLE, naming the reason. Returns at once when none is active.
   void DrainSequences(Duration grace);
 
+  // Whether this version's answers are cached.
+  bool caches_responses() const { return cache_ != nullptr; }
+
   // Stops the scheduler: queued requests are answered UNAVAILABLE, running ones finish, workers
-  // are joined. Wakes WaitIdle. Idempotent.
+  // are joined; drops the version's cached answers. Wakes WaitIdle. Idempotent.
   void Stop();
 
  private:
+  // Submit's last step for a version with a response cache: answer from it, or run and keep.
+  void SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
+
   const std::shared_ptr<const RepositoryModel> model_;
   const int64_t version_;
   const std::string device_;
@@ -111,6 +122,9 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<ModelStats> stats_;
   const TimeSource* const clock_;
   const BatchSizeChoice batch_sizes_;
+  const std::shared_ptr<ResponseCache> cache_;  // null: answers are not cached
+  const uint64_t cache_space_;                   // this version's namespace in cache_
+  std::vector<std::string> output_names_;        // the model's outputs in config order (cache keys)
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.

@@ -65,9 +65,18 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
       Compose(*model, version, stats, &device, &loaded.tuning, abandon);
   loaded.load_time = std::chrono::steady_clock::now() - started;
   if (scheduler.ok()) {
+    std::shared_ptr<ResponseCache> cache;
+    if (model->spec.response_cache && options_.response_cache == nullptr) {
+      spdlog::warn("event=response_cache_off model={} version={} reason=\"config.pbtxt enables response_cache but "
+                   "the server has no cache (start it with --cache-config local,size=BYTES); requests run "
+                   "uncached\"", model->name, version);
+    } else if (model->spec.response_cache) {
+      cache = options_.response_cache;
+    }
     loaded.handle = std::make_shared<ModelHandle>(model, version, std::move(device),
                                                   std::shared_ptr<Scheduler>(*std::move(scheduler)),
-                                                  std::move(stats), clock_, loaded.tuning.batch_sizes);
+                                                  std::move(stats), clock_, loaded.tuning.batch_sizes,
+                                                  std::move(cache));
   } else {
     loaded.status = scheduler.status();
   }

@@ -44,6 +44,9 @@ class VersionLoader {
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
     ModelObserver* observer = nullptr;  // where each version's statistics also go; may be null
+    // The server's response cache (--cache-config); null: none, and a model that enables
+    // response_cache loads without one (a warning says so).
+    std::shared_ptr<ResponseCache> response_cache;
     // The CPUs the split divides (DetectCpuBudget: cores, affinity mask, cgroup quota) and which
     // limit applied, for the log. 0: the machine's cores.
     int cpus = 0;

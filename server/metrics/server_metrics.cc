@@ -140,7 +140,31 @@ struct ServerMetrics::Families {
         nv_gpu_power_limit(prometheus::BuildGauge().Name("nv_gpu_power_limit")
                                .Help("GPU power management limit in watts").Register(r)),
         nv_energy(prometheus::BuildCounter().Name("nv_energy_consumption")
-                      .Help("GPU energy consumption in joules since the server started").Register(r)) {}
+                      .Help("GPU energy consumption in joules since the server started").Register(r)),
+        nv_cache_hits(prometheus::BuildCounter().Name("nv_cache_num_hits_per_model")
+                          .Help("Number of response cache hits per model").Register(r)),
+        nv_cache_misses(prometheus::BuildCounter().Name("nv_cache_num_misses_per_model")
+                            .Help("Number of response cache misses per model").Register(r)),
+        nv_cache_hit_us(prometheus::BuildCounter().Name("nv_cache_hit_duration_per_model")
+                            .Help("Cumulative time requests spend retrieving a cached response per model on cache "
+                                  "hits (microseconds)").Register(r)),
+        nv_cache_miss_us(prometheus::BuildCounter().Name("nv_cache_miss_duration_per_model")
+                             .Help("Cumulative time requests spend looking up and inserting responses into the "
+                                   "cache on a cache miss (microseconds)").Register(r)),
+        cache_bytes(prometheus::BuildGauge().Name("sluice_response_cache_bytes")
+                        .Help("Memory the response cache has mapped for its entries").Register(r)),
+        cache_used_bytes(prometheus::BuildGauge().Name("sluice_response_cache_used_bytes")
+                             .Help("What the live entries (keys, outputs, headers) take of it").Register(r)),
+        cache_limit_bytes(prometheus::BuildGauge().Name("sluice_response_cache_limit_bytes")
+                              .Help("The response cache's bound (--cache-config local,size=BYTES)").Register(r)),
+        cache_entries(prometheus::BuildGauge().Name("sluice_response_cache_entries")
+                          .Help("Answers the response cache holds").Register(r)),
+        cache_insertions(prometheus::BuildCounter().Name("sluice_response_cache_insertions_total")
+                             .Help("Answers kept by the response cache").Register(r)),
+        cache_evictions(prometheus::BuildCounter().Name("sluice_response_cache_evictions_total")
+                            .Help("Answers dropped, least recently used first, to make room").Register(r)),
+        cache_too_large(prometheus::BuildCounter().Name("sluice_response_cache_too_large_total")
+                            .Help("Answers not kept because one alone exceeds the cache's bound").Register(r)) {}
 
   Family<Counter>& succeeded;
   Family<Counter>& failed;
@@ -187,6 +211,27 @@ struct ServerMetrics::Families {
   Family<Gauge>& nv_gpu_power;
   Family<Gauge>& nv_gpu_power_limit;
   Family<Counter>& nv_energy;
+  Family<Counter>& nv_cache_hits;
+  Family<Counter>& nv_cache_misses;
+  Family<Counter>& nv_cache_hit_us;
+  Family<Counter>& nv_cache_miss_us;
+  Family<Gauge>& cache_bytes;
+  Family<Gauge>& cache_used_bytes;
+  Family<Gauge>& cache_limit_bytes;
+  Family<Gauge>& cache_entries;
+  Family<Counter>& cache_insertions;
+  Family<Counter>& cache_evictions;
+  Family<Counter>& cache_too_large;
+  ResponseCacheStats cache_seen;  // the counters' values at the last OnResponseCacheChanged
+  struct CacheSeries {
+    Gauge* bytes = nullptr;
+    Gauge* used_bytes = nullptr;
+    Gauge* limit_bytes = nullptr;
+    Gauge* entries = nullptr;
+    Counter* insertions = nullptr;
+    Counter* evictions = nullptr;
+    Counter* too_large = nullptr;
+  } cache_series;  // created with the cache's first change
   std::map<std::string, double> energy_seen;  // per GPU uuid: the last NVML energy reading (J)
   std::vector<std::pair<Family<Gauge>*, Gauge*>> gpu_series;  // the GPU gauges of the last SetGpus
   std::vector<Counter*> energy_series;                         // the energy counters of the last SetGpus
@@ -293,6 +338,23 @@ class ModelMetrics final : public StatsSink {
     if (predicted && *predicted > Duration::zero()) series.cost_ratio->Observe(Seconds(measured) / Seconds(*predicted));
   }
 
+  // A hit is a success that did not run (Triton: no inference count, no compute time).
+  void OnCacheHit(Duration took, Protocol protocol) override {
+    const PerProtocol& series = per_protocol_[static_cast<int>(protocol)];
+    series.succeeded->Increment();
+    series.request_seconds->Observe(Seconds(took));
+    nv_success_.Increment();
+    nv_request_us_.Increment(Micros(took));
+    const CacheSeries& cache = Cache();
+    cache.hits->Increment();
+    cache.hit_us->Increment(Micros(took));
+  }
+  void OnCacheMiss(Duration took) override {
+    const CacheSeries& cache = Cache();
+    cache.misses->Increment();
+    cache.miss_us->Increment(Micros(took));
+  }
+
   void OnSequenceStarted() override { Sequences().active->Increment(); }
   void OnSequenceFinished(SequenceOutcome outcome) override {
     const SequenceSeries& series = Sequences();
@@ -317,6 +379,23 @@ class ModelMetrics final : public StatsSink {
       }
     });
     return sequences_;
+  }
+
+  struct CacheSeries {
+    Counter* hits = nullptr;
+    Counter* misses = nullptr;
+    Counter* hit_us = nullptr;
+    Counter* miss_us = nullptr;
+  };
+  // Created with the first cache event, so that models without a cache export none.
+  const CacheSeries& Cache() {
+    std::call_once(cache_once_, [this] {
+      cache_.hits = &families_.nv_cache_hits.Add(labels_);
+      cache_.misses = &families_.nv_cache_misses.Add(labels_);
+      cache_.hit_us = &families_.nv_cache_hit_us.Add(labels_);
+      cache_.miss_us = &families_.nv_cache_miss_us.Add(labels_);
+    });
+    return cache_;
   }
 
   struct TargetSeries {
@@ -353,6 +432,8 @@ class ModelMetrics final : public StatsSink {
   SequenceSeries sequences_;
   std::once_flag target_once_;
   TargetSeries target_;
+  std::once_flag cache_once_;
+  CacheSeries cache_;
   struct PerProtocol {
     Counter* succeeded = nullptr;
     Counter* failed[std::size(kAllFailureReasons)] = {};
@@ -425,6 +506,26 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
     gauge.Set(rate.rows_per_second);
     series.push_back(&gauge);
   }
+}
+
+void ServerMetrics::OnResponseCacheChanged(const ResponseCacheStats& stats) {
+  MutexLock lock(&mutex_);
+  Families& f = *families_;
+  if (f.cache_series.bytes == nullptr) {  // the first change: the cache's series from now on
+    f.cache_series = {&f.cache_bytes.Add({}),      &f.cache_used_bytes.Add({}),  &f.cache_limit_bytes.Add({}),
+                      &f.cache_entries.Add({}),    &f.cache_insertions.Add({}), &f.cache_evictions.Add({}),
+                      &f.cache_too_large.Add({})};
+  }
+  const Families::CacheSeries& series = f.cache_series;
+  series.bytes->Set(static_cast<double>(stats.bytes));
+  series.used_bytes->Set(static_cast<double>(stats.entry_bytes));
+  series.limit_bytes->Set(static_cast<double>(stats.byte_limit));
+  series.entries->Set(static_cast<double>(stats.entries));
+  // The cache counts from its start; the counters add what changed since the last call.
+  series.insertions->Increment(static_cast<double>(stats.insertions - f.cache_seen.insertions));
+  series.evictions->Increment(static_cast<double>(stats.evictions - f.cache_seen.evictions));
+  series.too_large->Increment(static_cast<double>(stats.too_large - f.cache_seen.too_large));
+  f.cache_seen = stats;
 }
 
 void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& labels) {

@@ -27,6 +27,7 @@
 
 #include "server/core/mutex.h"
 #include "server/manager/model_manager.h"
+#include "server/manager/response_cache.h"
 
 namespace sluice {
 
@@ -51,7 +52,7 @@ struct GpuSample {
   std::optional<double> energy_joules;  // since the driver loaded
 };
 
-class ServerMetrics final : public ModelObserver {
+class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
  public:
   explicit ServerMetrics(std::shared_ptr<prometheus::Registry> registry);
   ~ServerMetrics() override;
@@ -61,6 +62,9 @@ class ServerMetrics final : public ModelObserver {
       ABSL_LOCKS_EXCLUDED(mutex_);
   void OnState(const std::string& model, int64_t version, ModelState state) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnReady(const ModelTuning& tuning, Duration load_time) override ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // ResponseCacheObserver: the sluice_response_cache_* series (created with the cache).
+  void OnResponseCacheChanged(const ResponseCacheStats& stats) override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // sluice_build_info{...} 1: the environment report's versions as labels.
   void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);

@@ -153,7 +153,6 @@ Status RejectUnsupported(const inference::ModelConfig& config) {
   if (config.has_model_operations()) fields.push_back("model_operations");
   if (config.model_transaction_policy().decoupled()) fields.push_back("model_transaction_policy.decoupled");
   if (config.has_model_repository_agents()) fields.push_back("model_repository_agents");
-  if (config.response_cache().enable()) fields.push_back("response_cache");
   if (config.cc_model_filenames_size() > 0) fields.push_back("cc_model_filenames");
   if (config.optimization().cuda().graphs()) fields.push_back("optimization.cuda.graphs");
   if (config.optimization().has_execution_accelerators()) {
@@ -799,6 +798,12 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
         "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's requests must run "
         "in their sequence's order and slot, so the batcher cannot size batches or refuse requests for a target; "
         "remove the parameter");
+  }
+  spec.response_cache = config->response_cache().enable();
+  if (spec.response_cache && config->has_sequence_batching()) {
+    return absl::InvalidArgumentError(
+        "response_cache cannot be enabled with sequence_batching: a stateful model's answer depends on the "
+        "requests of its sequence before it, so a cached answer would be wrong; remove response_cache");
   }
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
   SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));

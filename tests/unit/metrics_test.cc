@@ -186,6 +186,60 @@ TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATar
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_batch_cost_ratio_count{model="plain")")));
 }
 
+// Triton's per-model cache series (microseconds, as Triton) and Sluice's cache-wide ones. A hit
+// is a success that ran nothing: counted in requests and durations, not in inferences.
+TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {
+  ModelStats plain(metrics_.SinkFor("plain", 1));
+  plain.RecordAdmitted();
+  ModelStats stats(metrics_.SinkFor("cached", 2));
+  stats.RecordCacheHit(std::chrono::microseconds(30), Protocol::kGrpc);
+  stats.RecordCacheHit(std::chrono::microseconds(50), Protocol::kHttp);
+  stats.RecordCacheMiss(std::chrono::microseconds(7));
+  std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(nv_cache_num_hits_per_model{model="cached",version="2"})"), 2);
+  EXPECT_EQ(Value(text, R"(nv_cache_hit_duration_per_model{model="cached",version="2"})"), 80);
+  EXPECT_EQ(Value(text, R"(nv_cache_num_misses_per_model{model="cached",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(nv_cache_miss_duration_per_model{model="cached",version="2"})"), 7);
+  EXPECT_EQ(Value(text, R"(nv_inference_request_success{model="cached",version="2"})"), 2);
+  EXPECT_EQ(Value(text, R"(nv_inference_request_duration_us{model="cached",version="2"})"), 80);
+  EXPECT_EQ(Value(text, R"(nv_inference_count{model="cached",version="2"})"), 0);
+  EXPECT_EQ(Value(text, R"(sluice_requests_succeeded_total{model="cached",protocol="http",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_pending_requests{model="cached",version="2"})"), 0);  // never queued
+  EXPECT_THAT(text, Not(HasSubstr(R"(nv_cache_num_hits_per_model{model="plain")")));
+  EXPECT_THAT(text, Not(HasSubstr("sluice_response_cache_bytes")));  // no cache yet
+  const ModelStatsSnapshot snapshot = stats.Snapshot();
+  EXPECT_EQ(snapshot.cache_hit.count, 2u);
+  EXPECT_EQ(snapshot.cache_hit.ns, 80000u);
+  EXPECT_EQ(snapshot.cache_miss.count, 1u);
+  EXPECT_EQ(snapshot.success.count, 2u);
+  EXPECT_EQ(snapshot.inference_count, 0u);
+
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  ResponseCache cache(16 * page, nullptr, &metrics_);  // sixteen one-page segments
+  text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, "sluice_response_cache_limit_bytes"), 16 * page);
+  EXPECT_EQ(Value(text, "sluice_response_cache_bytes"), 0);
+  const uint64_t space = cache.OpenNamespace();
+  const std::string half_page(page / 2, 'a');
+  const Shape shape = {static_cast<int64_t>(half_page.size())};
+  InferRequest request;
+  for (int i = 0; i < 40; ++i) {  // one entry a page: 16 stay
+    request.inputs.clear();
+    request.AddOwnedInput("x", DataType::kInt8, {1}, std::string(1, static_cast<char>(i)));
+    cache.Insert(cache.MakeKey(space, request), {{"y", DataType::kInt8, shape, half_page}});
+  }
+  const std::string huge(17 * page, 'h');
+  const Shape huge_shape = {static_cast<int64_t>(huge.size())};
+  cache.Insert(cache.MakeKey(space, request), {{"y", DataType::kInt8, huge_shape, huge}});
+  text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, "sluice_response_cache_entries"), static_cast<double>(cache.Stats().entries));
+  EXPECT_EQ(Value(text, "sluice_response_cache_bytes"), 16 * page);
+  EXPECT_EQ(Value(text, "sluice_response_cache_used_bytes"), static_cast<double>(cache.Stats().entry_bytes));
+  EXPECT_EQ(Value(text, "sluice_response_cache_insertions_total"), 40);
+  EXPECT_EQ(Value(text, "sluice_response_cache_evictions_total"), 40 - cache.Stats().entries);
+  EXPECT_EQ(Value(text, "sluice_response_cache_too_large_total"), 1);
+}
+
 TEST_F(MetricsTest, BucketsResolveSubMillisecondAndMultiSecondTimes) {
   const std::vector<double>& buckets = LatencyBucketsSeconds();
   EXPECT_LE(buckets.front(), 0.0001);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "server/manager/model_handle.h"
+#include "server/manager/response_cache.h"
 #include "server/manager/model_manager.h"
 #include "tests/unit/fakes.h"
 #include "tests/unit/manager_fixtures.h"
@@ -20,7 +21,126 @@ using testing::FakeBackendFactory;
 using testing::ManagerParts;
 using testing::Model;
 using testing::Models;
+using testing::Control;
+using testing::MemorySource;
 using testing::Send;
+
+// A sink that refuses every output, as a shared-memory slice too small for it would.
+class RefusingSink final : public OutputSink {
+ public:
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    return absl::InvalidArgumentError("output '" + output.name + "' does not fit");
+  }
+};
+
+// Send's request (one row of ones) into a RefusingSink; its answer.
+Status SendRefused(ModelHandle* model) {
+  std::vector<float> data(2, 1.0f);
+  auto request = std::make_unique<InferRequest>();
+  request->model_name = model->spec().name;
+  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+  RefusingSink refusing;
+  std::promise<Status> answered;
+  model->Submit(std::move(request), &refusing, [&](Status status) { answered.set_value(status); });
+  return answered.get_future().get();
+}
+
+std::function<void(ModelSpec&)> Cached() {
+  return [](ModelSpec& spec) { spec.response_cache = true; };
+}
+
+// The fake backend answers with the id of the request it ran ("y" = id); the cache key does not
+// cover the id, so a cached answer shows as the first request's id.
+TEST(ModelHandleTest, ResponseCacheAnswersIdenticalRequestsWithoutRunning) {
+  FakeBackendFactory factory;
+  auto cache = std::make_shared<ResponseCache>(1 << 20);
+  VersionLoader::Options options;
+  options.response_cache = cache;
+  ManagerParts parts(Models({Model("cached", {1}, Cached()), Model("plain", {1})}), &factory, options);
+  ASSERT_TRUE(parts.control.LoadAll().ok());
+  auto cached = parts.manager.Find("cached", "");
+  auto plain = parts.manager.Find("plain", "");
+  ASSERT_TRUE(cached.ok() && plain.ok());
+  EXPECT_TRUE((*cached)->caches_responses());
+  EXPECT_FALSE((*plain)->caches_responses());  // the server's cache serves only models that enable it
+  FakeBackend* backend = factory.backend(0);
+  const int runs = backend->executed();
+
+  // A failed request is not an answer to keep (here its sink refused the output).
+  EXPECT_EQ(SendRefused(&**cached).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->executed(), runs + 1);
+  EXPECT_EQ(cache->Stats().entries, 0u);
+
+  StatusOr<testing::Outputs> first = Send(&**cached, "1").get();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->outputs[0].data, "1");
+  EXPECT_EQ(backend->executed(), runs + 2);
+  EXPECT_EQ(cache->Stats().entries, 1u);
+  StatusOr<testing::Outputs> second = Send(&**cached, "2").get();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->outputs[0].data, "1");  // the first answer, from the cache
+  EXPECT_EQ(second->outputs[0].name, first->outputs[0].name);
+  EXPECT_EQ(second->outputs[0].shape, first->outputs[0].shape);
+  EXPECT_EQ(backend->executed(), runs + 2);  // nothing ran for it
+
+  const ModelStatsSnapshot stats = (*cached)->Statistics();
+  EXPECT_EQ(stats.cache_miss.count, 2u);  // the refused request and the first
+  EXPECT_EQ(stats.cache_hit.count, 1u);
+  EXPECT_EQ(stats.success.count, 2u);
+  EXPECT_EQ(stats.fail.count, 1u);
+  EXPECT_EQ(stats.inference_count, 1u);  // a hit runs nothing (Triton counts it the same way)
+
+  // A hit whose sink refuses is answered with the sink's reason and counted as a failure.
+  const Status refused = SendRefused(&**cached);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("does not fit"));
+  EXPECT_EQ((*cached)->Statistics().fail.count, 2u);
+
+  // The model without response_cache runs every request.
+  FakeBackend* plain_backend = factory.backend(1);
+  const int plain_runs = plain_backend->executed();
+  ASSERT_TRUE(Send(&**plain, "1").get().ok());
+  StatusOr<testing::Outputs> again = Send(&**plain, "2").get();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outputs[0].data, "2");
+  EXPECT_EQ(plain_backend->executed(), plain_runs + 2);
+  EXPECT_EQ((*plain)->Statistics().cache_miss.count, 0u);
+
+  // Unloading drops the version's entries.
+  cached->Reset();
+  plain->Reset();
+  ASSERT_TRUE(parts.control.UnloadModel("cached").ok());
+  EXPECT_EQ(cache->Stats().entries, 0u);
+}
+
+// A version loaded again (same number, new files) starts with an empty cache: the old
+// version's answers leave with it and never answer for the new one.
+TEST(ModelHandleTest, AReloadedVersionStartsWithoutTheOldAnswers) {
+  FakeBackendFactory factory;
+  auto cache = std::make_shared<ResponseCache>(1 << 20);
+  VersionLoader::Options options;
+  options.response_cache = cache;
+  MemorySource source;
+  source.Put(Model("cached", {1}, Cached()), "files-1");
+  ManagerParts parts(*source.Scan(), &factory, options, Control(ModelControlMode::kExplicit, &source, {"cached"}));
+  ASSERT_TRUE(parts.control.LoadAll().ok());
+  {
+    auto old_version = parts.manager.Find("cached", "");
+    ASSERT_TRUE(old_version.ok());
+    StatusOr<testing::Outputs> first = Send(&**old_version, "1").get();
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(cache->Stats().entries, 1u);
+  }
+  source.Put(Model("cached", {1}, Cached()), "files-2");
+  ASSERT_TRUE(parts.control.LoadModel("cached").ok());
+  EXPECT_EQ(cache->Stats().entries, 0u);
+  auto new_version = parts.manager.Find("cached", "");
+  ASSERT_TRUE(new_version.ok());
+  StatusOr<testing::Outputs> answer = Send(&**new_version, "2").get();
+  ASSERT_TRUE(answer.ok());
+  EXPECT_EQ(answer->outputs[0].data, "2");  // run by the new version, not the old answer
+  EXPECT_EQ(cache->Stats().entries, 1u);
+}
 
 TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   FakeBackendFactory factory;

@@ -96,7 +96,7 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
   auto spec = BuildModelSpec("seq", &*config);
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(),
-              HasSubstr("unsupported configuration fields: response_cache, optimization.cuda.graphs"));
+              HasSubstr("unsupported configuration field: optimization.cuda.graphs"));
 }
 
 // Triton's sequence_batching, direct strategy: control inputs become inputs the server fills.
@@ -553,6 +553,26 @@ TEST(ModelConfigParserTest, LatencyTarget) {
                "sequence_batching { }\n"
                "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"1000\" } }\n");
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us cannot be combined with sequence_batching"));
+}
+
+TEST(ModelConfigParserTest, ResponseCache) {
+  auto spec = Build(kMinimal);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->response_cache);  // off unless the config enables it
+  spec = Build(std::string(kMinimal) + "response_cache { enable: false }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->response_cache);
+  spec = Build(std::string(kMinimal) + "response_cache { enable: true }\ndynamic_batching { }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->response_cache);
+  // A stateful model's answer depends on its sequence: a cached one would be wrong.
+  spec = Build("max_batch_size: 0\n"
+               "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+               "sequence_batching { }\n"
+               "response_cache { enable: true }\n");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("response_cache cannot be enabled with sequence_batching"));
 }
 
 TEST(ModelConfigParserTest, DynamicBatchingErrors) {

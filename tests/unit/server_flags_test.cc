@@ -27,6 +27,39 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_FALSE(config->allow_load_files);  // model files sent with loads: refused unless asked for
   EXPECT_EQ(config->load_files_max_bytes, 1ull << 30);
   EXPECT_EQ(config->load_files_disk_bytes, 8ull << 30);
+  EXPECT_EQ(config->response_cache_bytes, 0u);  // no response cache unless asked for
+}
+
+// Triton's spellings: --cache-config local,size=BYTES (either form of the flag) and the older
+// --response-cache-byte-size; anything else is refused with what to write instead.
+TEST(ServerFlagsTest, ResponseCacheConfig) {
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--cache-config", "local,size=1048576"}, {"--cache-config=local,size=1048576"},
+           {"--response-cache-byte-size", "1048576"}}) {
+    auto config = ParseServerFlags(flags);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->response_cache_bytes, 1048576u) << flags[0];
+  }
+  auto off = ParseServerFlags({"--response-cache-byte-size", "0"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->response_cache_bytes, 0u);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  for (const Case& each : std::vector<Case>{
+           {{"--cache-config", "redis,host=localhost"}, "cache 'redis' is not available; Sluice has the local cache only"},
+           {{"--cache-config", "local,size=0"}, "size must be a positive number of bytes, found '0'"},
+           {{"--cache-config", "local,size=1MB"}, "found '1MB'"},
+           {{"--cache-config", "local,size=99999999999999999999"}, "found '99999999999999999999'"},
+           {{"--cache-config", "local"}, "the local cache takes one setting, size=BYTES"},
+           {{"--cache-config", "local,bytes=10"}, "the local cache takes one setting, size=BYTES"},
+           {{"--cache-config", "local,size=10", "--response-cache-byte-size", "10"}, "both size the cache"},
+       }) {
+    auto config = ParseServerFlags(each.flags);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << each.flags[1];
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(each.message)) << each.flags[1];
+  }
 }
 
 TEST(ServerFlagsTest, LoadFilesOnlyInExplicitMode) {
