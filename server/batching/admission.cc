@@ -22,9 +22,13 @@ Admission::~Admission() { ReleaseAll(); }
 
 Status Admission::Admit(int share, size_t bytes, absl::string_view model, CountRefusal count_refusal) {
   Share& counted = shares_[share];
-  if (counted.requests >= options_.max_requests) return count_refusal(counted.requests);
-  if (counted.bytes > 0 && counted.bytes + bytes > options_.max_bytes) {
-    return absl::UnavailableError(absl::StrCat("model '", model, "' has ", counted.bytes,
+  const size_t cap = static_cast<size_t>(share) < options_.share_max_requests.size()
+                         ? options_.share_max_requests[static_cast<size_t>(share)]
+                         : options_.max_requests;
+  if (counted.requests >= cap) return count_refusal(counted.requests);
+  const size_t held = options_.bytes_across_shares ? total_bytes() : counted.bytes;
+  if (held > 0 && held + bytes > options_.max_bytes) {
+    return absl::UnavailableError(absl::StrCat("model '", model, "' has ", held,
                                                " input bytes waiting and this request brings ", bytes,
                                                " (limit sluice.max_queued_bytes=", options_.max_bytes,
                                                "); retry later"));
@@ -65,6 +69,12 @@ void Admission::ReleaseAll() {
 size_t Admission::total_requests() const {
   size_t total = 0;
   for (const Share& counted : shares_) total += counted.requests;
+  return total;
+}
+
+size_t Admission::total_bytes() const {
+  size_t total = 0;
+  for (const Share& counted : shares_) total += counted.bytes;
   return total;
 }
 

@@ -48,6 +48,10 @@ class Admission {
     size_t max_bytes = 256u << 20;  // waiting input bytes per share (sluice.max_queued_bytes)
     std::shared_ptr<ByteBudget> server_budget;  // --max-queued-bytes, shared by every model; may be null
     int shares = 1;                             // see above
+    // Each share's request cap (index: share); empty: max_requests for every share.
+    std::vector<size_t> share_max_requests = {};
+    // The byte cap holds for all shares together (priority levels), not for each (sequences).
+    bool bytes_across_shares = false;
   };
   // The refusal when `share` holds max_requests already (its words are the scheduler's: what
   // waits there); `waiting` is that count.
@@ -74,6 +78,7 @@ class Admission {
   size_t requests(int share = 0) const { return shares_[share].requests; }
   size_t bytes(int share = 0) const { return shares_[share].bytes; }
   size_t total_requests() const;
+  size_t total_bytes() const;
 
  private:
   struct Share {

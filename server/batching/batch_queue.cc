@@ -12,12 +12,39 @@ namespace {
 
 int64_t Micros(Duration duration) { return std::chrono::duration_cast<std::chrono::microseconds>(duration).count(); }
 
+Admission::Options AdmissionOptions(const BatchQueue::Options& options) {
+  Admission::Options out;
+  out.max_requests = options.max_requests;
+  out.max_bytes = options.max_bytes;
+  out.server_budget = options.server_budget;
+  // One share per priority level, each with its own request cap; the bytes are the queue's.
+  out.shares = std::max<int>(1, static_cast<int>(options.level_max_requests.size()));
+  out.share_max_requests = options.level_max_requests;
+  out.bytes_across_shares = true;
+  return out;
+}
+
 }  // namespace
 
-BatchQueue::BatchQueue(Options options)
-    : options_(std::move(options)),
-      admission_(Admission::Options{options_.max_requests, options_.max_bytes, options_.server_budget,
-                                    /*shares=*/1}) {}
+BatchQueue::BatchQueue(Options options) : options_(std::move(options)), admission_(AdmissionOptions(options_)) {}
+
+void BatchQueue::Insert(Group& group, PendingRequest pending) {
+  const int rank = Rank(pending);
+  if (group.queue.empty() || Rank(group.queue.back()) <= rank) {
+    group.queue.push_back(std::move(pending));
+    return;
+  }
+  const auto after = std::upper_bound(group.queue.begin(), group.queue.end(), rank,
+                                      [](int value, const PendingRequest& entry) { return value < Rank(entry); });
+  group.queue.insert(after, std::move(pending));
+}
+
+TimePoint BatchQueue::Oldest(const Group& group) const {
+  if (!Ranked()) return group.queue.front().enqueued;
+  TimePoint oldest = group.queue.front().enqueued;
+  for (const PendingRequest& pending : group.queue) oldest = std::min(oldest, pending.enqueued);
+  return oldest;
+}
 
 std::string BatchQueue::GroupKey(const InferRequest& request) {
   absl::InlinedVector<const TensorView*, 4> inputs;
@@ -50,7 +77,12 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
         "distinct shapes"));
   }
   if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused, busy));
-  SLUICE_RETURN_IF_ERROR(admission_.Admit(0, pending.bytes, request.model_name, [&](size_t waiting) {
+  SLUICE_RETURN_IF_ERROR(admission_.Admit(ShareOf(pending), pending.bytes, request.model_name, [&](size_t waiting) {
+    if (request.priority_level > 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "model '", request.model_name, "' has ", waiting, " requests waiting at priority level ",
+          request.priority_level, " (that level's max_queue_size); retry later, or raise the limit or add instances"));
+    }
     return absl::UnavailableError(absl::StrCat(
         "model '", request.model_name, "' has ", waiting,
         " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
@@ -73,7 +105,7 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
     last_arrival_ = pending.enqueued;
   }
   joined.rows += request.batch_size;
-  joined.queue.push_back(std::move(pending));
+  Insert(joined, std::move(pending));
   return absl::OkStatus();
 }
 
@@ -146,11 +178,12 @@ void BatchQueue::TakeWhere(Take take) {
     for (auto entry = group.queue.begin(); entry != group.queue.end();) {
       const int64_t rows = entry->request->batch_size;
       const size_t bytes = entry->bytes;
+      const int share = ShareOf(*entry);
       if (!take(it->first, *entry)) {
         ++entry;
         continue;
       }
-      admission_.Release(0, bytes);
+      admission_.Release(share, bytes);
       group.rows -= rows;
       entry = group.queue.erase(entry);
     }
@@ -268,7 +301,7 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
   return refused;
 }
 
-void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(0, pending.bytes); }
+void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(ShareOf(pending), pending.bytes); }
 
 PendingRequest BatchQueue::PopFront(Group& group) {
   PendingRequest front = std::move(group.queue.front());
@@ -286,6 +319,24 @@ std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now) {
     return true;
   });
   return expired;
+}
+
+void BatchQueue::DelayOverdue(TimePoint now) {
+  if (!options_.delays) return;
+  for (auto& [key, group] : groups_) {
+    absl::InlinedVector<PendingRequest, 4> overdue;
+    for (auto entry = group.queue.begin(); entry != group.queue.end();) {
+      if (entry->delayed || entry->request->delay_after > now) {
+        ++entry;
+        continue;
+      }
+      entry->delayed = true;
+      overdue.push_back(std::move(*entry));
+      entry = group.queue.erase(entry);
+    }
+    // In the order they stood: among the delayed of one level, arrival order holds too.
+    for (PendingRequest& pending : overdue) Insert(group, std::move(pending));
+  }
 }
 
 size_t BatchQueue::ReadyPrefix(const std::string& key, const Group& group, TimePoint now) const {
@@ -307,7 +358,7 @@ size_t BatchQueue::ReadyPrefix(const std::string& key, const Group& group, TimeP
   // A request larger than the ladder's largest size (at most max_batch_size) runs alone.
   if (fitting == 0) return 1;
   bool full = fitting < group.queue.size() || rows == largest;
-  bool waited = now - group.queue.front().enqueued >= options_.max_queue_delay;
+  bool waited = now - Oldest(group) >= options_.max_queue_delay;
   if (Targeted()) {
     bool wait = false;
     if (std::optional<size_t> limit = TargetLimit(key, group, now, fitting, rows, &wait)) {
@@ -386,7 +437,9 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     const size_t prefix = ReadyPrefix(it->first, it->second, now);
     if (prefix == 0) continue;
-    if (chosen == nullptr || it->second.queue.front().enqueued < chosen->queue.front().enqueued) {
+    const PendingRequest& first = it->second.queue.front();
+    if (chosen == nullptr || Rank(first) < Rank(chosen->queue.front()) ||
+        (Rank(first) == Rank(chosen->queue.front()) && first.enqueued < chosen->queue.front().enqueued)) {
       chosen = &it->second;
       chosen_it = it;
       take = prefix;
@@ -419,7 +472,7 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
 TimePoint BatchQueue::NextBatchTime() const {
   TimePoint next = kNoDeadline;
   for (const auto& [key, group] : groups_) {
-    TimePoint ready = group.queue.front().enqueued + options_.max_queue_delay;
+    TimePoint ready = Oldest(group) + options_.max_queue_delay;
     std::optional<TimePoint> stop;
     if (Targeted() && !options_.one_request_per_batch && (stop = StopWaitingAt(key, group))) {
       ready = options_.max_queue_delay > Duration::zero() ? std::min(ready, *stop) : *stop;

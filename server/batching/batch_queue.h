@@ -33,6 +33,9 @@ struct PendingRequest {
   // A row the scheduler added, not a caller's request (an empty sequence slot below a busy one):
   // it runs and is answered like the others but counts in no statistics.
   bool filler = false;
+  // Its queue timeout passed under a timeout_action DELAY policy (InferRequest::delay_after): it
+  // now waits behind every request of its level and the higher ones that has not timed out.
+  bool delayed = false;
 };
 
 // A request taken out of the queue unrun, with the answer it gets.
@@ -44,7 +47,7 @@ struct RefusedRequest {
 
 // Requests that run together in one forward pass.
 struct FormedBatch {
-  std::vector<PendingRequest> requests;  // in arrival order
+  std::vector<PendingRequest> requests;  // in queue order (priority level, then arrival)
   int64_t rows = 0;                      // rows the callers sent
   int64_t padded_rows = 0;               // rows the model sees (>= rows)
 };
@@ -67,6 +70,12 @@ class BatchQueue {
     Duration latency_target{0};
     std::shared_ptr<BatchCostModel> costs;  // required with latency_target; shared with the pool
     int instances = 1;                      // instances the queue feeds (work ahead is spread over them)
+    // Priority levels (see "Priorities" below): each level's request cap, index level - 1
+    // (InferRequest::priority_level); empty: the model has none, and max_requests caps the queue.
+    std::vector<size_t> level_max_requests;
+    // Some queue policy delays timed-out requests (DELAY) instead of failing them: DelayOverdue
+    // has work to do.
+    bool delays = false;
   };
 
   explicit BatchQueue(Options options);
@@ -119,9 +128,24 @@ class BatchQueue {
   // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
   std::vector<PendingRequest> TakeExpired(TimePoint now);
 
+  // Priorities (Triton's priority_levels and queue policies). Within a shape group requests wait
+  // in order of rank, then arrival: rank is the priority level (1 first), and within a level the
+  // requests whose DELAY timeout has passed go after those whose has not. A batch takes the
+  // group's first requests in that order, so it mixes levels only where the higher ones leave
+  // room; among groups ready at once, the one whose first request ranks highest goes first. Each
+  // level has its own request cap (Options::level_max_requests); the byte caps hold for the
+  // whole queue. A group's delay (max_queue_delay) runs from its oldest request, whatever its
+  // level. Without levels or DELAY every request has the same rank: arrival order, as before.
+  //
+  // Marks the requests whose DELAY timeout (InferRequest::delay_after) is at or before `now` as
+  // delayed and moves them behind the requests of their level that are not (call it before
+  // TakeReadyBatch; the order only matters when a batch forms, so nothing needs waking for it).
+  void DelayOverdue(TimePoint now);
+
   // The next batch, if a group is ready at `now`: it can fill max_batch_size, or a prefix of it
   // sums to a preferred batch size, or its oldest request has waited max_queue_delay. Among
-  // ready groups the one with the oldest request goes first. Groups never block each other.
+  // ready groups the one whose first request ranks highest (see "Priorities"), then the one
+  // with the oldest first request, goes first. Groups never block each other.
   std::optional<FormedBatch> TakeReadyBatch(TimePoint now);
 
   // When a group next becomes ready by its delay, assuming nothing arrives; kNoDeadline when
@@ -151,9 +175,24 @@ class BatchQueue {
 
  private:
   struct Group {
-    std::deque<PendingRequest> queue;  // arrival order
+    std::deque<PendingRequest> queue;  // by Rank, then arrival
     int64_t rows = 0;                  // rows waiting in `queue`
   };
+
+  // Where a request waits relative to others (lower first): its priority level, and behind those
+  // of its level whose DELAY timeout has not passed once its own has.
+  static int Rank(const PendingRequest& pending) {
+    return 2 * pending.request->priority_level + (pending.delayed ? 1 : 0);
+  }
+  // Whether ranks can differ (priority levels or DELAY): the front of a group is then not
+  // necessarily its oldest request.
+  bool Ranked() const { return !options_.level_max_requests.empty() || options_.delays; }
+  // The admission share a request counts in: its level's.
+  static int ShareOf(const PendingRequest& pending) { return std::max(pending.request->priority_level - 1, 0); }
+  // Puts `pending` into `group` after every request of its rank or better.
+  static void Insert(Group& group, PendingRequest pending);
+  // When the oldest request of `group` arrived.
+  TimePoint Oldest(const Group& group) const;
 
   bool Targeted() const { return options_.latency_target > Duration::zero() && options_.costs != nullptr; }
   // When `pending` must be answered by for the target (kNoDeadline without one). Not stored in

@@ -83,6 +83,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     if (stats) {
       stats->RecordEarlyRefusal(refused, /*queued=*/false);
       stats->RecordRejected(admitted, pending.request->protocol);
+      stats->RecordPriorityRefused(pending.request->priority_level, admitted);
     }
     pending.done(std::move(admitted));
     return;
@@ -121,6 +122,7 @@ void DynamicBatcher::BatcherLoop() {
       continue;
     }
     if (idle) {
+      queue_.DelayOverdue(now);
       if (std::optional<FormedBatch> batch = queue_.TakeReadyBatch(now)) {
         // Under the lock, so that Stop cannot slip between taking the batch and handing it over.
         pool_->Run(*std::move(batch));

@@ -149,6 +149,7 @@ void InstancePool::RunClaimed(size_t instance, FormedBatch batch) {
 
 void InstancePool::Drop(PendingRequest& pending, const Status& status) {
   if (options_.stats) {
+    options_.stats->RecordPriorityRefused(pending.request->priority_level, status);
     options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false,
                                   pending.request->protocol);
   }
@@ -253,6 +254,9 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     const auto callers = std::count_if(batch.requests.begin(), batch.requests.end(),
                                        [](const PendingRequest& pending) { return !pending.filler; });
     options_.stats->RecordStarted(static_cast<int64_t>(callers));
+    for (const PendingRequest& pending : batch.requests) {
+      if (!pending.filler) options_.stats->RecordPriorityQueued(pending.request->priority_level, started - pending.enqueued);
+    }
   }
   TimePoint infer_done{};
   // Inline for the usual batch sizes: no allocation per batch.

@@ -13,6 +13,7 @@
 #include "server/batching/batch_cost.h"
 #include "server/core/clock.h"
 #include "server/core/infer_request.h"
+#include "server/core/model_spec.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
 
@@ -109,7 +110,13 @@ class StatsSink {
   // reported as any other request's).
   virtual void OnCacheHit(Duration /*took*/, Protocol /*protocol*/) {}
   virtual void OnCacheMiss(Duration /*took*/) {}
+  // Models with priority levels only (`level` in [1, kMaxPriorityLevels]): a request of `level`
+  // started running after waiting `queued`, or left its queue without running (refused at
+  // admission, expired, cancelled, or dropped at stop) for `reason`.
+  virtual void OnPriorityQueued(int /*level*/, Duration /*queued*/) {}
+  virtual void OnPriorityRefused(int /*level*/, FailureReason /*reason*/) {}
 };
+
 
 class ModelStats {
  public:
@@ -149,6 +156,15 @@ class ModelStats {
   // that followed, `took` together.
   void RecordCacheHit(Duration took, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   void RecordCacheMiss(Duration took) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Models with priority levels: see StatsSink::OnPriorityQueued and OnPriorityRefused. Level 0
+  // (no levels) records nothing.
+  void RecordPriorityQueued(int level, Duration queued) {
+    if (sink_ && level > 0) sink_->OnPriorityQueued(level, queued);
+  }
+  void RecordPriorityRefused(int level, const Status& status) {
+    if (sink_ && level > 0) sink_->OnPriorityRefused(level, FailureReasonOf(status));
+  }
 
   // Latency target models: snapshots carry `target` and `costs`' live figures from now on.
   void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs) ABSL_LOCKS_EXCLUDED(mutex_);

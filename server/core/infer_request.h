@@ -48,6 +48,9 @@ struct RequestParameters {
   // Queue timeout in microseconds ("timeout"); 0: the model's default. Honoured only when the
   // model's dynamic_batching allows timeout overrides.
   int64_t timeout_us = 0;
+  // Priority ("priority"): 1 is the highest; 0 (none given) or a value above the model's
+  // priority_levels means its default_priority_level. Ignored by models without priority levels.
+  uint64_t priority = 0;
   SequenceControl sequence;
 };
 
@@ -76,6 +79,12 @@ struct InferRequest {
   // away (may be null).
   TimePoint deadline = kNoDeadline;
   std::shared_ptr<std::atomic<bool>> cancelled;
+  // Set by ModelHandle::Submit from the model's queue policies. `priority_level`: the level it
+  // waits at (1 is the highest; 0: the model has no priority levels). `delay_after`: under a
+  // timeout_action DELAY policy, its queue timeout (it then waits behind the requests that have
+  // not timed out instead of failing; `deadline` keeps only the caller's own).
+  int priority_level = 0;
+  TimePoint delay_after = kNoDeadline;
   // The thread that submits the request may run it itself, when its model allows that
   // (sluice.run_on_receiving_thread) and nothing waits for the instance. Set by a front end whose
   // thread may be held for one forward pass: gRPC unary calls (not a stream, whose next reads

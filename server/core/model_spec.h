@@ -50,14 +50,58 @@ struct InstanceGroupSpec {
 // on the thread that received it.
 inline constexpr int64_t kRunOnReceivingThreadMaxUs = 100;
 
+// The most priority levels a model may have (its config's priority_levels).
+inline constexpr int kMaxPriorityLevels = 64;
+
+// Triton's ModelQueuePolicy: the queue caps and timeout of a model's requests (of one priority
+// level, with priority levels).
+struct QueuePolicySpec {
+  size_t max_queue_size = 0;            // waiting requests (per level); 0: --max-queue-size
+  int64_t default_timeout_us = 0;       // queue timeout per request; 0: none
+  bool allow_timeout_override = false;  // a request's "timeout" parameter (us) may set its own
+  // timeout_action DELAY: a request past its queue timeout is not failed; it waits behind every
+  // request of its level and the higher ones that has not timed out (no bound on that wait; the
+  // client's own deadline still ends it). REJECT (false): it is answered DEADLINE_EXCEEDED.
+  bool delay = false;
+};
+
 // Triton's dynamic_batching block, with Sluice's batching parameters (config `parameters`).
 struct DynamicBatchingSpec {
   bool enabled = false;                  // a dynamic_batching block is present
   std::vector<int> preferred_batch_sizes;  // ascending, each in [1, max_batch_size]
   int64_t max_queue_delay_us = 0;        // how long the oldest request may wait for company
-  size_t max_queue_size = 0;             // waiting requests per model version; 0: --max-queue-size
-  int64_t default_timeout_us = 0;        // queue timeout per request; 0: none
-  bool allow_timeout_override = false;   // a request's "timeout" parameter (us) may set its own
+  // default_queue_policy: every request's, or with priority levels each level's without its own
+  // priority_queue_policy entry.
+  QueuePolicySpec default_policy;
+  // Triton's priority_levels (0: none), default_priority_level (in [1, priority_levels] when there
+  // are levels) and priority_queue_policy: each level's policy, index level - 1 (`priority_levels`
+  // entries; a level the config does not name has default_policy). Level 1 is the highest: lower
+  // levels go first. A request's "priority" parameter picks its level; 0, or a value above
+  // priority_levels, means default_priority_level.
+  int priority_levels = 0;
+  int default_priority_level = 0;
+  std::vector<QueuePolicySpec> level_policies;
+  // preserve_ordering: a version's responses leave in the order its requests arrived (cache hits,
+  // which never queue, leave at once).
+  bool preserve_ordering = false;
+  // The policy of the level a request runs at (0: no levels).
+  const QueuePolicySpec& PolicyOf(int level) const {
+    return level >= 1 && level <= static_cast<int>(level_policies.size()) ? level_policies[level - 1] : default_policy;
+  }
+  // The level of a request whose "priority" parameter is `priority` (0: no levels).
+  int LevelOf(uint64_t priority) const {
+    if (priority_levels == 0) return 0;
+    return priority == 0 || priority > static_cast<uint64_t>(priority_levels) ? default_priority_level
+                                                                               : static_cast<int>(priority);
+  }
+  // Whether any policy delays timed-out requests instead of failing them.
+  bool AnyDelay() const {
+    if (default_policy.delay) return true;
+    for (const QueuePolicySpec& policy : level_policies) {
+      if (policy.delay) return true;
+    }
+    return false;
+  }
   // Sluice parameters (config `parameters`, string values):
   bool pad_to_preferred = false;   // sluice.pad_batch_to_preferred: pad rows up to the next
                                    // preferred size (or max_batch_size) so the model sees few shapes

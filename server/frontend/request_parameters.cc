@@ -52,6 +52,15 @@ Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters
     }
     parameters->timeout_us = *microseconds;
   }
+  if (const std::optional<ParameterValue> priority = find("priority")) {
+    const std::optional<int64_t> level = NonNegativeInt64(*priority);
+    if (!level) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the request parameter 'priority' must be a non-negative integer (1 is the highest level; 0: the model's "
+          "default), found ", Describe(*priority)));
+    }
+    parameters->priority = static_cast<uint64_t>(*level);
+  }
   if (const std::optional<ParameterValue> id = find("sequence_id")) {
     CorrelationId& sequence = parameters->sequence.id;
     switch (id->kind) {

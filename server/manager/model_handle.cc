@@ -23,7 +23,8 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       clock_(clock),
       batch_sizes_(std::move(batch_sizes)),
       cache_(std::move(response_cache)),
-      cache_space_(cache_ ? cache_->OpenNamespace() : 0) {
+      cache_space_(cache_ ? cache_->OpenNamespace() : 0),
+      order_(model_->spec.dynamic_batching.preserve_ordering ? std::make_unique<ResponseOrder>() : nullptr) {
   for (const TensorSpec& output : model_->spec.outputs) output_names_.push_back(output.name);
 }
 
@@ -38,15 +39,23 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
     return;
   }
   const DynamicBatchingSpec& batching = model_->spec.dynamic_batching;
-  int64_t timeout_us = batching.default_timeout_us;
-  if (batching.allow_timeout_override && request->parameters.timeout_us > 0) {
+  request->priority_level = batching.LevelOf(request->parameters.priority);
+  const QueuePolicySpec& policy = batching.PolicyOf(request->priority_level);
+  int64_t timeout_us = policy.default_timeout_us;
+  if (policy.allow_timeout_override && request->parameters.timeout_us > 0) {
     timeout_us = request->parameters.timeout_us;
   }
   if (timeout_us > 0) {
-    request->deadline = std::min(request->deadline, clock_->Now() + std::chrono::microseconds(timeout_us));
+    const TimePoint timeout = clock_->Now() + std::chrono::microseconds(timeout_us);
+    // DELAY: the timeout demotes the request instead of ending it (BatchQueue::DelayOverdue).
+    if (policy.delay) {
+      request->delay_after = timeout;
+    } else {
+      request->deadline = std::min(request->deadline, timeout);
+    }
   }
   if (cache_ != nullptr) return SubmitCached(std::move(request), sink, std::move(done));
-  scheduler_->Enqueue(std::move(request), sink, std::move(done));
+  scheduler_->Enqueue(std::move(request), sink, InLine(std::move(done)));
 }
 
 void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
@@ -78,7 +87,7 @@ void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink
   scheduler_->Enqueue(
       std::move(request), into,
       [cache = cache_, stats = stats_, clock = clock_, key = std::move(key), recording = std::move(recording),
-       lookup, keep, done = std::move(done)](Status status) mutable {
+       lookup, keep, done = InLine(std::move(done))](Status status) mutable {
         Duration took = lookup;
         if (status.ok() && keep) {  // a failure is not an answer to keep
           const TimePoint inserting = clock->Now();

@@ -168,7 +168,12 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   batcher.queue.max_batch_size = std::max(1, spec.max_batch_size);
   batcher.queue.preferred_batch_sizes = batching.preferred_batch_sizes;
   batcher.queue.max_queue_delay = std::chrono::microseconds(batching.max_queue_delay_us);
-  batcher.queue.max_requests = batching.max_queue_size > 0 ? batching.max_queue_size : options_.max_queue_size;
+  auto cap = [&](const QueuePolicySpec& policy) {
+    return policy.max_queue_size > 0 ? policy.max_queue_size : options_.max_queue_size;
+  };
+  batcher.queue.max_requests = cap(batching.default_policy);
+  for (const QueuePolicySpec& level : batching.level_policies) batcher.queue.level_max_requests.push_back(cap(level));
+  batcher.queue.delays = batching.AnyDelay();
   batcher.queue.max_bytes = batching.max_queued_bytes;
   batcher.queue.max_groups = batching.max_shape_groups;
   batcher.queue.pad_to_preferred = batching.pad_to_preferred;

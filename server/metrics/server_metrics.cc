@@ -70,6 +70,13 @@ struct ServerMetrics::Families {
         batch_oldest_wait_seconds(prometheus::BuildHistogram().Name("sluice_batch_oldest_wait_seconds")
                                       .Help("Latency target models: how long the oldest request of each batch had "
                                             "waited when the batch formed (the wait the batcher chose)").Register(r)),
+        priority_queue_seconds(prometheus::BuildHistogram().Name("sluice_priority_queue_duration_seconds")
+                                   .Help("Models with priority_levels: how long requests of each level waited "
+                                         "before their batch started").Register(r)),
+        priority_refused(prometheus::BuildCounter().Name("sluice_priority_refused_total")
+                             .Help("Models with priority_levels: requests of each level that left the queue "
+                                   "without running, by reason (rejected: a cap at arrival; timeout; cancelled; "
+                                   "rejected also when the version stopped)").Register(r)),
         batch_cost_ratio(prometheus::BuildHistogram().Name("sluice_batch_cost_ratio")
                              .Help("Latency target models: each batch's execution time divided by what the "
                                    "cost model predicted for it (1: exact; the error of the cost model)").Register(r)),
@@ -175,6 +182,8 @@ struct ServerMetrics::Families {
   Family<Counter>& sequences_finished;
   Family<Counter>& latency_refusals;
   Family<Histogram>& batch_oldest_wait_seconds;
+  Family<Histogram>& priority_queue_seconds;
+  Family<Counter>& priority_refused;
   Family<Histogram>& batch_cost_ratio;
   Family<Gauge>& state;
   Family<Gauge>& load_seconds;
@@ -355,6 +364,11 @@ class ModelMetrics final : public StatsSink {
     cache.miss_us->Increment(Micros(took));
   }
 
+  void OnPriorityQueued(int level, Duration queued) override { Priority(level).queue_seconds->Observe(Seconds(queued)); }
+  void OnPriorityRefused(int level, FailureReason reason) override {
+    Priority(level).refused[static_cast<int>(reason)]->Increment();
+  }
+
   void OnSequenceStarted() override { Sequences().active->Increment(); }
   void OnSequenceFinished(SequenceOutcome outcome) override {
     const SequenceSeries& series = Sequences();
@@ -421,6 +435,26 @@ class ModelMetrics final : public StatsSink {
     });
     return target_;
   }
+  struct PrioritySeries {
+    std::once_flag once;
+    Histogram* queue_seconds = nullptr;
+    Counter* refused[std::size(kAllFailureReasons)] = {};
+  };
+  // A level's series, created with its first event (every reason at once, at 0).
+  const PrioritySeries& Priority(int level) {
+    PrioritySeries& series = priority_[std::clamp(level, 1, kMaxPriorityLevels) - 1];
+    std::call_once(series.once, [&] {
+      Labels with = labels_;
+      with["level"] = std::to_string(level);
+      series.queue_seconds = &families_.priority_queue_seconds.Add(with, LatencyBucketsSeconds());
+      for (FailureReason reason : kAllFailureReasons) {
+        with["reason"] = FailureReasonName(reason);
+        series.refused[static_cast<int>(reason)] = &families_.priority_refused.Add(with);
+      }
+    });
+    return series;
+  }
+
   static const std::vector<double>& CostRatioBuckets() {
     static const std::vector<double> buckets = {0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4};
     return buckets;
@@ -434,6 +468,7 @@ class ModelMetrics final : public StatsSink {
   TargetSeries target_;
   std::once_flag cache_once_;
   CacheSeries cache_;
+  PrioritySeries priority_[kMaxPriorityLevels];
   struct PerProtocol {
     Counter* succeeded = nullptr;
     Counter* failed[std::size(kAllFailureReasons)] = {};

@@ -232,23 +232,21 @@ StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& paramet
   return BoolParameter(parameters, key);
 }
 
+QueuePolicySpec ConvertQueuePolicy(const inference::ModelQueuePolicy& policy) {
+  QueuePolicySpec out;
+  out.max_queue_size = policy.max_queue_size();
+  out.default_timeout_us =
+      static_cast<int64_t>(std::min<uint64_t>(policy.default_timeout_microseconds(), uint64_t{1} << 40));
+  out.allow_timeout_override = policy.allow_timeout_override();
+  out.delay = policy.timeout_action() == inference::ModelQueuePolicy::DELAY;
+  return out;
+}
+
 Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* spec) {
   if (!config.has_dynamic_batching()) return absl::OkStatus();
   const inference::ModelDynamicBatching& batching = config.dynamic_batching();
   if (spec->max_batch_size == 0) {
     return absl::InvalidArgumentError("dynamic_batching needs max_batch_size > 0");
-  }
-  std::vector<std::string> unsupported;
-  if (batching.priority_levels() > 0) unsupported.push_back("priority_levels");
-  if (batching.priority_queue_policy_size() > 0) unsupported.push_back("priority_queue_policy");
-  if (batching.preserve_ordering()) unsupported.push_back("preserve_ordering");
-  if (batching.default_queue_policy().timeout_action() == inference::ModelQueuePolicy::DELAY) {
-    unsupported.push_back("default_queue_policy.timeout_action: DELAY");
-  }
-  if (!unsupported.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported dynamic_batching field",
-                                                   unsupported.size() > 1 ? "s" : "", ": ",
-                                                   absl::StrJoin(unsupported, ", ")));
   }
   DynamicBatchingSpec& out = spec->dynamic_batching;
   out.enabled = true;
@@ -269,11 +267,33 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
     return absl::InvalidArgumentError("max_queue_delay_microseconds must be at most 60000000 (60 s)");
   }
   out.max_queue_delay_us = static_cast<int64_t>(batching.max_queue_delay_microseconds());
-  const inference::ModelQueuePolicy& policy = batching.default_queue_policy();
-  out.max_queue_size = policy.max_queue_size();
-  out.default_timeout_us = static_cast<int64_t>(
-      std::min<uint64_t>(policy.default_timeout_microseconds(), uint64_t{1} << 40));
-  out.allow_timeout_override = policy.allow_timeout_override();
+  out.default_policy = ConvertQueuePolicy(batching.default_queue_policy());
+  if (batching.priority_levels() > static_cast<uint64_t>(kMaxPriorityLevels)) {
+    return absl::InvalidArgumentError(absl::StrCat("priority_levels must be at most ", kMaxPriorityLevels,
+                                                   ", found ", batching.priority_levels()));
+  }
+  out.priority_levels = static_cast<int>(batching.priority_levels());
+  if (out.priority_levels > 0) {
+    if (batching.default_priority_level() < 1 ||
+        batching.default_priority_level() > static_cast<uint64_t>(out.priority_levels)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "default_priority_level must be in [1, priority_levels=", out.priority_levels, "], found ",
+          batching.default_priority_level(), " (level 1 is the highest priority)"));
+    }
+    out.default_priority_level = static_cast<int>(batching.default_priority_level());
+    out.level_policies.assign(static_cast<size_t>(out.priority_levels), out.default_policy);
+  } else if (batching.default_priority_level() != 0 || batching.priority_queue_policy_size() > 0) {
+    return absl::InvalidArgumentError(
+        "default_priority_level and priority_queue_policy need priority_levels > 0 (the number of levels)");
+  }
+  for (const auto& [level, policy] : batching.priority_queue_policy()) {
+    if (level < 1 || level > static_cast<uint64_t>(out.priority_levels)) {
+      return absl::InvalidArgumentError(absl::StrCat("priority_queue_policy names level ", level,
+                                                     ", outside [1, priority_levels=", out.priority_levels, "]"));
+    }
+    out.level_policies[level - 1] = ConvertQueuePolicy(policy);
+  }
+  out.preserve_ordering = batching.preserve_ordering();
   SLUICE_ASSIGN_OR_RETURN(out.pad_to_preferred,
                           BoolParameter(spec->parameters, "sluice.pad_batch_to_preferred"));
   SLUICE_ASSIGN_OR_RETURN(const int64_t groups,
@@ -798,6 +818,12 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
         "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's requests must run "
         "in their sequence's order and slot, so the batcher cannot size batches or refuse requests for a target; "
         "remove the parameter");
+  }
+  const DynamicBatchingSpec& batching = spec.dynamic_batching;
+  if (batching.latency_target_us > 0 && (batching.priority_levels > 0 || batching.AnyDelay())) {
+    return absl::InvalidArgumentError(
+        "sluice.latency_target_us cannot be combined with priority_levels or timeout_action: DELAY yet: the "
+        "batcher plans each batch for its oldest request, and priorities put other requests first; remove one");
   }
   spec.response_cache = config->response_cache().enable();
   if (spec.response_cache && config->has_sequence_batching()) {

@@ -258,5 +258,132 @@ TEST_F(BatchQueueTest, OneRequestPerBatchKeepsArrivalOrderAcrossShapes) {
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
 }
 
+// Priorities: requests of a level and a DELAY deadline, added on the fake clock.
+class PriorityQueueTest : public testing::BatchQueueFixture {
+ protected:
+  Status AddAt(BatchQueue& queue, int level, int64_t rows = 2, TimePoint delay_after = kNoDeadline,
+               int64_t width = 2) {
+    testing::Owned owned = Make(rows, width, next_tag_++);
+    owned.request->priority_level = level;
+    owned.request->delay_after = delay_after;
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+    data_.push_back(std::move(owned.data));
+    return queue.Add(pending);
+  }
+  BatchQueue::Options Levels(std::vector<size_t> caps) {
+    BatchQueue::Options options = Options();
+    options.level_max_requests = std::move(caps);
+    return options;
+  }
+};
+
+TEST_F(PriorityQueueTest, HigherLevelsGoFirstAndABatchMixesLevelsWhereTheyLeaveRoom) {
+  BatchQueue queue(Levels({8, 8, 8}));
+  for (int level : {3, 2, 1, 3, 1}) ASSERT_TRUE(AddAt(queue, level).ok());  // ids 1..5, 2 rows each
+  clock_.Advance(100us);
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  // Level 1 in arrival order, then level 2, then the oldest of level 3: 8 rows.
+  EXPECT_THAT(Ids(*batch), ElementsAre("3", "5", "2", "1"));
+  batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("4"));
+}
+
+TEST_F(PriorityQueueTest, TheDelayRunsFromTheOldestRequestWhateverItsLevel) {
+  BatchQueue queue(Levels({8, 8}));
+  ASSERT_TRUE(AddAt(queue, 2).ok());
+  clock_.Advance(60us);
+  ASSERT_TRUE(AddAt(queue, 1).ok());  // now first in line, but not the oldest
+  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 40us);
+  clock_.Advance(39us);
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  clock_.Advance(1us);
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("2", "1"));
+}
+
+TEST_F(PriorityQueueTest, AmongReadyGroupsTheHigherLevelGoesFirst) {
+  auto options = Levels({8, 8});
+  options.max_queue_delay = 0us;
+  BatchQueue queue(options);
+  ASSERT_TRUE(AddAt(queue, 2, 1, kNoDeadline, /*width=*/5).ok());  // older, lower level
+  clock_.Advance(1us);
+  ASSERT_TRUE(AddAt(queue, 1, 1).ok());
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("2"));
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("1"));
+}
+
+TEST_F(PriorityQueueTest, EachLevelHasItsOwnRequestCapAndTheBytesAreCappedTogether) {
+  auto options = Levels({1, 2});
+  options.max_bytes = 40;  // 5 rows of 2 INT32
+  BatchQueue queue(options);
+  ASSERT_TRUE(AddAt(queue, 1, 1).ok());
+  Status full = AddAt(queue, 1, 1);
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(full.message(), HasSubstr("has 1 requests waiting at priority level 1 (that level's max_queue_size)"));
+  ASSERT_TRUE(AddAt(queue, 2, 1).ok());
+  ASSERT_TRUE(AddAt(queue, 2, 2).ok());  // 4 rows: 32 bytes over both levels
+  EXPECT_THAT(AddAt(queue, 2, 1).message(), HasSubstr("at priority level 2"));
+  queue.TakeAll();
+  ASSERT_TRUE(AddAt(queue, 1, 2).ok());
+  ASSERT_TRUE(AddAt(queue, 2, 2).ok());
+  EXPECT_THAT(AddAt(queue, 2, 2).message(), HasSubstr("sluice.max_queued_bytes=40"));  // 48 > 40 together
+  // A batch gives its requests' places back to their levels.
+  clock_.Advance(100us);
+  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  EXPECT_EQ(queue.size(), 0u);
+  EXPECT_TRUE(AddAt(queue, 1, 1).ok());
+}
+
+TEST_F(PriorityQueueTest, ATimedOutDelayRequestWaitsBehindItsLevelButAheadOfLowerOnes) {
+  auto options = Levels({8, 8});
+  options.delays = true;
+  options.max_batch_size = 4;
+  BatchQueue queue(options);
+  ASSERT_TRUE(AddAt(queue, 1, 2, clock_.Now() + 10us).ok());  // "1": DELAY timeout in 10 us
+  ASSERT_TRUE(AddAt(queue, 2, 2).ok());                        // "2"
+  ASSERT_TRUE(AddAt(queue, 1, 2).ok());                        // "3"
+  queue.DelayOverdue(clock_.Now());  // nothing due: 1, 3, 2
+  clock_.Advance(10us);
+  EXPECT_TRUE(queue.TakeExpired(clock_.Now()).empty());  // DELAY does not fail it
+  queue.DelayOverdue(clock_.Now());  // "1" goes behind "3", still ahead of level 2
+  clock_.Advance(90us);
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("3", "1"));
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("2"));
+}
+
+TEST_F(PriorityQueueTest, DelayWithoutLevelsPutsTimedOutRequestsLastInArrivalOrder) {
+  auto options = Options();
+  options.delays = true;
+  options.max_batch_size = 4;
+  BatchQueue queue(options);
+  ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "1"
+  ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "2"
+  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                       // "3"
+  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                       // "4"
+  clock_.Advance(5us);
+  queue.DelayOverdue(clock_.Now());
+  clock_.Advance(95us);
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("3", "4"));
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("1", "2"));
+}
+
+TEST_F(PriorityQueueTest, ANewRequestDoesNotPassADelayedOneOfAHigherLevel) {
+  auto options = Levels({8, 8});
+  options.delays = true;
+  options.max_batch_size = 2;
+  BatchQueue queue(options);
+  ASSERT_TRUE(AddAt(queue, 1, 1, clock_.Now() + 1us).ok());  // "1"
+  clock_.Advance(1us);
+  queue.DelayOverdue(clock_.Now());
+  ASSERT_TRUE(AddAt(queue, 2, 1).ok());  // "2": level 2, after level 1's delayed request
+  ASSERT_TRUE(AddAt(queue, 1, 1).ok());  // "3": level 1, ahead of both
+  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("3", "1"));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -186,6 +186,27 @@ TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATar
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_batch_cost_ratio_count{model="plain")")));
 }
 
+TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {
+  ModelStats stats(metrics_.SinkFor("ranked", 1));
+  stats.RecordPriorityQueued(1, std::chrono::microseconds(200));
+  stats.RecordPriorityQueued(1, std::chrono::microseconds(90000));
+  stats.RecordPriorityQueued(3, std::chrono::microseconds(40));
+  stats.RecordPriorityRefused(3, absl::UnavailableError("level 3 is full"));
+  stats.RecordPriorityRefused(3, absl::DeadlineExceededError("timed out"));
+  stats.RecordPriorityRefused(3, absl::DeadlineExceededError("timed out"));
+  stats.RecordPriorityQueued(0, std::chrono::microseconds(10));  // no levels: nothing
+  stats.RecordPriorityRefused(0, absl::UnavailableError("full"));
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_count{level="1",model="ranked",version="1"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_bucket{level="1",model="ranked",version="1",le="0.00025"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_count{level="3",model="ranked",version="1"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="3",model="ranked",reason="rejected",version="1"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="3",model="ranked",reason="timeout",version="1"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="1",model="ranked",reason="timeout",version="1"})"), 0);
+  EXPECT_THAT(text, Not(HasSubstr(R"(level="2")")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(level="0")")));
+}
+
 // Triton's per-model cache series (microseconds, as Triton) and Sluice's cache-wide ones. A hit
 // is a success that ran nothing: counted in requests and durations, not in inferences.
 TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {

@@ -9,6 +9,7 @@
 
 #include "server/manager/model_handle.h"
 #include "server/manager/response_cache.h"
+#include "server/manager/response_order.h"
 #include "server/manager/model_manager.h"
 #include "tests/unit/fakes.h"
 #include "tests/unit/manager_fixtures.h"
@@ -16,6 +17,7 @@
 namespace sluice {
 namespace {
 
+using ::testing::ElementsAre;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
 using testing::ManagerParts;
@@ -146,8 +148,8 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   FakeBackendFactory factory;
   ManagerParts parts(Models({Model("m", {1}, [](ModelSpec& spec) {
     spec.dynamic_batching.enabled = true;
-    spec.dynamic_batching.default_timeout_us = 60000000;
-    spec.dynamic_batching.allow_timeout_override = true;
+    spec.dynamic_batching.default_policy.default_timeout_us = 60000000;
+    spec.dynamic_batching.default_policy.allow_timeout_override = true;
   })}), &factory);
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
@@ -263,6 +265,144 @@ TEST(ModelHandleTest, ARequestContinuingASequenceGoesToTheVersionHoldingIt) {
   InferRequest request;
   request.parameters.sequence = {{7, "", false}, false, false};
   EXPECT_EQ(RouteSequence(stateless, *stateless.Find("plain", ""), request, false)->version(), 2);
+}
+
+// A scheduler that keeps what it is given, for the test to answer in any order.
+class HeldRequests final : public Scheduler {
+ public:
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink*, InferCompletion done) override {
+    requests.push_back(std::move(request));
+    completions.push_back(std::move(done));
+  }
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest>, const std::atomic<bool>*) override {
+    return WarmupReport{};
+  }
+  void SetBatchSizeLadder(std::vector<int>) override {}
+  void Stop() override {}
+  std::vector<std::unique_ptr<InferRequest>> requests;
+  std::vector<InferCompletion> completions;
+};
+
+// One row for testing::Model's INPUT__0, with `priority` and `timeout_us` as parameters.
+std::unique_ptr<InferRequest> Row(const std::vector<float>& data, uint64_t priority = 0, int64_t timeout_us = 0) {
+  auto request = std::make_unique<InferRequest>();
+  request->model_name = "m";
+  request->parameters.priority = priority;
+  request->parameters.timeout_us = timeout_us;
+  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+  return request;
+}
+
+TEST(ModelHandleTest, SubmitSetsThePriorityLevelAndAppliesThatLevelsQueuePolicy) {
+  FakeTimeSource clock;
+  auto model = std::make_shared<RepositoryModel>(Model("m", {1}, [](ModelSpec& spec) {
+    DynamicBatchingSpec& batching = spec.dynamic_batching;
+    batching.enabled = true;
+    batching.priority_levels = 3;
+    batching.default_priority_level = 2;
+    batching.level_policies.resize(3);
+    batching.level_policies[0].default_timeout_us = 1000;  // REJECT: the deadline
+    batching.level_policies[1].default_timeout_us = 5000;  // DELAY: delay_after
+    batching.level_policies[1].delay = true;
+    batching.level_policies[2].default_timeout_us = 7000;
+    batching.level_policies[2].allow_timeout_override = true;
+  }));
+  auto held = std::make_shared<HeldRequests>();
+  auto handle = std::make_shared<ModelHandle>(model, 1, "cpu", held, std::make_shared<ModelStats>(), &clock);
+  const std::vector<float> data(2, 1.0f);
+  TensorSink sink;
+  const TimePoint now = clock.Now();
+  for (auto [priority, timeout] : std::vector<std::pair<uint64_t, int64_t>>{{1, 0}, {0, 0}, {9, 0}, {3, 300}, {1, 300}}) {
+    handle->Submit(Row(data, priority, timeout), &sink, [](Status) {});
+  }
+  ASSERT_EQ(held->requests.size(), 5u);
+  const InferRequest& first = *held->requests[0];
+  EXPECT_EQ(first.priority_level, 1);
+  EXPECT_EQ(first.deadline, now + std::chrono::microseconds(1000));
+  EXPECT_EQ(first.delay_after, kNoDeadline);
+  for (size_t i : {1, 2}) {  // no priority, or one above the levels: the default level (DELAY)
+    EXPECT_EQ(held->requests[i]->priority_level, 2);
+    EXPECT_EQ(held->requests[i]->deadline, kNoDeadline);
+    EXPECT_EQ(held->requests[i]->delay_after, now + std::chrono::microseconds(5000));
+  }
+  EXPECT_EQ(held->requests[3]->priority_level, 3);
+  EXPECT_EQ(held->requests[3]->deadline, now + std::chrono::microseconds(300));  // its level allows overrides
+  EXPECT_EQ(held->requests[4]->deadline, now + std::chrono::microseconds(1000));  // level 1 does not
+  for (auto& done : held->completions) done(absl::OkStatus());
+}
+
+TEST(ModelHandleTest, PreserveOrderingAnswersInTheOrderRequestsWereHandedOver) {
+  for (const bool preserve : {true, false}) {
+    SCOPED_TRACE(preserve ? "preserve_ordering" : "without");
+    FakeTimeSource clock;
+    auto model = std::make_shared<RepositoryModel>(Model("m", {1}, [&](ModelSpec& spec) {
+      spec.dynamic_batching.enabled = true;
+      spec.dynamic_batching.preserve_ordering = preserve;
+    }));
+    auto held = std::make_shared<HeldRequests>();
+    auto handle = std::make_shared<ModelHandle>(model, 1, "cpu", held, std::make_shared<ModelStats>(), &clock);
+    const std::vector<float> data(2, 1.0f);
+    TensorSink sink;
+    std::vector<std::pair<int, absl::StatusCode>> answered;
+    for (int i = 0; i < 4; ++i) {
+      handle->Submit(Row(data), &sink, [&answered, i](Status status) { answered.emplace_back(i, status.code()); });
+    }
+    // An invalid request is answered at once, ahead of the held ones, either way.
+    auto invalid = std::make_unique<InferRequest>();
+    invalid->model_name = "m";
+    handle->Submit(std::move(invalid), &sink, [&](Status status) { answered.emplace_back(-1, status.code()); });
+    ASSERT_EQ(held->completions.size(), 4u);
+    held->completions[2](absl::OkStatus());
+    held->completions[3](absl::UnavailableError("refused"));
+    held->completions[0](absl::OkStatus());
+    held->completions[1](absl::DeadlineExceededError("expired"));
+    using Code = absl::StatusCode;
+    if (preserve) {
+      EXPECT_THAT(answered, ElementsAre(std::pair(-1, Code::kInvalidArgument), std::pair(0, Code::kOk),
+                                        std::pair(1, Code::kDeadlineExceeded), std::pair(2, Code::kOk),
+                                        std::pair(3, Code::kUnavailable)));
+    } else {
+      EXPECT_THAT(answered, ElementsAre(std::pair(-1, Code::kInvalidArgument), std::pair(2, Code::kOk),
+                                        std::pair(3, Code::kUnavailable), std::pair(0, Code::kOk),
+                                        std::pair(1, Code::kDeadlineExceeded)));
+    }
+  }
+}
+
+// Answers finish on many threads at once; each leaves exactly once, in order.
+TEST(ResponseOrderTest, ConcurrentFinishersDeliverEveryAnswerOnceInOrder) {
+  ResponseOrder order;
+  constexpr int kRequests = 2000;
+  std::vector<InferCompletion> completions;
+  std::vector<int> delivered;
+  for (int i = 0; i < kRequests; ++i) {
+    // Only one thread delivers at a time, so `delivered` needs no lock of its own.
+    completions.push_back(order.InLine([&delivered, i](Status) { delivered.push_back(i); }));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = kRequests - 1 - t; i >= 0; i -= 4) completions[static_cast<size_t>(i)](absl::OkStatus());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_EQ(delivered.size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < kRequests; ++i) ASSERT_EQ(delivered[static_cast<size_t>(i)], i);
+  EXPECT_EQ(order.held(), 0u);
+}
+
+// A completion that submits the next request (a stream's next read) may finish it at once.
+TEST(ResponseOrderTest, ACompletionMayFinishAnotherWhileDelivering) {
+  ResponseOrder order;
+  std::vector<int> delivered;
+  InferCompletion second;
+  InferCompletion first = order.InLine([&](Status) {
+    delivered.push_back(0);
+    second = order.InLine([&](Status) { delivered.push_back(1); });
+    second(absl::OkStatus());  // its turn has come: it leaves right after this one
+  });
+  first(absl::OkStatus());
+  EXPECT_THAT(delivered, ElementsAre(0, 1));
 }
 
 }  // namespace

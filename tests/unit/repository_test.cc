@@ -462,13 +462,55 @@ TEST(ModelConfigParserTest, DynamicBatching) {
   EXPECT_TRUE(batching.enabled);
   EXPECT_THAT(batching.preferred_batch_sizes, ElementsAre(2, 4, 8));
   EXPECT_EQ(batching.max_queue_delay_us, 500);
-  EXPECT_EQ(batching.max_queue_size, 7u);
-  EXPECT_EQ(batching.default_timeout_us, 900);
-  EXPECT_TRUE(batching.allow_timeout_override);
+  EXPECT_EQ(batching.default_policy.max_queue_size, 7u);
+  EXPECT_EQ(batching.default_policy.default_timeout_us, 900);
+  EXPECT_TRUE(batching.default_policy.allow_timeout_override);
   EXPECT_TRUE(batching.pad_to_preferred);
   EXPECT_EQ(batching.max_shape_groups, 3);
   EXPECT_EQ(batching.max_queued_bytes, 1000u);
   EXPECT_TRUE(batching.auto_batch_sizes);  // on by default
+}
+
+TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching {
+        priority_levels: 3
+        default_priority_level: 2
+        preserve_ordering: true
+        default_queue_policy { max_queue_size: 9 default_timeout_microseconds: 100 }
+        priority_queue_policy {
+          key: 1
+          value: { max_queue_size: 4 default_timeout_microseconds: 2000 allow_timeout_override: true
+                   timeout_action: DELAY }
+        }
+      })pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const DynamicBatchingSpec& batching = spec->dynamic_batching;
+  EXPECT_EQ(batching.priority_levels, 3);
+  EXPECT_EQ(batching.default_priority_level, 2);
+  EXPECT_TRUE(batching.preserve_ordering);
+  ASSERT_EQ(batching.level_policies.size(), 3u);
+  // Level 1 has its own policy; levels 2 and 3 take the default one.
+  EXPECT_EQ(batching.PolicyOf(1).max_queue_size, 4u);
+  EXPECT_EQ(batching.PolicyOf(1).default_timeout_us, 2000);
+  EXPECT_TRUE(batching.PolicyOf(1).allow_timeout_override);
+  EXPECT_TRUE(batching.PolicyOf(1).delay);
+  for (int level : {2, 3}) {
+    EXPECT_EQ(batching.PolicyOf(level).max_queue_size, 9u);
+    EXPECT_EQ(batching.PolicyOf(level).default_timeout_us, 100);
+    EXPECT_FALSE(batching.PolicyOf(level).delay);
+  }
+  EXPECT_TRUE(batching.AnyDelay());
+  // A request's priority: 0 or above the levels means the default level.
+  EXPECT_EQ(batching.LevelOf(0), 2);
+  EXPECT_EQ(batching.LevelOf(1), 1);
+  EXPECT_EQ(batching.LevelOf(3), 3);
+  EXPECT_EQ(batching.LevelOf(4), 2);
+  // Without levels every request is at level 0, under the default policy.
+  auto plain = Build(std::string(kMinimal) + "dynamic_batching { default_queue_policy { timeout_action: DELAY } }");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dynamic_batching.LevelOf(1), 0);
+  EXPECT_TRUE(plain->dynamic_batching.PolicyOf(0).delay);
 }
 
 TEST(ModelConfigParserTest, TheQueuedByteCapHoldsWithoutDynamicBatchingToo) {
@@ -582,8 +624,19 @@ TEST(ModelConfigParserTest, DynamicBatchingErrors) {
   };
   std::vector<Case> cases = {
       {"dynamic_batching { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9 is outside [1, max_batch_size=8]"},
-      {"dynamic_batching { priority_levels: 2 }", "unsupported dynamic_batching field: priority_levels"},
-      {"dynamic_batching { default_queue_policy { timeout_action: DELAY } }", "timeout_action: DELAY"},
+      {"dynamic_batching { priority_levels: 2 }", "default_priority_level must be in [1, priority_levels=2], found 0"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 3 }", "found 3 (level 1 is the highest"},
+      {"dynamic_batching { priority_levels: 65 default_priority_level: 1 }", "priority_levels must be at most 64"},
+      {"dynamic_batching { default_priority_level: 1 }", "need priority_levels > 0"},
+      {"dynamic_batching { priority_queue_policy { key: 1 value: { } } }", "need priority_levels > 0"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value: { } } }",
+       "priority_queue_policy names level 3, outside [1, priority_levels=2]"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"
+       "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"5000\" } }",
+       "sluice.latency_target_us cannot be combined with priority_levels or timeout_action: DELAY"},
+      {"dynamic_batching { default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 } }\n"
+       "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"5000\" } }",
+       "cannot be combined with priority_levels or timeout_action: DELAY"},
       {"dynamic_batching { max_queue_delay_microseconds: 100000000 }", "at most 60000000"},
       {"dynamic_batching { }\nparameters: { key: \"sluice.max_shape_groups\" value: { string_value: \"0\" } }",
        "sluice.max_shape_groups must be an integer in [1, 4096]"},

@@ -55,6 +55,15 @@ TEST(RequestParametersTest, BothCodecsGiveTheSameAnswer) {
        nullptr},
       {"timeout", "9223372036854775808", [](auto* p) { p->set_uint64_param(9223372036854775808u); },
        "'timeout' must be a non-negative integer (microseconds), found 9223372036854775808", nullptr},
+      {"priority", "2", [](auto* p) { p->set_uint64_param(2); }, "",
+       [](const RequestParameters& r) { EXPECT_EQ(r.priority, 2u); }},
+      {"priority", "3", [](auto* p) { p->set_int64_param(3); }, "",
+       [](const RequestParameters& r) { EXPECT_EQ(r.priority, 3u); }},
+      {"priority", "-1", [](auto* p) { p->set_int64_param(-1); },
+       "the request parameter 'priority' must be a non-negative integer (1 is the highest level", nullptr},
+      {"priority", "\"high\"", [](auto* p) { p->set_string_param("high"); },
+       "'priority' must be a non-negative integer (1 is the highest level; 0: the model's default), found the "
+       "string \"high\"", nullptr},
       {"sequence_id", "7", [](auto* p) { p->set_int64_param(7); }, "",
        [](const RequestParameters& r) {
          EXPECT_FALSE(r.sequence.id.is_text);
@@ -119,7 +128,7 @@ TEST(RequestParametersTest, ReadsOnlyWhatTheRequestCarries) {
   EXPECT_EQ(parameters.timeout_us, 40);  // absent: kept
   EXPECT_TRUE(parameters.sequence.start);
   EXPECT_FALSE(parameters.sequence.end);
-  EXPECT_THAT(asked, ::testing::ElementsAre("timeout", "sequence_id", "sequence_start", "sequence_end"));
+  EXPECT_THAT(asked, ::testing::ElementsAre("timeout", "priority", "sequence_id", "sequence_start", "sequence_end"));
 }
 
 }  // namespace

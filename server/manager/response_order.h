@@ -1,0 +1,45 @@
+// preserve_ordering: a model version's answers leave in the order its requests were handed to
+// the scheduler, whatever order their batches finish in. Thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+
+#include "server/batching/scheduler.h"
+#include "server/core/mutex.h"
+#include "server/core/status.h"
+
+namespace sluice {
+
+class ResponseOrder {
+ public:
+  // Takes the next place in line for a request and returns the completion to hand its scheduler
+  // instead of `done`: when it is called, `done` runs at once if every request given a place
+  // before it has been answered, else later, right after the last of those (on the thread that
+  // answers it). The scheduler's contract (`done` exactly once, its sink alive until then) makes
+  // the wait finite: a request's answer waits only for earlier requests of the same version, each
+  // of which is answered (run, refused, expired or dropped at stop). Completions that are held
+  // keep their request's sink alive, as the contract asks.
+  InferCompletion InLine(InferCompletion done) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Answers finished but held behind an earlier one (for tests and metrics).
+  size_t held() const ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  struct Finished {
+    InferCompletion done;
+    Status status;
+  };
+  void Finish(uint64_t place, InferCompletion done, Status status) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  mutable Mutex mutex_;
+  uint64_t next_place_ ABSL_GUARDED_BY(mutex_) = 0;  // the place InLine gives next
+  uint64_t next_out_ ABSL_GUARDED_BY(mutex_) = 0;    // the place whose answer leaves next
+  absl::flat_hash_map<uint64_t, Finished> held_ ABSL_GUARDED_BY(mutex_);
+  // A thread is running completions in order: others leave theirs to it (one at a time, in order).
+  bool delivering_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace sluice
