@@ -166,8 +166,8 @@ class BatchQueue {
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
 
-  size_t size() const { return admission_.requests(); }
-  size_t bytes() const { return admission_.bytes(); }
+  size_t size() const { return admission_.total_requests(); }  // every level's
+  size_t bytes() const { return admission_.total_bytes(); }
   size_t groups() const { return groups_.size(); }
 
   // The key of a request's group: its inputs' names and non-batch dimensions.

@@ -20,6 +20,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     if (options.stats) options.stats->ShowLatencyTarget(options.queue.latency_target, options.queue.costs);
   }
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
+  if (spec.dynamic_batching.preserve_ordering) batcher->order_ = std::make_unique<ResponseOrder>();
   InstancePool::Options pool_options;
   pool_options.clock = options.clock;
   pool_options.stats = std::move(options.stats);
@@ -67,6 +68,7 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
       if (std::optional<size_t> instance = pool_->TryClaim()) {
         claimed = *instance;
         here = queue_.TakeReadyBatch(enqueued);
+        if (here) TakePlaces(*here);
         // Without a batch it waits for company (max_queue_delay): the batcher's job.
         if (!here) pool_->Unclaim(claimed);
       }
@@ -93,6 +95,11 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     return;
   }
   if (wake) batcher_cv_.Signal();
+}
+
+void DynamicBatcher::TakePlaces(FormedBatch& batch) {
+  if (order_ == nullptr) return;
+  for (PendingRequest& pending : batch.requests) pending.done = order_->InLine(std::move(pending.done));
 }
 
 void DynamicBatcher::Poke() {
@@ -124,6 +131,7 @@ void DynamicBatcher::BatcherLoop() {
     if (idle) {
       queue_.DelayOverdue(now);
       if (std::optional<FormedBatch> batch = queue_.TakeReadyBatch(now)) {
+        TakePlaces(*batch);
         // Under the lock, so that Stop cannot slip between taking the batch and handing it over.
         pool_->Run(*std::move(batch));
         continue;

@@ -14,6 +14,7 @@
 #include "server/batching/batch_queue.h"
 #include "server/batching/instance_pool.h"
 #include "server/batching/model_stats.h"
+#include "server/batching/response_order.h"
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
 #include "server/core/clock.h"
@@ -33,7 +34,9 @@ namespace sluice {
 // the requests of the failing batch get it). With a latency target (BatchQueue::Options::
 // latency_target) the batcher learns batch costs (warm-up seeds them, the pool corrects them),
 // and a request that cannot be answered in time is refused at arrival or while queued
-// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see BatchQueue).
+// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see BatchQueue). With
+// preserve_ordering, answers leave in the order the requests were taken into batches
+// (ResponseOrder); requests answered without running leave at once.
 class DynamicBatcher final : public Scheduler {
  public:
   struct Options {
@@ -78,8 +81,11 @@ class DynamicBatcher final : public Scheduler {
  private:
   explicit DynamicBatcher(Options options);
   void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
+  // preserve_ordering: gives each request of `batch` its place in line, in batch order.
+  void TakePlaces(FormedBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const Options options_;
+  std::unique_ptr<ResponseOrder> order_;  // preserve_ordering; else null. Outlives pool_'s workers.
   std::unique_ptr<InstancePool> pool_;  // set by Create before the batcher thread starts
 
   mutable Mutex mutex_;

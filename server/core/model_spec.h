@@ -81,8 +81,8 @@ struct DynamicBatchingSpec {
   int priority_levels = 0;
   int default_priority_level = 0;
   std::vector<QueuePolicySpec> level_policies;
-  // preserve_ordering: a version's responses leave in the order its requests arrived (cache hits,
-  // which never queue, leave at once).
+  // preserve_ordering: a version's answers leave in the order its requests were taken into
+  // batches (as Triton: requests answered without running, and cache hits, leave at once).
   bool preserve_ordering = false;
   // The policy of the level a request runs at (0: no levels).
   const QueuePolicySpec& PolicyOf(int level) const {
@@ -94,9 +94,10 @@ struct DynamicBatchingSpec {
     return priority == 0 || priority > static_cast<uint64_t>(priority_levels) ? default_priority_level
                                                                                : static_cast<int>(priority);
   }
-  // Whether any policy delays timed-out requests instead of failing them.
+  // Whether any policy a request can get delays timed-out requests instead of failing them (with
+  // levels, every level has its own entry).
   bool AnyDelay() const {
-    if (default_policy.delay) return true;
+    if (level_policies.empty()) return default_policy.delay;
     for (const QueuePolicySpec& policy : level_policies) {
       if (policy.delay) return true;
     }

@@ -23,8 +23,7 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       clock_(clock),
       batch_sizes_(std::move(batch_sizes)),
       cache_(std::move(response_cache)),
-      cache_space_(cache_ ? cache_->OpenNamespace() : 0),
-      order_(model_->spec.dynamic_batching.preserve_ordering ? std::make_unique<ResponseOrder>() : nullptr) {
+      cache_space_(cache_ ? cache_->OpenNamespace() : 0) {
   for (const TensorSpec& output : model_->spec.outputs) output_names_.push_back(output.name);
 }
 
@@ -55,7 +54,7 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
     }
   }
   if (cache_ != nullptr) return SubmitCached(std::move(request), sink, std::move(done));
-  scheduler_->Enqueue(std::move(request), sink, InLine(std::move(done)));
+  scheduler_->Enqueue(std::move(request), sink, std::move(done));
 }
 
 void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
@@ -87,7 +86,7 @@ void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink
   scheduler_->Enqueue(
       std::move(request), into,
       [cache = cache_, stats = stats_, clock = clock_, key = std::move(key), recording = std::move(recording),
-       lookup, keep, done = InLine(std::move(done))](Status status) mutable {
+       lookup, keep, done = std::move(done)](Status status) mutable {
         Duration took = lookup;
         if (status.ok() && keep) {  // a failure is not an answer to keep
           const TimePoint inserting = clock->Now();

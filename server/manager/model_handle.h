@@ -19,7 +19,6 @@
 #include "server/core/output_sink.h"
 #include "server/core/repository_model.h"
 #include "server/manager/response_cache.h"
-#include "server/manager/response_order.h"
 
 namespace sluice {
 
@@ -80,8 +79,8 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // With a response cache, a request whose answer is cached is answered here, at once, through
   // `sink` (nothing queued, nothing run); one that misses runs as any other, and its answer is
   // kept when it succeeds (copied out of `sink` before `done` runs).
-  // With preserve_ordering, answers of requests handed to the scheduler leave in the order they
-  // were handed over (ResponseOrder); invalid requests and cache hits are answered at once.
+  // With preserve_ordering the scheduler orders the answers of requests that run (ResponseOrder);
+  // invalid requests and cache hits are answered here, at once.
   void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
 
   // Records a request that never became an InferRequest (the front end could not convert it) as
@@ -117,8 +116,6 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
  private:
   // Submit's last step for a version with a response cache: answer from it, or run and keep.
   void SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
-  // `done`, or with preserve_ordering a completion that waits for the requests handed over before it.
-  InferCompletion InLine(InferCompletion done) { return order_ ? order_->InLine(std::move(done)) : std::move(done); }
 
   const std::shared_ptr<const RepositoryModel> model_;
   const int64_t version_;
@@ -131,7 +128,6 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<ResponseCache> cache_;  // null: answers are not cached
   const uint64_t cache_space_;                   // this version's namespace in cache_
   std::vector<std::string> output_names_;        // the model's outputs in config order (cache keys)
-  const std::unique_ptr<ResponseOrder> order_;   // preserve_ordering; else null
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.

@@ -282,11 +282,11 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
     }
     out.default_priority_level = static_cast<int>(batching.default_priority_level());
     out.level_policies.assign(static_cast<size_t>(out.priority_levels), out.default_policy);
-  } else if (batching.default_priority_level() != 0 || batching.priority_queue_policy_size() > 0) {
-    return absl::InvalidArgumentError(
-        "default_priority_level and priority_queue_policy need priority_levels > 0 (the number of levels)");
   }
+  // Without levels, default_priority_level and priority_queue_policy mean nothing: ignored, as
+  // Triton ignores them.
   for (const auto& [level, policy] : batching.priority_queue_policy()) {
+    if (out.priority_levels == 0) break;
     if (level < 1 || level > static_cast<uint64_t>(out.priority_levels)) {
       return absl::InvalidArgumentError(absl::StrCat("priority_queue_policy names level ", level,
                                                      ", outside [1, priority_levels=", out.priority_levels, "]"));

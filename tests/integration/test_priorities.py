@@ -76,6 +76,11 @@ class Answers:
         self.threads = []
 
     def send(self, name, model, x, protocol="grpc", **kwargs):
+        # The thread connects first and only then lets this one go on: calls arrive in the order
+        # sent, whatever a new connection costs. (tritonclient.http's clients are bound to the
+        # thread that made them.)
+        connected = threading.Event()
+
         def run():
             try:
                 if protocol == "grpc":
@@ -85,15 +90,20 @@ class Answers:
                     client = httpclient.InferenceServerClient(self.server.http_url)
                     inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
                 inp.set_data_from_numpy(x)
+                client.is_server_live()
+                connected.set()
                 result = client.infer(model, [inp], **kwargs).as_numpy("OUTPUT__0")
             except InferenceServerException as error:
                 result = error
+            finally:
+                connected.set()
             with self.lock:
                 self.answers[name] = (time.monotonic(), result)
 
         thread = threading.Thread(target=run)
         thread.start()
         self.threads.append(thread)
+        assert connected.wait(timeout=30)
         time.sleep(0.03)  # arrivals in the order sent
 
     def wait(self):

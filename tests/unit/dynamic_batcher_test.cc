@@ -241,6 +241,67 @@ TEST_F(DynamicBatcherTest, ArrivalsWhileEveryInstanceIsBusyWakeTheBatcherOnlyFor
   EXPECT_EQ(model->executed(), 2);
 }
 
+// preserve_ordering: the answer of a request that ends first on the second instance waits for the
+// one taken into a batch before it; a request refused at arrival is answered at once.
+TEST_F(DynamicBatcherTest, PreserveOrderingHoldsAnEarlyAnswerAndNeverARefusal) {
+  testing::ThreadNotingEcho echo;
+  std::vector<testing::FakeBackend*> models;
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  for (int i = 0; i < 2; ++i) {
+    std::unique_ptr<testing::FakeBackend> gated = echo.Backend();
+    gated->CloseGate();
+    models.push_back(gated.get());
+    backends.push_back(std::move(gated));
+  }
+  ModelSpec spec = Spec();
+  spec.dynamic_batching.preserve_ordering = true;
+  DynamicBatcher::Options options;
+  options.queue.max_batch_size = 1;
+  options.queue.max_queue_delay = 0s;
+  options.queue.max_requests = 1;
+  options.clock = &clock_;
+  options.stats = stats_;
+  auto batcher = *DynamicBatcher::Create(spec, std::move(backends), options);
+  std::mutex mutex;
+  std::vector<int> answered;
+  auto noting = [&](Call& call, int tag) {
+    return [&, tag, done = Answer(call)](Status status) mutable {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        answered.push_back(tag);
+      }
+      done(std::move(status));
+    };
+  };
+  auto running = [&] { return models[0]->started() + models[1]->started(); };
+  const int warmed = running();
+  Call first, second, queued, refused;
+  batcher->Enqueue(Request(first, 1, 2, 1), &first.sink, noting(first, 1));
+  while (running() < warmed + 1) std::this_thread::yield();
+  testing::FakeBackend* first_model = models[0]->started() > 0 ? models[0] : models[1];
+  testing::FakeBackend* second_model = first_model == models[0] ? models[1] : models[0];
+  batcher->Enqueue(Request(second, 1, 2, 2), &second.sink, noting(second, 2));
+  while (running() < warmed + 2) std::this_thread::yield();
+  batcher->Enqueue(Request(queued, 1, 2, 3), &queued.sink, noting(queued, 3));  // waits: both busy
+  batcher->Enqueue(Request(refused, 1, 2, 4), &refused.sink, noting(refused, 4));  // over the cap of 1
+  EXPECT_EQ(refused.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+  second_model->OpenGate();  // "2" ends first, then "3" runs there and ends: both are held
+  auto second_answer = second.answer.get_future();
+  auto queued_answer = queued.answer.get_future();
+  while (second_model->executed() < 2) std::this_thread::yield();
+  EXPECT_EQ(second_answer.wait_for(50ms), std::future_status::timeout);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(answered, std::vector<int>({4}));
+  }
+  first_model->OpenGate();
+  EXPECT_TRUE(first.answer.get_future().get().ok());
+  EXPECT_TRUE(second_answer.get().ok());
+  EXPECT_TRUE(queued_answer.get().ok());
+  std::lock_guard<std::mutex> lock(mutex);
+  EXPECT_EQ(answered, std::vector<int>({4, 1, 2, 3}));
+}
+
 // A batcher over one ThreadNotingEcho instance.
 struct ThreadNotingModel {
   testing::ThreadNotingEcho echo;

@@ -9,7 +9,6 @@
 
 #include "server/manager/model_handle.h"
 #include "server/manager/response_cache.h"
-#include "server/manager/response_order.h"
 #include "server/manager/model_manager.h"
 #include "tests/unit/fakes.h"
 #include "tests/unit/manager_fixtures.h"
@@ -17,7 +16,6 @@
 namespace sluice {
 namespace {
 
-using ::testing::ElementsAre;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
 using testing::ManagerParts;
@@ -329,80 +327,6 @@ TEST(ModelHandleTest, SubmitSetsThePriorityLevelAndAppliesThatLevelsQueuePolicy)
   EXPECT_EQ(held->requests[3]->deadline, now + std::chrono::microseconds(300));  // its level allows overrides
   EXPECT_EQ(held->requests[4]->deadline, now + std::chrono::microseconds(1000));  // level 1 does not
   for (auto& done : held->completions) done(absl::OkStatus());
-}
-
-TEST(ModelHandleTest, PreserveOrderingAnswersInTheOrderRequestsWereHandedOver) {
-  for (const bool preserve : {true, false}) {
-    SCOPED_TRACE(preserve ? "preserve_ordering" : "without");
-    FakeTimeSource clock;
-    auto model = std::make_shared<RepositoryModel>(Model("m", {1}, [&](ModelSpec& spec) {
-      spec.dynamic_batching.enabled = true;
-      spec.dynamic_batching.preserve_ordering = preserve;
-    }));
-    auto held = std::make_shared<HeldRequests>();
-    auto handle = std::make_shared<ModelHandle>(model, 1, "cpu", held, std::make_shared<ModelStats>(), &clock);
-    const std::vector<float> data(2, 1.0f);
-    TensorSink sink;
-    std::vector<std::pair<int, absl::StatusCode>> answered;
-    for (int i = 0; i < 4; ++i) {
-      handle->Submit(Row(data), &sink, [&answered, i](Status status) { answered.emplace_back(i, status.code()); });
-    }
-    // An invalid request is answered at once, ahead of the held ones, either way.
-    auto invalid = std::make_unique<InferRequest>();
-    invalid->model_name = "m";
-    handle->Submit(std::move(invalid), &sink, [&](Status status) { answered.emplace_back(-1, status.code()); });
-    ASSERT_EQ(held->completions.size(), 4u);
-    held->completions[2](absl::OkStatus());
-    held->completions[3](absl::UnavailableError("refused"));
-    held->completions[0](absl::OkStatus());
-    held->completions[1](absl::DeadlineExceededError("expired"));
-    using Code = absl::StatusCode;
-    if (preserve) {
-      EXPECT_THAT(answered, ElementsAre(std::pair(-1, Code::kInvalidArgument), std::pair(0, Code::kOk),
-                                        std::pair(1, Code::kDeadlineExceeded), std::pair(2, Code::kOk),
-                                        std::pair(3, Code::kUnavailable)));
-    } else {
-      EXPECT_THAT(answered, ElementsAre(std::pair(-1, Code::kInvalidArgument), std::pair(2, Code::kOk),
-                                        std::pair(3, Code::kUnavailable), std::pair(0, Code::kOk),
-                                        std::pair(1, Code::kDeadlineExceeded)));
-    }
-  }
-}
-
-// Answers finish on many threads at once; each leaves exactly once, in order.
-TEST(ResponseOrderTest, ConcurrentFinishersDeliverEveryAnswerOnceInOrder) {
-  ResponseOrder order;
-  constexpr int kRequests = 2000;
-  std::vector<InferCompletion> completions;
-  std::vector<int> delivered;
-  for (int i = 0; i < kRequests; ++i) {
-    // Only one thread delivers at a time, so `delivered` needs no lock of its own.
-    completions.push_back(order.InLine([&delivered, i](Status) { delivered.push_back(i); }));
-  }
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = kRequests - 1 - t; i >= 0; i -= 4) completions[static_cast<size_t>(i)](absl::OkStatus());
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  ASSERT_EQ(delivered.size(), static_cast<size_t>(kRequests));
-  for (int i = 0; i < kRequests; ++i) ASSERT_EQ(delivered[static_cast<size_t>(i)], i);
-  EXPECT_EQ(order.held(), 0u);
-}
-
-// A completion that submits the next request (a stream's next read) may finish it at once.
-TEST(ResponseOrderTest, ACompletionMayFinishAnotherWhileDelivering) {
-  ResponseOrder order;
-  std::vector<int> delivered;
-  InferCompletion second;
-  InferCompletion first = order.InLine([&](Status) {
-    delivered.push_back(0);
-    second = order.InLine([&](Status) { delivered.push_back(1); });
-    second(absl::OkStatus());  // its turn has come: it leaves right after this one
-  });
-  first(absl::OkStatus());
-  EXPECT_THAT(delivered, ElementsAre(0, 1));
 }
 
 }  // namespace

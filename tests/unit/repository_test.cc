@@ -511,6 +511,22 @@ TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->dynamic_batching.LevelOf(1), 0);
   EXPECT_TRUE(plain->dynamic_batching.PolicyOf(0).delay);
+  // Without levels, the level fields mean nothing and are ignored, as Triton ignores them.
+  auto ignored = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { default_priority_level: 3 priority_queue_policy { key: 9 value: { timeout_action: DELAY } } })pb");
+  ASSERT_TRUE(ignored.ok()) << ignored.status();
+  EXPECT_EQ(ignored->dynamic_batching.priority_levels, 0);
+  EXPECT_FALSE(ignored->dynamic_batching.AnyDelay());
+  // With levels, every level has its own policy: the default one's DELAY counts only where a
+  // level takes it.
+  auto all_named = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching {
+        priority_levels: 1 default_priority_level: 1
+        default_queue_policy { timeout_action: DELAY }
+        priority_queue_policy { key: 1 value: { } }
+      })pb");
+  ASSERT_TRUE(all_named.ok()) << all_named.status();
+  EXPECT_FALSE(all_named->dynamic_batching.AnyDelay());
 }
 
 TEST(ModelConfigParserTest, TheQueuedByteCapHoldsWithoutDynamicBatchingToo) {
@@ -627,8 +643,6 @@ TEST(ModelConfigParserTest, DynamicBatchingErrors) {
       {"dynamic_batching { priority_levels: 2 }", "default_priority_level must be in [1, priority_levels=2], found 0"},
       {"dynamic_batching { priority_levels: 2 default_priority_level: 3 }", "found 3 (level 1 is the highest"},
       {"dynamic_batching { priority_levels: 65 default_priority_level: 1 }", "priority_levels must be at most 64"},
-      {"dynamic_batching { default_priority_level: 1 }", "need priority_levels > 0"},
-      {"dynamic_batching { priority_queue_policy { key: 1 value: { } } }", "need priority_levels > 0"},
       {"dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value: { } } }",
        "priority_queue_policy names level 3, outside [1, priority_levels=2]"},
       {"dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"

@@ -1,4 +1,4 @@
-#include "server/manager/response_order.h"
+#include "server/batching/response_order.h"
 
 #include <memory>
 #include <utility>
@@ -28,9 +28,11 @@ void ResponseOrder::Finish(uint64_t place, InferCompletion done, Status status) 
     Finished finished = std::move(next->second);
     held_.erase(next);
     ++next_out_;
-    // Outside the lock: a completion may send a response, or submit another request.
+    // Outside the lock, and let go of before taking it again: a completion may send a response,
+    // submit another request, or own the call it answers.
     lock.Unlock();
     finished.done(std::move(finished.status));
+    finished = Finished{};
     lock.Lock();
   }
   delivering_ = false;

@@ -1,5 +1,7 @@
-// preserve_ordering: a model version's answers leave in the order its requests were handed to
-// the scheduler, whatever order their batches finish in. Thread-safe.
+// preserve_ordering: a model version's answers leave in the order its requests were taken into
+// batches (DynamicBatcher gives each request its place as its batch forms, under its lock, as
+// Triton does), whatever order the batches finish in. Requests answered without running (refused
+// at arrival, expired, cancelled) never take a place: they are answered at once. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -15,13 +17,13 @@ namespace sluice {
 
 class ResponseOrder {
  public:
-  // Takes the next place in line for a request and returns the completion to hand its scheduler
-  // instead of `done`: when it is called, `done` runs at once if every request given a place
-  // before it has been answered, else later, right after the last of those (on the thread that
-  // answers it). The scheduler's contract (`done` exactly once, its sink alive until then) makes
-  // the wait finite: a request's answer waits only for earlier requests of the same version, each
-  // of which is answered (run, refused, expired or dropped at stop). Completions that are held
-  // keep their request's sink alive, as the contract asks.
+  // Takes the next place in line and returns the completion to call instead of `done`: when it
+  // is called, `done` runs at once if every request given a place before it has been answered,
+  // else later, right after the last of those (on the thread that answers it). A request that
+  // has a place must be answered (its batch runs, or fails): a place never answered would hold
+  // every later answer. Completions held keep their request's sink alive, as the scheduler's
+  // contract asks. What is held is bounded by what runs meanwhile, not by the queue's caps: a
+  // slow batch holds the answers of every batch that finishes while it runs.
   InferCompletion InLine(InferCompletion done) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Answers finished but held behind an earlier one (for tests and metrics).
