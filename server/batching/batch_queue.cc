@@ -77,16 +77,8 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
         "distinct shapes"));
   }
   if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused, busy));
-  SLUICE_RETURN_IF_ERROR(admission_.Admit(ShareOf(pending), pending.bytes, request.model_name, [&](size_t waiting) {
-    if (request.priority_level > 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "model '", request.model_name, "' has ", waiting, " requests waiting at priority level ",
-          request.priority_level, " (that level's max_queue_size); retry later, or raise the limit or add instances"));
-    }
-    return absl::UnavailableError(absl::StrCat(
-        "model '", request.model_name, "' has ", waiting,
-        " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
-  }));
+  SLUICE_RETURN_IF_ERROR(admission_.Admit(ShareOf(pending), pending.bytes, request.model_name,
+                                          [&](size_t waiting) { return QueueFull(request, waiting); }));
   if (group == groups_.end()) {
     if (spare_group_) {
       spare_group_.key() = key;
@@ -299,6 +291,45 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
     ++it;  // a group keeps at least one request here
   }
   return refused;
+}
+
+Status BatchQueue::QueueFull(const InferRequest& request, size_t waiting) {
+  if (request.priority_level > 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", request.model_name, "' has ", waiting, " requests waiting at priority level ",
+        request.priority_level, " (that level's max_queue_size); retry later, or raise the limit or add instances"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "model '", request.model_name, "' has ", waiting,
+      " requests waiting (its max_queue_size); retry later, or raise the limit or add instances"));
+}
+
+Status BatchQueue::AdmitOutside(const InferRequest& request) {
+  return admission_.Admit(std::max(request.priority_level - 1, 0), request.InputBytes(), request.model_name,
+                          [&](size_t waiting) { return QueueFull(request, waiting); });
+}
+
+void BatchQueue::ReleaseOutside(int priority_level, size_t bytes) {
+  admission_.Release(std::max(priority_level - 1, 0), bytes);
+}
+
+bool BatchQueue::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+  for (auto& [key, group] : groups_) {
+    for (auto it = group.queue.begin(); it != group.queue.end(); ++it) {
+      InferRequest& request = *it->request;
+      if (request.cancelled.get() != tag) continue;
+      request.deadline = std::max(request.deadline, deadline);
+      if (priority_level <= 0 || request.priority_level == 0 || priority_level >= request.priority_level) return true;
+      PendingRequest pending = std::move(*it);
+      group.queue.erase(it);
+      const int from = ShareOf(pending);
+      request.priority_level = priority_level;
+      admission_.Move(from, ShareOf(pending), 1, pending.bytes);
+      Insert(group, std::move(pending));
+      return true;
+    }
+  }
+  return false;
 }
 
 void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(ShareOf(pending), pending.bytes); }

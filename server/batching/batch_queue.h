@@ -163,6 +163,14 @@ class BatchQueue {
   // request larger than sizes.back() still runs, alone). Ignored with one_request_per_batch.
   void SetBatchSizeLadder(std::vector<int> sizes) { ladder_ = std::move(sizes); }
 
+  // A request that waits outside the queue for an identical one's answer (Scheduler::AdmitWaiter)
+  // counts against the caps of its level, as if queued; ReleaseOutside gives that back.
+  Status AdmitOutside(const InferRequest& request);
+  void ReleaseOutside(int priority_level, size_t bytes);
+  // See Scheduler::Reschedule. The request keeps its group; a new level puts it behind the
+  // requests of that level already waiting (and its admission moves to that level's share).
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline);
+
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
 
@@ -189,6 +197,8 @@ class BatchQueue {
   bool Ranked() const { return !options_.level_max_requests.empty() || options_.delays; }
   // The admission share a request counts in: its level's.
   static int ShareOf(const PendingRequest& pending) { return std::max(pending.request->priority_level - 1, 0); }
+  // Why a request of `request`'s level is refused when `waiting` requests wait there already.
+  static Status QueueFull(const InferRequest& request, size_t waiting);
   // Puts `pending` into `group` after every request of its rank or better.
   static void Insert(Group& group, PendingRequest pending);
   // When the oldest request of `group` arrived.

@@ -107,6 +107,22 @@ void DynamicBatcher::Poke() {
   batcher_cv_.Signal();
 }
 
+Status DynamicBatcher::AdmitWaiter(const InferRequest& request) {
+  MutexLock lock(&mutex_);
+  if (stopping_) return absl::UnavailableError(absl::StrCat("model '", request.model_name, "' is shutting down"));
+  return queue_.AdmitOutside(request);
+}
+
+void DynamicBatcher::ReleaseWaiter(int priority_level, size_t bytes) {
+  MutexLock lock(&mutex_);
+  queue_.ReleaseOutside(priority_level, bytes);
+}
+
+bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+  MutexLock lock(&mutex_);
+  return queue_.Reschedule(tag, priority_level, deadline);
+}
+
 void DynamicBatcher::BatcherLoop() {
   NameThisThread("sluice-batcher");
   RunThisThreadAsModelWork();

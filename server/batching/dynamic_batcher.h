@@ -61,6 +61,10 @@ class DynamicBatcher final : public Scheduler {
   // Makes the batcher thread look at the queue now (the transport after a cancellation; the
   // pool when an instance goes idle). Moving the clock needs none: the thread waits on it.
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
+  Status AdmitWaiter(const InferRequest& request) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void ReleaseWaiter(int priority_level, size_t bytes) override ABSL_LOCKS_EXCLUDED(mutex_);
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const { return pool_->StagingAllocations(); }

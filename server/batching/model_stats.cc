@@ -76,14 +76,24 @@ void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Dur
   stats_.compute_output.Add(output);
 }
 
-void ModelStats::RecordCacheHit(Duration took, Protocol protocol) {
-  if (sink_) sink_->OnCacheHit(took, protocol);
+void ModelStats::RecordAnsweredWithoutRunning(Duration total, Duration queued, bool cache_hit) {
   const uint64_t now_ms = WallClockMs();
   MutexLock lock(&mutex_);
   stats_.last_inference_ms = now_ms;
-  stats_.success.Add(took);
-  stats_.queue.Add(Duration::zero());  // as Triton: a hit counts in queue, with no time queued
-  stats_.cache_hit.Add(took);
+  stats_.success.Add(total);
+  stats_.queue.Add(queued);
+  if (cache_hit) stats_.cache_hit.Add(total);
+}
+
+void ModelStats::RecordCacheHit(Duration took, Protocol protocol) {
+  if (sink_) sink_->OnCacheHit(took, protocol);
+  // As Triton: a hit counts in queue, with no time queued.
+  RecordAnsweredWithoutRunning(took, Duration::zero(), /*cache_hit=*/true);
+}
+
+void ModelStats::RecordSharedAnswer(Duration waited, Protocol protocol) {
+  if (sink_) sink_->OnSharedAnswer(waited, protocol);
+  RecordAnsweredWithoutRunning(waited, waited, /*cache_hit=*/false);
 }
 
 void ModelStats::RecordCacheMiss(Duration took) {

@@ -110,6 +110,9 @@ class StatsSink {
   // reported as any other request's).
   virtual void OnCacheHit(Duration /*took*/, Protocol /*protocol*/) {}
   virtual void OnCacheMiss(Duration /*took*/) {}
+  // Response cache models only: a request answered with the run of an identical request that was
+  // queued or running when it came (single flight; never admitted to a queue), after `waited`.
+  virtual void OnSharedAnswer(Duration /*waited*/, Protocol /*protocol*/) {}
   // Models with priority levels only (`level` in [1, kMaxPriorityLevels]): a request of `level`
   // started running after waiting `queued`, or left its queue without running (refused at
   // admission, expired, cancelled, or dropped at stop) for `reason`.
@@ -156,6 +159,10 @@ class ModelStats {
   // that followed, `took` together.
   void RecordCacheHit(Duration took, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   void RecordCacheMiss(Duration took) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Response cache models: a request answered OK with an identical request's run after waiting
+  // `waited` for it (single flight): a success, its wait counted as queue time, neither a cache
+  // hit nor a miss (its lookup missed; the run's own request counts the miss).
+  void RecordSharedAnswer(Duration waited, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Models with priority levels: see StatsSink::OnPriorityQueued and OnPriorityRefused. Level 0
   // (no levels) records nothing.
@@ -172,6 +179,9 @@ class ModelStats {
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // A success that ran nothing (a cache hit, a shared answer): in success and queue, no compute.
+  void RecordAnsweredWithoutRunning(Duration total, Duration queued, bool cache_hit) ABSL_LOCKS_EXCLUDED(mutex_);
+
   const std::shared_ptr<StatsSink> sink_;  // may be null
   mutable Mutex mutex_;
   ModelStatsSnapshot stats_ ABSL_GUARDED_BY(mutex_);

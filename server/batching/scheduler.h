@@ -79,6 +79,29 @@ class Scheduler {
   // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
   virtual void Poke() {}
 
+  // Single flight (see SingleFlight): a request that waits for the answer of an identical one
+  // queued or running here counts against this scheduler's caps as if it were queued at its own
+  // priority level. AdmitWaiter counts `request` (its level and input bytes) or returns why not
+  // (UNAVAILABLE, in Enqueue's words); ReleaseWaiter gives back what it counted. A scheduler
+  // without caps admits every waiter.
+  virtual Status AdmitWaiter(const InferRequest& request) {
+    (void)request;
+    return absl::OkStatus();
+  }
+  virtual void ReleaseWaiter(int priority_level, size_t bytes) {
+    (void)priority_level;
+    (void)bytes;
+  }
+  // The request still queued whose `cancelled` flag is `tag` moves up to `priority_level` when
+  // that is higher than its own (a smaller number, above 0), and waits until `deadline` when that
+  // is later than its own. False when no queued request has that flag (it runs, or was answered).
+  virtual bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+    (void)tag;
+    (void)priority_level;
+    (void)deadline;
+    return false;
+  }
+
   // Runs every request `runs` times on every instance, each on that instance's own worker thread
   // (LibTorch keeps cuDNN's benchmark cache per thread) and through the path a request of that
   // shape takes when served, discarding the outputs; returns when all ran. Call it before the

@@ -91,8 +91,8 @@ struct InferRequest {
   // would wait, nor HTTP's event loop, which serves other connections).
   bool caller_may_run = false;
   // An input or output is in the client's shared memory, which the client may rewrite while the
-  // request runs: such an answer is not kept by the response cache (it could be for other bytes
-  // than the key's). Set by the front ends.
+  // request runs: the response cache's single flight never writes a shared answer there first
+  // (others copy it from where it was written). Set by the front ends.
   bool shared_memory = false;
 
   // Total bytes of input data (what the request costs while queued).

@@ -25,6 +25,17 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       cache_(std::move(response_cache)),
       cache_space_(cache_ ? cache_->OpenNamespace() : 0) {
   for (const TensorSpec& output : model_->spec.outputs) output_names_.push_back(output.name);
+  if (cache_ != nullptr) {
+    SingleFlight::Options options;
+    options.model = model_->name;
+    options.clock = clock_;
+    options.scheduler = scheduler_.get();
+    options.stats = stats_.get();
+    options.keep = [cache = cache_.get()](const ResponseCache::Key& key, absl::Span<const OutputView> outputs) {
+      cache->Insert(key, outputs);
+    };
+    flights_ = std::make_unique<SingleFlight>(std::move(options));
+  }
 }
 
 ModelHandle::~ModelHandle() { Stop(); }
@@ -74,28 +85,10 @@ void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink
     done(absl::OkStatus());
     return;
   }
-  const Duration lookup = clock_->Now() - started;
-  // An answer written into, or computed from, the client's shared memory may not be the key's:
-  // the client can rewrite it while the request runs. Such a request is answered from the cache
-  // (above) but its own answer is not kept.
-  const bool keep = !request->shared_memory;
-  // The recording sink lives as long as the completion that reads it: the scheduler's contract
-  // keeps `sink` (and so this wrapper's target) alive until `done` has run.
-  auto recording = std::make_unique<RecordingSink>(sink);
-  OutputSink* into = recording.get();
-  scheduler_->Enqueue(
-      std::move(request), into,
-      [cache = cache_, stats = stats_, clock = clock_, key = std::move(key), recording = std::move(recording),
-       lookup, keep, done = std::move(done)](Status status) mutable {
-        Duration took = lookup;
-        if (status.ok() && keep) {  // a failure is not an answer to keep
-          const TimePoint inserting = clock->Now();
-          cache->Insert(key, recording->Outputs());
-          took += clock->Now() - inserting;
-        }
-        stats->RecordCacheMiss(took);
-        done(std::move(status));
-      });
+  // Run, or wait for the run of an identical request already queued or running. Every answer
+  // that runs is kept: the run reads its inputs from the key's copy and writes its outputs where
+  // no client can rewrite them (see SingleFlight), so shared-memory requests' answers are too.
+  flights_->Submit(std::move(key), std::move(request), sink, std::move(done), clock_->Now() - started);
 }
 
 Status ModelHandle::Reject(Status status, Protocol protocol) {
@@ -103,7 +96,10 @@ Status ModelHandle::Reject(Status status, Protocol protocol) {
   return status;
 }
 
-void ModelHandle::Poke() { scheduler_->Poke(); }
+void ModelHandle::Poke() {
+  scheduler_->Poke();
+  if (flights_ != nullptr) flights_->Poke();
+}
 
 InFlightModel ModelHandle::Acquire() {
   {
@@ -178,7 +174,8 @@ void ModelHandle::Stop() {
     in_flight_->stopped = true;
   }
   in_flight_->idle.SignalAll();
-  scheduler_->Stop();
+  scheduler_->Stop();  // answers every flight's run, and so every waiter
+  if (flights_ != nullptr) flights_->Stop();
   if (cache_ != nullptr) cache_->CloseNamespace(cache_space_);
 }
 

@@ -19,6 +19,7 @@
 #include "server/core/output_sink.h"
 #include "server/core/repository_model.h"
 #include "server/manager/response_cache.h"
+#include "server/manager/single_flight.h"
 
 namespace sluice {
 
@@ -77,8 +78,9 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // instead) and hands it to the scheduler, which writes the outputs into `sink` and calls `done` exactly once (see
   // Scheduler::Enqueue for the lifetimes). Never blocks on model work.
   // With a response cache, a request whose answer is cached is answered here, at once, through
-  // `sink` (nothing queued, nothing run); one that misses runs as any other, and its answer is
-  // kept when it succeeds (copied out of `sink` before `done` runs).
+  // `sink` (nothing queued, nothing run); one that misses waits for the run of an identical
+  // request already queued or running, or runs (SingleFlight), and a run's answer is kept when it
+  // succeeds.
   // With preserve_ordering the scheduler orders the answers of requests that run (ResponseOrder);
   // invalid requests and cache hits are answered here, at once.
   void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
@@ -128,6 +130,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<ResponseCache> cache_;  // null: answers are not cached
   const uint64_t cache_space_;                   // this version's namespace in cache_
   std::vector<std::string> output_names_;        // the model's outputs in config order (cache keys)
+  std::unique_ptr<SingleFlight> flights_;        // with cache_: identical requests share one run
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/hash/hash.h"
@@ -52,6 +53,10 @@ void AppendText(std::string* out, absl::string_view text) {
 }
 
 size_t RoundUp(size_t value, size_t to) { return (value + to - 1) / to * to; }
+
+// Where an input's bytes start in a key, relative to the key's first byte (std::string's buffer
+// is at least this aligned): enough for any tensor element type.
+constexpr size_t kInputAlignment = alignof(std::max_align_t);
 
 size_t PageSize() {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -156,16 +161,31 @@ ResponseCache::Hit::~Hit() {
   if (entry_ != nullptr) cache_->ReleaseReader(entry_);
 }
 
+namespace {
+
+// Copies `output` into `sink`; `name` and `shape` are scratch space the description refers to.
+Status WriteOutput(const OutputView& output, OutputSink* sink, std::string* name, Shape* shape) {
+  name->assign(output.name.data(), output.name.size());
+  shape->assign(output.shape.begin(), output.shape.end());
+  SLUICE_ASSIGN_OR_RETURN(char* memory, sink->Allocate({*name, output.dtype, *shape, output.bytes.size(), MemoryType::kCpu}));
+  if (!output.bytes.empty()) std::memcpy(memory, output.bytes.data(), output.bytes.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status WriteOutputs(absl::Span<const OutputView> outputs, OutputSink* sink) {
+  std::string name;
+  Shape shape;
+  for (const OutputView& output : outputs) SLUICE_RETURN_IF_ERROR(WriteOutput(output, sink, &name, &shape));
+  return absl::OkStatus();
+}
+
 Status ResponseCache::Hit::WriteTo(OutputSink* sink) const {
   std::string name;
   Shape shape;
-  return ForEachOutput(entry_->outputs_begin(), entry_->outputs, [&](const OutputView& output) -> Status {
-    name.assign(output.name.data(), output.name.size());
-    shape.assign(output.shape.begin(), output.shape.end());
-    SLUICE_ASSIGN_OR_RETURN(char* memory, sink->Allocate({name, output.dtype, shape, output.bytes.size(), MemoryType::kCpu}));
-    if (!output.bytes.empty()) std::memcpy(memory, output.bytes.data(), output.bytes.size());
-    return absl::OkStatus();
-  });
+  return ForEachOutput(entry_->outputs_begin(), entry_->outputs,
+                       [&](const OutputView& output) { return WriteOutput(output, sink, &name, &shape); });
 }
 
 ResponseCache::ResponseCache(size_t byte_limit, Hasher hasher, ResponseCacheObserver* observer)
@@ -219,7 +239,8 @@ ResponseCache::Key ResponseCache::MakeKey(uint64_t space, const InferRequest& re
   size_t size = 3 * sizeof(uint64_t);
   for (const TensorView& input : request.inputs) {
     inputs.push_back(&input);
-    size += 4 * sizeof(uint64_t) + input.name.size() + input.shape.size() * sizeof(int64_t) + input.byte_size;
+    size += 4 * sizeof(uint64_t) + input.name.size() + input.shape.size() * sizeof(int64_t) + input.byte_size +
+            kInputAlignment;
   }
   for (const std::string& output : requested) size += sizeof(uint64_t) + output.size();
   // Input names are distinct (validation): sorted by name, the order a client lists them in does
@@ -228,6 +249,7 @@ ResponseCache::Key ResponseCache::MakeKey(uint64_t space, const InferRequest& re
   Key key;
   key.space = space;
   key.bytes.reserve(size);
+  key.input_offsets.resize(request.inputs.size());
   AppendPod<uint64_t>(&key.bytes, space);
   AppendPod<uint64_t>(&key.bytes, inputs.size());
   for (const TensorView* input : inputs) {
@@ -235,7 +257,12 @@ ResponseCache::Key ResponseCache::MakeKey(uint64_t space, const InferRequest& re
     AppendPod<uint64_t>(&key.bytes, static_cast<uint64_t>(input->dtype));
     AppendPod<uint64_t>(&key.bytes, input->shape.size());
     for (int64_t dim : input->shape) AppendPod<int64_t>(&key.bytes, dim);
-    AppendText(&key.bytes, absl::string_view(input->data, input->byte_size));
+    AppendPod<uint64_t>(&key.bytes, input->byte_size);
+    // Zeros up to an aligned offset: where they go follows from what came before (all of it in
+    // the key), so they tell no two keys apart, and the bytes can be a tensor's (Key::input_offsets).
+    key.bytes.resize(RoundUp(key.bytes.size(), kInputAlignment), '\0');
+    key.input_offsets[static_cast<size_t>(input - request.inputs.data())] = key.bytes.size();
+    key.bytes.append(input->data, input->byte_size);
   }
   AppendPod<uint64_t>(&key.bytes, requested.size());
   for (const std::string& output : requested) AppendText(&key.bytes, output);

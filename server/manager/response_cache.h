@@ -52,6 +52,10 @@ struct OutputView {
   absl::string_view bytes;
 };
 
+// Copies `outputs` into `sink`, one Allocate and one copy each, in order; the sink's refusal (a
+// shared-memory slice too small) is returned as it is.
+Status WriteOutputs(absl::Span<const OutputView> outputs, OutputSink* sink);
+
 // Stands between a request that missed and its own sink: forwards every Allocate and notes where
 // each output went, so that once the request has answered OK its outputs can be copied into the
 // cache. Thread-compatible, like every sink.
@@ -101,6 +105,9 @@ class ResponseCache {
     uint64_t space = 0;  // the model version's namespace (also the first bytes of `bytes`)
     uint64_t hash = 0;
     std::string bytes;
+    // Where each input's bytes start in `bytes` (in the request's order), aligned for any element
+    // type: a request that runs for its key's waiters (SingleFlight) reads its inputs there.
+    std::vector<size_t> input_offsets;
   };
   using Hasher = uint64_t (*)(absl::string_view bytes);
 

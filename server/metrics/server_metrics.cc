@@ -150,6 +150,9 @@ struct ServerMetrics::Families {
                       .Help("GPU energy consumption in joules since the server started").Register(r)),
         nv_cache_hits(prometheus::BuildCounter().Name("nv_cache_num_hits_per_model")
                           .Help("Number of response cache hits per model").Register(r)),
+        shared_answers(prometheus::BuildCounter().Name("sluice_cache_shared_answers_total")
+                           .Help("Requests of a response cache model answered with the run of an identical "
+                                 "request that was queued or running when they came (single flight)").Register(r)),
         nv_cache_misses(prometheus::BuildCounter().Name("nv_cache_num_misses_per_model")
                             .Help("Number of response cache misses per model").Register(r)),
         nv_cache_hit_us(prometheus::BuildCounter().Name("nv_cache_hit_duration_per_model")
@@ -221,6 +224,7 @@ struct ServerMetrics::Families {
   Family<Gauge>& nv_gpu_power_limit;
   Family<Counter>& nv_energy;
   Family<Counter>& nv_cache_hits;
+  Family<Counter>& shared_answers;
   Family<Counter>& nv_cache_misses;
   Family<Counter>& nv_cache_hit_us;
   Family<Counter>& nv_cache_miss_us;
@@ -358,6 +362,16 @@ class ModelMetrics final : public StatsSink {
     cache.hits->Increment();
     cache.hit_us->Increment(Micros(took));
   }
+  void OnSharedAnswer(Duration waited, Protocol protocol) override {
+    const PerProtocol& series = per_protocol_[static_cast<int>(protocol)];
+    series.succeeded->Increment();
+    series.request_seconds->Observe(Seconds(waited));
+    series.queue_seconds->Observe(Seconds(waited));
+    nv_success_.Increment();
+    nv_request_us_.Increment(Micros(waited));
+    nv_queue_us_.Increment(Micros(waited));
+    Cache().shared->Increment();
+  }
   void OnCacheMiss(Duration took) override {
     const CacheSeries& cache = Cache();
     cache.misses->Increment();
@@ -400,6 +414,7 @@ class ModelMetrics final : public StatsSink {
     Counter* misses = nullptr;
     Counter* hit_us = nullptr;
     Counter* miss_us = nullptr;
+    Counter* shared = nullptr;
   };
   // Created with the first cache event, so that models without a cache export none.
   const CacheSeries& Cache() {
@@ -408,6 +423,7 @@ class ModelMetrics final : public StatsSink {
       cache_.misses = &families_.nv_cache_misses.Add(labels_);
       cache_.hit_us = &families_.nv_cache_hit_us.Add(labels_);
       cache_.miss_us = &families_.nv_cache_miss_us.Add(labels_);
+      cache_.shared = &families_.shared_answers.Add(labels_);
     });
     return cache_;
   }

@@ -75,6 +75,25 @@ class AddConstant(nn.Module):
         return INPUT__0 + self.constant
 
 
+class Spin(nn.Module):
+    """OUTPUT__0 = INPUT__0 + 1 (or, with `noise`, plus fresh noise in [0, 1): no two runs agree),
+    after int(INPUT__0[0, 0]) small matrix products (5-8 us each here): a request that holds its
+    instance for as long as its first value says while others queue behind it."""
+
+    def __init__(self, noise: bool = False):
+        super().__init__()
+        self.noise = noise
+
+    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+        steps = int(INPUT__0[0, 0].item())
+        w = torch.full([32, 32], 0.01)
+        h = torch.ones([1, 32])
+        for _ in range(steps):
+            h = torch.tanh(h @ w) + 0.5
+        offset = torch.rand_like(INPUT__0) if self.noise else torch.ones_like(INPUT__0)
+        return INPUT__0 + offset + h.sum() * 0.0
+
+
 def tensor_block(kind, name, type_name, dims):
     return f'{kind} [{{ name: "{name}" data_type: {type_name} dims: [ {", ".join(map(str, dims))} ] }}]\n'
 

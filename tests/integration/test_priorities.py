@@ -11,30 +11,16 @@ import time
 
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
-from torch import nn
 
 from conftest import start_server
 from harness.server import metric_value as metric
-from make_test_repository import tensor_block, write_model
+from make_test_repository import Spin, tensor_block, write_model
 
 BLOCK_STEPS = 200000  # holds the instance for about a second (5-8 us a step here) while the rest queue
 STEPS = 5000          # tens of milliseconds apart: the order answers come back in is the order they ran
-
-
-class Spin(nn.Module):
-    """OUTPUT__0 = INPUT__0 + 1, after int(INPUT__0[0, 0]) small matrix products."""
-
-    def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
-        steps = int(INPUT__0[0, 0].item())
-        w = torch.full([32, 32], 0.01)
-        h = torch.ones([1, 32])
-        for _ in range(steps):
-            h = torch.tanh(h @ w) + 0.5
-        return INPUT__0 + 1.0 + h.sum() * 0.0
 
 
 def spin_config(batching, instances=1):

@@ -3,9 +3,12 @@ local,size=BYTES`) against the real server with tritonclient over gRPC and HTTP:
 answered from the cache (the model adds random noise, so a hit shows as the same bytes), the
 statistics extension's cache_hit / cache_miss and Triton's cache metrics, outputs into system
 shared memory on a hit, entries dropped on unload and reload, the byte bound under many distinct
-requests, and a model that enables the cache on a server without one."""
+requests, a model that enables the cache on a server without one, and single flight (identical
+requests that come while one is queued share its run; a cancel leaves the others waiting)."""
 import os
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +21,7 @@ from torch import nn
 
 from conftest import SERVER, start_server
 from harness.server import metric_value as metric
-from make_test_repository import tensor_block, write_model
+from make_test_repository import Spin, tensor_block, write_model
 
 
 class Noisy(nn.Module):
@@ -42,6 +45,11 @@ def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("response_cache")
     write_model(root, "cached", noisy_config(True), Noisy())
     write_model(root, "plain", noisy_config(False), Noisy())
+    write_model(root, "spin", 'platform: "pytorch_libtorch"\nmax_batch_size: 1\n'
+                + tensor_block("input", "INPUT__0", "TYPE_FP32", [2])
+                + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [2])
+                + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 1 }]\n"
+                + "response_cache { enable: true }\n", Spin(noise=True))
     return root
 
 
@@ -165,9 +173,10 @@ def test_a_hit_writes_its_outputs_into_shared_memory(repository, tmp_path_factor
         again = grpc_infer(client, "cached", x, outputs=["OUTPUT__0"]).as_numpy("OUTPUT__0")
         np.testing.assert_array_equal(again, first)
 
-        # A request that reads its input from, or writes its output to, shared memory is answered
-        # from the cache but its own answer is not kept: the client may rewrite the region while
-        # the request runs, and the answer would then not be the key's.
+        # A request that reads its input from, or writes its output to, shared memory is kept
+        # too: it runs on a copy of its inputs taken when it arrived (the cache key's), and its
+        # outputs are written where the client cannot rewrite them before they are copied into its
+        # region, so its answer is the key's.
         def shm_input(value, protocol="grpc"):
             shm.set_shared_memory_region(in_region, [np.full((1, 16), value, dtype=np.float32)])
             module = grpcclient if protocol == "grpc" else httpclient
@@ -180,12 +189,12 @@ def test_a_hit_writes_its_outputs_into_shared_memory(repository, tmp_path_factor
         in_region = shm.create_shared_memory_region("cache_in", in_key, 64)
         client.register_system_shared_memory("cache_in", in_key, 64)
         runs = [shm_input(7), shm_input(7, "http")]
-        assert not np.array_equal(runs[0], runs[1])  # neither was kept
+        np.testing.assert_array_equal(runs[1], runs[0])  # the first was kept
         kept = grpc_infer(client, "cached", np.full((1, 16), 7, dtype=np.float32), outputs=["OUTPUT__0"])
-        np.testing.assert_array_equal(shm_input(7), kept.as_numpy("OUTPUT__0"))  # but a hit serves it
+        np.testing.assert_array_equal(kept.as_numpy("OUTPUT__0"), runs[0])
         written = into_region_for(np.full((1, 16), 8, dtype=np.float32))
         from_message = grpc_infer(client, "cached", np.full((1, 16), 8, dtype=np.float32), outputs=["OUTPUT__0"])
-        assert not np.array_equal(from_message.as_numpy("OUTPUT__0"), written)
+        np.testing.assert_array_equal(from_message.as_numpy("OUTPUT__0"), written)
     finally:
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(region)
@@ -193,6 +202,74 @@ def test_a_hit_writes_its_outputs_into_shared_memory(repository, tmp_path_factor
         if in_region is not None:
             shm.destroy_shared_memory_region(in_region)
         http.close()
+        client.close()
+        assert server.stop() == 0, server.log()
+
+
+def test_identical_requests_in_flight_share_one_run_and_a_cancel_leaves_the_others(repository, tmp_path_factory):
+    """Single flight: identical requests that come while the first is queued wait for its run (one
+    run, the same noisy bytes for all, over gRPC and HTTP); the first one's caller cancels and the
+    others are answered unharmed."""
+    server = start_server(repository, tmp_path_factory, ["--device", "cpu", "--cache-config", "local,size=1048576"])
+    client = grpcclient.InferenceServerClient(server.url)
+    answers = {}
+    lock = threading.Lock()
+
+    def keep(name):
+        def callback(result, error):
+            with lock:
+                answers[name] = error if error is not None else result.as_numpy("OUTPUT__0")
+        return callback
+
+    def spin_input(steps, tag, module=grpcclient):
+        inp = module.InferInput("INPUT__0", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.array([[steps, tag]], dtype=np.float32))
+        return inp
+
+    def http_call(name):
+        with httpclient.InferenceServerClient(server.http_url) as http:
+            try:
+                result = http.infer("spin", [spin_input(2000, 1, httpclient)]).as_numpy("OUTPUT__0")
+            except InferenceServerException as error:
+                result = error
+        with lock:
+            answers[name] = result
+
+    def statistics():
+        (stats,) = client.get_inference_statistics("spin", as_json=True)["model_stats"]
+        return stats
+
+    try:
+        before = int(statistics().get("execution_count", 0))
+        # The blocker holds the one instance (about a second) while the identical requests queue.
+        client.async_infer("spin", [spin_input(150000, 0)], keep("blocker"))
+        time.sleep(0.2)
+        leader = client.async_infer("spin", [spin_input(2000, 1)], keep("leader"))
+        time.sleep(0.05)
+        http_thread = threading.Thread(target=http_call, args=("http",))
+        http_thread.start()
+        client.async_infer("spin", [spin_input(2000, 1)], keep("grpc"))
+        time.sleep(0.1)
+        leader.cancel()  # the first one's caller goes away; the run stays for the others
+        http_thread.join(timeout=60)
+        deadline = time.monotonic() + 60
+        while len(answers) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert set(answers) == {"blocker", "leader", "http", "grpc"}, answers
+        assert isinstance(answers["leader"], InferenceServerException), answers
+        for name in ("http", "grpc"):
+            assert isinstance(answers[name], np.ndarray), answers[name]
+        noisy = answers["grpc"]
+        assert not np.array_equal(noisy, np.array([[2000, 1]], dtype=np.float32))
+        np.testing.assert_array_equal(answers["http"], noisy)  # one run's bytes for both
+        stats = statistics()
+        assert int(stats["execution_count"]) - before == 2, stats  # the blocker and one shared run
+        text = server.metrics_text()
+        assert metric(text, 'sluice_cache_shared_answers_total{model="spin",version="1"}') == 1, text
+        # The shared answer was kept: the next identical request is a hit with the same bytes.
+        again = client.infer("spin", [spin_input(2000, 1)]).as_numpy("OUTPUT__0")
+        np.testing.assert_array_equal(again, noisy)
+    finally:
         client.close()
         assert server.stop() == 0, server.log()
 

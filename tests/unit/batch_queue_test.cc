@@ -290,6 +290,46 @@ TEST_F(PriorityQueueTest, HigherLevelsGoFirstAndABatchMixesLevelsWhereTheyLeaveR
   EXPECT_THAT(Ids(*batch), ElementsAre("4"));
 }
 
+// Single flight: requests waiting outside the queue for an identical one count in their level's
+// cap; the queued run moves up to a waiter's higher level and waits to the latest deadline.
+TEST_F(PriorityQueueTest, WaitersOutsideCountAtTheirLevelAndARescheduledRequestMovesUp) {
+  BatchQueue queue(Levels({2, 8}));
+  ASSERT_TRUE(AddAt(queue, 1).ok());  // "1"
+  ASSERT_TRUE(AddAt(queue, 2).ok());  // "2"
+  testing::Owned owned = Make(2, 2, next_tag_++);  // "3": level 2, until 50 us from now
+  auto tag = std::make_shared<std::atomic<bool>>(false);
+  owned.request->cancelled = tag;
+  owned.request->priority_level = 2;
+  owned.request->deadline = clock_.Now() + 50us;
+  PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+  data_.push_back(std::move(owned.data));
+  ASSERT_TRUE(queue.Add(pending).ok());
+
+  InferRequest outside;
+  outside.model_name = "m";
+  outside.priority_level = 2;
+  ASSERT_TRUE(queue.AdmitOutside(outside).ok());
+  EXPECT_EQ(queue.size(), 4u);
+
+  auto stranger = std::make_shared<std::atomic<bool>>(false);
+  EXPECT_FALSE(queue.Reschedule(stranger.get(), 1, kNoDeadline));
+  EXPECT_TRUE(queue.Reschedule(tag.get(), 1, clock_.Now() + 500us));
+  // Level 1 now holds "1" and "3" (moved without a cap check: it was admitted), so it is full.
+  outside.priority_level = 1;
+  const Status refused = queue.AdmitOutside(outside);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("priority level 1"));
+  EXPECT_EQ(queue.size(), 4u);
+  queue.ReleaseOutside(2, 0);
+  EXPECT_EQ(queue.size(), 3u);
+
+  clock_.Advance(100us);  // past "3"'s first deadline, not its new one
+  EXPECT_TRUE(queue.TakeExpired(clock_.Now()).empty());
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("1", "3", "2"));
+}
+
 TEST_F(PriorityQueueTest, TheDelayRunsFromTheOldestRequestWhateverItsLevel) {
   BatchQueue queue(Levels({8, 8}));
   ASSERT_TRUE(AddAt(queue, 2).ok());

@@ -235,6 +235,21 @@ TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {
   EXPECT_EQ(snapshot.success.count, 2u);
   EXPECT_EQ(snapshot.inference_count, 0u);
 
+  // A shared answer (single flight): a success whose wait is queue time, neither hit nor miss.
+  stats.RecordSharedAnswer(std::chrono::microseconds(20), Protocol::kGrpc);
+  text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_cache_shared_answers_total{model="cached",version="2"})"), 1);
+  EXPECT_EQ(Value(text, R"(nv_inference_request_success{model="cached",version="2"})"), 3);
+  EXPECT_EQ(Value(text, R"(nv_inference_queue_duration_us{model="cached",version="2"})"), 20);
+  EXPECT_EQ(Value(text, R"(nv_cache_num_hits_per_model{model="cached",version="2"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_pending_requests{model="cached",version="2"})"), 0);
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_cache_shared_answers_total{model="plain")")));
+  const ModelStatsSnapshot shared = stats.Snapshot();
+  EXPECT_EQ(shared.success.count, 3u);
+  EXPECT_EQ(shared.queue.ns, 20000u);
+  EXPECT_EQ(shared.cache_hit.count, 2u);
+  EXPECT_EQ(shared.cache_miss.count, 1u);
+
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   ResponseCache cache(16 * page, nullptr, &metrics_);  // sixteen one-page segments
   text = Exposition(*registry_);

@@ -113,6 +113,51 @@ TEST(ModelHandleTest, ResponseCacheAnswersIdenticalRequestsWithoutRunning) {
   EXPECT_EQ(cache->Stats().entries, 0u);
 }
 
+// Identical requests that come while one runs wait for its answer (single flight), counted in
+// the queue's caps: with max_queue_size 1, one waits beside the run and the next is refused.
+TEST(ModelHandleTest, IdenticalRequestsWhileOneRunsShareItsRunWithinTheQueueCaps) {
+  FakeBackendFactory factory;
+  VersionLoader::Options options;
+  options.response_cache = std::make_shared<ResponseCache>(1 << 20);
+  ManagerParts parts(Models({Model("cached", {1}, [](ModelSpec& spec) {
+                       spec.response_cache = true;
+                       spec.dynamic_batching.enabled = true;
+                       spec.dynamic_batching.default_policy.max_queue_size = 1;
+                     })}),
+                     &factory, options);
+  ASSERT_TRUE(parts.control.LoadAll().ok());
+  auto cached = parts.manager.Find("cached", "");
+  ASSERT_TRUE(cached.ok());
+  FakeBackend* backend = factory.backend(0);
+  const int runs = backend->executed();
+  const int started = backend->started();
+  backend->CloseGate();
+  auto running = Send(&**cached, "1");
+  backend->WaitStarted(started + 1);
+  auto joined = Send(&**cached, "2");
+  StatusOr<testing::Outputs> refused = Send(&**cached, "3").get();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("max_queue_size"));
+  backend->OpenGate();
+  for (auto* answer : {&running, &joined}) {
+    StatusOr<testing::Outputs> outputs = answer->get();
+    ASSERT_TRUE(outputs.ok()) << outputs.status();
+    EXPECT_EQ(outputs->outputs[0].data, "1");  // the first request's run
+  }
+  EXPECT_EQ(backend->executed(), runs + 1);
+  const ModelStatsSnapshot stats = (*cached)->Statistics();
+  EXPECT_EQ(stats.success.count, 2u);
+  EXPECT_EQ(stats.fail.count, 1u);
+  EXPECT_EQ(stats.cache_miss.count, 1u);
+  EXPECT_EQ(stats.inference_count, 1u);
+  // The cap is free again: the next request is answered from the cache.
+  StatusOr<testing::Outputs> hit = Send(&**cached, "4").get();
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->outputs[0].data, "1");
+  cached->Reset();
+}
+
 // A version loaded again (same number, new files) starts with an empty cache: the old
 // version's answers leave with it and never answer for the new one.
 TEST(ModelHandleTest, AReloadedVersionStartsWithoutTheOldAnswers) {
