@@ -106,13 +106,13 @@ def window(load, server, model, variant, files, share):
     return run
 
 
-def measure_model(model, bin_dir, prefixes, workdir, smoke, *, seconds, warmup, reps, cache_mib):
+def measure_model(model, bin_dir, prefixes, workdir, smoke, *, seconds, warmup, reps, cache_mib, shares=SHARES):
     windows = (0.1, 0.3) if smoke else (warmup, seconds)
     load = fb.Load(bin_dir, prefixes[1], workdir, windows)
     repository = write_copies(workdir, model)
     files = request_files(workdir, model)
     cache_bytes = cache_mib << 20
-    shares = (0.0, 0.9) if smoke else SHARES
+    shares = (0.0, 0.9) if smoke else shares
     report = {"cache_bytes": cache_bytes, "concurrency": CONCURRENCY, "shares": {}}
     log = os.path.join(workdir, f"{model}_server.log")
     with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0],
@@ -184,6 +184,8 @@ def main():
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each window")
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     parser.add_argument("--cache-mib", type=int, default=16, help="the cache's size")
+    parser.add_argument("--shares", nargs="*", type=float, default=list(SHARES),
+                        help="repeat shares to measure (an A/B of one share against another build)")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the server and the client to CPUs")
     parser.add_argument("--smoke", action="store_true", help="check that the benchmark runs (numbers mean nothing)")
     parser.add_argument("--json", default=os.path.join(ROOT, "build", "response_cache_benchmark.json"))
@@ -195,7 +197,7 @@ def main():
         for model in models:
             report["models"][model] = measure_model(model, args.bin_dir, prefixes, workdir, args.smoke,
                                                     seconds=args.seconds, warmup=args.warmup, reps=args.reps,
-                                                    cache_mib=args.cache_mib)
+                                                    cache_mib=args.cache_mib, shares=tuple(args.shares))
     print_table(report)
     write_json(args.json, report)
 
