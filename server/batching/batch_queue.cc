@@ -77,6 +77,7 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
         "distinct shapes"));
   }
   if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused, busy));
+  pending.share = std::max(request.priority_level - 1, 0);
   SLUICE_RETURN_IF_ERROR(admission_.Admit(ShareOf(pending), pending.bytes, request.model_name,
                                           [&](size_t waiting) { return QueueFull(request, waiting); }));
   if (group == groups_.end()) {
@@ -313,18 +314,23 @@ void BatchQueue::ReleaseOutside(int priority_level, size_t bytes) {
   admission_.Release(std::max(priority_level - 1, 0), bytes);
 }
 
-bool BatchQueue::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+bool BatchQueue::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                            TimePoint delay_after) {
   for (auto& [key, group] : groups_) {
     for (auto it = group.queue.begin(); it != group.queue.end(); ++it) {
       InferRequest& request = *it->request;
       if (request.cancelled.get() != tag) continue;
       request.deadline = std::max(request.deadline, deadline);
-      if (priority_level <= 0 || request.priority_level == 0 || priority_level >= request.priority_level) return true;
+      const bool higher = priority_level > 0 && request.priority_level > 0 && priority_level < request.priority_level;
+      // A later DELAY timeout (a waiter's that has not passed) undoes the demotion; DelayOverdue
+      // demotes it again once that one passes.
+      const bool undelay = delay_after > request.delay_after;
+      if (undelay) request.delay_after = delay_after;
+      if (!higher && !(undelay && it->delayed)) return true;
       PendingRequest pending = std::move(*it);
       group.queue.erase(it);
-      const int from = ShareOf(pending);
-      request.priority_level = priority_level;
-      admission_.Move(from, ShareOf(pending), 1, pending.bytes);
+      if (higher) request.priority_level = priority_level;
+      if (undelay) pending.delayed = false;
       Insert(group, std::move(pending));
       return true;
     }

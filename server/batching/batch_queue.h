@@ -36,6 +36,8 @@ struct PendingRequest {
   // Its queue timeout passed under a timeout_action DELAY policy (InferRequest::delay_after): it
   // now waits behind every request of its level and the higher ones that has not timed out.
   bool delayed = false;
+  // BatchQueue: the admission share it counts in (its priority level when admitted, less one).
+  int share = 0;
 };
 
 // A request taken out of the queue unrun, with the answer it gets.
@@ -167,9 +169,9 @@ class BatchQueue {
   // counts against the caps of its level, as if queued; ReleaseOutside gives that back.
   Status AdmitOutside(const InferRequest& request);
   void ReleaseOutside(int priority_level, size_t bytes);
-  // See Scheduler::Reschedule. The request keeps its group; a new level puts it behind the
-  // requests of that level already waiting (and its admission moves to that level's share).
-  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline);
+  // See Scheduler::Reschedule. The request keeps its group and its admission share; a new level
+  // or a later DELAY timeout puts it behind the requests of its new rank already waiting.
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline, TimePoint delay_after);
 
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
@@ -195,8 +197,9 @@ class BatchQueue {
   // Whether ranks can differ (priority levels or DELAY): the front of a group is then not
   // necessarily its oldest request.
   bool Ranked() const { return !options_.level_max_requests.empty() || options_.delays; }
-  // The admission share a request counts in: its level's.
-  static int ShareOf(const PendingRequest& pending) { return std::max(pending.request->priority_level - 1, 0); }
+  // The admission share a request counts in: the level it was admitted at (Add sets it; a
+  // Reschedule does not move it).
+  static int ShareOf(const PendingRequest& pending) { return pending.share; }
   // Why a request of `request`'s level is refused when `waiting` requests wait there already.
   static Status QueueFull(const InferRequest& request, size_t waiting);
   // Puts `pending` into `group` after every request of its rank or better.

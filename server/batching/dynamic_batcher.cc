@@ -118,9 +118,10 @@ void DynamicBatcher::ReleaseWaiter(int priority_level, size_t bytes) {
   queue_.ReleaseOutside(priority_level, bytes);
 }
 
-bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                                TimePoint delay_after) {
   MutexLock lock(&mutex_);
-  return queue_.Reschedule(tag, priority_level, deadline);
+  return queue_.Reschedule(tag, priority_level, deadline, delay_after);
 }
 
 void DynamicBatcher::BatcherLoop() {

@@ -63,7 +63,7 @@ class DynamicBatcher final : public Scheduler {
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
   Status AdmitWaiter(const InferRequest& request) override ABSL_LOCKS_EXCLUDED(mutex_);
   void ReleaseWaiter(int priority_level, size_t bytes) override ABSL_LOCKS_EXCLUDED(mutex_);
-  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) override
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline, TimePoint delay_after) override
       ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Staging allocations so far, over all instances.

@@ -93,12 +93,16 @@ class Scheduler {
     (void)bytes;
   }
   // The request still queued whose `cancelled` flag is `tag` moves up to `priority_level` when
-  // that is higher than its own (a smaller number, above 0), and waits until `deadline` when that
-  // is later than its own. False when no queued request has that flag (it runs, or was answered).
-  virtual bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline) {
+  // that is higher than its own (a smaller number, above 0), waits until `deadline` when that is
+  // later than its own, and is delayed (timeout_action DELAY) only from `delay_after` when that is
+  // later than its own. Its count in the caps stays where it was admitted. False when no queued
+  // request has that flag (it runs, or was answered).
+  virtual bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                          TimePoint delay_after) {
     (void)tag;
     (void)priority_level;
     (void)deadline;
+    (void)delay_after;
     return false;
   }
 

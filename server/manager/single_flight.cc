@@ -14,14 +14,15 @@ struct SingleFlight::Flight {
   Duration lookup{0};      // the first request's cache lookup
   // The run's cancellation flag, also its name for Scheduler::Reschedule.
   const std::shared_ptr<std::atomic<bool>> run_cancelled = std::make_shared<std::atomic<bool>>(false);
-  // A waiter joined before the run was queued and Reschedule found nothing to raise: Submit
-  // raises the run once it is queued.
-  std::atomic<bool> reschedule_missed{false};
   // Guarded by SingleFlight::mutex_:
   std::list<Waiter> waiters;
-  int level = 0;                     // the run's priority level (the highest of its waiters')
-  TimePoint deadline = kNoDeadline;  // the run's deadline (the latest of its waiters')
-  bool listed = false;               // in the table: requests with its key join it
+  int level = 0;                        // the run's priority level (the highest of its waiters')
+  TimePoint deadline = kNoDeadline;     // the run's deadline (the latest of its waiters')
+  TimePoint delay_after = kNoDeadline;  // the run's DELAY timeout (the latest of its waiters')
+  bool listed = false;                  // in the table: requests with its key join it
+  // The run was handed to the scheduler: joiners raise it there (Reschedule); before that, Submit
+  // raises it once it has handed it over.
+  bool queued = false;
 };
 
 // Where a run writes its outputs: the first Allocate picks a waiter to write into (one whose
@@ -81,6 +82,7 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
       if (!admitted.ok()) {
         lock.Unlock();
         options_.stats->RecordRejected(admitted, waiter.protocol);
+        options_.stats->RecordPriorityRefused(waiter.level, admitted);
         waiter.done(std::move(admitted));
         return;
       }
@@ -88,11 +90,12 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
       waiter.counted = true;
       const bool higher = waiter.level > 0 && waiter.level < joined.level;
       const bool later = waiter.deadline > joined.deadline;
+      const bool later_delay = request->delay_after > joined.delay_after;
       if (higher) joined.level = waiter.level;
       if (later) joined.deadline = waiter.deadline;
-      if ((higher || later) &&
-          !options_.scheduler->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline)) {
-        joined.reschedule_missed.store(true, std::memory_order_relaxed);
+      if (later_delay) joined.delay_after = request->delay_after;
+      if ((higher || later || later_delay) && joined.queued) {
+        options_.scheduler->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline, joined.delay_after);
       }
       // The timer looks at deadlines before the run's: this one's, or the one it just raised.
       const bool timer = waiter.deadline != kNoDeadline || later;
@@ -107,6 +110,7 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
     flight->lookup = lookup;
     flight->level = request->priority_level;
     flight->deadline = request->deadline;
+    flight->delay_after = request->delay_after;
     flight->listed = true;
     flight->waiters.push_back(std::move(waiter));
     ++waiting_;
@@ -121,15 +125,21 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
   run->owned_buffers.clear();
   run->cancelled = flight->run_cancelled;
   run->shared_memory = false;
+  const int level = run->priority_level;
+  const TimePoint deadline = run->deadline;
+  const TimePoint delay_after = run->delay_after;
   auto flight_sink = std::make_unique<FlightSink>(this, flight);
   FlightSink* into = flight_sink.get();
   options_.scheduler->Enqueue(std::move(run), into,
                               [this, flight, sink = std::move(flight_sink)](Status status) mutable {
                                 Finish(flight, sink.get(), std::move(status));
                               });
-  if (flight->reschedule_missed.load(std::memory_order_relaxed)) {
-    MutexLock lock(&mutex_);
-    if (flight->listed) options_.scheduler->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline);
+  // Waiters that joined while it was being handed over raise it now.
+  MutexLock lock(&mutex_);
+  flight->queued = true;
+  if (flight->listed &&
+      (flight->level != level || flight->deadline != deadline || flight->delay_after != delay_after)) {
+    options_.scheduler->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline, flight->delay_after);
   }
 }
 
@@ -149,6 +159,11 @@ void SingleFlight::Finish(const std::shared_ptr<Flight>& flight, FlightSink* sin
     UnlistLocked(*flight);
     waiters.swap(flight->waiters);
     waiting_ -= waiters.size();
+    // They leave the caps before they are answered: a caller that sends again at once is counted
+    // anew, not twice.
+    for (const Waiter& waiter : waiters) {
+      if (waiter.counted) options_.scheduler->ReleaseWaiter(waiter.level, waiter.bytes);
+    }
   }
   const TimePoint now = options_.clock->Now();
   Waiter* pinned = nullptr;  // answered last: the others copy from its sink
@@ -169,11 +184,14 @@ void SingleFlight::Finish(const std::shared_ptr<Flight>& flight, FlightSink* sin
     }
   }
   if (pinned != nullptr) {
-    if (pinned->counted) options_.stats->RecordSharedAnswer(now - pinned->arrived, pinned->protocol);
+    if (pinned->counted) {
+      if (status.ok()) {
+        options_.stats->RecordSharedAnswer(now - pinned->arrived, pinned->protocol);
+      } else {
+        options_.stats->RecordRejected(status, pinned->protocol);
+      }
+    }
     pinned->done(status);
-  }
-  for (const Waiter& waiter : waiters) {
-    if (waiter.counted) options_.scheduler->ReleaseWaiter(waiter.level, waiter.bytes);
   }
 }
 

@@ -312,14 +312,17 @@ TEST_F(PriorityQueueTest, WaitersOutsideCountAtTheirLevelAndARescheduledRequestM
   EXPECT_EQ(queue.size(), 4u);
 
   auto stranger = std::make_shared<std::atomic<bool>>(false);
-  EXPECT_FALSE(queue.Reschedule(stranger.get(), 1, kNoDeadline));
-  EXPECT_TRUE(queue.Reschedule(tag.get(), 1, clock_.Now() + 500us));
-  // Level 1 now holds "1" and "3" (moved without a cap check: it was admitted), so it is full.
+  EXPECT_FALSE(queue.Reschedule(stranger.get(), 1, kNoDeadline, kNoDeadline));
+  EXPECT_TRUE(queue.Reschedule(tag.get(), 1, clock_.Now() + 500us, kNoDeadline));
+  // "3" counts where it was admitted (level 2), not at the level it moved to: level 1 holds "1"
+  // and room for one more.
   outside.priority_level = 1;
+  ASSERT_TRUE(queue.AdmitOutside(outside).ok());
   const Status refused = queue.AdmitOutside(outside);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("priority level 1"));
-  EXPECT_EQ(queue.size(), 4u);
+  EXPECT_EQ(queue.size(), 5u);
+  queue.ReleaseOutside(1, 0);
   queue.ReleaseOutside(2, 0);
   EXPECT_EQ(queue.size(), 3u);
 

@@ -43,8 +43,8 @@ class HeldRuns final : public Scheduler {
     --waiters;
     waiter_bytes -= bytes;
   }
-  bool Reschedule(const std::atomic<bool>* tag, int level, TimePoint deadline) override {
-    reschedules.push_back({tag, level, deadline});
+  bool Reschedule(const std::atomic<bool>* tag, int level, TimePoint deadline, TimePoint delay_after) override {
+    reschedules.push_back({tag, level, deadline, delay_after});
     return true;
   }
   void Poke() override { ++pokes; }
@@ -69,6 +69,7 @@ class HeldRuns final : public Scheduler {
     const std::atomic<bool>* tag;
     int level;
     TimePoint deadline;
+    TimePoint delay_after;
   };
   std::vector<Run> runs;
   std::vector<Rescheduled> reschedules;
@@ -106,13 +107,15 @@ class SingleFlightTest : public ::testing::Test {
   ~SingleFlightTest() override { flights_->Stop(); }
 
   // Submits `caller`'s request (at `level`, until `deadline`) as ModelHandle does after a miss.
-  void Submit(Caller& caller, int level = 0, TimePoint deadline = kNoDeadline, bool shared_memory = false) {
+  void Submit(Caller& caller, int level = 0, TimePoint deadline = kNoDeadline, bool shared_memory = false,
+              TimePoint delay_after = kNoDeadline) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "m";
     request->inputs.push_back({"x", DataType::kUint8, {static_cast<int64_t>(caller.input.size())},
                                caller.input.data(), caller.input.size()});
     request->priority_level = level;
     request->deadline = deadline;
+    request->delay_after = delay_after;
     request->cancelled = caller.cancelled;
     request->shared_memory = shared_memory;
     ResponseCache::Key key = cache_.MakeKey(space_, *request);
@@ -228,7 +231,16 @@ TEST_F(SingleFlightTest, TheRunTakesTheHighestPriorityAndTheLatestDeadlineOfItsW
   Submit(none, 2);
   ASSERT_EQ(scheduler_.reschedules.size(), 3u);
   EXPECT_EQ(scheduler_.reschedules[2].deadline, kNoDeadline);
+  EXPECT_EQ(scheduler_.reschedules[2].delay_after, kNoDeadline);
   scheduler_.Answer(0, "a");
+
+  // DELAY: the run is demoted only from the latest waiter's DELAY timeout.
+  Caller delayed, later;
+  Submit(delayed, 2, kNoDeadline, false, now + microseconds(100));
+  Submit(later, 2, kNoDeadline, false, now + microseconds(900));
+  ASSERT_EQ(scheduler_.reschedules.size(), 4u);
+  EXPECT_EQ(scheduler_.reschedules[3].delay_after, now + microseconds(900));
+  scheduler_.Answer(1, "b");
 }
 
 TEST_F(SingleFlightTest, EachWaiterKeepsItsOwnDeadline) {
