@@ -170,7 +170,35 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
   control_options.poll_interval = std::chrono::seconds(config.repository_poll_secs);
   control_options.sequence_drain = std::chrono::duration_cast<Duration>(
       std::chrono::duration<double>(config.shutdown_grace_seconds));
+  auto seconds = [](double value) { return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(value)); };
+  control_options.load_on_demand = config.load_on_demand;
+  control_options.observer = metrics_.get();
+  control_options.eviction.min_residency = seconds(config.min_residency_secs);
+  control_options.load_retry_first = seconds(config.load_retry_secs);
+  control_options.load_retry_longest = std::max(seconds(300), control_options.load_retry_first);
+  for (const auto& [gpu, fraction] : config.gpu_limits) {
+    const uint64_t total = factory_->DeviceMemoryBytes(Device{true, gpu});
+    if (total == 0) {
+      spdlog::warn("event=memory_budget_ignored device=cuda:{} reason=\"--model-load-gpu-limit names a GPU this "
+                   "process does not see\"", gpu);
+      continue;
+    }
+    control_options.eviction.budget[Device{true, gpu}.ToString()] = static_cast<uint64_t>(static_cast<double>(total) * fraction);
+  }
+  if (config.host_limit_bytes > 0) control_options.eviction.budget["cpu"] = config.host_limit_bytes;
+  for (const auto& [device, bytes] : control_options.eviction.budget) {
+    spdlog::info("event=memory_budget device={} bytes={} min_residency_s={}", device, bytes, config.min_residency_secs);
+  }
   control_ = std::make_unique<ModelControl>(manager_.get(), loader_.get(), control_options);
+  if (config.load_on_demand) {
+    OnDemandLoader::Options demand;
+    demand.max_wait = seconds(config.load_wait_secs);
+    demand.max_waiters = config.max_queue_size;
+    demand.observer = metrics_.get();
+    on_demand_ = std::make_unique<OnDemandLoader>(control_.get(), demand);
+    manager_->SetOnDemand(on_demand_.get());
+    spdlog::info("event=load_on_demand wait_s={} retry_s={}", config.load_wait_secs, config.load_retry_secs);
+  }
   health_ = std::make_unique<ServerHealth>(ServerHealth::Options{config.strict_readiness, &liveness_, manager_.get()});
   if (config.allow_shared_memory) {  // one registry for both front ends
     shared_memory_ = std::make_unique<SharedMemoryManager>();
@@ -264,6 +292,7 @@ void Server::Shutdown(int grace_ms) {
     control_->SetChangeListener(nullptr);
     control_->Stop();
   }
+  if (on_demand_) on_demand_->Stop();  // requests still waiting for a load: UNAVAILABLE
   if (http_) http_->Stop();
 }
 

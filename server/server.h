@@ -16,6 +16,7 @@
 #include "server/http/http_server.h"
 #include "server/http/http_service.h"
 #include "server/manager/model_control.h"
+#include "server/manager/on_demand.h"
 #include "server/manager/model_manager.h"
 #include "server/manager/version_loader.h"
 #include "server/metrics/gpu_telemetry.h"
@@ -80,6 +81,7 @@ class Server {
   std::unique_ptr<VersionLoader> loader_;
   std::unique_ptr<ModelManager> manager_;
   std::unique_ptr<ModelControl> control_;
+  std::unique_ptr<OnDemandLoader> on_demand_;  // null without --model-load-on-demand
   std::unique_ptr<ServerHealth> health_;
   std::unique_ptr<SharedMemoryManager> shared_memory_;  // null unless --allow-client-shm=true
   std::unique_ptr<GrpcService> grpc_service_;

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "server/manager/residency.h"
 
 namespace sluice {
 namespace {
@@ -21,6 +22,7 @@ struct TextFlags {
   std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
   std::vector<std::string> cache_configs;  // --cache-config, each "<cache>,<key>=<value>"
   int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
+  std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -161,6 +163,46 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--warmup", config.warmup,
                  "Run every shape of each model's shape set (and its model_warmup samples) on "
                  "every instance before the model reports ready; false: cold start")
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--model-load-on-demand", config.load_on_demand,
+                 "With --model-control-mode explicit or poll: load only the --load-model models at start-up "
+                 "(pinned: never unloaded for room) and any other repository model when a request first asks "
+                 "for it; the request waits (its deadline, at most --model-load-wait-secs). Requests for one "
+                 "model share its load; loads run one at a time. A model unloaded with RepositoryModelUnload "
+                 "stays unloaded until RepositoryModelLoad. A failed load answers its requests with the reason "
+                 "and is not tried again for --model-load-retry-secs (doubling per failure, at most 300 s)")
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--model-load-gpu-limit", text.gpu_limits,
+                 "<gpu>:<fraction> (Triton's spelling; repeat per GPU): the models on that GPU may use this "
+                 "fraction of its memory, as measured at each load (device allocator, warm-up peak "
+                 "included). A load that would go over it first unloads the least recently used models that "
+                 "are idle, not pinned and resident for --model-min-residency-secs; when none can go it fails "
+                 "RESOURCE_EXHAUSTED, naming what stays and why")
+      ->group("Models");
+  app.add_option("--model-load-host-limit", config.host_limit_bytes,
+                 "The same budget for host memory, in bytes (the process's resident set as each load grows "
+                 "it, warm-up peak included; CPU models, and the host side of GPU ones); 0: none")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--model-min-residency-secs", config.min_residency_secs,
+                 "With a memory budget: seconds a loaded model stays before it may be unloaded for another "
+                 "(bounds the load churn any client can cause)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--model-load-retry-secs", config.load_retry_secs,
+                 "With --model-load-on-demand: seconds after a failed load before requests may load that model "
+                 "again (doubling with each failure in a row, at most 300)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--model-load-wait-secs", config.load_wait_secs,
+                 "With --model-load-on-demand: the longest a request waits for its model to load, whatever "
+                 "its own deadline (HTTP requests carry none); then DEADLINE_EXCEEDED")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group("Models");
 }
@@ -393,9 +435,28 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
   StatusOr<CudnnBenchmarkMode> benchmark = ParseCudnnBenchmarkMode(text.cudnn_benchmark);
   if (!benchmark.ok()) return absl::InvalidArgumentError(absl::StrCat("--cudnn-benchmark ", benchmark.status().message()));
   config->cudnn_benchmark = *benchmark;
-  if (!config->load_models.empty() && config->model_control_mode != ModelControlMode::kExplicit) {
-    return absl::InvalidArgumentError(absl::StrCat("--load-model needs --model-control-mode explicit (in mode ",
+  if (!config->load_models.empty() && config->model_control_mode != ModelControlMode::kExplicit &&
+      !(config->load_on_demand && config->model_control_mode == ModelControlMode::kPoll)) {
+    return absl::InvalidArgumentError(absl::StrCat("--load-model needs --model-control-mode explicit, or poll with "
+                                                   "--model-load-on-demand (in mode ",
                                                    text.model_control_mode, " every model loads)"));
+  }
+  if (config->load_on_demand && config->model_control_mode == ModelControlMode::kNone) {
+    return absl::InvalidArgumentError("--model-load-on-demand needs --model-control-mode explicit or poll (in mode "
+                                      "none the loaded models never change)");
+  }
+  config->gpu_limits.clear();
+  for (const std::string& each : text.gpu_limits) {
+    SLUICE_ASSIGN_OR_RETURN(auto limit, ParseGpuLimit(each));
+    const int gpu = std::stoi(limit.first.substr(5));  // "cuda:N"
+    for (const auto& [seen, fraction] : config->gpu_limits) {
+      if (seen == gpu) return absl::InvalidArgumentError(absl::StrCat("--model-load-gpu-limit: GPU ", gpu, " given twice"));
+    }
+    config->gpu_limits.emplace_back(gpu, limit.second);
+  }
+  if ((!config->gpu_limits.empty() || config->host_limit_bytes > 0) && config->model_control_mode == ModelControlMode::kNone) {
+    return absl::InvalidArgumentError("a memory budget (--model-load-gpu-limit, --model-load-host-limit) needs "
+                                      "--model-control-mode explicit or poll: in mode none nothing can be unloaded");
   }
   if (config->allow_load_files && config->model_control_mode != ModelControlMode::kExplicit) {
     return absl::InvalidArgumentError(absl::StrCat("--allow-load-files needs --model-control-mode explicit (in mode ",

@@ -54,6 +54,13 @@ struct ServerConfig {
   bool warmup = true;                          // --warmup
   bool print_env = false;                      // --print-env: print the environment and exit
   bool model_threads_first = true;             // --model-threads-first (front ends as SCHED_BATCH)
+  // Loading on demand within a memory budget (explicit and poll modes).
+  bool load_on_demand = false;                 // --model-load-on-demand
+  std::vector<std::pair<int, double>> gpu_limits;  // --model-load-gpu-limit <gpu>:<fraction>
+  uint64_t host_limit_bytes = 0;               // --model-load-host-limit (0: none)
+  double min_residency_secs = 10;              // --model-min-residency-secs
+  double load_retry_secs = 10;                 // --model-load-retry-secs (first back-off; doubles to 300 s)
+  double load_wait_secs = 60;                  // --model-load-wait-secs (a request's longest wait)
 };
 
 // Parses and validates `args` (without the program name). INVALID_ARGUMENT with the reason, the

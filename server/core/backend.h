@@ -13,6 +13,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 #include "server/core/output_sink.h"
+#include "server/core/process_memory.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -104,6 +105,20 @@ class BackendFactory {
   // caching allocator keeps freed device blocks reserved, its host allocator freed pinned
   // blocks). Called after model versions are unloaded.
   virtual void ReleaseCachedMemory() {}
+
+  // The memory models hold on `device`, for measuring a load (one at a time: VersionLoader). For
+  // a GPU the runtime's device allocator (bytes allocated now, and the most since
+  // ResetPeakMemory); for the CPU the process's resident set (ReadProcessMemory). The defaults
+  // read the process for the CPU and nothing (zeros) for a GPU.
+  virtual MemoryReading ReadMemory(const Device& device) {
+    return device.cuda ? MemoryReading{} : ReadProcessMemory();
+  }
+  virtual void ResetPeakMemory(const Device& device) {
+    if (!device.cuda) ResetProcessPeak();
+  }
+  // A GPU's memory in bytes (0: unknown, or the CPU), which --model-load-gpu-limit's fraction is
+  // of.
+  virtual uint64_t DeviceMemoryBytes(const Device& /*device*/) { return 0; }
 };
 
 }  // namespace sluice

@@ -235,6 +235,9 @@ struct ModelSpec {
   // response_cache { enable: true }: identical requests are answered from the server's response
   // cache (when it has one, --cache-config) instead of running. Refused with sequence_batching.
   bool response_cache = false;
+  // sluice.pinned: with --model-load-on-demand and a memory budget, never unloaded to make room
+  // for another model (as the --load-model models).
+  bool pinned = false;
   // Warm-up before the model reports ready (see server/batching/warmup.h).
   bool warmup = true;                          // sluice.warmup: false skips the shape warm-up
   int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance

@@ -1,5 +1,9 @@
 #include "server/frontend/inference_path.h"
 
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
 #include "server/core/logging.h"
 
 namespace sluice {
@@ -9,12 +13,39 @@ namespace {
 InferenceCall* Get(InferenceCall* call) { return call; }
 InferenceCall* Get(const std::unique_ptr<InferenceCall>& call) { return call.get(); }
 
+// How many times one request waits for its model to load on demand: a model evicted again before
+// the request found it (another load needed the room) is waited for once more, then the request
+// is answered as Find answers it.
+constexpr int kMaxLoadWaits = 2;
+
 // `Call`: InferenceCall* (its owner keeps it) or unique_ptr (owned here, then by the completion).
+// `cold_since`: when the request arrived, for one that waited `waits` times for its model to
+// load on demand (zero: it did not wait).
 template <typename Call>
-void Run(const ModelLookup& lookup, Call owned) {
+void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int waits = 0) {
   InferenceCall* call = Get(owned);
   StatusOr<InFlightModel> found = lookup.Find(call->model_name(), call->model_version());
-  if (!found.ok()) return call->Answer(found.status());
+  if (!found.ok()) {
+    OnDemandLoads* loads = lookup.on_demand();
+    if (loads == nullptr || waits >= kMaxLoadWaits || !absl::IsUnavailable(found.status()) ||
+        !loads->LoadsOnDemand(call->model_name())) {
+      return call->Answer(found.status());
+    }
+    // Not loaded: wait for its load (the front end's thread returns now). The answer to the wait
+    // comes on another thread, which then runs the request on, never the model, on its own.
+    const TimePoint since = waits == 0 ? Clock::now() : cold_since;
+    const std::string name = call->model_name();
+    const TimePoint deadline = call->deadline;
+    std::shared_ptr<std::atomic<bool>> cancelled = call->cancelled;
+    auto held = std::make_shared<Call>(std::move(owned));  // std::function needs a copyable callable
+    loads->Await(name, deadline, std::move(cancelled), [&lookup, held, since, waits](const Status& status) {
+      InferenceCall* waited = Get(*held);
+      if (!status.ok()) return waited->Answer(status);
+      waited->caller_may_run = false;
+      Run(lookup, std::move(*held), since, waits + 1);
+    });
+    return;
+  }
   InFlightModel model = *std::move(found);
   StatusOr<std::unique_ptr<InferRequest>> decoded = call->Decode(*model);
   if (!decoded.ok()) {
@@ -35,11 +66,13 @@ void Run(const ModelLookup& lookup, Call owned) {
   // completion owns an owned call: nothing here touches `call` after it.
   call->hold.Set(model.Another());
   OutputSink* sink = call->sink();
-  model->Submit(std::move(request), sink, [owned = std::move(owned)](Status status) {
+  model->Submit(std::move(request), sink, [owned = std::move(owned), &lookup, cold_since](Status status) {
     InferenceCall* call = Get(owned);
     if (!status.ok()) {
       spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
                     ProtocolName(call->protocol), call->model_name(), call->request_id(), status.message());
+    } else if (cold_since != TimePoint{}) {
+      if (OnDemandLoads* loads = lookup.on_demand()) loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
     }
     call->hold.Release();
     call->Answer(status);

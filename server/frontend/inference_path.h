@@ -2,7 +2,10 @@
 // .../infer), written once. A front end wraps one request in an InferenceCall (what differs: the
 // codec, where the outputs go, how the answer is sent) and hands it to RunInference, which takes
 // the steps in this order:
-//   1. find the model version (ModelLookup::Find; NOT_FOUND / UNAVAILABLE are answered as they are)
+//   1. find the model version (ModelLookup::Find; NOT_FOUND / UNAVAILABLE are answered as they
+//      are, except that a model that loads on demand (ModelLookup::on_demand) and is not loaded
+//      is waited for, within the request's deadline, and the request goes on from step 1 on the
+//      thread that answers the wait)
 //   2. decode the request for that model (the call's codec; a refusal counts as the model's
 //      rejection in its statistics)
 //   3. route a sequence to the version that holds it (RouteSequence)

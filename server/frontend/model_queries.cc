@@ -62,6 +62,9 @@ Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& rep
     model->set_version(entry.version);
     model->set_state(std::string(ModelStateName(entry.state)));
     model->set_reason(entry.reason);
+    uint64_t memory = 0;
+    for (const auto& [device, bytes] : entry.memory) memory += bytes;
+    if (memory > 0) model->set_sluice_memory_bytes(memory);
   }
   return absl::OkStatus();
 }
@@ -70,7 +73,16 @@ Status AnswerModelStatistics(const ModelManager& manager, const std::string& nam
                              inference::ModelStatisticsResponse* response) {
   SLUICE_ASSIGN_OR_RETURN(std::vector<VersionStatistics> statistics, manager.Statistics(name, version));
   for (const VersionStatistics& each : statistics) {
-    FillModelStatistics(each.name, each.version, each.stats, response->add_model_stats());
+    inference::ModelStatistics* stats = response->add_model_stats();
+    FillModelStatistics(each.name, each.version, each.stats, stats);
+    // Triton's memory_usage: the memory the version took at load, per device.
+    for (const auto& [device, bytes] : each.memory) {
+      inference::MemoryUsage* usage = stats->add_memory_usage();
+      const bool gpu = device.rfind("cuda:", 0) == 0;
+      usage->set_type(gpu ? "GPU" : "CPU");
+      usage->set_id(gpu ? std::stoll(device.substr(5)) : 0);
+      usage->set_byte_size(bytes);
+    }
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,24 @@
 
 namespace sluice {
 
+namespace {
+
+constexpr char kNotLoadedYet[] = "not loaded yet: loads on its first request (--model-load-on-demand)";
+
+// The bytes of a model's files (a version's directory, or its file).
+uint64_t FileBytes(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return std::filesystem::file_size(path, ec);
+  uint64_t bytes = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) bytes += it->file_size(ec);
+  }
+  return bytes;
+}
+
+}  // namespace
+
 const char* ModelControlModeName(ModelControlMode mode) {
   switch (mode) {
     case ModelControlMode::kNone: return "none";
@@ -29,7 +47,8 @@ StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
 
 ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options options)
     : manager_(manager), loader_(loader), options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : &steady_) {}
+      clock_(options_.clock != nullptr ? options_.clock : &steady_),
+      backoff_(options_.load_retry_first, options_.load_retry_longest) {}
 
 ModelControl::~ModelControl() { Stop(); }
 
@@ -110,12 +129,15 @@ void ModelControl::Loop() {
 }
 
 std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupModels() {
-  const bool explicit_mode = options_.mode == ModelControlMode::kExplicit;
+  const bool named_only = options_.mode == ModelControlMode::kExplicit || options_.load_on_demand;
   const std::set<std::string> startup(options_.startup_models.begin(), options_.startup_models.end());
   std::vector<std::shared_ptr<const RepositoryModel>> wanted;
   for (const auto& model : manager_->Models()) {
-    if (!explicit_mode || startup.count("*") > 0 || startup.count(model->name) > 0) {
+    if (!named_only || startup.count("*") > 0 || startup.count(model->name) > 0) {
       wanted.push_back(model);
+      if (options_.load_on_demand) pinned_.insert(model->name);
+    } else if (options_.load_on_demand) {
+      manager_->NotServed(model->name, kNotLoadedYet);
     } else {
       manager_->NotServed(model->name, "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
     }
@@ -132,8 +154,23 @@ Status ModelControl::LoadAll() {
   loader_->SplitCpuThreads(wanted);
   // Install logs each model's failures; at start-up they leave the model UNAVAILABLE and the
   // others load.
-  for (const auto& model : wanted) Install(model).IgnoreError();
+  for (const auto& model : wanted) {
+    const Status status = Install(model);
+    if (options_.observer != nullptr) options_.observer->OnModelLoad(model->name, "startup", status.ok());
+  }
   manager_->SetStarted();
+  if (Budgeted()) {
+    const DeviceBytes used = ResidentBytes(manager_->Resident());
+    for (const auto& [device, limit] : options_.eviction.budget) {
+      auto it = used.find(device);
+      if (it != used.end() && it->second > limit) {
+        spdlog::warn("event=memory_budget_exceeded device={} used=\"{}\" budget=\"{}\" reason=\"the --load-model "
+                     "models are pinned and alone take more than the budget: nothing else can load\"",
+                     device, DescribeBytes(it->second), DescribeBytes(limit));
+      }
+    }
+    ReportBudget();
+  }
   return absl::OkStatus();
 }
 
@@ -170,12 +207,12 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
   for (const LoadedVersion& each : loaded) {
     if (each.handle) {
       LogTuning(each.tuning);
-      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={}{}", name, each.version,
+      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={} memory=\"{}\"{}", name, each.version,
                    each.handle->device(), model->spec.sequence_batching.enabled  ? "sequence"
                    : model->spec.dynamic_batching.enabled ? "dynamic"
                                                           : "none",
                    std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
-                   serving ? " reloaded=true" : "");
+                   DescribeDeviceBytes(each.memory), serving ? " reloaded=true" : "");
     } else {
       spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", name, each.version,
                     each.status.message());
@@ -228,7 +265,15 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
                  override.files.empty() ? "" : absl::StrCat(" files=", override.files.size()));
     const bool served_before = !manager_->ReadyVersions(name).empty();
     auto model = std::make_shared<const RepositoryModel>(*std::move(read));
-    status = Install(model);
+    status = Budgeted() && model->status.ok() ? MakeRoom(name, Expected(*model)) : absl::OkStatus();
+    if (status.ok()) status = Install(model);
+    if (status.ok() && Budgeted()) status = SettleBudget(name);
+    if (status.ok()) {
+      backoff_.RecordSuccess(name);
+      MutexLock demand(&demand_mutex_);
+      unloaded_explicitly_.erase(name);
+    }
+    if (options_.observer != nullptr) options_.observer->OnModelLoad(name, "explicit", status.ok());
     // The files of a load stay while it serves: this one if it serves now (in full, or partly
     // where nothing served before), else the one before it if that serves on.
     if (status.ok() || (!served_before && !manager_->ReadyVersions(name).empty())) {
@@ -248,9 +293,159 @@ Status ModelControl::UnloadModel(const std::string& name) {
   {
     MutexLock control(&control_mutex_);
     status = Unload(name, /*forget=*/false);
+    if (status.ok() && options_.load_on_demand) {
+      MutexLock demand(&demand_mutex_);
+      unloaded_explicitly_.insert(name);
+    }
   }
+  ReportBudget();
   NotifyChange();
   return status;
+}
+
+bool ModelControl::LoadsOnDemand(const std::string& name) const {
+  if (!options_.load_on_demand || options_.source == nullptr) return false;
+  if (!manager_->FindModel(name).ok()) return false;
+  MutexLock demand(&demand_mutex_);
+  return unloaded_explicitly_.count(name) == 0;
+}
+
+Status ModelControl::LoadOnDemand(const std::string& name) {
+  auto failed = [&name](const Status& status) {
+    return Status(status.code(), absl::StrCat("failed to load '", name, "' on demand: ", status.message()));
+  };
+  if (options_.source == nullptr || !options_.load_on_demand) {
+    return failed(absl::FailedPreconditionError("the server does not load models on demand"));
+  }
+  Status status;
+  {
+    MutexLock control(&control_mutex_);
+    if (stopping_) return failed(absl::UnavailableError("the server is shutting down"));
+    if (!manager_->ReadyVersions(name).empty()) return absl::OkStatus();  // an earlier load made it
+    {
+      MutexLock demand(&demand_mutex_);
+      if (unloaded_explicitly_.count(name) > 0) {
+        return failed(absl::UnavailableError("it was unloaded with RepositoryModelUnload; RepositoryModelLoad "
+                                             "loads it again"));
+      }
+    }
+    SLUICE_RETURN_IF_ERROR(backoff_.Check(name, clock_->Now()));
+    const auto started = clock_->Now();
+    StatusOr<RepositoryModel> read = options_.source->Read(name, {});
+    std::shared_ptr<const RepositoryModel> model;
+    if (read.ok()) model = std::make_shared<const RepositoryModel>(*std::move(read));
+    status = read.ok() ? model->status : read.status();
+    bool load_failed = !status.ok();  // the model's own failure (not the budget's): back off
+    if (status.ok() && Budgeted()) status = MakeRoom(name, Expected(*model));
+    if (status.ok()) {
+      spdlog::info("event=model_load model={} trigger=on_demand", name);
+      status = Install(model);
+      load_failed = !status.ok();
+    }
+    if (status.ok() && Budgeted()) status = SettleBudget(name);
+    if (status.ok()) {
+      backoff_.RecordSuccess(name);
+      serving_directory_[name] = model->directory;
+      options_.source->Retain(name, model->directory);
+      spdlog::info("event=model_loaded_on_demand model={} ms={}", name,
+                   std::chrono::duration_cast<std::chrono::milliseconds>(clock_->Now() - started).count());
+    } else {
+      if (load_failed) backoff_.RecordFailure(name, status, clock_->Now());
+      // Not served, and readiness does not wait for it; the index shows why.
+      const Status backoff = backoff_.Check(name, clock_->Now());
+      const std::string reason = absl::StrCat("failed to load on demand: ", status.message(),
+                                              backoff.ok() ? "" : "; not tried again before the back-off ends");
+      if (manager_->FindModel(name).ok()) {
+        StatusOr<RetiredVersions> retired = manager_->Remove(name, reason, /*forget=*/false);
+        if (retired.ok()) Retire(name, *std::move(retired));
+      }
+      spdlog::error("event=model_load_on_demand_failed model={} reason=\"{}\"", name, status.message());
+    }
+    if (options_.observer != nullptr) options_.observer->OnModelLoad(name, "on_demand", status.ok());
+  }
+  ReportBudget();
+  NotifyChange();
+  return status.ok() ? status : failed(status);
+}
+
+std::vector<ResidentModel> ModelControl::Resident() const {
+  std::vector<ResidentModel> resident = manager_->Resident();
+  for (ResidentModel& model : resident) {
+    StatusOr<std::shared_ptr<const RepositoryModel>> found = manager_->FindModel(model.name);
+    model.pinned = pinned_.count(model.name) > 0 || (found.ok() && (*found)->spec.pinned);
+  }
+  return resident;
+}
+
+DeviceBytes ModelControl::Expected(const RepositoryModel& model) const {
+  DeviceBytes expected;
+  auto measured = measured_.find(model.name);
+  if (measured != measured_.end()) {
+    for (const auto& [device, limit] : options_.eviction.budget) {
+      auto it = measured->second.find(device);
+      if (it != measured->second.end()) expected[device] = it->second;
+    }
+    return expected;
+  }
+  uint64_t files = 0;
+  for (const auto& [version, path] : model.versions) files += FileBytes(path);
+  int instances = 0;
+  for (const InstanceGroupSpec& group : model.spec.instance_groups) instances += group.count;
+  for (const auto& [device, limit] : options_.eviction.budget) expected[device] = files * std::max(1, instances);
+  return expected;
+}
+
+Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed) {
+  const TimePoint give_up = clock_->Now() + options_.room_wait;
+  while (true) {
+    StatusOr<std::vector<std::string>> plan = PlanEviction(Resident(), needed, options_.eviction, clock_->Now(), name);
+    if (!plan.ok()) {
+      if (stopping_ || clock_->Now() >= give_up) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("no room for model '", name, "' within the memory budget: ", plan.status().message()));
+      }
+      // Only busy models could go: they may go idle in a moment.
+      Mutex pause;
+      CondVar never;
+      MutexLock lock(&pause);
+      clock_->WaitUntil(&never, &pause, std::min(give_up, clock_->Now() + std::chrono::milliseconds(10)));
+      continue;
+    }
+    bool all_gone = true;
+    for (const std::string& victim : *plan) {
+      const DeviceBytes freed = manager_->MemoryOf(victim);
+      StatusOr<RetiredVersions> retired = manager_->RemoveIfIdle(
+          victim, absl::StrCat("unloaded to make room for '", name,
+                               "' (least recently used; loads again on its next request)"));
+      if (!retired.ok()) {  // a request found it since the plan: plan again
+        all_gone = false;
+        continue;
+      }
+      spdlog::info("event=model_evicted model={} for={} freed=\"{}\"", victim, name, DescribeDeviceBytes(freed));
+      Retire(victim, *std::move(retired));
+      serving_directory_.erase(victim);
+      options_.source->Retain(victim, {});
+      if (options_.observer != nullptr) options_.observer->OnEviction(victim);
+    }
+    if (all_gone) return absl::OkStatus();
+  }
+}
+
+Status ModelControl::SettleBudget(const std::string& name) {
+  const DeviceBytes measured = manager_->MemoryOf(name);
+  measured_[name] = measured;
+  const Status room = MakeRoom(name, {});
+  if (room.ok()) return room;
+  // Even with every model that may go gone, this one does not fit: it goes instead.
+  StatusOr<RetiredVersions> retired = manager_->Remove(name, std::string(room.message()), /*forget=*/false);
+  if (retired.ok()) Retire(name, *std::move(retired));
+  return absl::ResourceExhaustedError(absl::StrCat("model '", name, "' measured more than expected at load and ",
+                                                   room.message()));
+}
+
+void ModelControl::ReportBudget() const {
+  if (options_.observer == nullptr || !Budgeted()) return;
+  options_.observer->OnBudget(options_.eviction.budget, ResidentBytes(manager_->Resident()));
 }
 
 Status ModelControl::Unload(const std::string& name, bool forget) {
@@ -282,8 +477,17 @@ Status ModelControl::PollRepository() {
     }
     for (const auto& model : changed) {
       if (stopping_) break;
+      if (options_.load_on_demand && manager_->ReadyVersions(model->name).empty() && !pinned_.count(model->name)) {
+        // Not serving: the new files load on its next request.
+        spdlog::info("event=model_changed model={} action=none reason=\"not loaded; loads on demand\"", model->name);
+        manager_->Know(model, kNotLoadedYet);
+        backoff_.RecordSuccess(model->name);  // new files: a new chance
+        continue;
+      }
       spdlog::info("event=model_changed model={} action=load", model->name);
-      Install(model).IgnoreError();  // logged by Install
+      const Status status = Install(model);  // logged by Install
+      if (status.ok() && Budgeted()) SettleBudget(model->name).IgnoreError();
+      if (options_.observer != nullptr) options_.observer->OnModelLoad(model->name, "poll", status.ok());
     }
     std::vector<std::string> gone;
     for (const auto& model : manager_->Models()) {

@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include "server/core/repository_model.h"
 #include "server/core/status.h"
 #include "server/manager/model_manager.h"
+#include "server/manager/residency.h"
 #include "server/manager/version_loader.h"
 
 namespace sluice {
@@ -55,6 +57,23 @@ class ModelControl {
     // "file:" load parameters, within max_load_file_bytes per load (--load-files-max-bytes).
     bool accept_load_files = false;
     uint64_t max_load_file_bytes = 1ull << 30;
+    // --model-load-on-demand (explicit and poll modes): only the --load-model models load at
+    // start-up, and they are pinned; any other model in the repository loads when a request asks
+    // for it (LoadOnDemand). A model unloaded with RepositoryModelUnload stays unloaded until
+    // RepositoryModelLoad loads it (an explicit unload wins). In poll mode a scan reloads changed
+    // models that serve, records the others for their next load, and forgets removed ones.
+    bool load_on_demand = false;
+    // The memory budget per device and the minimum residency (--model-load-gpu-limit,
+    // --model-load-host-limit, --model-min-residency-secs); loads on demand and explicit loads
+    // unload the least recently used models to stay within it.
+    EvictionPolicy eviction;
+    // After a failed load on demand, the model is not loaded on demand again for
+    // load_retry_first, doubling per failure up to load_retry_longest (--model-load-retry-secs).
+    Duration load_retry_first = std::chrono::seconds(10);
+    Duration load_retry_longest = std::chrono::seconds(300);
+    // How long a load waits for busy models to go idle when only they could make room.
+    Duration room_wait = std::chrono::seconds(2);
+    ModelObserver* observer = nullptr;  // loads, evictions and the budget; may be null
   };
 
   // `manager` and `loader` outlive the control.
@@ -101,6 +120,22 @@ class ModelControl {
   // manager does not know the model.
   Status UnloadModel(const std::string& name);
 
+  // --model-load-on-demand: whether a request for `name` (not served now) should wait for it to
+  // load (OnDemandLoads::LoadsOnDemand). Thread-safe, never waits for the control thread.
+  bool LoadsOnDemand(const std::string& name) const ABSL_LOCKS_EXCLUDED(demand_mutex_);
+
+  // Loads `name` for the requests waiting for it (on the control thread, from OnDemandLoader):
+  // OK at once when it serves already. Refused while it is in back-off after failed loads, and
+  // when it was unloaded explicitly. With a memory budget, first unloads the least recently used
+  // models that may go (not pinned, not busy, resident at least the minimum) to make room for
+  // what it measured last time it loaded (else its files' size times its instances); once
+  // loaded, for what it measured now. RESOURCE_EXHAUSTED, naming what stays and why, when no room
+  // can be made (after waiting up to room_wait for busy models); the model is then not loaded.
+  Status LoadOnDemand(const std::string& name);
+
+  // The budget and what the serving models hold, per device (for the index and the benchmarks).
+  const DeviceBytes& budget() const { return options_.eviction.budget; }
+
   // One pass of poll mode: loads models that appeared in the source, reloads those whose files
   // changed since they were last tried (RepositoryModel::fingerprint; a failed reload is not
   // retried until the files change again, and the old version keeps serving), and unloads and
@@ -136,6 +171,19 @@ class ModelControl {
   // wait), stops it and releases its instances and the memory they cached.
   void Retire(const std::string& name, RetiredVersions retired);
   void NotifyChange();
+  // Makes room for `needed` for `name` (PlanEviction, then evicting each model chosen), waiting
+  // up to room_wait for busy models. `name` itself is never chosen.
+  Status MakeRoom(const std::string& name, const DeviceBytes& needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // What `model` is expected to take when it loads: its last measurement, else its files' bytes
+  // times its instance count, on the devices the budget limits.
+  DeviceBytes Expected(const RepositoryModel& model) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // After `name` loaded: remembers what it measured; when the models now go over the budget,
+  // evicts others, and unloads `name` itself (RESOURCE_EXHAUSTED) when that is not enough.
+  Status SettleBudget(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // The resident models, pinned marked.
+  std::vector<ResidentModel> Resident() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  void ReportBudget() const;
+  bool Budgeted() const { return !options_.eviction.budget.empty(); }
 
   ModelManager* const manager_;
   VersionLoader* const loader_;
@@ -148,6 +196,12 @@ class ModelControl {
   // Where each model's serving versions were read from (RepositoryModel::directory), for
   // ModelSource::Retain.
   std::map<std::string, std::filesystem::path> serving_directory_ ABSL_GUARDED_BY(control_mutex_);
+  std::set<std::string> pinned_ ABSL_GUARDED_BY(control_mutex_);  // --load-model with load_on_demand
+  std::map<std::string, DeviceBytes> measured_ ABSL_GUARDED_BY(control_mutex_);  // the last load's memory
+  LoadBackoff backoff_ ABSL_GUARDED_BY(control_mutex_);
+
+  mutable Mutex demand_mutex_;  // read by front-end threads (LoadsOnDemand)
+  std::set<std::string> unloaded_explicitly_ ABSL_GUARDED_BY(demand_mutex_);
 
   Mutex mutex_;  // the control thread's queue; never held while a task runs
   CondVar wake_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,20 @@ class ModelObserver {
   virtual void OnState(const std::string& model, int64_t version, ModelState state) = 0;
   // A version became ready: its tuning, and how long it took to load (warm-up included).
   virtual void OnReady(const ModelTuning& tuning, Duration load_time) = 0;
+
+  // Loading on demand and the memory budget (--model-load-on-demand). Defaults: nothing.
+  // A load of `model` ended: `trigger` is "startup", "explicit", "poll" or "on_demand".
+  virtual void OnModelLoad(const std::string& /*model*/, const char* /*trigger*/, bool /*ok*/) {}
+  // `model` was unloaded to make room for another.
+  virtual void OnEviction(const std::string& /*model*/) {}
+  // A request that waited for `model` to load was answered `waited` after it arrived.
+  virtual void OnColdStart(const std::string& /*model*/, Duration /*waited*/) {}
+  // A version's memory as measured at load (bytes per device); an empty map when it goes.
+  virtual void OnVersionMemory(const std::string& /*model*/, int64_t /*version*/,
+                               const std::map<std::string, uint64_t>& /*memory*/) {}
+  // The models' memory on each budgeted device against its budget, after every change.
+  virtual void OnBudget(const std::map<std::string, uint64_t>& /*budget*/,
+                        const std::map<std::string, uint64_t>& /*resident*/) {}
 };
 
 }  // namespace sluice

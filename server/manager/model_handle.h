@@ -4,7 +4,9 @@
 // in-flight count to reach zero (WaitIdle), without polling.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -103,6 +105,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
 
   // Whether the sequence `id` is active on this version (stateful models; see SequenceBatcher).
   bool HasSequence(const CorrelationId& id) const { return sequences_ != nullptr && sequences_->HasSequence(id); }
+  size_t active_sequences() const { return sequences_ != nullptr ? sequences_->ActiveSequences() : 0; }
   // For a retired version of a stateful model: waits up to `grace` for its active sequences to
   // end (requests for them still come here, see ModelManager::FindSequence), then ends those left with
   // UNAVAILABLE, naming the reason. Returns at once when none is active.
@@ -176,6 +179,26 @@ class ModelHold {
   InFlightModel model_ ABSL_GUARDED_BY(mutex_);
 };
 
+// Loads models on a request's behalf (--model-load-on-demand; OnDemandLoader implements it):
+// a request for a model that is in the repository but not loaded waits for its load.
+// Thread-safe.
+class OnDemandLoads {
+ public:
+  virtual ~OnDemandLoads() = default;
+  // Whether a request for `name`, which is not served now, should wait for a load: the model is
+  // in the repository and was not unloaded explicitly since it last loaded.
+  virtual bool LoadsOnDemand(const std::string& name) const = 0;
+  // Starts the load of `name` or joins the one under way. `then` runs exactly once, on another
+  // thread (the control thread's, or the waiters' timer): OK once the model is ready (look it up
+  // again), else why the request cannot have it (the load failed and why, a back-off after
+  // failures, no room in the memory budget, too many requests waiting) or DEADLINE_EXCEEDED when
+  // `deadline` passed first, CANCELLED when `cancelled` was set first.
+  virtual void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> cancelled,
+                     std::function<void(const Status&)> then) = 0;
+  // A request that waited for a load was answered `waited` after it arrived (cold start).
+  virtual void RecordColdStart(const std::string& name, Duration waited) = 0;
+};
+
 // Where front ends find model versions. ModelManager implements it; tests fake it.
 class ModelLookup {
  public:
@@ -189,6 +212,9 @@ class ModelLookup {
   virtual StatusOr<InFlightModel> FindSequence(const std::string& /*name*/, const CorrelationId& /*id*/) const {
     return absl::NotFoundError("no sequences");
   }
+  // Who loads a model a request asks for while it is not loaded; null: nobody (the request is
+  // answered Find's status).
+  virtual OnDemandLoads* on_demand() const { return nullptr; }
 };
 
 // The version a converted request runs on: `found` (what Find chose), unless the request

@@ -18,7 +18,8 @@ const char* ModelStateName(ModelState state) {
   return "UNAVAILABLE";
 }
 
-ModelManager::ModelManager(std::vector<RepositoryModel> models, Options options) : options_(options) {
+ModelManager::ModelManager(std::vector<RepositoryModel> models, Options options)
+    : options_(options), clock_(options_.clock != nullptr ? options_.clock : &steady_) {
   MutexLock lock(&mutex_);
   for (RepositoryModel& model : models) {
     Entry entry;
@@ -43,7 +44,9 @@ std::vector<ModelManager::VersionSlot> ModelManager::LoadingSlots(const Reposito
 }
 
 void ModelManager::Observe(const std::string& name, int64_t version, ModelState state) const {
-  if (options_.observer != nullptr) options_.observer->OnState(name, version, state);
+  if (options_.observer == nullptr) return;
+  options_.observer->OnState(name, version, state);
+  if (state == ModelState::kUnavailable) options_.observer->OnVersionMemory(name, version, {});
 }
 
 std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const RepositoryModel>& model) {
@@ -94,6 +97,8 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
     entry.model = model;
     entry.wanted = true;
     entry.reason.clear();
+    entry.ready_since = clock_->Now();
+    entry.last_used = entry.ready_since;
     for (LoadedVersion& each : *loaded) {
       if (each.handle && stopped_) {
         // Stop ran while this version loaded and could not see it.
@@ -107,6 +112,7 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
         slot.state = ModelState::kReady;
         slot.handle = each.handle;
         slot.tuning = each.tuning;
+        slot.memory = each.memory;
       } else {
         slot.state = ModelState::kUnavailable;
         slot.reason = std::string(each.status.message());
@@ -116,7 +122,10 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
     RetireLocked(&old, &retired);
   }
   for (const LoadedVersion& each : *loaded) {
-    if (each.handle && options_.observer != nullptr) options_.observer->OnReady(each.tuning, each.load_time);
+    if (each.handle && options_.observer != nullptr) {
+      options_.observer->OnReady(each.tuning, each.load_time);
+      options_.observer->OnVersionMemory(name, each.version, each.memory);
+    }
     Observe(name, each.version, each.handle ? ModelState::kReady : ModelState::kUnavailable);
   }
   for (const VersionSlot& slot : old) {
@@ -125,7 +134,22 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
   return retired;
 }
 
+namespace {
+
+bool Busy(const ModelHandle& handle) { return handle.in_flight() > 0 || handle.active_sequences() > 0; }
+
+}  // namespace
+
 StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const std::string& reason, bool forget) {
+  return Take(name, reason, forget, /*only_if_idle=*/false);
+}
+
+StatusOr<RetiredVersions> ModelManager::RemoveIfIdle(const std::string& name, const std::string& reason) {
+  return Take(name, reason, /*forget=*/false, /*only_if_idle=*/true);
+}
+
+StatusOr<RetiredVersions> ModelManager::Take(const std::string& name, const std::string& reason, bool forget,
+                                             bool only_if_idle) {
   RetiredVersions retired;
   std::vector<VersionSlot> old;
   {
@@ -133,9 +157,17 @@ StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const st
     auto it = entries_.find(name);
     if (it == entries_.end()) return UnknownModelError(name);
     Entry& entry = it->second;
+    if (only_if_idle) {
+      for (const VersionSlot& slot : entry.versions) {
+        if (slot.handle && Busy(*slot.handle)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("model '", name, "' has requests in flight or active sequences"));
+        }
+      }
+    }
     old = std::move(entry.versions);
     entry.versions.clear();
-    entry.wanted = false;
+    entry.wanted = false;  // readiness does not wait for a model taken out of service
     entry.reason = reason;
     for (const VersionSlot& slot : old) {
       VersionSlot removed;
@@ -149,6 +181,52 @@ StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const st
   }
   for (const VersionSlot& slot : old) Observe(name, slot.version, ModelState::kUnavailable);
   return retired;
+}
+
+void ModelManager::Know(const std::shared_ptr<const RepositoryModel>& model, const std::string& reason) {
+  MutexLock lock(&mutex_);
+  Entry& entry = entries_[model->name];
+  entry.tried_fingerprint = model->fingerprint;
+  for (const VersionSlot& slot : entry.versions) {
+    if (slot.state == ModelState::kReady) return;
+  }
+  entry.model = model;
+  entry.versions.clear();
+  entry.wanted = false;
+  entry.reason = model->status.ok() ? reason : std::string(model->status.message());
+}
+
+std::vector<ResidentModel> ModelManager::Resident() const {
+  std::vector<ResidentModel> resident;
+  MutexLock lock(&mutex_);
+  for (const auto& [name, entry] : entries_) {
+    ResidentModel model;
+    bool ready = false;
+    for (const VersionSlot& slot : entry.versions) {
+      if (slot.state != ModelState::kReady || !slot.handle) continue;
+      ready = true;
+      for (const auto& [device, bytes] : slot.memory) model.memory[device] += bytes;
+      model.busy = model.busy || Busy(*slot.handle);
+    }
+    if (!ready) continue;
+    model.name = name;
+    model.last_used = entry.last_used;
+    model.ready_since = entry.ready_since;
+    resident.push_back(std::move(model));
+  }
+  return resident;
+}
+
+DeviceBytes ModelManager::MemoryOf(const std::string& name) const {
+  DeviceBytes memory;
+  MutexLock lock(&mutex_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return memory;
+  for (const VersionSlot& slot : it->second.versions) {
+    if (slot.state != ModelState::kReady) continue;
+    for (const auto& [device, bytes] : slot.memory) memory[device] += bytes;
+  }
+  return memory;
 }
 
 void ModelManager::NotServed(const std::string& name, const std::string& reason) {
@@ -243,6 +321,7 @@ StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::s
       return VersionNotReadyError(name, wanted, chosen->reason.empty() ? "still loading" : chosen->reason);
     }
   }
+  if (on_demand_.load(std::memory_order_relaxed) != nullptr) entry.last_used = clock_->Now();
   return chosen->handle->Acquire();
 }
 
@@ -263,11 +342,11 @@ std::vector<ModelIndexEntry> ModelManager::Index() const {
   for (const auto& [name, entry] : entries_) {
     if (entry.versions.empty()) {
       const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
-      index.push_back({name, "", ModelState::kUnavailable, why});
+      index.push_back({name, "", ModelState::kUnavailable, why, {}});
       continue;
     }
     for (const VersionSlot& slot : entry.versions) {
-      index.push_back({name, std::to_string(slot.version), slot.state, slot.reason});
+      index.push_back({name, std::to_string(slot.version), slot.state, slot.reason, slot.memory});
     }
   }
   return index;
@@ -286,7 +365,7 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::str
     if (!name.empty() && model_name != name) continue;
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state != ModelState::kReady || (wanted != 0 && slot.version != wanted)) continue;
-      result.push_back({model_name, slot.version, slot.handle->Statistics()});
+      result.push_back({model_name, slot.version, slot.handle->Statistics(), slot.memory});
     }
   }
   if (!name.empty() && wanted != 0 && result.empty()) {

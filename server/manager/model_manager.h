@@ -17,6 +17,7 @@
 #include "server/core/repository_model.h"
 #include "server/manager/model_events.h"
 #include "server/manager/model_handle.h"
+#include "server/manager/residency.h"
 #include "server/manager/version_loader.h"
 
 namespace sluice {
@@ -26,6 +27,7 @@ struct VersionStatistics {
   std::string name;
   int64_t version = 0;
   ModelStatsSnapshot stats;
+  DeviceBytes memory;  // measured at load (LoadedVersion::memory)
 };
 
 // One row of RepositoryIndex.
@@ -34,6 +36,7 @@ struct ModelIndexEntry {
   std::string version;  // empty when the model has no loadable version at all
   ModelState state = ModelState::kUnavailable;
   std::string reason;
+  DeviceBytes memory;  // a ready version's, measured at load
 };
 
 // Versions taken out of service by Swap or Remove, for the caller to drain (ModelHandle::WaitIdle)
@@ -51,6 +54,8 @@ class ModelManager final : public ModelLookup {
  public:
   struct Options {
     ModelObserver* observer = nullptr;  // told about every state change and ready version; may be null
+    // Where the time a model was last asked for is read from (Resident); null: the steady clock.
+    const TimeSource* clock = nullptr;
   };
 
   // Knows `models` (in repository order), none of them asked for yet: each is "not loaded" until
@@ -80,6 +85,27 @@ class ModelManager final : public ModelLookup {
 
   // Lists `name` as not served, with `reason` (explicit mode's models that are not loaded yet).
   void NotServed(const std::string& name, const std::string& reason);
+
+  // Takes every version of `name` out of service as Remove does (not forgotten), but only when
+  // none is busy: no request holds one (in flight or queued) and no sequence is active on one.
+  // Checked under the table's lock, which lookups take too, so no request can find it between
+  // the check and the removal. FAILED_PRECONDITION when busy (nothing changes); NOT_FOUND when
+  // unknown.
+  StatusOr<RetiredVersions> RemoveIfIdle(const std::string& name, const std::string& reason);
+
+  // Records `model` (new, or newer files of a known one) without loading it: a model that serves
+  // nothing is listed with `reason` and its new configuration; one that serves keeps its versions
+  // (its entry changes on its next load).
+  void Know(const std::shared_ptr<const RepositoryModel>& model, const std::string& reason);
+
+  // The models that serve now, as eviction sees them (ResidentModel; `pinned` left false).
+  std::vector<ResidentModel> Resident() const;
+  // The memory the ready versions of `name` took at load, summed per device.
+  DeviceBytes MemoryOf(const std::string& name) const;
+
+  // Who loads models on demand (see ModelLookup::on_demand); set before requests come, once.
+  void SetOnDemand(OnDemandLoads* loads) { on_demand_.store(loads, std::memory_order_release); }
+  OnDemandLoads* on_demand() const override { return on_demand_.load(std::memory_order_acquire); }
 
   // Start-up has tried every model it was asked for: AllReady may now be true.
   void SetStarted();
@@ -131,6 +157,7 @@ class ModelManager final : public ModelLookup {
     std::string reason;
     std::shared_ptr<ModelHandle> handle;  // ready versions only
     ModelTuning tuning;
+    DeviceBytes memory;  // measured at load (ready versions)
   };
   struct Entry {
     std::shared_ptr<const RepositoryModel> model;  // never null
@@ -138,8 +165,12 @@ class ModelManager final : public ModelLookup {
     bool wanted = false;  // the server is asked to serve it
     std::string reason;   // why it serves nothing, when `versions` is empty
     std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
+    TimePoint ready_since{};        // the last Swap that installed a ready version
+    mutable TimePoint last_used{};  // the last Find that handed a version out (or ready_since)
   };
 
+  // Remove and RemoveIfIdle.
+  StatusOr<RetiredVersions> Take(const std::string& name, const std::string& reason, bool forget, bool only_if_idle);
   // A LOADING slot per selected version of `model` (none when it is broken).
   static std::vector<VersionSlot> LoadingSlots(const RepositoryModel& model);
   // Moves `slots`' handles into `retired` and remembers them until they are released.
@@ -147,6 +178,9 @@ class ModelManager final : public ModelLookup {
   void Observe(const std::string& name, int64_t version, ModelState state) const;
 
   const Options options_;
+  SteadyTimeSource steady_;
+  const TimeSource* const clock_;  // options_.clock or &steady_
+  std::atomic<OnDemandLoads*> on_demand_{nullptr};
   mutable Mutex mutex_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);  // by name, which is repository order
   std::vector<std::weak_ptr<ModelHandle>> retiring_ ABSL_GUARDED_BY(mutex_);  // being drained

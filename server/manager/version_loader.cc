@@ -61,9 +61,23 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
   auto stats = std::make_shared<ModelStats>(
       options_.observer != nullptr ? options_.observer->SinkFor(model->name, version) : nullptr);
   std::string device;
+  // Every device an instance may use, measured from here to the end of the warm-up.
+  std::vector<Device> devices{Device{}};
+  if (factory_->CudaUsable() && options_.device_policy != DevicePolicy::kCpu) {
+    for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) devices.push_back(Device{true, gpu});
+  }
+  std::vector<uint64_t> before;
+  for (const Device& each : devices) {
+    factory_->ResetPeakMemory(each);
+    before.push_back(factory_->ReadMemory(each).current);
+  }
   StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Compose(*model, version, stats, &device, &loaded.tuning, abandon);
   loaded.load_time = std::chrono::steady_clock::now() - started;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const uint64_t peak = factory_->ReadMemory(devices[i]).peak;
+    if (scheduler.ok() && peak > before[i]) loaded.memory[devices[i].ToString()] = peak - before[i];
+  }
   if (scheduler.ok()) {
     std::shared_ptr<ResponseCache> cache;
     if (model->spec.response_cache && options_.response_cache == nullptr) {

@@ -19,6 +19,7 @@
 #include "server/core/repository_model.h"
 #include "server/manager/model_events.h"
 #include "server/manager/model_handle.h"
+#include "server/manager/residency.h"
 
 namespace sluice {
 
@@ -29,6 +30,10 @@ struct LoadedVersion {
   std::shared_ptr<ModelHandle> handle;  // when it loaded (and warmed up)
   ModelTuning tuning;
   Duration load_time{0};                // load and warm-up
+  // Memory the version took while it loaded and warmed up, at its peak, per device ("cpu": the
+  // process's resident set; "cuda:N": the device allocator's bytes); devices it did not grow are
+  // absent. Measured with one load at a time; requests served meanwhile count too.
+  DeviceBytes memory;
 };
 
 // Not thread-safe: one caller at a time (the control thread). The factory is thread-safe and

@@ -174,7 +174,23 @@ struct ServerMetrics::Families {
         cache_evictions(prometheus::BuildCounter().Name("sluice_response_cache_evictions_total")
                             .Help("Answers dropped, least recently used first, to make room").Register(r)),
         cache_too_large(prometheus::BuildCounter().Name("sluice_response_cache_too_large_total")
-                            .Help("Answers not kept because one alone exceeds the cache's bound").Register(r)) {}
+                            .Help("Answers not kept because one alone exceeds the cache's bound").Register(r)),
+        model_loads(prometheus::BuildCounter().Name("sluice_model_loads_total")
+                        .Help("Model loads by trigger (startup, explicit, poll, on_demand) and result (ok, "
+                              "failed)").Register(r)),
+        model_evictions(prometheus::BuildCounter().Name("sluice_model_evictions_total")
+                            .Help("Models unloaded to make room within the memory budget for another "
+                                  "(--model-load-gpu-limit, --model-load-host-limit)").Register(r)),
+        cold_start_seconds(prometheus::BuildHistogram().Name("sluice_model_cold_start_seconds")
+                               .Help("--model-load-on-demand: from the arrival of a request that waited for "
+                                     "its model to load to its answer").Register(r)),
+        model_memory(prometheus::BuildGauge().Name("sluice_model_memory_bytes")
+                         .Help("Memory a ready version took at load, warm-up peak included, per device "
+                               "(cpu: resident set; cuda:N: device allocator)").Register(r)),
+        memory_budget(prometheus::BuildGauge().Name("sluice_model_memory_budget_bytes")
+                          .Help("The models' memory budget per device").Register(r)),
+        memory_resident(prometheus::BuildGauge().Name("sluice_model_memory_resident_bytes")
+                            .Help("What the ready models took at load, together, per budgeted device").Register(r)) {}
 
   Family<Counter>& succeeded;
   Family<Counter>& failed;
@@ -235,6 +251,12 @@ struct ServerMetrics::Families {
   Family<Counter>& cache_insertions;
   Family<Counter>& cache_evictions;
   Family<Counter>& cache_too_large;
+  Family<Counter>& model_loads;
+  Family<Counter>& model_evictions;
+  Family<Histogram>& cold_start_seconds;
+  Family<Gauge>& model_memory;
+  Family<Gauge>& memory_budget;
+  Family<Gauge>& memory_resident;
   ResponseCacheStats cache_seen;  // the counters' values at the last OnResponseCacheChanged
   struct CacheSeries {
     Gauge* bytes = nullptr;
@@ -556,6 +578,47 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
     Gauge& gauge = families_->auto_batch_rows.Add(size);
     gauge.Set(rate.rows_per_second);
     series.push_back(&gauge);
+  }
+}
+
+void ServerMetrics::OnModelLoad(const std::string& model, const char* trigger, bool ok) {
+  MutexLock lock(&mutex_);
+  families_->model_loads.Add({{"model", model}, {"trigger", trigger}, {"result", ok ? "ok" : "failed"}}).Increment();
+}
+
+void ServerMetrics::OnEviction(const std::string& model) {
+  MutexLock lock(&mutex_);
+  families_->model_evictions.Add({{"model", model}}).Increment();
+}
+
+void ServerMetrics::OnColdStart(const std::string& model, Duration waited) {
+  MutexLock lock(&mutex_);
+  families_->cold_start_seconds.Add({{"model", model}}, LatencyBucketsSeconds()).Observe(Seconds(waited));
+}
+
+void ServerMetrics::OnVersionMemory(const std::string& model, int64_t version,
+                                    const std::map<std::string, uint64_t>& memory) {
+  MutexLock lock(&mutex_);
+  std::vector<Gauge*>& series = memory_series_[{model, version}];
+  for (Gauge* old : series) families_->model_memory.Remove(old);
+  series.clear();
+  for (const auto& [device, bytes] : memory) {
+    Labels labels = VersionLabels(model, version);
+    labels["device"] = device;
+    Gauge& gauge = families_->model_memory.Add(labels);
+    gauge.Set(static_cast<double>(bytes));
+    series.push_back(&gauge);
+  }
+  if (series.empty()) memory_series_.erase({model, version});
+}
+
+void ServerMetrics::OnBudget(const std::map<std::string, uint64_t>& budget,
+                             const std::map<std::string, uint64_t>& resident) {
+  MutexLock lock(&mutex_);
+  for (const auto& [device, bytes] : budget) {
+    families_->memory_budget.Add({{"device", device}}).Set(static_cast<double>(bytes));
+    auto used = resident.find(device);
+    families_->memory_resident.Add({{"device", device}}).Set(used == resident.end() ? 0 : static_cast<double>(used->second));
   }
 }
 

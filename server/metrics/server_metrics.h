@@ -62,6 +62,13 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
       ABSL_LOCKS_EXCLUDED(mutex_);
   void OnState(const std::string& model, int64_t version, ModelState state) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnReady(const ModelTuning& tuning, Duration load_time) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnModelLoad(const std::string& model, const char* trigger, bool ok) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnEviction(const std::string& model) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnColdStart(const std::string& model, Duration waited) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnVersionMemory(const std::string& model, int64_t version, const std::map<std::string, uint64_t>& memory) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnBudget(const std::map<std::string, uint64_t>& budget, const std::map<std::string, uint64_t>& resident) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   // ResponseCacheObserver: the sluice_response_cache_* series (created with the cache).
   void OnResponseCacheChanged(const ResponseCacheStats& stats) override ABSL_LOCKS_EXCLUDED(mutex_);
@@ -84,6 +91,8 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
   // The auto batch size series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
       ABSL_GUARDED_BY(mutex_);
+  // The memory series of each (model, version), removed when it goes.
+  std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> memory_series_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

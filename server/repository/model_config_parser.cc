@@ -460,7 +460,8 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
     "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait",
-    "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us"};
+    "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us",
+    "sluice.pinned"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
@@ -806,6 +807,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   SLUICE_ASSIGN_OR_RETURN(const int64_t queued_bytes,
                           IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
   spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
+  SLUICE_ASSIGN_OR_RETURN(spec.pinned, BoolParameterOr(spec.parameters, "sluice.pinned", false));
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread,
                           BoolParameterOr(spec.parameters, "sluice.run_on_receiving_thread", false));
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread_max_us,

@@ -222,6 +222,37 @@ class TorchBackendFactory final : public BackendFactory {
     // allocator; the blocks no living instance holds go back too, so RSS falls on unload.
     at::getHostAllocator(at::kCUDA)->empty_cache();
   }
+  // A GPU's figures come from LibTorch's caching allocator; one it cannot give (not initialised
+  // for that device) reads as zeros, which measures nothing rather than failing a load.
+  MemoryReading ReadMemory(const Device& device) override {
+    if (!device.cuda) return ReadProcessMemory();
+    if (!info_.cuda_usable) return {};
+    try {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device.index));
+      const auto& allocated = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      return MemoryReading{static_cast<uint64_t>(allocated.current), static_cast<uint64_t>(allocated.peak)};
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+  void ResetPeakMemory(const Device& device) override {
+    if (!device.cuda) {
+      ResetProcessPeak();
+      return;
+    }
+    if (!info_.cuda_usable) return;
+    try {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device.index));
+    } catch (const std::exception&) {
+    }
+  }
+  uint64_t DeviceMemoryBytes(const Device& device) override {
+    if (!device.cuda) return 0;
+    for (const GpuInfo& gpu : info_.gpus) {
+      if (gpu.index == device.index) return gpu.memory_bytes;
+    }
+    return 0;
+  }
 
  private:
   const std::shared_ptr<StreamRecycler> streams_ = std::make_shared<StreamRecycler>();

@@ -244,6 +244,9 @@ class FakeBackendFactory final : public BackendFactory {
         auto failure = failures.find(key);
         if (failure != failures.end()) return absl::InternalError(failure->second);
       }
+      if (auto bytes = instance_bytes.find(spec.name); bytes != instance_bytes.end()) {
+        allocated_[device.ToString()] += bytes->second;
+      }
       auto backend = std::make_unique<FakeBackend>();
       if (closed_gates) backend->CloseGate();
       backend->warnings = warnings;
@@ -265,6 +268,19 @@ class FakeBackendFactory final : public BackendFactory {
   }
   bool CudaUsable() const override { return cuda_; }
   int CudaDeviceCount() const override { return gpus_; }
+  // What the loads so far allocated on `device` (instance_bytes); nothing is given back, so a
+  // load's measurement is its own instances' bytes.
+  MemoryReading ReadMemory(const Device& device) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t bytes = allocated_[device.ToString()];
+    return {bytes, bytes};
+  }
+  void ResetPeakMemory(const Device& /*device*/) override {}
+  uint64_t DeviceMemoryBytes(const Device& device) override { return device.cuda ? uint64_t{80} << 30 : 0; }
+  size_t load_count() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls.size();
+  }
 
   struct LoadCall {
     std::string model, file, device;
@@ -276,8 +292,10 @@ class FakeBackendFactory final : public BackendFactory {
   bool closed_gates = false;             // backends start with their gate closed
   std::vector<std::string> warnings;     // what each backend's Warnings() says
   std::vector<FakeBackend*> backends;    // every backend loaded (owned by the schedulers)
+  std::map<std::string, uint64_t> instance_bytes;  // model -> the bytes each instance allocates
 
  private:
+  std::map<std::string, uint64_t> allocated_;  // device -> bytes
   std::mutex mutex_;
   std::condition_variable loaded_;
   const bool cuda_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,7 +67,11 @@ class FakeLookup final : public ModelLookup {
  public:
   StatusOr<InFlightModel> Find(const std::string& name, const std::string& /*version*/) const override {
     if (name == "loading") return NoReadyVersionError(name, "still loading");
+    std::lock_guard<std::mutex> lock(mutex);
     auto it = models.find(name);
+    if (it == models.end() && loads != nullptr && loads->LoadsOnDemand(name)) {
+      return NoReadyVersionError(name, "not loaded yet");
+    }
     if (it == models.end()) return UnknownModelError(name);
     return it->second->Acquire();
   }
@@ -76,8 +81,11 @@ class FakeLookup final : public ModelLookup {
     }
     return absl::NotFoundError("no version holds the sequence");
   }
-  std::map<std::string, std::shared_ptr<ModelHandle>> models;
+  OnDemandLoads* on_demand() const override { return loads; }
+  std::map<std::string, std::shared_ptr<ModelHandle>> models;  // guarded by `mutex` once requests run
   std::vector<std::shared_ptr<ModelHandle>> sequence_holders;
+  OnDemandLoads* loads = nullptr;
+  mutable std::mutex mutex;
 };
 
 }  // namespace sluice::testing

@@ -141,5 +141,93 @@ TEST_F(InferencePathTest, AModelLevelRefusalComesBackThroughTheSamePath) {
   EXPECT_FALSE(call.held_at_answer);
 }
 
+// Loads on demand as a test drives them: Await keeps each waiter until the test answers it.
+class FakeLoads final : public OnDemandLoads {
+ public:
+  bool LoadsOnDemand(const std::string& name) const override { return name.rfind("later", 0) == 0; }
+  void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> /*cancelled*/,
+             std::function<void(const Status&)> then) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    awaited.push_back(name);
+    deadlines.push_back(deadline);
+    waiters.push_back(std::move(then));
+  }
+  void RecordColdStart(const std::string& name, Duration waited) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cold_starts.emplace_back(name, waited);
+  }
+  std::function<void(const Status&)> Take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto then = std::move(waiters.front());
+    waiters.erase(waiters.begin());
+    return then;
+  }
+  std::vector<std::string> awaited;
+  std::vector<TimePoint> deadlines;
+  std::vector<std::function<void(const Status&)>> waiters;
+  std::vector<std::pair<std::string, Duration>> cold_starts;
+
+ private:
+  std::mutex mutex_;
+};
+
+TEST_F(InferencePathTest, ARequestForAModelThatLoadsOnDemandWaitsThenRunsAndCountsAsAColdStart) {
+  FakeLoads loads;
+  lookup_.loads = &loads;
+  FakeCall call("later", {7, 8});
+  call.deadline = clock_.Now() + 30s;
+  call.caller_may_run = true;
+  RunInference(lookup_, &call);
+  ASSERT_EQ(loads.awaited, std::vector<std::string>{"later"});
+  EXPECT_EQ(loads.deadlines.at(0), call.deadline);
+  EXPECT_TRUE(call.steps.empty());  // nothing decoded, nothing answered: it waits
+  {
+    std::lock_guard<std::mutex> lock(lookup_.mutex);
+    lookup_.models["later"] = testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
+                                                     /*with_sum=*/false, /*max_queue=*/8);
+  }
+  loads.Take()(absl::OkStatus());  // loaded: the request goes on from the lookup
+  ASSERT_TRUE(call.Wait().ok());
+  EXPECT_EQ(call.steps, (std::vector<std::string>{"decode later", "accepted version 1", "answer"}));
+  EXPECT_EQ(call.Output(), (std::vector<int32_t>{7, 8}));
+  EXPECT_FALSE(call.caller_may_run);  // the thread that answered the wait never runs the model itself
+  ASSERT_EQ(loads.cold_starts.size(), 1u);
+  EXPECT_EQ(loads.cold_starts[0].first, "later");
+  lookup_.models["later"]->Stop();
+}
+
+TEST_F(InferencePathTest, AFailedLoadIsTheAnswerAndAModelEvictedAgainIsWaitedForOnceMore) {
+  FakeLoads loads;
+  lookup_.loads = &loads;
+  FakeCall failed("later_broken", {1});
+  RunInference(lookup_, &failed);
+  loads.Take()(absl::InternalError("failed to load 'later_broken' on demand: bad archive"));
+  Status status = failed.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(status.message(), "failed to load 'later_broken' on demand: bad archive");
+  EXPECT_EQ(failed.steps, (std::vector<std::string>{"answer"}));
+
+  // Loaded, but gone again before the request looked (evicted for another): it waits once more,
+  // then takes Find's answer.
+  FakeCall gone("later_gone", {1});
+  RunInference(lookup_, &gone);
+  loads.Take()(absl::OkStatus());
+  ASSERT_EQ(loads.awaited.size(), 3u);
+  loads.Take()(absl::OkStatus());
+  status = gone.Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(loads.awaited.size(), 3u);
+  EXPECT_TRUE(loads.cold_starts.empty());
+
+  // A model that does not load on demand, or an unknown one, is answered as before.
+  FakeCall unknown("nope", {1});
+  RunInference(lookup_, &unknown);
+  EXPECT_EQ(unknown.Wait().code(), absl::StatusCode::kNotFound);
+  FakeCall loading("loading", {1});
+  RunInference(lookup_, &loading);
+  EXPECT_EQ(loading.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(loads.awaited.size(), 3u);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -310,6 +310,48 @@ TEST(ModelHandleTest, ARequestContinuingASequenceGoesToTheVersionHoldingIt) {
   EXPECT_EQ(RouteSequence(stateless, *stateless.Find("plain", ""), request, false)->version(), 2);
 }
 
+TEST(ModelHandleTest, AVersionWithAnActiveSequenceOrARequestInFlightIsNeverRemovedForRoom) {
+  SteadyTimeSource clock;
+  auto model = std::make_shared<RepositoryModel>();
+  model->name = "acc";
+  model->spec.name = "acc";
+  model->spec.sequence_batching.enabled = true;
+  model->versions[1] = "/repo/acc/1/model.pt";
+  ModelManager manager({*model}, {});
+  auto install = [&](std::set<uint64_t> sequences) {
+    std::vector<LoadedVersion> loaded(1);
+    loaded[0].version = 1;
+    loaded[0].handle = std::make_shared<ModelHandle>(model, 1, "cpu", std::make_shared<HeldSequences>(sequences),
+                                                     std::make_shared<ModelStats>(), &clock);
+    loaded[0].memory["cpu"] = 100;
+    manager.Swap(model, &loaded);
+  };
+  install({7});  // sequence 7 is active
+  std::vector<ResidentModel> resident = manager.Resident();
+  ASSERT_EQ(resident.size(), 1u);
+  EXPECT_TRUE(resident[0].busy);
+  EXPECT_EQ(resident[0].memory.at("cpu"), 100u);
+  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(manager.Find("acc", "").ok());
+
+  install({});  // no sequence, but a request in flight
+  auto held = manager.Find("acc", "");
+  ASSERT_TRUE(held.ok());
+  EXPECT_TRUE(manager.Resident()[0].busy);
+  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(), absl::StatusCode::kFailedPrecondition);
+  held = StatusOr<InFlightModel>(absl::CancelledError("answered"));
+  EXPECT_FALSE(manager.Resident()[0].busy);
+  auto removed = manager.RemoveIfIdle("acc", "unloaded to make room");
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(removed->handles.size(), 1u);
+  EXPECT_TRUE(manager.Resident().empty());
+  auto gone = manager.Find("acc", "");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(gone.status().message(), ::testing::HasSubstr("unloaded to make room"));
+  EXPECT_EQ(manager.RemoveIfIdle("nope", "x").status().code(), absl::StatusCode::kNotFound);
+  manager.Stop();
+}
+
 // A scheduler that keeps what it is given, for the test to answer in any order.
 class HeldRequests final : public Scheduler {
  public:

@@ -131,7 +131,16 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--grpc-http2-max-ping-strikes", "-2"}, "--grpc-http2-max-ping-strikes"},
       {{"--strict-readiness", "maybe"}, "--strict-readiness"},
       {{"--no-such-flag"}, "--no-such-flag"},
-      {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit (in mode none every model loads)"},
+      {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in mode none every model loads)"},
+      {{"--model-control-mode", "poll", "--load-model", "a"}, "or poll with --model-load-on-demand"},
+      {{"--model-load-on-demand", "true"}, "--model-load-on-demand needs --model-control-mode explicit or poll"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:1.5"}, "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "x:0.5"}, "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0"}, "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:0.5", "--model-load-gpu-limit", "0:0.6"},
+       "GPU 0 given twice"},
+      {{"--model-load-host-limit", "1000"}, "nothing can be unloaded"},
+      {{"--model-control-mode", "explicit", "--model-load-wait-secs", "0"}, "--model-load-wait-secs"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "in mode poll"},
       {{"--grpc-restricted-protocol", "trace:key=value"}, "trace"},
       {{"--grpc-restricted-protocol", "inference"}, "inference"},
@@ -143,6 +152,31 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << args[0];
     EXPECT_THAT(config.status().message(), HasSubstr(words)) << args[0];
   }
+}
+
+TEST(ServerFlagsTest, LoadOnDemandAndMemoryBudget) {
+  auto defaults = ParseServerFlags({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_FALSE(defaults->load_on_demand);
+  EXPECT_TRUE(defaults->gpu_limits.empty());
+  EXPECT_EQ(defaults->host_limit_bytes, 0u);
+  EXPECT_EQ(defaults->min_residency_secs, 10);
+  EXPECT_EQ(defaults->load_retry_secs, 10);
+  EXPECT_EQ(defaults->load_wait_secs, 60);
+  auto config = ParseServerFlags({"--model-control-mode", "poll", "--model-load-on-demand", "true", "--load-model", "a",
+                                  "--model-load-gpu-limit", "1:0.25", "--model-load-gpu-limit", "0:1",
+                                  "--model-load-host-limit", "1048576", "--model-min-residency-secs", "0.5",
+                                  "--model-load-retry-secs", "2", "--model-load-wait-secs", "5"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->load_on_demand);
+  ASSERT_EQ(config->gpu_limits.size(), 2u);
+  EXPECT_EQ(config->gpu_limits[0], std::make_pair(1, 0.25));
+  EXPECT_EQ(config->gpu_limits[1], std::make_pair(0, 1.0));
+  EXPECT_EQ(config->host_limit_bytes, 1048576u);
+  EXPECT_EQ(config->min_residency_secs, 0.5);
+  EXPECT_EQ(config->load_retry_secs, 2);
+  EXPECT_EQ(config->load_wait_secs, 5);
+  EXPECT_EQ(config->load_models, std::vector<std::string>{"a"});
 }
 
 TEST(ServerFlagsTest, HttpEndpointFlags) {
