@@ -111,7 +111,7 @@ build_kit() {
   # generator.
   cp -r tests/integration tests/harness "$KIT/src/tests/"
   cp benchmarks/floor_benchmark.py benchmarks/batching_benchmark.py benchmarks/request_path_benchmark.py \
-    benchmarks/latency_target_benchmark.py \
+    benchmarks/latency_target_benchmark.py benchmarks/on_demand_benchmark.py \
     "$KIT/src/benchmarks/"
   find "$KIT/src" -name __pycache__ -prune -exec rm -rf {} +
   cp models/generate_models.py models/bundled_models.py models/model_cache.py models/sluice_export.py "$KIT/src/models/"
