@@ -179,7 +179,8 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "fraction of its memory, as measured at each load (device allocator, warm-up peak "
                  "included). A load that would go over it first unloads the least recently used models that "
                  "are idle, not pinned and resident for --model-min-residency-secs; when none can go it fails "
-                 "RESOURCE_EXHAUSTED, naming what stays and why")
+                 "RESOURCE_EXHAUSTED, naming what stays and why. Needs --model-control-mode explicit or "
+                 "--model-load-on-demand")
       ->group("Models");
   app.add_option("--model-load-host-limit", config.host_limit_bytes,
                  "The same budget for host memory, in bytes (the process's resident set as each load grows "
@@ -454,9 +455,11 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
     }
     config->gpu_limits.emplace_back(gpu, limit.second);
   }
-  if ((!config->gpu_limits.empty() || config->host_limit_bytes > 0) && config->model_control_mode == ModelControlMode::kNone) {
+  if ((!config->gpu_limits.empty() || config->host_limit_bytes > 0) &&
+      config->model_control_mode != ModelControlMode::kExplicit && !config->load_on_demand) {
     return absl::InvalidArgumentError("a memory budget (--model-load-gpu-limit, --model-load-host-limit) needs "
-                                      "--model-control-mode explicit or poll: in mode none nothing can be unloaded");
+                                      "--model-control-mode explicit, or --model-load-on-demand: otherwise a model "
+                                      "unloaded for room would never load again");
   }
   if (config->allow_load_files && config->model_control_mode != ModelControlMode::kExplicit) {
     return absl::InvalidArgumentError(absl::StrCat("--allow-load-files needs --model-control-mode explicit (in mode ",

@@ -113,9 +113,8 @@ class BackendFactory {
   virtual MemoryReading ReadMemory(const Device& device) {
     return device.cuda ? MemoryReading{} : ReadProcessMemory();
   }
-  virtual void ResetPeakMemory(const Device& device) {
-    if (!device.cuda) ResetProcessPeak();
-  }
+  // False when no peak could be reset (then a measurement reads the current figure, not the peak).
+  virtual bool ResetPeakMemory(const Device& device) { return !device.cuda && ResetProcessPeak(); }
   // A GPU's memory in bytes (0: unknown, or the CPU), which --model-load-gpu-limit's fraction is
   // of.
   virtual uint64_t DeviceMemoryBytes(const Device& /*device*/) { return 0; }

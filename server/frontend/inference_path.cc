@@ -47,6 +47,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     return;
   }
   InFlightModel model = *std::move(found);
+  model->MarkUsed();
   StatusOr<std::unique_ptr<InferRequest>> decoded = call->Decode(*model);
   if (!decoded.ok()) {
     const Status rejected = model->Reject(decoded.status(), call->protocol);

@@ -48,7 +48,8 @@ StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
 ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options options)
     : manager_(manager), loader_(loader), options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_),
-      backoff_(options_.load_retry_first, options_.load_retry_longest) {}
+      backoff_(options_.load_retry_first, options_.load_retry_longest),
+      no_room_(options_.no_room_retry, options_.no_room_retry) {}
 
 ModelControl::~ModelControl() { Stop(); }
 
@@ -135,7 +136,7 @@ std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupMod
   for (const auto& model : manager_->Models()) {
     if (!named_only || startup.count("*") > 0 || startup.count(model->name) > 0) {
       wanted.push_back(model);
-      if (options_.load_on_demand) pinned_.insert(model->name);
+      if (named_only) pinned_.insert(model->name);
     } else if (options_.load_on_demand) {
       manager_->NotServed(model->name, kNotLoadedYet);
     } else {
@@ -174,9 +175,9 @@ Status ModelControl::LoadAll() {
   return absl::OkStatus();
 }
 
-Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model) {
+Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model, bool wanted) {
   const std::string& name = model->name;
-  const std::vector<int64_t> serving_versions = manager_->BeginLoad(model);
+  const std::vector<int64_t> serving_versions = manager_->BeginLoad(model, wanted);
   const bool serving = !serving_versions.empty();  // and keeps serving if this fails
   const std::string kept =
       serving ? absl::StrCat("; version(s) ", absl::StrJoin(serving_versions, ","), " keep serving") : "";
@@ -203,7 +204,7 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
     return status;
   }
 
-  RetiredVersions retired = manager_->Swap(model, &loaded);
+  RetiredVersions retired = manager_->Swap(model, &loaded, wanted);
   for (const LoadedVersion& each : loaded) {
     if (each.handle) {
       LogTuning(each.tuning);
@@ -267,10 +268,11 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     auto model = std::make_shared<const RepositoryModel>(*std::move(read));
     status = Budgeted() && model->status.ok() ? MakeRoom(name, Expected(*model)) : absl::OkStatus();
     if (status.ok()) status = Install(model);
-    if (status.ok() && Budgeted()) status = SettleBudget(name);
+    // A reload that measures over the budget keeps serving (the old versions are gone already).
+    if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/!served_before);
     if (status.ok()) {
-      backoff_.RecordSuccess(name);
       MutexLock demand(&demand_mutex_);
+      backoff_.RecordSuccess(name);
       unloaded_explicitly_.erase(name);
     }
     if (options_.observer != nullptr) options_.observer->OnModelLoad(name, "explicit", status.ok());
@@ -284,6 +286,7 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     auto serving = serving_directory_.find(name);
     options_.source->Retain(name, serving == serving_directory_.end() ? std::filesystem::path() : serving->second);
   }
+  ReportBudget();
   NotifyChange();
   return status.ok() ? status : failed(status);
 }
@@ -310,9 +313,23 @@ bool ModelControl::LoadsOnDemand(const std::string& name) const {
   return unloaded_explicitly_.count(name) == 0;
 }
 
+Status ModelControl::CheckLoadOnDemand(const std::string& name) const {
+  const TimePoint now = clock_->Now();
+  MutexLock demand(&demand_mutex_);
+  if (unloaded_explicitly_.count(name) > 0) {
+    return absl::UnavailableError(absl::StrCat("failed to load '", name, "' on demand: it was unloaded with "
+                                               "RepositoryModelUnload; RepositoryModelLoad loads it again"));
+  }
+  SLUICE_RETURN_IF_ERROR(backoff_.Check(name, now));
+  return no_room_.Check(name, now);
+}
+
 Status ModelControl::LoadOnDemand(const std::string& name) {
+  // Every failure but the budget's is UNAVAILABLE for the requests that waited: whatever went
+  // wrong is the model's, not the request's (the reason is in the message).
   auto failed = [&name](const Status& status) {
-    return Status(status.code(), absl::StrCat("failed to load '", name, "' on demand: ", status.message()));
+    const absl::StatusCode code = absl::IsResourceExhausted(status) ? status.code() : absl::StatusCode::kUnavailable;
+    return Status(code, absl::StrCat("failed to load '", name, "' on demand: ", status.message()));
   };
   if (options_.source == nullptr || !options_.load_on_demand) {
     return failed(absl::FailedPreconditionError("the server does not load models on demand"));
@@ -322,14 +339,7 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
     MutexLock control(&control_mutex_);
     if (stopping_) return failed(absl::UnavailableError("the server is shutting down"));
     if (!manager_->ReadyVersions(name).empty()) return absl::OkStatus();  // an earlier load made it
-    {
-      MutexLock demand(&demand_mutex_);
-      if (unloaded_explicitly_.count(name) > 0) {
-        return failed(absl::UnavailableError("it was unloaded with RepositoryModelUnload; RepositoryModelLoad "
-                                             "loads it again"));
-      }
-    }
-    SLUICE_RETURN_IF_ERROR(backoff_.Check(name, clock_->Now()));
+    SLUICE_RETURN_IF_ERROR(CheckLoadOnDemand(name));
     const auto started = clock_->Now();
     StatusOr<RepositoryModel> read = options_.source->Read(name, {});
     std::shared_ptr<const RepositoryModel> model;
@@ -339,23 +349,38 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
     if (status.ok() && Budgeted()) status = MakeRoom(name, Expected(*model));
     if (status.ok()) {
       spdlog::info("event=model_load model={} trigger=on_demand", name);
-      status = Install(model);
+      // Readiness never waits for a model loaded on demand.
+      status = Install(model, /*wanted=*/false);
       load_failed = !status.ok();
+      if (!status.ok() && !manager_->ReadyVersions(name).empty()) {
+        // Some versions serve: keep them, as an explicit load does; the failed ones are listed
+        // with their reasons and their requests answered UNAVAILABLE.
+        spdlog::error("event=model_load_on_demand_partial model={} reason=\"{}\"", name, status.message());
+        status = absl::OkStatus();
+      }
     }
-    if (status.ok() && Budgeted()) status = SettleBudget(name);
+    if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/true);
     if (status.ok()) {
-      backoff_.RecordSuccess(name);
+      {
+        MutexLock demand(&demand_mutex_);
+        backoff_.RecordSuccess(name);
+      }
       serving_directory_[name] = model->directory;
       options_.source->Retain(name, model->directory);
       spdlog::info("event=model_loaded_on_demand model={} ms={}", name,
                    std::chrono::duration_cast<std::chrono::milliseconds>(clock_->Now() - started).count());
     } else {
-      if (load_failed) backoff_.RecordFailure(name, status, clock_->Now());
+      {
+        MutexLock demand(&demand_mutex_);
+        if (load_failed) {
+          backoff_.RecordFailure(name, status, clock_->Now());
+        } else {
+          no_room_.RecordFailure(name, status, clock_->Now());
+        }
+      }
       // Not served, and readiness does not wait for it; the index shows why.
-      const Status backoff = backoff_.Check(name, clock_->Now());
-      const std::string reason = absl::StrCat("failed to load on demand: ", status.message(),
-                                              backoff.ok() ? "" : "; not tried again before the back-off ends");
-      if (manager_->FindModel(name).ok()) {
+      const std::string reason = absl::StrCat("failed to load on demand: ", status.message());
+      if (manager_->ReadyVersions(name).empty() && manager_->FindModel(name).ok()) {
         StatusOr<RetiredVersions> retired = manager_->Remove(name, reason, /*forget=*/false);
         if (retired.ok()) Retire(name, *std::move(retired));
       }
@@ -370,11 +395,14 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
 
 std::vector<ResidentModel> ModelControl::Resident() const {
   std::vector<ResidentModel> resident = manager_->Resident();
-  for (ResidentModel& model : resident) {
-    StatusOr<std::shared_ptr<const RepositoryModel>> found = manager_->FindModel(model.name);
-    model.pinned = pinned_.count(model.name) > 0 || (found.ok() && (*found)->spec.pinned);
-  }
+  for (ResidentModel& model : resident) model.pinned = Pinned(model.name);
   return resident;
+}
+
+bool ModelControl::Pinned(const std::string& name) const {
+  if (pinned_.count(name) > 0) return true;
+  StatusOr<std::shared_ptr<const RepositoryModel>> found = manager_->FindModel(name);
+  return found.ok() && (*found)->spec.pinned;
 }
 
 DeviceBytes ModelControl::Expected(const RepositoryModel& model) const {
@@ -387,55 +415,74 @@ DeviceBytes ModelControl::Expected(const RepositoryModel& model) const {
     }
     return expected;
   }
+  // Never loaded: its files times its instances on each device its instances go on (and the host,
+  // which every load reads the files into). A guess: never more than the budget, so that the
+  // load is tried and SettleBudget judges what it measured.
   uint64_t files = 0;
   for (const auto& [version, path] : model.versions) files += FileBytes(path);
   int instances = 0;
   for (const InstanceGroupSpec& group : model.spec.instance_groups) instances += group.count;
-  for (const auto& [device, limit] : options_.eviction.budget) expected[device] = files * std::max(1, instances);
+  const uint64_t guess = files * static_cast<uint64_t>(std::max(1, instances));
+  std::vector<std::string> devices{"cpu"};
+  for (const Device& device : loader_->DevicesOf(model.spec)) devices.push_back(device.ToString());
+  for (const std::string& device : devices) {
+    auto limit = options_.eviction.budget.find(device);
+    if (limit != options_.eviction.budget.end()) expected[device] = std::min(guess, limit->second);
+  }
   return expected;
 }
 
 Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed) {
   const TimePoint give_up = clock_->Now() + options_.room_wait;
+  const std::string reason =
+      options_.load_on_demand
+          ? absl::StrCat("unloaded to make room for '", name, "' (least recently used; loads again on its next request)")
+          : absl::StrCat("unloaded to make room for '", name,
+                         "' (least recently used; RepositoryModelLoad loads it again)");
+  Status last;
   while (true) {
     StatusOr<std::vector<std::string>> plan = PlanEviction(Resident(), needed, options_.eviction, clock_->Now(), name);
-    if (!plan.ok()) {
-      if (stopping_ || clock_->Now() >= give_up) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("no room for model '", name, "' within the memory budget: ", plan.status().message()));
+    if (plan.ok()) {
+      bool all_gone = true;
+      for (const std::string& victim : *plan) {
+        const DeviceBytes freed = manager_->MemoryOf(victim);
+        StatusOr<RetiredVersions> retired = manager_->RemoveIfIdle(victim, reason);
+        if (!retired.ok()) {  // a request found it since the plan: plan again
+          all_gone = false;
+          last = retired.status();
+          continue;
+        }
+        spdlog::info("event=model_evicted model={} for={} freed=\"{}\"", victim, name, DescribeDeviceBytes(freed));
+        Retire(victim, *std::move(retired));
+        serving_directory_.erase(victim);
+        options_.source->Retain(victim, {});
+        if (options_.observer != nullptr) options_.observer->OnEviction(victim);
       }
-      // Only busy models could go: they may go idle in a moment.
-      Mutex pause;
-      CondVar never;
-      MutexLock lock(&pause);
-      clock_->WaitUntil(&never, &pause, std::min(give_up, clock_->Now() + std::chrono::milliseconds(10)));
-      continue;
+      if (all_gone) return absl::OkStatus();
+    } else {
+      last = plan.status();
     }
-    bool all_gone = true;
-    for (const std::string& victim : *plan) {
-      const DeviceBytes freed = manager_->MemoryOf(victim);
-      StatusOr<RetiredVersions> retired = manager_->RemoveIfIdle(
-          victim, absl::StrCat("unloaded to make room for '", name,
-                               "' (least recently used; loads again on its next request)"));
-      if (!retired.ok()) {  // a request found it since the plan: plan again
-        all_gone = false;
-        continue;
-      }
-      spdlog::info("event=model_evicted model={} for={} freed=\"{}\"", victim, name, DescribeDeviceBytes(freed));
-      Retire(victim, *std::move(retired));
-      serving_directory_.erase(victim);
-      options_.source->Retain(victim, {});
-      if (options_.observer != nullptr) options_.observer->OnEviction(victim);
+    // Only busy models could go: they may go idle in a moment.
+    if (stopping_ || clock_->Now() >= give_up) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for model '", name, "' within the memory budget: ", last.message()));
     }
-    if (all_gone) return absl::OkStatus();
+    Mutex pause;
+    CondVar never;
+    MutexLock lock(&pause);
+    clock_->WaitUntil(&never, &pause, std::min(give_up, clock_->Now() + std::chrono::milliseconds(10)));
   }
 }
 
-Status ModelControl::SettleBudget(const std::string& name) {
-  const DeviceBytes measured = manager_->MemoryOf(name);
-  measured_[name] = measured;
+Status ModelControl::SettleBudget(const std::string& name, bool may_unload) {
+  measured_[name] = manager_->MemoryOf(name);
   const Status room = MakeRoom(name, {});
   if (room.ok()) return room;
+  if (!may_unload || Pinned(name)) {
+    // A reload or a pinned model stays: the budget is exceeded until others can go.
+    spdlog::warn("event=memory_budget_exceeded model={} reason=\"{}\"", name, room.message());
+    return absl::OkStatus();
+  }
   // Even with every model that may go gone, this one does not fit: it goes instead.
   StatusOr<RetiredVersions> retired = manager_->Remove(name, std::string(room.message()), /*forget=*/false);
   if (retired.ok()) Retire(name, *std::move(retired));
@@ -481,12 +528,16 @@ Status ModelControl::PollRepository() {
         // Not serving: the new files load on its next request.
         spdlog::info("event=model_changed model={} action=none reason=\"not loaded; loads on demand\"", model->name);
         manager_->Know(model, kNotLoadedYet);
+        MutexLock demand(&demand_mutex_);
         backoff_.RecordSuccess(model->name);  // new files: a new chance
         continue;
       }
       spdlog::info("event=model_changed model={} action=load", model->name);
+      // Room for the new files beside the old ones; a reload that still measures over the budget
+      // keeps serving (SettleBudget logs it).
+      if (Budgeted() && model->status.ok()) MakeRoom(model->name, Expected(*model)).IgnoreError();
       const Status status = Install(model);  // logged by Install
-      if (status.ok() && Budgeted()) SettleBudget(model->name).IgnoreError();
+      if (status.ok() && Budgeted()) SettleBudget(model->name, /*may_unload=*/false).IgnoreError();
       if (options_.observer != nullptr) options_.observer->OnModelLoad(model->name, "poll", status.ok());
     }
     std::vector<std::string> gone;
@@ -496,7 +547,10 @@ Status ModelControl::PollRepository() {
     for (const std::string& name : gone) Unload(name, /*forget=*/true).IgnoreError();
     changed_any = !changed.empty() || !gone.empty();
   }
-  if (changed_any) NotifyChange();
+  if (changed_any) {
+    ReportBudget();
+    NotifyChange();
+  }
   return absl::OkStatus();
 }
 

@@ -73,6 +73,9 @@ class ModelControl {
     Duration load_retry_longest = std::chrono::seconds(300);
     // How long a load waits for busy models to go idle when only they could make room.
     Duration room_wait = std::chrono::seconds(2);
+    // After the budget had no room for a model, its requests are refused at once for this long
+    // instead of each holding the control thread for room_wait.
+    Duration no_room_retry = std::chrono::seconds(1);
     ModelObserver* observer = nullptr;  // loads, evictions and the budget; may be null
   };
 
@@ -123,6 +126,10 @@ class ModelControl {
   // --model-load-on-demand: whether a request for `name` (not served now) should wait for it to
   // load (OnDemandLoads::LoadsOnDemand). Thread-safe, never waits for the control thread.
   bool LoadsOnDemand(const std::string& name) const ABSL_LOCKS_EXCLUDED(demand_mutex_);
+  // Whether a load of `name` on demand would be refused now, without queueing one: UNAVAILABLE
+  // after an explicit unload, during the back-off after failed loads, and for no_room_retry after
+  // the budget had no room for it (saying why and when the next try may come). Thread-safe.
+  Status CheckLoadOnDemand(const std::string& name) const ABSL_LOCKS_EXCLUDED(demand_mutex_);
 
   // Loads `name` for the requests waiting for it (on the control thread, from OnDemandLoader):
   // OK at once when it serves already. Refused while it is in back-off after failed loads, and
@@ -164,7 +171,9 @@ class ModelControl {
   std::vector<std::shared_ptr<const RepositoryModel>> MarkStartupModels()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
-  Status Install(const std::shared_ptr<const RepositoryModel>& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // `wanted` false: readiness does not wait for the model (a load on demand).
+  Status Install(const std::shared_ptr<const RepositoryModel>& model, bool wanted = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Unload with control_mutex_ held; `forget` also removes the model from the index.
   Status Unload(const std::string& name, bool forget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Waits until no request holds each retired version (ModelHandle::WaitIdle; Stop ends the
@@ -178,8 +187,11 @@ class ModelControl {
   // times its instance count, on the devices the budget limits.
   DeviceBytes Expected(const RepositoryModel& model) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // After `name` loaded: remembers what it measured; when the models now go over the budget,
-  // evicts others, and unloads `name` itself (RESOURCE_EXHAUSTED) when that is not enough.
-  Status SettleBudget(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // evicts others. When that is not enough, unloads `name` itself (RESOURCE_EXHAUSTED) if
+  // `may_unload` and it is not pinned; else it stays over the budget, with a warning (a reload,
+  // a pinned model).
+  Status SettleBudget(const std::string& name, bool may_unload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  bool Pinned(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // The resident models, pinned marked.
   std::vector<ResidentModel> Resident() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   void ReportBudget() const;
@@ -198,10 +210,11 @@ class ModelControl {
   std::map<std::string, std::filesystem::path> serving_directory_ ABSL_GUARDED_BY(control_mutex_);
   std::set<std::string> pinned_ ABSL_GUARDED_BY(control_mutex_);  // --load-model with load_on_demand
   std::map<std::string, DeviceBytes> measured_ ABSL_GUARDED_BY(control_mutex_);  // the last load's memory
-  LoadBackoff backoff_ ABSL_GUARDED_BY(control_mutex_);
 
-  mutable Mutex demand_mutex_;  // read by front-end threads (LoadsOnDemand)
+  mutable Mutex demand_mutex_;  // read by front-end threads (LoadsOnDemand, CheckLoadOnDemand)
   std::set<std::string> unloaded_explicitly_ ABSL_GUARDED_BY(demand_mutex_);
+  LoadBackoff backoff_ ABSL_GUARDED_BY(demand_mutex_);
+  LoadBackoff no_room_ ABSL_GUARDED_BY(demand_mutex_);  // Options::no_room_retry
 
   Mutex mutex_;  // the control thread's queue; never held while a task runs
   CondVar wake_;

@@ -94,6 +94,11 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // The caller of a queued request went away (its `cancelled` flag is set): answer it now.
   void Poke();
 
+  // An inference request found this version (the inference path, not health or metadata calls):
+  // the least recently used eviction reads it (last_used). One clock read and a relaxed store.
+  void MarkUsed() { last_used_ns_.store(clock_->Now().time_since_epoch().count(), std::memory_order_relaxed); }
+  TimePoint last_used() const { return TimePoint(Duration(last_used_ns_.load(std::memory_order_relaxed))); }
+
   // A hold on this version that counts as in flight until it is destroyed: the manager's lookups
   // hand these out, and a front end keeps one until the request it serves is answered.
   InFlightModel Acquire();
@@ -134,6 +139,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const uint64_t cache_space_;                   // this version's namespace in cache_
   std::vector<std::string> output_names_;        // the model's outputs in config order (cache keys)
   std::unique_ptr<SingleFlight> flights_;        // with cache_: identical requests share one run
+  std::atomic<Duration::rep> last_used_ns_{0};    // MarkUsed: the clock's ticks since its epoch
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.
@@ -188,11 +194,13 @@ class OnDemandLoads {
   // Whether a request for `name`, which is not served now, should wait for a load: the model is
   // in the repository and was not unloaded explicitly since it last loaded.
   virtual bool LoadsOnDemand(const std::string& name) const = 0;
-  // Starts the load of `name` or joins the one under way. `then` runs exactly once, on another
-  // thread (the control thread's, or the waiters' timer): OK once the model is ready (look it up
-  // again), else why the request cannot have it (the load failed and why, a back-off after
-  // failures, no room in the memory budget, too many requests waiting) or DEADLINE_EXCEEDED when
-  // `deadline` passed first, CANCELLED when `cancelled` was set first.
+  // Starts the load of `name` or joins the one under way. `then` runs exactly once: at once, on
+  // the caller's thread, when the load is refused without trying (a back-off after failures, an
+  // explicit unload, too many requests waiting, no room a moment ago, shutting down); otherwise on
+  // another thread (the control thread's, or the waiters' timer), with OK once the model is ready
+  // (look it up again), why the load failed (UNAVAILABLE; RESOURCE_EXHAUSTED when the memory
+  // budget had no room), DEADLINE_EXCEEDED when `deadline` passed first, or CANCELLED when
+  // `cancelled` was set first.
   virtual void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> cancelled,
                      std::function<void(const Status&)> then) = 0;
   // A request that waited for a load was answered `waited` after it arrived (cold start).

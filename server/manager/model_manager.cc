@@ -49,7 +49,7 @@ void ModelManager::Observe(const std::string& name, int64_t version, ModelState 
   if (state == ModelState::kUnavailable) options_.observer->OnVersionMemory(name, version, {});
 }
 
-std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const RepositoryModel>& model) {
+std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const RepositoryModel>& model, bool wanted) {
   std::vector<int64_t> serving;
   {
     MutexLock lock(&mutex_);
@@ -61,7 +61,7 @@ std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const Reposit
     if (serving.empty()) {
       // Nothing to keep: the index shows the new versions loading (or the model's error) now.
       entry.model = model;
-      entry.wanted = true;
+      entry.wanted = wanted;
       entry.reason = model->status.ok() ? "" : std::string(model->status.message());
       entry.versions = LoadingSlots(*model);
     }
@@ -85,7 +85,7 @@ void ModelManager::RetireLocked(std::vector<VersionSlot>* slots, RetiredVersions
 }
 
 RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>& model,
-                                   std::vector<LoadedVersion>* loaded) {
+                                   std::vector<LoadedVersion>* loaded, bool wanted) {
   const std::string& name = model->name;
   RetiredVersions retired;
   std::vector<VersionSlot> old;
@@ -95,10 +95,9 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
     old = std::move(entry.versions);
     entry.versions.clear();
     entry.model = model;
-    entry.wanted = true;
+    entry.wanted = wanted;
     entry.reason.clear();
     entry.ready_since = clock_->Now();
-    entry.last_used = entry.ready_since;
     for (LoadedVersion& each : *loaded) {
       if (each.handle && stopped_) {
         // Stop ran while this version loaded and could not see it.
@@ -207,10 +206,11 @@ std::vector<ResidentModel> ModelManager::Resident() const {
       ready = true;
       for (const auto& [device, bytes] : slot.memory) model.memory[device] += bytes;
       model.busy = model.busy || Busy(*slot.handle);
+      model.last_used = std::max(model.last_used, slot.handle->last_used());
     }
     if (!ready) continue;
     model.name = name;
-    model.last_used = entry.last_used;
+    model.last_used = std::max(model.last_used, entry.ready_since);
     model.ready_since = entry.ready_since;
     resident.push_back(std::move(model));
   }
@@ -321,7 +321,6 @@ StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::s
       return VersionNotReadyError(name, wanted, chosen->reason.empty() ? "still loading" : chosen->reason);
     }
   }
-  if (on_demand_.load(std::memory_order_relaxed) != nullptr) entry.last_used = clock_->Now();
   return chosen->handle->Acquire();
 }
 

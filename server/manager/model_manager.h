@@ -54,7 +54,7 @@ class ModelManager final : public ModelLookup {
  public:
   struct Options {
     ModelObserver* observer = nullptr;  // told about every state change and ready version; may be null
-    // Where the time a model was last asked for is read from (Resident); null: the steady clock.
+    // Where the time a model became ready is read from (Resident); null: the steady clock.
     const TimeSource* clock = nullptr;
   };
 
@@ -69,14 +69,17 @@ class ModelManager final : public ModelLookup {
   // tried. When no version of it serves, the index shows it LOADING now (or its error when it
   // cannot load) and the observer hears LOADING for each version. Returns the versions serving
   // now, which keep serving until Swap.
-  std::vector<int64_t> BeginLoad(const std::shared_ptr<const RepositoryModel>& model);
+  // `wanted` false (a load on demand): readiness (AllReady) does not wait for the model, before
+  // or after it loads.
+  std::vector<int64_t> BeginLoad(const std::shared_ptr<const RepositoryModel>& model, bool wanted = true);
 
   // Installs what loaded for `model` at once: lookups after it find the new versions, and every
   // version that served before is returned for the caller to drain and release. A version that
   // failed is listed UNAVAILABLE with its reason. When Stop has run, new handles are stopped and
   // listed as not loaded. Tells the observer (READY and OnReady, UNAVAILABLE for the failed and
   // for old versions the model no longer selects).
-  RetiredVersions Swap(const std::shared_ptr<const RepositoryModel>& model, std::vector<LoadedVersion>* loaded);
+  RetiredVersions Swap(const std::shared_ptr<const RepositoryModel>& model, std::vector<LoadedVersion>* loaded,
+                       bool wanted = true);
 
   // Takes every version of `name` out of service: lookups answer UNAVAILABLE (`reason`) at once,
   // and AllReady no longer waits for it. `forget` also drops it from the index. NOT_FOUND for an
@@ -166,7 +169,6 @@ class ModelManager final : public ModelLookup {
     std::string reason;   // why it serves nothing, when `versions` is empty
     std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
     TimePoint ready_since{};        // the last Swap that installed a ready version
-    mutable TimePoint last_used{};  // the last Find that handed a version out (or ready_since)
   };
 
   // Remove and RemoveIfIdle.

@@ -25,17 +25,17 @@ void OnDemandLoader::Await(const std::string& name, TimePoint deadline, std::sha
   waiter.own_deadline = deadline <= now + options_.max_wait;
   waiter.cancelled = std::move(cancelled);
   waiter.then = std::move(then);
-  Status refused;
+  Status refused = control_->CheckLoadOnDemand(name);  // answered at once, nothing queued
   bool queue_load = false;
-  {
+  if (refused.ok()) {
     MutexLock lock(&mutex_);
     if (stopping_) {
       refused = absl::UnavailableError("the server is shutting down");
     } else {
       auto [it, first] = waiters_.try_emplace(name);
       if (it->second.size() >= options_.max_waiters) {
-        refused = absl::ResourceExhaustedError(absl::StrCat(it->second.size(), " requests already wait for model '",
-                                                            name, "' to load (--max-queue-size)"));
+        refused = absl::UnavailableError(absl::StrCat(it->second.size(), " requests already wait for model '", name,
+                                                      "' to load (--max-queue-size)"));
       } else {
         it->second.push_back(std::move(waiter));
         queue_load = first;

@@ -31,7 +31,7 @@ class OnDemandLoader final : public OnDemandLoads {
     // The longest a request waits for a load, whatever its own deadline (--model-load-wait-secs;
     // HTTP requests carry none).
     Duration max_wait = std::chrono::seconds(60);
-    size_t max_waiters = 1024;  // per model (--max-queue-size); more: RESOURCE_EXHAUSTED
+    size_t max_waiters = 1024;  // per model (--max-queue-size); more: UNAVAILABLE, as a full queue
     // How often cancellations are looked at while requests wait (deadlines wake it exactly).
     Duration cancel_check = std::chrono::milliseconds(20);
     const TimeSource* clock = nullptr;  // null: the steady clock

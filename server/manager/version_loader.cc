@@ -61,21 +61,25 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
   auto stats = std::make_shared<ModelStats>(
       options_.observer != nullptr ? options_.observer->SinkFor(model->name, version) : nullptr);
   std::string device;
-  // Every device an instance may use, measured from here to the end of the warm-up.
+  // The host and every GPU an instance goes on, measured from here to the end of the warm-up.
   std::vector<Device> devices{Device{}};
-  if (factory_->CudaUsable() && options_.device_policy != DevicePolicy::kCpu) {
-    for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) devices.push_back(Device{true, gpu});
+  for (const Device& each : DevicesOf(model->spec)) {
+    if (each.cuda) devices.push_back(each);
   }
   std::vector<uint64_t> before;
+  std::vector<bool> peak_reset;
   for (const Device& each : devices) {
-    factory_->ResetPeakMemory(each);
+    peak_reset.push_back(factory_->ResetPeakMemory(each));
     before.push_back(factory_->ReadMemory(each).current);
   }
   StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Compose(*model, version, stats, &device, &loaded.tuning, abandon);
   loaded.load_time = std::chrono::steady_clock::now() - started;
   for (size_t i = 0; i < devices.size(); ++i) {
-    const uint64_t peak = factory_->ReadMemory(devices[i]).peak;
+    const MemoryReading after = factory_->ReadMemory(devices[i]);
+    // Without a fresh peak (clear_refs refused), the peak is the process's lifetime one: the
+    // growth to now is the honest figure.
+    const uint64_t peak = peak_reset[i] ? after.peak : after.current;
     if (scheduler.ok() && peak > before[i]) loaded.memory[devices[i].ToString()] = peak - before[i];
   }
   if (scheduler.ok()) {
@@ -95,6 +99,25 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
     loaded.status = scheduler.status();
   }
   return loaded;
+}
+
+std::vector<Device> VersionLoader::DevicesOf(const ModelSpec& spec) const {
+  std::vector<Device> devices;
+  auto add = [&devices](const Device& device) {
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) devices.push_back(device);
+  };
+  for (const InstanceGroupSpec& group : spec.instance_groups) {
+    StatusOr<DeviceDecision> decision = DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable());
+    if (!decision.ok()) continue;
+    if (!decision->use_cuda) {
+      add(Device{});
+    } else if (group.gpus.empty()) {
+      for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) add(Device{true, gpu});
+    } else {
+      for (int gpu : group.gpus) add(Device{true, gpu});
+    }
+  }
+  return devices;
 }
 
 StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstances(

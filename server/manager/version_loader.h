@@ -76,6 +76,10 @@ class VersionLoader {
   // free lists to the kernel. Without it RSS keeps the high-water mark of every load.
   void ReleaseCachedMemory() const;
 
+  // The devices `spec`'s instances go on under the device policy ("cpu", "cuda:N"), each once, in
+  // first-use order; a group whose device cannot be decided is left out (its load will fail).
+  std::vector<Device> DevicesOf(const ModelSpec& spec) const;
+
   // Whether --device cuda can be met (a GPU is usable): FAILED_PRECONDITION, in DecideDevice's
   // words, when it cannot.
   Status CheckDevicePolicy() const;

@@ -235,15 +235,14 @@ class TorchBackendFactory final : public BackendFactory {
       return {};
     }
   }
-  void ResetPeakMemory(const Device& device) override {
-    if (!device.cuda) {
-      ResetProcessPeak();
-      return;
-    }
-    if (!info_.cuda_usable) return;
+  bool ResetPeakMemory(const Device& device) override {
+    if (!device.cuda) return ResetProcessPeak();
+    if (!info_.cuda_usable) return false;
     try {
       c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device.index));
+      return true;
     } catch (const std::exception&) {
+      return false;
     }
   }
   uint64_t DeviceMemoryBytes(const Device& device) override {

@@ -173,9 +173,17 @@ def test_mixed_traffic_to_more_models_than_fit_is_exact_and_stays_within_the_bud
     stop = threading.Event()
     errors, answers, samples = [], [0], []
 
+    not_ready = []
+
     def sample():
         while not stop.is_set():
             samples.append(resident_bytes(server))
+            # Readiness (strict, the default) never waits for models loaded on demand.
+            try:
+                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5):
+                    pass
+            except OSError as e:
+                not_ready.append(str(e))
             time.sleep(0.05)
 
     def traffic(seed, protocol):
@@ -209,6 +217,7 @@ def test_mixed_traffic_to_more_models_than_fit_is_exact_and_stays_within_the_bud
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors[:10]
+    assert not not_ready, not_ready[:5]
     assert answers[0] > 50
     assert samples and max(samples) <= server.budget, (max(samples), server.budget)
     text = server.metrics_text()

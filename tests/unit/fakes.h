@@ -275,7 +275,7 @@ class FakeBackendFactory final : public BackendFactory {
     const uint64_t bytes = allocated_[device.ToString()];
     return {bytes, bytes};
   }
-  void ResetPeakMemory(const Device& /*device*/) override {}
+  bool ResetPeakMemory(const Device& /*device*/) override { return true; }
   uint64_t DeviceMemoryBytes(const Device& device) override { return device.cuda ? uint64_t{80} << 30 : 0; }
   size_t load_count() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -126,9 +126,9 @@ inline std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>>
 // The manager's three parts wired as the server wires them.
 struct ManagerParts {
   ManagerParts(std::vector<RepositoryModel> models, FakeBackendFactory* factory, VersionLoader::Options loader_options = {},
-          ModelControl::Options control_options = {})
+          ModelControl::Options control_options = {}, ModelManager::Options manager_options = {})
       : loader(factory, std::move(loader_options)),
-        manager(std::move(models), {}),
+        manager(std::move(models), manager_options),
         control(&manager, &loader, std::move(control_options)) {}
   VersionLoader loader;
   ModelManager manager;

@@ -53,6 +53,7 @@ class OnDemandTest : public ::testing::Test {
     options.load_on_demand = true;
     options.eviction.min_residency = Duration(0);
     options.room_wait = Duration(0);
+    options.no_room_retry = Duration(0);
     if (budget_mib > 0) options.eviction.budget["cpu"] = budget_mib * kMiB;
     parts_ = std::make_unique<ManagerParts>(*source_.Scan(), &factory_, VersionLoader::Options{}, options);
     loads_ = std::make_unique<OnDemandLoader>(&parts_->control, OnDemandLoader::Options{});
@@ -118,6 +119,7 @@ TEST_F(OnDemandTest, RequestsForAModelNotLoadedShareOneLoadAndFindItReady) {
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(Send(&**found, "1").get()->outputs[0].data, "1");
   found = StatusOr<InFlightModel>(absl::CancelledError("released"));
+  EXPECT_TRUE(manager().AllReady());  // readiness never waits for a model loaded on demand
   // Ready already: answered without loading again.
   EXPECT_TRUE(Await("b").ok());
   EXPECT_EQ(LoadsOf("b"), 1u);
@@ -143,7 +145,7 @@ TEST_F(OnDemandTest, AFailedLoadAnswersEveryWaiterWithItsReasonAndIsNotRetriedDu
   release.set_value();
   for (Answer* answer : {&first, &second}) {
     const Status status = answer->Get();
-    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);  // the model's fault, not the request's
     EXPECT_THAT(status.message(), HasSubstr("failed to load 'c' on demand"));
     EXPECT_THAT(status.message(), HasSubstr("bad archive"));
   }
@@ -173,7 +175,11 @@ TEST_F(OnDemandTest, TheBudgetUnloadsTheLeastRecentlyUsedIdleModelAndNeverAPinne
   ASSERT_TRUE(Await("c").ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c"}));
   std::this_thread::sleep_for(2ms);
-  ASSERT_TRUE(manager().Find("b", "").ok());  // b is now used more recently than c
+  {
+    auto b = manager().Find("b", "");  // b is now used more recently than c
+    ASSERT_TRUE(b.ok());
+    (*b)->MarkUsed();
+  }
   std::this_thread::sleep_for(2ms);
   ASSERT_TRUE(Await("d").ok());  // 40 > 30: c goes
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "d"}));
@@ -212,6 +218,18 @@ TEST_F(OnDemandTest, AModelLargerThanTheWholeBudgetIsRefusedAndUnloaded) {
   const Status again = Await("d");
   EXPECT_THAT(again.message(), HasSubstr("more than the whole budget"));
   EXPECT_EQ(LoadsOf("d"), loads);
+}
+
+TEST_F(OnDemandTest, AVersionThatFailsLeavesTheOthersServing) {
+  Start(0);
+  source_.Put(Model("b", {1, 2}), "b2");  // what the load on demand reads
+  factory_.failures["b/2"] = "cannot load b version 2";
+  EXPECT_TRUE(Await("b").ok());
+  EXPECT_TRUE(manager().Find("b", "1").ok());
+  auto two = manager().Find("b", "2");
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(two.status().message(), HasSubstr("cannot load b version 2"));
+  EXPECT_TRUE(manager().AllReady());
 }
 
 TEST_F(OnDemandTest, AnExplicitUnloadWinsUntilAnExplicitLoad) {
@@ -260,6 +278,40 @@ TEST_F(OnDemandTest, StopAnswersTheWaitersAndLaterAwaits) {
   EXPECT_EQ(waiting.Get().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Await("c").code(), absl::StatusCode::kUnavailable);
   blocked->OpenGate();
+}
+
+TEST(MemoryBudgetTest, InExplicitModeABudgetMakesRoomForExplicitLoadsAndKeepsTheStartupModels) {
+  FakeBackendFactory factory;
+  MemorySource source;
+  for (const char* name : {"a", "b", "c", "d"}) {
+    source.Put(Model(name, {1}), std::string(name) + "1");
+    factory.instance_bytes[name] = 10 * kMiB;
+  }
+  ModelControl::Options options = Control(ModelControlMode::kExplicit, &source, {"a"});
+  options.eviction.budget["cpu"] = 30 * kMiB;
+  options.eviction.min_residency = Duration(0);
+  options.room_wait = Duration(0);
+  ManagerParts parts(*source.Scan(), &factory, {}, options);
+  ASSERT_TRUE(parts.control.LoadAll().ok());
+  ASSERT_TRUE(parts.control.LoadModel("b").ok());
+  std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(parts.control.LoadModel("c").ok());
+  std::this_thread::sleep_for(2ms);
+  {
+    auto b = parts.manager.Find("b", "");  // b used after c: c is the least recently used
+    ASSERT_TRUE(b.ok());
+    (*b)->MarkUsed();
+  }
+  ASSERT_TRUE(parts.control.LoadModel("d").ok());
+  EXPECT_TRUE(parts.manager.Find("a", "").ok());  // --load-model: pinned
+  EXPECT_TRUE(parts.manager.Find("b", "").ok());
+  EXPECT_TRUE(parts.manager.Find("d", "").ok());
+  auto c = parts.manager.Find("c", "");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(c.status().message(), HasSubstr("unloaded to make room for 'd'"));
+  EXPECT_FALSE(parts.control.LoadsOnDemand("c"));  // no loading on demand: RepositoryModelLoad brings it back
+  EXPECT_LE(ResidentBytes(parts.manager.Resident()).at("cpu"), 30 * kMiB);
+  parts.control.Stop();
 }
 
 TEST(OnDemandPollTest, PollRecordsChangedModelsThatDoNotServeAndReloadsThoseThatDo) {
