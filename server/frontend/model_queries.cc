@@ -64,7 +64,7 @@ Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& rep
     model->set_reason(entry.reason);
     uint64_t memory = 0;
     for (const auto& [device, bytes] : entry.memory) memory += bytes;
-    if (memory > 0) model->set_sluice_memory_bytes(memory);
+    if (memory > 0) model->mutable_sluice_memory()->set_bytes(memory);
   }
   return absl::OkStatus();
 }

@@ -99,7 +99,7 @@ def resident_bytes(server):
 def measured(server, model):
     for entry in index(server):
         if entry["name"] == model and entry["state"] == "READY":
-            return int(entry.get("sluice_memory_bytes", 0))
+            return int(entry.get("sluice_memory", {}).get("bytes", 0))
     return None
 
 
