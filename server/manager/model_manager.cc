@@ -204,7 +204,7 @@ std::vector<ResidentModel> ModelManager::Resident() const {
     for (const VersionSlot& slot : entry.versions) {
       if (slot.state != ModelState::kReady || !slot.handle) continue;
       ready = true;
-      for (const auto& [device, bytes] : slot.memory) model.memory[device] += bytes;
+      AddDeviceBytes(&model.memory, slot.memory);
       model.busy = model.busy || Busy(*slot.handle);
       model.last_used = std::max(model.last_used, slot.handle->last_used());
     }
@@ -223,8 +223,7 @@ DeviceBytes ModelManager::MemoryOf(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) return memory;
   for (const VersionSlot& slot : it->second.versions) {
-    if (slot.state != ModelState::kReady) continue;
-    for (const auto& [device, bytes] : slot.memory) memory[device] += bytes;
+    if (slot.state == ModelState::kReady) AddDeviceBytes(&memory, slot.memory);
   }
   return memory;
 }

@@ -1,7 +1,6 @@
 #include "server/manager/residency.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,31 +34,30 @@ StatusOr<std::pair<std::string, double>> ParseGpuLimit(std::string_view text) {
   return std::make_pair(absl::StrCat("cuda:", gpu), fraction);
 }
 
+void AddDeviceBytes(DeviceBytes* total, const DeviceBytes& more) {
+  for (const auto& [device, bytes] : more) (*total)[device] += bytes;
+}
+
 DeviceBytes ResidentBytes(const std::vector<ResidentModel>& resident) {
   DeviceBytes used;
-  for (const ResidentModel& model : resident) {
-    for (const auto& [device, bytes] : model.memory) used[device] += bytes;
-  }
+  for (const ResidentModel& model : resident) AddDeviceBytes(&used, model.memory);
   return used;
 }
 
 namespace {
 
+uint64_t Get(const DeviceBytes& bytes, const std::string& device) {
+  auto it = bytes.find(device);
+  return it == bytes.end() ? 0 : it->second;
+}
+
 // The devices whose budget `used` + `needed` goes over.
 std::vector<std::string> Over(const DeviceBytes& used, const DeviceBytes& needed, const DeviceBytes& budget) {
   std::vector<std::string> over;
   for (const auto& [device, limit] : budget) {
-    auto in_use = used.find(device);
-    auto wanted = needed.find(device);
-    const uint64_t total = (in_use == used.end() ? 0 : in_use->second) + (wanted == needed.end() ? 0 : wanted->second);
-    if (total > limit) over.push_back(device);
+    if (Get(used, device) + Get(needed, device) > limit) over.push_back(device);
   }
   return over;
-}
-
-uint64_t Get(const DeviceBytes& bytes, const std::string& device) {
-  auto it = bytes.find(device);
-  return it == bytes.end() ? 0 : it->second;
 }
 
 }  // namespace

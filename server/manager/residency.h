@@ -50,6 +50,8 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
                                                 const EvictionPolicy& policy, TimePoint now,
                                                 std::string_view loading = {});
 
+// Adds `more` to `total`, device by device.
+void AddDeviceBytes(DeviceBytes* total, const DeviceBytes& more);
 // Sum of every resident model's memory on each device.
 DeviceBytes ResidentBytes(const std::vector<ResidentModel>& resident);
 

@@ -101,20 +101,35 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
   return loaded;
 }
 
+StatusOr<std::vector<Device>> VersionLoader::GroupDevices(const InstanceGroupSpec& group, bool* fell_back) const {
+  SLUICE_ASSIGN_OR_RETURN(const DeviceDecision decision,
+                          DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
+  *fell_back = decision.fell_back_to_cpu;
+  std::vector<Device> targets;
+  if (!decision.use_cuda) {
+    targets.push_back(Device{});
+  } else if (group.gpus.empty()) {
+    for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
+  } else {
+    for (int gpu : group.gpus) {
+      if (gpu >= factory_->CudaDeviceCount()) {
+        return absl::InvalidArgumentError(absl::StrCat("instance_group asks for GPU ", gpu, " but ",
+                                                       factory_->CudaDeviceCount(), " GPU(s) are visible"));
+      }
+      targets.push_back(Device{true, gpu});
+    }
+  }
+  return targets;
+}
+
 std::vector<Device> VersionLoader::DevicesOf(const ModelSpec& spec) const {
   std::vector<Device> devices;
-  auto add = [&devices](const Device& device) {
-    if (std::find(devices.begin(), devices.end(), device) == devices.end()) devices.push_back(device);
-  };
   for (const InstanceGroupSpec& group : spec.instance_groups) {
-    StatusOr<DeviceDecision> decision = DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable());
-    if (!decision.ok()) continue;
-    if (!decision->use_cuda) {
-      add(Device{});
-    } else if (group.gpus.empty()) {
-      for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) add(Device{true, gpu});
-    } else {
-      for (int gpu : group.gpus) add(Device{true, gpu});
+    bool fell_back = false;
+    StatusOr<std::vector<Device>> targets = GroupDevices(group, &fell_back);
+    if (!targets.ok()) continue;
+    for (const Device& device : *targets) {
+      if (std::find(devices.begin(), devices.end(), device) == devices.end()) devices.push_back(device);
     }
   }
   return devices;
@@ -126,26 +141,12 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
   std::vector<std::string> devices;
   std::vector<std::pair<Device, int>> per_device;  // instance count per device, first use first
   for (const InstanceGroupSpec& group : spec.instance_groups) {
-    SLUICE_ASSIGN_OR_RETURN(const DeviceDecision decision,
-                            DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
-    if (decision.fell_back_to_cpu) {
+    bool fell_back = false;
+    SLUICE_ASSIGN_OR_RETURN(const std::vector<Device> targets, GroupDevices(group, &fell_back));
+    if (fell_back) {
       spdlog::warn("event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
                    "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
                    spec.name);
-    }
-    std::vector<Device> targets;
-    if (!decision.use_cuda) {
-      targets.push_back(Device{});
-    } else if (group.gpus.empty()) {
-      for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
-    } else {
-      for (int gpu : group.gpus) {
-        if (gpu >= factory_->CudaDeviceCount()) {
-          return absl::InvalidArgumentError(absl::StrCat("instance_group asks for GPU ", gpu, " but ",
-                                                         factory_->CudaDeviceCount(), " GPU(s) are visible"));
-        }
-        targets.push_back(Device{true, gpu});
-      }
     }
     for (const Device& target : targets) {
       auto same = std::find_if(per_device.begin(), per_device.end(),

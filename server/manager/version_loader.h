@@ -90,6 +90,9 @@ class VersionLoader {
   StatusOr<std::unique_ptr<Scheduler>> Compose(const RepositoryModel& model, int64_t version,
                                                std::shared_ptr<ModelStats> stats, std::string* device,
                                                ModelTuning* tuning, const std::atomic<bool>* abandon) const;
+  // The devices one instance group goes on under the device policy; `fell_back` set when a GPU
+  // group falls back to the CPU. INVALID_ARGUMENT for a GPU the process does not see.
+  StatusOr<std::vector<Device>> GroupDevices(const InstanceGroupSpec& group, bool* fell_back) const;
   StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
                                                                      const std::filesystem::path& file,
                                                                      std::string* device) const;
