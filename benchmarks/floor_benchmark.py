@@ -277,9 +277,11 @@ def chosen_batch_sizes(url):
         client.close()
 
 
-def inprocess(bin_dir, repository, prefix, smoke, models=("mlp", "convnet"), device="cpu", seconds=0.5):
+def inprocess(bin_dir, repository, prefix, smoke, models=("mlp", "convnet"), device="cpu", seconds=0.5,
+              via_runtime=False):
     """{model: {batch: sluice-bench-inprocess's row}} for `models` of `repository`, `seconds` per
-    batch size (smoke: 0.05) on `device`."""
+    batch size (smoke: 0.05) on `device`. `via_runtime`: each pass includes the copies from the
+    runtime's host staging to the device and back, as the server's batches do on a GPU."""
     rows = {}
     for model, sizes in (("mlp", [1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64]),
                          ("convnet", list(range(1, 33)))):
@@ -291,7 +293,8 @@ def inprocess(bin_dir, repository, prefix, smoke, models=("mlp", "convnet"), dev
             [*prefix, os.path.join(bin_dir, "sluice-bench-inprocess"), "--model",
              os.path.join(repository, model, "1", "model.pt"), "--row-shape", ",".join(map(str, MODEL_ROWS[model])),
              "--batch-sizes", ",".join(map(str, sizes)), "--seconds", "0.05" if smoke else str(seconds),
-             "--threads", "1", "--worker-thread", "true", "--device", device],
+             "--threads", "1", "--worker-thread", "true", "--device", device,
+             "--via-sluice-runtime", "true" if via_runtime else "false"],
             check=True, capture_output=True, text=True).stdout
         rows[model] = {row["batch"]: row for row in map(json.loads, out.splitlines())}
     return rows

@@ -13,6 +13,9 @@ Example inputs need a batch of 2 or more: torch.export specialises a dimension o
 """
 import json
 import os
+import signal
+import subprocess
+import sys
 from typing import Any, Dict, Optional, Sequence
 
 import torch
@@ -70,37 +73,60 @@ def accepted_batches(path: str, example_inputs: Sequence[torch.Tensor], low: int
     """The batch sizes in [low, high] the compiled package at `path` accepts with its input check
     on (AOTI_RUNTIME_CHECK_INPUTS=1, as the server runs it), as [min, max], or None when none
     does. Inductor may compile a narrower range than the export declared (in 2.11 the bundled
-    conv net exported with a batch of 1..32 accepts 2..15), so the recipe asks the package."""
-    previous = os.environ.get("AOTI_RUNTIME_CHECK_INPUTS")
-    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
-    try:
-        runner = torch._inductor.aoti_load_package(path)
+    conv net exported with a batch of 1..32 accepts 2..15), so the recipe asks the package.
 
-        def runs(batch):
-            inputs = [torch.zeros((batch, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in example_inputs]
-            try:
-                with torch.no_grad():
-                    runner(*inputs)
-                return True
-            except Exception:  # noqa: BLE001 - the check refused this batch size
-                return False
+    The package is loaded and run in a fresh process, as the server loads it: a package whose
+    loading crashes (on 2026-12-04 a CUDA package compiled on an H200 killed the compiling
+    process with SIGSEGV in AOTIModelPackageLoader's constructor) raises RuntimeError naming the
+    signal, instead of taking the caller down, and says that the server would crash the same way."""
+    request = {"path": os.path.abspath(path), "low": low, "high": high,
+               "inputs": [{"shape": list(x.shape[1:]), "dtype": str(x.dtype).replace("torch.", ""),
+                           "device": str(x.device)} for x in example_inputs]}
+    env = dict(os.environ, AOTI_RUNTIME_CHECK_INPUTS="1", PYTHONFAULTHANDLER="1")
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", json.dumps(request)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith(_PROBE_ANSWER):
+        tail = "\n".join(lines[-25:])
+        if done.returncode < 0:
+            name = signal.Signals(-done.returncode).name
+            raise RuntimeError(f"{path}: loading the compiled package killed a fresh process with {name}; the "
+                               f"server would crash the same way loading it. The process's last lines:\n{tail}")
+        raise RuntimeError(f"{path}: probing the compiled package's batch sizes failed (exit "
+                           f"{done.returncode}):\n{tail}")
+    return json.loads(lines[-1][len(_PROBE_ANSWER):])
 
-        smallest = next((b for b in range(low, min(high, low + 2) + 1) if runs(b)), None)
-        if smallest is None:
-            return None
-        lo, hi = smallest, high  # the largest that runs, assuming the accepted sizes are contiguous
-        if not runs(hi):
-            good, bad = lo, hi
-            while bad - good > 1:
-                middle = (good + bad) // 2
-                good, bad = (middle, bad) if runs(middle) else (good, middle)
-            hi = good
-        return [lo, hi]
-    finally:
-        if previous is None:
-            del os.environ["AOTI_RUNTIME_CHECK_INPUTS"]
-        else:
-            os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = previous
+
+_PROBE_ANSWER = "sluice-probe-answer: "
+
+
+def _probe(request: Dict[str, Any]):
+    """accepted_batches' child: loads the package, finds the accepted range, returns it or None."""
+    runner = torch._inductor.aoti_load_package(request["path"])
+    specs = request["inputs"]
+
+    def runs(batch):
+        inputs = [torch.zeros((batch, *spec["shape"]), dtype=getattr(torch, spec["dtype"]), device=spec["device"])
+                  for spec in specs]
+        try:
+            with torch.no_grad():
+                runner(*inputs)
+            return True
+        except Exception:  # noqa: BLE001 - the check refused this batch size
+            return False
+
+    low, high = request["low"], request["high"]
+    smallest = next((b for b in range(low, min(high, low + 2) + 1) if runs(b)), None)
+    if smallest is None:
+        return None
+    lo, hi = smallest, high  # the largest that runs, assuming the accepted sizes are contiguous
+    if not runs(hi):
+        good, bad = lo, hi
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            good, bad = (middle, bad) if runs(middle) else (good, middle)
+        hi = good
+    return [lo, hi]
 
 
 def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], path: str, *,
@@ -141,3 +167,7 @@ def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
             metadata[key] = json.dumps(tensors)
         path = torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
     return path
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--probe":
+    print(_PROBE_ANSWER + json.dumps(_probe(json.loads(sys.argv[2]))), flush=True)

@@ -129,7 +129,9 @@ def chosen_batch_sizes(url, model):
 
 
 def model_statistics(url, model):
-    """(inference_count, execution_count, queue_ns, compute_infer_ns, success_count) so far."""
+    """Counts and times so far. compute_infer_ns sums over requests, as Triton's: every request
+    in a batch adds the batch's time, so per execution it reads rows x the forward pass;
+    batch_compute_ns (the batch statistics' sum) counts each execution once."""
     import tritonclient.grpc as grpcclient
     client = grpcclient.InferenceServerClient(url=url)
     try:
@@ -137,13 +139,15 @@ def model_statistics(url, model):
         s = stats.inference_stats
         return {"inferences": stats.inference_count, "executions": stats.execution_count,
                 "queue_ns": s.queue.ns, "compute_infer_ns": s.compute_infer.ns, "success": s.success.count,
-                "batch_sizes": {b.batch_size: b.compute_infer.count for b in stats.batch_stats}}
+                "batch_sizes": {b.batch_size: b.compute_infer.count for b in stats.batch_stats},
+                "batch_compute_ns": sum(b.compute_infer.ns for b in stats.batch_stats)}
     finally:
         client.close()
 
 
 def statistics_delta(after, before):
-    delta = {k: after[k] - before[k] for k in ("inferences", "executions", "queue_ns", "compute_infer_ns", "success")}
+    delta = {k: after[k] - before[k] for k in ("inferences", "executions", "queue_ns", "compute_infer_ns", "success",
+                                                  "batch_compute_ns")}
     delta["batch_sizes"] = {b: n - before["batch_sizes"].get(b, 0) for b, n in after["batch_sizes"].items()
                             if n - before["batch_sizes"].get(b, 0) > 0}
     return delta

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace sluice {
 namespace {
@@ -90,15 +91,9 @@ RuntimeInfo ProbeRuntime(bool touch_gpus) {
     dlclose(driver);
   }
   if (std::ifstream proc("/proc/driver/nvidia/version"); proc) {
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."
     std::string line;
     std::getline(proc, line);
-    const size_t module = line.find("Kernel Module");
-    if (module != std::string::npos) {
-      std::string rest = line.substr(module + std::strlen("Kernel Module"));
-      const size_t begin = rest.find_first_not_of(' ');
-      if (begin != std::string::npos) info.driver_version = rest.substr(begin, rest.find(' ', begin) - begin);
-    }
+    info.driver_version = DriverVersionFromProc(line);
   }
   try {
     if (hooks.hasCuDNN()) info.cudnn_version = CudnnVersionFromInt(hooks.versionCuDNN());
@@ -164,6 +159,19 @@ std::string VersionFromInt(long version, int major_divisor, int minor_divisor) {
   if (minor_divisor == 0) return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / 10);
   return absl::StrCat(version / major_divisor, ".", (version % major_divisor) / minor_divisor, ".",
                       version % minor_divisor);
+}
+
+std::string DriverVersionFromProc(const std::string& line) {
+  const size_t module = line.find("Kernel Module");
+  if (module == std::string::npos) return "";
+  for (absl::string_view token : absl::StrSplit(absl::string_view(line).substr(module + std::strlen("Kernel Module")),
+                                                ' ', absl::SkipEmpty())) {
+    const bool version = token.find('.') != absl::string_view::npos &&
+                         std::all_of(token.begin(), token.end(),
+                                     [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
+    if (version) return std::string(token);
+  }
+  return "";
 }
 
 std::string CudnnVersionFromInt(long version) {

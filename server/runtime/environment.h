@@ -57,6 +57,13 @@ std::string VersionFromInt(long version, int major_divisor, int minor_divisor);
 // major*1000 + minor*100 + patch (8907 is 8.9.7).
 std::string CudnnVersionFromInt(long version);
 
+// The driver's version ("580.159.04") from the first line of /proc/driver/nvidia/version: the
+// first token after "Kernel Module" made of digits and dots. Both spellings the driver writes:
+// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..." (proprietary) and
+// "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..." (open).
+// Empty when the line holds none.
+std::string DriverVersionFromProc(const std::string& line);
+
 // Things that are wrong or surprising, one sentence each, with what to do. `gpu_required`: the
 // server was started with --device cuda.
 std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_required);

@@ -327,3 +327,27 @@ def test_an_unusable_temporary_directory_is_named_with_the_fix(repository, tmp_p
             subprocess.run(["umount", str(mounted)], check=False)
     if mounted is None:
         pytest.skip("a missing TMPDIR checked; mounting a noexec tmpfs is not allowed here")
+
+
+def test_the_recipe_probes_batch_sizes_in_a_fresh_process_and_names_a_crash(packages, tmp_path, monkeypatch):
+    """sluice_export asks a compiled package which batch sizes it accepts in a child process, as
+    the server would load it: the real probe answers the range, a child killed by a signal is
+    reported by the signal's name with the warning that the server would crash the same way (an
+    H200 run's CUDA package did), and a child that fails otherwise by its exit code and output."""
+    import sluice_export
+    assert sluice_export.accepted_batches(packages["list_min2"], [torch.zeros(2, 3)], 2, 8) == [2, 8]
+    assert sluice_export.accepted_batches(packages["list_min2"], [torch.zeros(2, 3)], 2, 9) == [2, 8]
+    crashing = tmp_path / "crashing-python"
+    crashing.write_text("#!/bin/sh\necho 'Fatal Python error: Segmentation fault'\nkill -SEGV $$\n")
+    failing = tmp_path / "failing-python"
+    failing.write_text("#!/bin/sh\necho 'RuntimeError: no such package'\nexit 3\n")
+    for fake in (crashing, failing):
+        fake.chmod(0o755)
+    monkeypatch.setattr(sluice_export.sys, "executable", str(crashing))
+    with pytest.raises(RuntimeError, match="killed a fresh process with SIGSEGV; the server would crash the same "
+                                           "way loading it(.|\n)*Fatal Python error: Segmentation fault"):
+        sluice_export.accepted_batches(packages["list_min2"], [torch.zeros(2, 3)], 2, 8)
+    monkeypatch.setattr(sluice_export.sys, "executable", str(failing))
+    with pytest.raises(RuntimeError, match=r"probing the compiled package's batch sizes failed \(exit 3\):\n"
+                                           "RuntimeError: no such package"):
+        sluice_export.accepted_batches(packages["list_min2"], [torch.zeros(2, 3)], 2, 8)

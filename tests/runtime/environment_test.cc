@@ -107,6 +107,22 @@ TEST(EnvironmentTest, GpuWhoseComputeCapabilityIsNotCovered) {
                                 HasSubstr("no kernels"))));
 }
 
+TEST(EnvironmentTest, DriverVersionFromBothKernelModuleSpellings) {
+  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 "
+                                  "06:54:38 UTC 2025"),
+            "580.65.06");
+  // The open kernel module's line, as an H200 machine wrote it on 2026-12-04 (the report said
+  // "driver for" before this was parsed by shape rather than position).
+  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
+                                  "Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Nov 20 2025"),
+            "580.159.04");
+  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX aarch64 Kernel Module  570.86.15  Thu Jan 30"),
+            "570.86.15");
+  EXPECT_EQ(DriverVersionFromProc(""), "");
+  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64"), "");
+  EXPECT_EQ(DriverVersionFromProc("something else 580.65.06"), "");
+}
+
 TEST(EnvironmentTest, VersionFromInt) {
   EXPECT_EQ(VersionFromInt(13000, 1000, 0), "13.0");
   EXPECT_EQ(VersionFromInt(12040, 1000, 0), "12.4");

@@ -69,7 +69,7 @@ def body():
                 "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
                 "executed_batch_sizes": delta["batch_sizes"], "dominant_batch": executed,
                 "queue_us_per_request": delta["queue_ns"] / max(delta["success"], 1) / 1e3,
-                "compute_us_per_execution": delta["compute_infer_ns"] / max(delta["executions"], 1) / 1e3,
+                "compute_us_per_execution": delta["batch_compute_ns"] / max(delta["executions"], 1) / 1e3,
                 "inprocess_batch": nearest, "inprocess_rows_per_s": ceiling[nearest]["rows_per_s"],
                 "ratio": run["infer_per_s"] / ceiling[nearest]["rows_per_s"],
                 "inprocess_with_copies_rows_per_s": with_copies[nearest]["rows_per_s"],

@@ -51,6 +51,32 @@ def missing_compile_tools():
     return missing
 
 
+def serve_anyway(root):
+    """What the server makes of a package the recipe compiled and then refused (its batch probe
+    failed or crashed in a child process): on 2026-12-04 an H200's compile of this package
+    crashed with SIGSEGV loading it, and whether the server's loader does the same is the
+    question an operator has. The server's log stays in the step's folder."""
+    import tritonclient.grpc as grpcclient
+    try:
+        server = kitlib.start_server(root, ["--device", kitlib.device()], name="server_after_failed_compile",
+                                     timeout=30)
+    except Exception as error:  # noqa: BLE001 - reported, whatever it was
+        return f"the server did not serve it either: {str(error)[:400]}"
+    try:
+        client = grpcclient.InferenceServerClient(url=server.url)
+        tensor = grpcclient.InferInput("INPUT__0", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        try:
+            client.infer("mlp_aoti", [tensor], client_timeout=20)
+            answer = "the server loaded it and answered a request"
+        except Exception as error:  # noqa: BLE001
+            answer = f"the server loaded it but the request failed: {str(error)[:300]}"
+        client.close()
+    finally:
+        code = server.stop()
+    return answer + (f"; the server then exited {code}" if code != 0 else "")
+
+
 def body():
     import tritonclient.grpc as grpcclient
     root = os.path.join(kitlib.WORK, "aoti_package")
@@ -70,7 +96,10 @@ def body():
              "bundled_models.export('mlp_aoti', sys.argv[2], device='cuda')",
              os.path.join(kitlib.KIT, "src", "models"), package], "compile.log", timeout=COMPILE_CAP)
         if code != 0:
-            return "fail", f"the compile exited {code}: {text[-300:]}", {}, "```\n" + text[-3000:] + "\n```"
+            outcome = f"the compile exited {code}: {text[-300:]}"
+            if os.path.exists(package):  # compiled, then refused by the recipe's probe: does the server load it?
+                outcome += " | " + serve_anyway(root)
+            return "fail", outcome, {"compile_exit": code}, "```\n" + text[-3000:] + "\n```"
     else:  # the dry run reuses the cached CPU package when there is one
         shutil.copyfile(generate_models.cached_package("mlp_aoti"), package)
     compile_s = time.monotonic() - started

@@ -8,7 +8,7 @@ when that step was skipped (budget or missing tools).
 The CPU dry run asks for 2^62 bytes: the CPU allocator keeps no counter, so there the answer is
 INTERNAL (the runner swallowed the allocator's message), which the dry run expects; the server must
 still serve and stay live."""
-# kit-timeout: 45
+# kit-timeout: 120
 import json
 import os
 import shutil
@@ -19,7 +19,7 @@ import torch
 
 import kitlib
 
-COMPILE_CAP = 35  # seconds: about 25 s on two busy cores for the CPU dry run
+COMPILE_CAP = 100  # seconds: about 25 s on two busy cores for the CPU dry run; an H200 machine took over 35 s
 CONFIG = """platform: "torch_aoti"
 max_batch_size: 0
 input [ { name: "NBYTES" data_type: TYPE_INT64 dims: [ 1 ] } ]
