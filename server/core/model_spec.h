@@ -250,6 +250,13 @@ struct ModelSpec {
   // sleeps until the GPU is done: less CPU per request, a wake-up's latency more). Per instance,
   // unlike the process-wide device flag, which must be set before any CUDA context exists.
   bool cuda_blocking_wait = false;
+  // optimization { cuda { graphs: true } } (Triton's field): a GPU instance captures each input
+  // shape it runs into a CUDA graph after that shape's first runs (warm-up runs every shape of a
+  // finite plan first), at most cuda_graphs_max per instance (sluice.cuda_graphs_max), and
+  // replays it for later batches of that shape (see server/core/cuda_graph_plan.h). Ignored, with
+  // one log line, on a CPU instance.
+  bool cuda_graphs = false;
+  int cuda_graphs_max = 16;
   // Decided by VersionLoader (see DecideCudnnBenchmark) before the instances load; the runtime
   // writes it into every convolution of the model's graph.
   bool cudnn_benchmark = false;

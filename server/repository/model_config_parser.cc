@@ -154,7 +154,6 @@ Status RejectUnsupported(const inference::ModelConfig& config) {
   if (config.model_transaction_policy().decoupled()) fields.push_back("model_transaction_policy.decoupled");
   if (config.has_model_repository_agents()) fields.push_back("model_repository_agents");
   if (config.cc_model_filenames_size() > 0) fields.push_back("cc_model_filenames");
-  if (config.optimization().cuda().graphs()) fields.push_back("optimization.cuda.graphs");
   if (config.optimization().has_execution_accelerators()) {
     fields.push_back("optimization.execution_accelerators");
   }
@@ -461,7 +460,7 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
     "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait",
     "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us",
-    "sluice.pinned"};
+    "sluice.pinned",                 "sluice.cuda_graphs_max"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
@@ -808,6 +807,9 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
                           IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
   spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
   SLUICE_ASSIGN_OR_RETURN(spec.pinned, BoolParameterOr(spec.parameters, "sluice.pinned", false));
+  spec.cuda_graphs = config->optimization().cuda().graphs();
+  SLUICE_ASSIGN_OR_RETURN(const int64_t graphs_max, IntParameter(spec.parameters, "sluice.cuda_graphs_max", 16, 1, 1024));
+  spec.cuda_graphs_max = static_cast<int>(graphs_max);
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread,
                           BoolParameterOr(spec.parameters, "sluice.run_on_receiving_thread", false));
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread_max_us,

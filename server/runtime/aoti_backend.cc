@@ -47,25 +47,30 @@ class AotiBackend final : public TorchInstance {
 
   // No graph to rewrite: the cuDNN decision line says how packages take the flag
   // (DecideCudnnBenchmark).
-  std::vector<std::string> Warnings() const override { return warnings_; }
+  std::vector<std::string> Warnings() const override {
+    std::vector<std::string> warnings = TorchInstance::Warnings();
+    warnings.insert(warnings.end(), warnings_.begin(), warnings_.end());
+    return warnings;
+  }
 
  private:
-  Status Run(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
+  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> declared, const InferRequest& request) override {
     const AotiBinding& binding = package_->binding;
     // A batch below the package's smallest is padded with zero rows; their outputs are dropped.
     const int64_t padded_rows =
         spec().batches() && request.batch_size < binding.pad_batch_to ? binding.pad_batch_to : 0;
     std::vector<at::Tensor> inputs(binding.input_package_index.size());
-    for (const TensorView& input : request.inputs) {
-      at::Tensor tensor = InputTensor(input);
+    for (size_t i = 0; i < declared.size(); ++i) {
+      if (!declared[i].isTensor()) continue;
+      at::Tensor tensor = declared[i].toTensor();
       if (padded_rows > 0) {
-        std::vector<int64_t> shape = input.shape;
+        std::vector<int64_t> shape = tensor.sizes().vec();
         shape[0] = padded_rows;
         at::Tensor padded = at::zeros(shape, tensor.options());
-        padded.narrow(0, 0, input.shape[0]).copy_(tensor);
+        padded.narrow(0, 0, tensor.size(0)).copy_(tensor);
         tensor = padded;
       }
-      inputs[binding.input_package_index[DeclaredIndex(spec().inputs, input.name)]] = std::move(tensor);
+      inputs[binding.input_package_index[i]] = std::move(tensor);
     }
     void* stream_handle = stream() != nullptr ? static_cast<void*>(stream()->stream()) : nullptr;
     std::vector<at::Tensor> flat = package_->loader->run(inputs, stream_handle);
@@ -81,7 +86,7 @@ class AotiBackend final : public TorchInstance {
       }
       outputs.push_back(std::move(output));
     }
-    return delivery().Deliver(outputs, request, targets);
+    return outputs;
   }
 
   const std::shared_ptr<LoadedPackage> package_;

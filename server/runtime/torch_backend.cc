@@ -44,25 +44,10 @@ class TorchScriptBackend final : public TorchInstance {
   ConvolutionTuning Tuning() const override { return tuning_; }
 
  private:
-  Status Run(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
-    std::vector<c10::IValue> arguments(spec().inputs.size());
-    for (const TensorView& input : request.inputs) {
-      arguments[input_positions_[DeclaredIndex(spec().inputs, input.name)]] =
-          input.dtype == DataType::kBytes ? StringList(input) : c10::IValue(InputTensor(input));
-    }
-    c10::IValue result = module_.forward(std::move(arguments));
-    SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, BindOutputs(result));
-    return delivery().Deliver(outputs, request, targets);
-  }
-
-  // A BYTES input (validated, or assembled from validated requests) as the one flat List[str] the
-  // model takes: every element of every row, in order, padding rows as empty strings.
-  static c10::IValue StringList(const TensorView& input) {
-    const std::vector<std::string_view> elements = SplitBytesTensor(std::string_view(input.data, input.byte_size));
-    c10::List<std::string> list;
-    list.reserve(elements.size());
-    for (std::string_view element : elements) list.push_back(std::string(element));
-    return list;
+  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs, const InferRequest&) override {
+    std::vector<c10::IValue> arguments(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) arguments[input_positions_[i]] = std::move(inputs[i]);
+    return BindOutputs(module_.forward(std::move(arguments)));
   }
 
   // The returned values, one per declared output, in config order: tensors, or List[str] for

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -10,9 +11,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/runtime_log.h"
 
 namespace sluice {
 namespace {
@@ -253,12 +259,86 @@ Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value
   return absl::OkStatus();
 }
 
+namespace {
+
+// A BYTES input (validated, or assembled from validated requests) as the one flat List[str] a
+// TorchScript model takes: every element of every row, in order, padding rows as empty strings.
+c10::IValue StringList(const TensorView& input) {
+  const std::vector<std::string_view> elements = SplitBytesTensor(std::string_view(input.data, input.byte_size));
+  c10::List<std::string> list;
+  list.reserve(elements.size());
+  for (std::string_view element : elements) list.push_back(std::string(element));
+  return list;
+}
+
+// The largest difference between two answers, output by output (NaN where both are NaN counts as
+// equal; anywhere else as infinite); infinite when their dtypes or shapes differ.
+double LargestDifference(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b) {
+  constexpr double kInfinite = std::numeric_limits<double>::infinity();
+  if (a.size() != b.size()) return kInfinite;
+  double largest = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].isTensor() || !b[i].isTensor()) return kInfinite;
+    const at::Tensor x = a[i].toTensor();
+    const at::Tensor y = b[i].toTensor();
+    if (x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes())) return kInfinite;
+    if (x.numel() == 0 || at::equal(x, y)) continue;
+    const at::Tensor xd = x.to(at::kDouble), yd = y.to(at::kDouble);
+    at::Tensor difference = at::sub(xd, yd).abs();
+    difference = at::where(at::logical_and(xd.isnan(), yd.isnan()), at::zeros_like(difference), difference);
+    difference = at::nan_to_num(difference, kInfinite, kInfinite, kInfinite);
+    largest = std::max(largest, difference.max().item<double>());
+  }
+  return largest;
+}
+
+std::string ShapeKey(const ModelSpec& spec, const InferRequest& batch) {
+  std::string key;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    for (const TensorView& view : batch.inputs) {
+      if (view.name != spec.inputs[i].name) continue;
+      absl::StrAppend(&key, i == 0 ? "" : " ", view.name, ":", DataTypeName(view.dtype), "[",
+                      absl::StrJoin(view.shape, ","), "]");
+    }
+  }
+  return key;
+}
+
+}  // namespace
+
+struct TorchInstance::CapturedGraph {
+  at::cuda::CUDAGraph graph;
+  std::vector<at::Tensor> inputs;    // static, config order (undefined where an input is absent)
+  std::vector<c10::IValue> outputs;  // static, config order: what a replay writes
+};
+
 TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<StreamRecycler> streams)
     : spec_(std::move(spec)),
       device_(device),
       stream_(std::move(streams), device_),
       delivery_(&spec_, stream_.get()),
-      intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {}
+      intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {
+  if (!spec_.cuda_graphs) return;
+  const auto strings = [](const std::vector<TensorSpec>& tensors) {
+    return std::any_of(tensors.begin(), tensors.end(), [](const TensorSpec& t) { return t.dtype == DataType::kBytes; });
+  };
+  if (!device_.is_cuda()) {
+    graphs_ignored_ = "optimization.cuda.graphs is ignored: the instance runs on the CPU";
+  } else if (strings(spec_.inputs) || strings(spec_.outputs)) {
+    graphs_ignored_ = "optimization.cuda.graphs is ignored: TYPE_STRING tensors live on the host, outside any graph";
+  } else {
+    graph_plan_ = std::make_unique<CudaGraphPlan>(spec_.cuda_graphs_max);
+  }
+}
+
+// Out of line: CapturedGraph is complete here. The graphs go first (members in reverse order),
+// their pool with them, then the stream is synchronised and handed back.
+TorchInstance::~TorchInstance() = default;
+
+std::vector<std::string> TorchInstance::Warnings() const {
+  if (graphs_ignored_.empty()) return {};
+  return {graphs_ignored_};
+}
 
 Status TorchInstance::Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
   c10::cuda::CUDAStream* stream = stream_.get();
@@ -283,6 +363,128 @@ Status TorchInstance::Execute(const InferRequest& batch, absl::Span<const Output
     failure.allocator_out_of_memory = ooms_before && ooms_after && *ooms_after > *ooms_before;
   }
   return ForwardFailureStatus(absl::StrCat("model '", spec_.name, "' failed"), failure);
+}
+
+std::vector<c10::IValue> TorchInstance::DeclaredInputs(const InferRequest& batch) const {
+  std::vector<c10::IValue> inputs(spec_.inputs.size());
+  for (const TensorView& input : batch.inputs) {
+    inputs[DeclaredIndex(spec_.inputs, input.name)] =
+        input.dtype == DataType::kBytes ? StringList(input) : c10::IValue(InputTensor(input));
+  }
+  return inputs;
+}
+
+Status TorchInstance::Run(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
+  if (graph_plan_ != nullptr) return RunWithGraphs(batch, targets);
+  SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
+  return delivery_.Deliver(outputs, batch, targets);
+}
+
+Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
+  const std::string key = ShapeKey(spec_, batch);
+  switch (graph_plan_->Next(key)) {
+    case CudaGraphPlan::Action::kReplay: {
+      CapturedGraph& captured = *graphs_.at(key);
+      for (const TensorView& view : batch.inputs) {
+        // The request's bytes stay alive and untouched until completion (InferRequest contract);
+        // from pinned staging memory the copy is asynchronous on the instance's stream.
+        const at::Tensor host = at::from_blob(const_cast<char*>(view.data), view.shape,
+                                              at::TensorOptions().dtype(ToScalarType(view.dtype)));
+        captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
+      }
+      captured.graph.replay();
+      graph_plan_->Replayed();
+      return delivery_.Deliver(captured.outputs, batch, targets);
+    }
+    case CudaGraphPlan::Action::kCapture: {
+      const std::vector<c10::IValue> inputs = DeclaredInputs(batch);
+      SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> eager, Forward(inputs, batch));
+      if (Status captured = CaptureGraph(key, inputs, eager, batch); !captured.ok()) {
+        if (graph_plan_->off()) {
+          graphs_.clear();
+          LogRuntimeWarning(absl::StrCat("event=cuda_graphs_off model=", spec_.name, " reason=\"", captured.message(),
+                                         "\" (every shape of this instance runs without a graph)"));
+        } else {
+          graph_plan_->CaptureFailed(key);
+          LogRuntimeWarning(absl::StrCat("event=cuda_graph_failed model=", spec_.name, " shape=\"", key, "\" reason=\"",
+                                         captured.message(), "\" (this shape runs without a graph)"));
+        }
+      }
+      return delivery_.Deliver(eager, batch, targets);
+    }
+    case CudaGraphPlan::Action::kEager:
+      break;
+  }
+  SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
+  return delivery_.Deliver(outputs, batch, targets);
+}
+
+Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10::IValue>& inputs,
+                                   const std::vector<c10::IValue>& eager, const InferRequest& batch) {
+  const auto started = std::chrono::steady_clock::now();
+  auto captured = std::make_unique<CapturedGraph>();
+  std::vector<c10::IValue> statics;
+  for (const c10::IValue& input : inputs) {
+    captured->inputs.push_back(input.isTensor() ? input.toTensor().clone() : at::Tensor());
+    statics.push_back(input.isTensor() ? c10::IValue(captured->inputs.back()) : c10::IValue());
+  }
+  if (graph_pool_ == std::pair<unsigned long long, unsigned long long>{0, 0}) graph_pool_ = at::cuda::graph_pool_handle();
+  stream_.get()->synchronize();  // the eager pass and the copies are done before the capture
+  bool capturing = false;
+  ForwardFailure failure;
+  std::optional<Status> forward = TryTorch(
+      [&]() -> Status {
+        // Thread-local mode: another thread allocating or synchronising while this one captures
+        // (a model serving during this one's load) neither breaks the capture nor is broken by it.
+        captured->graph.capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
+        capturing = true;
+        StatusOr<std::vector<c10::IValue>> outputs = Forward(statics, batch);
+        capturing = false;
+        captured->graph.capture_end();
+        if (!outputs.ok()) return outputs.status();
+        captured->outputs = *std::move(outputs);
+        return absl::OkStatus();
+      },
+      &failure);
+  if (!forward) {
+    if (capturing) {  // end the capture the forward pass broke (it throws again: the capture is invalid)
+      ForwardFailure ignored;
+      TryTorch([&] { captured->graph.capture_end(); return 0; }, &ignored);
+    }
+    (void)cudaGetLastError();  // a capture's error is not sticky: clear it for the next pass
+    return absl::FailedPreconditionError(absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
+  }
+  SLUICE_RETURN_IF_ERROR(*forward);
+  for (const c10::IValue& output : captured->outputs) {
+    if (!output.isTensor()) return absl::FailedPreconditionError("an output is not a tensor");
+  }
+  // One replay, checked against the eager pass of the same inputs.
+  ForwardFailure check_failure;
+  std::optional<Status> checked = TryTorch(
+      [&]() -> Status {
+        captured->graph.replay();
+        const double difference = LargestDifference(captured->outputs, eager);
+        if (difference == 0) return absl::OkStatus();
+        StatusOr<std::vector<c10::IValue>> again = Forward(inputs, batch);
+        if (!again.ok()) return again.status();
+        const double noise = LargestDifference(*again, eager);
+        if (difference <= noise) return absl::OkStatus();
+        graph_plan_->TurnOff(absl::StrCat("the replay of shape ", key, " differs from the eager pass by ", difference,
+                                          ", more than two eager passes differ by (", noise, ")"));
+        return absl::FailedPreconditionError(graph_plan_->off_reason());
+      },
+      &check_failure);
+  if (!checked) {
+    return absl::FailedPreconditionError(absl::StrCat("the replay failed: ", TruncateTorchMessage(check_failure.message)));
+  }
+  SLUICE_RETURN_IF_ERROR(*checked);
+  const int64_t capture_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+  graph_plan_->Captured(key, capture_us);
+  graphs_[key] = std::move(captured);
+  LogRuntimeInfo(absl::StrCat("event=cuda_graph_captured model=", spec_.name, " shape=\"", key,
+                              "\" capture_us=", capture_us, " graphs=", graph_plan_->graphs()));
+  return absl::OkStatus();
 }
 
 std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {

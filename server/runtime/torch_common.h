@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -17,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "server/core/backend.h"
+#include "server/core/cuda_graph_plan.h"
 #include "server/core/mutex.h"
 #include "server/runtime/cuda_failure.h"
 #include "server/runtime/environment.h"
@@ -140,36 +142,68 @@ class OutputDelivery {
 // What a LibTorch model instance of either format is around its forward pass: the instance's
 // CUDA stream on a GPU (made current for the pass, so instances on one GPU overlap), its CPU
 // thread count on the CPU (the manager's split), inference mode, LibTorch exceptions as
-// statuses, pinned staging memory on a GPU and the delivery of the outputs. Subclasses run the
-// model (Run). Thread-compatible, like every ModelBackend.
+// statuses, pinned staging memory on a GPU, CUDA graphs where the config asks for them, and the
+// delivery of the outputs. Subclasses run the model (Forward). Thread-compatible, like every
+// ModelBackend.
+//
+// CUDA graphs (ModelSpec::cuda_graphs, on a GPU instance of a model without TYPE_STRING tensors):
+// CudaGraphPlan says per input shape whether a pass runs eagerly, captures or replays. A capture
+// pass answers from an eager forward, then captures Forward on static copies of its inputs into
+// a graph (thread-local capture mode, so other threads' allocations and synchronisations during
+// a load do not break it; the instance's private memory pool, shared by its graphs), replays it
+// once and compares with the eager answer: equal, or within what a second eager pass differs by;
+// otherwise graphs are off for the instance. A failed capture leaves that shape eager. A replay
+// copies the batch's inputs into the static inputs, replays on the instance's stream and delivers
+// the static outputs (the delivery synchronises before the next replay can overwrite them).
 class TorchInstance : public ModelBackend {
  public:
   TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<StreamRecycler> streams);
+  ~TorchInstance() override;
 
   Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) final;
   // Pinned host memory on a GPU instance, so the host-to-device copy can be asynchronous.
   std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) final;
+  // Why graphs the config asked for are not used on this instance (a CPU instance, strings).
+  std::vector<std::string> Warnings() const override;
 
  protected:
-  // One forward pass over `batch` (under the stream guard, the thread count and inference mode);
-  // hands the outputs to delivery().Deliver.
-  virtual Status Run(const InferRequest& batch, absl::Span<const OutputTarget> targets) = 0;
+  // One forward pass (under the stream guard, the thread count and inference mode). `inputs`:
+  // one value per declared input, config order: a tensor on the instance's device, or List[str]
+  // for a TYPE_STRING input. Returns one value per declared output, config order (see
+  // OutputDelivery::Deliver). Must not synchronise with the host when graphs are on (a capture
+  // that does fails, and that shape runs eagerly).
+  virtual StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs, const InferRequest& batch) = 0;
 
   const ModelSpec& spec() const { return spec_; }
   const at::Device& device() const { return device_; }
   c10::cuda::CUDAStream* stream() { return stream_.get(); }  // null on the CPU
-  OutputDelivery& delivery() { return delivery_; }
+
+ private:
+  struct CapturedGraph;
+
+  Status Run(const InferRequest& batch, absl::Span<const OutputTarget> targets);
+  Status RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets);
+  // Captures `key` from `inputs` and checks one replay against `eager`; errors say why not.
+  Status CaptureGraph(const std::string& key, const std::vector<c10::IValue>& inputs,
+                      const std::vector<c10::IValue>& eager, const InferRequest& batch);
+  // The batch's inputs in config order (InputTensor, or List[str] for BYTES).
+  std::vector<c10::IValue> DeclaredInputs(const InferRequest& batch) const;
   // `view`'s bytes as a tensor, without a copy on the CPU; on a GPU copied to the device
   // (asynchronously from pinned staging memory, on the instance's stream; the delivery
   // synchronises before the staging buffer is reused).
   at::Tensor InputTensor(const TensorView& view) const;
 
- private:
   const ModelSpec spec_;
   const at::Device device_;
   InstanceStream stream_;
   OutputDelivery delivery_;     // worker thread only
   const int intra_op_threads_;  // CPU instances only (0: LibTorch's default)
+  std::string graphs_ignored_;  // why the config's graphs are not used here; empty otherwise
+  // Graphs: null unless they are on for this instance. Declared after stream_, so the graphs and
+  // their pool go before the stream is handed back. Worker thread only.
+  std::unique_ptr<CudaGraphPlan> graph_plan_;
+  std::unordered_map<std::string, std::unique_ptr<CapturedGraph>> graphs_;
+  std::pair<unsigned long long, unsigned long long> graph_pool_{0, 0};  // at::cuda::MempoolId_t
 };
 
 }  // namespace sluice

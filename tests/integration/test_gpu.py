@@ -157,3 +157,35 @@ def test_aoti_package_compiled_for_cuda_serves_on_the_gpu(tmp_path_factory):
         client.close()
     finally:
         assert server.stop() == 0
+
+
+def test_cuda_graphs_capture_every_warmed_shape_and_answer_as_eager(tmp_path_factory):
+    """The bundled conv net with optimization.cuda.graphs on the GPU: warm-up captures its shapes
+    (one log line each), and replays answer as the same model without graphs does."""
+    import re
+    root = write_bundled(tmp_path_factory.mktemp("graphs_gpu"), ["convnet"])
+    graphs = root / "convnet_graphs"
+    graphs.mkdir()
+    (graphs / "1").mkdir()
+    (graphs / "1" / "model.pt").write_bytes((root / "convnet" / "1" / "model.pt").read_bytes())
+    config = (root / "convnet" / "config.pbtxt").read_text()
+    (graphs / "config.pbtxt").write_text(re.sub(r'^name:\s*"[^"]*"\n', "", config, flags=re.M)
+                                         + "optimization { cuda { graphs: true } }\n")
+    server = start_server(root, tmp_path_factory, ["--device", "cuda"])
+    try:
+        log = server.log()
+        captured = re.findall(r"event=cuda_graph_captured model=convnet_graphs ", log)
+        assert captured, log[-3000:]
+        client = grpcclient.InferenceServerClient(url=server.url)
+        rng = np.random.default_rng(2)
+        for batch in (1, 4, 4, 8):
+            image = rng.random((batch, 3, 32, 32), dtype=np.float32)
+            answers = {}
+            for model in ("convnet", "convnet_graphs"):
+                inp = grpcclient.InferInput("image", list(image.shape), "FP32")
+                inp.set_data_from_numpy(image)
+                answers[model] = client.infer(model, [inp]).as_numpy("logits")
+            np.testing.assert_allclose(answers["convnet_graphs"], answers["convnet"], rtol=1e-4, atol=1e-4)
+        client.close()
+    finally:
+        assert server.stop() == 0

@@ -350,3 +350,29 @@ def test_print_env_without_gpu():
         assert "gpus: none\n" in out
         assert "result: no usable GPU; every model runs on the CPU" in out
         assert "problem: " in out  # it says why: no driver, or no GPU visible
+
+
+def test_cuda_graphs_on_a_cpu_instance_are_ignored_with_one_line_and_the_model_serves(tmp_path_factory):
+    """optimization.cuda.graphs loads on a CPU-only host (repositories move between machines
+    unchanged): the server says once that it ignores it, and answers as torch does."""
+    from conftest import write_bundled
+    root = write_bundled(tmp_path_factory.mktemp("graphs_cpu"), ["mlp"])
+    with open(root / "mlp" / "config.pbtxt", "a") as f:
+        f.write("optimization { cuda { graphs: true } }\n")
+    server = start_server(root, tmp_path_factory, ["--device", "cpu"])
+    try:
+        client = grpcclient.InferenceServerClient(url=server.url)
+        rows = np.random.default_rng(4).random((3, 784), dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT__0", list(rows.shape), "FP32")
+        tensor.set_data_from_numpy(rows)
+        for _ in range(4):  # past the passes a GPU instance would capture after
+            got = client.infer("mlp", [tensor]).as_numpy("OUTPUT__0")
+        model = torch.jit.load(str(root / "mlp" / "1" / "model.pt"))
+        with torch.inference_mode():
+            want = model(torch.from_numpy(rows)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        client.close()
+        lines = [line for line in server.log().splitlines() if "optimization.cuda.graphs is ignored" in line]
+        assert len(lines) == 1 and "event=model_warning model=mlp" in lines[0], lines
+    finally:
+        assert server.stop() == 0

@@ -1,8 +1,10 @@
 // The LibTorch runtime on a GPU. Every test skips (and ctest reports it skipped) without CUDA.
+#include <algorithm>
 #include <cstring>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
 
 #include "server/runtime/torch_backend.h"
@@ -67,6 +69,75 @@ TEST_F(TorchBackendGpuTest, RunsOnCudaAndReturnsHostBytes) {
   auto response = testing::Run(**backend, conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
+}
+
+// kConvSource's answer for a 1x1x4x4 image of `value`s, compared as floats (cuDNN's algorithm
+// may round differently from the CPU's).
+void ExpectConvOf(const testing::Executed& got, float value) {
+  const std::string ones = testing::ExpectedConvOutput();
+  ASSERT_EQ(got.outputs[0].data.size(), ones.size());
+  for (size_t offset = 0; offset < ones.size(); offset += 4) {
+    float have = 0, want = 0;
+    std::memcpy(&have, got.outputs[0].data.data() + offset, 4);
+    std::memcpy(&want, ones.data() + offset, 4);
+    EXPECT_NEAR(have, want * value, 1e-3) << "element " << offset / 4;
+  }
+}
+
+// `passes` passes of one conv request, the image filled with pass + 1 each time.
+void ExpectEachPassAnswersItsInput(ModelBackend& backend, int passes) {
+  auto conv = testing::MakeConvRequest();
+  for (int pass = 0; pass < passes; ++pass) {
+    const float value = static_cast<float>(pass + 1);
+    std::fill(conv->ones.begin(), conv->ones.end(), value);
+    auto response = testing::Run(backend, conv->request);
+    ASSERT_TRUE(response.ok()) << "pass " << pass << ": " << response.status();
+    ExpectConvOf(*response, value);
+  }
+}
+
+int64_t AllocatedBytes() {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+}
+
+TEST_F(TorchBackendGpuTest, CudaGraphsReplayTheNewInputsAndAnswerAsEagerDoes) {
+  auto factory = MakeTorchBackendFactory();
+  const int64_t before = AllocatedBytes();
+  {
+    ModelSpec spec = testing::ConvSpec();
+    spec.cuda_graphs = true;
+    auto backend = factory->Load(spec, testing::SaveModule("conv_graphs", testing::kConvSource), Device{true, 0});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_THAT((*backend)->Warnings(), ::testing::IsEmpty());
+    // Two eager passes, the capture pass (answered eagerly, then captured and checked), then
+    // replays: each must answer for the bytes it was given, not the captured ones.
+    ExpectEachPassAnswersItsInput(**backend, 8);
+    EXPECT_GT(AllocatedBytes(), before);  // the graph's pool, the static inputs and outputs
+  }
+  // Unloading gives the graphs' pool back with the instance.
+  factory->ReleaseCachedMemory();
+  EXPECT_EQ(AllocatedBytes(), before);
+}
+
+// A forward pass that reads a value back to the host cannot be captured: that shape runs eagerly
+// and keeps answering right.
+constexpr char kSyncingConvSource[] = R"(
+def forward(self, INPUT__0):
+    w = torch.ones([2, 1, 3, 3], device=INPUT__0.device)
+    y = torch.conv2d(INPUT__0, w, None, [1, 1], [1, 1])
+    if float(y.max()) > 1.0e30:
+        return y * 0.0
+    return y
+)";
+
+TEST_F(TorchBackendGpuTest, AForwardPassThatSynchronisesRunsWithoutAGraph) {
+  auto factory = MakeTorchBackendFactory();
+  ModelSpec spec = testing::ConvSpec();
+  spec.cuda_graphs = true;
+  auto backend = factory->Load(spec, testing::SaveModule("conv_syncing", kSyncingConvSource), Device{true, 0});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  ExpectEachPassAnswersItsInput(**backend, 6);
 }
 
 }  // namespace

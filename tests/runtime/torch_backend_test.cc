@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using testing::SaveModule;
 
 constexpr char kDouble[] = R"(
@@ -120,6 +121,25 @@ TEST_F(TorchBackendTest, EveryDatatypeRoundTrips) {
     EXPECT_THAT(out.shape, ElementsAre(2, 2));
     EXPECT_EQ(out.data, Encode(type, {2, 4, 6, 0})) << DataTypeName(type);
   }
+}
+
+TEST_F(TorchBackendTest, CudaGraphsOnACpuInstanceAreIgnoredWithOneWarningAndItServes) {
+  ModelSpec spec = Spec(DataType::kFp32, DataType::kFp32);
+  spec.cuda_graphs = true;
+  auto backend = factory_->Load(spec, SaveModule("double", kDouble), Device{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_THAT((*backend)->Warnings(),
+              ElementsAre("optimization.cuda.graphs is ignored: the instance runs on the CPU"));
+  for (int i = 0; i < 5; ++i) {  // past the passes a GPU instance would capture after
+    auto owned = MakeRequest(DataType::kFp32, {1, 2, 3, 0}, {2, 2});
+    auto response = testing::Run(**backend, owned->request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->outputs[0].data, Encode(DataType::kFp32, {2, 4, 6, 0}));
+  }
+  spec.cuda_graphs = false;
+  auto plain = factory_->Load(spec, SaveModule("double", kDouble), Device{});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT((*plain)->Warnings(), IsEmpty());
 }
 
 TEST_F(TorchBackendTest, BoolTensors) {

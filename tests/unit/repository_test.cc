@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "server/repository/model_config_parser.h"
 #include "server/repository/model_repository.h"
 
@@ -85,7 +86,8 @@ constexpr char kRealTritonSequenceConfig[] = R"pb(
   instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
   parameters: { key: "INFERENCE_MODE" value: { string_value: "true" } }
   model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
-  optimization { cuda { graphs: true } input_pinned_memory { enable: true } }
+  optimization { cuda { graphs: true } input_pinned_memory { enable: true }
+                 execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }
   response_cache { enable: true }
   model_transaction_policy { decoupled: false }
 )pb";
@@ -96,7 +98,49 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
   auto spec = BuildModelSpec("seq", &*config);
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(),
-              HasSubstr("unsupported configuration field: optimization.cuda.graphs"));
+              HasSubstr("unsupported configuration field: optimization.execution_accelerators"));
+}
+
+TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
+  constexpr char kGraphs[] = R"pb(
+    platform: "pytorch_libtorch"
+    max_batch_size: 8
+    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    optimization { cuda { graphs: true } }
+  )pb";
+  auto config = ParseModelConfigText(kGraphs, "g/config.pbtxt");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto spec = BuildModelSpec("g", &*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->cuda_graphs);
+  EXPECT_EQ(spec->cuda_graphs_max, 16);
+
+  const auto with_cap = [&](const char* cap) {
+    auto capped = ParseModelConfigText(
+        absl::StrCat(kGraphs, R"pb(parameters { key: "sluice.cuda_graphs_max" value { string_value: ")pb", cap,
+                     R"pb(" } })pb"),
+        "g/config.pbtxt");
+    EXPECT_TRUE(capped.ok()) << capped.status();
+    return BuildModelSpec("g", &*capped);
+  };
+  spec = with_cap("4");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->cuda_graphs_max, 4);
+  spec = with_cap("0");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.cuda_graphs_max"));
+
+  auto off = ParseModelConfigText(R"pb(
+    platform: "pytorch_libtorch"
+    max_batch_size: 8
+    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+  )pb", "g/config.pbtxt");
+  ASSERT_TRUE(off.ok()) << off.status();
+  spec = BuildModelSpec("g", &*off);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->cuda_graphs);
 }
 
 // Triton's sequence_batching, direct strategy: control inputs become inputs the server fills.
