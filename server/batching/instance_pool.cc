@@ -193,6 +193,11 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
               Status status = Execute(instance, batch, assemble, absl::MakeConstSpan(&target, 1),
                                       &assembled_at, &infer_done);
               if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
+              // Captures count wherever they happen; warm-up's replays are not served batches.
+              if (status.ok() && options_.stats &&
+                  instance->backend->LastGraphRun() == ModelBackend::GraphRun::kCaptured) {
+                options_.stats->RecordGraphRun(ModelBackend::GraphRun::kCaptured);
+              }
               return status;
             }));
       });
@@ -277,7 +282,10 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     return;
   }
   const Duration input = assembled_at - started, infer = infer_done - assembled_at, output = delivered_at - infer_done;
-  if (options_.stats) options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
+  if (options_.stats) {
+    options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
+    options_.stats->RecordGraphRun(instance->backend->LastGraphRun());
+  }
   if (options_.costs) {
     // The batch's shape group, as its queue keyed it (one group, "", where requests run alone).
     const std::string group = options_.batches ? BatchQueue::GroupKey(*batch.requests.front().request) : std::string();

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 
 #include "server/batching/batch_cost.h"
+#include "server/core/backend.h"
 #include "server/core/clock.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
@@ -101,6 +102,9 @@ class StatsSink {
   // Latency target models only: a request refused because it could not be answered in time, at
   // its arrival or later while queued (it is also reported through OnFailure).
   virtual void OnEarlyRefusal(EarlyRefusal /*reason*/, bool /*queued*/) {}
+  // CUDA graph models only: a shape captured (at warm-up, or on its third batch in serving), or a
+  // served batch that replayed one (warm-up's replays are not counted).
+  virtual void OnGraphRun(ModelBackend::GraphRun /*run*/) {}
   // Latency target models only, per batch: how long its oldest request had waited when the
   // batch formed, and its execution time against what the cost model predicted (nullopt: no
   // prediction yet).
@@ -147,6 +151,10 @@ class ModelStats {
   }
   void RecordSequenceFinished(SequenceOutcome outcome) {
     if (sink_) sink_->OnSequenceFinished(outcome);
+  }
+  // CUDA graph models: see StatsSink::OnGraphRun.
+  void RecordGraphRun(ModelBackend::GraphRun run) {
+    if (sink_ && run != ModelBackend::GraphRun::kNone) sink_->OnGraphRun(run);
   }
   // Latency target models: see StatsSink::OnEarlyRefusal and OnBatchCost.
   void RecordEarlyRefusal(EarlyRefusal reason, bool queued) ABSL_LOCKS_EXCLUDED(mutex_);

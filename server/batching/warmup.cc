@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/batching/batch_sizes.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/cuda_graph_plan.h"
 #include "server/core/validation.h"
 
 namespace sluice {
@@ -81,6 +82,10 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, 
       WarmupRequest warmup;
       warmup.label = entry.label;
       warmup.runs = spec.warmup_runs;
+      // With CUDA graphs every shape is captured before ready (its pass after the eager ones,
+      // CudaGraphPlan), and one replay follows: the last run, which costs start from when no
+      // timed runs follow, is then what serving runs, not the capture.
+      if (spec.cuda_graphs) warmup.runs = std::max(spec.warmup_runs, kCudaGraphEagerRuns + 1) + 1;
       if (timed) {
         warmup.timed_runs = kBatchSizeTimedRuns;
         warmup.timed_budget = kBatchSizeTimedBudget;

@@ -69,6 +69,11 @@ class ModelBackend {
 
   // What serves but deserves an operator's word (the model loader logs each once per version).
   virtual std::vector<std::string> Warnings() const { return {}; }
+
+  // What the last Execute did with a CUDA graph (optimization.cuda.graphs): read by the caller
+  // on the same thread right after Execute, for the metrics.
+  enum class GraphRun { kNone, kCaptured, kReplayed };
+  virtual GraphRun LastGraphRun() const { return GraphRun::kNone; }
 };
 
 // Marks a status as fatal for the whole process (a sticky CUDA error: every later kernel on

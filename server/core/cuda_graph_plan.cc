@@ -42,7 +42,7 @@ CudaGraphPlan::Action CudaGraphPlan::Next(const std::string& key) {
   }
   ++eager_passes_;  // a capture pass answers from its eager run too
   if (shape.runs < eager_runs_ || graphs_ >= max_graphs_) {
-    ++shape.runs;
+    shape.runs = std::min(shape.runs + 1, eager_runs_);
     return Action::kEager;
   }
   shape.state = State::kCapturing;
@@ -62,6 +62,11 @@ void CudaGraphPlan::CaptureFailed(const std::string& key) {
   if (it == shapes_.end() || it->second.state != State::kCapturing) return;
   it->second.state = State::kFailed;
   ++failed_;
+}
+
+void CudaGraphPlan::Retry(const std::string& key) {
+  auto it = shapes_.find(key);
+  if (it != shapes_.end() && it->second.state == State::kCapturing) it->second.state = State::kCounting;
 }
 
 void CudaGraphPlan::TurnOff(std::string reason) {

@@ -19,12 +19,15 @@
 
 namespace sluice {
 
+// Eager passes of a shape before its capture (the profiling executor's two; see above).
+inline constexpr int kCudaGraphEagerRuns = 2;
+
 class CudaGraphPlan {
  public:
   enum class Action { kEager, kCapture, kReplay };
 
   // `eager_runs`: passes of a shape before its capture (at least 1).
-  CudaGraphPlan(int max_graphs, int eager_runs = 2);
+  CudaGraphPlan(int max_graphs, int eager_runs = kCudaGraphEagerRuns);
 
   // What to do with a pass of shape `key` now. kCapture is returned once per shape; the caller
   // then reports Captured or CaptureFailed before the next call.
@@ -34,6 +37,9 @@ class CudaGraphPlan {
   void Captured(const std::string& key, int64_t capture_us);
   // The shape runs eagerly from now on (the caller logs why).
   void CaptureFailed(const std::string& key);
+  // The capture pass did not get as far as capturing (its eager forward failed): the shape's
+  // next pass captures instead.
+  void Retry(const std::string& key);
   // A replay's answer differed from the eager pass: no graphs for this instance any more (the
   // captured ones are dropped by the caller).
   void TurnOff(std::string reason);

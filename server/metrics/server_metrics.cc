@@ -67,6 +67,12 @@ struct ServerMetrics::Families {
                              .Help("Latency target models (sluice.latency_target_us): requests refused without "
                                    "running because they could not be answered in time, by reason (target, or "
                                    "deadline: the client's or the queue timeout) and when (arrival, queued)").Register(r)),
+        graph_captures(prometheus::BuildCounter().Name("sluice_cuda_graph_captures_total")
+                           .Help("CUDA graph models (optimization.cuda.graphs): input shapes captured into a graph, "
+                                 "over all instances (at warm-up, or on a shape's third batch in serving)").Register(r)),
+        graph_replays(prometheus::BuildCounter().Name("sluice_cuda_graph_replays_total")
+                          .Help("CUDA graph models: forward passes of served batches that replayed a graph (the rest of "
+                                "sluice_executions_total ran eagerly)").Register(r)),
         batch_oldest_wait_seconds(prometheus::BuildHistogram().Name("sluice_batch_oldest_wait_seconds")
                                       .Help("Latency target models: how long the oldest request of each batch had "
                                             "waited when the batch formed (the wait the batcher chose)").Register(r)),
@@ -200,6 +206,8 @@ struct ServerMetrics::Families {
   Family<Gauge>& sequences_active;
   Family<Counter>& sequences_finished;
   Family<Counter>& latency_refusals;
+  Family<Counter>& graph_captures;
+  Family<Counter>& graph_replays;
   Family<Histogram>& batch_oldest_wait_seconds;
   Family<Histogram>& priority_queue_seconds;
   Family<Counter>& priority_refused;
@@ -367,6 +375,14 @@ class ModelMetrics final : public StatsSink {
     Target().refusals[reason == EarlyRefusal::kTarget ? 0 : 1][queued ? 1 : 0]->Increment();
   }
 
+  void OnGraphRun(ModelBackend::GraphRun run) override {
+    std::call_once(graphs_once_, [this] {
+      graph_captures_ = &families_.graph_captures.Add(labels_);
+      graph_replays_ = &families_.graph_replays.Add(labels_);
+    });
+    (run == ModelBackend::GraphRun::kReplayed ? graph_replays_ : graph_captures_)->Increment();
+  }
+
   void OnBatchCost(Duration oldest_wait, std::optional<Duration> predicted, Duration measured) override {
     const TargetSeries& series = Target();
     series.oldest_wait->Observe(Seconds(oldest_wait));
@@ -504,6 +520,10 @@ class ModelMetrics final : public StatsSink {
   SequenceSeries sequences_;
   std::once_flag target_once_;
   TargetSeries target_;
+  // Created with the first graph event, so that models without graphs export none.
+  std::once_flag graphs_once_;
+  Counter* graph_captures_ = nullptr;
+  Counter* graph_replays_ = nullptr;
   std::once_flag cache_once_;
   CacheSeries cache_;
   PrioritySeries priority_[kMaxPriorityLevels];

@@ -202,6 +202,7 @@ class TorchBackendFactory final : public BackendFactory {
   int CudaDeviceCount() const override { return info_.cuda_device_count; }
   void ReleaseCachedMemory() override {
     if (!info_.cuda_usable) return;
+    const auto no_capture = WaitForGraphCaptures();
     c10::cuda::CUDACachingAllocator::emptyCache();
     // Pinned host memory (staging and output buffers of GPU instances) is cached by its own
     // allocator; the blocks no living instance holds go back too, so RSS falls on unload.

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -11,7 +12,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <shared_mutex>
 #include <limits>
 #include <string_view>
 
@@ -271,8 +274,9 @@ c10::IValue StringList(const TensorView& input) {
   return list;
 }
 
-// The largest difference between two answers, output by output (NaN where both are NaN counts as
-// equal; anywhere else as infinite); infinite when their dtypes or shapes differ.
+// The largest difference between two answers, output by output, in float32 (float64 for FP64
+// outputs): equal values (infinities too) and NaN where both are NaN count as no difference, a
+// NaN on one side only as an infinite one; infinite when their dtypes or shapes differ.
 double LargestDifference(const std::vector<c10::IValue>& a, const std::vector<c10::IValue>& b) {
   constexpr double kInfinite = std::numeric_limits<double>::infinity();
   if (a.size() != b.size()) return kInfinite;
@@ -283,13 +287,58 @@ double LargestDifference(const std::vector<c10::IValue>& a, const std::vector<c1
     const at::Tensor y = b[i].toTensor();
     if (x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes())) return kInfinite;
     if (x.numel() == 0 || at::equal(x, y)) continue;
-    const at::Tensor xd = x.to(at::kDouble), yd = y.to(at::kDouble);
-    at::Tensor difference = at::sub(xd, yd).abs();
-    difference = at::where(at::logical_and(xd.isnan(), yd.isnan()), at::zeros_like(difference), difference);
+    const at::ScalarType type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor xf = x.to(type), yf = y.to(type);
+    const at::Tensor same = at::logical_or(at::eq(xf, yf), at::logical_and(xf.isnan(), yf.isnan()));
+    at::Tensor difference = at::sub(xf, yf).abs();
     difference = at::nan_to_num(difference, kInfinite, kInfinite, kInfinite);
+    difference = at::where(same, at::zeros_like(difference), difference);
     largest = std::max(largest, difference.max().item<double>());
   }
   return largest;
+}
+
+// Capturing and replaying CUDA graphs touch LibTorch's process-wide state: the device's default
+// generator, which every graph registers and a capture marks as capturing (a replay elsewhere
+// meanwhile throws), and the caching allocator's capture routing (emptying the cache during a
+// capture asserts). Captures therefore run alone, replays together, and graphs are destroyed
+// and the cache emptied only while no capture runs.
+std::shared_mutex& GraphMutex() {
+  static std::shared_mutex mutex;
+  return mutex;
+}
+
+// Set when a failed capture left LibTorch's capture state in a way this process could not undo:
+// every instance then runs without graphs (see AbandonCapture).
+std::atomic<bool> graphs_unusable{false};
+
+// After a capture that failed between capture_begin and a successful capture_end: ends the
+// stream's capture (capture_end throws before its own clean-up once the capture is invalid),
+// the allocators' routing into the pool, and the generator's capturing state (an empty capture
+// on a throwaway graph ends it the normal way). Holds GraphMutex exclusively. Each part is tried
+// on its own; when the generator cannot be reset, graphs are off for the process.
+void AbandonCapture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device, c10::MempoolId_t pool) {
+  ForwardFailure ignored;
+  TryTorch([&] { graph.capture_end(); return 0; }, &ignored);
+  TryTorch([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); return 0; }, &ignored);
+  TryTorch([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); return 0; }, &ignored);
+  (void)cudaGetLastError();  // a capture's error is not sticky: clear it for the next pass
+  ForwardFailure reset;
+  const bool generator_reset = TryTorch(
+      [&] {
+        at::cuda::CUDAGraph empty;
+        empty.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+        empty.capture_end();
+        return 0;
+      },
+      &reset).has_value();
+  (void)cudaGetLastError();
+  if (!generator_reset) {
+    graphs_unusable.store(true);
+    LogRuntimeWarning(absl::StrCat("event=cuda_graphs_off scope=process reason=\"a failed capture could not be undone (",
+                                   TruncateTorchMessage(reset.message),
+                                   "): every model runs without graphs until the server restarts\""));
+  }
 }
 
 std::string ShapeKey(const ModelSpec& spec, const InferRequest& batch) {
@@ -307,6 +356,15 @@ std::string ShapeKey(const ModelSpec& spec, const InferRequest& batch) {
 }  // namespace
 
 struct TorchInstance::CapturedGraph {
+  // Destroyed while no capture runs (GraphMutex): the graph unregisters the generator and gives
+  // its pool back. Never destroyed by a thread that holds GraphMutex.
+  ~CapturedGraph() {
+    outputs.clear();
+    inputs.clear();
+    std::unique_lock<std::shared_mutex> lock(GraphMutex());
+    ForwardFailure ignored;
+    TryTorch([&] { graph.reset(); return 0; }, &ignored);
+  }
   at::cuda::CUDAGraph graph;
   std::vector<at::Tensor> inputs;    // static, config order (undefined where an input is absent)
   std::vector<c10::IValue> outputs;  // static, config order: what a replay writes
@@ -324,6 +382,10 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<
   };
   if (!device_.is_cuda()) {
     graphs_ignored_ = "optimization.cuda.graphs is ignored: the instance runs on the CPU";
+  } else if (spec_.format == ModelFormat::kAotInductor) {
+    graphs_ignored_ =
+        "optimization.cuda.graphs is ignored for AOTInductor packages: their runner records CUDA events on each run, "
+        "which a capture cannot hold";
   } else if (strings(spec_.inputs) || strings(spec_.outputs)) {
     graphs_ignored_ = "optimization.cuda.graphs is ignored: TYPE_STRING tensors live on the host, outside any graph";
   } else {
@@ -333,7 +395,7 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<
 
 // Out of line: CapturedGraph is complete here. The graphs go first (members in reverse order),
 // their pool with them, then the stream is synchronised and handed back.
-TorchInstance::~TorchInstance() = default;
+TorchInstance::~TorchInstance() = default;  // each graph takes GraphMutex as it goes
 
 std::vector<std::string> TorchInstance::Warnings() const {
   if (graphs_ignored_.empty()) return {};
@@ -375,45 +437,64 @@ std::vector<c10::IValue> TorchInstance::DeclaredInputs(const InferRequest& batch
 }
 
 Status TorchInstance::Run(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
+  last_graph_run_ = GraphRun::kNone;
   if (graph_plan_ != nullptr) return RunWithGraphs(batch, targets);
   SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
   return delivery_.Deliver(outputs, batch, targets);
 }
 
+void TorchInstance::TurnGraphsOff(const std::string& reason) {
+  graph_plan_->TurnOff(reason);
+  graphs_.clear();  // not under GraphMutex: each graph takes it as it goes
+  LogRuntimeWarning(absl::StrCat("event=cuda_graphs_off model=", spec_.name, " reason=\"", reason,
+                                 "\" (every shape of this instance runs without a graph)"));
+}
+
 Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
+  if (!graph_plan_->off() && graphs_unusable.load()) TurnGraphsOff("graphs are off for the process (see above)");
   const std::string key = ShapeKey(spec_, batch);
-  switch (graph_plan_->Next(key)) {
-    case CudaGraphPlan::Action::kReplay: {
-      CapturedGraph& captured = *graphs_.at(key);
-      for (const TensorView& view : batch.inputs) {
-        // The request's bytes stay alive and untouched until completion (InferRequest contract);
-        // from pinned staging memory the copy is asynchronous on the instance's stream.
-        const at::Tensor host = at::from_blob(const_cast<char*>(view.data), view.shape,
-                                              at::TensorOptions().dtype(ToScalarType(view.dtype)));
-        captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
-      }
-      captured.graph.replay();
+  const CudaGraphPlan::Action action = graph_plan_->Next(key);
+  if (action == CudaGraphPlan::Action::kReplay) {
+    CapturedGraph& captured = *graphs_.at(key);
+    ForwardFailure failure;
+    const bool replayed = TryTorch(
+        [&] {
+          for (const TensorView& view : batch.inputs) {
+            // The request's bytes stay alive and untouched until completion (InferRequest
+            // contract); from pinned staging memory the copy is asynchronous on the stream.
+            const at::Tensor host = at::from_blob(const_cast<char*>(view.data), view.shape,
+                                                  at::TensorOptions().dtype(ToScalarType(view.dtype)));
+            captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
+          }
+          std::shared_lock<std::shared_mutex> lock(GraphMutex());
+          captured.graph.replay();
+          return 0;
+        },
+        &failure).has_value();
+    if (replayed) {
       graph_plan_->Replayed();
+      last_graph_run_ = GraphRun::kReplayed;
       return delivery_.Deliver(captured.outputs, batch, targets);
     }
-    case CudaGraphPlan::Action::kCapture: {
-      const std::vector<c10::IValue> inputs = DeclaredInputs(batch);
-      SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> eager, Forward(inputs, batch));
-      if (Status captured = CaptureGraph(key, inputs, eager, batch); !captured.ok()) {
-        if (graph_plan_->off()) {
-          graphs_.clear();
-          LogRuntimeWarning(absl::StrCat("event=cuda_graphs_off model=", spec_.name, " reason=\"", captured.message(),
-                                         "\" (every shape of this instance runs without a graph)"));
-        } else {
-          graph_plan_->CaptureFailed(key);
-          LogRuntimeWarning(absl::StrCat("event=cuda_graph_failed model=", spec_.name, " shape=\"", key, "\" reason=\"",
-                                         captured.message(), "\" (this shape runs without a graph)"));
-        }
-      }
-      return delivery_.Deliver(eager, batch, targets);
+    // A replay that fails leaves nothing half done on the stream (it launches as one): this
+    // batch runs eagerly, and so does everything after it on this instance.
+    (void)cudaGetLastError();
+    TurnGraphsOff(absl::StrCat("a replay of shape ", key, " failed: ", TruncateTorchMessage(failure.message)));
+  } else if (action == CudaGraphPlan::Action::kCapture) {
+    const std::vector<c10::IValue> inputs = DeclaredInputs(batch);
+    StatusOr<std::vector<c10::IValue>> eager = Forward(inputs, batch);
+    if (!eager.ok()) {
+      graph_plan_->Retry(key);  // the next pass of this shape tries again
+      return eager.status();
     }
-    case CudaGraphPlan::Action::kEager:
-      break;
+    if (Status captured = CaptureGraph(key, inputs, *eager, batch); captured.ok()) {
+      last_graph_run_ = GraphRun::kCaptured;
+    } else if (!graph_plan_->off()) {
+      graph_plan_->CaptureFailed(key);
+      LogRuntimeWarning(absl::StrCat("event=cuda_graph_failed model=", spec_.name, " shape=\"", key, "\" reason=\"",
+                                     captured.message(), "\" (this shape runs without a graph)"));
+    }
+    return delivery_.Deliver(*eager, batch, targets);
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
   return delivery_.Deliver(outputs, batch, targets);
@@ -422,62 +503,83 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
 Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10::IValue>& inputs,
                                    const std::vector<c10::IValue>& eager, const InferRequest& batch) {
   const auto started = std::chrono::steady_clock::now();
+  // Declared before the lock's scope: a graph dropped here is destroyed after the lock is gone.
   auto captured = std::make_unique<CapturedGraph>();
   std::vector<c10::IValue> statics;
   for (const c10::IValue& input : inputs) {
     captured->inputs.push_back(input.isTensor() ? input.toTensor().clone() : at::Tensor());
     statics.push_back(input.isTensor() ? c10::IValue(captured->inputs.back()) : c10::IValue());
   }
-  if (graph_pool_ == std::pair<unsigned long long, unsigned long long>{0, 0}) graph_pool_ = at::cuda::graph_pool_handle();
   stream_.get()->synchronize();  // the eager pass and the copies are done before the capture
-  bool capturing = false;
-  ForwardFailure failure;
-  std::optional<Status> forward = TryTorch(
-      [&]() -> Status {
-        // Thread-local mode: another thread allocating or synchronising while this one captures
-        // (a model serving during this one's load) neither breaks the capture nor is broken by it.
-        captured->graph.capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
-        capturing = true;
-        StatusOr<std::vector<c10::IValue>> outputs = Forward(statics, batch);
-        capturing = false;
-        captured->graph.capture_end();
-        if (!outputs.ok()) return outputs.status();
-        captured->outputs = *std::move(outputs);
-        return absl::OkStatus();
-      },
-      &failure);
-  if (!forward) {
-    if (capturing) {  // end the capture the forward pass broke (it throws again: the capture is invalid)
-      ForwardFailure ignored;
-      TryTorch([&] { captured->graph.capture_end(); return 0; }, &ignored);
+  {
+    std::unique_lock<std::shared_mutex> lock(GraphMutex());
+    if (graphs_unusable.load()) return absl::FailedPreconditionError("graphs are off for the process");
+    if (graph_pool_ == c10::MempoolId_t{0, 0}) graph_pool_ = at::cuda::graph_pool_handle();
+    bool capturing = false;
+    ForwardFailure failure;
+    std::optional<Status> forward = TryTorch(
+        [&]() -> Status {
+          // Thread-local mode: another thread allocating or synchronising while this one
+          // captures (a model serving during this one's load) does not break the capture.
+          captured->graph.capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
+          capturing = true;
+          StatusOr<std::vector<c10::IValue>> outputs = Forward(statics, batch);
+          capturing = false;
+          captured->graph.capture_end();
+          if (!outputs.ok()) return outputs.status();
+          captured->outputs = *std::move(outputs);
+          return absl::OkStatus();
+        },
+        &failure);
+    if (!forward && capturing) AbandonCapture(captured->graph, stream_.get()->device_index(), graph_pool_);
+    if (!forward) {
+      graph_pool_ = {0, 0};  // that pool may have no graph left to hold it: the next capture takes a new one
+      return absl::FailedPreconditionError(absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
     }
-    (void)cudaGetLastError();  // a capture's error is not sticky: clear it for the next pass
-    return absl::FailedPreconditionError(absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
+    if (!forward->ok()) {
+      graph_pool_ = {0, 0};
+      return *forward;
+    }
   }
-  SLUICE_RETURN_IF_ERROR(*forward);
   for (const c10::IValue& output : captured->outputs) {
-    if (!output.isTensor()) return absl::FailedPreconditionError("an output is not a tensor");
+    if (!output.isTensor()) {
+      graph_pool_ = {0, 0};
+      return absl::FailedPreconditionError("an output is not a tensor");
+    }
   }
-  // One replay, checked against the eager pass of the same inputs.
+  // One replay, checked against the eager pass of the same inputs: equal, or within twice what
+  // two more eager passes differ from it by (a model with nondeterministic kernels).
   ForwardFailure check_failure;
   std::optional<Status> checked = TryTorch(
       [&]() -> Status {
-        captured->graph.replay();
+        {
+          std::shared_lock<std::shared_mutex> lock(GraphMutex());
+          captured->graph.replay();
+        }
         const double difference = LargestDifference(captured->outputs, eager);
         if (difference == 0) return absl::OkStatus();
-        StatusOr<std::vector<c10::IValue>> again = Forward(inputs, batch);
-        if (!again.ok()) return again.status();
-        const double noise = LargestDifference(*again, eager);
-        if (difference <= noise) return absl::OkStatus();
-        graph_plan_->TurnOff(absl::StrCat("the replay of shape ", key, " differs from the eager pass by ", difference,
-                                          ", more than two eager passes differ by (", noise, ")"));
-        return absl::FailedPreconditionError(graph_plan_->off_reason());
+        double noise = 0;
+        for (int i = 0; i < 2; ++i) {
+          StatusOr<std::vector<c10::IValue>> again = Forward(inputs, batch);
+          if (!again.ok()) return again.status();
+          noise = std::max(noise, LargestDifference(*again, eager));
+        }
+        if (difference <= 2 * noise) return absl::OkStatus();
+        return absl::AbortedError(absl::StrCat("the replay of shape ", key, " differs from the eager pass by ",
+                                               difference, ", more than twice what eager passes differ by (", noise,
+                                               ")"));
       },
       &check_failure);
-  if (!checked) {
-    return absl::FailedPreconditionError(absl::StrCat("the replay failed: ", TruncateTorchMessage(check_failure.message)));
+  if (!checked || !checked->ok()) {
+    graph_pool_ = {0, 0};
+    if (checked && absl::IsAborted(*checked)) {
+      TurnGraphsOff(std::string(checked->message()));
+      return absl::FailedPreconditionError(checked->message());
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the check of its replay failed: ", checked ? std::string(checked->message())
+                                                    : TruncateTorchMessage(check_failure.message)));
   }
-  SLUICE_RETURN_IF_ERROR(*checked);
   const int64_t capture_us =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
   graph_plan_->Captured(key, capture_us);
@@ -486,6 +588,8 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
                               "\" capture_us=", capture_us, " graphs=", graph_plan_->graphs()));
   return absl::OkStatus();
 }
+
+std::unique_lock<std::shared_mutex> WaitForGraphCaptures() { return std::unique_lock<std::shared_mutex>(GraphMutex()); }
 
 std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {
   if (!device_.is_cuda()) return ModelBackend::AllocateStaging(bytes);

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -71,6 +72,10 @@ class PinnedStagingBuffer final : public StagingBuffer {
  private:
   at::Tensor tensor_;
 };
+
+// Holds off CUDA graph captures (of every instance) while it lives: emptying LibTorch's caching
+// allocator during a capture breaks it. For BackendFactory::ReleaseCachedMemory.
+std::unique_lock<std::shared_mutex> WaitForGraphCaptures();
 
 // CUDA streams for GPU instances: an instance hands its stream back when it is destroyed, and
 // the next instance on that device takes it again. LibTorch keeps a cuBLAS workspace (32 MiB on
@@ -165,6 +170,7 @@ class TorchInstance : public ModelBackend {
   std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) final;
   // Why graphs the config asked for are not used on this instance (a CPU instance, strings).
   std::vector<std::string> Warnings() const override;
+  GraphRun LastGraphRun() const override { return last_graph_run_; }
 
  protected:
   // One forward pass (under the stream guard, the thread count and inference mode). `inputs`:
@@ -183,7 +189,10 @@ class TorchInstance : public ModelBackend {
 
   Status Run(const InferRequest& batch, absl::Span<const OutputTarget> targets);
   Status RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets);
-  // Captures `key` from `inputs` and checks one replay against `eager`; errors say why not.
+  // Turns graphs off for this instance for good, with one log line.
+  void TurnGraphsOff(const std::string& reason);
+  // Captures `key` from `inputs` and checks one replay against `eager`; errors say why not
+  // (a replay that differs beyond the eager passes' own difference turns graphs off first).
   Status CaptureGraph(const std::string& key, const std::vector<c10::IValue>& inputs,
                       const std::vector<c10::IValue>& eager, const InferRequest& batch);
   // The batch's inputs in config order (InputTensor, or List[str] for BYTES).
@@ -204,6 +213,7 @@ class TorchInstance : public ModelBackend {
   std::unique_ptr<CudaGraphPlan> graph_plan_;
   std::unordered_map<std::string, std::unique_ptr<CapturedGraph>> graphs_;
   std::pair<unsigned long long, unsigned long long> graph_pool_{0, 0};  // at::cuda::MempoolId_t
+  GraphRun last_graph_run_ = GraphRun::kNone;
 };
 
 }  // namespace sluice

@@ -96,28 +96,36 @@ void ExpectEachPassAnswersItsInput(ModelBackend& backend, int passes) {
   }
 }
 
-int64_t AllocatedBytes() {
+// What LibTorch's caching allocator holds from the driver on GPU 0, after giving back what it can.
+int64_t ReservedBytes(BackendFactory& factory) {
+  factory.ReleaseCachedMemory();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
 }
 
 TEST_F(TorchBackendGpuTest, CudaGraphsReplayTheNewInputsAndAnswerAsEagerDoes) {
   auto factory = MakeTorchBackendFactory();
-  const int64_t before = AllocatedBytes();
+  const auto model = testing::SaveModule("conv_graphs", testing::kConvSource);
+  {  // an eager instance first: whatever LibTorch keeps for good after a first conv is in `before`
+    auto eager = factory->Load(testing::ConvSpec(), model, Device{true, 0});
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    ExpectEachPassAnswersItsInput(**eager, 1);
+  }
+  const int64_t before = ReservedBytes(*factory);
   {
     ModelSpec spec = testing::ConvSpec();
     spec.cuda_graphs = true;
-    auto backend = factory->Load(spec, testing::SaveModule("conv_graphs", testing::kConvSource), Device{true, 0});
+    auto backend = factory->Load(spec, model, Device{true, 0});
     ASSERT_TRUE(backend.ok()) << backend.status();
     EXPECT_THAT((*backend)->Warnings(), ::testing::IsEmpty());
     // Two eager passes, the capture pass (answered eagerly, then captured and checked), then
     // replays: each must answer for the bytes it was given, not the captured ones.
     ExpectEachPassAnswersItsInput(**backend, 8);
-    EXPECT_GT(AllocatedBytes(), before);  // the graph's pool, the static inputs and outputs
+    EXPECT_EQ((*backend)->LastGraphRun(), ModelBackend::GraphRun::kReplayed);
+    EXPECT_GT(ReservedBytes(*factory), before);  // the graph's private pool
   }
-  // Unloading gives the graphs' pool back with the instance.
-  factory->ReleaseCachedMemory();
-  EXPECT_EQ(AllocatedBytes(), before);
+  // Unloading gives the graph's pool back with the instance.
+  EXPECT_EQ(ReservedBytes(*factory), before);
 }
 
 // A forward pass that reads a value back to the host cannot be captured: that shape runs eagerly
@@ -131,13 +139,27 @@ def forward(self, INPUT__0):
     return y
 )";
 
-TEST_F(TorchBackendGpuTest, AForwardPassThatSynchronisesRunsWithoutAGraph) {
+// ...and the failed capture leaves nothing behind: another model's graphs still capture and
+// replay in the same process, and the caching allocator can still be emptied.
+TEST_F(TorchBackendGpuTest, AForwardPassThatSynchronisesRunsWithoutAGraphAndOthersKeepTheirs) {
   auto factory = MakeTorchBackendFactory();
   ModelSpec spec = testing::ConvSpec();
   spec.cuda_graphs = true;
-  auto backend = factory->Load(spec, testing::SaveModule("conv_syncing", kSyncingConvSource), Device{true, 0});
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  ExpectEachPassAnswersItsInput(**backend, 6);
+  auto graphed = factory->Load(spec, testing::SaveModule("conv_graphed", testing::kConvSource), Device{true, 0});
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ExpectEachPassAnswersItsInput(**graphed, 4);  // captured on its third pass, replayed on its fourth
+  EXPECT_EQ((*graphed)->LastGraphRun(), ModelBackend::GraphRun::kReplayed);
+
+  auto syncing = factory->Load(spec, testing::SaveModule("conv_syncing", kSyncingConvSource), Device{true, 0});
+  ASSERT_TRUE(syncing.ok()) << syncing.status();
+  ExpectEachPassAnswersItsInput(**syncing, 6);
+  EXPECT_EQ((*syncing)->LastGraphRun(), ModelBackend::GraphRun::kNone);
+
+  ExpectEachPassAnswersItsInput(**graphed, 3);
+  EXPECT_EQ((*graphed)->LastGraphRun(), ModelBackend::GraphRun::kReplayed);
+  factory->ReleaseCachedMemory();
+  ExpectEachPassAnswersItsInput(**graphed, 2);
+  EXPECT_EQ((*graphed)->LastGraphRun(), ModelBackend::GraphRun::kReplayed);
 }
 
 }  // namespace

@@ -90,6 +90,30 @@ TEST(CudaGraphPlanTest, OpenEndedShapesDoNotGrowTheCountsForEver) {
   EXPECT_EQ(plan.Next("len999"), Action::kEager);
 }
 
+TEST(CudaGraphPlanTest, ACapturePassWhoseEagerRunFailedCapturesOnTheNextPass) {
+  CudaGraphPlan plan(4, 1);
+  EXPECT_EQ(plan.Next("a"), Action::kEager);
+  EXPECT_EQ(plan.Next("a"), Action::kCapture);
+  plan.Retry("a");  // its eager forward failed (out of memory, say): nothing was captured
+  EXPECT_EQ(plan.failed_shapes(), 0);
+  EXPECT_EQ(plan.Next("a"), Action::kCapture);
+  plan.Captured("a", 1);
+  EXPECT_EQ(plan.Next("a"), Action::kReplay);
+  plan.Retry("a");  // only a shape being captured goes back
+  EXPECT_EQ(plan.Next("a"), Action::kReplay);
+}
+
+TEST(CudaGraphPlanTest, ShapesPastTheCapKeepTheirCountBounded) {
+  CudaGraphPlan plan(/*max_graphs=*/1, /*eager_runs=*/1);
+  EXPECT_EQ(plan.Next("b"), Action::kEager);  // b counts first...
+  EXPECT_EQ(plan.Next("a"), Action::kEager);
+  EXPECT_EQ(plan.Next("a"), Action::kCapture);
+  plan.Captured("a", 1);  // ...but a takes the only graph
+  for (int i = 0; i < 100000; ++i) ASSERT_EQ(plan.Next("b"), Action::kEager);
+  plan.TurnOff("");
+  EXPECT_EQ(plan.off_reason(), "turned off");
+}
+
 TEST(CudaGraphPlanTest, NoGraphsAllowedMeansEveryPassIsEager) {
   CudaGraphPlan plan(/*max_graphs=*/0);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(plan.Next("a"), Action::kEager);

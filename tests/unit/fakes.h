@@ -73,8 +73,12 @@ class FakeBackend final : public ModelBackend {
 
   std::vector<std::string> Warnings() const override { return warnings; }
   std::vector<std::string> warnings;  // set before the backend is handed out
+  // What LastGraphRun says after each Execute, in order (then kNone); set before handing it out.
+  std::vector<GraphRun> graph_runs;
+  GraphRun LastGraphRun() const override { return last_graph_run_; }
 
   Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
+    last_graph_run_ = next_graph_run_ < graph_runs.size() ? graph_runs[next_graph_run_++] : GraphRun::kNone;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       ++started_;
@@ -110,6 +114,8 @@ class FakeBackend final : public ModelBackend {
   }
 
  private:
+  GraphRun last_graph_run_ = GraphRun::kNone;  // the worker thread's, read right after Execute
+  size_t next_graph_run_ = 0;
   Behaviour behaviour_;
   std::mutex mutex_;
   std::condition_variable gate_cv_, started_cv_;

@@ -106,6 +106,53 @@ TEST(InstancePoolWarmupTest, InstancesWarmUpOneAtATimeWhenAskedAndTogetherOtherw
   EXPECT_EQ(MostWarmupRunsAtOnce(/*one_at_a_time=*/true, std::chrono::milliseconds(50)), 1);
 }
 
+// Counts the CUDA graph events a pool reports; the rest is ignored.
+class GraphCountingSink final : public StatsSink {
+ public:
+  void OnAdmitted() override {}
+  void OnStarted(int64_t) override {}
+  void OnExecution(int64_t, Duration, Duration, Duration) override {}
+  void OnSuccess(int64_t, Duration, Duration, Duration, Duration, Duration, Protocol) override {}
+  void OnFailure(FailureReason, Duration, bool, bool, Protocol) override {}
+  void OnGraphRun(ModelBackend::GraphRun run) override {
+    ++(run == ModelBackend::GraphRun::kCaptured ? captures : replays);
+  }
+  std::atomic<int> captures{0}, replays{0};
+};
+
+TEST(InstancePoolGraphsTest, CapturesCountAtWarmUpAndInServingReplaysOnlyInServing) {
+  using GraphRun = ModelBackend::GraphRun;
+  auto backend = std::make_unique<testing::FakeBackend>();
+  // Warm-up's four runs: two eager, the capture, a replay; then served batches: a replay, an
+  // eager pass, a capture of a new shape, a replay.
+  backend->graph_runs = {GraphRun::kNone,     GraphRun::kNone,     GraphRun::kCaptured, GraphRun::kReplayed,
+                         GraphRun::kReplayed, GraphRun::kNone,     GraphRun::kCaptured, GraphRun::kReplayed};
+  std::vector<std::unique_ptr<ModelBackend>> backends;
+  backends.push_back(std::move(backend));
+  auto sink = std::make_shared<GraphCountingSink>();
+  FakeTimeSource clock;
+  InstancePool::Options options;
+  options.clock = &clock;
+  options.stats = std::make_shared<ModelStats>(sink);
+  auto pool = *InstancePool::Create(Spec(), std::move(backends), options);
+  auto warmup = testing::ZeroWarmup(1, 2);
+  warmup[0].runs = 4;
+  ASSERT_TRUE(pool->WarmUp(std::move(warmup), nullptr).ok());
+  EXPECT_EQ(sink->captures.load(), 1);
+  EXPECT_EQ(sink->replays.load(), 0);  // warm-up's replay is not a served batch
+  for (int i = 0; i < 4; ++i) {
+    Call call;
+    FormedBatch batch;
+    batch.requests.push_back(call.Pending(1, i));
+    batch.rows = batch.padded_rows = 1;
+    pool->Run(std::move(batch));
+    ASSERT_TRUE(call.answer.get_future().get().ok());
+  }
+  pool->Stop();
+  EXPECT_EQ(sink->captures.load(), 2);
+  EXPECT_EQ(sink->replays.load(), 2);
+}
+
 TEST_F(InstancePoolTest, NeedsInstancesAndAClock) {
   InstancePool::Options options;
   options.clock = &clock_;

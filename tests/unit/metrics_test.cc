@@ -186,6 +186,21 @@ TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATar
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_batch_cost_ratio_count{model="plain")")));
 }
 
+TEST_F(MetricsTest, CudaGraphCapturesAndReplaysOnlyForModelsWithGraphs) {
+  ModelStats plain(metrics_.SinkFor("plain", 1));
+  plain.RecordGraphRun(ModelBackend::GraphRun::kNone);  // an eager pass: no series
+  ModelStats stats(metrics_.SinkFor("graphed", 2));
+  stats.RecordGraphRun(ModelBackend::GraphRun::kCaptured);
+  stats.RecordGraphRun(ModelBackend::GraphRun::kCaptured);
+  for (int i = 0; i < 5; ++i) stats.RecordGraphRun(ModelBackend::GraphRun::kReplayed);
+  stats.RecordGraphRun(ModelBackend::GraphRun::kNone);
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_cuda_graph_captures_total{model="graphed",version="2"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_cuda_graph_replays_total{model="graphed",version="2"})"), 5);
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_cuda_graph_replays_total{model="plain")")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_cuda_graph_captures_total{model="plain")")));
+}
+
 TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {
   ModelStats stats(metrics_.SinkFor("ranked", 1));
   stats.RecordPriorityQueued(1, std::chrono::microseconds(200));

@@ -4,6 +4,7 @@
 #include <future>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -124,6 +125,23 @@ TEST(WarmupTest, ModelWarmupSamplesAndWarmupSwitch) {
   EXPECT_THAT(BuildWarmupRequests(spec, ComputeShapePlan(spec), directory).status().message(),
               HasSubstr("model_warmup 'random': input 'x'"));
   std::filesystem::remove_all(directory);
+}
+
+TEST(WarmupTest, WithCudaGraphsEveryShapeIsCapturedAndReplayedOnceBeforeReady) {
+  // CudaGraphPlan captures a shape's third pass: warm-up runs at least that many, plus one replay.
+  for (const auto& [asked, runs] : std::vector<std::pair<int, int>>{{3, 4}, {1, 4}, {5, 6}}) {
+    ModelSpec spec = FixedSpec(2);
+    spec.warmup_runs = asked;
+    spec.cuda_graphs = true;
+    auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
+    ASSERT_TRUE(warmup.ok()) << warmup.status();
+    ASSERT_FALSE(warmup->empty());
+    for (const WarmupRequest& request : *warmup) EXPECT_EQ(request.runs, runs) << "sluice.warmup_runs " << asked;
+    spec.cuda_graphs = false;
+    warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
+    ASSERT_TRUE(warmup.ok()) << warmup.status();
+    for (const WarmupRequest& request : *warmup) EXPECT_EQ(request.runs, asked);
+  }
 }
 
 TEST(WarmupTest, TimedRunsGiveTheirMedian) {
