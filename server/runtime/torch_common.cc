@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/InferenceMode.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <shared_mutex>
 #include <limits>
 #include <string_view>
@@ -287,6 +289,8 @@ double LargestDifference(const std::vector<c10::IValue>& a, const std::vector<c1
     const at::Tensor y = b[i].toTensor();
     if (x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes())) return kInfinite;
     if (x.numel() == 0 || at::equal(x, y)) continue;
+    // Integers and booleans differ or not: float32 would hide differences above 2^24.
+    if (!at::isFloatingType(x.scalar_type())) return kInfinite;
     const at::ScalarType type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const at::Tensor xf = x.to(type), yf = y.to(type);
     const at::Tensor same = at::logical_or(at::eq(xf, yf), at::logical_and(xf.isnan(), yf.isnan()));
@@ -312,32 +316,46 @@ std::shared_mutex& GraphMutex() {
 // every instance then runs without graphs (see AbandonCapture).
 std::atomic<bool> graphs_unusable{false};
 
-// After a capture that failed between capture_begin and a successful capture_end: ends the
-// stream's capture (capture_end throws before its own clean-up once the capture is invalid),
-// the allocators' routing into the pool, and the generator's capturing state (an empty capture
-// on a throwaway graph ends it the normal way). Holds GraphMutex exclusively. Each part is tried
-// on its own; when the generator cannot be reset, graphs are off for the process.
-void AbandonCapture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device, c10::MempoolId_t pool) {
+// at::cuda::CUDAGraph with what undoing an abandoned capture needs of its protected state.
+class InspectableGraph final : public at::cuda::CUDAGraph {
+ public:
+  bool capture_ended() const { return capture_ended_; }
+  // What capture_end's epilogue does for the generators this graph registered: they are no
+  // longer capturing. Only while no capture runs anywhere (GraphMutex held exclusively).
+  void EndGeneratorCapture() {
+    for (auto& [state, increment] : captured_generator_states_) state->capturing_ = false;
+  }
+};
+
+// After a capture that failed between capture_begin (or during it) and a successful capture_end:
+// ends the stream's capture (capture_end, which throws once the capture is invalid, before its
+// own clean-up), then what that clean-up would have done: the device and host allocators'
+// routing into the pool and the use of the pool that capture_begin took (released only where
+// the routing was found and ended, so never twice), and the generators' capturing state. Holds
+// GraphMutex exclusively. A stream that is still capturing afterwards cannot be trusted: graphs
+// are then off for the process.
+void AbandonCapture(InspectableGraph& graph, const c10::cuda::CUDAStream& stream, c10::MempoolId_t pool) {
   ForwardFailure ignored;
   TryTorch([&] { graph.capture_end(); return 0; }, &ignored);
-  TryTorch([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); return 0; }, &ignored);
-  TryTorch([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); return 0; }, &ignored);
+  if (!graph.capture_ended()) {
+    const c10::DeviceIndex device = stream.device_index();
+    if (TryTorch([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); return 0; }, &ignored)) {
+      TryTorch([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); return 0; }, &ignored);
+    }
+    at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+    if (TryTorch([&] { host->end_allocate_to_pool(pool); return 0; }, &ignored)) {
+      TryTorch([&] { host->release_pool(pool); return 0; }, &ignored);
+    }
+    graph.EndGeneratorCapture();
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t queried = cudaStreamIsCapturing(stream.stream(), &capture);
   (void)cudaGetLastError();  // a capture's error is not sticky: clear it for the next pass
-  ForwardFailure reset;
-  const bool generator_reset = TryTorch(
-      [&] {
-        at::cuda::CUDAGraph empty;
-        empty.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-        empty.capture_end();
-        return 0;
-      },
-      &reset).has_value();
-  (void)cudaGetLastError();
-  if (!generator_reset) {
+  if (queried != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
     graphs_unusable.store(true);
-    LogRuntimeWarning(absl::StrCat("event=cuda_graphs_off scope=process reason=\"a failed capture could not be undone (",
-                                   TruncateTorchMessage(reset.message),
-                                   "): every model runs without graphs until the server restarts\""));
+    LogRuntimeWarning(
+        "event=cuda_graphs_off scope=process reason=\"a failed capture could not be ended on its stream: every model "
+        "runs without graphs until the server restarts\"");
   }
 }
 
@@ -356,16 +374,18 @@ std::string ShapeKey(const ModelSpec& spec, const InferRequest& batch) {
 }  // namespace
 
 struct TorchInstance::CapturedGraph {
-  // Destroyed while no capture runs (GraphMutex): the graph unregisters the generator and gives
-  // its pool back. Never destroyed by a thread that holds GraphMutex.
+  // The graph is destroyed while no capture runs (GraphMutex): its destructor unregisters it
+  // from the device's generator and gives its pool back. Never destroyed by a thread that holds
+  // GraphMutex.
   ~CapturedGraph() {
     outputs.clear();
     inputs.clear();
     std::unique_lock<std::shared_mutex> lock(GraphMutex());
     ForwardFailure ignored;
-    TryTorch([&] { graph.reset(); return 0; }, &ignored);
+    TryTorch([&] { graph->reset(); return 0; }, &ignored);  // CUDAGraph::reset: what may throw, caught
+    graph.reset();  // the destructor unregisters it from the device's generator, under the lock too
   }
-  at::cuda::CUDAGraph graph;
+  std::unique_ptr<InspectableGraph> graph = std::make_unique<InspectableGraph>();
   std::vector<at::Tensor> inputs;    // static, config order (undefined where an input is absent)
   std::vector<c10::IValue> outputs;  // static, config order: what a replay writes
 };
@@ -467,7 +487,7 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
             captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
           }
           std::shared_lock<std::shared_mutex> lock(GraphMutex());
-          captured.graph.replay();
+          captured.graph->replay();
           return 0;
         },
         &failure).has_value();
@@ -481,13 +501,22 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
     (void)cudaGetLastError();
     TurnGraphsOff(absl::StrCat("a replay of shape ", key, " failed: ", TruncateTorchMessage(failure.message)));
   } else if (action == CudaGraphPlan::Action::kCapture) {
+    // Whatever throws before the capture is settled (an out of memory in the eager pass, say),
+    // the shape's next pass captures instead: Execute turns the exception into this batch's error.
+    struct RetryUnlessSettled {
+      CudaGraphPlan* plan;
+      const std::string& key;
+      bool settled = false;
+      ~RetryUnlessSettled() {
+        if (!settled) plan->Retry(key);
+      }
+    } pending{graph_plan_.get(), key};
     const std::vector<c10::IValue> inputs = DeclaredInputs(batch);
     StatusOr<std::vector<c10::IValue>> eager = Forward(inputs, batch);
-    if (!eager.ok()) {
-      graph_plan_->Retry(key);  // the next pass of this shape tries again
-      return eager.status();
-    }
-    if (Status captured = CaptureGraph(key, inputs, *eager, batch); captured.ok()) {
+    if (!eager.ok()) return eager.status();
+    Status captured = CaptureGraph(key, inputs, *eager, batch);
+    pending.settled = true;
+    if (captured.ok()) {
       last_graph_run_ = GraphRun::kCaptured;
     } else if (!graph_plan_->off()) {
       graph_plan_->CaptureFailed(key);
@@ -521,17 +550,17 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
         [&]() -> Status {
           // Thread-local mode: another thread allocating or synchronising while this one
           // captures (a model serving during this one's load) does not break the capture.
-          captured->graph.capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
-          capturing = true;
+          capturing = true;  // from before capture_begin: it may fail half way, too
+          captured->graph->capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
           StatusOr<std::vector<c10::IValue>> outputs = Forward(statics, batch);
+          captured->graph->capture_end();
           capturing = false;
-          captured->graph.capture_end();
           if (!outputs.ok()) return outputs.status();
           captured->outputs = *std::move(outputs);
           return absl::OkStatus();
         },
         &failure);
-    if (!forward && capturing) AbandonCapture(captured->graph, stream_.get()->device_index(), graph_pool_);
+    if (!forward && capturing) AbandonCapture(*captured->graph, *stream_.get(), graph_pool_);
     if (!forward) {
       graph_pool_ = {0, 0};  // that pool may have no graph left to hold it: the next capture takes a new one
       return absl::FailedPreconditionError(absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
@@ -554,7 +583,7 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
       [&]() -> Status {
         {
           std::shared_lock<std::shared_mutex> lock(GraphMutex());
-          captured->graph.replay();
+          captured->graph->replay();
         }
         const double difference = LargestDifference(captured->outputs, eager);
         if (difference == 0) return absl::OkStatus();
@@ -564,7 +593,7 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
           if (!again.ok()) return again.status();
           noise = std::max(noise, LargestDifference(*again, eager));
         }
-        if (difference <= 2 * noise) return absl::OkStatus();
+        if (std::isfinite(noise) && difference <= 2 * noise) return absl::OkStatus();
         return absl::AbortedError(absl::StrCat("the replay of shape ", key, " differs from the eager pass by ",
                                                difference, ", more than twice what eager passes differ by (", noise,
                                                ")"));
