@@ -6,7 +6,7 @@ lists here), and no header or source file reaches itself through includes (no cy
     python3 scripts/check_layers.py --self-test    # proves it catches both kinds of problem
 
 The layers follow the request path (see the house style guide): core at the bottom; repository,
-batching and runtime on it; the manager on batching; metrics beside the front ends; the shared
+batching, runtime and tracing on it; the manager on batching; metrics beside the front ends; the shared
 front-end code (frontend/) below gRPC and HTTP, which never include each other; server.cc and
 main.cc at the top.
 """
@@ -22,10 +22,11 @@ ALLOWED = {
     "batching": {"core"},
     "runtime": {"core"},
     "manager": {"core", "batching"},
-    "metrics": {"core", "manager"},
-    "frontend": {"core", "batching", "manager"},
-    "grpc": {"core", "batching", "manager", "frontend"},
-    "http": {"core", "batching", "manager", "frontend"},
+    "tracing": {"core"},
+    "metrics": {"core", "manager", "tracing"},
+    "frontend": {"core", "batching", "manager", "tracing"},
+    "grpc": {"core", "batching", "manager", "frontend", "tracing"},
+    "http": {"core", "batching", "manager", "frontend", "tracing"},
 }
 TOP = ""  # server/*.cc, server/*.h: may include every folder
 INCLUDE = re.compile(r'^\s*#\s*include\s+"server/([^"]+)"', re.M)

@@ -87,6 +87,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
     spdlog::info("event=response_cache cache=local size_bytes={}", config.response_cache_bytes);
   }
   server->StartModelControl(config, std::move(models), loader_options);
+  SLUICE_RETURN_IF_ERROR(server->StartTracing(config));
   SLUICE_RETURN_IF_ERROR(server->StartGrpc(config));
   SLUICE_RETURN_IF_ERROR(server->StartHttp(config));
   server->health_->SetStarted();
@@ -207,8 +208,26 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
   }
 }
 
+Status Server::StartTracing(const ServerConfig& config) {
+  OtlpHttpExporter::Options exporter = config.trace.exporter;
+  exporter.observer = metrics_.get();
+  SLUICE_ASSIGN_OR_RETURN(span_exporter_, OtlpHttpExporter::Create(std::move(exporter)));
+  Tracer::Options tracing;
+  tracing.settings = config.trace.settings;
+  tracing.sink = span_exporter_.get();
+  tracer_ = std::make_unique<Tracer>(std::move(tracing));
+  spdlog::info("event=tracing mode=opentelemetry level={} rate={} count={} url={} bsp_max_queue_size={} "
+               "bsp_schedule_delay_ms={} bsp_max_export_batch_size={}",
+               TraceLevelName(config.trace.settings.level), config.trace.settings.rate, config.trace.settings.count,
+               span_exporter_->url().ToString(), config.trace.exporter.max_queue_size,
+               std::chrono::duration_cast<std::chrono::milliseconds>(config.trace.exporter.schedule_delay).count(),
+               config.trace.exporter.max_export_batch_size);
+  return absl::OkStatus();
+}
+
 Status Server::StartGrpc(const ServerConfig& config) {
   GrpcService::Options options;
+  options.tracer = tracer_.get();
   options.server_version = SLUICE_VERSION;
   options.health = health_.get();
   options.restrictions = config.restrictions;
@@ -237,6 +256,7 @@ Status Server::StartHttp(const ServerConfig& config) {
     return absl::OkStatus();
   }
   HttpService::Options options;
+  options.tracer = tracer_.get();
   options.server_version = SLUICE_VERSION;
   options.health = health_.get();
   options.restrictions = config.http_restrictions;

@@ -66,6 +66,7 @@ class Server {
   Status StartMetrics(const ServerConfig& config, const RuntimeInfo& runtime);  // and GPU telemetry
   void StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
                          const VersionLoader::Options& loader_options);  // and the server's health
+  Status StartTracing(const ServerConfig& config);  // the exporter and the tracer both front ends use
   Status StartGrpc(const ServerConfig& config);
   Status StartHttp(const ServerConfig& config);
 
@@ -75,6 +76,11 @@ class Server {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<GpuTelemetry> gpu_telemetry_;
+  // Made even with tracing off: the trace settings API may turn it on. Declared before the
+  // models and front ends, so destroyed after them: every span of their last answers is queued
+  // and then flushed (for up to 2 s) when the exporter goes.
+  std::unique_ptr<OtlpHttpExporter> span_exporter_;
+  std::unique_ptr<Tracer> tracer_;
   std::shared_ptr<ResponseCache> response_cache_;  // null without --cache-config; tells metrics_
   std::unique_ptr<LoadedFileStore> load_files_;  // null unless --allow-load-files
   std::unique_ptr<DirectoryModelSource> source_;

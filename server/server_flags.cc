@@ -23,6 +23,7 @@ struct TextFlags {
   std::vector<std::string> cache_configs;  // --cache-config, each "<cache>,<key>=<value>"
   int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
   std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
+  std::vector<std::string> trace_configs;  // --trace-config, each "[opentelemetry,]<setting>=<value>"
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -308,7 +309,7 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("gRPC front end");
   app.add_option("--grpc-restricted-protocol", text.restricted_protocols,
                  "<group>[,<group>...]:<header>=<value>: calls of these protocol groups (health, "
-                 "metadata, inference, model-config, model-repository, statistics, shared-memory) must carry the "
+                 "metadata, inference, model-config, model-repository, statistics, shared-memory, trace) must carry the "
                  "header with that value (UNAUTHENTICATED without it, PERMISSION_DENIED with another "
                  "value). Repeatable; grpc.health.v1 stays open")
       ->group("gRPC front end");
@@ -381,6 +382,20 @@ void AddMetricsFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("Metrics");
 }
 
+// Request tracing (OpenTelemetry). Listed under "Tracing" in --help.
+void AddTracingFlags(CLI::App& app, TextFlags& text) {
+  app.add_option("--trace-config", text.trace_configs,
+                 "Request tracing, as Triton spells it; repeatable. level=OFF|TIMESTAMPS (default OFF), "
+                 "rate=N (trace one request in N, default 1000; a request carrying a W3C traceparent is traced "
+                 "whatever the rate), count=N (traces to take, -1: no limit), mode=opentelemetry (the only mode). "
+                 "The exporter (OTLP/HTTP, protobuf, plain HTTP only): opentelemetry,url=http://host:port/v1/traces "
+                 "(default http://localhost:4318/v1/traces), opentelemetry,resource=key=value (repeatable), "
+                 "opentelemetry,bsp_max_queue_size=N (2048), opentelemetry,bsp_schedule_delay=MS (5000), "
+                 "opentelemetry,bsp_max_export_batch_size=N (512). Level, rate and count change at run time "
+                 "through the trace settings API (guard it with the 'trace' group); the URL does not")
+      ->group("Tracing");
+}
+
 // Every flag, bound to `config` (or to `text` for those converted after parsing), by group.
 void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   AddServerFlags(app, config, text);
@@ -388,6 +403,7 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   AddGrpcFlags(app, config, text);
   AddHttpFlags(app, config, text);
   AddMetricsFlags(app, config, text);
+  AddTracingFlags(app, text);
 }
 
 // --cache-config values (Triton's "<cache>,<key>=<value>", one setting each, repeatable) and the
@@ -465,6 +481,7 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
     return absl::InvalidArgumentError(absl::StrCat("--allow-load-files needs --model-control-mode explicit (in mode ",
                                                    text.model_control_mode, " nothing loads on request)"));
   }
+  SLUICE_ASSIGN_OR_RETURN(config->trace, ParseTraceConfig(text.trace_configs));
   config->restrictions.clear();
   for (const std::string& each : text.restricted_protocols) {
     SLUICE_ASSIGN_OR_RETURN(ProtocolRestriction restriction, ParseProtocolRestriction(each));

@@ -15,6 +15,7 @@
 #include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
 #include "server/manager/model_control.h"
+#include "server/tracing/trace_config.h"
 
 namespace sluice {
 
@@ -44,6 +45,7 @@ struct ServerConfig {
   size_t max_queue_size = 1024;                // --max-queue-size (per model version)
   size_t max_queued_bytes = size_t{2} << 30;   // --max-queued-bytes (all queues together)
   uint64_t response_cache_bytes = 0;           // --cache-config local,size=BYTES (0: no response cache)
+  TraceConfig trace;                           // --trace-config (level OFF: nothing traced until the API says)
   int stream_max_in_flight = 64;               // --grpc-stream-max-in-flight (per ModelStreamInfer stream)
   bool allow_shared_memory = false;            // --allow-client-shm (alias --allow-shared-memory)
   double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds

@@ -148,6 +148,7 @@ void InstancePool::RunClaimed(size_t instance, FormedBatch batch) {
 }
 
 void InstancePool::Drop(PendingRequest& pending, const Status& status) {
+  if (pending.request->trace) pending.request->trace->Queued(pending.enqueued);
   if (options_.stats) {
     options_.stats->RecordPriorityRefused(pending.request->priority_level, status);
     options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, status, /*ran=*/false,
@@ -160,6 +161,7 @@ void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& sta
   const TimePoint now = options_.clock->Now();
   for (PendingRequest& pending : requests) {
     if (options_.stats && !pending.filler) options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
+    if (!ran && pending.request->trace) pending.request->trace->Queued(pending.enqueued);
     pending.done(status);
   }
 }
@@ -276,6 +278,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   TimePoint assembled_at;
   Status status = Execute(instance, batch, !alone, targets, &assembled_at, &infer_done);
   const TimePoint delivered_at = options_.clock->Now();
+  TraceRun(*instance, batch, status, started, infer_done, delivered_at);
   if (!status.ok()) {
     if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
     Fail(batch.requests, status, /*ran=*/true);
@@ -310,6 +313,30 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     }
     pending.done(refused);
   }
+}
+
+void InstancePool::TraceRun(const Instance& instance, const FormedBatch& batch, const Status& status,
+                            TimePoint started, TimePoint computed, TimePoint delivered) {
+  absl::InlinedVector<RequestTrace*, 8> traced;
+  for (const PendingRequest& pending : batch.requests) {
+    if (pending.filler || !pending.request->trace) continue;
+    pending.request->trace->Queued(pending.enqueued);
+    traced.push_back(pending.request->trace.get());
+  }
+  if (traced.empty()) return;  // the usual case: nothing here is traced
+  BatchTraceInfo info;
+  info.model = spec_.name;
+  info.version = batch.requests.front().request->model_version;
+  info.requests = static_cast<int64_t>(std::count_if(batch.requests.begin(), batch.requests.end(),
+                                                     [](const PendingRequest& pending) { return !pending.filler; }));
+  info.rows = batch.rows;
+  info.padded_rows = batch.padded_rows;
+  info.instance = instance.index;
+  info.started = started;
+  info.computed = computed;
+  info.delivered = delivered;
+  info.status = status;
+  TraceBatch(traced, info);
 }
 
 void InstancePool::Stop() {

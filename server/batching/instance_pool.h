@@ -122,6 +122,10 @@ class InstancePool {
   Status Execute(Instance* instance, const FormedBatch& batch, bool assemble,
                  absl::Span<const OutputTarget> targets, TimePoint* assembled_at, TimePoint* infer_done);
   void Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran);
+  // Stamps the traced requests of an executed batch with their queue and run, and exports the
+  // batch's span (only when one of them is traced).
+  void TraceRun(const Instance& instance, const FormedBatch& batch, const Status& status, TimePoint started,
+                TimePoint computed, TimePoint delivered);
   // Whether instance `index`'s worker may run something now.
   bool HasWork(size_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Wakes instance `index`'s worker if it waits and nobody woke it yet.

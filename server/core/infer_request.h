@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/core/clock.h"
+#include "server/core/request_trace.h"
 #include "server/core/tensor.h"
 
 namespace sluice {
@@ -94,6 +95,10 @@ struct InferRequest {
   // request runs: the response cache's single flight never writes a shared answer there first
   // (others copy it from where it was written). Set by the front ends.
   bool shared_memory = false;
+  // Set when the request was sampled for tracing (the front end's tracer decided); null
+  // otherwise, which is all that tracing costs a request that is not traced. Shared with the
+  // front end's call, which ends it when the answer is handed to the transport.
+  std::shared_ptr<RequestTrace> trace;
 
   // Total bytes of input data (what the request costs while queued).
   size_t InputBytes() const {

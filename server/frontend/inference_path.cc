@@ -13,6 +13,28 @@ namespace {
 InferenceCall* Get(InferenceCall* call) { return call; }
 InferenceCall* Get(const std::unique_ptr<InferenceCall>& call) { return call.get(); }
 
+// Answers `call` and ends its trace, if it has one, once the answer is handed over (Answer may
+// destroy the call).
+void Answer(InferenceCall* call, const Status& status) {
+  std::shared_ptr<RequestTrace> trace = std::move(call->trace);
+  call->Answer(status);
+  if (trace) trace->End(status, Clock::now());
+}
+
+// Names the model version on a traced request's span.
+void DescribeTrace(RequestTrace* trace, const InferenceCall& call, const InferRequest& request,
+                   const ModelHandle& model) {
+  trace->AddAttribute("sluice.model", call.model_name());
+  trace->AddAttribute("sluice.model_version", model.version());
+  trace->AddAttribute("sluice.protocol", std::string(ProtocolName(call.protocol)));
+  if (!request.id.empty()) trace->AddAttribute("sluice.request_id", request.id);
+  if (request.parameters.priority != 0) {
+    trace->AddAttribute("sluice.priority", static_cast<int64_t>(request.parameters.priority));
+  }
+  trace->AddAttribute("sluice.batch_size", request.batch_size);
+  trace->SetDevice(model.device());
+}
+
 // How many times one request waits for its model to load on demand: a model evicted again before
 // the request found it (another load needed the room) is waited for once more, then the request
 // is answered as Find answers it.
@@ -29,7 +51,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     OnDemandLoads* loads = lookup.on_demand();
     if (loads == nullptr || waits >= kMaxLoadWaits || !absl::IsUnavailable(found.status()) ||
         !loads->LoadsOnDemand(call->model_name())) {
-      return call->Answer(found.status());
+      return Answer(call, found.status());
     }
     // Not loaded: wait for its load (the front end's thread returns now). The answer to the wait
     // comes on another thread, which then runs the request on, never the model, on its own.
@@ -40,7 +62,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     auto held = std::make_shared<Call>(std::move(owned));  // std::function needs a copyable callable
     loads->Await(name, deadline, std::move(cancelled), [&lookup, held, since, waits](const Status& status) {
       InferenceCall* waited = Get(*held);
-      if (!status.ok()) return waited->Answer(status);
+      if (!status.ok()) return Answer(waited, status);
       waited->caller_may_run = false;
       Run(lookup, std::move(*held), since, waits + 1);
     });
@@ -52,7 +74,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
   if (!decoded.ok()) {
     const Status rejected = model->Reject(decoded.status(), call->protocol);
     model.Reset();  // released before the answer, as for every other answer
-    return call->Answer(rejected);
+    return Answer(call, rejected);
   }
   std::unique_ptr<InferRequest> request = *std::move(decoded);
   model = RouteSequence(lookup, std::move(model), *request, !call->model_version().empty());
@@ -61,6 +83,10 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
   request->deadline = call->deadline;
   request->cancelled = call->cancelled;
   request->caller_may_run = call->caller_may_run;
+  if (call->trace) {
+    DescribeTrace(call->trace.get(), *call, *request, *model);
+    request->trace = call->trace;
+  }
   call->Accepted(*request, model);
   // The call's hold keeps the version in flight until the answer; `model`, a second hold, keeps
   // it alive until Submit has returned (the answer may come before that). From Submit on the
@@ -76,7 +102,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
       if (OnDemandLoads* loads = lookup.on_demand()) loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
     }
     call->hold.Release();
-    call->Answer(status);
+    Answer(call, status);
   });
 }
 

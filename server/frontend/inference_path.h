@@ -13,7 +13,8 @@
 //      call the version that will answer (Accepted: a response header, a cancellation hook)
 //   5. hold the version in flight (ModelHold) and submit (ModelHandle::Submit: validation, queue
 //      timeout, scheduling)
-//   6. on the answer: log a failure (debug), release the hold, then Answer
+//   6. on the answer: log a failure (debug), release the hold, then Answer; a traced request's
+//      spans end when Answer has returned (core/request_trace.h)
 //
 // Where the protocols differ, and only there:
 //               gRPC (unary and stream)                    HTTP
@@ -53,6 +54,9 @@ class InferenceCall {
   TimePoint deadline = kNoDeadline;  // the caller's own (the queue timeout may narrow it)
   std::shared_ptr<std::atomic<bool>> cancelled;  // set when the caller goes away; may be null
   bool caller_may_run = false;  // see InferRequest::caller_may_run
+  // The request's trace when the front end's tracer sampled it (null: not traced). The path puts
+  // the model's attributes on it, hands it to the request, and ends it once Answer has returned.
+  std::shared_ptr<RequestTrace> trace;
   // The version the request runs on, from submission until just before Answer: an unload waits
   // for the answer, not for the transport. A cancellation may Poke it from another thread.
   ModelHold hold;

@@ -33,6 +33,14 @@ StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& 
   return manager.Find(name, version).ok();
 }
 
+StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer, const std::string& model,
+                                               const TraceSettingsMap* update) {
+  if (tracer == nullptr) return absl::UnavailableError("tracing is not set up in this server");
+  if (!model.empty()) SLUICE_RETURN_IF_ERROR(manager.FindModel(model).status());
+  if (update == nullptr) return tracer->Get(model);
+  return tracer->Update(model, *update);
+}
+
 Status AnswerModelMetadata(const ModelManager& manager, const std::string& name, const std::string& version,
                            inference::ModelMetadataResponse* response) {
   SLUICE_ASSIGN_OR_RETURN(InFlightModel model, manager.Find(name, version));

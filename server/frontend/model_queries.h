@@ -13,6 +13,7 @@
 #include "server/core/status.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
+#include "server/tracing/tracer.h"
 
 namespace sluice {
 
@@ -40,6 +41,11 @@ Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& rep
 Status AnswerModelStatistics(const ModelManager& manager, const std::string& name, const std::string& version,
                              inference::ModelStatisticsResponse* response);
 
+// TraceSetting: the trace settings of the server (`model` empty) or of a model the repository
+// knows (NOT_FOUND otherwise), after `update` when it is not null (Tracer::Update: all or
+// nothing, INVALID_ARGUMENT naming what is wrong). `tracer` null: UNAVAILABLE.
+StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer, const std::string& model,
+                                               const TraceSettingsMap* update);
 // One load or unload parameter as a front end decoded it: a gRPC ModelRepositoryParameter, or a
 // member of the HTTP body's "parameters" (a "file:" member's base64 already decoded to kBytes).
 struct ControlParameter {

@@ -14,7 +14,7 @@ namespace {
 constexpr ProtocolGroup kAllGroups[] = {ProtocolGroup::kHealth,          ProtocolGroup::kMetadata,
                                         ProtocolGroup::kInference,       ProtocolGroup::kModelConfig,
                                         ProtocolGroup::kModelRepository, ProtocolGroup::kStatistics,
-                                        ProtocolGroup::kSharedMemory};
+                                        ProtocolGroup::kSharedMemory,    ProtocolGroup::kTrace};
 
 // Characters gRPC allows in a metadata key (and no "-bin" suffix: binary headers are not text).
 bool ValidHeaderKey(const std::string& key) {
@@ -36,6 +36,7 @@ const char* ProtocolGroupName(ProtocolGroup group) {
     case ProtocolGroup::kModelRepository: return "model-repository";
     case ProtocolGroup::kStatistics: return "statistics";
     case ProtocolGroup::kSharedMemory: return "shared-memory";
+    case ProtocolGroup::kTrace: return "trace";
   }
   return "unknown";
 }
@@ -43,7 +44,7 @@ const char* ProtocolGroupName(ProtocolGroup group) {
 StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text) {
   const std::string usage = absl::StrCat(
       " (--grpc-restricted-protocol takes <group>[,<group>...]:<header>=<value>, groups: health, "
-      "metadata, inference, model-config, model-repository, statistics, shared-memory); got '", text, "'");
+      "metadata, inference, model-config, model-repository, statistics, shared-memory, trace); got '", text, "'");
   const size_t colon = text.find(':');
   const size_t equals = text.find('=', colon == std::string::npos ? 0 : colon);
   if (colon == std::string::npos || equals == std::string::npos) {

@@ -25,6 +25,7 @@ enum class ProtocolGroup {
   kModelRepository,  // RepositoryIndex (and model load/unload)
   kStatistics,       // ModelStatistics
   kSharedMemory,     // SystemSharedMemory{Register,Status,Unregister} (and the CUDA ones)
+  kTrace,            // TraceSetting (and HTTP's /v2/[models/{m}/]trace/setting)
 };
 const char* ProtocolGroupName(ProtocolGroup group);  // "health", "model-config", ...
 

@@ -108,7 +108,7 @@ class StreamReactor final
     }
     if (call != nullptr) {
       ++requests_;
-      service_->SubmitInfer(*context_, call);
+      service_->SubmitInfer(*context_, call, "inference.GRPCInferenceService/ModelStreamInfer");
     }
     Step(true);
   }
@@ -393,8 +393,18 @@ OutputSink* GrpcInferCall::sink() {
   return sink_.empty() ? static_cast<OutputSink*>(&response_sink_) : &sink_;
 }
 
-void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call) {
+void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call, const char* method) {
   call->deadline = CallerDeadline(context, clock_->Now());
+  if (options_.tracer != nullptr && options_.tracer->active()) {
+    const auto& metadata = context.client_metadata();
+    call->trace = options_.tracer->Start(
+        call->model_name(),
+        [&metadata](const char* key) -> absl::string_view {
+          auto found = metadata.find(key);
+          return found == metadata.end() ? absl::string_view() : absl::string_view(found->second.data(), found->second.size());
+        },
+        method);
+  }
   RunInference(*lookup_, call);
 }
 
@@ -411,6 +421,24 @@ grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* c
   }
   SubmitInfer(*context, reactor);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcService::TraceSetting(grpc::CallbackServerContext* context,
+                                                    const inference::TraceSettingRequest* request,
+                                                    inference::TraceSettingResponse* response) {
+  if (Status allowed = Allow(*context, ProtocolGroup::kTrace); !allowed.ok()) return FinishNow(context, allowed);
+  TraceSettingsMap update;
+  for (const auto& [key, value] : request->settings()) {
+    update[key].assign(value.value().begin(), value.value().end());
+  }
+  StatusOr<TraceSettingsMap> settings =
+      AnswerTraceSettings(*manager_, options_.tracer, request->model_name(), update.empty() ? nullptr : &update);
+  if (!settings.ok()) return FinishNow(context, settings.status());
+  for (const auto& [key, values] : *settings) {
+    auto& out = (*response->mutable_settings())[key];
+    for (const std::string& value : values) out.add_value(value);
+  }
+  return FinishNow(context, absl::OkStatus());
 }
 
 grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*

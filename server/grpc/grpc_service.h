@@ -18,6 +18,7 @@
 #include "server/grpc/grpc_codec.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
+#include "server/tracing/tracer.h"
 
 namespace sluice {
 
@@ -73,6 +74,10 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
     // register and unregister calls answer UNIMPLEMENTED, status calls list nothing, and requests
     // naming a region fail FAILED_PRECONDITION.
     SharedMemoryManager* shared_memory = nullptr;
+    // Decides which requests are traced (from their traceparent metadata and the trace
+    // settings) and answers TraceSetting; null: nothing is traced and TraceSetting answers
+    // UNAVAILABLE. Outlives the service.
+    Tracer* tracer = nullptr;
   };
 
   // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
@@ -130,8 +135,18 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
       grpc::CallbackServerContext* context) override;
 
   // Runs `call` for `context`'s caller on the shared inference path (inference_path.h): the
-  // caller's deadline, then RunInference.
-  void SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call);
+  // caller's deadline, its trace when sampled (a request span named `method`, the caller's
+  // traceparent metadata as its parent), then RunInference.
+  void SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call,
+                   const char* method = "inference.GRPCInferenceService/ModelInfer");
+
+  // Triton's trace settings extension: the server's settings (model_name empty) or a model's,
+  // changed first when the request carries settings. Guarded like the other control APIs (the "trace"
+  // protocol group). The export URL is not a setting: a client cannot point the server
+  // elsewhere.
+  grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
+                                         const inference::TraceSettingRequest* request,
+                                         inference::TraceSettingResponse* response) override;
 
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* context,
                                                      const inference::SystemSharedMemoryStatusRequest* request,

@@ -605,6 +605,57 @@ StatusOr<bool> ParseIndexRequest(absl::string_view body) {
   return BoolParameter(&document, "ready", false, "the repository index request");
 }
 
+StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body) {
+  TraceSettingsMap update;
+  if (body.empty()) return update;
+  rapidjson::Document document;
+  SLUICE_RETURN_IF_ERROR(ParseDocument(body, &document));
+  for (const auto& member : document.GetObject()) {
+    const std::string key(member.name.GetString(), member.name.GetStringLength());
+    std::vector<std::string>& values = update[key];
+    auto one = [&](const rapidjson::Value& value) -> Status {
+      if (value.IsString()) {
+        values.emplace_back(value.GetString(), value.GetStringLength());
+      } else if (value.IsInt64()) {
+        values.push_back(std::to_string(value.GetInt64()));
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("trace setting '", key, "' must be a string, an integer, an array of strings or null"));
+      }
+      return absl::OkStatus();
+    };
+    if (member.value.IsNull()) continue;  // cleared
+    if (member.value.IsArray()) {
+      for (const auto& each : member.value.GetArray()) SLUICE_RETURN_IF_ERROR(one(each));
+      if (values.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' is an empty array; use null to clear it"));
+      }
+    } else {
+      SLUICE_RETURN_IF_ERROR(one(member.value));
+    }
+  }
+  return update;
+}
+
+std::string TraceSettingsJson(const TraceSettingsMap& settings) {
+  rapidjson::StringBuffer buffer;
+  Writer writer(buffer);
+  writer.StartObject();
+  for (const auto& [key, values] : settings) {
+    writer.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+    const bool list = key == "trace_level";
+    if (list) writer.StartArray();
+    for (const std::string& value : values) {
+      writer.String(value.data(), static_cast<rapidjson::SizeType>(value.size()));
+      if (!list) break;
+    }
+    if (!list && values.empty()) writer.String("");
+    if (list) writer.EndArray();
+  }
+  writer.EndObject();
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
 std::string SharedMemoryStatusJson(const std::vector<SharedMemoryStatusEntry>& entries) {
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);

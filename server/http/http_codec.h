@@ -105,6 +105,13 @@ std::string ConditionJson(absl::string_view key, bool holds, absl::string_view m
 // when the body is not a JSON object or "ready" is not a boolean.
 StatusOr<bool> ParseIndexRequest(absl::string_view body);
 
+// The body of POST /v2/[models/{m}/]trace/setting: {"<setting>": value, ...}, a value being a
+// string, a number, an array of strings (trace_level) or null (clears the setting). INVALID_ARGUMENT
+// for another JSON form.
+StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body);
+// Trace settings as Triton's HTTP endpoint answers them: trace_level an array, the rest strings.
+std::string TraceSettingsJson(const TraceSettingsMap& settings);
+
 // Shared memory status as Triton's HTTP endpoint answers it: a JSON array of
 // {"name", "key", "offset", "byte_size"} objects.
 std::string SharedMemoryStatusJson(const std::vector<SharedMemoryStatusEntry>& entries);

@@ -237,6 +237,11 @@ void HttpService::Handle(HttpResponder responder) {
     }
     return unknown();
   }
+  if (path[1] == "trace") {
+    if (path.size() != 3 || path[2] != "setting") return unknown();
+    if (!get && !post) return wrong_method("GET or POST");
+    return TraceSetting(std::move(responder), "");
+  }
   if (path[1] == "systemsharedmemory" || path[1] == "cudasharedmemory") {
     // [/region/{r}]/{status,register,unregister}
     std::string region;
@@ -273,6 +278,10 @@ void HttpService::Handle(HttpResponder responder) {
     next = 5;
   }
   const std::string action = next < path.size() ? path[next] : "";
+  if (action == "trace" && version.empty() && next + 2 == path.size() && path[next + 1] == "setting") {
+    if (!get && !post) return wrong_method("GET or POST");
+    return TraceSetting(std::move(responder), model);
+  }
   if (next + 1 < path.size()) return unknown();
   if (action.empty()) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
@@ -333,6 +342,21 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
       });
 }
 
+void HttpService::TraceSetting(HttpResponder responder, const std::string& model) {
+  const HttpExchange& exchange = responder.exchange();
+  if (Status allowed = Allow(exchange, ProtocolGroup::kTrace); !allowed.ok()) return RespondStatus(responder, allowed);
+  std::optional<TraceSettingsMap> update;
+  if (exchange.method() == "POST") {
+    StatusOr<TraceSettingsMap> parsed = ParseTraceSettingsJson(exchange.body());
+    if (!parsed.ok()) return RespondStatus(responder, parsed.status());
+    update = *std::move(parsed);
+  }
+  StatusOr<TraceSettingsMap> settings =
+      AnswerTraceSettings(*manager_, options_.tracer, model, update && !update->empty() ? &*update : nullptr);
+  if (!settings.ok()) return RespondStatus(responder, settings.status());
+  RespondJson(responder, 200, TraceSettingsJson(*settings));
+}
+
 // The answers are shared_memory.h's, the same as over gRPC.
 void HttpService::SharedMemory(HttpResponder responder, bool cuda, const std::string& region,
                                const std::string& action) {
@@ -371,8 +395,20 @@ void HttpService::Infer(HttpResponder responder, const std::string& model_name, 
   if (Status allowed = Allow(responder.exchange(), ProtocolGroup::kInference); !allowed.ok()) {
     return RespondStatus(responder, allowed);
   }
-  RunInference(*lookup_,
-               std::make_unique<HttpInferCall>(std::move(responder), model_name, version, options_.shared_memory));
+  std::shared_ptr<RequestTrace> trace;
+  if (options_.tracer != nullptr && options_.tracer->active()) {
+    const HttpExchange& exchange = responder.exchange();
+    trace = options_.tracer->Start(
+        model_name,
+        [&exchange](const char* name) -> absl::string_view {
+          const char* value = exchange.Header(name);
+          return value == nullptr ? absl::string_view() : absl::string_view(value);
+        },
+        "POST /v2/models/{model}/infer");
+  }
+  auto call = std::make_unique<HttpInferCall>(std::move(responder), model_name, version, options_.shared_memory);
+  call->trace = std::move(trace);
+  RunInference(*lookup_, std::move(call));
 }
 
 }  // namespace sluice

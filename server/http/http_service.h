@@ -32,6 +32,7 @@
 #include "server/http/http_server.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
+#include "server/tracing/tracer.h"
 
 namespace sluice {
 
@@ -43,6 +44,9 @@ class HttpService {
     std::vector<ProtocolRestriction> restrictions;  // --http-restricted-api; empty: all open
     const ModelLookup* lookup = nullptr;    // where inference finds models; null: the manager
     SharedMemoryManager* shared_memory = nullptr;  // client shared memory; null: off (--allow-client-shm)
+    // Which requests are traced (their traceparent header, the trace settings), and the
+    // /v2/[models/{m}/]trace/setting answers; null: nothing is traced and those answer 503.
+    Tracer* tracer = nullptr;
   };
 
   // `manager` and `control` outlive the service (`control` null: load and unload answer
@@ -57,6 +61,9 @@ class HttpService {
   Status Allow(const HttpExchange& exchange, ProtocolGroup group) const;
   void Infer(HttpResponder responder, const std::string& model, const std::string& version);
   void Control(HttpResponder responder, const std::string& model, bool unload);
+  // GET and POST /v2/trace/setting (`model` empty) and /v2/models/{m}/trace/setting (the "trace"
+  // API group). The export URL is not a setting.
+  void TraceSetting(HttpResponder responder, const std::string& model);
   // /v2/{systemsharedmemory,cudasharedmemory}[/region/{r}]/{status,register,unregister}.
   void SharedMemory(HttpResponder responder, bool cuda, const std::string& region, const std::string& action);
 

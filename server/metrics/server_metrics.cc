@@ -70,6 +70,12 @@ struct ServerMetrics::Families {
         graph_captures(prometheus::BuildCounter().Name("sluice_cuda_graph_captures_total")
                            .Help("CUDA graph models (optimization.cuda.graphs): input shapes captured into a graph, "
                                  "over all instances (at warm-up, or on a shape's third batch in serving)").Register(r)),
+        trace_spans_exported(prometheus::BuildCounter().Name("sluice_trace_spans_exported_total")
+                                 .Help("Request tracing: spans the OTLP collector accepted").Register(r)),
+        trace_spans_dropped(prometheus::BuildCounter().Name("sluice_trace_spans_dropped_total")
+                                .Help("Request tracing: spans not exported, by reason: queue_full (more spans waited "
+                                      "than bsp_max_queue_size: the collector is slow or down), export_failed (the "
+                                      "collector could not be reached or refused them)").Register(r)),
         graph_replays(prometheus::BuildCounter().Name("sluice_cuda_graph_replays_total")
                           .Help("CUDA graph models: forward passes of served batches that replayed a graph (the rest of "
                                 "sluice_executions_total ran eagerly)").Register(r)),
@@ -207,6 +213,8 @@ struct ServerMetrics::Families {
   Family<Counter>& sequences_finished;
   Family<Counter>& latency_refusals;
   Family<Counter>& graph_captures;
+  Family<Counter>& trace_spans_exported;
+  Family<Counter>& trace_spans_dropped;
   Family<Counter>& graph_replays;
   Family<Histogram>& batch_oldest_wait_seconds;
   Family<Histogram>& priority_queue_seconds;
@@ -560,7 +568,19 @@ Labels VersionLabels(const std::string& model, int64_t version) {
 }  // namespace
 
 ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
-    : registry_(std::move(registry)), families_(std::make_unique<Families>(*registry_)) {}
+    : registry_(std::move(registry)), families_(std::make_unique<Families>(*registry_)) {
+  // At zero from the start, so that a rate() over them is defined before the first span.
+  spans_exported_ = &families_->trace_spans_exported.Add({});
+  for (SpanDropReason reason : {SpanDropReason::kQueueFull, SpanDropReason::kExportFailed}) {
+    spans_dropped_[static_cast<size_t>(reason)] = &families_->trace_spans_dropped.Add({{"reason", SpanDropReasonName(reason)}});
+  }
+}
+
+void ServerMetrics::OnSpansExported(uint64_t spans) { spans_exported_->Increment(static_cast<double>(spans)); }
+
+void ServerMetrics::OnSpansDropped(SpanDropReason reason, uint64_t spans) {
+  spans_dropped_[static_cast<size_t>(reason)]->Increment(static_cast<double>(spans));
+}
 
 ServerMetrics::~ServerMetrics() = default;
 

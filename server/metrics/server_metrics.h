@@ -9,6 +9,7 @@
 // `perf_analyzer --collect-metrics` work unchanged.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "server/core/mutex.h"
 #include "server/manager/model_manager.h"
 #include "server/manager/response_cache.h"
+#include "server/tracing/otlp_exporter.h"
 
 namespace sluice {
 
@@ -52,7 +54,7 @@ struct GpuSample {
   std::optional<double> energy_joules;  // since the driver loaded
 };
 
-class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
+class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, public TraceExportObserver {
  public:
   explicit ServerMetrics(std::shared_ptr<prometheus::Registry> registry);
   ~ServerMetrics() override;
@@ -73,6 +75,11 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
   // ResponseCacheObserver: the sluice_response_cache_* series (created with the cache).
   void OnResponseCacheChanged(const ResponseCacheStats& stats) override ABSL_LOCKS_EXCLUDED(mutex_);
 
+  // TraceExportObserver: sluice_trace_spans_exported_total, sluice_trace_spans_dropped_total{reason}
+  // (lock-free: the series exist from the start).
+  void OnSpansExported(uint64_t spans) override;
+  void OnSpansDropped(SpanDropReason reason, uint64_t spans) override;
+
   // sluice_build_info{...} 1: the environment report's versions as labels.
   void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
   // Replaces the GPU series with `samples`: each GPU's series for each value it has. A GPU or a
@@ -88,6 +95,9 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver {
   Mutex mutex_;
   // The label children created after start-up (state, GPUs) and the GPU bookkeeping.
   std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mutex_);
+  // Made in the constructor and never changed: Increment is thread-safe.
+  prometheus::Counter* spans_exported_ = nullptr;
+  std::array<prometheus::Counter*, 2> spans_dropped_{};  // by SpanDropReason
   // The auto batch size series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
       ABSL_GUARDED_BY(mutex_);

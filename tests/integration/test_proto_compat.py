@@ -150,3 +150,57 @@ def test_only_marked_sluice_additions_are_exempt():
     ours.message_type.add(name="SluiceExtra")
     ours.message_type.add(name="Extra")
     assert _compare_file(ours, theirs)[0] == ["inference.Extra: not a message in tritonclient"]
+
+
+def test_otlp_subset_matches_opentelemetry_proto():
+    """proto/otlp_trace.proto declares only the OTLP fields the exporter writes, in a package of
+    its own: each of them must have the official definition's number, type and label."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.common.v1 import common_pb2
+    from opentelemetry.proto.resource.v1 import resource_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    ours = _load_ours()["otlp_trace.proto"]
+    assert ours.package == "sluice.otlp"
+    official = {}
+    for module in (trace_service_pb2, common_pb2, resource_pb2, trace_pb2):
+        for name, message in module.DESCRIPTOR.message_types_by_name.items():
+            official[name] = message
+
+    def short(type_name):
+        return type_name.rsplit(".", 1)[-1]
+
+    def check(message, theirs, problems):
+        fields = {f.name: f for f in theirs.fields}
+        for field in message.field:
+            other = fields.get(field.name)
+            if other is None:
+                problems.append(f"{message.name}.{field.name}: not in opentelemetry-proto")
+                continue
+            their_type = other.message_type.full_name if other.message_type else (
+                other.enum_type.full_name if other.enum_type else "")
+            if (field.number, field.type, short(field.type_name)) != (other.number, other.type, short(their_type)):
+                problems.append(f"{message.name}.{field.name}: ours {(field.number, field.type, field.type_name)} "
+                                f"theirs {(other.number, other.type, their_type)}")
+            if (field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED) != other.is_repeated:
+                problems.append(f"{message.name}.{field.name}: repeated differs")
+        nested = {m.name: m for m in theirs.nested_types}
+        for inner in message.nested_type:
+            if inner.name not in nested:
+                problems.append(f"{message.name}.{inner.name}: not in opentelemetry-proto")
+            else:
+                check(inner, nested[inner.name], problems)
+        enums = {e.name: e for e in theirs.enum_types}
+        for enum in message.enum_type:
+            theirs_values = {v.name: v.number for v in enums[enum.name].values} if enum.name in enums else {}
+            for value in enum.value:
+                if theirs_values.get(value.name) != value.number:
+                    problems.append(f"{message.name}.{enum.name}.{value.name}: differs")
+
+    problems = []
+    for message in ours.message_type:
+        if message.name not in official:
+            problems.append(f"{message.name}: not an OTLP message")
+        else:
+            check(message, official[message.name], problems)
+    assert not problems, "\n".join(problems)

@@ -208,10 +208,10 @@ def test_restricted_protocols_need_the_header(repository, tmp_path_factory):
 
 def test_bad_restriction_fails_at_start(repository):
     result = subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--http-port", "0", "--metrics-port", "0",
-                             "--device", "cpu", "--grpc-restricted-protocol", "trace:key=value"],
+                             "--device", "cpu", "--grpc-restricted-protocol", "logging:key=value"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
-    assert "unknown protocol group 'trace'" in result.stdout + result.stderr
+    assert "unknown protocol group 'logging'" in result.stdout + result.stderr
 
 
 def test_http_stays_closed_beside_tls_unless_asked_for(tls_server, repository, certs, tmp_path_factory):

@@ -14,6 +14,7 @@
 
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
+#include "server/core/request_trace.h"
 
 namespace sluice::testing {
 
@@ -306,6 +307,37 @@ class FakeBackendFactory final : public BackendFactory {
   std::condition_variable loaded_;
   const bool cuda_;
   const int gpus_;
+};
+
+// A span sink that keeps what it is given (thread-safe), for tests of tracing.
+class SpanRecorder final : public SpanSink {
+ public:
+  void Export(SpanData span) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spans_.push_back(std::move(span));
+  }
+  std::vector<SpanData> spans() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return spans_;
+  }
+  // The one span named `name` (a default SpanData, which fails the caller's checks, when there is
+  // not exactly one).
+  SpanData Named(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SpanData found;
+    int count = 0;
+    for (const SpanData& span : spans_) {
+      if (span.name == name) {
+        found = span;
+        ++count;
+      }
+    }
+    return count == 1 ? found : SpanData{};
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<SpanData> spans_;
 };
 
 }  // namespace sluice::testing

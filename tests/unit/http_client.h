@@ -1,5 +1,6 @@
 // A raw HTTP/1.1 client over a loopback socket for the HTTP tests: it writes exactly the bytes a
-// case needs and reads the raw answer.
+// case needs and reads the raw answer. And a listening loopback socket (a port in use, or a stub
+// server's).
 #pragma once
 
 #include <arpa/inet.h>
@@ -91,5 +92,32 @@ inline std::string Post(const std::string& path, const std::string& body, const 
   return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n", extra, "\r\n",
                       body);
 }
+
+// A loopback socket bound to a free port, listening while it lives: a port in use.
+class TakenPort {
+ public:
+  TakenPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    socklen_t length = sizeof(address);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+  }
+  ~TakenPort() { Release(); }
+  void Release() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  int port() const { return port_; }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 }  // namespace sluice::testing

@@ -375,6 +375,23 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   EXPECT_EQ(ConditionJson("ready", true, "m\"1"), R"({"name":"m\"1","ready":true})");
 }
 
+TEST(HttpCodecTest, TraceSettingBodies) {
+  EXPECT_TRUE(ParseTraceSettingsJson("")->empty());
+  StatusOr<TraceSettingsMap> update =
+      ParseTraceSettingsJson(R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "10", "trace_count": 5, "log_frequency": null})");
+  ASSERT_TRUE(update.ok()) << update.status();
+  EXPECT_EQ((*update)["trace_level"], std::vector<std::string>{"TIMESTAMPS"});
+  EXPECT_EQ((*update)["trace_rate"], std::vector<std::string>{"10"});
+  EXPECT_EQ((*update)["trace_count"], std::vector<std::string>{"5"});
+  EXPECT_TRUE((*update)["log_frequency"].empty());  // null clears
+  EXPECT_FALSE(ParseTraceSettingsJson(R"({"trace_rate": 1.5})").ok());
+  EXPECT_FALSE(ParseTraceSettingsJson(R"({"trace_level": []})").ok());
+  EXPECT_FALSE(ParseTraceSettingsJson(R"({"trace_level": [true]})").ok());
+  EXPECT_FALSE(ParseTraceSettingsJson("[]").ok());
+  EXPECT_EQ(TraceSettingsJson({{"trace_level", {"TIMESTAMPS"}}, {"trace_rate", {"1"}}}),
+            R"({"trace_level":["TIMESTAMPS"],"trace_rate":"1"})");
+}
+
 TEST(HttpCodecTest, RepositoryRequestBodies) {
   EXPECT_EQ(*ParseIndexRequest(""), false);
   EXPECT_EQ(*ParseIndexRequest(R"({"ready": true})"), true);

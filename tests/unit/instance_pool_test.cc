@@ -190,6 +190,60 @@ TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
   EXPECT_EQ(stats.batches.at(4).compute_output.count, 1u);
 }
 
+TEST_F(InstancePoolTest, ABatchWithTracedRequestsStampsThemAndExportsOneLinkedBatchSpan) {
+  auto pool = Make(std::make_unique<testing::EchoBackend>());
+  testing::SpanRecorder sink;
+  Call traced, plain, also_traced;
+  FormedBatch batch;
+  batch.requests.push_back(traced.Pending(1, 1));
+  batch.requests.push_back(plain.Pending(1, 2));
+  batch.requests.push_back(also_traced.Pending(2, 3));
+  auto first = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "a", clock_.Now());
+  auto second = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "b", clock_.Now());
+  first->SetDevice("cpu");
+  batch.requests[0].request->trace = first;
+  batch.requests[0].enqueued = clock_.Now();
+  batch.requests[2].request->trace = second;
+  batch.requests[2].enqueued = clock_.Now();
+  batch.rows = 4;
+  batch.padded_rows = 4;
+  pool->Run(std::move(batch));
+  ASSERT_TRUE(traced.answer.get_future().get().ok());
+  ASSERT_TRUE(plain.answer.get_future().get().ok());
+  ASSERT_TRUE(also_traced.answer.get_future().get().ok());
+  pool->Stop();
+  // Exactly one batch span, linked to both traced requests (not to the untraced one).
+  ASSERT_EQ(sink.spans().size(), 1u);
+  const SpanData span = sink.spans()[0];
+  EXPECT_EQ(span.name, "batch");
+  ASSERT_EQ(span.links.size(), 2u);
+  EXPECT_EQ(span.links[0].span_id, first->span_id());
+  EXPECT_EQ(span.links[1].span_id, second->span_id());
+  // Each trace now has its queue and run: ending it exports queue, compute (linked to the batch
+  // span) and output under its request span.
+  first->End(absl::OkStatus(), clock_.Now());
+  EXPECT_EQ(sink.Named("queue").parent_span_id, first->span_id());
+  const SpanData compute = sink.Named("compute");
+  ASSERT_EQ(compute.links.size(), 1u);
+  EXPECT_EQ(compute.links[0].span_id, span.span_id);
+}
+
+TEST_F(InstancePoolTest, DroppingATracedRequestStampsItsQueueTime) {
+  auto pool = Make(std::make_unique<testing::EchoBackend>());
+  testing::SpanRecorder sink;
+  Call dropped;
+  PendingRequest pending = dropped.Pending(1, 1);
+  auto trace = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "r", clock_.Now());
+  pending.request->trace = trace;
+  pending.enqueued = clock_.Now();
+  pool->Drop(pending, absl::DeadlineExceededError("expired"));
+  EXPECT_FALSE(dropped.answer.get_future().get().ok());
+  trace->End(absl::DeadlineExceededError("expired"), clock_.Now());
+  EXPECT_EQ(sink.Named("queue").parent_span_id, trace->span_id());
+  EXPECT_EQ(sink.spans().size(), 2u);  // queue and the request span; it never ran
+  pool->Stop();
+}
+
 TEST_F(InstancePoolTest, ASinkThatRefusesFailsOnlyItsOwnRequest) {
   auto pool = Make(std::make_unique<testing::EchoBackend>());
   Call refused, served;

@@ -20,12 +20,15 @@ TEST(RestrictedProtocolsTest, ParsesTritonSyntax) {
   ASSERT_TRUE(shm.ok()) << shm.status();
   EXPECT_THAT(shm->groups, ElementsAre(ProtocolGroup::kSharedMemory));
   EXPECT_STREQ(ProtocolGroupName(ProtocolGroup::kSharedMemory), "shared-memory");
+  auto trace = ParseProtocolRestriction("trace:k=v");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_THAT(trace->groups, ElementsAre(ProtocolGroup::kTrace));
 }
 
 TEST(RestrictedProtocolsTest, BadValuesSayWhatIsWrong) {
   EXPECT_THAT(ParseProtocolRestriction("model-config").status().message(), HasSubstr("missing ':' or '='"));
-  EXPECT_THAT(ParseProtocolRestriction("trace:k=v").status().message(),
-              HasSubstr("unknown protocol group 'trace'"));
+  EXPECT_THAT(ParseProtocolRestriction("logging:k=v").status().message(),
+              HasSubstr("unknown protocol group 'logging'"));
   EXPECT_THAT(ParseProtocolRestriction("health:=v").status().message(), HasSubstr("not a header"));
   EXPECT_THAT(ParseProtocolRestriction("health:key-bin=v").status().message(), HasSubstr("not a header"));
   EXPECT_THAT(ParseProtocolRestriction("health:grpc-timeout=v").status().message(), HasSubstr("not a header"));

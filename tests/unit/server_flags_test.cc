@@ -143,7 +143,7 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--model-control-mode", "poll", "--model-load-gpu-limit", "0:0.5"}, "would never load again"},
       {{"--model-control-mode", "explicit", "--model-load-wait-secs", "0"}, "--model-load-wait-secs"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "in mode poll"},
-      {{"--grpc-restricted-protocol", "trace:key=value"}, "trace"},
+      {{"--grpc-restricted-protocol", "logging:key=value"}, "logging"},
       {{"--grpc-restricted-protocol", "inference"}, "inference"},
       {{"--grpc-restricted-protocol", "inference:a=1", "--grpc-restricted-protocol", "inference:b=2"}, "inference"},
       {{"--help"}, "help"},
@@ -178,6 +178,20 @@ TEST(ServerFlagsTest, LoadOnDemandAndMemoryBudget) {
   EXPECT_EQ(config->load_retry_secs, 2);
   EXPECT_EQ(config->load_wait_secs, 5);
   EXPECT_EQ(config->load_models, std::vector<std::string>{"a"});
+}
+
+TEST(ServerFlagsTest, TraceConfigFlags) {
+  auto config = ParseServerFlags({"--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1", "--trace-config",
+                                  "opentelemetry,url=http://127.0.0.1:4318/v1/traces"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->trace.settings.level, TraceLevel::kTimestamps);
+  EXPECT_EQ(config->trace.settings.rate, 1);
+  EXPECT_EQ(config->trace.exporter.url, "http://127.0.0.1:4318/v1/traces");
+  auto off = ParseServerFlags({});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->trace.settings.level, TraceLevel::kOff);
+  auto refused = ParseServerFlags({"--trace-config", "opentelemetry,url=https://collector/v1/traces"});
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plain HTTP"));
 }
 
 TEST(ServerFlagsTest, HttpEndpointFlags) {
@@ -220,7 +234,7 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
            {{"--allow-http", "maybe"}, "--allow-http"},
            {{"--http-port", "70000"}, "--http-port"},
            {{"--http-max-body-bytes", "0"}, "--http-max-body-bytes"},
-           {{"--http-restricted-api", "trace:k=v"}, "--http-restricted-api: unknown protocol group"},
+           {{"--http-restricted-api", "logging:k=v"}, "--http-restricted-api: unknown protocol group"},
            {{"--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"},
             "restricted twice (--http-restricted-api)"},
        }) {

@@ -24,32 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A loopback socket bound to a free port, listening while it lives: a port in use.
-class TakenPort {
- public:
-  TakenPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-    EXPECT_EQ(listen(fd_, 1), 0);
-    socklen_t length = sizeof(address);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
-  }
-  ~TakenPort() { Release(); }
-  void Release() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 bool Accepts(int port) { return testing::Client(port).connected(); }
 
 // The status code of GET `path` on the HTTP port; 0 when nothing answered.
@@ -130,9 +104,9 @@ TEST_F(ServerTest, BeginDrainTakesReadinessAwayButKeepsLivenessAndServing) {
 // Each step's refusal, with every later step's port also taken: the earliest step's error comes
 // back, so the steps run in the documented order, and no port the server opened stays open.
 TEST_F(ServerTest, StartStepsRunInOrderAndAFailedStartLeavesNothingListening) {
-  TakenPort metrics;
-  TakenPort grpc;
-  TakenPort http;
+  testing::TakenPort metrics;
+  testing::TakenPort grpc;
+  testing::TakenPort http;
 
   // The repository comes first: nothing listens before it is scanned.
   ServerConfig missing = Config(grpc.port(), http.port(), metrics.port());
