@@ -2,7 +2,7 @@
 # The test command: installs what is missing, builds with clang, warnings as errors and clang's
 # -Wthread-safety, runs every test (unit, integration, GPU tests that skip without a GPU) and the
 # GPU proof kit's self-test. Meanwhile, in the background from the moment the distribution
-# packages are there: the scheduler and manager tests under ThreadSanitizer and 10 s of each
+# packages are there: the scheduler, manager and tracing tests under ThreadSanitizer and 10 s of each
 # libFuzzer target (scripts/test_sanitizers.sh; they need no LibTorch).
 # Exits non-zero on the first failure.
 set -euo pipefail

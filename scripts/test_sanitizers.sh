@@ -13,19 +13,20 @@ mark=$SECONDS
 
 # The batching and manager code has no torch and no protobuf in it, so a ThreadSanitizer build of
 # their tests (queue, batcher, instance pool, stress test; the model table, loader and control
-# thread; the clocks) is cheap: only those targets are built in build-tsan. Tests that parse configs stay
-# out: Debian's libprotobuf is not instrumented, and protobuf's inline code changes under
-# -fsanitize=thread, so mixing the two crashes in map fields.
+# thread; the clocks; the tracer and the span exporter's thread) is cheap: only those targets are
+# built in build-tsan. Tests that parse configs stay out: Debian's libprotobuf is not
+# instrumented, and protobuf's inline code changes under -fsanitize=thread, so mixing the two
+# crashes in map fields (the OTLP messages the exporter encodes have none).
 # -O1 with line tables (ThreadSanitizer's reports name files and lines; -O2 -g costs about twice
 # the compile time for nothing it finds).
 echo "== ThreadSanitizer build"
-SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test" \
+SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test tracing_test" \
   scripts/build.sh -DSLUICE_TORCH=OFF -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
   "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" >/dev/null
 # The batcher stress test sends 500 requests from each of its 64 threads here (32,000; 1,000 each
 # in the plain run): under ThreadSanitizer its cost grows faster than the count (about 19 s at
 # 500, 108 s at 1,000 on 2 cores) while the interleavings it exercises do not.
-for suite in scheduler_test manager_test core_test; do
+for suite in scheduler_test manager_test core_test tracing_test; do
   echo "== ThreadSanitizer: $suite"
   SLUICE_STRESS_REQUESTS=500 \
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp" \

@@ -21,12 +21,10 @@ void Answer(InferenceCall* call, const Status& status) {
   if (trace) trace->End(status, Clock::now());
 }
 
-// Names the model version on a traced request's span.
-void DescribeTrace(RequestTrace* trace, const InferenceCall& call, const InferRequest& request,
-                   const ModelHandle& model) {
-  trace->AddAttribute("sluice.model", call.model_name());
+// Names the model version on a traced request's span (the model asked for and the protocol are
+// named when the path starts, so that a request refused before it finds a version has them too).
+void DescribeTrace(RequestTrace* trace, const InferRequest& request, const ModelHandle& model) {
   trace->AddAttribute("sluice.model_version", model.version());
-  trace->AddAttribute("sluice.protocol", std::string(ProtocolName(call.protocol)));
   if (!request.id.empty()) trace->AddAttribute("sluice.request_id", request.id);
   if (request.parameters.priority != 0) {
     trace->AddAttribute("sluice.priority", static_cast<int64_t>(request.parameters.priority));
@@ -46,6 +44,10 @@ constexpr int kMaxLoadWaits = 2;
 template <typename Call>
 void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int waits = 0) {
   InferenceCall* call = Get(owned);
+  if (call->trace && waits == 0) {
+    call->trace->AddAttribute("sluice.model", call->model_name());
+    call->trace->AddAttribute("sluice.protocol", std::string(ProtocolName(call->protocol)));
+  }
   StatusOr<InFlightModel> found = lookup.Find(call->model_name(), call->model_version());
   if (!found.ok()) {
     OnDemandLoads* loads = lookup.on_demand();
@@ -84,7 +86,7 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
   request->cancelled = call->cancelled;
   request->caller_may_run = call->caller_may_run;
   if (call->trace) {
-    DescribeTrace(call->trace.get(), *call, *request, *model);
+    DescribeTrace(call->trace.get(), *request, *model);
     request->trace = call->trace;
   }
   call->Accepted(*request, model);

@@ -16,7 +16,7 @@ Status CheckRepositoryName(const std::string& repository_name) {
 
 }  // namespace
 
-void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
+void AnswerServerMetadata(const std::string& version, bool system_shared_memory, bool trace,
                           inference::ServerMetadataResponse* response) {
   response->set_name("sluice");
   response->set_version(version);
@@ -26,6 +26,7 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
   response->add_extensions("model_repository");
   response->add_extensions("binary_tensor_data");
   if (system_shared_memory) response->add_extensions("system_shared_memory");
+  if (trace) response->add_extensions("trace");
 }
 
 StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name, const std::string& version) {

@@ -18,8 +18,9 @@
 namespace sluice {
 
 // ServerMetadata: name "sluice", `version`, and the extensions Sluice really implements.
-// `system_shared_memory`: the front end serves Triton's system shared memory extension.
-void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
+// `system_shared_memory`: the front end serves Triton's system shared memory extension; `trace`:
+// its trace settings extension (a tracer is set up).
+void AnswerServerMetadata(const std::string& version, bool system_shared_memory, bool trace,
                           inference::ServerMetadataResponse* response);
 
 // ModelReady: NOT_FOUND for a model the repository lacks; else whether `version` (empty: the

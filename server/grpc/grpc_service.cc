@@ -331,7 +331,8 @@ grpc::ServerUnaryReactor* GrpcService::ServerMetadata(
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, response);
+  AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, options_.tracer != nullptr,
+                       response);
   return FinishNow(context, absl::OkStatus());
 }
 

@@ -208,7 +208,8 @@ void HttpService::Handle(HttpResponder responder) {
   if (path.size() == 1) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ServerMetadataResponse metadata;
-      AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, &metadata);
+      AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, options_.tracer != nullptr,
+                           &metadata);
       RespondJson(responder, 200, ProtoToJson(metadata));
     });
   }

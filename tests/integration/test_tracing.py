@@ -358,6 +358,13 @@ def test_failures_are_recorded_on_the_span_and_spans_are_counted(traced_server, 
     assert request.parent_span_id.hex() == span_id
     assert request.status.code == STATUS_ERROR and "INPUT__0" in request.status.message
     assert attributes(request)["sluice.status"] == "INVALID_ARGUMENT"
+    # Refused before any version was found: the span still names the model asked for.
+    trace_id, _, _, _ = call_with_parent(caller, lambda headers: pytest.raises(
+        InferenceServerException, client.infer, "no_such_model", grpc_inputs(rows()), headers=headers))
+    (missing,) = [span for span in collector.wait_trace(trace_id, [name]) if span.name == name]
+    assert attributes(missing)["sluice.model"] == "no_such_model"
+    assert attributes(missing)["sluice.status"] == "NOT_FOUND" and missing.status.code == STATUS_ERROR
+    assert len(collector.of_trace(trace_id)) == 1  # no stage reached
     assert {"deployment.environment": "test", "service.name": "sluice"}.items() <= collector.resources[-1].items()
     text = traced_server.metrics_text()
     assert metric_value(text, "sluice_trace_spans_exported_total") >= 4

@@ -35,6 +35,7 @@ class HttpServiceTest : public ::testing::Test {
     lookup_.models["gated"] = testing::MakeEchoModel("gated", std::move(gated), &clock_);  // one may wait
     HttpService::Options options;
     options.lookup = &lookup_;
+    options.tracer = &tracer_;
     service_ = std::make_unique<HttpService>(&manager_, /*control=*/nullptr, options);
     HttpServerOptions server_options;
     server_options.address = "127.0.0.1";
@@ -58,6 +59,8 @@ class HttpServiceTest : public ::testing::Test {
   uint64_t Failures(const std::string& model) { return lookup_.models[model]->Statistics().fail.count; }
 
   SteadyTimeSource clock_;
+  testing::SpanRecorder spans_;
+  Tracer tracer_{Tracer::Options{TraceSettings{}, &spans_, nullptr}};  // level OFF until a test says
   ModelManager manager_{{}, {}};
   testing::FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
@@ -100,6 +103,41 @@ TEST_F(HttpServiceTest, OnlyInferenceAnswersAreCompressed) {
 
 // The status codes are Triton's (tritonclient reads only those); the bodies are what KServe's REST
 // client reads.
+TEST_F(HttpServiceTest, TraceSettingsTurnTracingOnAndATracedRequestContinuesTheCallersTrace) {
+  auto send = [&](const std::string& method, const std::string& path, const std::string& body = "") {
+    Client client(server_->port());
+    client.Send(method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                "\r\n\r\n" + body);
+    return client.Read();
+  };
+  Reply got = send("GET", "/v2/trace/setting");
+  EXPECT_EQ(got.code, 200);
+  EXPECT_THAT(got.body, HasSubstr(R"("trace_level":["OFF"])"));
+  EXPECT_EQ(send("GET", "/v2/trace/settings").code, 404);
+  EXPECT_EQ(send("GET", "/v2/models/echo/versions/1/trace/setting").code, 404);
+  Reply bad = send("POST", "/v2/trace/setting", R"({"trace_rate": "0"})");
+  EXPECT_EQ(bad.code, 400);
+  EXPECT_THAT(bad.body, HasSubstr("trace_rate"));
+  EXPECT_EQ(send("GET", "/v2/models/nowhere/trace/setting").code, 404);  // the repository lacks it
+
+  // Untraced while the level is OFF.
+  const std::string parent = "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n";
+  EXPECT_EQ(Infer("echo", kBody, parent).code, 200);
+  Reply on = send("POST", "/v2/trace/setting", R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "1000"})");
+  EXPECT_EQ(on.code, 200);
+  EXPECT_THAT(on.body, HasSubstr(R"("trace_rate":"1000")"));
+  EXPECT_EQ(Infer("echo", kBody, parent).code, 200);
+  // The spans are exported once the answer has been handed over: wait for them.
+  for (int i = 0; i < 500 && spans_.spans().size() < 5; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(spans_.spans().size(), 5u);  // request, queue, compute, output, and its batch's
+  const SpanData request = spans_.Named("POST /v2/models/{model}/infer");
+  EXPECT_EQ(HexOf(request.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(HexOf(request.parent_span_id), "00f067aa0ba902b7");
+  EXPECT_EQ(spans_.Named("compute").parent_span_id, request.span_id);
+  ASSERT_EQ(spans_.Named("batch").links.size(), 1u);
+  EXPECT_EQ(spans_.Named("batch").links[0].span_id, request.span_id);
+}
+
 TEST_F(HttpServiceTest, HealthAnswersCarryKServesBodies) {
   for (const auto& [path, body] : {std::pair<std::string, std::string>{"/v2/health/live", R"({"live":true})"},
                                    {"/v2/health/ready", R"({"ready":true})"}}) {
