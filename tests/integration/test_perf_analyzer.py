@@ -73,3 +73,24 @@ def test_perf_analyzer_drives_sequences(bundled_server, protocol):
     url = bundled_server.url if protocol == "grpc" else bundled_server.http_url
     run_perf_analyzer("-m", "accumulator", "-u", url, "-i", protocol, "-b", "1", "--sequence-length", "8",
                       "--concurrency-range", "1:8:7")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_sets_trace_settings(bundled_server, protocol):
+    """perf_analyzer --trace-level/--trace-rate/--trace-count/--log-frequency: it sets the server's
+    trace settings through the trace extension before it measures (the spans go to the default
+    collector URL, where nothing listens here: dropped and counted, requests unaffected)."""
+    import tritonclient.grpc as grpcclient
+    url = bundled_server.url if protocol == "grpc" else bundled_server.http_url
+    client = grpcclient.InferenceServerClient(bundled_server.url)
+    try:
+        run_perf_analyzer("-m", "mlp", "-u", url, "-i", protocol, "-b", "1", "--trace-level", "TIMESTAMPS",
+                          "--trace-rate", "1", "--trace-count", "-1", "--log-frequency", "0",
+                          "--concurrency-range", "1:2:1")
+        settings = client.get_trace_settings(as_json=True)["settings"]
+        assert settings["trace_level"]["value"] == ["TIMESTAMPS"]
+        assert settings["trace_rate"]["value"] == ["1"]
+    finally:  # the other tests share this server: tracing off again
+        client.update_trace_settings(settings={"trace_level": None, "trace_rate": None, "trace_count": None})
+        assert client.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]
+        client.close()
