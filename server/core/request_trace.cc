@@ -105,7 +105,31 @@ RequestTrace::RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<S
       span_id_(NewSpanId()) {}
 
 void RequestTrace::AddAttribute(std::string key, std::variant<std::string, int64_t, double, bool> value) {
+  MutexLock lock(&mutex_);
   attributes_.push_back({std::move(key), std::move(value)});
+}
+
+void RequestTrace::SetDevice(std::string device) {
+  MutexLock lock(&mutex_);
+  device_ = std::move(device);
+}
+
+std::string RequestTrace::device() const {
+  MutexLock lock(&mutex_);
+  return device_;
+}
+
+void RequestTrace::Queued(TimePoint at) {
+  MutexLock lock(&mutex_);
+  if (!ended_) queued_ = at;
+}
+
+void RequestTrace::Ran(TimePoint started, TimePoint computed, const SpanContext& batch) {
+  MutexLock lock(&mutex_);
+  if (ended_) return;
+  started_ = started;
+  computed_ = computed;
+  batch_ = batch;
 }
 
 int64_t RequestTrace::UnixNs(TimePoint at) const {
@@ -125,6 +149,7 @@ SpanData RequestTrace::Child(const char* name, TimePoint start, TimePoint end) c
 }
 
 void RequestTrace::End(const Status& status, TimePoint at) {
+  MutexLock lock(&mutex_);
   if (ended_) return;
   ended_ = true;
   // The stages it reached, each ending where the next began.

@@ -27,7 +27,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
+#include "absl/base/thread_annotations.h"
+
 #include "server/core/clock.h"
+#include "server/core/mutex.h"
 #include "server/core/status.h"
 
 namespace sluice {
@@ -93,9 +96,11 @@ class SpanSink {
   virtual void Export(SpanData span) = 0;
 };
 
-// One sampled request's trace. The stages stamp it in the order the request moves (front end,
-// scheduler, worker, completion), each after the one before handed the request on under a lock,
-// so it needs no lock of its own. End exports its spans, once.
+// One sampled request's trace. The stages stamp it as the request moves (front end, scheduler,
+// worker, completion). Thread-safe: usually each stage runs after the one before handed the
+// request on, but a request may be answered while its run goes on (the response cache's single
+// flight answers a first request that times out while the shared run is still queued), so the
+// stamps and End take a lock, and stamps after End are ignored. End exports its spans, once.
 class RequestTrace {
  public:
   // `parent`: the caller's context (its span becomes the request span's parent), or nullopt for a
@@ -104,6 +109,7 @@ class RequestTrace {
   RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent, std::string name,
                TimePoint received);
 
+  // Fixed at construction.
   const TraceId& trace_id() const { return trace_id_; }
   const SpanId& span_id() const { return span_id_; }  // the request span's
   const std::optional<SpanContext>& parent() const { return parent_; }
@@ -111,23 +117,20 @@ class RequestTrace {
   Duration unix_offset() const { return unix_offset_; }
 
   // Attributes of the request span (model, version, protocol, request id, priority, ...).
-  void AddAttribute(std::string key, std::variant<std::string, int64_t, double, bool> value);
+  void AddAttribute(std::string key, std::variant<std::string, int64_t, double, bool> value)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // The model version's device ("cuda:0", "cpu", "cuda:0,cuda:1 x4"), for the batch span.
-  void SetDevice(std::string device) { device_ = std::move(device); }
-  const std::string& device() const { return device_; }
+  void SetDevice(std::string device) ABSL_LOCKS_EXCLUDED(mutex_);
+  std::string device() const ABSL_LOCKS_EXCLUDED(mutex_);
 
   // The scheduler's stamps: admitted to the queue; its batch started, the forward pass ended and
   // the outputs were delivered, in the batch span `batch`.
-  void Queued(TimePoint at) { queued_ = at; }
-  void Ran(TimePoint started, TimePoint computed, const SpanContext& batch) {
-    started_ = started;
-    computed_ = computed;
-    batch_ = batch;
-  }
+  void Queued(TimePoint at) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Ran(TimePoint started, TimePoint computed, const SpanContext& batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // The answer was handed to the transport at `at`: exports the request span and the stage spans
-  // it reached, with `status` (an error marks the request span ERROR with its message).
-  void End(const Status& status, TimePoint at);
+  // it reached, with `status` (an error marks the request span ERROR with its message). Once.
+  void End(const Status& status, TimePoint at) ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   int64_t UnixNs(TimePoint at) const;
@@ -138,13 +141,14 @@ class RequestTrace {
   const std::optional<SpanContext> parent_;
   const std::string name_;
   const TimePoint received_;
-  TraceId trace_id_;
-  SpanId span_id_;
-  std::vector<SpanAttribute> attributes_;
-  std::string device_;
-  TimePoint queued_{}, started_{}, computed_{};
-  std::optional<SpanContext> batch_;
-  bool ended_ = false;
+  const TraceId trace_id_;
+  const SpanId span_id_;
+  mutable Mutex mutex_;
+  std::vector<SpanAttribute> attributes_ ABSL_GUARDED_BY(mutex_);
+  std::string device_ ABSL_GUARDED_BY(mutex_);
+  TimePoint queued_ ABSL_GUARDED_BY(mutex_){}, started_ ABSL_GUARDED_BY(mutex_){}, computed_ ABSL_GUARDED_BY(mutex_){};
+  std::optional<SpanContext> batch_ ABSL_GUARDED_BY(mutex_);
+  bool ended_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 // What an executed batch holding traced requests was.

@@ -75,7 +75,8 @@ struct ServerMetrics::Families {
         trace_spans_dropped(prometheus::BuildCounter().Name("sluice_trace_spans_dropped_total")
                                 .Help("Request tracing: spans not exported, by reason: queue_full (more spans waited "
                                       "than bsp_max_queue_size: the collector is slow or down), export_failed (the "
-                                      "collector could not be reached or refused them)").Register(r)),
+                                      "collector could not be reached or refused them), shutdown (finished after the "
+                                      "exporter stopped, or still queued when its 2 s at shutdown ran out)").Register(r)),
         graph_replays(prometheus::BuildCounter().Name("sluice_cuda_graph_replays_total")
                           .Help("CUDA graph models: forward passes of served batches that replayed a graph (the rest of "
                                 "sluice_executions_total ran eagerly)").Register(r)),
@@ -571,7 +572,7 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
     : registry_(std::move(registry)), families_(std::make_unique<Families>(*registry_)) {
   // At zero from the start, so that a rate() over them is defined before the first span.
   spans_exported_ = &families_->trace_spans_exported.Add({});
-  for (SpanDropReason reason : {SpanDropReason::kQueueFull, SpanDropReason::kExportFailed}) {
+  for (SpanDropReason reason : kAllSpanDropReasons) {
     spans_dropped_[static_cast<size_t>(reason)] = &families_->trace_spans_dropped.Add({{"reason", SpanDropReasonName(reason)}});
   }
 }

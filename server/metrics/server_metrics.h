@@ -97,7 +97,7 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
   std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mutex_);
   // Made in the constructor and never changed: Increment is thread-safe.
   prometheus::Counter* spans_exported_ = nullptr;
-  std::array<prometheus::Counter*, 2> spans_dropped_{};  // by SpanDropReason
+  std::array<prometheus::Counter*, std::size(kAllSpanDropReasons)> spans_dropped_{};  // by SpanDropReason
   // The auto batch size series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
       ABSL_GUARDED_BY(mutex_);

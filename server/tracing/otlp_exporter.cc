@@ -22,10 +22,11 @@ namespace sluice {
 namespace {
 
 constexpr Duration kFailureLogInterval = std::chrono::seconds(60);
+constexpr int kAbandonCheckMs = 100;  // how often a waiting post looks at `abandon`
 
 void SetValue(const std::variant<std::string, int64_t, double, bool>& value, otlp::AnyValue* out) {
   if (const auto* text = std::get_if<std::string>(&value)) {
-    out->set_string_value(*text);
+    out->set_string_value(ValidUtf8(*text));
   } else if (const auto* number = std::get_if<int64_t>(&value)) {
     out->set_int_value(*number);
   } else if (const auto* real = std::get_if<double>(&value)) {
@@ -57,17 +58,21 @@ int MillisecondsLeft(TimePoint deadline) {
   return static_cast<int>(std::max<int64_t>(0, left));
 }
 
-// Waits for `events` on `fd` until `deadline`; false when the time ran out or poll failed.
-bool WaitFor(int fd, short events, TimePoint deadline) {
+// Waits for `events` on `fd` until `deadline`, looking at `abandon` (may be null) every 100 ms;
+// false when the time ran out, the wait was abandoned or poll failed.
+bool WaitFor(int fd, short events, TimePoint deadline, const std::atomic<bool>* abandon) {
   for (;;) {
+    if (abandon != nullptr && abandon->load()) return false;
+    const int left = MillisecondsLeft(deadline);
     pollfd entry{fd, events, 0};
-    const int ready = poll(&entry, 1, MillisecondsLeft(deadline));
+    const int ready = poll(&entry, 1, abandon != nullptr ? std::min(left, kAbandonCheckMs) : left);
     if (ready > 0) return true;
-    if (ready == 0 || errno != EINTR) return false;
+    if (ready < 0 && errno != EINTR) return false;
+    if (ready == 0 && Clock::now() >= deadline) return false;
   }
 }
 
-StatusOr<int> Connect(const OtlpUrl& url, TimePoint deadline) {
+Status Resolve(const OtlpUrl& url, ResolvedAddresses* resolved) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -76,32 +81,92 @@ StatusOr<int> Connect(const OtlpUrl& url, TimePoint deadline) {
   if (int error = getaddrinfo(url.host.c_str(), port.c_str(), &hints, &found); error != 0) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", url.host, ": ", gai_strerror(error)));
   }
-  std::string last = "no address";
+  resolved->addresses.clear();
   for (addrinfo* each = found; each != nullptr; each = each->ai_next) {
-    const int fd = socket(each->ai_family, each->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, each->ai_protocol);
+    resolved->addresses.push_back(
+        {each->ai_family, std::string(reinterpret_cast<const char*>(each->ai_addr), each->ai_addrlen)});
+  }
+  freeaddrinfo(found);
+  return absl::OkStatus();
+}
+
+StatusOr<int> Connect(const OtlpUrl& url, const ResolvedAddresses& resolved, TimePoint deadline,
+                      const std::atomic<bool>* abandon) {
+  std::string last = "no address";
+  for (const ResolvedAddresses::Address& each : resolved.addresses) {
+    const int fd = socket(each.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    if (connect(fd, each->ai_addr, each->ai_addrlen) == 0 ||
-        (errno == EINPROGRESS && WaitFor(fd, POLLOUT, deadline))) {
+    const auto* address = reinterpret_cast<const sockaddr*>(each.bytes.data());
+    if (connect(fd, address, static_cast<socklen_t>(each.bytes.size())) == 0 ||
+        (errno == EINPROGRESS && WaitFor(fd, POLLOUT, deadline, abandon))) {
       int error = 0;
       socklen_t length = sizeof(error);
-      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0) {
-        freeaddrinfo(found);
-        return fd;
-      }
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0) return fd;
       last = std::strerror(error);
     } else {
       last = errno == EINPROGRESS ? "timed out" : std::strerror(errno);
     }
     close(fd);
   }
-  freeaddrinfo(found);
   return absl::UnavailableError(absl::StrCat("cannot connect to ", url.host, ":", url.port, ": ", last));
+}
+
+// The length of the UTF-8 sequence at `text[at]`, or 0 when it is not a valid one (overlong
+// forms, surrogates and code points past U+10FFFF included).
+size_t Utf8SequenceLength(absl::string_view text, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(at);
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (at + length > text.size()) return 0;
+  if (byte(at + 1) < low || byte(at + 1) > high) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if ((byte(at + i) & 0xC0) != 0x80) return 0;
+  }
+  return length;
 }
 
 }  // namespace
 
 const char* SpanDropReasonName(SpanDropReason reason) {
-  return reason == SpanDropReason::kQueueFull ? "queue_full" : "export_failed";
+  switch (reason) {
+    case SpanDropReason::kQueueFull: return "queue_full";
+    case SpanDropReason::kExportFailed: return "export_failed";
+    case SpanDropReason::kShutdown: return "shutdown";
+  }
+  return "unknown";
+}
+
+std::string ValidUtf8(absl::string_view text) {
+  size_t at = 0;
+  while (at < text.size() && static_cast<unsigned char>(text[at]) < 0x80) ++at;
+  if (at == text.size()) return std::string(text);  // ASCII: the usual case
+  std::string valid(text.substr(0, at));
+  while (at < text.size()) {
+    if (static_cast<unsigned char>(text[at]) < 0x80) {
+      valid.push_back(text[at++]);
+    } else if (const size_t length = Utf8SequenceLength(text, at); length > 0) {
+      valid.append(text.data() + at, length);
+      at += length;
+    } else {
+      valid.append("\xEF\xBF\xBD");  // U+FFFD for the byte that starts no valid sequence
+      ++at;
+    }
+  }
+  return valid;
 }
 
 std::string OtlpUrl::ToString() const {
@@ -140,6 +205,7 @@ StatusOr<OtlpUrl> ParseOtlpUrl(const std::string& url) {
     const size_t colon = authority.rfind(':');
     parsed.host = std::string(authority.substr(0, colon));
     if (colon != absl::string_view::npos) port = authority.substr(colon + 1);
+    if (parsed.host.find(':') != std::string::npos) return bad("has an IPv6 address without brackets ([::1])");
   }
   if (parsed.host.empty()) return bad("has no host");
   if (!port.empty() || authority.find(':') != absl::string_view::npos) {
@@ -162,8 +228,8 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
   otlp::ResourceSpans* resource_spans = request->add_resource_spans();
   for (const auto& [key, value] : resource) {
     otlp::KeyValue* attribute = resource_spans->mutable_resource()->add_attributes();
-    attribute->set_key(key);
-    attribute->mutable_value()->set_string_value(value);
+    attribute->set_key(ValidUtf8(key));
+    attribute->mutable_value()->set_string_value(ValidUtf8(value));
   }
   otlp::ScopeSpans* scope = resource_spans->add_scope_spans();
   scope->mutable_scope()->set_name("sluice");
@@ -174,39 +240,48 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
     out->set_trace_id(Bytes(span.trace_id));
     out->set_span_id(Bytes(span.span_id));
     if (span.parent_span_id != SpanId{}) out->set_parent_span_id(Bytes(span.parent_span_id));
-    out->set_trace_state(span.trace_state);
+    out->set_trace_state(ValidUtf8(span.trace_state));
     // Bits 0-7: the W3C trace flags; bit 8: the parent's "is remote" is known, bit 9: it is.
     uint32_t flags = span.flags;
     if (span.parent_span_id != SpanId{}) flags |= span.kind == SpanKind::kServer ? 0x300u : 0x100u;
     out->set_flags(flags);
-    out->set_name(span.name);
+    out->set_name(ValidUtf8(span.name));
     out->set_kind(span.kind == SpanKind::kServer ? otlp::Span::SPAN_KIND_SERVER : otlp::Span::SPAN_KIND_INTERNAL);
     out->set_start_time_unix_nano(static_cast<uint64_t>(span.start_unix_ns));
     out->set_end_time_unix_nano(static_cast<uint64_t>(span.end_unix_ns));
     for (const SpanAttribute& attribute : span.attributes) {
       otlp::KeyValue* kv = out->add_attributes();
-      kv->set_key(attribute.key);
+      kv->set_key(ValidUtf8(attribute.key));
       SetValue(attribute.value, kv->mutable_value());
     }
     for (const SpanLink& link : span.links) {
       otlp::Span::Link* to = out->add_links();
       to->set_trace_id(Bytes(link.trace_id));
       to->set_span_id(Bytes(link.span_id));
-      to->set_trace_state(link.trace_state);
+      to->set_trace_state(ValidUtf8(link.trace_state));
       to->set_flags(link.flags | 0x100u);  // not remote: both ends are Sluice's
     }
     if (span.error) {
       out->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      out->mutable_status()->set_message(span.status_message);
+      out->mutable_status()->set_message(ValidUtf8(span.status_message));
     }
   }
   return request->SerializeAsString();
 }
 
-Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout) {
+Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, const std::atomic<bool>* abandon,
+                ResolvedAddresses* resolved) {
+  ResolvedAddresses once;
+  ResolvedAddresses& addresses = resolved != nullptr ? *resolved : once;
+  if (addresses.addresses.empty()) SLUICE_RETURN_IF_ERROR(Resolve(url, &addresses));
   const TimePoint deadline = Clock::now() + timeout;
-  SLUICE_ASSIGN_OR_RETURN(const int fd, Connect(url, deadline));
-  Socket socket(fd);
+  StatusOr<int> connected = Connect(url, addresses, deadline, abandon);
+  if (!connected.ok()) {
+    addresses.addresses.clear();  // looked up again next time: the collector may have moved
+    return connected.status();
+  }
+  Socket socket(*connected);
+  const int fd = socket.fd();
   const bool v6 = url.host.find(':') != std::string::npos;
   const std::string head =
       absl::StrCat("POST ", url.path, " HTTP/1.1\r\nHost: ", v6 ? "[" : "", url.host, v6 ? "]" : "", ":", url.port,
@@ -219,7 +294,7 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout) {
       if (wrote > 0) {
         sent += static_cast<size_t>(wrote);
       } else if (wrote < 0 && (errno == EAGAIN || errno == EINTR)) {
-        if (!WaitFor(fd, POLLOUT, deadline)) return absl::UnavailableError("timed out sending to the collector");
+        if (!WaitFor(fd, POLLOUT, deadline, abandon)) return absl::UnavailableError("timed out sending to the collector");
       } else {
         return absl::UnavailableError(absl::StrCat("sending to the collector failed: ", std::strerror(errno)));
       }
@@ -227,7 +302,9 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout) {
   }
   std::string answer;
   while (answer.find("\r\n") == std::string::npos && answer.size() < 1024) {
-    if (!WaitFor(fd, POLLIN, deadline)) return absl::UnavailableError("timed out waiting for the collector's answer");
+    if (!WaitFor(fd, POLLIN, deadline, abandon)) {
+      return absl::UnavailableError("timed out waiting for the collector's answer");
+    }
     char buffer[512];
     const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
     if (got > 0) {
@@ -260,8 +337,8 @@ StatusOr<std::unique_ptr<OtlpHttpExporter>> OtlpHttpExporter::Create(Options opt
                                                    ") must not exceed bsp_max_queue_size (", options.max_queue_size,
                                                    ")"));
   }
-  if (options.schedule_delay <= Duration::zero()) {
-    return absl::InvalidArgumentError("bsp_schedule_delay must be a positive number of milliseconds");
+  if (options.schedule_delay <= Duration::zero() || options.schedule_delay > kMaxScheduleDelay) {
+    return absl::InvalidArgumentError("bsp_schedule_delay must be 1 ms to one day");
   }
   const bool named = std::any_of(options.resource.begin(), options.resource.end(),
                                  [](const auto& attribute) { return attribute.first == "service.name"; });
@@ -274,10 +351,16 @@ OtlpHttpExporter::OtlpHttpExporter(Options options, OtlpUrl url)
 
 OtlpHttpExporter::~OtlpHttpExporter() {
   Stop();
+  {
+    MutexLock lock(&mutex_);
+    while (!finished_ && Clock::now() < stop_by_) done_.WaitFor(&mutex_, stop_by_ - Clock::now());
+  }
+  abandon_.store(true);  // a post still going gives up within 100 ms
   if (thread_.joinable()) thread_.join();
 }
 
 void OtlpHttpExporter::Export(SpanData span) {
+  SpanDropReason reason = SpanDropReason::kShutdown;
   {
     MutexLock lock(&mutex_);
     if (!stopping_ && queue_.size() < options_.max_queue_size) {
@@ -285,8 +368,9 @@ void OtlpHttpExporter::Export(SpanData span) {
       if (queue_.size() == options_.max_export_batch_size) wake_.Signal();
       return;
     }
+    if (!stopping_) reason = SpanDropReason::kQueueFull;
   }
-  Drop(SpanDropReason::kQueueFull, 1);
+  Drop(reason, 1);
 }
 
 void OtlpHttpExporter::Stop(Duration timeout) {
@@ -303,13 +387,13 @@ void OtlpHttpExporter::Drop(SpanDropReason reason, uint64_t spans) {
 }
 
 void OtlpHttpExporter::Send(std::vector<SpanData> spans, Duration timeout) {
-  const Status sent = PostOtlp(url_, EncodeExportRequest(options_.resource, spans), timeout);
+  const Status sent = PostOtlp(url_, EncodeExportRequest(options_.resource, spans), timeout, &abandon_, &resolved_);
   if (sent.ok()) {
     exported_ += spans.size();
     if (options_.observer != nullptr) options_.observer->OnSpansExported(spans.size());
     return;
   }
-  Drop(SpanDropReason::kExportFailed, spans.size());
+  Drop(abandon_.load() ? SpanDropReason::kShutdown : SpanDropReason::kExportFailed, spans.size());
   // One line a minute at most: a collector that is down should not flood the log.
   const TimePoint now = Clock::now();
   if (last_failure_log_ == TimePoint{} || now - last_failure_log_ >= kFailureLogInterval) {
@@ -337,14 +421,18 @@ void OtlpHttpExporter::Loop() {
       const Duration timeout =
           last ? std::min(options_.export_timeout, stop_by_ - Clock::now()) : options_.export_timeout;
       lock.Unlock();
-      if (timeout <= Duration::zero()) {
-        Drop(SpanDropReason::kExportFailed, batch.size());  // stopping, and out of time
+      if (timeout <= Duration::zero() || abandon_.load()) {
+        Drop(SpanDropReason::kShutdown, batch.size());  // stopping, and out of time
       } else {
         Send(std::move(batch), timeout);
       }
       lock.Lock();
     }
-    if (last) return;
+    if (last) {
+      finished_ = true;
+      done_.SignalAll();
+      return;
+    }
     if (due) next = Clock::now() + options_.schedule_delay;
   }
 }

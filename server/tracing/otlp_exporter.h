@@ -6,6 +6,7 @@
 // Plain HTTP only: run the collector beside the server (localhost, a sidecar, a node agent).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 #include "server/core/clock.h"
@@ -25,10 +27,17 @@
 namespace sluice {
 
 inline constexpr char kDefaultOtlpUrl[] = "http://localhost:4318/v1/traces";  // Triton's default too
+inline constexpr Duration kMaxScheduleDelay = std::chrono::hours(24);  // bsp_schedule_delay's bound
 
 // Why spans were not exported.
-enum class SpanDropReason { kQueueFull, kExportFailed };
-const char* SpanDropReasonName(SpanDropReason reason);  // "queue_full", "export_failed"
+enum class SpanDropReason {
+  kQueueFull,     // more than max_queue_size spans waited (the collector is slow or down)
+  kExportFailed,  // the POST failed (no connection, a timeout, the collector refused them)
+  kShutdown,      // finished after the exporter stopped, or still queued when its time ran out
+};
+inline constexpr SpanDropReason kAllSpanDropReasons[] = {SpanDropReason::kQueueFull, SpanDropReason::kExportFailed,
+                                                         SpanDropReason::kShutdown};
+const char* SpanDropReasonName(SpanDropReason reason);  // "queue_full", "export_failed", "shutdown"
 
 // Told of every export outcome (the Prometheus metrics). Thread-safe and cheap.
 class TraceExportObserver {
@@ -50,13 +59,31 @@ struct OtlpUrl {
 StatusOr<OtlpUrl> ParseOtlpUrl(const std::string& url);
 
 // The body of one export: `resource`'s attributes, one instrumentation scope ("sluice"), `spans`.
+// Strings that are not valid UTF-8 (a model name a client percent-encoded, say) have each bad
+// byte replaced by U+FFFD: proto3 strings must be UTF-8, and strict decoders reject a whole body
+// for one bad string.
 std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::string>>& resource,
                                 absl::Span<const SpanData> spans);
+// `text` as valid UTF-8 (itself when it already is).
+std::string ValidUtf8(absl::string_view text);
+
+// Addresses a host resolved to, kept between posts so that each post does not look the host up
+// again (it is looked up again after a failed post).
+struct ResolvedAddresses {
+  struct Address {
+    int family = 0;
+    std::string bytes;  // the sockaddr
+  };
+  std::vector<Address> addresses;
+};
 
 // One POST of `body` (application/x-protobuf) to `url`, on a new connection, within `timeout`
-// (connecting, sending and reading the status line). OK on a 2xx answer; UNAVAILABLE naming the
-// failure (the connection, the time, or the collector's status line).
-Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout);
+// (connecting, sending and reading the status line; not the host's lookup). OK on a 2xx answer;
+// UNAVAILABLE naming the failure (the connection, the time, or the collector's status line).
+// `abandon` (may be null): checked every 100 ms while waiting; set, the post gives up.
+// `resolved` (may be null): where the host's addresses are kept between posts.
+Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout,
+                const std::atomic<bool>* abandon = nullptr, ResolvedAddresses* resolved = nullptr);
 
 class OtlpHttpExporter final : public SpanSink {
  public:
@@ -73,14 +100,16 @@ class OtlpHttpExporter final : public SpanSink {
 
   // INVALID_ARGUMENT for a bad URL or bounds. Starts the export thread.
   static StatusOr<std::unique_ptr<OtlpHttpExporter>> Create(Options options);
-  // Stop, then joins the thread.
+  // Stop, then waits for the export thread's last posts until Stop's time is up; a post still
+  // going then is abandoned (within 100 ms), and what is left is dropped (counted as shutdown).
   ~OtlpHttpExporter() override;
 
-  // Queues `span` (drops it, counted, when max_queue_size spans wait). Never blocks on the
-  // network. A full batch wakes the export thread at once; otherwise it exports every
+  // Queues `span` (drops it, counted, when max_queue_size spans wait or after Stop). Never blocks
+  // on the network. A full batch wakes the export thread at once; otherwise it exports every
   // schedule_delay.
   void Export(SpanData span) override ABSL_LOCKS_EXCLUDED(mutex_);
-  // Exports what waits now (for up to `timeout`), then stops taking spans. Idempotent.
+  // Stops taking spans and tells the export thread to post what waits now, for up to `timeout`
+  // (the destructor enforces it). Returns at once. Idempotent.
   void Stop(Duration timeout = std::chrono::seconds(2)) ABSL_LOCKS_EXCLUDED(mutex_);
 
   uint64_t exported() const { return exported_.load(); }
@@ -96,12 +125,17 @@ class OtlpHttpExporter final : public SpanSink {
   const Options options_;
   const OtlpUrl url_;
   std::atomic<uint64_t> exported_{0}, dropped_{0};
+  std::atomic<bool> abandon_{false};  // the destructor's: a post still going gives up
   Mutex mutex_;
-  CondVar wake_;
+  CondVar wake_;  // the export thread's: a full batch, or stop
+  CondVar done_;  // the destructor's: the export thread finished
   std::deque<SpanData> queue_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
   TimePoint stop_by_ ABSL_GUARDED_BY(mutex_){};
-  TimePoint last_failure_log_{};  // the export thread's
+  // The export thread's own.
+  TimePoint last_failure_log_{};
+  ResolvedAddresses resolved_;
   std::thread thread_;
 };
 

@@ -90,6 +90,9 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
       exporter.max_queue_size = static_cast<size_t>(size);
     } else if (key == "bsp_schedule_delay") {
       SLUICE_ASSIGN_OR_RETURN(int64_t delay, Integer(entry, value, 1));
+      if (delay > std::chrono::duration_cast<std::chrono::milliseconds>(kMaxScheduleDelay).count()) {
+        return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry, ": at most one day (86400000 ms)"));
+      }
       exporter.schedule_delay = std::chrono::milliseconds(delay);
     } else if (key == "bsp_max_export_batch_size") {
       SLUICE_ASSIGN_OR_RETURN(int64_t size, Integer(entry, value, 1));

@@ -87,9 +87,8 @@ std::shared_ptr<RequestTrace> Tracer::Start(const std::string& model,
     if (settings.level == TraceLevel::kOff) return nullptr;
     if (!parent) {
       // One request in `rate`, the first of each `rate` included, while the count lasts.
-      const bool own_count = own != nullptr && own->count.has_value();
-      int64_t& remaining = own_count ? own->remaining : global_remaining_;
-      uint64_t& seen = own != nullptr && (own->rate || own_count) ? own->seen : global_seen_;
+      int64_t& remaining = own != nullptr ? own->remaining : global_remaining_;
+      uint64_t& seen = own != nullptr ? own->seen : global_seen_;
       if (remaining == 0) return nullptr;
       if (seen++ % static_cast<uint64_t>(settings.rate) != 0) return nullptr;
       if (remaining > 0) --remaining;
@@ -113,11 +112,7 @@ TraceSettingsMap Tracer::Get(const std::string& model) const {
   auto found = models_.find(model);
   TraceSettings settings = Effective(found == models_.end() ? nullptr : &found->second);
   // The count shown is what is left of it.
-  if (found != models_.end() && found->second.count) {
-    settings.count = found->second.remaining;
-  } else {
-    settings.count = global_remaining_;
-  }
+  settings.count = found != models_.end() ? found->second.remaining : global_remaining_;
   return ToMap(settings);
 }
 
@@ -174,17 +169,16 @@ StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceS
       global_remaining_ = global_.count;
     }
   } else {
-    ModelSettings& own = models_[model];
+    auto [entry, made] = models_.try_emplace(model);
+    ModelSettings& own = entry->second;
     if (level) own.level = *level;
     if (rate) {
       own.rate = *rate;
       own.seen = 0;
     }
-    if (count) {
-      own.count = *count;
-      if (own.count) own.remaining = *own.count;
-    }
-    if (!own.level && !own.rate && !own.count) models_.erase(model);  // all cleared: the server's again
+    if (count) own.count = *count;
+    if (made || count) own.remaining = Effective(&own).count;
+    if (!own.level && !own.rate && !own.count) models_.erase(entry);  // all cleared: the server's again
   }
   Recount();
   lock.Unlock();

@@ -6,8 +6,9 @@
 // `count` traces have started (-1: no limit; the count then stays at 0 and nothing more is
 // sampled until the count is set again). A request that carries a W3C trace context (traceparent)
 // is traced whatever the rate and the count, as a child of the caller's span, as long as the
-// level is not OFF. A model with settings of its own keeps its own rate counter and count; the
-// fields it did not set follow the server's.
+// level is not OFF. A model with settings of its own keeps its own rate counter and count of
+// traces left (its count starts from its effective count when its settings are made, and again
+// whenever its count is set or cleared); the fields it did not set follow the server's values.
 //
 // Cost: with every level OFF (the default) Start is one atomic load and returns null.
 #pragma once
@@ -77,8 +78,8 @@ class Tracer {
     std::optional<TraceLevel> level;
     std::optional<int64_t> rate;
     std::optional<int64_t> count;
-    uint64_t seen = 0;      // requests since the count was set, for the rate
-    int64_t remaining = -1;  // traces left (own count only)
+    uint64_t seen = 0;       // requests since its settings were made or its rate changed
+    int64_t remaining = -1;  // traces left
   };
   TraceSettings Effective(const ModelSettings* model) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   TraceSettingsMap ToMap(const TraceSettings& settings) const;

@@ -171,14 +171,16 @@ def call_with_parent(caller, send):
     return f"{context.trace_id:032x}", f"{context.span_id:016x}", span.start_time, span.end_time
 
 
-def check_request_spans(spans, parent_span_id, start, end, name, model, protocol):
-    """The request span is the caller's child, within its time; queue, compute and output are
-    the request span's children, each within it, one after another, adding up to no more."""
+def check_request_spans(spans, parent_span_id, start, name, model, protocol):
+    """The request span is the caller's child, starting after it did (it may end a moment after
+    the caller's span: the server stamps the end once the answer is handed over, while the client
+    may already have it); queue, compute and output are the request span's children, each within
+    it, one after another, adding up to no more."""
     by_name = {span.name: span for span in spans}
     request = by_name[name]
     assert request.parent_span_id.hex() == parent_span_id
     assert request.kind == KIND_SERVER
-    assert start <= request.start_time_unix_nano <= request.end_time_unix_nano <= end
+    assert start <= request.start_time_unix_nano <= request.end_time_unix_nano
     assert attributes(request)["sluice.model"] == model
     assert attributes(request)["sluice.protocol"] == protocol
     assert attributes(request)["sluice.status"] == "OK"
@@ -200,12 +202,12 @@ def check_request_spans(spans, parent_span_id, start, end, name, model, protocol
 def test_a_grpc_call_with_a_parent_span_gets_child_spans_that_nest(traced_server, collector, caller):
     client = grpcclient.InferenceServerClient(traced_server.url)
     answers = []
-    trace_id, span_id, start, end = call_with_parent(
+    trace_id, span_id, start, _ = call_with_parent(
         caller, lambda headers: answers.append(client.infer("batched", grpc_inputs(rows()), headers=headers)))
     assert answers[0].as_numpy("OUTPUT__0").shape == (1, 4)
     name = "inference.GRPCInferenceService/ModelInfer"
     spans = collector.wait_trace(trace_id, [name, "queue", "compute", "output"])
-    request, compute = check_request_spans(spans, span_id, start, end, name, "batched", "grpc")
+    request, compute = check_request_spans(spans, span_id, start, name, "batched", "grpc")
     assert attributes(request)["sluice.model_version"] == 1
     # The batch span it ran in: a trace of its own, linked back to this request.
     batch = collector.wait_for(lambda span: span.span_id == compute.links[0].span_id)
@@ -220,11 +222,11 @@ def test_a_grpc_call_with_a_parent_span_gets_child_spans_that_nest(traced_server
 
 def test_an_http_call_and_a_stream_with_a_parent_span(traced_server, collector, caller):
     client = httpclient.InferenceServerClient(traced_server.http_url)
-    trace_id, span_id, start, end = call_with_parent(
+    trace_id, span_id, start, _ = call_with_parent(
         caller, lambda headers: client.infer("batched", http_inputs(rows()), headers=headers))
     name = "POST /v2/models/{model}/infer"
     spans = collector.wait_trace(trace_id, [name, "queue", "compute", "output"])
-    check_request_spans(spans, span_id, start, end, name, "batched", "http")
+    check_request_spans(spans, span_id, start, name, "batched", "http")
     client.close()
 
     stream_client = grpcclient.InferenceServerClient(traced_server.url)
@@ -241,11 +243,11 @@ def test_an_http_call_and_a_stream_with_a_parent_span(traced_server, collector, 
         assert done.wait(30)
         stream_client.stop_stream()
 
-    trace_id, span_id, start, end = call_with_parent(caller, send)
+    trace_id, span_id, start, _ = call_with_parent(caller, send)
     assert not isinstance(results[0], InferenceServerException), results[0]
     name = "inference.GRPCInferenceService/ModelStreamInfer"
     spans = collector.wait_trace(trace_id, [name, "queue", "compute", "output"])
-    check_request_spans(spans, span_id, start, end, name, "batched", "grpc")
+    check_request_spans(spans, span_id, start, name, "batched", "grpc")
     stream_client.close()
 
 
@@ -309,7 +311,10 @@ def test_sampling_follows_the_trace_settings_api_on_both_protocols(traced_server
         return (span.name == name and span.start_time_unix_nano >= since
                 and attributes(span).get("sluice.model") == "padded")
 
-    collector.wait_for(lambda span: False, timeout=1.0)  # let the exporter's 100 ms batches arrive
+    deadline = time.monotonic() + 15
+    while len(collector.wait_for(padded_roots)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # five export periods more: a fourth trace, if there were one, would be here
     assert len(collector.wait_for(padded_roots)) == 3
     left = http_client.get_trace_settings(model_name="padded", headers=TRACE_KEY)
     assert left["trace_count"] == "0" and left["trace_rate"] == "2"

@@ -118,9 +118,13 @@ class CountingObserver final : public TraceExportObserver {
  public:
   void OnSpansExported(uint64_t spans) override { exported += spans; }
   void OnSpansDropped(SpanDropReason reason, uint64_t spans) override {
-    (reason == SpanDropReason::kQueueFull ? queue_full : export_failed) += spans;
+    switch (reason) {
+      case SpanDropReason::kQueueFull: queue_full += spans; break;
+      case SpanDropReason::kExportFailed: export_failed += spans; break;
+      case SpanDropReason::kShutdown: shutdown += spans; break;
+    }
   }
-  std::atomic<uint64_t> exported{0}, queue_full{0}, export_failed{0};
+  std::atomic<uint64_t> exported{0}, queue_full{0}, export_failed{0}, shutdown{0};
 };
 
 TEST(OtlpUrlTest, ReadsHostPortAndPathAndRefusesTheRest) {
@@ -138,7 +142,7 @@ TEST(OtlpUrlTest, ReadsHostPortAndPathAndRefusesTheRest) {
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->ToString(), "http://[::1]:4318/v1/traces");
   for (const char* bad : {"https://c/v1/traces", "c:4318", "http://:4318/", "http://c:0/", "http://c:99999/",
-                          "http://c:x/", "http://user:pw@c/", "http://[::1/"}) {
+                          "http://c:x/", "http://user:pw@c/", "http://[::1/", "http://::1/"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseOtlpUrl(bad).status())) << bad;
   }
   EXPECT_THAT(ParseOtlpUrl("https://c/").status().message(), HasSubstr("plain HTTP"));
@@ -174,6 +178,22 @@ TEST(OtlpEncodingTest, SpansDecodeWithTheirIdsTimesAttributesLinksAndStatus) {
   EXPECT_EQ(out.links(0).trace_state(), "k=v");
   EXPECT_EQ(out.status().code(), otlp::Status::STATUS_CODE_ERROR);
   EXPECT_EQ(out.status().message(), "the model failed");
+}
+
+TEST(OtlpEncodingTest, InvalidUtf8IsReplacedSoThatStrictDecodersTakeTheBody) {
+  EXPECT_EQ(ValidUtf8("plain"), "plain");
+  EXPECT_EQ(ValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(ValidUtf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(ValidUtf8("\xC3"), "\xEF\xBF\xBD");                          // cut short
+  EXPECT_EQ(ValidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");      // overlong
+  EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80").substr(0, 3), "\xEF\xBF\xBD");  // past U+10FFFF
+  SpanData span = Span("m\xFF");
+  span.status_message = "no model '\xFF'";
+  const SpanData spans[] = {span};
+  otlp::ExportTraceServiceRequest request;
+  ASSERT_TRUE(request.ParseFromString(EncodeExportRequest({}, spans)));
+  EXPECT_EQ(request.resource_spans(0).scope_spans(0).spans(0).name(), "m\xEF\xBF\xBD");
 }
 
 TEST(PostOtlpTest, PostsProtobufAndReadsTheCollectorsAnswer) {
@@ -215,9 +235,9 @@ TEST(OtlpHttpExporterTest, AFullBatchGoesAtOnceAndTheRestAfterTheDelay) {
   EXPECT_EQ(requests[0].resource_spans(0).scope_spans(0).spans_size(), 4);
   EXPECT_EQ(requests[1].resource_spans(0).scope_spans(0).spans_size(), 1);
   EXPECT_EQ(requests[0].resource_spans(0).resource().attributes(0).value().string_value(), "sluice");
-  EXPECT_EQ(exporter->exported(), 5u);
+  exporter.reset();  // its thread has counted the last post's answer
   EXPECT_EQ(observer.exported.load(), 5u);
-  EXPECT_EQ(exporter->dropped(), 0u);
+  EXPECT_EQ(observer.queue_full + observer.export_failed + observer.shutdown, 0u);
 }
 
 TEST(OtlpHttpExporterTest, StopFlushesWhatWaits) {
@@ -246,9 +266,30 @@ TEST(OtlpHttpExporterTest, AnAbsentCollectorNeverHoldsUpExportAndDropsAreCounted
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
   exporter.reset();
   EXPECT_EQ(exporter == nullptr, true);
-  EXPECT_EQ(observer.queue_full + observer.export_failed, 1000u);
+  EXPECT_EQ(observer.queue_full + observer.export_failed + observer.shutdown, 1000u);
   EXPECT_GT(observer.queue_full.load(), 0u);
   EXPECT_GT(observer.export_failed.load(), 0u);
+  EXPECT_EQ(observer.exported.load(), 0u);
+}
+
+TEST(OtlpHttpExporterTest, AHungCollectorHoldsShutdownForTheStopTimeOnly) {
+  testing::TakenPort hung;  // accepts connections (the kernel does) and never answers
+  CountingObserver observer;
+  OtlpHttpExporter::Options options;
+  options.url = "http://127.0.0.1:" + std::to_string(hung.port()) + "/v1/traces";
+  options.schedule_delay = std::chrono::milliseconds(20);
+  options.export_timeout = std::chrono::seconds(60);
+  options.observer = &observer;
+  auto exporter = *OtlpHttpExporter::Create(options);
+  exporter->Export(Span("waits"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its post is under way now
+  exporter->Stop(std::chrono::milliseconds(500));
+  exporter->Export(Span("late"));  // after Stop: dropped as shutdown
+  const auto started = std::chrono::steady_clock::now();
+  exporter.reset();
+  // The stop time and one abandon check, with room for a loaded machine; far below the 60 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  EXPECT_EQ(observer.shutdown.load(), 2u);
   EXPECT_EQ(observer.exported.load(), 0u);
 }
 
@@ -260,6 +301,9 @@ TEST(OtlpHttpExporterTest, BadOptionsAreRefused) {
   options.max_export_batch_size = 10;
   options.max_queue_size = 5;
   EXPECT_THAT(OtlpHttpExporter::Create(options).status().message(), HasSubstr("must not exceed"));
+  options.max_queue_size = 10;
+  options.schedule_delay = std::chrono::hours(25);
+  EXPECT_THAT(OtlpHttpExporter::Create(options).status().message(), HasSubstr("one day"));
 }
 
 }  // namespace

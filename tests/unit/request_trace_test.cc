@@ -1,6 +1,8 @@
 // W3C trace context parsing and the spans one request's trace becomes.
 #include "server/core/request_trace.h"
 
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -146,6 +148,23 @@ TEST(RequestTraceTest, ARequestDroppedFromTheQueueHasAQueueSpanOnly) {
   for (const SpanData& span : sink.spans()) names.push_back(span.name);
   EXPECT_THAT(names, ElementsAre("queue", "r"));
   EXPECT_EQ(sink.Named("queue").end_unix_ns, sink.Named("r").end_unix_ns);
+}
+
+TEST(RequestTraceTest, StampsAfterTheAnswerAreIgnored) {
+  // The response cache's single flight may answer a first request (its queue timeout) while the
+  // run it started goes on and is stamped later, from another thread.
+  testing::SpanRecorder sink;
+  const TimePoint t0 = TimePoint(std::chrono::seconds(5));
+  auto trace = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "r", t0);
+  trace->Queued(t0);
+  std::thread answer([&] { trace->End(absl::DeadlineExceededError("expired"), t0 + std::chrono::milliseconds(1)); });
+  answer.join();
+  trace->Ran(t0 + std::chrono::milliseconds(2), t0 + std::chrono::milliseconds(3), SpanContext{NewTraceId(), NewSpanId(), 1, ""});
+  trace->End(absl::OkStatus(), t0 + std::chrono::milliseconds(4));
+  std::vector<std::string> names;
+  for (const SpanData& span : sink.spans()) names.push_back(span.name);
+  EXPECT_THAT(names, ElementsAre("queue", "r"));
+  EXPECT_TRUE(sink.Named("r").error);
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ TEST(TraceConfigTest, BadValuesSayWhatIsWrong) {
       {{"opentelemetry,colour=blue"}, "unknown OpenTelemetry setting"},
       {{"jaeger,url=x"}, "unknown section 'jaeger'"},
       {{"verbose"}, "is not <setting>=<value>"},
+      {{"opentelemetry,bsp_schedule_delay=86400001"}, "at most one day"},
       {{"opentelemetry,bsp_max_queue_size=8", "opentelemetry,bsp_max_export_batch_size=9"}, "must not exceed"},
   };
   for (const auto& [values, message] : cases) {

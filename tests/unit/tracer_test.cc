@@ -97,6 +97,21 @@ TEST_F(TracerTest, AModelsOwnSettingsOverrideTheServersAndClearingFallsBack) {
   EXPECT_FALSE(tracer->active());
 }
 
+TEST_F(TracerTest, AModelWithSettingsOfItsOwnKeepsItsOwnCounterAndCount) {
+  auto tracer = Make(TraceLevel::kTimestamps, 2, 3);
+  // Only the rate is its own: its count starts from the server's (3) but is counted apart.
+  ASSERT_TRUE(tracer->Update("m", {{"trace_rate", {"1"}}}).ok());
+  EXPECT_EQ(Sampled(*tracer, "m", 10), 3);
+  EXPECT_EQ(tracer->Get("m")["trace_count"], std::vector<std::string>{"0"});
+  EXPECT_EQ(tracer->Get("")["trace_count"], std::vector<std::string>{"3"});  // the server's untouched
+  EXPECT_EQ(Sampled(*tracer, "other", 10), 3);                              // 1 in 2, three times
+  // Setting (or clearing) its count starts it again.
+  ASSERT_TRUE(tracer->Update("m", {{"trace_count", {"2"}}}).ok());
+  EXPECT_EQ(Sampled(*tracer, "m", 10), 2);
+  ASSERT_TRUE(tracer->Update("m", {{"trace_count", {}}}).ok());
+  EXPECT_EQ(tracer->Get("m")["trace_count"], std::vector<std::string>{"3"});
+}
+
 TEST_F(TracerTest, BadUpdatesChangeNothingAndSayWhatIsWrong) {
   auto tracer = Make(TraceLevel::kTimestamps, 10, -1);
   const TraceSettingsMap before = tracer->Get("");
