@@ -11,8 +11,8 @@ exporter's defaults, "on_100ms" posting every 100 ms, about once per request her
 As in metrics_cost_benchmark.py: sluice-server runs under callgrind with instrumentation off (the
 bundled MLP, one intra-op thread, no warm-up, on the CPU); after `--warm` requests, the counters
 are zeroed, `--requests` single-row requests are sent one at a time by tritonclient (this process,
-not counted), and the window stays open a little longer (5.5 s with the default 5 s export
-delay, else 0.5 s) so that the exporter's last batch is counted too. Every thread of the server is counted: gRPC, the worker, the forward pass, and with
+not counted), and the window stays open 5.5 s longer in every mode, so that the exporter's last
+batch (default delay 5 s) is counted too and the idle threads' periodic work counts alike. Every thread of the server is counted: gRPC, the worker, the forward pass, and with
 tracing on the spans' bookkeeping, their encoding and the HTTP posts.
 
 Targets: tracing off / before below 1.01 instructions per request (tracing off costs nothing
@@ -60,21 +60,22 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def measure(mode, bin_dir, repository, requests, warm, workdir, receiver, valgrind=True):
+def measure(mode, bin_dir, repository, requests, warm, workdir, receiver, smoke=False):
     sender = callgrind.MlpRows()
     args = ["--metrics-address", "127.0.0.1", "--allow-http", "false", "--warmup", "false", "--device", "cpu"]
-    settle = 0.5
+    # Every mode's window stays open as long after the last request: the default export delay
+    # (5 s) and a little more, so that the last partial batch is counted, and the idle threads'
+    # periodic work counts the same in every row.
+    settle = 0.5 if smoke else 5.5
     if mode.startswith("on"):
         args += ["--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
                  "--trace-config", f"opentelemetry,url={receiver.url}"]
-    if mode == "on":
-        settle = 5.5  # the default bsp_schedule_delay (5 s): the last partial batch goes in the window
-    elif mode == "on_100ms":
+    if mode == "on_100ms":
         args += ["--trace-config", "opentelemetry,bsp_schedule_delay=100"]
     posts_before = receiver.posts
     counted = callgrind.count_requests(os.path.join(bin_dir, "sluice-server"), repository, args,
                                        os.path.join(workdir, f"callgrind.{mode}"), requests, warm, sender.send, settle=settle,
-                                       valgrind=valgrind)
+                                       valgrind=not smoke)
     sender.close()
     return {"mode": mode, "requests": requests, "instructions": counted["instructions"],
             "instructions_per_request": counted["instructions_per_request"],
@@ -94,7 +95,7 @@ def main():
             ("off", args.bin_dir), ("on", args.bin_dir), ("on_100ms", args.bin_dir)]
         if args.baseline_bin_dir and not args.smoke:
             runs.insert(0, ("before", args.baseline_bin_dir))
-        rows = [measure(mode, bin_dir, repository, requests, warm, workdir, receiver, valgrind=not args.smoke)
+        rows = [measure(mode, bin_dir, repository, requests, warm, workdir, receiver, smoke=args.smoke)
                 for mode, bin_dir in runs]
     receiver.server.shutdown()
     if args.smoke:

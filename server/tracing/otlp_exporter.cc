@@ -24,9 +24,35 @@ namespace {
 constexpr Duration kFailureLogInterval = std::chrono::seconds(60);
 constexpr int kAbandonCheckMs = 100;  // how often a waiting post looks at `abandon`
 
+size_t Utf8SequenceLength(absl::string_view text, size_t at);  // below
+
+bool IsValidUtf8(absl::string_view text) {
+  for (size_t at = 0; at < text.size();) {
+    if (static_cast<unsigned char>(text[at]) < 0x80) {
+      ++at;
+    } else if (const size_t length = Utf8SequenceLength(text, at); length > 0) {
+      at += length;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Sets a proto3 string field through `set` with `text` as it is when it is valid UTF-8 (the usual
+// case: no copy beyond the field's own), else with ValidUtf8's replacement.
+template <typename Set>
+void SetUtf8(const std::string& text, Set set) {
+  if (IsValidUtf8(text)) {
+    set(text);
+  } else {
+    set(ValidUtf8(text));
+  }
+}
+
 void SetValue(const std::variant<std::string, int64_t, double, bool>& value, otlp::AnyValue* out) {
   if (const auto* text = std::get_if<std::string>(&value)) {
-    out->set_string_value(ValidUtf8(*text));
+    SetUtf8(*text, [&](const std::string& valid) { out->set_string_value(valid); });
   } else if (const auto* number = std::get_if<int64_t>(&value)) {
     out->set_int_value(*number);
   } else if (const auto* real = std::get_if<double>(&value)) {
@@ -228,8 +254,8 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
   otlp::ResourceSpans* resource_spans = request->add_resource_spans();
   for (const auto& [key, value] : resource) {
     otlp::KeyValue* attribute = resource_spans->mutable_resource()->add_attributes();
-    attribute->set_key(ValidUtf8(key));
-    attribute->mutable_value()->set_string_value(ValidUtf8(value));
+    SetUtf8(key, [&](const std::string& valid) { attribute->set_key(valid); });
+    SetUtf8(value, [&](const std::string& valid) { attribute->mutable_value()->set_string_value(valid); });
   }
   otlp::ScopeSpans* scope = resource_spans->add_scope_spans();
   scope->mutable_scope()->set_name("sluice");
@@ -240,30 +266,30 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
     out->set_trace_id(Bytes(span.trace_id));
     out->set_span_id(Bytes(span.span_id));
     if (span.parent_span_id != SpanId{}) out->set_parent_span_id(Bytes(span.parent_span_id));
-    out->set_trace_state(ValidUtf8(span.trace_state));
+    SetUtf8(span.trace_state, [&](const std::string& valid) { out->set_trace_state(valid); });
     // Bits 0-7: the W3C trace flags; bit 8: the parent's "is remote" is known, bit 9: it is.
     uint32_t flags = span.flags;
     if (span.parent_span_id != SpanId{}) flags |= span.kind == SpanKind::kServer ? 0x300u : 0x100u;
     out->set_flags(flags);
-    out->set_name(ValidUtf8(span.name));
+    SetUtf8(span.name, [&](const std::string& valid) { out->set_name(valid); });
     out->set_kind(span.kind == SpanKind::kServer ? otlp::Span::SPAN_KIND_SERVER : otlp::Span::SPAN_KIND_INTERNAL);
     out->set_start_time_unix_nano(static_cast<uint64_t>(span.start_unix_ns));
     out->set_end_time_unix_nano(static_cast<uint64_t>(span.end_unix_ns));
     for (const SpanAttribute& attribute : span.attributes) {
       otlp::KeyValue* kv = out->add_attributes();
-      kv->set_key(ValidUtf8(attribute.key));
+      SetUtf8(attribute.key, [&](const std::string& valid) { kv->set_key(valid); });
       SetValue(attribute.value, kv->mutable_value());
     }
     for (const SpanLink& link : span.links) {
       otlp::Span::Link* to = out->add_links();
       to->set_trace_id(Bytes(link.trace_id));
       to->set_span_id(Bytes(link.span_id));
-      to->set_trace_state(ValidUtf8(link.trace_state));
+      SetUtf8(link.trace_state, [&](const std::string& valid) { to->set_trace_state(valid); });
       to->set_flags(link.flags | 0x100u);  // not remote: both ends are Sluice's
     }
     if (span.error) {
       out->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      out->mutable_status()->set_message(ValidUtf8(span.status_message));
+      SetUtf8(span.status_message, [&](const std::string& valid) { out->mutable_status()->set_message(valid); });
     }
   }
   return request->SerializeAsString();
