@@ -43,9 +43,10 @@ using SpanId = std::array<uint8_t, 8>;
 struct SpanContext {
   TraceId trace_id{};
   SpanId span_id{};
-  uint8_t flags = 0;  // bit 0: sampled
+  uint8_t flags = 0;  // bit 0: sampled (kSampledFlag)
   std::string trace_state;
 };
+inline constexpr uint8_t kSampledFlag = 1;
 
 // A `traceparent` header's context: version 00's four fields (a later version's first four), the
 // trace and span ids not all zero, lower-case hex. nullopt for anything else: the W3C rule is to

@@ -82,6 +82,7 @@ void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink
       return;
     }
     stats_->RecordCacheHit(clock_->Now() - started, request->protocol);
+    if (request->trace) request->trace->AddAttribute("sluice.response_cache", std::string("hit"));
     done(absl::OkStatus());
     return;
   }

@@ -76,6 +76,11 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
   {
     MutexLock lock(&mutex_);
     auto found = table_.find(TableKey{key.hash, key.bytes});
+    // A traced request says how it was answered: by another request's run (its span then has no
+    // stage spans of its own), or by the run it starts.
+    if (request->trace) {
+      request->trace->AddAttribute("sluice.response_cache", std::string(found != table_.end() ? "shared" : "miss"));
+    }
     if (found != table_.end()) {
       Flight& joined = *found->second;
       Status admitted = options_.scheduler->AdmitWaiter(*request);

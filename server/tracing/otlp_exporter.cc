@@ -414,6 +414,7 @@ void OtlpHttpExporter::Drop(SpanDropReason reason, uint64_t spans) {
 
 void OtlpHttpExporter::Send(std::vector<SpanData> spans, Duration timeout) {
   const Status sent = PostOtlp(url_, EncodeExportRequest(options_.resource, spans), timeout, &abandon_, &resolved_);
+  if (!sent.ok()) resolved_.addresses.clear();  // looked up again next time: the collector may have moved
   if (sent.ok()) {
     exported_ += spans.size();
     if (options_.observer != nullptr) options_.observer->OnSpansExported(spans.size());

@@ -68,7 +68,8 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
 std::string ValidUtf8(absl::string_view text);
 
 // Addresses a host resolved to, kept between posts so that each post does not look the host up
-// again (it is looked up again after a failed post).
+// again (PostOtlp looks it up again after a failed connection; the exporter after any failed
+// post).
 struct ResolvedAddresses {
   struct Address {
     int family = 0;
@@ -101,7 +102,8 @@ class OtlpHttpExporter final : public SpanSink {
   // INVALID_ARGUMENT for a bad URL or bounds. Starts the export thread.
   static StatusOr<std::unique_ptr<OtlpHttpExporter>> Create(Options options);
   // Stop, then waits for the export thread's last posts until Stop's time is up; a post still
-  // going then is abandoned (within 100 ms), and what is left is dropped (counted as shutdown).
+  // going then is abandoned (within 100 ms, unless it is in the host's name lookup, which cannot be
+  // interrupted), and what is left is dropped (counted as shutdown).
   ~OtlpHttpExporter() override;
 
   // Queues `span` (drops it, counted, when max_queue_size spans wait or after Stop). Never blocks

@@ -79,6 +79,9 @@ std::shared_ptr<RequestTrace> Tracer::Start(const std::string& model,
                                             std::string span_name) {
   if (!active()) return nullptr;
   std::optional<SpanContext> parent = ParseTraceparent(header("traceparent"), header("tracestate"));
+  // The caller decided not to record this trace: neither does Sluice (OpenTelemetry's
+  // parent-based sampling), so that a backend never holds Sluice's half of a trace.
+  if (parent && (parent->flags & kSampledFlag) == 0) return nullptr;
   {
     MutexLock lock(&mutex_);
     auto found = models_.find(model);

@@ -3,12 +3,16 @@
 // /v2/[models/{m}/]trace/setting), and where their spans go.
 //
 // Sampling, as in Triton: at level TIMESTAMPS, one request in every `rate` starts a trace, until
-// `count` traces have started (-1: no limit; the count then stays at 0 and nothing more is
-// sampled until the count is set again). A request that carries a W3C trace context (traceparent)
-// is traced whatever the rate and the count, as a child of the caller's span, as long as the
-// level is not OFF. A model with settings of its own keeps its own rate counter and count of
-// traces left (its count starts from its effective count when its settings are made, and again
-// whenever its count is set or cleared); the fields it did not set follow the server's values.
+// `count` traces have started (-1: no limit). Once the count is down to 0 nothing more is sampled
+// until the count is set again. A request that carries a W3C trace context (traceparent) is
+// traced whatever the rate and the count, as a child of the caller's span, as long as the level is
+// not OFF and the caller's sampled flag is set (a caller that does not record its trace gets no
+// spans from Sluice either: OpenTelemetry's parent-based sampling).
+//
+// A model with settings of its own keeps its own rate counter and its own count of traces left:
+// that count starts from the model's effective count when its settings are made, and again
+// whenever its count is set or cleared, and later changes to the server's count do not reach it.
+// Its level and rate, where it set none, follow the server's.
 //
 // Cost: with every level OFF (the default) Start is one atomic load and returns null.
 #pragma once

@@ -49,6 +49,43 @@ std::function<void(ModelSpec&)> Cached() {
   return [](ModelSpec& spec) { spec.response_cache = true; };
 }
 
+// A traced request through a response cache model says how it was answered: the first runs
+// ("miss"), an identical one later is a "hit".
+TEST(ModelHandleTest, ATracedRequestSaysHowTheResponseCacheAnsweredIt) {
+  FakeBackendFactory factory;
+  VersionLoader::Options options;
+  options.response_cache = std::make_shared<ResponseCache>(1 << 20);
+  ManagerParts parts(Models({Model("cached", {1}, Cached())}), &factory, options);
+  ASSERT_TRUE(parts.control.LoadAll().ok());
+  auto cached = parts.manager.Find("cached", "");
+  ASSERT_TRUE(cached.ok());
+  testing::SpanRecorder spans;
+  auto send = [&](const std::string& name) {
+    std::vector<float> data(2, 1.0f);
+    auto request = std::make_unique<InferRequest>();
+    request->model_name = "cached";
+    request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+    auto trace = std::make_shared<RequestTrace>(&spans, Duration::zero(), std::nullopt, name, Clock::now());
+    request->trace = trace;
+    TensorSink sink;
+    std::promise<Status> answered;
+    (*cached)->Submit(std::move(request), &sink, [&](Status status) { answered.set_value(status); });
+    const Status status = answered.get_future().get();
+    trace->End(status, Clock::now());
+    return status;
+  };
+  ASSERT_TRUE(send("first").ok());
+  ASSERT_TRUE(send("second").ok());
+  auto cache_attribute = [&](const std::string& name) {
+    for (const SpanAttribute& attribute : spans.Named(name).attributes) {
+      if (attribute.key == "sluice.response_cache") return std::get<std::string>(attribute.value);
+    }
+    return std::string("none");
+  };
+  EXPECT_EQ(cache_attribute("first"), "miss");
+  EXPECT_EQ(cache_attribute("second"), "hit");
+}
+
 // The fake backend answers with the id of the request it ran ("y" = id); the cache key does not
 // cover the id, so a cached answer shows as the first request's id.
 TEST(ModelHandleTest, ResponseCacheAnswersIdenticalRequestsWithoutRunning) {

@@ -67,6 +67,11 @@ TEST_F(TracerTest, ACallerWithATraceContextIsTracedWhateverTheRateAndCount) {
   ASSERT_TRUE(trace->parent().has_value());
   EXPECT_EQ(HexOf(trace->trace_id()), "4bf92f3577b34da6a3ce929d0e0e4736");
   EXPECT_EQ(trace->parent()->trace_state, "vendor=1");
+  // A caller that does not record its trace (sampled flag 0) gets no spans either.
+  auto unsampled = [](const char* name) -> absl::string_view {
+    return std::string(name) == "traceparent" ? "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00" : "";
+  };
+  EXPECT_EQ(tracer->Start("m", unsampled, "r"), nullptr);
   // A malformed traceparent is ignored: the request is sampled as any other (here: not at all).
   auto bad = [](const char* name) -> absl::string_view { return std::string(name) == "traceparent" ? "00-zz" : ""; };
   EXPECT_EQ(tracer->Start("m", bad, "r"), nullptr);
