@@ -42,6 +42,11 @@ std::mt19937_64& Generator() {
   return generator;
 }
 
+// A steady-clock time point as Unix nanoseconds, `unix_offset` being Unix time minus steady time.
+int64_t UnixNanos(TimePoint at, Duration unix_offset) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch() + unix_offset).count();
+}
+
 template <size_t N>
 std::array<uint8_t, N> NewId() {
   std::array<uint8_t, N> id{};
@@ -132,9 +137,7 @@ void RequestTrace::Ran(TimePoint started, TimePoint computed, const SpanContext&
   batch_ = batch;
 }
 
-int64_t RequestTrace::UnixNs(TimePoint at) const {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch() + unix_offset_).count();
-}
+int64_t RequestTrace::UnixNs(TimePoint at) const { return UnixNanos(at, unix_offset_); }
 
 SpanData RequestTrace::Child(const char* name, TimePoint start, TimePoint end) const {
   SpanData span;
@@ -188,11 +191,8 @@ void TraceBatch(absl::Span<RequestTrace* const> traced, const BatchTraceInfo& in
   span.trace_id = NewTraceId();
   span.span_id = NewSpanId();
   span.name = "batch";
-  auto unix_ns = [&](TimePoint at) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch() + first.unix_offset()).count();
-  };
-  span.start_unix_ns = unix_ns(info.started);
-  span.end_unix_ns = unix_ns(std::max(info.started, info.delivered));
+  span.start_unix_ns = UnixNanos(info.started, first.unix_offset());
+  span.end_unix_ns = UnixNanos(std::max(info.started, info.delivered), first.unix_offset());
   span.attributes = {{"sluice.model", info.model},
                      {"sluice.model_version", info.version},
                      {"sluice.batch.requests", info.requests},

@@ -1,7 +1,5 @@
 #include "server/tracing/trace_config.h"
 
-#include <charconv>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -9,13 +7,9 @@ namespace sluice {
 namespace {
 
 StatusOr<int64_t> Integer(const std::string& entry, absl::string_view text, int64_t minimum) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trace-config ", entry, ": the value must be an integer >= ", minimum));
-  }
-  return value;
+  if (std::optional<int64_t> value = ParseTraceInteger(text, minimum)) return *value;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--trace-config ", entry, ": the value must be an integer >= ", minimum));
 }
 
 }  // namespace
@@ -40,15 +34,11 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
     const absl::string_view value = text.substr(split + 1);
     if (section.empty()) {
       if (key == "level") {
-        if (value == "OFF") {
-          config.settings.level = TraceLevel::kOff;
-        } else if (value == "TIMESTAMPS") {
-          config.settings.level = TraceLevel::kTimestamps;
-        } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--trace-config ", entry, ": the level must be OFF or TIMESTAMPS",
-              value == "TENSORS" ? " (Sluice traces timings, not tensor contents)" : ""));
+        StatusOr<TraceLevel> level = ParseTraceLevel(value);
+        if (!level.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry, ": ", level.status().message()));
         }
+        config.settings.level = *level;
       } else if (key == "rate") {
         SLUICE_ASSIGN_OR_RETURN(config.settings.rate, Integer(entry, value, 1));
       } else if (key == "count") {

@@ -15,30 +15,17 @@ const TimeSource& SteadyClock() {
 }
 
 StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& text, int64_t minimum) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) {
-    return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' must be an integer >= ", minimum,
-                                                   ", not '", text, "'"));
-  }
-  return value;
+  if (std::optional<int64_t> value = ParseTraceInteger(text, minimum)) return *value;
+  return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' must be an integer >= ", minimum,
+                                                 ", not '", text, "'"));
 }
 
 StatusOr<TraceLevel> ParseLevels(const std::vector<std::string>& values) {
   // Triton's levels are a list (TIMESTAMPS and TENSORS may both be on); OFF alone turns it off.
   TraceLevel level = TraceLevel::kOff;
   for (const std::string& value : values) {
-    if (value == "OFF") continue;
-    if (value == "TIMESTAMPS") {
-      level = TraceLevel::kTimestamps;
-      continue;
-    }
-    if (value == "TENSORS") {
-      return absl::InvalidArgumentError(
-          "trace level TENSORS is not supported: Sluice traces timings (TIMESTAMPS), not tensor contents");
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown trace level '", value, "'; use OFF or TIMESTAMPS"));
+    SLUICE_ASSIGN_OR_RETURN(TraceLevel each, ParseTraceLevel(value));
+    if (each != TraceLevel::kOff) level = each;
   }
   return level;
 }
@@ -48,6 +35,23 @@ const std::string& OneValue(const std::vector<std::string>& values) { return val
 }  // namespace
 
 const char* TraceLevelName(TraceLevel level) { return level == TraceLevel::kTimestamps ? "TIMESTAMPS" : "OFF"; }
+
+StatusOr<TraceLevel> ParseTraceLevel(absl::string_view name) {
+  if (name == "OFF") return TraceLevel::kOff;
+  if (name == "TIMESTAMPS") return TraceLevel::kTimestamps;
+  if (name == "TENSORS") {
+    return absl::InvalidArgumentError(
+        "trace level TENSORS is not supported: Sluice traces timings (TIMESTAMPS), not tensor contents");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown trace level '", name, "'; use OFF or TIMESTAMPS"));
+}
+
+std::optional<int64_t> ParseTraceInteger(absl::string_view text, int64_t minimum) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) return std::nullopt;
+  return value;
+}
 
 Tracer::Tracer(Options options)
     : options_(std::move(options)),

@@ -40,6 +40,12 @@ namespace sluice {
 // Triton's trace levels. TENSORS (Triton's tensor dumps) is refused: Sluice records timing spans.
 enum class TraceLevel { kOff, kTimestamps };
 const char* TraceLevelName(TraceLevel level);  // "OFF", "TIMESTAMPS"
+// One level's name (--trace-config level=, each value of the settings API's trace_level);
+// INVALID_ARGUMENT saying why for TENSORS and for anything unknown.
+StatusOr<TraceLevel> ParseTraceLevel(absl::string_view name);
+// A whole decimal integer >= `minimum` (the settings' and --trace-config's numbers); nullopt for
+// anything else (empty, signs or spaces around it, out of range).
+std::optional<int64_t> ParseTraceInteger(absl::string_view text, int64_t minimum);
 
 struct TraceSettings {
   TraceLevel level = TraceLevel::kOff;  // Triton's default
