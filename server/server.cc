@@ -232,6 +232,7 @@ Status Server::StartGrpc(const ServerConfig& config) {
   options.health = health_.get();
   options.restrictions = config.restrictions;
   options.stream_max_in_flight = config.stream_max_in_flight;
+  options.coalesce_answers = config.coalesce_answers;
   options.shared_memory = shared_memory_.get();
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {

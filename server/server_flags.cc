@@ -244,6 +244,14 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::Range(1, 65536))
       ->capture_default_str()
       ->group("gRPC front end");
+  app.add_option("--grpc-coalesce-answers", config.coalesce_answers,
+                 "When one execution answers several ModelInfer calls that came over the same TCP "
+                 "connection (a client, or a load balancer, with many calls in flight on one channel), "
+                 "hold the connection's writes (TCP_CORK) while they are sent, so that they leave "
+                 "together instead of one network segment each: less server CPU per request under "
+                 "load. Answers on their own connection, streams and HTTP are sent as before")
+      ->capture_default_str()
+      ->group("gRPC front end");
   GrpcConnectionOptions& c = grpc.connections;
   app.add_option("--grpc-max-connection-age-ms", c.max_connection_age_ms,
                  "Close each client connection after this long (the client reconnects): behind an "

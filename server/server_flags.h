@@ -47,6 +47,7 @@ struct ServerConfig {
   uint64_t response_cache_bytes = 0;           // --cache-config local,size=BYTES (0: no response cache)
   TraceConfig trace;                           // --trace-config (level OFF: nothing traced until the API says)
   int stream_max_in_flight = 64;               // --grpc-stream-max-in-flight (per ModelStreamInfer stream)
+  bool coalesce_answers = true;                // --grpc-coalesce-answers (TCP_CORK around a batch's answers)
   bool allow_shared_memory = false;            // --allow-client-shm (alias --allow-shared-memory)
   double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds
   double shutdown_grace_seconds = 30;          // --shutdown-grace-seconds

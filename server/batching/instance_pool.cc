@@ -298,6 +298,14 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
       options_.stats->RecordBatchCost(started - batch.requests.front().enqueued, predicted, delivered_at - started);
     }
   }
+  // Answers to a connection that several callers of this batch share leave together.
+  AnswerConnections connections;
+  if (batch.requests.size() > 1) {
+    for (const PendingRequest& pending : batch.requests) {
+      if (!pending.filler) connections.Add(pending.sink);
+    }
+    connections.Hold();
+  }
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     PendingRequest& pending = batch.requests[i];
     const Status& refused = sinks[i].status();

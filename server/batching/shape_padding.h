@@ -38,6 +38,7 @@ class UnpaddingSink final : public OutputSink {
  public:
   UnpaddingSink(std::shared_ptr<const ModelSpec> spec, PaddedLengths padded, OutputSink* inner);
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  std::shared_ptr<AnswerConnection> Connection() override { return inner_->Connection(); }
   // INTERNAL when an output does not have the bucket size where sluice.bucket_dims says it
   // follows a padded axis; a caller's sink error as it is.
   Status Finish();

@@ -21,6 +21,35 @@ StatusOr<char*> TensorSink::Allocate(const OutputDescription& output) {
   return tensor.data.data();
 }
 
+void AnswerConnections::Add(OutputSink* sink) {
+  std::shared_ptr<AnswerConnection> connection = sink->Connection();
+  if (connection == nullptr) return;
+  for (Entry& entry : entries_) {
+    if (entry.connection == connection) {
+      ++entry.answers;
+      return;
+    }
+  }
+  entries_.push_back(Entry{std::move(connection), 1, false});
+}
+
+size_t AnswerConnections::Hold() {
+  size_t held = 0;
+  for (Entry& entry : entries_) {
+    if (entry.answers >= 2 && !entry.held) entry.held = entry.connection->Hold();
+    if (entry.held) ++held;
+  }
+  return held;
+}
+
+void AnswerConnections::Release() {
+  for (Entry& entry : entries_) {
+    if (!entry.held) continue;
+    entry.connection->Release();
+    entry.held = false;
+  }
+}
+
 Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const OutputTarget> targets,
                       bool batched) {
   int64_t total_rows = 0;

@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/container/inlined_vector.h"
 
 #include "absl/types/span.h"
 
@@ -29,6 +32,20 @@ struct OutputDescription {
   MemoryType source;   // where those bytes come from
 };
 
+// A client connection whose writes can be held back while several answers are written to it
+// one after the other (a batch's answers to one caller), so that they leave together instead of
+// in one network segment each: for gRPC over TCP, TCP_CORK on the connection's socket
+// (grpc/tcp_connections.h). Holding is only ever an optimisation: a connection that cannot be
+// held (closed meanwhile, say) says so, and answers then leave as they would have. Thread-safe.
+class AnswerConnection {
+ public:
+  virtual ~AnswerConnection() = default;
+  // Whether the writes are now held; if so, the same thread calls Release once it has written
+  // the answers, which sends what was held.
+  virtual bool Hold() = 0;
+  virtual void Release() = 0;
+};
+
 // Thread-compatible: a sink belongs to one request, and only the worker running that request
 // calls it, between the forward pass and the request's completion. Memory a sink hands out stays
 // valid and untouched by the sink until the completion has run.
@@ -41,6 +58,36 @@ class OutputSink {
   // declared output in config order when that is empty), after the forward pass, so that outputs
   // whose shape depends on the data are sized exactly.
   virtual StatusOr<char*> Allocate(const OutputDescription& output) = 0;
+  // The connection this request's answer will be written to, when its transport can hold that
+  // connection's writes (AnswerConnection); null (the default) otherwise. Asked on the worker
+  // before the request's completion runs, and only for executions with several callers
+  // (AnswerConnections). A sink that wraps another forwards it.
+  virtual std::shared_ptr<AnswerConnection> Connection() { return nullptr; }
+};
+
+// The connections that two or more answers of one execution go to, held while those answers
+// are sent: Add each caller's sink before the completions run, Hold, run them, then Release
+// (also on destruction). A connection only one answer goes to is not held: holding it would
+// delay nothing and cost two system calls. Thread-compatible.
+class AnswerConnections {
+ public:
+  AnswerConnections() = default;
+  AnswerConnections(const AnswerConnections&) = delete;
+  AnswerConnections& operator=(const AnswerConnections&) = delete;
+  ~AnswerConnections() { Release(); }
+
+  void Add(OutputSink* sink);
+  // Holds every connection added at least twice; returns how many are held.
+  size_t Hold();
+  void Release();
+
+ private:
+  struct Entry {
+    std::shared_ptr<AnswerConnection> connection;
+    int answers = 0;
+    bool held = false;
+  };
+  absl::InlinedVector<Entry, 4> entries_;  // one per distinct connection, in the order first added
 };
 
 // A sink that keeps the outputs as Tensors: tests, warm-up, the in-process benchmark, and the

@@ -182,6 +182,7 @@ class SharedMemorySink final : public OutputSink {
   void Add(const std::string& output, Slice slice) { targets_[output] = slice; }
   bool empty() const { return targets_.empty(); }
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  std::shared_ptr<AnswerConnection> Connection() override { return fallback_->Connection(); }
 
  private:
   OutputSink* const fallback_;

@@ -4,6 +4,8 @@
 #include <limits>
 #include <set>
 
+#include <grpcpp/server_context.h>
+
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
 #include "server/frontend/request_parameters.h"
@@ -245,6 +247,11 @@ void ResponseSink::Describe(const OutputDescription& output) {
   tensor->set_datatype(std::string(DataTypeName(output.dtype)));
   for (int64_t dim : output.shape) tensor->add_shape(dim);
   response_->add_raw_output_contents();
+}
+
+std::shared_ptr<AnswerConnection> ResponseSink::Connection() {
+  if (connections_ == nullptr || context_ == nullptr) return nullptr;
+  return connections_->Find(context_->peer());
 }
 
 StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {

@@ -13,6 +13,11 @@
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
 #include "server/frontend/shared_memory.h"
+#include "server/grpc/tcp_connections.h"
+
+namespace grpc {
+class ServerContextBase;
+}  // namespace grpc
 
 namespace sluice {
 
@@ -43,12 +48,21 @@ class ResponseSink final : public OutputSink {
  public:
   explicit ResponseSink(inference::ModelInferResponse* response) : response_(response) {}
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  // The call's connection, when AnswerOn named where to find it (unary calls; a stream writes
+  // one response at a time, so its answers could not leave together anyway); null otherwise.
+  std::shared_ptr<AnswerConnection> Connection() override;
+  void AnswerOn(TcpConnections* connections, const grpc::ServerContextBase* context) {
+    connections_ = connections;
+    context_ = context;
+  }
   // An output whose bytes went elsewhere (shared memory): its entry in `outputs` and an empty
   // raw_output_contents entry, so that the entries still line up with `outputs` (as Triton).
   void Describe(const OutputDescription& output);
 
  private:
   inference::ModelInferResponse* const response_;
+  TcpConnections* connections_ = nullptr;
+  const grpc::ServerContextBase* context_ = nullptr;
 };
 
 }  // namespace sluice

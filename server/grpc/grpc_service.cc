@@ -235,7 +235,8 @@ GrpcService::GrpcService(ModelManager* manager, ModelControl* control, Options o
       control_(control),
       options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &steady_),
-      lookup_(options_.lookup ? options_.lookup : manager) {}
+      lookup_(options_.lookup ? options_.lookup : manager),
+      connections_(clock_) {}
 
 grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* context,
                                                   std::function<Status()> task) {
@@ -416,6 +417,7 @@ grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* c
     return FinishNow(context, allowed);
   }
   auto* reactor = new InferReactor(response_bytes, options_.shared_memory);
+  if (options_.coalesce_answers) reactor->AnswerOn(&connections_, context);
   if (Status parsed = reactor->Parse(*request_bytes); !parsed.ok()) {
     reactor->Answer(parsed);
     return reactor;

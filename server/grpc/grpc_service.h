@@ -16,6 +16,7 @@
 #include "server/frontend/server_health.h"
 #include "server/frontend/shared_memory.h"
 #include "server/grpc/grpc_codec.h"
+#include "server/grpc/tcp_connections.h"
 #include "server/manager/model_control.h"
 #include "server/manager/model_manager.h"
 #include "server/tracing/tracer.h"
@@ -45,6 +46,11 @@ class GrpcInferCall : public InferenceCall {
   void Accepted(const InferRequest& request, const InFlightModel& model) override;
   OutputSink* sink() override;
   absl::string_view request_id() const override { return request_->id(); }
+  // The answer goes to `context`'s connection, found in `connections` when a batch asks
+  // (ResponseSink::Connection). Both outlive the call.
+  void AnswerOn(TcpConnections* connections, const grpc::ServerContextBase* context) {
+    response_sink_.AnswerOn(connections, context);
+  }
 
  protected:
   const inference::ModelInferRequest* const request_;
@@ -70,6 +76,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
     int stream_max_in_flight = 64;        // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
+    // Hold a TCP connection's writes while one execution's answers to several of its unary
+    // calls are sent (--grpc-coalesce-answers; core/output_sink.h AnswerConnection).
+    bool coalesce_answers = true;
     // System shared memory regions; null: client shared memory is off (--allow-client-shm false):
     // register and unregister calls answer UNIMPLEMENTED, status calls list nothing, and requests
     // naming a region fail FAILED_PRECONDITION.
@@ -86,6 +95,8 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
 
   bool Ready() const { return options_.health == nullptr || options_.health->Ready(); }
   bool Live() const { return options_.health == nullptr || options_.health->Live(); }
+  // The connections of unary calls whose batched answers were held (coalesce_answers).
+  const TcpConnections& connections() const { return connections_; }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -184,6 +195,7 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   SteadyTimeSource steady_;
   const TimeSource* const clock_;
   const ModelLookup* const lookup_;
+  TcpConnections connections_;  // the sockets of unary calls' connections (coalesce_answers)
 };
 
 }  // namespace sluice

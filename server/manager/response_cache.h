@@ -63,6 +63,7 @@ class RecordingSink final : public OutputSink {
  public:
   explicit RecordingSink(OutputSink* inner) : inner_(inner) {}
   StatusOr<char*> Allocate(const OutputDescription& output) override;
+  std::shared_ptr<AnswerConnection> Connection() override { return inner_->Connection(); }
   // The outputs written, viewing the inner sink's memory: valid only after the request answered
   // OK and before its completion returns (while that memory is still the sink's).
   std::vector<OutputView> Outputs() const;

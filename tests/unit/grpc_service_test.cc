@@ -1,6 +1,7 @@
 // The real ModelInfer handler behind a real gRPC server on loopback, with a fake model lookup
 // whose models run on fake backends: every outcome a caller can see.
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <map>
 #include <set>
@@ -49,6 +50,10 @@ class GrpcServiceTest : public ::testing::Test {
     auto roomy_gated = std::make_unique<testing::FakeBackend>();
     roomy_gated_ = roomy_gated.get();
     lookup_.models["roomy_gated"] = testing::MakeEchoModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
+    auto batching_gated = echo_.Backend();  // echoes x as y, batches included
+    batching_gated_ = batching_gated.get();
+    lookup_.models["batching_gated"] =
+        testing::MakeEchoModel("batching_gated", std::move(batching_gated), &clock_, false, 64);
     GrpcService::Options options;
     options.lookup = &lookup_;
     options.stream_max_in_flight = kStreamBound;
@@ -65,6 +70,7 @@ class GrpcServiceTest : public ::testing::Test {
   void TearDown() override {
     gated_->OpenGate();
     roomy_gated_->OpenGate();
+    batching_gated_->OpenGate();
     server_->Shutdown();
     for (auto& [name, model] : lookup_.models) model->Stop();
   }
@@ -104,6 +110,8 @@ class GrpcServiceTest : public ::testing::Test {
   testing::FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
   testing::FakeBackend* roomy_gated_ = nullptr;  // like gated_, with room for 64 waiting requests
+  testing::ThreadNotingEcho echo_;
+  testing::FakeBackend* batching_gated_ = nullptr;  // like roomy_gated_, echoing x (batches too)
   std::unique_ptr<GrpcService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -132,6 +140,47 @@ TEST_F(GrpcServiceTest, OkWritesTheRequestedOutputsIntoTheResponse) {
   ASSERT_EQ(only_sum.raw_output_contents_size(), 1);
   EXPECT_EQ(only_sum.outputs(0).name(), "sum");
   EXPECT_EQ(only_sum.raw_output_contents(0).size(), 8u);
+}
+
+// Calls on one channel share one TCP connection: when one execution answers several of them,
+// the connection is held (TCP_CORK) while their answers are written, and each caller still gets
+// its own answer.
+TEST_F(GrpcServiceTest, AnswersOfOneBatchOnOneConnectionAreWrittenWhileItIsHeld) {
+  batching_gated_->CloseGate();
+  grpc::ClientContext first_context;
+  auto first = Start(Request("batching_gated", {100, 100}), &first_context);
+  batching_gated_->WaitStarted(1);
+  constexpr int kQueued = 4;
+  grpc::ClientContext contexts[kQueued];
+  std::vector<std::future<grpc::Status>> answers;
+  std::vector<std::shared_ptr<inference::ModelInferResponse>> responses;
+  for (int i = 0; i < kQueued; ++i) {
+    auto response = std::make_shared<inference::ModelInferResponse>();
+    auto request = std::make_shared<inference::ModelInferRequest>(Request("batching_gated", {i, i}));
+    auto done = std::make_shared<std::promise<grpc::Status>>();
+    answers.push_back(done->get_future());
+    responses.push_back(response);
+    stub_->async()->ModelInfer(&contexts[i], request.get(), response.get(),
+                               [done, response, request](grpc::Status status) { done->set_value(status); });
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return lookup_.models["batching_gated"]->in_flight() == 1 + kQueued; }));
+  EXPECT_EQ(service_->connections().holds(), 0);
+  batching_gated_->OpenGate();
+  ASSERT_TRUE(first.get().ok());
+  for (int i = 0; i < kQueued; ++i) {
+    const grpc::Status status = answers[static_cast<size_t>(i)].get();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    const std::string& bytes = responses[static_cast<size_t>(i)]->raw_output_contents(0);
+    ASSERT_EQ(bytes.size(), 8u);
+    int32_t values[2];
+    std::memcpy(values, bytes.data(), 8);
+    EXPECT_EQ(values[0], i);  // its own row of the batch
+    EXPECT_EQ(values[1], i);
+  }
+  // The first alone, then the four as one batch (or, should the gate open while the last one
+  // is between its model lookup and its queue, as two).
+  EXPECT_LE(batching_gated_->executed(), 3);
+  EXPECT_GE(service_->connections().holds(), 1);
 }
 
 TEST_F(GrpcServiceTest, UnknownAndNotReadyModels) {

@@ -264,6 +264,99 @@ TEST_F(InstancePoolTest, ASinkThatRefusesFailsOnlyItsOwnRequest) {
   EXPECT_EQ(stats_->Snapshot().success.count, 1u);
 }
 
+// What happened, in order: holds and releases of connections, and answers (from the worker).
+class EventLog {
+ public:
+  void Add(std::string event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  std::vector<std::string> events() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> events_;
+};
+
+class LoggedConnection final : public AnswerConnection {
+ public:
+  LoggedConnection(std::string name, EventLog* log) : name_(std::move(name)), log_(log) {}
+  bool Hold() override {
+    log_->Add("hold " + name_);
+    return true;
+  }
+  void Release() override { log_->Add("release " + name_); }
+
+ private:
+  const std::string name_;
+  EventLog* const log_;
+};
+
+// A caller's sink whose answer goes to `connection`; the outputs go to `inner`.
+class ConnectedSink final : public OutputSink {
+ public:
+  ConnectedSink(OutputSink* inner, std::shared_ptr<AnswerConnection> connection, std::atomic<int>* asked)
+      : inner_(inner), connection_(std::move(connection)), asked_(asked) {}
+  StatusOr<char*> Allocate(const OutputDescription& output) override { return inner_->Allocate(output); }
+  std::shared_ptr<AnswerConnection> Connection() override {
+    asked_->fetch_add(1);
+    return connection_;
+  }
+
+ private:
+  OutputSink* const inner_;
+  const std::shared_ptr<AnswerConnection> connection_;
+  std::atomic<int>* const asked_;
+};
+
+// A batch's answers to a connection that two or more of its callers share are sent while that
+// connection is held: held before the first answer, released after the last. A connection only
+// one answer goes to, and a batch of one caller, hold nothing (a lone batch does not even ask).
+TEST_F(InstancePoolTest, AnswersToOneConnectionAreSentWhileItIsHeld) {
+  auto pool = Make(std::make_unique<testing::EchoBackend>());
+  EventLog log;
+  std::atomic<int> asked{0};
+  auto shared = std::make_shared<LoggedConnection>("shared", &log);
+  auto alone = std::make_shared<LoggedConnection>("alone", &log);
+  Call calls[3];
+  ConnectedSink sinks[3] = {{&calls[0].sink, shared, &asked}, {&calls[1].sink, alone, &asked},
+                            {&calls[2].sink, shared, &asked}};
+  FormedBatch batch;
+  for (int i = 0; i < 3; ++i) {
+    PendingRequest pending = calls[i].Pending(1, i, &sinks[i]);
+    pending.done = [&log, &call = calls[i], i](Status status) {
+      log.Add("answer " + std::to_string(i));
+      call.answer.set_value(testing::Collected(status, call.sink));
+    };
+    batch.requests.push_back(std::move(pending));
+  }
+  batch.rows = batch.padded_rows = 3;
+  pool->Run(std::move(batch));
+  for (Call& call : calls) {
+    auto answer = call.answer.get_future().get();
+    ASSERT_TRUE(answer.ok()) << answer.status();
+  }
+  pool->Stop();  // joins the worker: the release after the last answer has happened
+  EXPECT_EQ(log.events(), (std::vector<std::string>{"hold shared", "answer 0", "answer 1", "answer 2",
+                                                    "release shared"}));
+  EXPECT_EQ(asked.load(), 3);
+
+  auto lone_pool = Make(std::make_unique<testing::EchoBackend>());
+  Call lone;
+  ConnectedSink lone_sink(&lone.sink, shared, &asked);
+  FormedBatch one;
+  one.requests.push_back(lone.Pending(1, 5, &lone_sink));
+  one.rows = one.padded_rows = 1;
+  lone_pool->Run(std::move(one));
+  ASSERT_TRUE(lone.answer.get_future().get().ok());
+  lone_pool->Stop();
+  EXPECT_EQ(asked.load(), 3);
+  EXPECT_EQ(log.events().size(), 5u);
+}
+
 TEST_F(InstancePoolTest, DropAnswersWithoutRunningAndRunAfterStopIsUnavailable) {
   auto gated = std::make_unique<testing::FakeBackend>();
   testing::FakeBackend* model = gated.get();

@@ -28,6 +28,7 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(config->load_files_max_bytes, 1ull << 30);
   EXPECT_EQ(config->load_files_disk_bytes, 8ull << 30);
   EXPECT_EQ(config->response_cache_bytes, 0u);  // no response cache unless asked for
+  EXPECT_TRUE(config->coalesce_answers);
 }
 
 // Triton's spellings: --cache-config local,size=BYTES (either form of the flag) and the older
@@ -86,6 +87,13 @@ TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
   auto off = ParseServerFlags({"--allow-shared-memory", "false"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->allow_shared_memory);
+}
+
+TEST(ServerFlagsTest, CoalescingAnswersCanBeTurnedOff) {
+  auto off = ParseServerFlags({"--grpc-coalesce-answers", "false"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->coalesce_answers);
+  EXPECT_FALSE(ParseServerFlags({"--grpc-coalesce-answers", "sometimes"}).ok());
 }
 
 TEST(ServerFlagsTest, EveryKindOfFlagReachesTheConfig) {
