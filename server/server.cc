@@ -241,6 +241,7 @@ Status Server::StartGrpc(const ServerConfig& config) {
   }
   grpc_service_ = std::make_unique<GrpcService>(manager_.get(), control_.get(), options);
   SLUICE_ASSIGN_OR_RETURN(grpc_, GrpcServer::Start(config.grpc, grpc_service_.get()));
+  grpc_service_->SetListeningPorts({grpc_->port()});
   spdlog::info("event=listening address={} port={}", config.grpc.address, grpc_->port());
   GrpcServer* grpc = grpc_.get();
   liveness_.SetListener([grpc] { grpc->RefreshHealth(); });

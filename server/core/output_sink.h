@@ -40,8 +40,9 @@ struct OutputDescription {
 class AnswerConnection {
  public:
   virtual ~AnswerConnection() = default;
-  // Whether the writes are now held; if so, the same thread calls Release once it has written
-  // the answers, which sends what was held.
+  // Whether the writes are now held; if so, the same thread calls Release once the answers'
+  // completions have run, which sends what was held. Two threads may hold one connection at
+  // once: the first Release sends what both held so far.
   virtual bool Hold() = 0;
   virtual void Release() = 0;
 };
@@ -60,8 +61,9 @@ class OutputSink {
   virtual StatusOr<char*> Allocate(const OutputDescription& output) = 0;
   // The connection this request's answer will be written to, when its transport can hold that
   // connection's writes (AnswerConnection); null (the default) otherwise. Asked on the worker
-  // before the request's completion runs, and only for executions with several callers
-  // (AnswerConnections). A sink that wraps another forwards it.
+  // before the request's completion runs, and only for executions of several requests
+  // (AnswerConnections; padding fillers are not asked). A sink that wraps another's caller
+  // forwards it; one that outlives no single caller (single flight's) must not.
   virtual std::shared_ptr<AnswerConnection> Connection() { return nullptr; }
 };
 

@@ -97,6 +97,8 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   bool Live() const { return options_.health == nullptr || options_.health->Live(); }
   // The connections of unary calls whose batched answers were held (coalesce_answers).
   const TcpConnections& connections() const { return connections_; }
+  // The port(s) the gRPC server bound: only connections to them are ever held.
+  void SetListeningPorts(std::vector<int> ports) { connections_.SetListeningPorts(std::move(ports)); }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -53,6 +54,16 @@ std::string SocketPeerKey(int fd) {
   return KeyOf(address);
 }
 
+// The local port of socket `fd`, or -1.
+int LocalPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return -1;
+  if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  return -1;
+}
+
 class CorkedSocket final : public AnswerConnection {
  public:
   CorkedSocket(int fd, std::string key, std::shared_ptr<std::atomic<int64_t>> holds)
@@ -62,11 +73,18 @@ class CorkedSocket final : public AnswerConnection {
   // been reused). Two workers holding the same connection at once each set and lift the cork;
   // the first lift sends what both held so far.
   bool Hold() override {
-    if (SocketPeerKey(fd_) != key_ || !SetCork(1)) return false;
+    if (SocketPeerKey(fd_) != key_ || !SetCork(1)) {
+      stale_.store(true, std::memory_order_relaxed);
+      return false;
+    }
     holds_->fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   void Release() override { SetCork(0); }
+
+  int fd() const { return fd_; }
+  // A hold found the descriptor no longer this connection: forget it, look again.
+  bool stale() const { return stale_.load(std::memory_order_relaxed); }
 
  private:
   bool SetCork(int on) const { return setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0; }
@@ -74,6 +92,7 @@ class CorkedSocket final : public AnswerConnection {
   const int fd_;
   const std::string key_;
   const std::shared_ptr<std::atomic<int64_t>> holds_;
+  std::atomic<bool> stale_{false};
 };
 
 }  // namespace
@@ -121,14 +140,34 @@ std::string PeerKey(absl::string_view peer) {
 std::shared_ptr<AnswerConnection> TcpConnections::Find(absl::string_view peer) {
   const std::string key = PeerKey(peer);
   if (key.empty()) return nullptr;
+  std::vector<int> ports;
+  Known previous;
+  {
+    MutexLock lock(&mutex_);
+    if (auto found = known_.find(key); found != known_.end()) {
+      if (!static_cast<const CorkedSocket&>(*found->second).stale()) return found->second;
+      known_.erase(found);
+    }
+    const TimePoint now = clock_->Now();
+    if (scans_ > 0 && now - last_scan_ < kRescanInterval) return nullptr;
+    last_scan_ = now;
+    ++scans_;
+    ports = ports_;
+    previous = known_;
+  }
+  // Outside the lock: other workers keep finding what is known meanwhile.
+  Known scanned = Scan(ports, previous);
+  std::shared_ptr<AnswerConnection> connection;
+  if (auto found = scanned.find(key); found != scanned.end()) connection = found->second;
   MutexLock lock(&mutex_);
-  if (auto found = known_.find(key); found != known_.end()) return found->second;
-  const TimePoint now = clock_->Now();
-  if (scans_ > 0 && now - last_scan_ < kRescanInterval) return nullptr;
-  last_scan_ = now;
-  ScanLocked();
-  auto found = known_.find(key);
-  return found == known_.end() ? nullptr : found->second;
+  known_ = std::move(scanned);
+  return connection;
+}
+
+void TcpConnections::SetListeningPorts(std::vector<int> ports) {
+  MutexLock lock(&mutex_);
+  ports_ = std::move(ports);
+  known_.clear();  // what was remembered before may be on other ports
 }
 
 int TcpConnections::scans() const {
@@ -136,24 +175,31 @@ int TcpConnections::scans() const {
   return scans_;
 }
 
-void TcpConnections::ScanLocked() {
-  ++scans_;
+TcpConnections::Known TcpConnections::Scan(const std::vector<int>& ports, const Known& previous) const {
   // Connections that closed since the last look are forgotten here (a reused descriptor is
   // found again under its new peer).
-  known_.clear();
+  Known known;
   DIR* directory = opendir("/proc/self/fd");
-  if (directory == nullptr) return;
+  if (directory == nullptr) return known;
   const int own = dirfd(directory);
   while (const dirent* entry = readdir(directory)) {
     int fd = 0;
     if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == own) continue;
     std::string key = SocketPeerKey(fd);
     if (key.empty()) continue;
-    if (known_.size() >= kMaxRemembered) break;
+    if (!ports.empty() && std::find(ports.begin(), ports.end(), LocalPort(fd)) == ports.end()) continue;
+    if (auto old = previous.find(key); old != previous.end()) {
+      const auto& socket = static_cast<const CorkedSocket&>(*old->second);
+      if (socket.fd() == fd && !socket.stale()) {
+        known.emplace(std::move(key), old->second);  // the same object: a batch that holds it dedupes by it
+        continue;
+      }
+    }
     auto connection = std::make_shared<CorkedSocket>(fd, key, holds_);
-    known_.emplace(std::move(key), std::move(connection));
+    known.emplace(std::move(key), std::move(connection));
   }
   closedir(directory);
+  return known;
 }
 
 }  // namespace sluice

@@ -27,7 +27,9 @@ struct SingleFlight::Flight {
 
 // Where a run writes its outputs: the first Allocate picks a waiter to write into (one whose
 // outputs are not in shared memory, which the client may rewrite while the others copy them),
-// or memory of its own; every output's place is recorded for the copies and the cache.
+// or memory of its own; every output's place is recorded for the copies and the cache. It names
+// no Connection (OutputSink::Connection): its waiters may leave before the run answers, so a
+// waiter's sink cannot be asked for one.
 class SingleFlight::FlightSink final : public OutputSink {
  public:
   FlightSink(SingleFlight* owner, std::shared_ptr<Flight> flight) : owner_(owner), flight_(std::move(flight)) {}

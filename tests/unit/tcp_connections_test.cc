@@ -22,6 +22,11 @@ namespace {
 struct Loopback {
   explicit Loopback(int family) {
     listener = socket(family, SOCK_STREAM, 0);
+    if (listener < 0) return;  // no IPv6 here: the caller skips
+    if (family == AF_INET6) {
+      const int off = 0;  // dual stack whatever net.ipv6.bindv6only says
+      EXPECT_EQ(setsockopt(listener, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off)), 0);
+    }
     sockaddr_storage address{};
     socklen_t length = 0;
     if (family == AF_INET) {
@@ -38,8 +43,8 @@ struct Loopback {
     EXPECT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
     EXPECT_EQ(listen(listener, 4), 0);
     EXPECT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    const uint16_t port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in&>(address).sin_port
-                                                  : reinterpret_cast<sockaddr_in6&>(address).sin6_port);
+    port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in&>(address).sin_port
+                                   : reinterpret_cast<sockaddr_in6&>(address).sin6_port);
     client = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in to{};
     to.sin_family = AF_INET;
@@ -65,6 +70,7 @@ struct Loopback {
   }
 
   int listener = -1, client = -1, accepted = -1;
+  int port = 0;  // the listener's
   std::string peer;
 };
 
@@ -88,6 +94,7 @@ TEST(TcpConnectionsTest, FindsAnAcceptedConnectionAndCorksItWhileHeld) {
   for (int family : {AF_INET, AF_INET6}) {
     SCOPED_TRACE(family == AF_INET ? "IPv4 listener" : "dual-stack IPv6 listener");
     Loopback loopback(family);
+    if (loopback.listener < 0) GTEST_SKIP() << "no IPv6 sockets here";
     TcpConnections connections;
     std::shared_ptr<AnswerConnection> connection = connections.Find(loopback.peer);
     ASSERT_NE(connection, nullptr);
@@ -147,6 +154,36 @@ TEST(TcpConnectionsTest, AClosedConnectionIsNotHeldAndUnknownPeersLookAgainAtMos
   clock.Advance(TcpConnections::kRescanInterval);
   EXPECT_NE(connections.Find(later.peer), nullptr);
   EXPECT_EQ(connections.scans(), 2);
+}
+
+TEST(TcpConnectionsTest, OnlyConnectionsToTheListeningPortsAreFound) {
+  Loopback grpc(AF_INET), other(AF_INET);
+  TcpConnections connections;
+  connections.SetListeningPorts({grpc.port});
+  EXPECT_NE(connections.Find(grpc.peer), nullptr);
+  EXPECT_EQ(connections.scans(), 1);
+  EXPECT_EQ(connections.Find(other.peer), nullptr);  // another port's socket (HTTP's, say)
+}
+
+TEST(TcpConnectionsTest, AConnectionFoundStaleIsLookedForAgainAndOneStillOpenKeepsItsObject) {
+  FakeTimeSource clock;
+  TcpConnections connections(&clock);
+  Loopback kept(AF_INET);
+  std::shared_ptr<AnswerConnection> first = connections.Find(kept.peer);
+  ASSERT_NE(first, nullptr);
+  auto closed = std::make_unique<Loopback>(AF_INET);
+  const std::string closed_peer = closed->peer;
+  clock.Advance(TcpConnections::kRescanInterval);
+  std::shared_ptr<AnswerConnection> gone = connections.Find(closed_peer);  // a second look
+  ASSERT_NE(gone, nullptr);
+  EXPECT_EQ(connections.scans(), 2);
+  EXPECT_EQ(connections.Find(kept.peer), first);  // the look kept the open connection's object
+  closed.reset();
+  EXPECT_FALSE(gone->Hold());  // closed: marked stale
+  clock.Advance(TcpConnections::kRescanInterval);
+  EXPECT_EQ(connections.Find(closed_peer), nullptr);  // dropped, looked for again, not there
+  EXPECT_EQ(connections.scans(), 3);
+  EXPECT_EQ(connections.Find(kept.peer), first);
 }
 
 }  // namespace
