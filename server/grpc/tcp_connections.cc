@@ -64,37 +64,6 @@ int LocalPort(int fd) {
   return -1;
 }
 
-class CorkedSocket final : public AnswerConnection {
- public:
-  CorkedSocket(int fd, std::string key, std::shared_ptr<std::atomic<int64_t>> holds)
-      : fd_(fd), key_(std::move(key)), holds_(std::move(holds)) {}
-
-  // Only while the descriptor still is the socket found (gRPC may have closed it and the number
-  // been reused). Two workers holding the same connection at once each set and lift the cork;
-  // the first lift sends what both held so far.
-  bool Hold() override {
-    if (SocketPeerKey(fd_) != key_ || !SetCork(1)) {
-      stale_.store(true, std::memory_order_relaxed);
-      return false;
-    }
-    holds_->fetch_add(1, std::memory_order_relaxed);
-    return true;
-  }
-  void Release() override { SetCork(0); }
-
-  int fd() const { return fd_; }
-  // A hold found the descriptor no longer this connection: forget it, look again.
-  bool stale() const { return stale_.load(std::memory_order_relaxed); }
-
- private:
-  bool SetCork(int on) const { return setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0; }
-
-  const int fd_;
-  const std::string key_;
-  const std::shared_ptr<std::atomic<int64_t>> holds_;
-  std::atomic<bool> stale_{false};
-};
-
 }  // namespace
 
 std::string PeerKey(absl::string_view peer) {
@@ -137,6 +106,37 @@ std::string PeerKey(absl::string_view peer) {
   return KeyOf(address);
 }
 
+class TcpConnections::CorkedSocket final : public AnswerConnection {
+ public:
+  CorkedSocket(int fd, std::string key, std::shared_ptr<std::atomic<int64_t>> holds)
+      : fd_(fd), key_(std::move(key)), holds_(std::move(holds)) {}
+
+  // Only while the descriptor still is the socket found (gRPC may have closed it and the number
+  // been reused). Two workers holding the same connection at once each set and lift the cork;
+  // the first lift sends what both held so far.
+  bool Hold() override {
+    if (SocketPeerKey(fd_) != key_ || !SetCork(1)) {
+      stale_.store(true, std::memory_order_relaxed);
+      return false;
+    }
+    holds_->fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  void Release() override { SetCork(0); }
+
+  int fd() const { return fd_; }
+  // A hold found the descriptor no longer this connection: forget it, look again.
+  bool stale() const { return stale_.load(std::memory_order_relaxed); }
+
+ private:
+  bool SetCork(int on) const { return setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0; }
+
+  const int fd_;
+  const std::string key_;
+  const std::shared_ptr<std::atomic<int64_t>> holds_;
+  std::atomic<bool> stale_{false};
+};
+
 std::shared_ptr<AnswerConnection> TcpConnections::Find(absl::string_view peer) {
   const std::string key = PeerKey(peer);
   if (key.empty()) return nullptr;
@@ -145,7 +145,7 @@ std::shared_ptr<AnswerConnection> TcpConnections::Find(absl::string_view peer) {
   {
     MutexLock lock(&mutex_);
     if (auto found = known_.find(key); found != known_.end()) {
-      if (!static_cast<const CorkedSocket&>(*found->second).stale()) return found->second;
+      if (!found->second->stale()) return found->second;
       known_.erase(found);
     }
     const TimePoint now = clock_->Now();
@@ -157,7 +157,7 @@ std::shared_ptr<AnswerConnection> TcpConnections::Find(absl::string_view peer) {
   }
   // Outside the lock: other workers keep finding what is known meanwhile.
   Known scanned = Scan(ports, previous);
-  std::shared_ptr<AnswerConnection> connection;
+  std::shared_ptr<CorkedSocket> connection;
   if (auto found = scanned.find(key); found != scanned.end()) connection = found->second;
   MutexLock lock(&mutex_);
   known_ = std::move(scanned);
@@ -189,8 +189,7 @@ TcpConnections::Known TcpConnections::Scan(const std::vector<int>& ports, const 
     if (key.empty()) continue;
     if (!ports.empty() && std::find(ports.begin(), ports.end(), LocalPort(fd)) == ports.end()) continue;
     if (auto old = previous.find(key); old != previous.end()) {
-      const auto& socket = static_cast<const CorkedSocket&>(*old->second);
-      if (socket.fd() == fd && !socket.stale()) {
+      if (old->second->fd() == fd && !old->second->stale()) {
         known.emplace(std::move(key), old->second);  // the same object: a batch that holds it dedupes by it
         continue;
       }

@@ -61,7 +61,8 @@ class TcpConnections {
   int64_t holds() const { return holds_->load(std::memory_order_relaxed); }
 
  private:
-  using Known = absl::flat_hash_map<std::string, std::shared_ptr<AnswerConnection>>;
+  class CorkedSocket;  // the AnswerConnection of one remembered socket (tcp_connections.cc)
+  using Known = absl::flat_hash_map<std::string, std::shared_ptr<CorkedSocket>>;
   // Every connected TCP socket of the process on `ports` (any when empty), by its peer address
   // (the key format of PeerKey); a socket `previous` already knew keeps its object.
   Known Scan(const std::vector<int>& ports, const Known& previous) const;
