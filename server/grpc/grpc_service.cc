@@ -72,7 +72,8 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   inference::ModelInferResponse response_message_;
 };
 
-// One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call and
+// One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call (the
+// next read starts once it is submitted, so requests reach their models in stream order) and
 // writes each response when its request is answered (one write at a time, in answer order).
 // Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
 // stream holds at most that many requests and responses. Every event feeds the stream's flow
@@ -110,7 +111,7 @@ class StreamReactor final
       ++requests_;
       service_->SubmitInfer(*context_, call, "inference.GRPCInferenceService/ModelStreamInfer");
     }
-    Step(true);
+    Step(true, /*submitted=*/call != nullptr);
   }
 
   void OnWriteDone(bool ok) override {
@@ -182,11 +183,14 @@ class StreamReactor final
   }
 
   // Starts what the flow plans (a write, a read, the finish). After Step returns, its caller
-  // must not touch the reactor. `leaving`: the caller's reaction ends here.
-  void Step(bool leaving) {
+  // must not touch the reactor. `leaving`: the caller's reaction ends here. `submitted`: the
+  // caller is OnReadDone, and the request it read has been submitted (only then does the next
+  // read start, so that the stream's requests reach their models in the order they were sent).
+  void Step(bool leaving, bool submitted = false) {
     Flow::Plan plan;
     {
       MutexLock lock(&mutex_);
+      if (submitted) flow_.Submitted();
       plan = flow_.Next(leaving, [this] { return std::make_unique<Call>(this, shared_memory_, cancelled_); });
     }
     // A planned read or write keeps the stream from finishing, so the reactor is alive here.

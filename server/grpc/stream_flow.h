@@ -9,7 +9,11 @@
 //                                  no reaction active-->                               kFinished (planned once)
 //           (Refuse: kFinished at once, nothing is ever planned)
 //   read    kIdle --Next: kOpen and fewer than max_in_flight calls in flight--> kPending
-//           kPending --ReadDone--> kIdle (the call is in flight; dropped when kBroken)
+//           kPending --ReadDone(true), kOpen or kClientDone--> kSubmitting (the call is in flight)
+//           kPending --ReadDone(false), or the stream broke (the request is dropped)--> kIdle
+//           kSubmitting --Submitted: the reactor handed the call to its model--> kIdle
+//           (The next read waits for Submitted: a request read later must never reach its model
+//           first, or a sequence's requests could run out of order.)
 //   write   kIdle --Next: an answer is queued--> kPending (the oldest answer) --WriteDone--> kIdle
 //   a call  read --Answered--> queued for writing (dropped when kBroken) --WriteDone--> gone
 // A reaction (every event: ReadDone, Answered, WriteDone, Enter) is active until the Next(true)
@@ -28,7 +32,7 @@ template <typename Call>
 class StreamFlow {
  public:
   enum class Phase { kOpen, kClientDone, kBroken, kFinished };
-  enum class Op { kIdle, kPending };
+  enum class Op { kIdle, kPending, kSubmitting };  // kSubmitting: reads only
   // What to start now, outside the lock.
   struct Plan {
     Call* write = nullptr;  // write this call's response
@@ -45,7 +49,8 @@ class StreamFlow {
   void Enter() { ++active_; }
 
   // The pending read completed. `ok`: a request arrived: returns its call, now in flight, for the
-  // reactor to submit (null when the stream broke meanwhile: the request is dropped).
+  // reactor to submit and then report Submitted (null when the stream broke meanwhile: the
+  // request is dropped).
   Call* ReadDone(bool ok) {
     ++active_;
     read_ = Op::kIdle;
@@ -57,8 +62,13 @@ class StreamFlow {
     if (phase_ == Phase::kBroken) return nullptr;
     Call* call = next.get();
     calls_.emplace(call, std::move(next));
+    read_ = Op::kSubmitting;
     return call;
   }
+
+  // The call ReadDone returned has been submitted (its model has it, or it was answered): the
+  // next read may start.
+  void Submitted() { read_ = Op::kIdle; }
 
   // `call` was answered: its response waits to be written, or is dropped when the stream broke.
   void Answered(Call* call) {

@@ -162,11 +162,13 @@ def test_a_grpc_stream_carries_a_sequence_in_order(server):
                                       sequence_id=sequence_id, sequence_start=step == 0,
                                       sequence_end=step == len(values) - 1)
     got = {}
-    for _ in range(2 * len(values)):
-        result, error = answers.get(timeout=30)
-        assert error is None, error
-        got[result.get_response().id] = int(result.as_numpy("OUTPUT")[0, 0])
-    client.stop_stream()
+    try:
+        for _ in range(2 * len(values)):
+            result, error = answers.get(timeout=30)
+            assert error is None, error.message()
+            got[result.get_response().id] = int(result.as_numpy("OUTPUT")[0, 0])
+    finally:
+        client.stop_stream()  # an open stream would hold the server's shutdown for its grace period
     for step in range(len(values)):
         assert got[f"901-{step}"] == sum(values[:step + 1])
         assert got[f"902-{step}"] == -sum(values[:step + 1])

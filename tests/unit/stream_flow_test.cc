@@ -25,6 +25,7 @@ class StreamFlowTest : public ::testing::Test {
   // One request read into the pending read's call, and the reaction's plan.
   FakeCall* Read(Flow::Plan* plan) {
     FakeCall* call = flow_.ReadDone(true);
+    flow_.Submitted();
     *plan = Next(true);
     return call;
   }
@@ -86,8 +87,10 @@ TEST(StreamFlowBrokenTest, ABrokenWriteDropsWhatIsQueuedAndWhatIsAnsweredLaterAn
   };
   next(false);
   FakeCall* first = flow.ReadDone(true);
+  flow.Submitted();
   next(true);
   FakeCall* second = flow.ReadDone(true);
+  flow.Submitted();
   auto plan = next(true);
   ASSERT_NE(plan.read, nullptr);  // a third read is pending when the stream breaks
   flow.Answered(first);
@@ -105,6 +108,51 @@ TEST(StreamFlowBrokenTest, ABrokenWriteDropsWhatIsQueuedAndWhatIsAnsweredLaterAn
   plan = next(true);
   EXPECT_TRUE(plan.finish);
   EXPECT_EQ(flow.in_flight(), 0);
+}
+
+// The race this guards against: a request is read, and before the reactor has submitted it an
+// answer's reaction plans the next read, whose request then reaches its model first (a sequence's
+// step before the step it follows).
+TEST(StreamFlowOrderTest, TheNextReadWaitsUntilTheRequestReadIsSubmitted) {
+  StreamFlow<FakeCall> flow(4);
+  int made = 0;
+  auto next = [&](bool leaving) {
+    return flow.Next(leaving, [&] { return std::make_unique<FakeCall>(FakeCall{++made}); });
+  };
+  ASSERT_NE(next(false).read, nullptr);
+  FakeCall* first = flow.ReadDone(true);
+  flow.Submitted();
+  ASSERT_NE(next(true).read, nullptr);
+  FakeCall* second = flow.ReadDone(true);  // read; its reactor has not submitted it yet
+  flow.Answered(first);                    // meanwhile the first is answered on a worker
+  auto plan = next(true);
+  EXPECT_EQ(plan.write, first);
+  EXPECT_EQ(plan.read, nullptr);  // not before `second` is submitted
+  EXPECT_FALSE(plan.finish);
+  flow.Submitted();
+  plan = next(true);
+  ASSERT_NE(plan.read, nullptr);
+  EXPECT_EQ(plan.read->id, 3);
+  EXPECT_EQ(flow.in_flight(), 2);
+  (void)second;
+}
+
+TEST(StreamFlowOrderTest, AHalfCloseWhileARequestIsSubmittedFinishesAfterIt) {
+  StreamFlow<FakeCall> flow(4);
+  auto next = [&](bool leaving) { return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); }); };
+  next(false);
+  FakeCall* call = flow.ReadDone(true);
+  flow.Answered(call);  // answered inside its submission (e.g. refused at once)
+  auto plan = next(true);
+  EXPECT_EQ(plan.write, call);
+  EXPECT_EQ(plan.read, nullptr);
+  flow.WriteDone(true);
+  EXPECT_FALSE(next(true).finish);
+  flow.Submitted();
+  plan = next(true);  // the reader's reaction ends: read the next request
+  ASSERT_NE(plan.read, nullptr);
+  EXPECT_EQ(flow.ReadDone(false), nullptr);  // the client half-closed
+  EXPECT_TRUE(next(true).finish);
 }
 
 TEST_F(StreamFlowTest, AnActiveReactionHoldsTheFinish) {
