@@ -38,11 +38,17 @@ void DescribeTrace(RequestTrace* trace, const InferRequest& request, const Model
 // is answered as Find answers it.
 constexpr int kMaxLoadWaits = 2;
 
+// Whether Run handed the request on (submitted it, or answered it) or parked it until its model
+// has loaded (then the run that follows the wait hands it on).
+enum class Handed { kNow, kAfterTheLoad };
+
 // `Call`: InferenceCall* (its owner keeps it) or unique_ptr (owned here, then by the completion).
 // `cold_since`: when the request arrived, for one that waited `waits` times for its model to
-// load on demand (zero: it did not wait).
+// load on demand (zero: it did not wait). `observer`: the call's submission_observer, read
+// before anything could destroy the call.
 template <typename Call>
-void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int waits = 0) {
+Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, TimePoint cold_since = {},
+           int waits = 0) {
   InferenceCall* call = Get(owned);
   if (call->trace && waits == 0) {
     call->trace->AddAttribute("sluice.model", call->model_name());
@@ -53,7 +59,8 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     OnDemandLoads* loads = lookup.on_demand();
     if (loads == nullptr || waits >= kMaxLoadWaits || !absl::IsUnavailable(found.status()) ||
         !loads->LoadsOnDemand(call->model_name())) {
-      return Answer(call, found.status());
+      Answer(call, found.status());
+      return Handed::kNow;
     }
     // Not loaded: wait for its load (the front end's thread returns now). The answer to the wait
     // comes on another thread, which then runs the request on, never the model, on its own.
@@ -62,13 +69,17 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     const TimePoint deadline = call->deadline;
     std::shared_ptr<std::atomic<bool>> cancelled = call->cancelled;
     auto held = std::make_shared<Call>(std::move(owned));  // std::function needs a copyable callable
-    loads->Await(name, deadline, std::move(cancelled), [&lookup, held, since, waits](const Status& status) {
+    loads->Await(name, deadline, std::move(cancelled), [&lookup, held, observer, since, waits](const Status& status) {
       InferenceCall* waited = Get(*held);
-      if (!status.ok()) return Answer(waited, status);
-      waited->caller_may_run = false;
-      Run(lookup, std::move(*held), since, waits + 1);
+      if (!status.ok()) {
+        Answer(waited, status);
+      } else {
+        waited->caller_may_run = false;
+        if (Run(lookup, std::move(*held), observer, since, waits + 1) == Handed::kAfterTheLoad) return;
+      }
+      if (observer != nullptr) observer->Submitted();
     });
-    return;
+    return Handed::kAfterTheLoad;
   }
   InFlightModel model = *std::move(found);
   model->MarkUsed();
@@ -76,7 +87,8 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
   if (!decoded.ok()) {
     const Status rejected = model->Reject(decoded.status(), call->protocol);
     model.Reset();  // released before the answer, as for every other answer
-    return Answer(call, rejected);
+    Answer(call, rejected);
+    return Handed::kNow;
   }
   std::unique_ptr<InferRequest> request = *std::move(decoded);
   model = RouteSequence(lookup, std::move(model), *request, !call->model_version().empty());
@@ -106,11 +118,18 @@ void Run(const ModelLookup& lookup, Call owned, TimePoint cold_since = {}, int w
     call->hold.Release();
     Answer(call, status);
   });
+  return Handed::kNow;
+}
+
+template <typename Call>
+void RunAndTell(const ModelLookup& lookup, Call owned) {
+  SubmissionObserver* observer = Get(owned)->submission_observer;
+  if (Run(lookup, std::move(owned), observer) == Handed::kNow && observer != nullptr) observer->Submitted();
 }
 
 }  // namespace
 
-void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call) { Run(lookup, std::move(call)); }
-void RunInference(const ModelLookup& lookup, InferenceCall* call) { Run(lookup, call); }
+void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call) { RunAndTell(lookup, std::move(call)); }
+void RunInference(const ModelLookup& lookup, InferenceCall* call) { RunAndTell(lookup, call); }
 
 }  // namespace sluice

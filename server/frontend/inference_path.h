@@ -15,6 +15,8 @@
 //      timeout, scheduling)
 //   6. on the answer: log a failure (debug), release the hold, then Answer; a traced request's
 //      spans end when Answer has returned (core/request_trace.h)
+//   7. once the request was submitted (step 5), or answered before it, tell the call's
+//      submission_observer (for a request that waited for its model, after the wait)
 //
 // Where the protocols differ, and only there:
 //               gRPC (unary and stream)                    HTTP
@@ -43,6 +45,17 @@
 
 namespace sluice {
 
+// Told when a request has been handed on: queued with its model's scheduler, or answered without
+// reaching one. A stream reads its next request only then, so that its requests reach their models
+// in the order it sent them (the steps of a sequence).
+class SubmissionObserver {
+ public:
+  virtual void Submitted() = 0;
+
+ protected:
+  ~SubmissionObserver() = default;
+};
+
 // One inference request as its front end carries it. The front end sets the public fields, then
 // calls RunInference, handing the call over (the path destroys it after Answer) or keeping it
 // (then it must stay alive, with whatever Decode's request views, until Answer has run).
@@ -60,6 +73,10 @@ class InferenceCall {
   // The version the request runs on, from submission until just before Answer: an unload waits
   // for the answer, not for the transport. A cancellation may Poke it from another thread.
   ModelHold hold;
+  // Told once the request has been handed on (may be null): usually before RunInference returns;
+  // for a request that waits for its model to load on demand, later, on the thread that answers
+  // the wait. It must outlive that moment; the call may not (it is not touched for this).
+  SubmissionObserver* submission_observer = nullptr;
 
   // The model and version asked for (version empty: the newest ready one); alive as the call.
   virtual const std::string& model_name() const = 0;

@@ -73,7 +73,7 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 };
 
 // One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call (the
-// next read starts once it is submitted, so requests reach their models in stream order) and
+// next read starts once it was handed on, Submitted: requests reach their models in stream order) and
 // writes each response when its request is answered (one write at a time, in answer order).
 // Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
 // stream holds at most that many requests and responses. Every event feeds the stream's flow
@@ -81,7 +81,8 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 // (Step); Finish is planned once and is the last thing its thread does with the reactor (OnDone
 // deletes it).
 class StreamReactor final
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>,
+      public SubmissionObserver {
  public:
   StreamReactor(GrpcService* service, grpc::CallbackServerContext* context, int max_in_flight,
                 const SharedMemoryManager* shared_memory, const Status& allowed)
@@ -111,7 +112,19 @@ class StreamReactor final
       ++requests_;
       service_->SubmitInfer(*context_, call, "inference.GRPCInferenceService/ModelStreamInfer");
     }
-    Step(true, /*submitted=*/call != nullptr);
+    Step(true);
+  }
+
+  // The request last read has been handed on (on this thread inside SubmitInfer, or later on the
+  // thread that answers its wait for a model loading on demand): read the next one. The stream
+  // cannot finish before this (its read is not idle), so the reactor is alive.
+  void Submitted() override {
+    {
+      MutexLock lock(&mutex_);
+      flow_.Enter();
+      flow_.Submitted();
+    }
+    Step(true);
   }
 
   void OnWriteDone(bool ok) override {
@@ -157,6 +170,7 @@ class StreamReactor final
          std::shared_ptr<std::atomic<bool>> stream_cancelled)
         : GrpcInferCall(&request, response.mutable_infer_response(), shared_memory), stream_(stream) {
       cancelled = std::move(stream_cancelled);  // one flag for the whole stream
+      submission_observer = stream;              // the next read waits for this one's submission
     }
     void Answer(const Status& status) override { stream_->Answered(this, status); }
 
@@ -183,14 +197,11 @@ class StreamReactor final
   }
 
   // Starts what the flow plans (a write, a read, the finish). After Step returns, its caller
-  // must not touch the reactor. `leaving`: the caller's reaction ends here. `submitted`: the
-  // caller is OnReadDone, and the request it read has been submitted (only then does the next
-  // read start, so that the stream's requests reach their models in the order they were sent).
-  void Step(bool leaving, bool submitted = false) {
+  // must not touch the reactor. `leaving`: the caller's reaction ends here.
+  void Step(bool leaving) {
     Flow::Plan plan;
     {
       MutexLock lock(&mutex_);
-      if (submitted) flow_.Submitted();
       plan = flow_.Next(leaving, [this] { return std::make_unique<Call>(this, shared_memory_, cancelled_); });
     }
     // A planned read or write keeps the stream from finishing, so the reactor is alive here.

@@ -5,18 +5,19 @@
 // The states and every transition:
 //   phase   kOpen       --ReadDone(false): the client half-closed, or the stream broke-->  kClientDone
 //           kOpen, kClientDone --WriteDone(false): the transport is gone-->            kBroken
-//           kClientDone, kBroken --Next: no read or write pending, no call in flight,
+//           kClientDone, kBroken --Next: the read idle, no write pending, no call in flight,
 //                                  no reaction active-->                               kFinished (planned once)
 //           (Refuse: kFinished at once, nothing is ever planned)
 //   read    kIdle --Next: kOpen and fewer than max_in_flight calls in flight--> kPending
-//           kPending --ReadDone(true), kOpen or kClientDone--> kSubmitting (the call is in flight)
-//           kPending --ReadDone(false), or the stream broke (the request is dropped)--> kIdle
-//           kSubmitting --Submitted: the reactor handed the call to its model--> kIdle
+//           kPending --ReadDone(true), not kBroken--> kSubmitting (the call is in flight)
+//           kPending --ReadDone(false), or ReadDone(true) when kBroken (the request is dropped)--> kIdle
+//           kSubmitting --Submitted: the call was handed on (queued with its model, or answered;
+//                         after the wait, for a model loading on demand)--> kIdle
 //           (The next read waits for Submitted: a request read later must never reach its model
 //           first, or a sequence's requests could run out of order.)
 //   write   kIdle --Next: an answer is queued--> kPending (the oldest answer) --WriteDone--> kIdle
 //   a call  read --Answered--> queued for writing (dropped when kBroken) --WriteDone--> gone
-// A reaction (every event: ReadDone, Answered, WriteDone, Enter) is active until the Next(true)
+// A reaction (every event: ReadDone, Answered, WriteDone, Enter; Submitted is not one) is active until the Next(true)
 // that ends it: the stream cannot finish while one runs, so the reactor stays alive for it.
 #pragma once
 
@@ -66,8 +67,8 @@ class StreamFlow {
     return call;
   }
 
-  // The call ReadDone returned has been submitted (its model has it, or it was answered): the
-  // next read may start.
+  // The call ReadDone returned has been handed on (queued with its model, or answered): the next
+  // read may start. (Not a reaction: the reactor calls Enter first when it is one.)
   void Submitted() { read_ = Op::kIdle; }
 
   // `call` was answered: its response waits to be written, or is dropped when the stream broke.

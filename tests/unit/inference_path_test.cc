@@ -229,5 +229,71 @@ TEST_F(InferencePathTest, AFailedLoadIsTheAnswerAndAModelEvictedAgainIsWaitedFor
   EXPECT_EQ(loads.awaited.size(), 3u);
 }
 
+// Counts Submitted, as a stream does before it reads its next request.
+class CountingObserver final : public SubmissionObserver {
+ public:
+  void Submitted() override { told.fetch_add(1); }
+  std::atomic<int> told{0};
+};
+
+TEST_F(InferencePathTest, TheObserverIsToldOnceTheRequestIsHandedOnAndOnlyThen) {
+  // Submitted to its model: told before RunInference returns, once.
+  CountingObserver submitted;
+  FakeCall call("echo", {1, 2});
+  call.submission_observer = &submitted;
+  RunInference(lookup_, &call);
+  EXPECT_EQ(submitted.told.load(), 1);
+  ASSERT_TRUE(call.Wait().ok());
+  EXPECT_EQ(submitted.told.load(), 1);
+
+  // Answered before any model has it (no such model, a decode refusal): told as well.
+  CountingObserver refused;
+  FakeCall unknown("nope", {1});
+  unknown.submission_observer = &refused;
+  RunInference(lookup_, &unknown);
+  EXPECT_EQ(refused.told.load(), 1);
+  FakeCall undecodable("echo", {1}, absl::InvalidArgumentError("bad"));
+  undecodable.submission_observer = &refused;
+  RunInference(lookup_, &undecodable);
+  EXPECT_EQ(refused.told.load(), 2);
+
+  // Waiting for its model to load on demand: told only after the wait, by the run that follows it
+  // (a stream's next request must not reach the model first).
+  FakeLoads loads;
+  lookup_.loads = &loads;
+  CountingObserver waited;
+  FakeCall later("later", {3});
+  later.submission_observer = &waited;
+  RunInference(lookup_, &later);
+  EXPECT_EQ(waited.told.load(), 0);
+  {
+    std::lock_guard<std::mutex> lock(lookup_.mutex);
+    lookup_.models["later"] = testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
+                                                     /*with_sum=*/false, /*max_queue=*/8);
+  }
+  loads.Take()(absl::OkStatus());
+  EXPECT_EQ(waited.told.load(), 1);
+  ASSERT_TRUE(later.Wait().ok());
+
+  // A failed load, and a model gone again after its load (waited for twice): told once, at the end.
+  CountingObserver failed;
+  FakeCall broken("later_broken", {1});
+  broken.submission_observer = &failed;
+  RunInference(lookup_, &broken);
+  EXPECT_EQ(failed.told.load(), 0);
+  loads.Take()(absl::InternalError("bad archive"));
+  EXPECT_EQ(failed.told.load(), 1);
+  CountingObserver evicted;
+  FakeCall gone("later_gone", {1});
+  gone.submission_observer = &evicted;
+  RunInference(lookup_, &gone);
+  loads.Take()(absl::OkStatus());
+  EXPECT_EQ(evicted.told.load(), 0);  // waits once more
+  loads.Take()(absl::OkStatus());
+  EXPECT_EQ(gone.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(evicted.told.load(), 1);
+  lookup_.models["later"]->Stop();
+}
+
 }  // namespace
 }  // namespace sluice

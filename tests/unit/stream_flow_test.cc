@@ -137,7 +137,7 @@ TEST(StreamFlowOrderTest, TheNextReadWaitsUntilTheRequestReadIsSubmitted) {
   (void)second;
 }
 
-TEST(StreamFlowOrderTest, AHalfCloseWhileARequestIsSubmittedFinishesAfterIt) {
+TEST(StreamFlowOrderTest, ARequestAnsweredWhileItIsSubmittedIsWrittenBeforeTheNextRead) {
   StreamFlow<FakeCall> flow(4);
   auto next = [&](bool leaving) { return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); }); };
   next(false);
@@ -147,12 +147,38 @@ TEST(StreamFlowOrderTest, AHalfCloseWhileARequestIsSubmittedFinishesAfterIt) {
   EXPECT_EQ(plan.write, call);
   EXPECT_EQ(plan.read, nullptr);
   flow.WriteDone(true);
-  EXPECT_FALSE(next(true).finish);
+  EXPECT_EQ(next(true).read, nullptr);
+  EXPECT_EQ(flow.in_flight(), 0);
   flow.Submitted();
   plan = next(true);  // the reader's reaction ends: read the next request
   ASSERT_NE(plan.read, nullptr);
   EXPECT_EQ(flow.ReadDone(false), nullptr);  // the client half-closed
   EXPECT_TRUE(next(true).finish);
+}
+
+TEST(StreamFlowOrderTest, AStreamThatBreaksWhileARequestIsSubmittedFinishesOnceItIsHandedOn) {
+  StreamFlow<FakeCall> flow(4);
+  auto next = [&](bool leaving) { return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); }); };
+  next(false);
+  FakeCall* first = flow.ReadDone(true);
+  flow.Submitted();
+  next(true);
+  FakeCall* second = flow.ReadDone(true);  // being handed on (e.g. it waits for its model to load)
+  next(true);                              // the reader's reaction ends; the submission goes on elsewhere
+  flow.Answered(first);
+  auto plan = next(true);
+  ASSERT_EQ(plan.write, first);
+  EXPECT_FALSE(flow.WriteDone(false));  // the transport is gone
+  next(true);
+  flow.Answered(second);  // e.g. the load failed: answered (and dropped), then Submitted comes
+  plan = next(true);
+  EXPECT_EQ(flow.in_flight(), 0);
+  EXPECT_FALSE(plan.finish);  // Submitted is still to touch the reactor: it must not finish yet
+  flow.Enter();  // the submission's own reaction (StreamReactor::Submitted)
+  flow.Submitted();
+  plan = next(true);
+  EXPECT_EQ(plan.read, nullptr);  // broken: no more reads
+  EXPECT_TRUE(plan.finish);
 }
 
 TEST_F(StreamFlowTest, AnActiveReactionHoldsTheFinish) {
