@@ -38,8 +38,9 @@ void DescribeTrace(RequestTrace* trace, const InferRequest& request, const Model
 // is answered as Find answers it.
 constexpr int kMaxLoadWaits = 2;
 
-// Whether Run handed the request on (submitted it, or answered it) or parked it until its model
-// has loaded (then the run that follows the wait hands it on).
+// Whether Run handed the request on (submitted it, or answered it) or parked it to wait for its
+// model's load (then the wait's answer hands it on, and tells the observer, on whichever thread
+// gives that answer: the loader's, or this one when the wait is answered at once).
 enum class Handed { kNow, kAfterTheLoad };
 
 // `Call`: InferenceCall* (its owner keeps it) or unique_ptr (owned here, then by the completion).
@@ -63,7 +64,7 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, 
       return Handed::kNow;
     }
     // Not loaded: wait for its load (the front end's thread returns now). The answer to the wait
-    // comes on another thread, which then runs the request on, never the model, on its own.
+    // usually comes on another thread, which then runs the request on, never the model, on its own.
     const TimePoint since = waits == 0 ? Clock::now() : cold_since;
     const std::string name = call->model_name();
     const TimePoint deadline = call->deadline;

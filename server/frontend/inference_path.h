@@ -47,7 +47,9 @@ namespace sluice {
 
 // Told when a request has been handed on: queued with its model's scheduler, or answered without
 // reaching one. A stream reads its next request only then, so that its requests reach their models
-// in the order it sent them (the steps of a sequence).
+// in the order it sent them (the steps of a sequence). Called on any thread: usually inside
+// RunInference, after Submit (and perhaps after the answer); for a request that waited for its
+// model to load, on the thread that answered the wait. Never under a lock of the path's.
 class SubmissionObserver {
  public:
   virtual void Submitted() = 0;

@@ -72,9 +72,9 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   inference::ModelInferResponse response_message_;
 };
 
-// One ModelStreamInfer stream: reads requests one at a time, submits each like a unary call (the
-// next read starts once it was handed on, Submitted: requests reach their models in stream order) and
-// writes each response when its request is answered (one write at a time, in answer order).
+// One ModelStreamInfer stream: reads requests one at a time and submits each like a unary call;
+// the next read starts only when the previous request has been handed on (Submitted), so
+// requests reach their models in stream order. It writes each response when its request is answered (one write at a time, in answer order).
 // Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
 // stream holds at most that many requests and responses. Every event feeds the stream's flow
 // (stream_flow.h: its states and transitions) under mutex_, then starts what the flow plans
@@ -118,7 +118,7 @@ class StreamReactor final
   // The request last read has been handed on (on this thread inside SubmitInfer, or later on the
   // thread that answers its wait for a model loading on demand): read the next one. The stream
   // cannot finish before this (its read is not idle), so the reactor is alive.
-  void Submitted() override {
+  void Submitted() override ABSL_LOCKS_EXCLUDED(mutex_) {
     {
       MutexLock lock(&mutex_);
       flow_.Enter();
