@@ -40,11 +40,21 @@ def pinning(enabled):
 @contextlib.contextmanager
 def awake(enabled, cpus=None):
     """Keeps `cpus` (default: every CPU this process may use) out of idle while the block runs:
-    one busy loop per CPU at SCHED_IDLE, the lowest class, which runs only when nothing else
-    wants that CPU and yields to anything that does. On a virtual machine whose host is busy, a
-    CPU that goes idle is slow to wake: the bare gRPC echo at concurrency 1 measured 1,700 us
-    there against 130 us with the CPUs kept awake, and that wake-up, not the server, then
-    decides every latency measured. Yields a note for the report."""
+    one loop per CPU at SCHED_IDLE, the lowest class, calling sched_yield() without pause. On a
+    virtual machine whose host is busy, a CPU that goes idle is slow to wake: the bare gRPC echo
+    at concurrency 1 measured 1,700 us there against 130 us with the CPUs kept awake, and that
+    wake-up, not the server, then decides every latency measured.
+
+    The loop yields rather than spins because a thread that wakes on its CPU must get it at once,
+    whatever its policy. On Linux 6.18 a `SCHED_BATCH` thread (sluice-server's gRPC threads, see
+    --model-threads-first) that wakes on a CPU where a SCHED_IDLE loop spins in user space waited
+    for the next scheduler tick: the MLP's c=1 p50 was 3,972 us with a spinning loop, 274 us with
+    this one, 310 us with none (2026-12-05). A loop that enters the kernel on every turn hands the
+    CPU over there. (A ping-pong between two bare processes, over a pipe or loopback TCP, did not
+    show the delay; sluice-server's gRPC poller did, 3.6 to 4.0 ms of scheduling delay per request
+    in `perf sched timehist`, the tick of this kernel's HZ=250.)
+
+    Yields a note for the report."""
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
     if not enabled or not hasattr(os, "SCHED_IDLE"):
         yield "off"
@@ -53,16 +63,16 @@ def awake(enabled, cpus=None):
     try:
         for cpu in cpus:
             pid = os.fork()
-            if pid == 0:  # the busy loop: nothing but spinning, killed by the parent
+            if pid == 0:  # the loop: nothing but yielding, killed by the parent
                 try:
                     os.sched_setaffinity(0, {cpu})
                     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
                     while True:
-                        pass
+                        os.sched_yield()
                 finally:
                     os._exit(0)
             children.append(pid)
-        yield f"CPUs {', '.join(map(str, cpus))} kept awake (a SCHED_IDLE busy loop each)"
+        yield f"CPUs {', '.join(map(str, cpus))} kept awake (a SCHED_IDLE sched_yield() loop each)"
     finally:
         for pid in children:
             os.kill(pid, signal.SIGKILL)
