@@ -20,7 +20,10 @@ which never waits for answers before sending), three variants of the same model 
      answers within 20 ms sets the target that much below it)
 Figures per window: goodput (answers within the target per second), p50/p99 of the answered
 requests, refusals (UNAVAILABLE or DEADLINE_EXCEEDED) and other failures, the calls the client
-could not send, and the client's CPU (a client near a full core is itself the bottleneck).
+could not send, and the client's CPU (a client near a full core is itself the bottleneck). For c
+also the share of its answers late at the client and late inside the server (its statistics'
+answered_late over answered, against the server's target): the difference is time lost outside
+the server's clock.
 Medians of --reps repetitions. The targets (issue 34): at every load, c's goodput at least 0.95x
 the better of a and b, and c's p99 of answered requests within the target; at 3x, c's goodput at
 least 1.5x the better of a and b.
@@ -128,14 +131,55 @@ def open_loop(load, url, path, rate, target_us, seed):
     return out
 
 
+def server_answers(url, model, descriptors):
+    """(answered, answered_late) from `model`'s latency-target statistics (Sluice's own field of
+    ModelStatistics, read with the server's own protos from `descriptors`, the descriptor set the
+    build writes), or None without that file or field."""
+    if not os.path.exists(descriptors):
+        return None
+    import grpc
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    files = descriptor_pb2.FileDescriptorSet()
+    with open(descriptors, "rb") as f:
+        files.ParseFromString(f.read())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        pool.Add(file)
+    request_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelStatisticsRequest"))
+    response_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelStatisticsResponse"))
+    with grpc.insecure_channel(url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics",
+                                   request_serializer=request_class.SerializeToString,
+                                   response_deserializer=response_class.FromString)
+        response = call(request_class(name=model), timeout=10)
+    for stats in response.model_stats:
+        if stats.HasField("sluice_latency_target"):
+            return stats.sluice_latency_target.answered, stats.sluice_latency_target.answered_late
+    return None
+
+
+def late_shares(window, before, after):
+    """Adds to a c window the share of its answers late at the client and inside the server."""
+    window["client_late_share"] = 1 - window["within"] / window["ok"] if window["ok"] else None
+    window["server_late_share"] = None
+    if before is not None and after is not None and after[0] > before[0]:
+        window["server_late_share"] = (after[1] - before[1]) / (after[0] - before[0])
+    return window
+
+
 def capacity(load, url, path):
     """The highest closed-loop requests/s over CAPACITY_CONCURRENCY."""
     return max(load.run(url, path, concurrency)["calls_per_s"] for concurrency in CAPACITY_CONCURRENCY)
 
 
 def summarize(windows, keys=("goodput_per_s", "answered_p50_us", "answered_p99_us", "refused", "not_sent",
-                             "client_cpu_busy", "ok", "sent")):
-    return {key: statistics.median(window[key] for window in windows) for key in keys}
+                             "client_cpu_busy", "ok", "sent", "client_late_share", "server_late_share")):
+    out = {}
+    for key in keys:
+        values = [window[key] for window in windows if window.get(key) is not None]
+        if values or key not in ("client_late_share", "server_late_share"):
+            out[key] = statistics.median(values)
+    return out
 
 
 def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmup=1.0, reps=3, loads=LOADS,
@@ -172,6 +216,7 @@ def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmu
     report = {"device": device, "server_args": list(server_args), "target_us": target_us, "server_target_us": server_target_us, "echo_c1_p50_us": echo_p50, "inprocess_batch1_p50_us": inproc_p50,
               "delays_tried_us": delays, "loads": {}}
     log = os.path.join(workdir, f"{name}_server.log")
+    descriptors = os.path.join(bin_dir, os.pardir, "proto", "sluice_protos.desc")
     with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0], device=device,
                 extra_args=server_args) as server:
         report["capacity_per_s"] = cap = capacity(load, server.url, paths[f"{name}_a"])
@@ -186,7 +231,11 @@ def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmu
             raw = {variant: [] for variant in chosen}
             for rep in range(1 if smoke else reps):
                 for variant, model in chosen.items():  # same seed: the same arrivals for each
-                    raw[variant].append(open_loop(load, server.url, paths[model], cap * share, target_us, seed=rep + 1))
+                    before = server_answers(server.url, model, descriptors) if variant == "c" else None
+                    window = open_loop(load, server.url, paths[model], cap * share, target_us, seed=rep + 1)
+                    if variant == "c":
+                        late_shares(window, before, server_answers(server.url, model, descriptors))
+                    raw[variant].append(window)
             report["loads"][str(share)] = {"rate_per_s": cap * share, "raw": raw,
                                            **{variant: summarize(runs) for variant, runs in raw.items()}}
     judge(report)
@@ -226,13 +275,18 @@ def print_table(report):
         print(f"\n{name}: target {model['target_us']} us (3 x (in-process batch-1 {model['inprocess_batch1_p50_us']:.0f} us"
               f" + echo c=1 {model['echo_c1_p50_us']:.0f} us)), c's sluice.latency_target_us {model['server_target_us']}, "
               f"capacity {model['capacity_per_s']:.0f}/s, "
-              f"fixed delay {model['delay_chosen_us']} us (goodput at 1x: {model['delay_goodput_at_1x']})")
+              f"fixed delay {model['delay_chosen_us']} us (goodput at 1x: {model['delay_goodput_at_1x']}); "
+              "c late: its answers over the target at the client / inside the server")
         print(f"{'load':>5} {'var':>3} {'goodput/s':>10} {'p50 us':>9} {'p99 us':>9} {'refused':>8} {'ok':>7} "
               f"{'not sent':>8} {'client cpu':>10}  c vs best(a,b)")
         for share, variant, f, verdict in rows(model):
+            late = ""
+            if "client_late_share" in f:
+                late = f"c late {100 * f['client_late_share']:.1f} % / " + (
+                    f"{100 * f['server_late_share']:.1f} % " if "server_late_share" in f else "? ")
             print(f"{share:>5} {variant:>3} {f['goodput_per_s']:>10.0f} {f['answered_p50_us']:>9.0f} "
                   f"{f['answered_p99_us']:>9.0f} {f['refused']:>8.0f} {f['ok']:>7.0f} {f['not_sent']:>8.0f} "
-                  f"{f['client_cpu_busy']:>10.2f}  {verdict}")
+                  f"{f['client_cpu_busy']:>10.2f}  {late}{verdict}")
 
 
 def main():

@@ -120,6 +120,10 @@ build_kit() {
     cp "$config" "$KIT/src/models/$(basename "$(dirname "$config")")/"
   done
   cp -r scripts/gpu_kit/. "$KIT/"
+  # The server's protos as a descriptor set, where the latency-target benchmark reads Sluice's own
+  # statistics fields (bin/../proto, as in a build folder).
+  mkdir -p "$KIT/proto"
+  cp "$BUILD_DIR/proto/sluice_protos.desc" "$KIT/proto/"
   chmod +x "$KIT/run.sh"
 
   local glibc

@@ -18,6 +18,8 @@ BatchCostModel::BatchCostModel(size_t instances, double smoothing, Duration targ
 
 void BatchCostModel::ObserveAnswer(Duration in_server) {
   if (target_ <= Duration::zero()) return;
+  answered_.fetch_add(1, std::memory_order_relaxed);
+  if (in_server > target_) answered_late_.fetch_add(1, std::memory_order_relaxed);
   const double step = in_server > target_ ? -kPlanShareStep : kPlanShareStep * kLateAnswerShare / (1 - kLateAnswerShare);
   double share = plan_share_.load(std::memory_order_relaxed);
   // Workers of several instances answer at once: a lost update would lose a step.

@@ -56,6 +56,18 @@ class BatchCostModel {
   // A request answered OK `in_server` after its arrival in the queue (no-op without a target).
   void ObserveAnswer(Duration in_server);
 
+  // The answers ObserveAnswer counted, and how many of them took longer than the target inside
+  // the server: the batcher aims at about kLateAnswerShare late. A client that sees a larger share
+  // late lost the difference outside the server's clock (the transport; on a CPU shared with the
+  // forward pass, the wait to be read while a batch runs).
+  struct AnswerCounts {
+    uint64_t answered = 0;
+    uint64_t late = 0;
+  };
+  AnswerCounts Answers() const {
+    return {answered_.load(std::memory_order_relaxed), answered_late_.load(std::memory_order_relaxed)};
+  }
+
   // A warm-up timing of `rows` rows of `group` on instance `instance`: replaces what is known
   // (warm-up runs before traffic, and its timed runs are steadier than any one batch).
   void Seed(size_t instance, const std::string& group, int64_t rows, Duration cost)
@@ -108,6 +120,7 @@ class BatchCostModel {
   const Duration target_;
   std::atomic<double> plan_share_{1.0};
   std::atomic<double> floor_share_{0.0};
+  std::atomic<uint64_t> answered_{0}, answered_late_{0};
   mutable Mutex mutex_;
   // group -> per instance -> rows -> cost
   std::map<std::string, std::vector<Sizes>, std::less<>> costs_ ABSL_GUARDED_BY(mutex_);

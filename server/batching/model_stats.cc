@@ -149,6 +149,7 @@ ModelStatsSnapshot ModelStats::Snapshot() const {
   if (costs) {  // outside our lock: the two never nest
     snapshot.batch_costs = costs->Snapshot();
     snapshot.plan_share = costs->PlanShare();
+    snapshot.answers = costs->Answers();
   }
   return snapshot;
 }

@@ -49,6 +49,7 @@ struct ModelStatsSnapshot {
   uint64_t refused_for_target = 0, refused_for_deadline = 0;
   std::vector<BatchCostModel::Entry> batch_costs;
   double plan_share = 1;  // BatchCostModel::PlanShare
+  BatchCostModel::AnswerCounts answers;  // BatchCostModel::Answers
 };
 
 // Why a request failed, as operators group failures.

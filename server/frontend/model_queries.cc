@@ -250,6 +250,8 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
     target->set_refused_for_target(stats.refused_for_target);
     target->set_refused_for_deadline(stats.refused_for_deadline);
     target->set_plan_share(stats.plan_share);
+    target->set_answered(stats.answers.answered);
+    target->set_answered_late(stats.answers.late);
     for (const BatchCostModel::Entry& entry : stats.batch_costs) {
       auto* cost = target->add_batch_costs();
       cost->set_shape_group(entry.group);

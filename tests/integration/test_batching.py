@@ -319,6 +319,9 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
         target = stats["sluice_latency_target"]
         assert int(target["target_us"]) == 5000 and int(target["refused_for_target"]) == refused, target
         assert 0 < float(target["plan_share"]) <= 1, target
+        # Every answer counted against the target inside the server (the lone request below and
+        # earlier ones may add more; these were all answered before the statistics were read).
+        assert int(target["answered"]) >= ok and 0 <= int(target.get("answered_late", 0)) <= int(target["answered"]), target
         costs = target["batch_costs"]
         assert costs and all(c["shape_group"] == "INPUT__0[4,]" and int(c["ns"]) > 0 for c in costs), costs
         assert sum(int(c.get("observations", 0)) for c in costs) > 0, costs  # corrected by the batches that ran

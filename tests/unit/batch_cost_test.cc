@@ -81,6 +81,11 @@ TEST(BatchCostModelTest, ThePlanShareFallsWithLateAnswersAndSettlesWhereAboutOne
   EXPECT_NEAR(costs.PlanShare(), kMinPlanShare, 0.01);
   for (int i = 0; i < 100000; ++i) costs.ObserveAnswer(500us);
   EXPECT_EQ(costs.PlanShare(), 1.0);
+  // Every answer counted, the late ones (longer than the target, not equal to it) apart.
+  EXPECT_EQ(costs.Answers().answered, 2u + 100u + 10000u + 100000u);
+  EXPECT_EQ(costs.Answers().late, 1u + 1u + 1000u);
+  costs.ObserveAnswer(1000us);
+  EXPECT_EQ(costs.Answers().late, 1002u);
 }
 
 TEST(BatchCostModelTest, ThePlanShareNeverFallsBelowTwiceTheCostliestLoneRow) {
@@ -98,6 +103,7 @@ TEST(BatchCostModelTest, ThePlanShareNeverFallsBelowTwiceTheCostliestLoneRow) {
 TEST(BatchCostModelTest, WithoutATargetThePlanShareStaysWhole) {
   BatchCostModel costs(1);
   costs.ObserveAnswer(1s);
+  EXPECT_EQ(costs.Answers().answered, 0u);  // nothing to count against
   EXPECT_EQ(costs.PlanShare(), 1.0);
 }
 
