@@ -74,12 +74,12 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 
 // One ModelStreamInfer stream: reads requests one at a time and submits each like a unary call;
 // the next read starts only when the previous request has been handed on (Submitted), so
-// requests reach their models in stream order. It writes each response when its request is answered (one write at a time, in answer order).
-// Between read and written a request is "in flight"; at max_in_flight the next read waits, so a
-// stream holds at most that many requests and responses. Every event feeds the stream's flow
-// (stream_flow.h: its states and transitions) under mutex_, then starts what the flow plans
-// (Step); Finish is planned once and is the last thing its thread does with the reactor (OnDone
-// deletes it).
+// requests reach their models in stream order. It writes each response when its request is
+// answered (one write at a time, in answer order). Between read and written a request is "in
+// flight"; at max_in_flight the next read waits, so a stream holds at most that many requests and
+// responses. Every event feeds the stream's flow (stream_flow.h: its states and transitions) under
+// mutex_, then starts what the flow plans (Step); Finish is planned once and is the last thing its
+// thread does with the reactor (OnDone deletes it).
 class StreamReactor final
     : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>,
       public SubmissionObserver {

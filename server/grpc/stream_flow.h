@@ -17,8 +17,9 @@
 //           first, or a sequence's requests could run out of order.)
 //   write   kIdle --Next: an answer is queued--> kPending (the oldest answer) --WriteDone--> kIdle
 //   a call  read --Answered--> queued for writing (dropped when kBroken) --WriteDone--> gone
-// A reaction (every event: ReadDone, Answered, WriteDone, Enter; Submitted is not one) is active until the Next(true)
-// that ends it: the stream cannot finish while one runs, so the reactor stays alive for it.
+// A reaction (every event: ReadDone, Answered, WriteDone, Enter; Submitted is not one) is active
+// until the Next(true) that ends it: the stream cannot finish while one runs, so the reactor stays
+// alive for it.
 #pragma once
 
 #include <deque>
