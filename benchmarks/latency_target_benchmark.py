@@ -28,7 +28,10 @@ Medians of --reps repetitions. The targets (issue 34): at every load, c's goodpu
 the better of a and b, and c's p99 of answered requests within the target; at 3x, c's goodput at
 least 1.5x the better of a and b.
 
-The server runs on one CPU and the client on another (--no-pin: both anywhere). --smoke (the
+The server runs on one CPU and the client on another (--no-pin: both anywhere; --split-cpus: the
+server on both, its models' workers alone on the first with sluice-server --model-cpus, its front
+ends on the client's CPU; --server-on-both-cpus: the server on both without --model-cpus, the
+control for --split-cpus). --smoke (the
 test command's check that the script runs): the MLP at one load, one repetition, tiny windows;
 its numbers mean nothing.
 """
@@ -183,10 +186,12 @@ def summarize(windows, keys=("goodput_per_s", "answered_p50_us", "answered_p99_u
 
 
 def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmup=1.0, reps=3, loads=LOADS,
-                  delay_shares=DELAY_SHARES, device="cpu", inprocess_seconds=0.5, server_args=()):
+                  delay_shares=DELAY_SHARES, device="cpu", inprocess_seconds=0.5, server_args=(), server_prefix=None):
     """Everything for one bundled model on `device`: its target, capacity, delay choice and load
     windows (`warmup` + `seconds` each, `reps` repetitions per load; smoke: tiny windows, one
-    repetition at 1x). The GPU proof kit calls it too (with fewer loads and shorter windows)."""
+    repetition at 1x). The GPU proof kit calls it too (with fewer loads and shorter windows).
+    `server_prefix` (default prefixes[0]): how sluice-server alone is started (--split-cpus); the
+    echo and the in-process reference that set the target always run under prefixes[0]."""
     windows = (0.1, 0.3) if smoke else (warmup, seconds)
     load = fb.Load(bin_dir, prefixes[1], workdir, windows)
     source = os.path.join(workdir, "bundled")
@@ -217,7 +222,8 @@ def measure_model(name, bin_dir, prefixes, workdir, smoke, *, seconds=3.0, warmu
               "delays_tried_us": delays, "loads": {}}
     log = os.path.join(workdir, f"{name}_server.log")
     descriptors = os.path.join(bin_dir, os.pardir, "proto", "sluice_protos.desc")
-    with Server(os.path.join(bin_dir, "sluice-server"), repository, log, prefix=prefixes[0], device=device,
+    with Server(os.path.join(bin_dir, "sluice-server"), repository, log,
+                prefix=prefixes[0] if server_prefix is None else server_prefix, device=device,
                 extra_args=server_args) as server:
         report["capacity_per_s"] = cap = capacity(load, server.url, paths[f"{name}_a"])
         # The fixed delay: the best goodput at 1x among those tried.
@@ -300,10 +306,28 @@ def main():
     parser.add_argument("--no-awake", action="store_true",
                         help="let the CPUs go idle between requests (see harness.bench.awake)")
     parser.add_argument("--server-args", default="", help="more sluice-server flags, one string")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="the server on both CPUs, --model-cpus on the first: its workers alone there, "
+                             "its front ends beside the client")
+    parser.add_argument("--server-on-both-cpus", action="store_true",
+                        help="the server on both CPUs without --model-cpus (the control for --split-cpus)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
     prefixes, pin_note = pinning(not args.no_pin)
+    server_args = args.server_args.split()
+    server_prefix = None
+    if args.split_cpus or args.server_on_both_cpus:
+        if not prefixes[0]:
+            parser.error(f"--split-cpus and --server-on-both-cpus need two CPUs and taskset (pinning: {pin_note})")
+        model_cpu, client_cpu = prefixes[0][-1], prefixes[1][-1]
+        server_prefix = ("taskset", "-c", f"{model_cpu},{client_cpu}")
+        split = ""
+        if args.split_cpus:
+            server_args += ["--model-cpus", model_cpu]
+            split = f" with --model-cpus {model_cpu}"
+        pin_note = (f"server on CPUs {model_cpu},{client_cpu}{split}, client on CPU {client_cpu} "
+                    f"(the echo and in-process references on CPU {model_cpu})")
     started = time.monotonic()
     report = {"benchmark": "latency_target", "smoke": args.smoke, "pinning": pin_note,
               "reps": 1 if args.smoke else args.reps, "window_seconds": 0.3 if args.smoke else args.seconds,
@@ -315,7 +339,7 @@ def main():
                 with tempfile.TemporaryDirectory(prefix=f"sluice-latency-{name}-") as workdir:
                     report["models"][name] = measure_model(name, args.bin_dir, prefixes, workdir, args.smoke,
                                                            seconds=args.seconds, reps=args.reps,
-                                                           server_args=args.server_args.split())
+                                                           server_args=server_args, server_prefix=server_prefix)
     except BenchmarkError as error:
         print(f"latency target benchmark failed: {error}", file=sys.stderr)
         return 1

@@ -3,17 +3,24 @@
 // runtime, starts the Server (server.h) and turns signals into its drain and shutdown.
 #include <sys/resource.h>
 
+#include <sched.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <variant>
+#include <vector>
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "server/core/cpu_budget.h"
 
 #include "server/core/logging.h"
 #include "server/core/thread_name.h"
@@ -61,6 +68,31 @@ int main(int argc, char** argv) {
   const sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
 
   // Before any thread starts: every thread started from here on inherits it (thread_name.h).
+  std::string cpu_split;  // for the log, once it is configured
+  if (!config.model_cpus.empty()) {
+    cpu_set_t allowed_set;
+    CPU_ZERO(&allowed_set);
+    std::vector<int> allowed;
+    if (sched_getaffinity(0, sizeof(allowed_set), &allowed_set) != 0) {
+      std::fprintf(stderr, "--model-cpus: cannot read the CPUs this process may use: %s\n", strerror(errno));
+      return EXIT_FAILURE;
+    }
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &allowed_set)) allowed.push_back(cpu);
+    }
+    absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(config.model_cpus, allowed);
+    if (!split.ok()) {
+      std::fprintf(stderr, "--model-cpus: %s\n", std::string(split.status().message()).c_str());
+      return EXIT_FAILURE;
+    }
+    if (!sluice::KeepThreadsFromHereOn(split->front_ends)) {
+      std::fprintf(stderr, "--model-cpus: the kernel refused the front ends' CPUs: %s\n", strerror(errno));
+      return EXIT_FAILURE;
+    }
+    sluice::SetModelWorkerCpus(split->model);
+    cpu_split = absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=",
+                             absl::StrJoin(split->front_ends, ","));
+  }
   const bool batch_policy = config.model_threads_first && sluice::RunThreadsFromHereAsBatch();
   const int batch_errno = errno;
   sigset_t signals = BlockShutdownSignals();
@@ -82,6 +114,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
   RaiseOpenFilesLimit();
+  if (!cpu_split.empty()) spdlog::info("event=cpu_split {}", cpu_split);
   if (config.model_threads_first) {
     if (batch_policy) {
       spdlog::info("event=thread_policy front_ends=SCHED_BATCH models=SCHED_OTHER");

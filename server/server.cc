@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/core/cpu_budget.h"
 #include "server/core/logging.h"
 #include "server/runtime/torch_backend.h"
@@ -119,9 +120,15 @@ VersionLoader::Options Server::LoaderOptions(const ServerConfig& config, Livenes
   options.liveness = liveness;
   options.cudnn_benchmark = config.cudnn_benchmark;
   options.warmup = config.warmup;
-  const CpuBudget cpus = DetectCpuBudget();
+  // With --model-cpus main() has moved this thread onto the front ends' CPUs: the models' CPUs
+  // are counted instead of its mask (a cgroup quota still applies).
+  const CpuBudget cpus = DetectCpuBudget("/proc/self/cgroup", "/sys/fs/cgroup", static_cast<int>(config.model_cpus.size()));
   options.cpus = cpus.cpus;
   options.cpu_limit = absl::StrCat(cpus.limit, ": ", cpus.detail);
+  if (!config.model_cpus.empty()) {
+    absl::StrAppend(&options.cpu_limit, " (--model-cpus ", absl::StrJoin(config.model_cpus, ","), ")");
+  }
+  options.model_cpus_split = !config.model_cpus.empty();
   return options;
 }
 

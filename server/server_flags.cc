@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/cpu_budget.h"
 #include "server/manager/residency.h"
 
 namespace sluice {
@@ -24,6 +25,7 @@ struct TextFlags {
   int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
   std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
   std::vector<std::string> trace_configs;  // --trace-config, each "[opentelemetry,]<setting>=<value>"
+  std::string model_cpus;                  // --model-cpus, a CPU list ("" : not given)
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -59,6 +61,16 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "Linux SCHED_BATCH, so that a request arriving on a busy CPU does not preempt a "
                  "forward pass; false: every thread SCHED_OTHER")
       ->capture_default_str()
+      ->group("Server");
+  app.add_option("--model-cpus", text.model_cpus,
+                 "A CPU list (taskset's form: 0-3,8) for the models' workers and their LibTorch "
+                 "threads; every other thread of the server (gRPC, HTTP, batchers, control) runs on "
+                 "the rest of the CPUs it may use, so a request is read while a forward pass runs. "
+                 "For CPU models with a latency target (sluice.latency_target_us). Must leave at least "
+                 "one CPU for the front ends; CPU instances split these CPUs among themselves, and "
+                 "sluice.run_on_receiving_thread stays off")
+      ->check(CLI::Validator([](std::string& value) { return value.empty() ? std::string("an empty CPU list") : std::string(); },
+                             "CPU list"))
       ->group("Server");
   app.add_flag("--print-env", config.print_env,
                "Print the LibTorch, CUDA, driver, cuDNN and GPU versions this server runs on, and "
@@ -509,6 +521,11 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
   config->allow_http = text.allow_http.empty() ? !config->grpc.tls.enabled && !config->grpc.tls.mutual
                                                : text.allow_http == "true";
   config->http_plaintext_beside_tls = config->allow_http && (config->grpc.tls.enabled || config->grpc.tls.mutual);
+  if (!text.model_cpus.empty()) {
+    StatusOr<std::vector<int>> cpus = ParseCpuList(text.model_cpus);
+    if (!cpus.ok()) return absl::InvalidArgumentError(absl::StrCat("--model-cpus: ", cpus.status().message()));
+    config->model_cpus = *std::move(cpus);
+  }
   return absl::OkStatus();
 }
 

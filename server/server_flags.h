@@ -57,6 +57,7 @@ struct ServerConfig {
   bool warmup = true;                          // --warmup
   bool print_env = false;                      // --print-env: print the environment and exit
   bool model_threads_first = true;             // --model-threads-first (front ends as SCHED_BATCH)
+  std::vector<int> model_cpus;                 // --model-cpus (empty: every thread anywhere)
   // Loading on demand within a memory budget (explicit and poll modes).
   bool load_on_demand = false;                 // --model-load-on-demand
   std::vector<std::pair<int, double>> gpu_limits;  // --model-load-gpu-limit <gpu>:<fraction>

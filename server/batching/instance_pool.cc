@@ -1,6 +1,8 @@
 #include "server/batching/instance_pool.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include "absl/container/inlined_vector.h"
 
 #include "server/batching/warmup.h"
+#include "server/core/logging.h"
 #include "server/core/thread_name.h"
 
 namespace sluice {
@@ -223,6 +226,10 @@ Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool 
 void InstancePool::WorkerLoop(size_t index) {
   NameThisThread("sluice-worker-" + std::to_string(index));
   RunThisThreadAsModelWork();
+  if (!RunThisThreadOnModelCpus()) {
+    spdlog::warn("event=model_cpus_refused worker={} reason=\"{}\" action=\"running on the front ends' CPUs\"", index,
+                 strerror(errno));
+  }
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {

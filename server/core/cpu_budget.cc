@@ -10,7 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -105,12 +107,12 @@ CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota) 
   return budget;
 }
 
-CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root) {
+CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root, int affinity_cpus) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int affinity = 0;
+  int affinity = affinity_cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) affinity = CPU_COUNT(&set);
+  if (affinity <= 0 && sched_getaffinity(0, sizeof(set), &set) == 0) affinity = CPU_COUNT(&set);
 
   std::string v2, v1_cpu;
   if (std::optional<std::string> text = ReadFile(proc_self_cgroup)) CgroupPaths(*text, &v2, &v1_cpu);
@@ -139,6 +141,55 @@ CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string
   CpuBudget budget = DecideCpuBudget(cores, affinity, quota);
   if (quota) absl::StrAppend(&budget.detail, " (", where, ")");
   return budget;
+}
+
+absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
+  constexpr int kMaxCpu = CPU_SETSIZE - 1;  // what a cpu_set_t holds
+  std::vector<int> cpus;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    std::vector<absl::string_view> ends = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    int first = 0, last = 0;
+    if (!absl::SimpleAtoi(ends[0], &first) || first < 0 ||
+        !absl::SimpleAtoi(ends.size() == 2 ? ends[1] : ends[0], &last) || last < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", part, "\" in the CPU list \"", text,
+                                                     "\" is not a CPU number or a range like 0-3"));
+    }
+    if (last < first) {
+      return absl::InvalidArgumentError(absl::StrCat("the range \"", part, "\" in the CPU list \"", text,
+                                                     "\" runs backwards"));
+    }
+    if (last > kMaxCpu) {
+      return absl::InvalidArgumentError(absl::StrCat("CPU ", last, " in the CPU list \"", text, "\" is over ", kMaxCpu));
+    }
+    for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
+absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vector<int>& allowed) {
+  CpuSplit split;
+  std::vector<int> outside;
+  for (int cpu : model) {
+    (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end() ? outside : split.model).push_back(cpu);
+  }
+  if (!outside.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU(s) ", absl::StrJoin(outside, ","),
+                                                   " are not among the CPUs this process may use (",
+                                                   absl::StrJoin(allowed, ","), ")"));
+  }
+  if (split.model.empty()) return absl::InvalidArgumentError("no CPU given for the models");
+  for (int cpu : allowed) {
+    if (!std::binary_search(split.model.begin(), split.model.end(), cpu)) split.front_ends.push_back(cpu);
+  }
+  if (split.front_ends.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the models would take every CPU this process may use (",
+                                                   absl::StrJoin(allowed, ","),
+                                                   "): leave at least one for the front ends"));
+  }
+  return split;
 }
 
 }  // namespace sluice

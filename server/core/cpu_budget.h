@@ -6,6 +6,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace sluice {
 
@@ -30,7 +33,23 @@ CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota);
 // Reads this process's affinity mask and the CPU quota of its cgroup (v2: cpu.max of its cgroup
 // and every ancestor under `cgroup_root`; v1: the cpu controller's cfs files), then decides.
 // `proc_self_cgroup` and `cgroup_root` are parameters for tests.
+// `affinity_cpus` (> 0): count that many CPUs instead of the calling thread's mask (--model-cpus:
+// main() has moved this thread onto the front ends' CPUs; the models get the listed ones).
 CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup = "/proc/self/cgroup",
-                          const std::string& cgroup_root = "/sys/fs/cgroup");
+                          const std::string& cgroup_root = "/sys/fs/cgroup", int affinity_cpus = 0);
+
+// A CPU list as taskset and cpusets write it ("0", "0-3,8", "2,4-5"): the CPUs, sorted, each once.
+// An error names what is wrong (empty, not a number, a range backwards, a CPU over CPU_SETSIZE - 1).
+absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
+
+// --model-cpus: the models' workers on `model` (a CPU list), every other thread of the server on
+// the rest of `allowed` (the process's affinity mask). Both must be non-empty: CPUs of `model`
+// outside `allowed` are an error (the process could never run there), and so is a `model` that
+// leaves nothing for the front ends.
+struct CpuSplit {
+  std::vector<int> model;
+  std::vector<int> front_ends;
+};
+absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vector<int>& allowed);
 
 }  // namespace sluice

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <utility>
+
 namespace sluice {
 
 void NameThisThread(const std::string& name) {
@@ -13,6 +15,30 @@ void NameThisThread(const std::string& name) {
 bool RunThreadsFromHereAsBatch() {
   sched_param none{};
   return sched_setscheduler(0, SCHED_BATCH, &none) == 0;
+}
+
+namespace {
+
+std::vector<int>& ModelWorkerCpus() {
+  static std::vector<int> cpus;  // written once before any thread starts (SetModelWorkerCpus)
+  return cpus;
+}
+
+}  // namespace
+
+bool KeepThreadsFromHereOn(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  return sched_setaffinity(0, sizeof(set), &set) == 0;
+}
+
+void SetModelWorkerCpus(std::vector<int> cpus) { ModelWorkerCpus() = std::move(cpus); }
+
+bool RunThisThreadOnModelCpus() {
+  return ModelWorkerCpus().empty() || KeepThreadsFromHereOn(ModelWorkerCpus());
 }
 
 void RunThisThreadAsModelWork() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace sluice {
 
@@ -24,5 +25,18 @@ bool RunThreadsFromHereAsBatch();
 // SCHED_OTHER for the calling thread: model workers and batchers call it when they start, so that
 // they keep preempting the front ends. A no-op where the policy already is SCHED_OTHER.
 void RunThisThreadAsModelWork();
+
+// --model-cpus: the calling thread, and every thread it starts afterwards, may run only on
+// `cpus`. main() calls it with the front ends' CPUs before any thread exists, and records the
+// models' CPUs with SetModelWorkerCpus; each model instance's worker then moves itself onto those
+// (RunThisThreadOnModelCpus), and LibTorch's intra-op threads, which a worker's first parallel
+// forward pass starts, inherit them. So a request's arrival never waits for the CPU a forward
+// pass holds. False when the kernel refused (errno says why).
+bool KeepThreadsFromHereOn(const std::vector<int>& cpus);
+// Set once, in main() before any thread starts (read without a lock afterwards); empty: no split.
+void SetModelWorkerCpus(std::vector<int> cpus);
+// A model worker's first call: onto the models' CPUs when a split was set (otherwise a no-op,
+// true). False when the kernel refused (errno says why): the thread stays where it was.
+bool RunThisThreadOnModelCpus();
 
 }  // namespace sluice

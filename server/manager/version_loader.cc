@@ -263,6 +263,10 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     tuning->batch_sizes.off_reason = auto_off;
   }
   tuning->caller_runs = ChooseCallerRuns(spec, tuning->warmup);
+  if (tuning->caller_runs.on && options_.model_cpus_split) {
+    tuning->caller_runs.on = false;
+    tuning->caller_runs.reason = "--model-cpus keeps forward passes off the front ends' CPUs";
+  }
   if (tuning->caller_runs.on) scheduler->SetCallerRuns(true);
   return scheduler;
 }

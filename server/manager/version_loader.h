@@ -56,6 +56,10 @@ class VersionLoader {
     // limit applied, for the log. 0: the machine's cores.
     int cpus = 0;
     std::string cpu_limit;
+    // --model-cpus given: forward passes run only on the models' workers (the receiving-thread
+    // path, sluice.run_on_receiving_thread, would run them on gRPC's thread, on the front ends'
+    // CPUs), so that path stays off.
+    bool model_cpus_split = false;
   };
 
   VersionLoader(BackendFactory* factory, Options options);

@@ -169,6 +169,92 @@ def worker_switches(pid):
     return sum(switches for name, _, switches in thread_counters(pid) if name.startswith("sluice-worker"))
 
 
+def thread_cpus(pid):
+    """{thread id: (name, set of CPUs it may run on)} of every thread of `pid`."""
+    import os
+    threads = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        cpus = set()
+        for part in status["Cpus_allowed_list"].strip().split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+        threads[int(tid)] = (status["Name"].strip(), cpus)
+    return threads
+
+
+def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory):
+    """--model-cpus: the models' workers, and the OpenMP threads a worker's forward pass starts
+    (libgomp's threads take their creator's name), run on the CPUs named, every other thread of the
+    server on the rest; the CPU thread split counts the CPUs named; the answers are unchanged.
+    Naming every CPU, or one the process may not use, is refused at start with the reason."""
+    import os
+    import subprocess
+    from conftest import SERVER
+    from make_test_repository import RowMix, tensor_block, write_model
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    root = tmp_path_factory.mktemp("model_cpus")
+    write_model(root, "rows", 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+                + tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+                + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4])
+                + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 2 }]\n", RowMix())
+    # Asks to run on the receiving thread (a gRPC thread): --model-cpus turns that off.
+    write_model(root, "cheap", 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+                + tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+                + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4])
+                + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 1 }]\n"
+                + 'parameters { key: "sluice.run_on_receiving_thread" value { string_value: "true" } }\n', RowMix())
+    # Wide enough rows that LibTorch's elementwise kernels run on two OpenMP threads.
+    write_model(root, "wide", 'platform: "pytorch_libtorch"\nmax_batch_size: 1\n'
+                + tensor_block("input", "INPUT__0", "TYPE_FP32", [1 << 18])
+                + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [1 << 18])
+                + "instance_group [{ kind: KIND_CPU count: 1 }]\n"
+                + 'parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "2" } }\n', RowMix())
+    model_cpu = allowed[0]
+    front_ends = set(allowed[1:])
+    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--model-cpus", str(model_cpu)])
+    try:
+        log = server.log()
+        assert f"event=cpu_split models={model_cpu} front_ends={','.join(map(str, sorted(front_ends)))}" in log, log
+        assert ('event=run_on_receiving_thread model=cheap version=1 on=false '
+                'reason="--model-cpus keeps forward passes off the front ends\' CPUs"') in log, log
+        assert "event=cpu_threads cpus=1 " in log and f"(--model-cpus {model_cpu})" in log, log
+        client = grpcclient.InferenceServerClient(server.url)
+        try:
+            x = np.arange(12, dtype=np.float32).reshape(3, 4)
+            inp = grpcclient.InferInput("INPUT__0", [3, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            want = RowMix()(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(client.infer("rows", [inp]).as_numpy("OUTPUT__0"), want, rtol=1e-5)
+            wide = np.random.default_rng(4).standard_normal((1, 1 << 18)).astype(np.float32)
+            inp = grpcclient.InferInput("INPUT__0", [1, 1 << 18], "FP32")
+            inp.set_data_from_numpy(wide)
+            want = RowMix()(torch.from_numpy(wide)).numpy()
+            np.testing.assert_allclose(client.infer("wide", [inp]).as_numpy("OUTPUT__0"), want, rtol=1e-4, atol=1e-3)
+        finally:
+            client.close()
+        threads = thread_cpus(server.process.pid).values()
+        workers = [cpus for name, cpus in threads if name.startswith("sluice-worker")]
+        # Four instances, and at least one OpenMP thread beside the "wide" instance's worker.
+        assert len(workers) >= 5 and all(cpus == {model_cpu} for cpus in workers), threads
+        others = [(name, cpus) for name, cpus in threads if not name.startswith("sluice-worker")]
+        assert others and all(cpus == front_ends for _, cpus in others), others
+    finally:
+        server.stop()
+    for cpus, reason in ((",".join(map(str, allowed)), "leave at least one for the front ends"),
+                         (f"{allowed[0]},{allowed[-1] + 1}", f"{allowed[-1] + 1} are not among the CPUs this process may use"),
+                         ("1-0", "runs backwards")):
+        result = subprocess.run([SERVER, "--model-repository", str(root), "--device", "cpu", "--model-cpus", cpus],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and reason in result.stderr, (result.returncode, result.stderr)
+
+
 def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_path_factory):
     """sluice.run_on_receiving_thread: requests sent one at a time run on gRPC's thread (the
     model's worker never wakes), with the same answers; over its bound, or over HTTP, they go to

@@ -161,6 +161,30 @@ TEST(CpuBudgetTest, TheSmallestLimitWinsAndAQuotaRoundsUp) {
   EXPECT_EQ(DecideCpuBudget(0, 0, std::nullopt).cpus, 1);
 }
 
+TEST(CpuListTest, TasksetsFormParsesSortedAndOnceEach) {
+  EXPECT_EQ(ParseCpuList("0").value_or(std::vector<int>{}), (std::vector<int>{0}));
+  EXPECT_EQ(ParseCpuList("8, 0-3,2").value_or(std::vector<int>{}), (std::vector<int>{0, 1, 2, 3, 8}));
+  EXPECT_EQ(ParseCpuList("5-5").value_or(std::vector<int>{}), (std::vector<int>{5}));
+  for (const char* bad : {"", "a", "-1", "3-1", "1-", "0,,1", "1024", "1-2-3"}) {
+    EXPECT_FALSE(ParseCpuList(bad).ok()) << bad;
+  }
+  EXPECT_THAT(std::string(ParseCpuList("3-1").status().message()), HasSubstr("runs backwards"));
+  EXPECT_THAT(std::string(ParseCpuList("0-5000").status().message()), HasSubstr("over 1023"));
+}
+
+TEST(CpuListTest, TheModelsTakeTheirCpusAndTheFrontEndsTheRest) {
+  auto split = SplitCpus({0, 2}, {0, 1, 2, 3});
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->model, (std::vector<int>{0, 2}));
+  EXPECT_EQ(split->front_ends, (std::vector<int>{1, 3}));
+  // Every CPU for the models leaves the front ends nothing; a CPU the process may not use is no
+  // CPU at all.
+  EXPECT_THAT(std::string(SplitCpus({0, 1}, {0, 1}).status().message()), HasSubstr("leave at least one"));
+  EXPECT_THAT(std::string(SplitCpus({1, 7}, {0, 1, 2}).status().message()),
+              HasSubstr("CPU(s) 7 are not among the CPUs this process may use (0,1,2)"));
+  EXPECT_FALSE(SplitCpus({}, {0, 1}).ok());
+}
+
 // A fake /sys/fs/cgroup and /proc/self/cgroup under a temporary directory.
 class CpuBudgetFilesTest : public ::testing::Test {
  protected:

@@ -138,6 +138,8 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--shutdown-grace-seconds", "-3"}, "--shutdown-grace-seconds"},
       {{"--grpc-http2-max-ping-strikes", "-2"}, "--grpc-http2-max-ping-strikes"},
       {{"--strict-readiness", "maybe"}, "--strict-readiness"},
+      {{"--model-cpus", "1-x"}, "--model-cpus: \"1-x\" in the CPU list \"1-x\" is not a CPU number"},
+      {{"--model-cpus", ""}, "--model-cpus"},
       {{"--no-such-flag"}, "--no-such-flag"},
       {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in mode none every model loads)"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "or poll with --model-load-on-demand"},
@@ -208,6 +210,8 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_TRUE(defaults->allow_http);
   EXPECT_TRUE(defaults->model_threads_first);
   EXPECT_FALSE(ParseServerFlags({"--model-threads-first", "false"})->model_threads_first);
+  EXPECT_TRUE(defaults->model_cpus.empty());
+  EXPECT_EQ(ParseServerFlags({"--model-cpus", "2,0-1"})->model_cpus, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(defaults->http.port, 8000);
   EXPECT_EQ(defaults->http.address, "0.0.0.0");
   EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
