@@ -3,25 +3,26 @@
 // runtime, starts the Server (server.h) and turns signals into its drain and shutdown.
 #include <sys/resource.h>
 
-#include <sched.h>
-
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include <unistd.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "server/core/cpu_budget.h"
 
+#include "server/core/cpu_budget.h"
 #include "server/core/logging.h"
 #include "server/core/thread_name.h"
 #include "server/runtime/torch_backend.h"
@@ -41,6 +42,23 @@ void RaiseOpenFilesLimit() {
     getrlimit(RLIMIT_NOFILE, &files);
   }
   spdlog::info("event=open_files_limit limit={}", static_cast<unsigned long long>(files.rlim_cur));
+}
+
+// --model-cpus: the front ends' CPUs for this thread and every thread started after it, the
+// models' CPUs recorded for their workers (thread_name.h). Call it before any thread starts.
+// The split for the log ("models=0 front_ends=1"), or why it is refused.
+absl::StatusOr<std::string> SplitModelCpus(const std::vector<int>& model_cpus) {
+  std::optional<std::vector<int>> allowed = sluice::AllowedCpus();
+  if (!allowed) {
+    return absl::InternalError(absl::StrCat("cannot read the CPUs this process may use: ", strerror(errno)));
+  }
+  absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(model_cpus, *allowed);
+  if (!split.ok()) return split.status();
+  if (!sluice::KeepThreadsFromHereOn(split->front_ends)) {
+    return absl::InternalError(absl::StrCat("the kernel refused the front ends' CPUs: ", strerror(errno)));
+  }
+  sluice::SetModelWorkerCpus(split->model);
+  return absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=", absl::StrJoin(split->front_ends, ","));
 }
 
 // SIGINT and SIGTERM, blocked so that main's thread takes them synchronously (sigwait). Call it
@@ -70,28 +88,12 @@ int main(int argc, char** argv) {
   // Before any thread starts: every thread started from here on inherits it (thread_name.h).
   std::string cpu_split;  // for the log, once it is configured
   if (!config.model_cpus.empty()) {
-    cpu_set_t allowed_set;
-    CPU_ZERO(&allowed_set);
-    std::vector<int> allowed;
-    if (sched_getaffinity(0, sizeof(allowed_set), &allowed_set) != 0) {
-      std::fprintf(stderr, "--model-cpus: cannot read the CPUs this process may use: %s\n", strerror(errno));
-      return EXIT_FAILURE;
-    }
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &allowed_set)) allowed.push_back(cpu);
-    }
-    absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(config.model_cpus, allowed);
+    absl::StatusOr<std::string> split = SplitModelCpus(config.model_cpus);
     if (!split.ok()) {
       std::fprintf(stderr, "--model-cpus: %s\n", std::string(split.status().message()).c_str());
       return EXIT_FAILURE;
     }
-    if (!sluice::KeepThreadsFromHereOn(split->front_ends)) {
-      std::fprintf(stderr, "--model-cpus: the kernel refused the front ends' CPUs: %s\n", strerror(errno));
-      return EXIT_FAILURE;
-    }
-    sluice::SetModelWorkerCpus(split->model);
-    cpu_split = absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=",
-                             absl::StrJoin(split->front_ends, ","));
+    cpu_split = *std::move(split);
   }
   const bool batch_policy = config.model_threads_first && sluice::RunThreadsFromHereAsBatch();
   const int batch_errno = errno;

@@ -107,12 +107,23 @@ CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota) 
   return budget;
 }
 
+std::optional<std::vector<int>> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return std::nullopt;
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root, int affinity_cpus) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   int affinity = affinity_cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (affinity <= 0 && sched_getaffinity(0, sizeof(set), &set) == 0) affinity = CPU_COUNT(&set);
+  if (affinity <= 0) {
+    if (std::optional<std::vector<int>> allowed = AllowedCpus()) affinity = static_cast<int>(allowed->size());
+  }
 
   std::string v2, v1_cpu;
   if (std::optional<std::string> text = ReadFile(proc_self_cgroup)) CgroupPaths(*text, &v2, &v1_cpu);

@@ -38,6 +38,10 @@ CpuBudget DecideCpuBudget(int cores, int affinity, std::optional<double> quota);
 CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup = "/proc/self/cgroup",
                           const std::string& cgroup_root = "/sys/fs/cgroup", int affinity_cpus = 0);
 
+// The CPUs in the calling thread's affinity mask, sorted; nullopt when it cannot be read (errno
+// says why).
+std::optional<std::vector<int>> AllowedCpus();
+
 // A CPU list as taskset and cpusets write it ("0", "0-3,8", "2,4-5"): the CPUs, sorted, each once.
 // An error names what is wrong (empty, not a number, a range backwards, a CPU over CPU_SETSIZE - 1).
 absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
