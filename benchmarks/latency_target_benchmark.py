@@ -36,6 +36,7 @@ test command's check that the script runs): the MLP at one load, one repetition,
 its numbers mean nothing.
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -134,13 +135,10 @@ def open_loop(load, url, path, rate, target_us, seed):
     return out
 
 
-def server_answers(url, model, descriptors):
-    """(answered, answered_late) from `model`'s latency-target statistics (Sluice's own field of
-    ModelStatistics, read with the server's own protos from `descriptors`, the descriptor set the
-    build writes), or None without that file or field."""
-    if not os.path.exists(descriptors):
-        return None
-    import grpc
+@functools.lru_cache(maxsize=None)
+def statistics_messages(descriptors):
+    """(ModelStatisticsRequest, ModelStatisticsResponse) classes of the server's own protos, from
+    `descriptors` (the descriptor set the build writes); read once per file."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     files = descriptor_pb2.FileDescriptorSet()
     with open(descriptors, "rb") as f:
@@ -148,8 +146,17 @@ def server_answers(url, model, descriptors):
     pool = descriptor_pool.DescriptorPool()
     for file in files.file:
         pool.Add(file)
-    request_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelStatisticsRequest"))
-    response_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelStatisticsResponse"))
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"inference.{name}"))
+                 for name in ("ModelStatisticsRequest", "ModelStatisticsResponse"))
+
+
+def server_answers(url, model, descriptors):
+    """(answered, answered_late) from `model`'s latency-target statistics (Sluice's own field of
+    ModelStatistics, read with statistics_messages), or None without that file or field."""
+    if not os.path.exists(descriptors):
+        return None
+    import grpc
+    request_class, response_class = statistics_messages(descriptors)
     with grpc.insecure_channel(url) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics",
                                    request_serializer=request_class.SerializeToString,

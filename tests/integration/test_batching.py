@@ -148,10 +148,10 @@ def test_cancelled_call_leaves_the_queue(server, triton):
     assert now.execution_count == before.execution_count
 
 
-def thread_counters(pid):
-    """[(name, scheduling policy, voluntary context switches)] of every thread of `pid`."""
+def task_files(pid):
+    """(thread id, /proc stat fields from the 3rd on, /proc status as a dict) of every thread of
+    `pid` still there when read."""
     import os
-    rows = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -160,9 +160,14 @@ def thread_counters(pid):
                 status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
         except OSError:
             continue
-        # stat's 41st field is the policy (0 SCHED_OTHER, 3 SCHED_BATCH); fields[0] is the 3rd.
-        rows.append((status["Name"].strip(), int(fields[38]), int(status["voluntary_ctxt_switches"])))
-    return rows
+        yield int(tid), fields, status
+
+
+def thread_counters(pid):
+    """[(name, scheduling policy, voluntary context switches)] of every thread of `pid`."""
+    # stat's 41st field is the policy (0 SCHED_OTHER, 3 SCHED_BATCH); fields[0] is the 3rd.
+    return [(status["Name"].strip(), int(fields[38]), int(status["voluntary_ctxt_switches"]))
+            for _, fields, status in task_files(pid)]
 
 
 def worker_switches(pid):
@@ -171,20 +176,14 @@ def worker_switches(pid):
 
 def thread_cpus(pid):
     """{thread id: (name, set of CPUs it may run on)} of every thread of `pid`."""
-    import os
-    threads = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-        except OSError:
-            continue
+    found = {}
+    for tid, _, status in task_files(pid):
         cpus = set()
         for part in status["Cpus_allowed_list"].strip().split(","):
             first, _, last = part.partition("-")
             cpus.update(range(int(first), int(last or first) + 1))
-        threads[int(tid)] = (status["Name"].strip(), cpus)
-    return threads
+        found[tid] = (status["Name"].strip(), cpus)
+    return found
 
 
 def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory):
