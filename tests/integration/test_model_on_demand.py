@@ -120,8 +120,14 @@ def on_demand_server(repository, tmp_path_factory):
     finally:
         assert probe.stop() == 0, probe.log()
     assert one and one >= 8 * MIB and first >= one, f"m1 measured {first} bytes, m2 {one}"
-    # Room for the two pinned models ("keep" loads first) and about two more of the 7 versions.
-    budget = int(first + 3.5 * one)
+    # Room for the two pinned models ("keep" loads first, paying "first") and about three more of
+    # the 7 versions, so that m0 (two versions) always fits beside the pinned ones. A load's
+    # measure is the process's resident growth while it loads, and under this test's traffic it
+    # can come out a few MiB above the model (glibc keeps freed weights of evicted models, other
+    # threads' requests grow at the same time): with room for only two more, m0 once measured
+    # 1.2 MiB over what was left and was refused (429), correctly for the server, wrongly for the
+    # test. Seven versions against room for about three keep evictions certain.
+    budget = int(first + 4 * one)
     server = start_server(repository, tmp_path_factory,
                           ["--model-control-mode", "explicit", "--model-load-on-demand", "true", "--device", "cpu",
                            "--load-model", "keep", "--model-load-host-limit", str(budget),
