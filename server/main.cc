@@ -47,12 +47,16 @@ void RaiseOpenFilesLimit() {
 // --model-cpus: the front ends' CPUs for this thread and every thread started after it, the
 // models' CPUs recorded for their workers (thread_name.h). Call it before any thread starts.
 // The split for the log ("models=0 front_ends=1"), or why it is refused.
-absl::StatusOr<std::string> SplitModelCpus(const std::vector<int>& model_cpus) {
+// `choice` becomes the models' CPU list (a "first:N" or "last:N" resolved against the mask).
+absl::StatusOr<std::string> SplitModelCpus(sluice::CpuChoice& choice) {
   std::optional<std::vector<int>> allowed = sluice::AllowedCpus();
   if (!allowed) {
     return absl::InternalError(absl::StrCat("cannot read the CPUs this process may use: ", strerror(errno)));
   }
-  absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(model_cpus, *allowed);
+  absl::StatusOr<std::vector<int>> model_cpus = sluice::ChooseCpus(choice, *allowed);
+  if (!model_cpus.ok()) return model_cpus.status();
+  choice = sluice::CpuChoice{*model_cpus};
+  absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(choice.list, *allowed);
   if (!split.ok()) return split.status();
   if (!sluice::KeepThreadsFromHereOn(split->front_ends)) {
     return absl::InternalError(absl::StrCat("the kernel refused the front ends' CPUs: ", strerror(errno)));
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::variant<sluice::ServerConfig, int> parsed = sluice::ParseCommandLine(argc, argv);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
-  const sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
+  sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
 
   // Before any thread starts: every thread started from here on inherits it (thread_name.h).
   std::string cpu_split;  // for the log, once it is configured

@@ -122,11 +122,11 @@ VersionLoader::Options Server::LoaderOptions(const ServerConfig& config, Livenes
   options.warmup = config.warmup;
   // With --model-cpus main() has moved this thread onto the front ends' CPUs: the models' CPUs
   // are counted instead of its mask (a cgroup quota still applies).
-  const CpuBudget cpus = DetectCpuBudget("/proc/self/cgroup", "/sys/fs/cgroup", static_cast<int>(config.model_cpus.size()));
+  const CpuBudget cpus = DetectCpuBudget("/proc/self/cgroup", "/sys/fs/cgroup", static_cast<int>(config.model_cpus.list.size()));
   options.cpus = cpus.cpus;
   options.cpu_limit = absl::StrCat(cpus.limit, ": ", cpus.detail);
   if (!config.model_cpus.empty()) {
-    absl::StrAppend(&options.cpu_limit, " (--model-cpus ", absl::StrJoin(config.model_cpus, ","), ")");
+    absl::StrAppend(&options.cpu_limit, " (--model-cpus ", absl::StrJoin(config.model_cpus.list, ","), ")");
   }
   options.model_cpus_split = !config.model_cpus.empty();
   return options;

@@ -63,9 +63,11 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->capture_default_str()
       ->group("Server");
   app.add_option("--model-cpus", text.model_cpus,
-                 "A CPU list (taskset's form: 0-3,8) for the models' workers and their LibTorch "
-                 "threads; every other thread of the server (gRPC, HTTP, batchers, control) runs on "
-                 "the rest of the CPUs it may use, so a request is read while a forward pass runs. "
+                 "A CPU list (taskset's form: 0-3,8), or first:N / last:N (the N lowest- or "
+                 "highest-numbered of the CPUs the server may use, for a container whose CPU numbers "
+                 "are not known in advance), for the models' workers and their LibTorch threads; "
+                 "every other thread of the server (gRPC, HTTP, batchers, control) runs on the rest "
+                 "of the CPUs it may use, so a request is read while a forward pass runs. "
                  "For CPU models with a latency target (sluice.latency_target_us). Must leave at least "
                  "one CPU for the front ends; CPU instances split these CPUs among themselves, and "
                  "sluice.run_on_receiving_thread stays off")
@@ -522,7 +524,7 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
                                                : text.allow_http == "true";
   config->http_plaintext_beside_tls = config->allow_http && (config->grpc.tls.enabled || config->grpc.tls.mutual);
   if (!text.model_cpus.empty()) {
-    StatusOr<std::vector<int>> cpus = ParseCpuList(text.model_cpus);
+    StatusOr<CpuChoice> cpus = ParseCpuChoice(text.model_cpus);
     if (!cpus.ok()) return absl::InvalidArgumentError(absl::StrCat("--model-cpus: ", cpus.status().message()));
     config->model_cpus = *std::move(cpus);
   }

@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "server/core/cpu_budget.h"
 #include "server/core/device.h"
 #include "server/core/model_spec.h"
 #include "server/core/repository_model.h"
@@ -57,7 +58,9 @@ struct ServerConfig {
   bool warmup = true;                          // --warmup
   bool print_env = false;                      // --print-env: print the environment and exit
   bool model_threads_first = true;             // --model-threads-first (front ends as SCHED_BATCH)
-  std::vector<int> model_cpus;                 // --model-cpus (empty: every thread anywhere)
+  // --model-cpus (empty: every thread anywhere). main() replaces a "first:N" or "last:N" with the
+  // CPUs it names before Server::Start, which reads only `list`.
+  CpuChoice model_cpus;
   // Loading on demand within a memory budget (explicit and poll modes).
   bool load_on_demand = false;                 // --model-load-on-demand
   std::vector<std::pair<int, double>> gpu_limits;  // --model-load-gpu-limit <gpu>:<fraction>

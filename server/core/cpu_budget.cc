@@ -8,9 +8,11 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
@@ -178,6 +180,36 @@ absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
   std::sort(cpus.begin(), cpus.end());
   cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
   return cpus;
+}
+
+absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text) {
+  CpuChoice choice;
+  const absl::string_view stripped = absl::StripAsciiWhitespace(text);
+  for (auto [prefix, count] : {std::pair<absl::string_view, int*>{"first:", &choice.first}, {"last:", &choice.last}}) {
+    if (!absl::StartsWith(stripped, prefix)) continue;
+    if (!absl::SimpleAtoi(stripped.substr(prefix.size()), count) || *count < 1 || *count > CPU_SETSIZE) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", stripped, "\" is not ", prefix,
+                                                     "N with N a number of CPUs from 1"));
+    }
+    return choice;
+  }
+  absl::StatusOr<std::vector<int>> list = ParseCpuList(text);
+  if (!list.ok()) return list.status();
+  choice.list = *std::move(list);
+  return choice;
+}
+
+absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::vector<int>& allowed) {
+  if (choice.first == 0 && choice.last == 0) return choice.list;
+  const size_t count = static_cast<size_t>(choice.first > 0 ? choice.first : choice.last);
+  if (count >= allowed.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(choice.first > 0 ? "first:" : "last:", count,
+                                                   " would give the models every CPU this process may use (",
+                                                   absl::StrJoin(allowed, ","),
+                                                   "): leave at least one for the front ends"));
+  }
+  return choice.first > 0 ? std::vector<int>(allowed.begin(), allowed.begin() + count)
+                          : std::vector<int>(allowed.end() - count, allowed.end());
 }
 
 absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vector<int>& allowed) {

@@ -46,6 +46,22 @@ std::optional<std::vector<int>> AllowedCpus();
 // An error names what is wrong (empty, not a number, a range backwards, a CPU over CPU_SETSIZE - 1).
 absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
 
+// --model-cpus as given: a CPU list, or a count of the CPUs this process may use taken from
+// either end of its affinity mask ("first:1", "last:6"), for a container whose CPU numbers are not
+// known in advance (Docker's --cpuset-cpus, a Kubernetes pod with dedicated CPUs).
+struct CpuChoice {
+  std::vector<int> list;  // a CPU list (ParseCpuList), or empty
+  int first = 0;          // "first:N": the N lowest-numbered CPUs this process may use
+  int last = 0;           // "last:N": the N highest-numbered ones
+  bool empty() const { return list.empty() && first == 0 && last == 0; }
+};
+// A CPU list, "first:N" or "last:N" (N >= 1). An error names what is wrong.
+absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text);
+// The CPUs `choice` names among `allowed` (sorted): a list as it is (SplitCpus judges it), a count
+// taken from `allowed`, refused when `allowed` has no more than N CPUs (nothing would be left for
+// the front ends).
+absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::vector<int>& allowed);
+
 // --model-cpus: the models' workers on `model` (a CPU list), every other thread of the server on
 // the rest of `allowed` (the process's affinity mask). Both must be non-empty: CPUs of `model`
 // outside `allowed` are an error (the process could never run there), and so is a `model` that

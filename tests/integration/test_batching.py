@@ -190,7 +190,8 @@ def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory
     """--model-cpus: the models' workers, and the OpenMP threads a worker's forward pass starts
     (libgomp's threads take their creator's name), run on the CPUs named, every other thread of the
     server on the rest; the CPU thread split counts the CPUs named; the answers are unchanged.
-    Naming every CPU, or one the process may not use, is refused at start with the reason."""
+    Naming every CPU (as a list or a count), or one the process may not use, is refused at start
+    with the reason."""
     import os
     import subprocess
     from conftest import SERVER
@@ -217,7 +218,8 @@ def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory
                 + 'parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "2" } }\n', RowMix())
     model_cpu = allowed[0]
     front_ends = set(allowed[1:])
-    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--model-cpus", str(model_cpu)])
+    # "first:1": the lowest-numbered CPU allowed, resolved at start into the same list as "<it>".
+    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--model-cpus", "first:1"])
     try:
         log = server.log()
         assert f"event=cpu_split models={model_cpu} front_ends={','.join(map(str, sorted(front_ends)))}" in log, log
@@ -248,7 +250,8 @@ def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory
         server.stop()
     for cpus, reason in ((",".join(map(str, allowed)), "leave at least one for the front ends"),
                          (f"{allowed[0]},{allowed[-1] + 1}", f"{allowed[-1] + 1} are not among the CPUs this process may use"),
-                         ("1-0", "runs backwards")):
+                         ("1-0", "runs backwards"),
+                         (f"last:{len(allowed)}", f"last:{len(allowed)} would give the models every CPU")):
         result = subprocess.run([SERVER, "--model-repository", str(root), "--device", "cpu", "--model-cpus", cpus],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and reason in result.stderr, (result.returncode, result.stderr)

@@ -14,13 +14,13 @@ import time
 
 import pytest
 import yaml
-from conftest import BIN_DIR, ROOT, free_port
+from conftest import BIN_DIR, ROOT, free_port, start_server
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
 K8S = os.path.join(ROOT, "deploy", "k8s")
 KUSTOMIZATIONS = ["base", "overlays/production", "overlays/example-models", "overlays/tls", "overlays/http-probes",
-                  "overlays/shm-sidecar", "kserve"]
+                  "overlays/shm-sidecar", "overlays/cpu-dedicated", "kserve"]
 KUBERNETES_VERSION = "1.32.0"
 
 
@@ -349,6 +349,43 @@ def test_shm_sidecar_overlay_shares_a_memory_backed_dev_shm(rendered):
     # Client shared memory is off by default: the overlay turns it on, keeping production's flags.
     assert "--allow-client-shm=true" in containers["sluice"]["args"]
     assert "--model-repository=/models" in containers["sluice"]["args"]
+
+
+def test_cpu_dedicated_overlay_is_guaranteed_and_splits_its_cpus(rendered):
+    pod = one(rendered["overlays/cpu-dedicated"][1], "Deployment")["spec"]["template"]["spec"]
+    # Guaranteed QoS, which the static CPU manager needs to give the pod CPUs of its own: every
+    # container's requests equal its limits, in whole CPUs, and no GPU is asked for.
+    for container in pod["containers"] + pod.get("initContainers", []):
+        resources = container["resources"]
+        assert resources["requests"] == resources["limits"], container["name"]
+        assert set(resources["limits"]) == {"cpu", "memory"}, resources
+    container = pod["containers"][0]
+    cpus = int(container["resources"]["limits"]["cpu"])
+    args = args_of(container)
+    assert args["device"] == "cpu" and "tolerations" not in pod
+    # The models get a count of the pod's CPUs (their numbers are not known in advance), and the
+    # front ends keep at least one.
+    side, _, count = args["model-cpus"].partition(":")
+    assert side in ("first", "last") and 1 <= int(count) < cpus, args["model-cpus"]
+    assert container["startupProbe"] and args["shutdown-grace-seconds"]  # the rest of production is kept
+
+
+def test_model_cpus_count_form_is_what_the_server_accepts(rendered, tmp_path_factory):
+    """The overlay's --model-cpus form starts a server (here with the count cut to this machine's
+    CPUs less one): the overlay cannot carry a form the server refuses."""
+    container = one(rendered["overlays/cpu-dedicated"][1], "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    side, _, count = args_of(container)["model-cpus"].partition(":")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    asked = min(int(count), len(allowed) - 1)
+    chosen = allowed[:asked] if side == "first" else allowed[-asked:]
+    server = start_server(tmp_path_factory.mktemp("empty_repository"), tmp_path_factory,
+                          ["--device", "cpu", "--model-cpus", f"{side}:{asked}"])
+    try:
+        assert f"event=cpu_split models={','.join(map(str, chosen))} " in server.log(), server.log()
+    finally:
+        assert server.stop() == 0, server.log()
 
 
 def test_example_models_overlay_needs_no_volume_claim(rendered):

@@ -185,6 +185,29 @@ TEST(CpuListTest, TheModelsTakeTheirCpusAndTheFrontEndsTheRest) {
   EXPECT_FALSE(SplitCpus({}, {0, 1}).ok());
 }
 
+TEST(CpuListTest, FirstAndLastCountFromTheEndsOfTheCpusAllowed) {
+  absl::StatusOr<CpuChoice> last = ParseCpuChoice("last:2");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->list.empty());
+  EXPECT_FALSE(last->empty());
+  // A container's CPUs need not start at 0 nor be contiguous.
+  EXPECT_EQ(ChooseCpus(*last, {4, 5, 9, 12}).value_or(std::vector<int>{}), (std::vector<int>{9, 12}));
+  absl::StatusOr<CpuChoice> first = ParseCpuChoice(" first:1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(ChooseCpus(*first, {4, 5, 9, 12}).value_or(std::vector<int>{}), (std::vector<int>{4}));
+  // A list is passed on as it is; SplitCpus judges it against the mask.
+  absl::StatusOr<CpuChoice> list = ParseCpuChoice("3,1");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(ChooseCpus(*list, {0, 1}).value_or(std::vector<int>{}), (std::vector<int>{1, 3}));
+  // As many as the process may use leaves the front ends nothing.
+  EXPECT_THAT(std::string(ChooseCpus(*last, {7, 8}).status().message()),
+              HasSubstr("last:2 would give the models every CPU this process may use (7,8): leave at least one"));
+  for (const char* bad : {"last:", "last:0", "first:-1", "last:2x", "first:99999", "middle:1", "last:1,2"}) {
+    EXPECT_FALSE(ParseCpuChoice(bad).ok()) << bad;
+  }
+  EXPECT_TRUE(CpuChoice{}.empty());
+}
+
 // A fake /sys/fs/cgroup and /proc/self/cgroup under a temporary directory.
 class CpuBudgetFilesTest : public ::testing::Test {
  protected:

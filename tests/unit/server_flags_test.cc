@@ -140,6 +140,8 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--strict-readiness", "maybe"}, "--strict-readiness"},
       {{"--model-cpus", "1-x"}, "--model-cpus: \"1-x\" in the CPU list \"1-x\" is not a CPU number"},
       {{"--model-cpus", ""}, "--model-cpus"},
+      {{"--model-cpus", "last:0"}, "--model-cpus: \"last:0\" is not last:N with N a number of CPUs from 1"},
+      {{"--model-cpus", "first:two"}, "--model-cpus: \"first:two\" is not first:N"},
       {{"--no-such-flag"}, "--no-such-flag"},
       {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in mode none every model loads)"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "or poll with --model-load-on-demand"},
@@ -211,7 +213,9 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_TRUE(defaults->model_threads_first);
   EXPECT_FALSE(ParseServerFlags({"--model-threads-first", "false"})->model_threads_first);
   EXPECT_TRUE(defaults->model_cpus.empty());
-  EXPECT_EQ(ParseServerFlags({"--model-cpus", "2,0-1"})->model_cpus, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ParseServerFlags({"--model-cpus", "2,0-1"})->model_cpus.list, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ParseServerFlags({"--model-cpus", "last:3"})->model_cpus.last, 3);
+  EXPECT_EQ(ParseServerFlags({"--model-cpus", "first:1"})->model_cpus.first, 1);
   EXPECT_EQ(defaults->http.port, 8000);
   EXPECT_EQ(defaults->http.address, "0.0.0.0");
   EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
