@@ -48,11 +48,21 @@ void RaiseOpenFilesLimit() {
 // models' CPUs recorded for their workers (thread_name.h). Call it before any thread starts.
 // The split for the log ("models=0 front_ends=1"), or why it is refused.
 // `choice` becomes the models' CPU list (a "first:N" or "last:N" resolved against the mask).
-absl::StatusOr<std::string> SplitModelCpus(sluice::CpuChoice& choice) {
+struct ModelCpuSplit {
+  std::string log;
+  // Non-empty when the mask holds more CPUs than the cgroup quota lets the process use: a shared
+  // pool (a Kubernetes pod without dedicated CPUs), where other processes, and other replicas
+  // given the same --model-cpus, run on the models' CPUs too.
+  std::string shared;
+};
+absl::StatusOr<ModelCpuSplit> SplitModelCpus(sluice::CpuChoice& choice) {
   std::optional<std::vector<int>> allowed = sluice::AllowedCpus();
   if (!allowed) {
     return absl::InternalError(absl::StrCat("cannot read the CPUs this process may use: ", strerror(errno)));
   }
+  ModelCpuSplit result;
+  // This thread's mask is still the whole of `allowed` here.
+  result.shared = sluice::SharedCpusWarning(sluice::DetectCpuBudget(), allowed->size());
   absl::StatusOr<std::vector<int>> model_cpus = sluice::ChooseCpus(choice, *allowed);
   if (!model_cpus.ok()) return model_cpus.status();
   choice = sluice::CpuChoice{*model_cpus};
@@ -62,7 +72,9 @@ absl::StatusOr<std::string> SplitModelCpus(sluice::CpuChoice& choice) {
     return absl::InternalError(absl::StrCat("the kernel refused the front ends' CPUs: ", strerror(errno)));
   }
   sluice::SetModelWorkerCpus(split->model);
-  return absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=", absl::StrJoin(split->front_ends, ","));
+  result.log = absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=",
+                            absl::StrJoin(split->front_ends, ","));
+  return result;
 }
 
 // SIGINT and SIGTERM, blocked so that main's thread takes them synchronously (sigwait). Call it
@@ -90,9 +102,9 @@ int main(int argc, char** argv) {
   sluice::ServerConfig& config = std::get<sluice::ServerConfig>(parsed);
 
   // Before any thread starts: every thread started from here on inherits it (thread_name.h).
-  std::string cpu_split;  // for the log, once it is configured
+  ModelCpuSplit cpu_split;  // for the log, once it is configured
   if (!config.model_cpus.empty()) {
-    absl::StatusOr<std::string> split = SplitModelCpus(config.model_cpus);
+    absl::StatusOr<ModelCpuSplit> split = SplitModelCpus(config.model_cpus);
     if (!split.ok()) {
       std::fprintf(stderr, "--model-cpus: %s\n", std::string(split.status().message()).c_str());
       return EXIT_FAILURE;
@@ -120,7 +132,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
   RaiseOpenFilesLimit();
-  if (!cpu_split.empty()) spdlog::info("event=cpu_split {}", cpu_split);
+  if (!cpu_split.log.empty()) spdlog::info("event=cpu_split {}", cpu_split.log);
+  if (!cpu_split.shared.empty()) spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
   if (config.model_threads_first) {
     if (batch_policy) {
       spdlog::info("event=thread_policy front_ends=SCHED_BATCH models=SCHED_OTHER");

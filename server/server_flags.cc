@@ -25,7 +25,7 @@ struct TextFlags {
   int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
   std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
   std::vector<std::string> trace_configs;  // --trace-config, each "[opentelemetry,]<setting>=<value>"
-  std::string model_cpus;                  // --model-cpus, a CPU list ("" : not given)
+  std::string model_cpus;                  // --model-cpus: a CPU list, first:N or last:N ("": not given)
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.

@@ -189,9 +189,13 @@ absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text) {
     if (!absl::StartsWith(stripped, prefix)) continue;
     if (!absl::SimpleAtoi(stripped.substr(prefix.size()), count) || *count < 1 || *count > CPU_SETSIZE) {
       return absl::InvalidArgumentError(absl::StrCat("\"", stripped, "\" is not ", prefix,
-                                                     "N with N a number of CPUs from 1"));
+                                                     "N with N a number of CPUs from 1 to ", CPU_SETSIZE));
     }
     return choice;
+  }
+  if (absl::StrContains(stripped, ":")) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", stripped,
+                                                   "\" is none of a CPU list (0-3,8), first:N or last:N"));
   }
   absl::StatusOr<std::vector<int>> list = ParseCpuList(text);
   if (!list.ok()) return list.status();
@@ -210,6 +214,15 @@ absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::
   }
   return choice.first > 0 ? std::vector<int>(allowed.begin(), allowed.begin() + count)
                           : std::vector<int>(allowed.end() - count, allowed.end());
+}
+
+std::string SharedCpusWarning(const CpuBudget& budget, size_t allowed_cpus) {
+  if (budget.limit != "cgroup quota" || static_cast<size_t>(budget.cpus) >= allowed_cpus) return "";
+  return absl::StrCat("the process may run on ", allowed_cpus, " CPUs but its cgroup quota lets it use ", budget.cpus,
+                      " (", budget.detail,
+                      "): they are a shared pool, not its own, and other processes (other replicas given the same "
+                      "--model-cpus too) run on the models' CPUs. Give it dedicated CPUs (Kubernetes: a Guaranteed "
+                      "pod with whole CPUs on a node with the static CPU manager policy)");
 }
 
 absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vector<int>& allowed) {

@@ -62,6 +62,12 @@ absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text);
 // the front ends).
 absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::vector<int>& allowed);
 
+// --model-cpus on CPUs that are not the process's own: non-empty (the reason, for the log) when
+// its mask holds more CPUs than its cgroup quota lets it use, a shared pool (a Kubernetes pod
+// without dedicated CPUs), where other processes, and other replicas given the same --model-cpus,
+// run on the models' CPUs too.
+std::string SharedCpusWarning(const CpuBudget& budget, size_t allowed_cpus);
+
 // --model-cpus: the models' workers on `model` (a CPU list), every other thread of the server on
 // the rest of `allowed` (the process's affinity mask). Both must be non-empty: CPUs of `model`
 // outside `allowed` are an error (the process could never run there), and so is a `model` that

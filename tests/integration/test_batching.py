@@ -218,8 +218,8 @@ def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory
                 + 'parameters { key: "INTRA_OP_THREAD_COUNT" value { string_value: "2" } }\n', RowMix())
     model_cpu = allowed[0]
     front_ends = set(allowed[1:])
-    # "first:1": the lowest-numbered CPU allowed, resolved at start into the same list as "<it>".
-    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--model-cpus", "first:1"])
+    # The list form here; test_deploy starts a server with the count form (last:N).
+    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--model-cpus", str(model_cpu)])
     try:
         log = server.log()
         assert f"event=cpu_split models={model_cpu} front_ends={','.join(map(str, sorted(front_ends)))}" in log, log
@@ -255,6 +255,61 @@ def test_model_cpus_keep_every_other_thread_off_the_models_cpus(tmp_path_factory
         result = subprocess.run([SERVER, "--model-repository", str(root), "--device", "cpu", "--model-cpus", cpus],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and reason in result.stderr, (result.returncode, result.stderr)
+
+
+def test_model_cpus_in_a_shared_pool_under_a_quota_are_named_in_a_warning(tmp_path):
+    """--model-cpus where the process's CPUs are a shared pool (its mask holds more CPUs than its
+    cgroup quota lets it use, as in a Kubernetes pod without dedicated CPUs): the split still
+    happens, and the log says the CPUs are not the server's own. A real cgroup with a CPU quota
+    (v1's cpu controller or v2's cpu.max), made for the test; skipped where this process cannot
+    make one."""
+    import os
+    import subprocess
+    import uuid
+    from conftest import SERVER
+    from harness.server import free_port
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    name = f"sluice-test-{uuid.uuid4().hex[:8]}"
+    if os.path.isdir("/sys/fs/cgroup/cpu") and os.path.exists("/sys/fs/cgroup/cpu/cgroup.procs"):
+        group, quota = os.path.join("/sys/fs/cgroup/cpu", name), ("cpu.cfs_quota_us", "50000")
+    elif os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        group, quota = os.path.join("/sys/fs/cgroup", name), ("cpu.max", "50000 100000")
+    else:
+        pytest.skip("no cgroup CPU controller found")
+    try:
+        os.mkdir(group)
+        with open(os.path.join(group, quota[0]), "w") as f:
+            f.write(quota[1])
+    except OSError as e:
+        if os.path.isdir(group):
+            os.rmdir(group)
+        pytest.skip(f"cannot make a cgroup with a CPU quota here: {e}")
+    try:
+        (tmp_path / "repository").mkdir()
+        command = [SERVER, "--model-repository", str(tmp_path / "repository"), "--device", "cpu",
+                   "--model-cpus", "last:1", "--grpc-port", str(free_port()), "--http-port", str(free_port()),
+                   "--metrics-port", str(free_port())]
+        log_path = tmp_path / "server.log"
+        with open(log_path, "w") as out:
+            # The shell moves itself into the cgroup, then becomes the server.
+            server = subprocess.Popen(["bash", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "bash", *command],
+                                      stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and server.poll() is None and "event=models_loaded" not in log_path.read_text():
+                time.sleep(0.1)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        log = log_path.read_text()
+        assert f"event=cpu_split models={allowed[-1]} " in log, log
+        assert (f'event=model_cpus_shared reason="the process may run on {len(allowed)} CPUs but its cgroup quota '
+                'lets it use 1 (') in log, log
+        assert "shared pool, not its own" in log, log
+    finally:
+        os.rmdir(group)
 
 
 def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_path_factory):

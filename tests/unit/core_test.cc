@@ -202,10 +202,28 @@ TEST(CpuListTest, FirstAndLastCountFromTheEndsOfTheCpusAllowed) {
   // As many as the process may use leaves the front ends nothing.
   EXPECT_THAT(std::string(ChooseCpus(*last, {7, 8}).status().message()),
               HasSubstr("last:2 would give the models every CPU this process may use (7,8): leave at least one"));
-  for (const char* bad : {"last:", "last:0", "first:-1", "last:2x", "first:99999", "middle:1", "last:1,2"}) {
+  for (const char* bad : {"last:", "last:0", "first:-1", "last:2x", "first:99999", "middle:1", "last:1,2", "LAST:2",
+                          "last :2"}) {
     EXPECT_FALSE(ParseCpuChoice(bad).ok()) << bad;
   }
+  EXPECT_THAT(std::string(ParseCpuChoice("first:99999").status().message()), HasSubstr("from 1 to 1024"));
+  EXPECT_THAT(std::string(ParseCpuChoice("LAST:2").status().message()),
+              HasSubstr("is none of a CPU list (0-3,8), first:N or last:N"));
+  // absl's number parsing: spaces around N and a plus sign are accepted.
+  EXPECT_EQ(ParseCpuChoice("last: 3 ").value_or(CpuChoice{}).last, 3);
+  EXPECT_EQ(ParseCpuChoice("first:+2").value_or(CpuChoice{}).first, 2);
   EXPECT_TRUE(CpuChoice{}.empty());
+}
+
+TEST(CpuListTest, ASharedPoolUnderAQuotaIsNamed) {
+  // A pod without dedicated CPUs: the node's 64 CPUs in its mask, a quota of 8.
+  const std::string warning = SharedCpusWarning(DecideCpuBudget(64, 64, 8.0), 64);
+  EXPECT_THAT(warning, HasSubstr("may run on 64 CPUs but its cgroup quota lets it use 8 ("));
+  EXPECT_THAT(warning, HasSubstr("shared pool"));
+  // Dedicated CPUs (the mask is the quota), no quota, or a mask narrower than the quota: nothing.
+  EXPECT_EQ(SharedCpusWarning(DecideCpuBudget(64, 8, 8.0), 8), "");
+  EXPECT_EQ(SharedCpusWarning(DecideCpuBudget(64, 64, std::nullopt), 64), "");
+  EXPECT_EQ(SharedCpusWarning(DecideCpuBudget(64, 4, 8.0), 4), "");
 }
 
 // A fake /sys/fs/cgroup and /proc/self/cgroup under a temporary directory.

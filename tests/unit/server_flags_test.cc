@@ -140,7 +140,7 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--strict-readiness", "maybe"}, "--strict-readiness"},
       {{"--model-cpus", "1-x"}, "--model-cpus: \"1-x\" in the CPU list \"1-x\" is not a CPU number"},
       {{"--model-cpus", ""}, "--model-cpus"},
-      {{"--model-cpus", "last:0"}, "--model-cpus: \"last:0\" is not last:N with N a number of CPUs from 1"},
+      {{"--model-cpus", "last:0"}, "--model-cpus: \"last:0\" is not last:N with N a number of CPUs from 1 to 1024"},
       {{"--model-cpus", "first:two"}, "--model-cpus: \"first:two\" is not first:N"},
       {{"--no-such-flag"}, "--no-such-flag"},
       {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in mode none every model loads)"},
