@@ -4,6 +4,7 @@ import concurrent.futures
 from functools import partial
 import threading
 import time
+import warnings
 
 import grpc
 import numpy as np
@@ -286,32 +287,60 @@ def test_model_cpus_in_a_shared_pool_under_a_quota_are_named_in_a_warning(tmp_pa
         if os.path.isdir(group):
             os.rmdir(group)
         pytest.skip(f"cannot make a cgroup with a CPU quota here: {e}")
+    cpus = ",".join(map(str, allowed))
+    # A shell that joins the cgroup (or exits 97), then runs what follows; taskset restores this
+    # process's CPU mask, which joining a cgroup with its own cpuset (v2) may widen.
+    join = ["bash", "-c", f'echo $$ > {group}/cgroup.procs || exit 97; exec taskset -c {cpus} "$@"', "bash"]
     try:
+        # The server finds its cgroup from /proc/self/cgroup under the mount: where this
+        # process's cgroups are not at the mount's root (a container sharing the host's cgroup
+        # namespace), that path does not lead to the group made here.
+        member = subprocess.run(join + ["cat", "/proc/self/cgroup"], capture_output=True, text=True, timeout=30)
+        if member.returncode == 97:
+            pytest.skip(f"cannot move a process into the cgroup here: {member.stderr}")
+        paths = [line.split(":", 2) for line in member.stdout.splitlines()]
+        if group.startswith("/sys/fs/cgroup/cpu/"):
+            seen = [os.path.join("/sys/fs/cgroup/cpu", path.lstrip("/")) for _, controllers, path in paths
+                    if "cpu" in controllers.split(",")]
+        else:
+            seen = [os.path.join("/sys/fs/cgroup", path.lstrip("/")) for number, _, path in paths if number == "0"]
+        if seen != [group]:
+            pytest.skip(f"this process's cgroup paths are not under the mount's root here: {member.stdout}")
         (tmp_path / "repository").mkdir()
         command = [SERVER, "--model-repository", str(tmp_path / "repository"), "--device", "cpu",
                    "--model-cpus", "last:1", "--grpc-port", str(free_port()), "--http-port", str(free_port()),
                    "--metrics-port", str(free_port())]
         log_path = tmp_path / "server.log"
         with open(log_path, "w") as out:
-            # The shell moves itself into the cgroup (or exits 97), then becomes the server.
-            server = subprocess.Popen(["bash", "-c", f'echo $$ > {group}/cgroup.procs || exit 97; exec "$@"', "bash",
-                                       *command], stdout=out, stderr=subprocess.STDOUT)
+            server = subprocess.Popen(join + command, stdout=out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and server.poll() is None and "event=models_loaded" not in log_path.read_text():
+            while (time.monotonic() < deadline and server.poll() is None
+                   and "event=models_loaded" not in log_path.read_text()):
                 time.sleep(0.1)
         finally:
             server.terminate()
-            server.wait(timeout=30)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
         log = log_path.read_text()
-        if server.returncode == 97:
-            pytest.skip(f"cannot move a process into the cgroup here: {log}")
         assert f"event=cpu_split models={allowed[-1]} " in log, log
+        # The quota found is the one of the group made here (the path ends the figure).
         assert (f'event=model_cpus_shared reason="the process may run on {len(allowed)} CPUs but its cgroup quota '
-                'lets it use 1 (') in log, log
+                f'lets it use 1 (') in log and f"cgroup quota 0.5 ({group})" in log, log
         assert "shared pool, not its own" in log, log
     finally:
-        os.rmdir(group)
+        # The kernel may take a moment to let go of a process that has just exited.
+        for _ in range(20):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            warnings.warn(f"could not remove the test's cgroup {group}")
 
 
 def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_path_factory):
