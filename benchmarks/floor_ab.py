@@ -21,6 +21,10 @@ Per side and repetition (the floor benchmark's models):
                                        thread, /proc/<pid>/task/*/status), and by thread group
   mlp_c32_cost_ratio                   (1e6 / mlp_c32_per_s) / (echo CPU per call at 32 +
                                        in-process us per row at the formed batch), this repetition's echo
+  mlp_c32_cost_ratio_weighted          the same against in-process LibTorch running the forwards the
+                                       server ran (batch_stats' sizes, in-process time between the
+                                       measured sizes interpolated): the mean batch flatters a spread
+  mlp_c32_one_row_share                the share of the forwards at 32 that ran one row
   mlp_c1_overhead_us                   mlp_c1_p50_us - echo c=1 p50 - in-process batch-1 p50
   convnet_c8_per_s, convnet_c32_per_s  requests/s at 8 and 32 (--no-convnet leaves them out)
 --smoke (the test command's check that the script runs): --after against itself (its models with
@@ -38,10 +42,12 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import floor_benchmark as fb  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from harness.bench import ROOT, make_repository as make_bundled, pinning, statistics as model_counts  # noqa: E402
+from harness.bench import (ROOT, batch_executions, executions_between, make_repository as make_bundled,  # noqa: E402
+                           pinning, statistics as model_counts)
 from request_path_benchmark import BenchmarkError, Server, make_repository as make_trivial  # noqa: E402
 
-LOWER_IS_BETTER = ("p50_us", "cpu_us", "voluntary", "involuntary", "cost_ratio", "overhead_us")
+LOWER_IS_BETTER = ("p50_us", "cpu_us", "voluntary", "involuntary", "cost_ratio", "cost_ratio_weighted",
+                   "overhead_us", "one_row_share")
 
 
 def measure_echo(args, prefixes, load, request_file, echo):
@@ -64,10 +70,13 @@ def measure_side(binary, extra_args, repository, log, prefix, load, files, convn
             record(f"{model}_c1_p50_us", load.run(server.url, files[model], 1)["p50_us"])
             record(f"{model}_cpu_us",
                    load.run(server.url, files[model], 32, rate=fb.FIXED_RATE, server_pid=pid)["server_cpu_us_per_call"])
-        before = model_counts(server.url, "mlp")
+        before, sizes_before = model_counts(server.url, "mlp"), batch_executions(server.url, "mlp")
         run = load.run(server.url, files["mlp"], 32, server_pid=pid)
-        after = model_counts(server.url, "mlp")
+        after, sizes_after = model_counts(server.url, "mlp"), batch_executions(server.url, "mlp")
         executions = after[1] - before[1]
+        formed = executions_between(sizes_before, sizes_after)
+        out.setdefault("mlp_c32_batches", []).append(formed)
+        record("mlp_c32_one_row_share", formed.get(1, 0) / max(1, sum(formed.values())))
         record("mlp_c32_per_s", run["calls_per_s"])
         record("mlp_c32_batch", (after[0] - before[0]) / executions if executions else 0.0)
         record("mlp_c32_cpu_us", run["server_cpu_us_per_call"])
@@ -97,13 +106,43 @@ def with_parameters(repository, copy, parameters):
     return copy
 
 
+def execution_us(inproc_model, size):
+    """In-process LibTorch's time for one forward of `size` rows: its measured sizes' mean time per
+    forward (1e6 * size / rows_per_s), linear between the two measured sizes around `size`, the
+    nearest one's outside them."""
+    sizes = sorted(inproc_model)
+    at = {b: 1e6 * b / inproc_model[b]["rows_per_s"] for b in sizes}
+    if size <= sizes[0] or size >= sizes[-1]:
+        return at[sizes[0]] * size / sizes[0] if size <= sizes[0] else at[sizes[-1]] * size / sizes[-1]
+    upper = next(b for b in sizes if b >= size)
+    lower = max(b for b in sizes if b <= size)
+    if upper == lower:
+        return at[size]
+    return at[lower] + (at[upper] - at[lower]) * (size - lower) / (upper - lower)
+
+
+def weighted_per_row_us(inproc_model, formed):
+    """What in-process LibTorch spends per row running the same forwards the server ran
+    ({batch size: executions}): sum of executions x execution_us over the rows. The mean formed
+    batch (the issue's reference) flatters a spread of sizes: 31- and 1-row forwards average 16
+    rows, at which one row costs more than the 31s and 1s cost together per row."""
+    rows = sum(size * count for size, count in formed.items())
+    if rows == 0:
+        return float("nan")
+    return sum(execution_us(inproc_model, size) * count for size, count in formed.items()) / rows
+
+
 def derive(side, echo, inproc):
-    """Per repetition: the cost ratio at 32 and the c=1 overhead, against that repetition's echo."""
+    """Per repetition: the cost ratio at 32 (against the in-process time per row at the mean formed
+    batch, the issue's definition, and against the same forwards in-process: _weighted) and the
+    c=1 overhead, against that repetition's echo."""
     mlp = inproc["mlp"]
     for rep, per_s in enumerate(side["mlp_c32_per_s"]):
         nearest = min(mlp, key=lambda b: abs(b - side["mlp_c32_batch"][rep]))
         per_row_us = 1e6 / mlp[nearest]["rows_per_s"]
         side.setdefault("mlp_c32_cost_ratio", []).append((1e6 / per_s) / (echo["c32_cpu_us"][rep] + per_row_us))
+        weighted = weighted_per_row_us(mlp, side["mlp_c32_batches"][rep])
+        side.setdefault("mlp_c32_cost_ratio_weighted", []).append((1e6 / per_s) / (echo["c32_cpu_us"][rep] + weighted))
         side.setdefault("mlp_c1_overhead_us", []).append(
             side["mlp_c1_p50_us"][rep] - echo["c1_p50_us"][rep] - mlp[1]["p50_us"])
 
@@ -174,15 +213,15 @@ def main():
     medians = {}
     print(f"pinning: {note}\nbefore: {args.before} {args.before_args} {' '.join(args.before_model_params)}\n"
           f"after:  {args.after} {args.after_args} {' '.join(args.after_model_params)}\n")
-    print(f"{'metric':24} {'before':>10} {'after':>10} {'after/before':>13}")
+    print(f"{'metric':28} {'before':>10} {'after':>10} {'after/before':>13}")
     for key in raw["before"]:
-        if key == "mlp_c32_threads":
+        if key in ("mlp_c32_threads", "mlp_c32_batches"):
             continue
         before, after = statistics.median(raw["before"][key]), statistics.median(raw["after"][key])
         ratio = after / before if before else float("nan")
         medians[key] = {"before": before, "after": after, "ratio": ratio,
                         "lower_is_better": key.endswith(LOWER_IS_BETTER)}
-        print(f"{key:24} {before:10.2f} {after:10.2f} {ratio:13.3f}")
+        print(f"{key:28} {before:10.2f} {after:10.2f} {ratio:13.3f}")
     echo_medians = {key: statistics.median(values) for key, values in echo.items()}
     print(f"\necho (callback API), same run: c=1 p50 {echo_medians['c1_p50_us']:.1f} us; at 32: "
           f"{echo_medians['c32_cpu_us']:.1f} us CPU, {echo_medians['c32_voluntary']:.2f} voluntary and "

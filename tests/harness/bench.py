@@ -97,6 +97,25 @@ def statistics(url, model):
         client.close()
 
 
+def batch_executions(url, model):
+    """{batch size: executions so far} of `model` (the statistics' batch_stats, compute_infer's
+    count): two readings' difference is the distribution of the batches a window formed."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        stats = client.get_inference_statistics(model).model_stats[0]
+        return {int(b.batch_size): int(b.compute_infer.count) for b in stats.batch_stats}
+    finally:
+        client.close()
+
+
+def executions_between(before, after):
+    """{batch size: executions} formed between two batch_executions() readings (sizes with none
+    left out)."""
+    return {size: count - before.get(size, 0) for size, count in sorted(after.items())
+            if count - before.get(size, 0) > 0}
+
+
 def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
     """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
     `repository`.log; its metrics and HTTP endpoints on ports it picks, which the log names) and

@@ -84,3 +84,38 @@ def test_metric_value_reads_one_series_exactly():
     assert harness_server.metric_value(text, 'b{model="m",version="1"}') == 2.5
     assert harness_server.metric_value(text, 'b{model="x",version="1"}') is None
     assert harness_server.metric_value(text, "a") is None  # a prefix is not the series
+
+
+def test_batch_executions_count_the_forwards_a_window_formed(bundled_server):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from harness.bench import batch_executions, executions_between
+    before = batch_executions(bundled_server.url, "mlp")
+    client = grpcclient.InferenceServerClient(url=bundled_server.url)
+    try:
+        for _ in range(2):  # one at a time: two forwards of one row
+            tensor = grpcclient.InferInput("INPUT__0", [1, 784], "FP32")
+            tensor.set_data_from_numpy(np.zeros((1, 784), np.float32))
+            client.infer("mlp", [tensor])
+    finally:
+        client.close()
+    assert executions_between(before, batch_executions(bundled_server.url, "mlp")) == {1: 2}
+    assert executions_between({1: 5, 4: 2}, {1: 5, 4: 3, 8: 1}) == {4: 1, 8: 1}
+
+
+def test_floor_ab_weighs_the_reference_by_the_forwards_formed():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "benchmarks"))
+    import floor_ab
+    # In-process: 62 us for one row, 296 us for 16, 505 us for 32 (rows_per_s as the benchmark writes it).
+    inproc = {b: {"rows_per_s": 1e6 * b / us} for b, us in ((1, 62.0), (16, 296.0), (32, 505.0))}
+    assert floor_ab.execution_us(inproc, 16) == pytest.approx(296.0)
+    assert floor_ab.execution_us(inproc, 24) == pytest.approx(296.0 + (505.0 - 296.0) / 2)
+    assert floor_ab.execution_us(inproc, 64) == pytest.approx(1010.0)  # beyond the sizes: per row of the largest
+    # Forwards of 31 and 1 rows in equal numbers: their mean is 16 rows, but in-process they cost
+    # (execution_us(31) + 62) / 32 a row, less than 296 / 16.
+    weighted = floor_ab.weighted_per_row_us(inproc, {31: 10, 1: 10})
+    assert weighted == pytest.approx((floor_ab.execution_us(inproc, 31) + 62.0) / 32)
+    assert weighted < 296.0 / 16
+    assert floor_ab.weighted_per_row_us(inproc, {1: 3}) == pytest.approx(62.0)
