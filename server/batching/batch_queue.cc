@@ -94,6 +94,10 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
       const double gap = static_cast<double>(Micros(pending.enqueued - last_arrival_)) /
                          static_cast<double>(std::max<int64_t>(request.batch_size, 1));
       gap_us_per_row_ = gap_us_per_row_ < 0 ? gap : (1 - kBatchCostSmoothing) * gap_us_per_row_ + kBatchCostSmoothing * gap;
+      const double arrival_gap = static_cast<double>(Micros(pending.enqueued - last_arrival_));
+      gap_us_per_arrival_ = gap_us_per_arrival_ < 0 ? arrival_gap
+                                                    : (1 - kBatchCostSmoothing) * gap_us_per_arrival_ +
+                                                          kBatchCostSmoothing * arrival_gap;
     }
     last_arrival_ = pending.enqueued;
   }
@@ -456,7 +460,19 @@ std::optional<TimePoint> BatchQueue::StopWaitingAt(const std::string& key, const
   const std::optional<Duration> larger =
       options_.costs->Predict(key, PaddedRows(group.rows + 1), BatchCostModel::Pick::kSlowest);
   if (!larger) return std::nullopt;
-  return AnswerBy(group.queue.front()) - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
+  TimePoint stop =
+      AnswerBy(group.queue.front()) - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
+  // The silence bound: once nothing has arrived for kSilenceGaps smoothed gaps between arrivals,
+  // the smoothed rate (which only changes at an arrival) no longer says anything: arrivals have
+  // slowed or stopped, as they do when every caller of a closed loop already waits here
+  // (perf_analyzer at a concurrency below max_batch_size), and waiting on would hold the group
+  // until its oldest request's target had nearly passed. At a steady (Poisson) rate a silence
+  // that long comes before fewer than 2 % of arrivals.
+  if (gap_us_per_arrival_ >= 0) {
+    stop = std::min(stop, last_arrival_ + std::chrono::microseconds(
+                                              static_cast<int64_t>(kSilenceGaps * gap_us_per_arrival_)));
+  }
+  return stop;
 }
 
 int64_t BatchQueue::PaddedRows(int64_t rows) const {

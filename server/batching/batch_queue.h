@@ -97,9 +97,10 @@ class BatchQueue {
   //    predicted time on the slowest instance still answers its oldest request in time.
   //  - Waiting: a group that could still grow waits only while (a) a batch of its present rows,
   //    on every instance, would serve fewer rows per second than arrive for the model (so waiting
-  //    pays), and (b) one more arrival (at that smoothed rate) plus the larger batch still answers
-  //    the oldest in time; a positive max_queue_delay bounds the wait, and a preferred size cuts
-  //    as without a target.
+  //    pays), (b) one more arrival (at that smoothed rate) plus the larger batch still answers
+  //    the oldest in time, and (c) something has arrived within the last four smoothed gaps
+  //    between arrivals (a longer silence says arrivals slowed or stopped: StopWaitingAt); a positive
+  //    max_queue_delay bounds the wait, and a preferred size cuts as without a target.
   //  - Refusal at arrival: refused when even the fastest instance could not answer it in time
   //    after the work ahead: every group's rows at the per-row cost of the largest batch the target
   //    allows, and what the batches handed out last are predicted to have left, spread over the
@@ -234,9 +235,11 @@ class BatchQueue {
   // nullopt when the cost model knows nothing of the group yet (decide as without a target).
   std::optional<size_t> TargetLimit(const std::string& key, const Group& group, TimePoint now, size_t fitting,
                                     int64_t rows, bool* wait) const;
-  // Latency target: the moment a group waiting for more requests stops waiting, when one more
+  // Latency target: the moment a group waiting for more requests stops waiting: when one more
   // arrival (at the smoothed arrival rate) plus the larger batch would answer its oldest request
-  // late; nullopt before the arrival rate or the group's cost is known.
+  // late, or, if earlier, when nothing has arrived (for any shape) for kSilenceGaps smoothed
+  // gaps between arrivals (arrivals have slowed or stopped: a closed loop whose callers all
+  // wait); nullopt before the arrival rate or the group's cost is known.
   std::optional<TimePoint> StopWaitingAt(const std::string& key, const Group& group) const;
   // Latency target: the rows of the longest prefix of `group` (within the largest batch size)
   // whose batch started at `now` answers the oldest request in time on the slowest instance
@@ -270,6 +273,10 @@ class BatchQueue {
   // fewer than two arrivals yet), and the last arrival.
   double gap_us_per_row_ = -1;
   TimePoint last_arrival_;
+  // Latency target only: the smoothed time between arrivals (us; < 0: fewer than two yet), what
+  // a silence is measured in (StopWaitingAt): a request of many rows is still one arrival.
+  double gap_us_per_arrival_ = -1;
+  static constexpr double kSilenceGaps = 4;
   // Latency target only: when the batches handed out last are predicted to end (at most one per
   // instance; entries in the past are dropped).
   std::vector<TimePoint> running_until_;

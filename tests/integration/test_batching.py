@@ -507,3 +507,55 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
     finally:
         client.close()
         server.stop()
+
+
+def test_a_latency_target_does_not_hold_a_closed_loop_until_its_target(tmp_path_factory):
+    """A closed loop of 8 callers (perf_analyzer --concurrency-range 8) against a model whose
+    max_batch_size is larger: once every caller waits in the queue no request can arrive, and the
+    latency target's wait for one more arrival must end (its silence bound, BatchQueue::
+    StopWaitingAt) instead of holding each batch until the oldest request's 400 ms had nearly
+    passed (which it did, and the overload rule then refused requests: UNAVAILABLE)."""
+    from make_test_repository import tensor_block, write_model
+    root = tmp_path_factory.mktemp("latency_target_closed_loop")
+    row_io = (tensor_block("input", "INPUT__0", "TYPE_FP32", [4])
+              + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [4]))
+    write_model(root, "slow", 'platform: "pytorch_libtorch"\nmax_batch_size: 32\n' + row_io
+                + "dynamic_batching { }\ninstance_group [{ kind: KIND_CPU count: 1 }]\n"
+                + 'parameters { key: "sluice.latency_target_us" value { string_value: "400000" } }\n',
+                SlowMix().eval())
+    server = start_server(root, tmp_path_factory, ["--device", "cpu"])
+    latencies, errors = [], []
+    lock = threading.Lock()
+
+    def caller(seed):
+        client = grpcclient.InferenceServerClient(server.url)
+        x = np.random.default_rng(seed).random((1, 4), dtype=np.float32)
+        try:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                inp = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
+                inp.set_data_from_numpy(x)
+                started = time.monotonic()
+                try:
+                    client.infer("slow", [inp])
+                    with lock:
+                        latencies.append(time.monotonic() - started)
+                except Exception as error:  # noqa: BLE001 (every failure is the test's finding)
+                    with lock:
+                        errors.append(str(error))
+        finally:
+            client.close()
+
+    try:
+        threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors[:3]
+        latencies.sort()
+        # A batch of this model takes milliseconds to a few tens of them on a busy machine: far
+        # below the ~390 ms each answer took while the queue waited for an arrival that could not come.
+        assert len(latencies) >= 16 and latencies[len(latencies) // 2] < 0.15, (len(latencies), latencies[::8])
+    finally:
+        server.stop()

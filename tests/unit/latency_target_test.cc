@@ -42,6 +42,17 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
     costs_->Seed(0, kGroup, 1, 110us);
     costs_->Seed(0, kGroup, 8, 180us);
   }
+  // The queue's waiting group is due at `stop` (NextBatchTime) and not a microsecond before, and
+  // then forms a batch of `rows`. Advances the clock to `stop`.
+  void ExpectReadyExactlyAt(BatchQueue& queue, TimePoint stop, int64_t rows) {
+    EXPECT_EQ(queue.NextBatchTime(), stop);
+    clock_.Advance(stop - clock_.Now() - 1us);
+    EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+    clock_.Advance(1us);
+    auto batch = queue.TakeReadyBatch(clock_.Now());
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(batch->rows, rows);
+  }
   std::shared_ptr<BatchCostModel> costs_;
 };
 
@@ -53,12 +64,9 @@ TEST_F(LatencyTargetQueueTest, ABatchIsCutSoThatItsOldestRequestAnswersInTime) {
   auto batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("1", "2", "3", "4", "5"));
-  // The other three could grow, arrivals came all at once (faster than any batch serves), and
-  // one more row still answers in time: they wait, until one more would make the oldest late.
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  const TimePoint first = clock_.Now() - 500us;
-  EXPECT_EQ(queue.NextBatchTime(), first + 1000us - 400us);
-  clock_.Advance(100us);
+  // The other three could grow, and arrivals came all at once (faster than any batch serves),
+  // but nothing has arrived for 500 us, more than four smoothed gaps between arrivals (0 us):
+  // arrivals have stopped, and they run now rather than wait for one that may never come.
   batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("6", "7", "8"));
@@ -80,7 +88,7 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWait
   EXPECT_FALSE(plain.TakeReadyBatch(clock_.Now()).has_value());
 }
 
-TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileTheOldestCanStillMakeIt) {
+TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileRowsKeepArriving) {
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();  // 2 rows: 120 us, 60 us a row; arrivals: one row per 20 us
   const TimePoint first = clock_.Now();
@@ -88,14 +96,57 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWa
   clock_.Advance(20us);
   ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  // It stops waiting when one more arrival (20 us) and a batch of 3 (130 us) would end past the target.
-  EXPECT_EQ(queue.NextBatchTime(), first + 1000us - 130us - 20us);
-  clock_.Advance(queue.NextBatchTime() - clock_.Now() - 1us);
+  // It waits while something arrives within four smoothed gaps (4 x 20 us) of the last arrival.
+  EXPECT_EQ(queue.NextBatchTime(), first + 20us + 80us);
+  clock_.Advance(20us);
+  ASSERT_TRUE(Add(queue, 1).ok());  // three rows: 130 us, 43.3 us a row, still more than 20
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  clock_.Advance(1us);
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 2);
+  ExpectReadyExactlyAt(queue, first + 40us + 80us, 3);
+}
+
+TEST_F(LatencyTargetQueueTest, AWaitingGroupStopsWhenOneMoreArrivalWouldMakeItsOldestLate) {
+  BatchQueue queue(TargetOptions());
+  costs_->Seed(0, kGroup, 1, 600us);  // dear batches: 2 rows about 643 us (321 a row), 3 about 686 us
+  costs_->Seed(0, kGroup, 8, 900us);
+  const TimePoint first = clock_.Now();
+  ASSERT_TRUE(Add(queue, 1).ok());
+  clock_.Advance(100us);
+  ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
+  // One more arrival (100 us) and a batch of 3 would end past the oldest's 1,000 us before the
+  // silence bound (100 + 4 x 100 us) comes.
+  const TimePoint stop = first + 1000us - *costs_->Predict(kGroup, 3, Pick::kSlowest) - 100us;
+  EXPECT_LT(stop, first + 500us);
+  ExpectReadyExactlyAt(queue, stop, 2);
+}
+
+TEST_F(LatencyTargetQueueTest, AClosedLoopWhoseCallersAllWaitIsNotHeldUntilItsTarget) {
+  // Every caller of a closed loop of four has a request here: none can arrive until this batch
+  // runs. Rounds of four come 5 us apart, one round per 400 us. The smoothed rate says one more
+  // row is due within tens of microseconds; before the silence bound the group then waited until
+  // its oldest had nearly used its target.
+  BatchQueue queue(TargetOptions());
+  SeedWithOverhead();  // 4 rows: 140 us, 35 us a row
+  for (int round = 0; round < 3; ++round) {
+    const TimePoint first = clock_.Now();
+    for (int i = 0; i < 4; ++i) {
+      if (i > 0) clock_.Advance(5us);
+      ASSERT_TRUE(Add(queue, 1).ok());
+    }
+    auto batch = queue.TakeReadyBatch(clock_.Now());
+    // The first round waits (its gaps say rows come every 5 us); later ones, whose smoothed gap
+    // takes in the pause between rounds, find that waiting does not pay at all.
+    if (round == 0) EXPECT_FALSE(batch.has_value());
+    if (!batch.has_value()) {
+      const TimePoint next = queue.NextBatchTime();
+      EXPECT_LT(next, first + 200us) << "round " << round;  // the target would allow about 850 us
+      clock_.Advance(next - clock_.Now());
+      batch = queue.TakeReadyBatch(clock_.Now());
+    }
+    ASSERT_TRUE(batch.has_value()) << "round " << round;
+    EXPECT_EQ(batch->rows, 4);
+    clock_.Advance(first + 400us - clock_.Now());
+  }
 }
 
 TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
@@ -104,12 +155,13 @@ TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
   BatchQueue queue(options);
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  ASSERT_TRUE(Add(queue, 1).ok());
-  clock_.Advance(20us);
-  ASSERT_TRUE(Add(queue, 1).ok());
+  for (int i = 0; i < 5; ++i) {  // a row every 20 us: five rows take 30 us a row, still more than 20
+    if (i > 0) clock_.Advance(20us);
+    ASSERT_TRUE(Add(queue, 1).ok());
+  }
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  EXPECT_EQ(queue.NextBatchTime(), first + 100us);
-  clock_.Advance(80us);
+  EXPECT_EQ(queue.NextBatchTime(), first + 100us);  // before the silence bound (80 + 4 x 20 us)
+  clock_.Advance(20us);
   EXPECT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
 }
 
