@@ -90,16 +90,18 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
   }
   Group& joined = group->second;
   if (Targeted()) {
+    // Callers read the clock before they take the batcher's lock, so arrivals can reach here a
+    // little out of order: such a gap counts as 0, and the last arrival never moves back.
     if (last_arrival_ != TimePoint{}) {
-      const double gap = static_cast<double>(Micros(pending.enqueued - last_arrival_)) /
-                         static_cast<double>(std::max<int64_t>(request.batch_size, 1));
+      const double arrival_gap = static_cast<double>(std::max<int64_t>(Micros(pending.enqueued - last_arrival_), 0));
+      const double gap = arrival_gap / static_cast<double>(std::max<int64_t>(request.batch_size, 1));
       gap_us_per_row_ = gap_us_per_row_ < 0 ? gap : (1 - kBatchCostSmoothing) * gap_us_per_row_ + kBatchCostSmoothing * gap;
-      const double arrival_gap = static_cast<double>(Micros(pending.enqueued - last_arrival_));
       gap_us_per_arrival_ = gap_us_per_arrival_ < 0 ? arrival_gap
                                                     : (1 - kBatchCostSmoothing) * gap_us_per_arrival_ +
                                                           kBatchCostSmoothing * arrival_gap;
     }
-    last_arrival_ = pending.enqueued;
+    last_arrival_ = std::max(last_arrival_, pending.enqueued);
+    joined.last_arrival = std::max(joined.last_arrival, pending.enqueued);
   }
   joined.rows += request.batch_size;
   Insert(joined, std::move(pending));
@@ -259,6 +261,10 @@ int64_t BatchQueue::KeepingUpRows(const std::string& key, int64_t limit) const {
 std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
   std::vector<RefusedRequest> refused;
   if (!Targeted() || options_.one_request_per_batch || gap_us_per_row_ < 0) return refused;
+  // Arrivals have stopped (a closed loop whose callers all wait): nothing arrives faster than
+  // batches serve, whatever the smoothed rate of the last burst says, and shedding would refuse
+  // requests that no later arrival needs the room of.
+  if (now >= SilentFrom(last_arrival_)) return refused;
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& group = it->second;
     // A lone row predicted beyond the whole target is not trusted (see CheckInTime): no shedding on it.
@@ -462,17 +468,19 @@ std::optional<TimePoint> BatchQueue::StopWaitingAt(const std::string& key, const
   if (!larger) return std::nullopt;
   TimePoint stop =
       AnswerBy(group.queue.front()) - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
-  // The silence bound: once nothing has arrived for kSilenceGaps smoothed gaps between arrivals,
-  // the smoothed rate (which only changes at an arrival) no longer says anything: arrivals have
-  // slowed or stopped, as they do when every caller of a closed loop already waits here
-  // (perf_analyzer at a concurrency below max_batch_size), and waiting on would hold the group
-  // until its oldest request's target had nearly passed. At a steady (Poisson) rate a silence
-  // that long comes before fewer than 2 % of arrivals.
-  if (gap_us_per_arrival_ >= 0) {
-    stop = std::min(stop, last_arrival_ + std::chrono::microseconds(
-                                              static_cast<int64_t>(kSilenceGaps * gap_us_per_arrival_)));
-  }
-  return stop;
+  // The silence bound: once nothing has arrived for the group for kSilenceGaps smoothed gaps
+  // between arrivals, the smoothed rate (which only changes at an arrival) no longer says
+  // anything about it: its arrivals have slowed or stopped, as they do when every caller of a
+  // closed loop already waits here (perf_analyzer at a concurrency below max_batch_size), and
+  // waiting on would hold the group until its oldest request's target had nearly passed. The
+  // silence is the group's own (another shape arriving steadily does not extend it); the gap is
+  // the model's, which only shortens the bound for a shape that arrives less often.
+  return std::min(stop, SilentFrom(group.last_arrival));
+}
+
+TimePoint BatchQueue::SilentFrom(TimePoint last) const {
+  if (gap_us_per_arrival_ < 0) return kNoDeadline;
+  return last + std::chrono::microseconds(static_cast<int64_t>(kSilenceGaps * gap_us_per_arrival_));
 }
 
 int64_t BatchQueue::PaddedRows(int64_t rows) const {

@@ -98,8 +98,9 @@ class BatchQueue {
   //  - Waiting: a group that could still grow waits only while (a) a batch of its present rows,
   //    on every instance, would serve fewer rows per second than arrive for the model (so waiting
   //    pays), (b) one more arrival (at that smoothed rate) plus the larger batch still answers
-  //    the oldest in time, and (c) something has arrived within the last four smoothed gaps
-  //    between arrivals (a longer silence says arrivals slowed or stopped: StopWaitingAt); a positive
+  //    the oldest in time, and (c) something has arrived for the group within the last four
+  //    smoothed gaps between arrivals (a longer silence says arrivals slowed or stopped:
+  //    StopWaitingAt); a positive
   //    max_queue_delay bounds the wait, and a preferred size cuts as without a target.
   //  - Refusal at arrival: refused when even the fastest instance could not answer it in time
   //    after the work ahead: every group's rows at the per-row cost of the largest batch the target
@@ -110,7 +111,8 @@ class BatchQueue {
   //    DEADLINE_EXCEEDED when its own deadline is the one it would miss, else UNAVAILABLE. With
   //    nothing ahead a request is always admitted: refusing it on its own predicted cost could
   //    refuse everything for good, with no batch left to correct an estimate that is too high.
-  //  - Refusal while queued: TakeHopeless; under overload, TakeOverloaded.
+  //  - Refusal while queued: TakeHopeless; under overload, TakeOverloaded (not while arrivals
+  //    have stopped: SilentFrom).
 
   // Removes and returns, with their answers, the requests that can no longer be answered in time
   // even in a batch of their own started now (their target passed, or now + their own predicted
@@ -124,8 +126,9 @@ class BatchQueue {
   // would wait longer), refuses that oldest request instead, and repeats while that lets the batch
   // grow, up to the smallest size that keeps up with arrivals (or the largest the target allows).
   // Trades the few oldest requests for batches that answer the many behind them in time. Empty
-  // without a target, before the arrival rate is known, or when the cost model knows nothing of
-  // the group.
+  // without a target, before the arrival rate is known, while nothing has arrived for the model
+  // for a silence that says arrivals stopped (SilentFrom), or when the cost model knows nothing
+  // of the group.
   std::vector<RefusedRequest> TakeOverloaded(TimePoint now);
 
   // Removes and returns the requests that are cancelled or whose deadline is at or before `now`.
@@ -188,6 +191,7 @@ class BatchQueue {
   struct Group {
     std::deque<PendingRequest> queue;  // by Rank, then arrival
     int64_t rows = 0;                  // rows waiting in `queue`
+    TimePoint last_arrival{};          // latency target only: its latest request's arrival
   };
 
   // Where a request waits relative to others (lower first): its priority level, and behind those
@@ -237,10 +241,15 @@ class BatchQueue {
                                     int64_t rows, bool* wait) const;
   // Latency target: the moment a group waiting for more requests stops waiting: when one more
   // arrival (at the smoothed arrival rate) plus the larger batch would answer its oldest request
-  // late, or, if earlier, when nothing has arrived (for any shape) for kSilenceGaps smoothed
-  // gaps between arrivals (arrivals have slowed or stopped: a closed loop whose callers all
+  // late, or, if earlier, when nothing has arrived for the group for kSilenceGaps smoothed gaps
+  // between arrivals (its arrivals have slowed or stopped: a closed loop whose callers all
   // wait); nullopt before the arrival rate or the group's cost is known.
   std::optional<TimePoint> StopWaitingAt(const std::string& key, const Group& group) const;
+  // Latency target: when a silence since `last` (an arrival) becomes long enough to say that
+  // arrivals have slowed or stopped: kSilenceGaps smoothed gaps between arrivals after it (at a
+  // steady Poisson rate, a silence that long comes before about 3.5 % of arrivals);
+  // kNoDeadline before the gap is known.
+  TimePoint SilentFrom(TimePoint last) const;
   // Latency target: the rows of the longest prefix of `group` (within the largest batch size)
   // whose batch started at `now` answers the oldest request in time on the slowest instance
   // (`*fitting_rows`: the rows of the prefix within the largest size); nullopt when the cost

@@ -254,7 +254,11 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
     ASSERT_TRUE(Add(queue, 1).ok()) << i;
     if (i < 7) clock_.Advance(20us);
   }
-  clock_.Advance(first + 880us - clock_.Now());
+  // Requests keep arriving (of a shape without costs, so that this group does not fill).
+  while (clock_.Now() < first + 880us) {
+    clock_.Advance(20us);
+    ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());
+  }
   // The first has 120 us left (a batch of 2), the second 140 us (4 of 7 waiting), the third
   // 160 us: a batch of all 6 left. Cutting for the first would serve 2 rows in 120 us while 6 arrive.
   std::vector<RefusedRequest> refused = queue.TakeOverloaded(clock_.Now());
@@ -266,11 +270,46 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
   EXPECT_THAT(refused[0].status.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
   EXPECT_THAT(refused[0].status.message(), HasSubstr("it waited 880 us"));
   EXPECT_EQ(refused[0].reason, EarlyRefusal::kTarget);
-  EXPECT_EQ(queue.size(), 6u);
-  EXPECT_EQ(queue.bytes(), 6 * 8u);
+  EXPECT_EQ(queue.size(), 6u + 37u);
+  EXPECT_EQ(queue.bytes(), 6 * 8u + 37 * 12u);
   auto batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("3", "4", "5", "6", "7", "8"));
+}
+
+TEST_F(LatencyTargetQueueTest, NothingIsShedOnceArrivalsHaveStopped) {
+  // The same eight arrivals, then nothing: every caller waits (a closed loop), so no later
+  // arrival needs the room shedding would make, whatever the rate of the burst said.
+  BatchQueue queue(TargetOptions());
+  SeedWithOverhead();
+  const TimePoint first = clock_.Now();
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(Add(queue, 1).ok()) << i;
+    if (i < 7) clock_.Advance(20us);
+  }
+  clock_.Advance(first + 880us - clock_.Now());
+  EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
+  auto batch = queue.TakeReadyBatch(clock_.Now());  // cut so that the oldest answers in time
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("1", "2"));
+}
+
+TEST_F(LatencyTargetQueueTest, AnotherShapeArrivingDoesNotKeepAGroupWaiting) {
+  BatchQueue queue(TargetOptions());
+  SeedWithOverhead();
+  ASSERT_TRUE(Add(queue, 1).ok());
+  clock_.Advance(20us);
+  ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // two rows wait for a third
+  for (int i = 0; i < 20; ++i) {  // another shape every 5 us: none of them joins the group
+    clock_.Advance(5us);
+    ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());
+  }
+  // The group has heard nothing for 100 us, far more than four gaps between the model's
+  // arrivals: it runs now, first (its oldest is the oldest waiting).
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_THAT(Ids(*batch), ElementsAre("1", "2"));
 }
 
 TEST_F(LatencyTargetQueueTest, WithoutOverloadTheOldestIsServedInABatchCutForIt) {
