@@ -53,6 +53,13 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
     ASSERT_TRUE(batch.has_value());
     EXPECT_EQ(batch->rows, rows);
   }
+  // Adds `count` one-row requests `gap` apart (the clock ends at the last one's arrival).
+  void AddRowsEvery(BatchQueue& queue, int count, Duration gap) {
+    for (int i = 0; i < count; ++i) {
+      if (i > 0) clock_.Advance(gap);
+      ASSERT_TRUE(Add(queue, 1).ok()) << i;
+    }
+  }
   std::shared_ptr<BatchCostModel> costs_;
 };
 
@@ -129,10 +136,7 @@ TEST_F(LatencyTargetQueueTest, AClosedLoopWhoseCallersAllWaitIsNotHeldUntilItsTa
   SeedWithOverhead();  // 4 rows: 140 us, 35 us a row
   for (int round = 0; round < 3; ++round) {
     const TimePoint first = clock_.Now();
-    for (int i = 0; i < 4; ++i) {
-      if (i > 0) clock_.Advance(5us);
-      ASSERT_TRUE(Add(queue, 1).ok());
-    }
+    AddRowsEvery(queue, 4, 5us);
     auto batch = queue.TakeReadyBatch(clock_.Now());
     // The first round waits (its gaps say rows come every 5 us); later ones, whose smoothed gap
     // takes in the pause between rounds, find that waiting does not pay at all.
@@ -155,10 +159,7 @@ TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
   BatchQueue queue(options);
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  for (int i = 0; i < 5; ++i) {  // a row every 20 us: five rows take 30 us a row, still more than 20
-    if (i > 0) clock_.Advance(20us);
-    ASSERT_TRUE(Add(queue, 1).ok());
-  }
+  AddRowsEvery(queue, 5, 20us);  // five rows take 30 us a row, still more than 20
   EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
   EXPECT_EQ(queue.NextBatchTime(), first + 100us);  // before the silence bound (80 + 4 x 20 us)
   clock_.Advance(20us);
@@ -250,10 +251,7 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();  // 110 us + 10 us a row: even 8 rows (22.5 us a row) serve slower than rows arrive
   const TimePoint first = clock_.Now();
-  for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(Add(queue, 1).ok()) << i;
-    if (i < 7) clock_.Advance(20us);
-  }
+  AddRowsEvery(queue, 8, 20us);
   // Requests keep arriving (of a shape without costs, so that this group does not fill).
   while (clock_.Now() < first + 880us) {
     clock_.Advance(20us);
@@ -283,10 +281,7 @@ TEST_F(LatencyTargetQueueTest, NothingIsShedOnceArrivalsHaveStopped) {
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(Add(queue, 1).ok()) << i;
-    if (i < 7) clock_.Advance(20us);
-  }
+  AddRowsEvery(queue, 8, 20us);
   clock_.Advance(first + 880us - clock_.Now());
   EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
   auto batch = queue.TakeReadyBatch(clock_.Now());  // cut so that the oldest answers in time
@@ -316,10 +311,7 @@ TEST_F(LatencyTargetQueueTest, WithoutOverloadTheOldestIsServedInABatchCutForIt)
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(Add(queue, 1).ok()) << i;
-    if (i < 2) clock_.Advance(200us);  // a row per 200 us: a lone row (110 us) keeps up
-  }
+  AddRowsEvery(queue, 3, 200us);  // a row per 200 us: a lone row (110 us) keeps up
   clock_.Advance(first + 885us - clock_.Now());  // the first has 115 us left: a batch of its own
   EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
   auto batch = queue.TakeReadyBatch(clock_.Now());
