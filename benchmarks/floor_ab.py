@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import floor_benchmark as fb  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from harness.bench import (ROOT, batch_executions, executions_between, make_repository as make_bundled,  # noqa: E402
-                           pinning, statistics as model_counts)
+                           model_stats, pinning)
 from request_path_benchmark import BenchmarkError, Server, make_repository as make_trivial  # noqa: E402
 
 LOWER_IS_BETTER = ("p50_us", "cpu_us", "voluntary", "involuntary", "cost_ratio", "cost_ratio_weighted",
@@ -70,15 +70,16 @@ def measure_side(binary, extra_args, repository, log, prefix, load, files, convn
             record(f"{model}_c1_p50_us", load.run(server.url, files[model], 1)["p50_us"])
             record(f"{model}_cpu_us",
                    load.run(server.url, files[model], 32, rate=fb.FIXED_RATE, server_pid=pid)["server_cpu_us_per_call"])
-        before, sizes_before = model_counts(server.url, "mlp"), batch_executions(server.url, "mlp")
+        before = model_stats(server.url, "mlp")
         run = load.run(server.url, files["mlp"], 32, server_pid=pid)
-        after, sizes_after = model_counts(server.url, "mlp"), batch_executions(server.url, "mlp")
-        executions = after[1] - before[1]
-        formed = executions_between(sizes_before, sizes_after)
+        after = model_stats(server.url, "mlp")
+        executions = after.execution_count - before.execution_count
+        formed = executions_between(batch_executions(before), batch_executions(after))
         out.setdefault("mlp_c32_batches", []).append(formed)
         record("mlp_c32_one_row_share", formed.get(1, 0) / max(1, sum(formed.values())))
         record("mlp_c32_per_s", run["calls_per_s"])
-        record("mlp_c32_batch", (after[0] - before[0]) / executions if executions else 0.0)
+        record("mlp_c32_batch",
+               (after.inference_count - before.inference_count) / executions if executions else 0.0)
         record("mlp_c32_cpu_us", run["server_cpu_us_per_call"])
         record("mlp_c32_voluntary", run["server_voluntary_switches_per_call"])
         record("mlp_c32_involuntary", run["server_involuntary_switches_per_call"])
@@ -112,12 +113,13 @@ def execution_us(inproc_model, size):
     nearest one's outside them."""
     sizes = sorted(inproc_model)
     at = {b: 1e6 * b / inproc_model[b]["rows_per_s"] for b in sizes}
-    if size <= sizes[0] or size >= sizes[-1]:
-        return at[sizes[0]] * size / sizes[0] if size <= sizes[0] else at[sizes[-1]] * size / sizes[-1]
-    upper = next(b for b in sizes if b >= size)
-    lower = max(b for b in sizes if b <= size)
-    if upper == lower:
+    if size in at:
         return at[size]
+    if size < sizes[0] or size > sizes[-1]:  # per row as the nearest measured size
+        nearest = sizes[0] if size < sizes[0] else sizes[-1]
+        return at[nearest] * size / nearest
+    lower = max(b for b in sizes if b < size)
+    upper = min(b for b in sizes if b > size)
     return at[lower] + (at[upper] - at[lower]) * (size - lower) / (upper - lower)
 
 

@@ -93,12 +93,13 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
     // Callers read the clock before they take the batcher's lock, so arrivals can reach here a
     // little out of order: such a gap counts as 0, and the last arrival never moves back.
     if (last_arrival_ != TimePoint{}) {
+      // The first sample starts an average (< 0: none yet); each later one moves it by the smoothing.
+      const auto smooth = [](double& average, double sample) {
+        average = average < 0 ? sample : (1 - kBatchCostSmoothing) * average + kBatchCostSmoothing * sample;
+      };
       const double arrival_gap = static_cast<double>(std::max<int64_t>(Micros(pending.enqueued - last_arrival_), 0));
-      const double gap = arrival_gap / static_cast<double>(std::max<int64_t>(request.batch_size, 1));
-      gap_us_per_row_ = gap_us_per_row_ < 0 ? gap : (1 - kBatchCostSmoothing) * gap_us_per_row_ + kBatchCostSmoothing * gap;
-      gap_us_per_arrival_ = gap_us_per_arrival_ < 0 ? arrival_gap
-                                                    : (1 - kBatchCostSmoothing) * gap_us_per_arrival_ +
-                                                          kBatchCostSmoothing * arrival_gap;
+      smooth(gap_us_per_row_, arrival_gap / static_cast<double>(std::max<int64_t>(request.batch_size, 1)));
+      smooth(gap_us_per_arrival_, arrival_gap);
     }
     last_arrival_ = std::max(last_arrival_, pending.enqueued);
     joined.last_arrival = std::max(joined.last_arrival, pending.enqueued);

@@ -100,8 +100,8 @@ class BatchQueue {
   //    pays), (b) one more arrival (at that smoothed rate) plus the larger batch still answers
   //    the oldest in time, and (c) something has arrived for the group within the last four
   //    smoothed gaps between arrivals (a longer silence says arrivals slowed or stopped:
-  //    StopWaitingAt); a positive
-  //    max_queue_delay bounds the wait, and a preferred size cuts as without a target.
+  //    StopWaitingAt); a positive max_queue_delay bounds the wait, and a preferred size cuts as
+  //    without a target.
   //  - Refusal at arrival: refused when even the fastest instance could not answer it in time
   //    after the work ahead: every group's rows at the per-row cost of the largest batch the target
   //    allows, and what the batches handed out last are predicted to have left, spread over the

@@ -86,27 +86,27 @@ def make_repository(directory, batching, names):
     write_bundled(directory, names, "dynamic_batching { }" if batching else None)
 
 
+def model_stats(url, model):
+    """`model`'s ModelStatistics message (tritonclient's gRPC client, one call)."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(url=url)
+    try:
+        return client.get_inference_statistics(model).model_stats[0]
+    finally:
+        client.close()
+
+
 def statistics(url, model):
     """(inference count, execution count) of `model` from the server's statistics."""
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(url=url)
-    try:
-        stats = client.get_inference_statistics(model).model_stats[0]
-        return stats.inference_count, stats.execution_count
-    finally:
-        client.close()
+    stats = model_stats(url, model)
+    return stats.inference_count, stats.execution_count
 
 
-def batch_executions(url, model):
-    """{batch size: executions so far} of `model` (the statistics' batch_stats, compute_infer's
-    count): two readings' difference is the distribution of the batches a window formed."""
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(url=url)
-    try:
-        stats = client.get_inference_statistics(model).model_stats[0]
-        return {int(b.batch_size): int(b.compute_infer.count) for b in stats.batch_stats}
-    finally:
-        client.close()
+def batch_executions(stats):
+    """{batch size: executions so far} of a ModelStatistics message (model_stats: its batch_stats,
+    compute_infer's count): two readings' difference is the distribution of the batches a window
+    formed."""
+    return {int(b.batch_size): int(b.compute_infer.count) for b in stats.batch_stats}
 
 
 def executions_between(before, after):

@@ -329,7 +329,7 @@ def test_model_cpus_in_a_shared_pool_under_a_quota_are_named_in_a_warning(tmp_pa
         assert f"event=cpu_split models={allowed[-1]} " in log, log
         # The quota found is the one of the group made here (the path ends the figure).
         assert (f'event=model_cpus_shared reason="the process may run on {len(allowed)} CPUs but its cgroup quota '
-                f'lets it use 1 (') in log and f"cgroup quota 0.5 ({group})" in log, log
+                'lets it use 1 (') in log and f"cgroup quota 0.5 ({group})" in log, log
         assert "shared pool, not its own" in log, log
     finally:
         # The kernel may take a moment to let go of a process that has just exited.

@@ -89,8 +89,8 @@ def test_metric_value_reads_one_series_exactly():
 def test_batch_executions_count_the_forwards_a_window_formed(bundled_server):
     import numpy as np
     import tritonclient.grpc as grpcclient
-    from harness.bench import batch_executions, executions_between
-    before = batch_executions(bundled_server.url, "mlp")
+    from harness.bench import batch_executions, executions_between, model_stats
+    before = batch_executions(model_stats(bundled_server.url, "mlp"))
     client = grpcclient.InferenceServerClient(url=bundled_server.url)
     try:
         for _ in range(2):  # one at a time: two forwards of one row
@@ -99,7 +99,7 @@ def test_batch_executions_count_the_forwards_a_window_formed(bundled_server):
             client.infer("mlp", [tensor])
     finally:
         client.close()
-    assert executions_between(before, batch_executions(bundled_server.url, "mlp")) == {1: 2}
+    assert executions_between(before, batch_executions(model_stats(bundled_server.url, "mlp"))) == {1: 2}
     assert executions_between({1: 5, 4: 2}, {1: 5, 4: 3, 8: 1}) == {4: 1, 8: 1}
 
 
