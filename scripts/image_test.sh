@@ -60,6 +60,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
+free_gb() { local d=$1; [ -d "$d" ] || d=/; df --output=avail -BG "$d" | tail -1 | tr -dc 0-9; }
+# make_room WHAT NEED_GB: with less than NEED_GB free on the engine's disk, drops what only the
+# next build would use (the untagged images of this build's cached steps, the build stage's among
+# them, and the wheels), then fails plainly if there is still too little, instead of a container
+# dying half-made with "no space left on device". Only for the engine of $CACHE (this script's).
+make_room() {
+  [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ] || return 0
+  local what=$1 need=$2 free
+  free=$(free_gb "$CACHE")
+  if [ "$free" -lt "$need" ]; then
+    log "$free GB free, $what needs about $need GB: dropping the build cache (the next build is cold)"
+    docker image prune -f >/dev/null || true
+    $SUDO rm -rf "$CACHE/wheels"
+    free=$(free_gb "$CACHE")
+  fi
+  log "disk: $free GB free on $CACHE's filesystem for $what (about $need GB needed)"
+  [ "$free" -ge "$need" ] || { echo "too little disk for $what: $free GB free, about $need GB needed" >&2; exit 1; }
+}
+
 # ---- a Docker engine --------------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   missing=()
@@ -89,9 +108,9 @@ docker ps -aq --filter name=sluice-image-test- | xargs -r docker rm -f >/dev/nul
 if [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ]; then
   # Our own engine: the build containers an interrupted build left hold gigabytes each.
   docker container prune -f >/dev/null
-  free_gb=$(df --output=avail -BG "$CACHE" | tail -1 | tr -dc 0-9)
-  if [ "$free_gb" -lt "${SLUICE_IMAGE_MIN_FREE_GB:-20}" ]; then
-    log "only $free_gb GB free: pruning the image cache (this build is cold)"
+  free=$(free_gb "$CACHE")
+  if [ "$free" -lt "${SLUICE_IMAGE_MIN_FREE_GB:-20}" ]; then
+    log "only $free GB free: pruning the image cache (this build is cold)"
     docker system prune -af >/dev/null
   fi
 fi
@@ -133,7 +152,7 @@ log "wheels for the build stage: $WHEELS ($(du -sh "$WHEELS" | cut -f1), $(($(da
 
 ca=${SLUICE_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 if [ "$ca" != none ] && [ -f "$ca" ]; then cp "$ca" docker/build-ca/build-host.crt; fi
-log "docker build (docker/build-image.sh)"
+log "docker build (docker/build-image.sh; $(free_gb "$CACHE") GB free, a cold build takes about 25 GB on vfs)"
 t0=$(date +%s)
 DOCKER_BUILDKIT=0 docker/build-image.sh sluice -- --network host \
     --build-arg PIP_FIND_LINKS="http://127.0.0.1:$WHEEL_PORT/" 2>&1 | tee "$WORK/build.log" \
@@ -160,6 +179,7 @@ import socket
 sockets = [socket.socket() for _ in range(3)]
 for s in sockets: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in sockets])')
+make_room "a container (two copies of the image on vfs)" $((2 * size_mb / 1000 + 2))
 log "docker run --read-only --tmpfs /tmp:exec --network host (gRPC $GRPC, HTTP $HTTP, metrics $METRICS)"
 docker run -d --name "$NAME" --read-only --tmpfs /tmp:exec --network host -e SLUICE_HEALTH_PORT="$GRPC" "$TAG" \
   --grpc-port "$GRPC" --http-port "$HTTP" --metrics-port "$METRICS" >/dev/null
@@ -182,13 +202,18 @@ uid=$(stat -c %u "/proc/$(docker inspect -f '{{.State.Pid}}' "$NAME")")
 log "the server runs as uid $uid"
 [ "$uid" = 10001 ] || { echo "the server runs as uid $uid, not the image's 10001" >&2; exit 1; }
 
-docker run --rm --network none "$TAG" --print-env >"$WORK/print-env.txt" 2>&1 || true
-sed 's/^/    /' "$WORK/print-env.txt"
-grep -q '^gpus: none' "$WORK/print-env.txt" && grep -q '^result: no usable GPU' "$WORK/print-env.txt" \
-  || { echo "--print-env in the image does not say that no GPU is visible" >&2; exit 1; }
-
 "$PY" tests/image/check_image.py drain --grpc "127.0.0.1:$GRPC" --container "$NAME"
 docker logs "$NAME" 2>&1 | grep -q 'event=stopped' || { echo "the server's log has no event=stopped" >&2; exit 1; }
+# One container at a time: on vfs each holds two full copies of the image (its init and rw layers).
+docker rm "$NAME" >/dev/null
+
+make_room "a container (two copies of the image on vfs)" $((2 * size_mb / 1000 + 2))
+# (--print-env exits non-zero when no GPU is usable; 125 is docker's own: no container ran.)
+rc=0; docker run --rm --network none "$TAG" --print-env >"$WORK/print-env.txt" 2>&1 || rc=$?
+sed 's/^/    /' "$WORK/print-env.txt"
+[ "$rc" != 125 ] || { echo "docker could not run the image for --print-env (above)" >&2; exit 1; }
+grep -q '^gpus: none' "$WORK/print-env.txt" && grep -q '^result: no usable GPU' "$WORK/print-env.txt" \
+  || { echo "--print-env in the image does not say that no GPU is visible" >&2; exit 1; }
 
 if [ "$size_mb" -gt "$SIZE_BOUND_MB" ]; then
   echo "the image is $size_mb MB, above the $SIZE_BOUND_MB MB bound (SIZE_BOUND_MB in this script says why)" >&2
