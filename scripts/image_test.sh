@@ -108,6 +108,16 @@ docker ps -aq --filter name=sluice-image-test- | xargs -r docker rm -f >/dev/nul
 if [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ]; then
   # Our own engine: the build containers an interrupted build left hold gigabytes each.
   docker container prune -f >/dev/null
+  # Layer folders that no image or container refers to: what a container whose creation ran out
+  # of disk leaves behind (dockerd does not remove them), gigabytes each on vfs.
+  layers=$CACHE/docker/vfs/dir
+  if $SUDO test -d "$layers" && $SUDO test -d "$CACHE/docker/image/vfs/layerdb"; then
+    known=$($SUDO find "$CACHE/docker/image/vfs/layerdb" \( -name cache-id -o -name mount-id -o -name init-id \) \
+      -exec awk 1 {} +)
+    for dir in $($SUDO ls "$layers"); do
+      grep -qxF "$dir" <<<"$known" || { log "removing a layer folder nothing refers to: $dir"; $SUDO rm -rf "${layers:?}/$dir"; }
+    done
+  fi
   free=$(free_gb "$CACHE")
   if [ "$free" -lt "${SLUICE_IMAGE_MIN_FREE_GB:-20}" ]; then
     log "only $free GB free: pruning the image cache (this build is cold)"
