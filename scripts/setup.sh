@@ -46,6 +46,7 @@ if [ "$PROFILE" = test ]; then
     linux-perf  # benchmarks/request_path_profile.py samples the server with perf
     patchelf    # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
     "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, ThreadSanitizer)
+    llvm        # llvm-symbolizer: sanitizer reports name their frames, which the suppressions match
     "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)
   )
 fi

@@ -19,6 +19,10 @@ mark=$SECONDS
 # crashes in map fields (the OTLP messages the exporter encodes have none).
 # -O1 with line tables (ThreadSanitizer's reports name files and lines; -O2 -g costs about twice
 # the compile time for nothing it finds).
+# The suppressions (tests/sanitizers/tsan.supp) match function and file names: without a
+# symbolizer every frame is "<null>", nothing matches, and a report they cover fails the run.
+symbolizer=$(command -v llvm-symbolizer || true)
+[ -n "$symbolizer" ] || { echo "no llvm-symbolizer on the PATH (Debian's llvm package; scripts/setup.sh installs it)" >&2; exit 1; }
 echo "== ThreadSanitizer build"
 SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test core_test tracing_test" \
   scripts/build.sh -DSLUICE_TORCH=OFF -DSLUICE_WERROR=ON -DSLUICE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
@@ -29,7 +33,7 @@ SLUICE_BUILD_DIR=build-tsan SLUICE_BUILD_TARGETS="scheduler_test manager_test co
 for suite in scheduler_test manager_test core_test tracing_test; do
   echo "== ThreadSanitizer: $suite"
   SLUICE_STRESS_REQUESTS=500 \
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/sanitizers/tsan.supp" \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 external_symbolizer_path=$symbolizer suppressions=$PWD/tests/sanitizers/tsan.supp" \
     "build-tsan/bin/$suite" --gtest_brief=1
 done
 echo "== ThreadSanitizer took $((SECONDS - mark)) s"
