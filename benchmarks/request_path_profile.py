@@ -16,9 +16,10 @@ else in the process is gRPC's (its polling and callback threads: parsing, valida
 submission run there, as do the Finish of calls) or the metrics endpoint's. Libraries: the
 kernel (TCP, epoll, futex wake-ups, scheduling), gRPC and its dependencies, protobuf, LibTorch
 (with its OpenMP and oneDNN), the C/C++ runtime (malloc, memcpy, locks), Sluice's own code.
-perf samples the CPU clock at --frequency Hz, kernel included (needs perf_event_open: root, or
-kernel.perf_event_paranoid <= 1). --smoke (the test command): one tiny window (mlp_c32); its
-numbers mean nothing.
+perf samples the CPU clock at --frequency Hz, kernel included (needs perf_event_open: root, a
+user with sudo, or kernel.perf_event_paranoid <= 0 with the server pinned, <= 2 without). --smoke (the test command): one tiny window (mlp_c32); its
+numbers mean nothing; where perf may not sample (neither as it is nor through `sudo -n`), it
+exits 77, which ctest counts as skipped.
 """
 import argparse
 import collections
@@ -69,9 +70,36 @@ def thread_group(comm):
     return "gRPC and the rest"
 
 
+# How perf is run: ["perf"], or through sudo where only root may open the events (perf_command).
+PERF = ["perf"]
+# Exit status of a smoke run that cannot profile here (ctest's SKIP_RETURN_CODE for the smokes).
+SKIPPED = 77
+
+
+def perf_command(cpu):
+    """(command prefix, None) for running perf so that it may sample the server: as it is, or as
+    `sudo -n perf` for a user with sudo on a kernel that forbids it to users (Debian's default
+    kernel.perf_event_paranoid is 3); (None, why not) when neither may (a container without
+    CAP_PERFMON, say). Probes what the windows do: CPU `cpu`'s events when the server is
+    pinned (paranoid <= 0 for a user), else a process's own (<= 2)."""
+    target = ["-C", str(cpu)] if cpu is not None else []
+    why = ""
+    for prefix in (["perf"], ["sudo", "-n", "perf"]):
+        if prefix[0] == "sudo" and (os.geteuid() == 0 or shutil.which("sudo") is None):
+            break
+        probe = subprocess.run([*prefix, "stat", "-e", "cpu-clock", "-x,", *target, "--", "true"],
+                               capture_output=True, text=True, timeout=60)
+        if probe.returncode == 0:
+            return prefix, None
+        lines = [line for line in probe.stderr.splitlines() if line.strip() and line.strip() != "Error:"]
+        why = why or next((line for line in lines if "ermission" in line or "is limited" in line),
+                          lines[0] if lines else "perf stat failed")
+    return None, f"{why} (perf needs root, or kernel.perf_event_paranoid <= {0 if target else 2})"
+
+
 def perf_report(data, pid, sort, limit=0.0):
     """[(percent, fields...)] of process `pid`'s samples from `perf report --sort <sort>`."""
-    out = subprocess.run(["perf", "report", "-i", data, "--pid", str(pid), "--stdio", "--no-children", "-q",
+    out = subprocess.run([*PERF, "report", "-i", data, "--pid", str(pid), "--stdio", "--no-children", "-q",
                           "-g", "none", "--sort", sort, "--percent-limit", str(limit)],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -91,12 +119,12 @@ def profile_window(load, url, pid, cpu, request_file, concurrency, rate, frequen
     make every context switch dearer (perf switches them in and out), and context switches are
     a large part of what is measured here."""
     target = ["-C", str(cpu)] if cpu is not None else ["-p", str(pid)]
-    perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", str(frequency), *target,
+    perf = subprocess.Popen([*PERF, "record", "-e", "cpu-clock", "-F", str(frequency), *target,
                              "-o", data, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)  # perf attaches to every thread of the process
     if perf.poll() is not None:
         raise BenchmarkError(f"perf record could not start: {perf.stderr.read().strip()} "
-                             "(it needs root or kernel.perf_event_paranoid <= 1)")
+                             "(see perf_command)")
     before = cpu_seconds(pid)
     run = load.run(url, request_file, concurrency, rate=rate)
     after = cpu_seconds(pid)
@@ -161,6 +189,11 @@ def main():
     windows = (0.1, 0.3) if args.smoke else (1.0, args.seconds)
     (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
     server_cpu = int(server_prefix[-1]) if server_prefix else None
+    global PERF
+    PERF, why_not = perf_command(server_cpu)
+    if PERF is None:
+        print(f"request path profile: perf cannot sample here: {why_not}", file=sys.stderr)
+        return SKIPPED if args.smoke else 1
     started = time.monotonic()
     report = {"benchmark": "request_path_profile", "smoke": args.smoke, "pinning": pin_note,
               "window_seconds": windows[1], "fixed_rate": FIXED_RATE, "windows": {}}
