@@ -291,13 +291,15 @@ scrape_configs:
 
 
 def test_perf_analyzer_collects_the_fake_gpu_metrics(server, tmp_path):
+    # Stability is not what this checks: any three windows within 10x pass, and up to ten windows
+    # are tried (a stall of the machine of a few hundred ms in one of three failed it once).
     out_csv = tmp_path / "perf.csv"
     result = subprocess.run(
         [shutil.which("perf_analyzer") or os.path.join(ROOT, ".venv", "bin", "perf_analyzer"),
          "-m", "plain", "-u", server.url, "-i", "grpc", "-b", "1", "--concurrency-range", "1",
          "--collect-metrics", "--metrics-url", f"http://127.0.0.1:{server.metrics_port}/metrics",
          "--metrics-interval", "200", "--measurement-mode", "count_windows",
-         "--measurement-request-count", "50", "--stability-percentage", "1000", "--max-trials", "3",
+         "--measurement-request-count", "50", "--stability-percentage", "1000", "--max-trials", "10",
          "-f", str(out_csv), "--verbose-csv"],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
