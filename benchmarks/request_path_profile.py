@@ -17,9 +17,9 @@ submission run there, as do the Finish of calls) or the metrics endpoint's. Libr
 kernel (TCP, epoll, futex wake-ups, scheduling), gRPC and its dependencies, protobuf, LibTorch
 (with its OpenMP and oneDNN), the C/C++ runtime (malloc, memcpy, locks), Sluice's own code.
 perf samples the CPU clock at --frequency Hz, kernel included (needs perf_event_open: root, a
-user with sudo, or kernel.perf_event_paranoid <= 0 with the server pinned, <= 1 without). --smoke (the test command): one tiny window (mlp_c32); its
-numbers mean nothing; where perf may not sample (neither as it is nor through `sudo -n`), it
-exits 77, which ctest counts as skipped.
+user with sudo, or kernel.perf_event_paranoid <= 0 with the server pinned, <= 1 without).
+--smoke (the test command): one tiny window (mlp_c32); its numbers mean nothing; where perf may
+not sample (neither as it is nor through `sudo -n`), it exits 77, which ctest counts as skipped.
 """
 import argparse
 import collections

@@ -60,13 +60,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Whether the engine in use is the one of $CACHE (started by this script, now or by an earlier run).
+own_engine() { [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ]; }
 free_gb() { local d=$1; [ -d "$d" ] || d=/; df --output=avail -BG "$d" | tail -1 | tr -dc 0-9; }
 # make_room WHAT NEED_GB: with less than NEED_GB free on the engine's disk, drops what only the
 # next build would use (the untagged images of this build's cached steps, the build stage's among
 # them, and the wheels), then fails plainly if there is still too little, instead of a container
 # dying half-made with "no space left on device". Only for the engine of $CACHE (this script's).
 make_room() {
-  [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ] || return 0
+  own_engine || return 0
   local what=$1 need=$2 free
   free=$(free_gb "$CACHE")
   if [ "$free" -lt "$need" ]; then
@@ -105,7 +107,7 @@ if ! docker info >/dev/null 2>&1; then
   fi
 fi
 docker ps -aq --filter name=sluice-image-test- | xargs -r docker rm -f >/dev/null
-if [ "${DOCKER_HOST:-}" = "unix://$CACHE/docker.sock" ]; then
+if own_engine; then
   # Our own engine: the build containers an interrupted build left hold gigabytes each.
   docker container prune -f >/dev/null
   # Layer folders that no image or container refers to: what a container whose creation ran out

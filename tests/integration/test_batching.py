@@ -15,6 +15,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
+from harness.bench import batch_executions
 
 
 def row_mix(x):
@@ -78,12 +79,12 @@ def test_statistics_rpc_matches_triton_meaning(triton, stub):
 
 
 def test_padding_rows_never_reach_the_caller(triton):
-    before = {b.batch_size: b.compute_infer.count for b in statistics(triton, "padded").batch_stats}
+    before = batch_executions(statistics(triton, "padded"))
     data = np.arange(4, dtype=np.float32).reshape(1, 4)
     result = infer(triton, "padded", data)
     assert result.as_numpy("OUTPUT__0").shape == (1, 4)
     np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), row_mix(data))
-    after = {b.batch_size: b.compute_infer.count for b in statistics(triton, "padded").batch_stats}
+    after = batch_executions(statistics(triton, "padded"))
     assert after.get(4, 0) == before.get(4, 0) + 1  # the model saw a batch of 4
     assert set(after) == {4}
 
