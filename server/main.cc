@@ -136,7 +136,9 @@ int main(int argc, char** argv) {
   if (!cpu_split.shared.empty()) spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
   if (config.model_threads_first) {
     if (batch_policy) {
-      spdlog::info("event=thread_policy front_ends=SCHED_BATCH models=SCHED_OTHER");
+      spdlog::info(
+          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH, SCHED_OTHER with a "
+          "queue delay or latency target\"");
     } else {
       spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"", strerror(batch_errno));
     }

@@ -126,7 +126,17 @@ bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level
 
 void DynamicBatcher::BatcherLoop() {
   NameThisThread("sluice-batcher");
-  RunThisThreadAsModelWork();
+  // A batcher that forms each batch as soon as an instance is free has no timer the model's
+  // configuration promises (no queue delay, no latency target): it runs as the front ends do, so
+  // that the first request of a burst does not preempt the thread delivering the rest and run
+  // alone (core/thread_name.h). One with a delay or a target keeps SCHED_OTHER: its timers are
+  // contracts, and a SCHED_BATCH thread woken by one on a busy CPU may wait for the scheduler's
+  // next tick (up to 4 ms at HZ=250), which a 5 ms target cannot absorb.
+  if (options_.queue.max_queue_delay == Duration::zero() && options_.queue.latency_target == Duration::zero()) {
+    RunThisThreadAsFrontEnd();
+  } else {
+    RunThisThreadAsModelWork();
+  }
   MutexLock lock(&mutex_);
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();

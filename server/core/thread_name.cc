@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <atomic>
 #include <utility>
 
 namespace sluice {
@@ -12,12 +13,10 @@ void NameThisThread(const std::string& name) {
   pthread_setname_np(pthread_self(), name.substr(0, kLinuxLimit).c_str());
 }
 
-bool RunThreadsFromHereAsBatch() {
-  sched_param none{};
-  return sched_setscheduler(0, SCHED_BATCH, &none) == 0;
-}
-
 namespace {
+
+// Whether RunThreadsFromHereAsBatch succeeded in this process (then the front ends run SCHED_BATCH).
+std::atomic<bool> front_ends_batch{false};
 
 std::vector<int>& ModelWorkerCpus() {
   static std::vector<int> cpus;  // written once before any thread starts (SetModelWorkerCpus)
@@ -25,6 +24,13 @@ std::vector<int>& ModelWorkerCpus() {
 }
 
 }  // namespace
+
+bool RunThreadsFromHereAsBatch() {
+  sched_param none{};
+  if (sched_setscheduler(0, SCHED_BATCH, &none) != 0) return false;
+  front_ends_batch.store(true, std::memory_order_relaxed);
+  return true;
+}
 
 bool KeepThreadsFromHereOn(const std::vector<int>& cpus) {
   cpu_set_t set;
@@ -45,6 +51,12 @@ void RunThisThreadAsModelWork() {
   if (sched_getscheduler(0) != SCHED_BATCH) return;
   sched_param none{};
   sched_setscheduler(0, SCHED_OTHER, &none);
+}
+
+void RunThisThreadAsFrontEnd() {
+  if (!front_ends_batch.load(std::memory_order_relaxed) || sched_getscheduler(0) == SCHED_BATCH) return;
+  sched_param none{};
+  sched_setscheduler(0, SCHED_BATCH, &none);
 }
 
 }  // namespace sluice

@@ -347,8 +347,9 @@ def test_model_cpus_in_a_shared_pool_under_a_quota_are_named_in_a_warning(tmp_pa
 def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_path_factory):
     """sluice.run_on_receiving_thread: requests sent one at a time run on gRPC's thread (the
     model's worker never wakes), with the same answers; over its bound, or over HTTP, they go to
-    the worker. Also --model-threads-first (the default): gRPC's threads run SCHED_BATCH, the
-    models' workers and batchers SCHED_OTHER."""
+    the worker. Also --model-threads-first (the default): gRPC's threads, and the batchers of
+    models that form batches at once, run SCHED_BATCH; the models' workers, and a batcher with a
+    queue delay, SCHED_OTHER."""
     from make_test_repository import RowMix, tensor_block, write_model
     import tritonclient.http as httpclient
     root = tmp_path_factory.mktemp("receiving_thread")
@@ -360,6 +361,10 @@ def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_
                     + 'parameters { key: "sluice.run_on_receiving_thread" value { string_value: "true" } }\n'
                     + f'parameters {{ key: "sluice.run_on_receiving_thread_max_us" value {{ string_value: "{bound}" }} }}\n',
                     RowMix())
+    # A batcher with a timer to keep (a queue delay here; a latency target alike) stays SCHED_OTHER.
+    write_model(root, "delayed", 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n' + row_io
+                + "dynamic_batching { max_queue_delay_microseconds: 100 }\n"
+                + "instance_group [{ kind: KIND_CPU count: 1 }]\n", RowMix())
     server = start_server(root, tmp_path_factory, ["--device", "cpu"])
     try:
         log = server.log()
@@ -368,7 +373,9 @@ def test_a_cheap_model_runs_on_the_receiving_thread_and_a_slow_one_does_not(tmp_
         assert "the bound is 1 us (sluice.run_on_receiving_thread_max_us)" in log, log
         pid = server.process.pid
         policies = thread_counters(pid)
-        assert {policy for name, policy, _ in policies if name.startswith(("sluice-worker", "sluice-batcher"))} == {0}
+        assert {policy for name, policy, _ in policies if name.startswith("sluice-worker")} == {0}, policies
+        # cheap's and over_bound's batchers form batches at once: SCHED_BATCH; delayed's SCHED_OTHER.
+        assert sorted(policy for name, policy, _ in policies if name.startswith("sluice-batcher")) == [0, 3, 3], policies
         assert {policy for name, policy, _ in policies
                 if not name.startswith(("sluice-worker", "sluice-batcher"))} == {3}, policies
 

@@ -286,6 +286,13 @@ TEST(ThreadNameTest, LinuxKeepsFifteenCharacters) {
 TEST(ThreadPolicyTest, BatchIsInheritedAndModelWorkTurnsItBack) {
   std::thread front([] {
     ASSERT_EQ(sched_getscheduler(0), SCHED_OTHER);
+    // Before the front ends chose SCHED_BATCH a batcher stays as it is (--model-threads-first false).
+    int batcher_before = -1;
+    std::thread([&] {
+      RunThisThreadAsFrontEnd();
+      batcher_before = sched_getscheduler(0);
+    }).join();
+    EXPECT_EQ(batcher_before, SCHED_OTHER);
     ASSERT_TRUE(RunThreadsFromHereAsBatch());
     EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);
     int started_as = -1, model_work_as = -1;
@@ -297,6 +304,17 @@ TEST(ThreadPolicyTest, BatchIsInheritedAndModelWorkTurnsItBack) {
     child.join();
     EXPECT_EQ(started_as, SCHED_BATCH);
     EXPECT_EQ(model_work_as, SCHED_OTHER);
+    // A batcher started by a worker (SCHED_OTHER) runs as the front ends do.
+    int batcher_as = -1;
+    std::thread worker([&] {
+      RunThisThreadAsModelWork();
+      std::thread([&] {
+        RunThisThreadAsFrontEnd();
+        batcher_as = sched_getscheduler(0);
+      }).join();
+    });
+    worker.join();
+    EXPECT_EQ(batcher_as, SCHED_BATCH);
     EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);  // the child's change is its own
   });
   front.join();
