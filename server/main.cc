@@ -137,8 +137,8 @@ int main(int argc, char** argv) {
   if (config.model_threads_first) {
     if (batch_policy) {
       spdlog::info(
-          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH, SCHED_OTHER with a "
-          "queue delay or latency target\"");
+          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH; SCHED_OTHER with a "
+          "queue delay, latency target or delaying queue policy, and for sequences\"");
     } else {
       spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"", strerror(batch_errno));
     }

@@ -39,6 +39,10 @@ DynamicBatcher::DynamicBatcher(Options options) : options_(std::move(options)), 
 
 DynamicBatcher::~DynamicBatcher() { Stop(); }
 
+bool DynamicBatcher::RunsLikeTheFrontEnds(const BatchQueue::Options& queue) {
+  return queue.max_queue_delay == Duration::zero() && queue.latency_target == Duration::zero() && !queue.delays;
+}
+
 void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
   PendingRequest pending;
   pending.enqueued = options_.clock->Now();
@@ -126,13 +130,7 @@ bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level
 
 void DynamicBatcher::BatcherLoop() {
   NameThisThread("sluice-batcher");
-  // A batcher that forms each batch as soon as an instance is free has no timer the model's
-  // configuration promises (no queue delay, no latency target): it runs as the front ends do, so
-  // that the first request of a burst does not preempt the thread delivering the rest and run
-  // alone (core/thread_name.h). One with a delay or a target keeps SCHED_OTHER: its timers are
-  // contracts, and a SCHED_BATCH thread woken by one on a busy CPU may wait for the scheduler's
-  // next tick (up to 4 ms at HZ=250), which a 5 ms target cannot absorb.
-  if (options_.queue.max_queue_delay == Duration::zero() && options_.queue.latency_target == Duration::zero()) {
+  if (RunsLikeTheFrontEnds(options_.queue)) {
     RunThisThreadAsFrontEnd();
   } else {
     RunThisThreadAsModelWork();

@@ -47,6 +47,15 @@ class DynamicBatcher final : public Scheduler {
     bool warm_up_one_at_a_time = false;           // see InstancePool::Options
   };
 
+  // Whether the batcher thread of a queue with these options runs as the front ends do
+  // (RunThisThreadAsFrontEnd) rather than as model work: when it forms each batch as soon as an
+  // instance is free and keeps no timer the model's configuration promises (no queue delay, no
+  // latency target, no queue policy that delays). Such a batcher, woken on a busy CPU by the first
+  // request of a burst, then no longer preempts the gRPC thread still delivering the rest; one with
+  // such a timer must act on it at once, not at the scheduler's next tick (up to 4 ms at HZ=250).
+  // Requests' own timeouts may be acted on up to a tick late on a busy CPU either way.
+  static bool RunsLikeTheFrontEnds(const BatchQueue::Options& queue);
+
   static StatusOr<std::unique_ptr<DynamicBatcher>> Create(
       ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   ~DynamicBatcher() override;

@@ -15,7 +15,7 @@ void NameThisThread(const std::string& name) {
 
 namespace {
 
-// Whether RunThreadsFromHereAsBatch succeeded in this process (then the front ends run SCHED_BATCH).
+// Whether RunThreadsFromHereAsBatch succeeded here (the front ends run SCHED_BATCH).
 std::atomic<bool> front_ends_batch{false};
 
 std::vector<int>& ModelWorkerCpus() {
@@ -53,8 +53,10 @@ void RunThisThreadAsModelWork() {
   sched_setscheduler(0, SCHED_OTHER, &none);
 }
 
+bool FrontEndsRunAsBatch() { return front_ends_batch.load(std::memory_order_relaxed); }
+
 void RunThisThreadAsFrontEnd() {
-  if (!front_ends_batch.load(std::memory_order_relaxed) || sched_getscheduler(0) == SCHED_BATCH) return;
+  if (!FrontEndsRunAsBatch() || sched_getscheduler(0) == SCHED_BATCH) return;
   sched_param none{};
   sched_setscheduler(0, SCHED_BATCH, &none);
 }

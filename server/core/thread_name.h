@@ -15,29 +15,27 @@ void NameThisThread(const std::string& name);
 // afterwards (a thread inherits its creator's policy). main() calls it before any thread exists,
 // so that gRPC's and the HTTP front end's threads (and some batchers: RunThisThreadAsFrontEnd)
 // run as SCHED_BATCH: same share of the CPU as SCHED_OTHER, but a SCHED_BATCH thread that wakes
-// does not preempt the thread running on its CPU. On a busy CPU a request's arrival then waits for the model's worker to finish or block instead
-// of cutting its forward pass (and its cache) in two; the arrivals of that time are read together
-// (docs/performance.md: 3.5 -> 0.9 context switches per request at concurrency 32, one core).
-// Threads that find idle CPUs are not affected. False when the kernel refused (the reason logged
-// by the caller from errno).
+// does not preempt the thread running on its CPU. On a busy CPU a request's arrival then waits
+// for the model's worker to finish or block instead of cutting its forward pass (and its cache)
+// in two; the arrivals of that time are read together (docs/performance.md: 3.5 -> 0.9 context
+// switches per request at concurrency 32, one core). Threads that find idle CPUs are not
+// affected. False when the kernel refused (the reason logged by the caller from errno).
 bool RunThreadsFromHereAsBatch();
 
-// SCHED_OTHER for the calling thread: model workers (and batchers with a queue delay or a latency
-// target, and sequence batchers) call it when they start, so that they keep preempting the front
-// ends. A no-op where the policy already is SCHED_OTHER.
+// SCHED_OTHER for the calling thread: model workers, sequence batchers and the dynamic batchers
+// that keep timers call it when they start, so that they keep preempting the front ends. A no-op
+// where the policy already is SCHED_OTHER.
 void RunThisThreadAsModelWork();
 
 // SCHED_BATCH for the calling thread when this process's front ends run SCHED_BATCH (after a
-// successful RunThreadsFromHereAsBatch; otherwise a no-op). A dynamic batcher that forms batches
-// at once (no queue delay, no latency target) calls it when it starts, whichever thread created
-// it; batchers with timers to keep call RunThisThreadAsModelWork. Such a batcher is woken by the
-// first request of a burst that a gRPC thread is still delivering (one socket read carries many
-// calls, handed to their handlers one after another); as SCHED_OTHER it preempted that thread,
-// formed a batch of the one request, and a forward of one row ran while the rest waited. As
-// SCHED_BATCH it forms the batch when the delivering thread blocks, with the whole burst
-// (docs/performance.md, "Batchers no longer preempt the thread delivering a burst"). Where it
-// wakes on an idle CPU nothing changes.
+// successful RunThreadsFromHereAsBatch; otherwise a no-op), whichever thread started it: what a
+// dynamic batcher that forms batches at once calls when it starts (DynamicBatcher::
+// RunsLikeTheFrontEnds says which do, and docs/performance.md "Batchers no longer preempt the
+// thread delivering a burst" why).
 void RunThisThreadAsFrontEnd();
+
+// Whether RunThreadsFromHereAsBatch has succeeded in this process.
+bool FrontEndsRunAsBatch();
 
 // --model-cpus: the calling thread, and every thread it starts afterwards, may run only on
 // `cpus`. main() calls it with the front ends' CPUs before any thread exists, and records the
