@@ -18,6 +18,14 @@ namespace {
 // Whether RunThreadsFromHereAsBatch succeeded here (the front ends run SCHED_BATCH).
 std::atomic<bool> front_ends_batch{false};
 
+// The calling thread from policy `from` to `to`; a thread in any other policy is left as it is.
+// Best effort: a refusal leaves it where it was.
+void SwitchThisThread(int from, int to) {
+  if (sched_getscheduler(0) != from) return;
+  sched_param none{};
+  sched_setscheduler(0, to, &none);
+}
+
 std::vector<int>& ModelWorkerCpus() {
   static std::vector<int> cpus;  // written once before any thread starts (SetModelWorkerCpus)
   return cpus;
@@ -47,18 +55,12 @@ bool RunThisThreadOnModelCpus() {
   return ModelWorkerCpus().empty() || KeepThreadsFromHereOn(ModelWorkerCpus());
 }
 
-void RunThisThreadAsModelWork() {
-  if (sched_getscheduler(0) != SCHED_BATCH) return;
-  sched_param none{};
-  sched_setscheduler(0, SCHED_OTHER, &none);
-}
+void RunThisThreadAsModelWork() { SwitchThisThread(SCHED_BATCH, SCHED_OTHER); }
 
 bool FrontEndsRunAsBatch() { return front_ends_batch.load(std::memory_order_relaxed); }
 
 void RunThisThreadAsFrontEnd() {
-  if (!FrontEndsRunAsBatch() || sched_getscheduler(0) == SCHED_BATCH) return;
-  sched_param none{};
-  sched_setscheduler(0, SCHED_BATCH, &none);
+  if (FrontEndsRunAsBatch()) SwitchThisThread(SCHED_OTHER, SCHED_BATCH);
 }
 
 }  // namespace sluice
