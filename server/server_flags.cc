@@ -58,7 +58,8 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->group("Server");
   app.add_option("--model-threads-first", config.model_threads_first,
                  "Run every thread but the models' workers (gRPC's, HTTP's, control, and the "
-                 "batchers of models without a queue delay or latency target) as Linux SCHED_BATCH, "
+                 "dynamic batchers of models without a queue delay, latency target or delaying "
+                 "queue policy) as Linux SCHED_BATCH, "
                  "so that a request arriving on a busy CPU does not preempt a forward pass, and a "
                  "batcher woken by a burst's first request does not preempt the thread still "
                  "delivering the rest; false: every thread SCHED_OTHER")
