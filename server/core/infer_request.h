@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/core/clock.h"
+#include "server/core/message_text.h"
 #include "server/core/request_trace.h"
 #include "server/core/tensor.h"
 
@@ -18,6 +19,11 @@ enum class Protocol { kGrpc, kHttp };
 inline constexpr Protocol kAllProtocols[] = {Protocol::kGrpc, Protocol::kHttp};
 inline const char* ProtocolName(Protocol protocol) { return protocol == Protocol::kHttp ? "http" : "grpc"; }
 
+// The longest request id the front ends take (RunInference refuses a longer one): clients send a
+// few dozen bytes (a UUID is 36, perf_analyzer and tritonclient's examples send counters), and the
+// id is echoed in the response and written to logs and traces.
+inline constexpr size_t kMaxRequestIdBytes = 1024;
+
 // A correlation id (Triton's sequence_id parameter): an unsigned number or a string. Zero and the
 // empty string mean "no sequence".
 struct CorrelationId {
@@ -26,7 +32,8 @@ struct CorrelationId {
   bool is_text = false;
 
   bool present() const { return is_text ? !text.empty() : number != 0; }
-  std::string ToString() const { return is_text ? "'" + text + "'" : std::to_string(number); }
+  // For messages and logs: the number, or the client's string quoted (QuoteClientText).
+  std::string ToString() const { return is_text ? "'" + QuoteClientText(text) + "'" : std::to_string(number); }
   bool operator<(const CorrelationId& other) const {
     if (is_text != other.is_text) return is_text < other.is_text;
     return is_text ? text < other.text : number < other.number;
@@ -62,7 +69,7 @@ struct RequestParameters {
 struct InferRequest {
   std::string model_name;
   int64_t model_version = 0;  // resolved version; 0 before resolution
-  std::string id;             // client's request id, echoed back
+  std::string id;             // client's request id, echoed back; at most kMaxRequestIdBytes
   Protocol protocol = Protocol::kGrpc;
   std::vector<TensorView> inputs;
   std::vector<std::string> requested_outputs;  // empty: every output, in config order

@@ -5,6 +5,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 namespace {
@@ -54,7 +55,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   for (const TensorView& input : request->inputs) {
     const TensorSpec* declared = FindSpec(spec.inputs, input.name);
     if (declared == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected input '", input.name,
+      return absl::InvalidArgumentError(absl::StrCat("unexpected input '", QuoteClientText(input.name),
                                                      "' for model '", spec.name,
                                                      "'; it takes: ", ExpectedNames(spec.inputs)));
     }
@@ -126,7 +127,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   for (const std::string& output : request->requested_outputs) {
     const TensorSpec* declared = FindSpec(spec.outputs, output);
     if (declared == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown requested output '", output,
+      return absl::InvalidArgumentError(absl::StrCat("unknown requested output '", QuoteClientText(output),
                                                      "' for model '", spec.name,
                                                      "'; it has: ", ExpectedNames(spec.outputs)));
     }

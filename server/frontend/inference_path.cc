@@ -4,7 +4,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 
@@ -31,6 +33,15 @@ void DescribeTrace(RequestTrace* trace, const InferRequest& request, const Model
   }
   trace->AddAttribute("sluice.batch_size", request.batch_size);
   trace->SetDevice(model.device());
+}
+
+// The decoded request, or INVALID_ARGUMENT for an id past kMaxRequestIdBytes (the same refusal over
+// both protocols, counted as a decoding refusal).
+StatusOr<std::unique_ptr<InferRequest>> CheckRequestId(StatusOr<std::unique_ptr<InferRequest>> decoded) {
+  if (!decoded.ok() || (*decoded)->id.size() <= kMaxRequestIdBytes) return decoded;
+  return absl::InvalidArgumentError(absl::StrCat("the request id '", QuoteClientText((*decoded)->id, 64),
+                                                 "' is longer than the ", kMaxRequestIdBytes,
+                                                 " bytes this server takes; send a shorter id (a UUID or a counter)"));
 }
 
 // How many times one request waits for its model to load on demand: a model evicted again before
@@ -84,7 +95,7 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, 
   }
   InFlightModel model = *std::move(found);
   model->MarkUsed();
-  StatusOr<std::unique_ptr<InferRequest>> decoded = call->Decode(*model);
+  StatusOr<std::unique_ptr<InferRequest>> decoded = CheckRequestId(call->Decode(*model));
   if (!decoded.ok()) {
     const Status rejected = model->Reject(decoded.status(), call->protocol);
     model.Reset();  // released before the answer, as for every other answer

@@ -7,7 +7,7 @@
 //      is waited for, within the request's deadline, and the request goes on from step 1 on the
 //      thread that answers the wait)
 //   2. decode the request for that model (the call's codec; a refusal counts as the model's
-//      rejection in its statistics)
+//      rejection in its statistics), and refuse an id longer than kMaxRequestIdBytes the same way
 //   3. route a sequence to the version that holds it (RouteSequence)
 //   4. stamp model name, protocol, deadline and cancellation flag on the request, and tell the
 //      call the version that will answer (Accepted: a response header, a cancellation hook)

@@ -4,13 +4,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/core/data_type.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 namespace {
 
 Status CheckRepositoryName(const std::string& repository_name) {
   if (repository_name.empty()) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("unknown repository '", repository_name,
+  return absl::NotFoundError(absl::StrCat("unknown repository '", QuoteClientText(repository_name),
                                           "'; Sluice serves one repository (leave repository_name empty)"));
 }
 
@@ -103,7 +104,7 @@ namespace {
 // directory and nowhere else.
 Status CheckLoadFilePath(const std::string& key, const std::string& path) {
   auto refuse = [&key](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("Invalid file parameter '", key, "': ", why));
+    return absl::InvalidArgumentError(absl::StrCat("Invalid file parameter '", QuoteClientText(key), "': ", why));
   };
   constexpr size_t kNameMax = 255;
   constexpr size_t kPathMax = 4095;
@@ -152,7 +153,7 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
     if (unload) {
       if (parameter.key == "unload_dependents") continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", parameter.key, "' is not supported by unload (only unload_dependents)"));
+          "parameter '", QuoteClientText(parameter.key), "' is not supported by unload (only unload_dependents)"));
     }
     if (parameter.key == "config") {
       if (parameter.kind != ControlParameter::Kind::kString) {
@@ -162,20 +163,20 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
     } else if (absl::StartsWith(parameter.key, "file:")) {
       if (!control->accepts_load_files()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "load parameter '", parameter.key,
+            "load parameter '", QuoteClientText(parameter.key),
             "': model files sent with a load are not accepted by this server (they are code it would run; the "
             "operator allows them with --allow-load-files=true); put them in the model repository"));
       }
       if (parameter.kind != ControlParameter::Kind::kBytes) {
         return absl::InvalidArgumentError(
-            absl::StrCat("File parameter '", parameter.key, "' must have bytes type for its value"));
+            absl::StrCat("File parameter '", QuoteClientText(parameter.key), "' must have bytes type for its value"));
       }
       const std::string path = parameter.key.substr(5);
       SLUICE_RETURN_IF_ERROR(CheckLoadFilePath(parameter.key, path));
       file_bytes += parameter.value.size();
       override.files[path] = parameter.value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("Unrecognized load parameter '", parameter.key,
+      return absl::InvalidArgumentError(absl::StrCat("Unrecognized load parameter '", QuoteClientText(parameter.key),
                                                      "' with type '", kind_name(parameter.kind), "'"));
     }
   }

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 namespace {
@@ -13,7 +14,7 @@ std::string Describe(const ParameterValue& value) {
     case ParameterValue::Kind::kInt64: return absl::StrCat(value.int64);
     case ParameterValue::Kind::kUint64: return absl::StrCat(value.uint64);
     case ParameterValue::Kind::kDouble: return absl::StrCat(value.number);
-    case ParameterValue::Kind::kString: return absl::StrCat("the string \"", value.text, "\"");
+    case ParameterValue::Kind::kString: return absl::StrCat("the string \"", QuoteClientText(value.text), "\"");
     case ParameterValue::Kind::kOther: break;
   }
   return "no value of a usable type";

@@ -1,5 +1,7 @@
 #include "server/frontend/status_mapping.h"
 
+#include "server/core/message_text.h"
+
 namespace sluice {
 
 grpc::Status ToGrpcStatus(const Status& status) {
@@ -24,7 +26,7 @@ grpc::Status ToGrpcStatus(const Status& status) {
     case absl::StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
     default: code = grpc::StatusCode::UNKNOWN; break;
   }
-  return grpc::Status(code, std::string(status.message()));
+  return grpc::Status(code, CapMessage(status.message()));
 }
 
 int ToHttpStatusCode(const Status& status) {

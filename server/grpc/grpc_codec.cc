@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/message_text.h"
 #include "server/frontend/request_parameters.h"
 
 namespace sluice {
@@ -22,7 +23,7 @@ Status CopyTyped(const Field& values, const TensorView& view, std::string* out) 
         if (value < static_cast<Source>(std::numeric_limits<Wire>::min()) ||
             value > static_cast<Source>(std::numeric_limits<Wire>::max())) {
           return absl::InvalidArgumentError(
-              absl::StrCat("input '", view.name, "': value ", value, " does not fit ",
+              absl::StrCat("input '", QuoteClientText(view.name), "': value ", value, " does not fit ",
                            DataTypeName(view.dtype)));
         }
       }
@@ -74,7 +75,7 @@ Status TypedToRaw(const inference::InferTensorContents& contents, const TensorVi
     case DataType::kFp16:
     case DataType::kBf16:
       return absl::InvalidArgumentError(absl::StrCat(
-          "input '", view.name, "': ", DataTypeName(view.dtype),
+          "input '", QuoteClientText(view.name), "': ", DataTypeName(view.dtype),
           " has no typed contents field in the protocol; send it in raw_input_contents"));
   }
   return absl::InvalidArgumentError("unsupported datatype");
@@ -144,8 +145,9 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     const auto& input = proto.inputs(i);
     if (input.parameters().empty()) continue;
     in_shm.resize(static_cast<size_t>(proto.inputs_size()));
-    SLUICE_ASSIGN_OR_RETURN(in_shm[static_cast<size_t>(i)],
-                            SharedMemoryReferenceOf(input.parameters(), absl::StrCat("input '", input.name(), "'")));
+    SLUICE_ASSIGN_OR_RETURN(
+        in_shm[static_cast<size_t>(i)],
+        SharedMemoryReferenceOf(input.parameters(), absl::StrCat("input '", QuoteClientText(input.name()), "'")));
     if (in_shm[static_cast<size_t>(i)]) ++shm_inputs;
   }
   const bool raw = proto.raw_input_contents_size() > 0;
@@ -155,7 +157,7 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     if (!in_region && input.has_contents() && TypedValueCount(input.contents()) > 0) {
       // Triton's words (its example clients check them), then what to do.
       return absl::InvalidArgumentError(absl::StrCat(
-          "contents field must not be specified when using raw_input_contents for '", input.name(),
+          "contents field must not be specified when using raw_input_contents for '", QuoteClientText(input.name()),
           "' for model '", proto.model_name(), "' (use one or the other for all inputs)"));
     }
   }
@@ -174,7 +176,7 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     const std::optional<DataType> dtype = ParseDataTypeName(input.datatype());
     if (!dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input '", input.name(), "': datatype '", input.datatype(),
+          "input '", QuoteClientText(input.name()), "': datatype '", QuoteClientText(input.datatype()),
           "' is not supported (", SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
@@ -183,12 +185,13 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     const int64_t typed_values = input.has_contents() ? TypedValueCount(input.contents()) : 0;
     if (const std::optional<SharedMemoryReference>& reference =
             in_shm.empty() ? std::nullopt : in_shm[static_cast<size_t>(i)]) {
-      const std::string what = absl::StrCat("input '", input.name(), "'");
+      const std::string what = absl::StrCat("input '", QuoteClientText(input.name()), "'");
       if (typed_values > 0) {
         return absl::InvalidArgumentError(absl::StrCat(what, " is in shared memory and also has typed contents"));
       }
       if (shm == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '", reference->region,
+        return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '",
+                                                          QuoteClientText(reference->region),
                                                           "', but shared memory is not available here"));
       }
       SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*reference, &view, request.get()));
@@ -199,7 +202,7 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     } else {
       if (typed_values == 0 && elements > 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "input '", input.name(), "' has no data: set its typed `contents` or send "
+            "input '", QuoteClientText(input.name()), "' has no data: set its typed `contents` or send "
             "raw_input_contents"));
       }
       auto buffer = std::make_unique<std::string>();
@@ -207,12 +210,12 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
       SLUICE_RETURN_IF_ERROR(TypedToRaw(input.contents(), view, buffer.get(), &count));
       if (count != typed_values) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "input '", input.name(), "' of datatype ", input.datatype(),
+            "input '", QuoteClientText(input.name()), "' of datatype ", input.datatype(),
             " has values in a typed field that does not belong to it"));
       }
       if (count != elements) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "input '", input.name(), "' has ", count, " typed values, but shape ",
+            "input '", QuoteClientText(input.name()), "' has ", count, " typed values, but shape ",
             ShapeToString(view.shape), " needs ", elements));
       }
       view.data = buffer->data();

@@ -7,6 +7,7 @@
 #include "server/core/mutex.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/core/message_text.h"
 #include "server/core/validation.h"
 #include "server/frontend/model_queries.h"
 #include "server/frontend/status_mapping.h"
@@ -186,8 +187,11 @@ class StreamReactor final
       response->clear_outputs();
       response->clear_raw_output_contents();
       response->set_model_name(call->request.model_name());
-      response->set_id(call->request.id());
-      call->response.set_error_message(std::string(status.message()));
+      // An id refused for its length is not echoed (it would make the response as long).
+      if (call->request.id().size() <= kMaxRequestIdBytes) response->set_id(call->request.id());
+      // Bounded and valid UTF-8 like a unary call's status (ToGrpcStatus): a proto3 string must
+      // be UTF-8, or the client cannot parse the response.
+      call->response.set_error_message(CapMessage(status.message()));
     }
     {
       MutexLock lock(&mutex_);
@@ -393,7 +397,7 @@ StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&
   // Outputs that name a shared memory slice go there (the others stay in the response message).
   for (const auto& output : request_->outputs()) {
     if (output.parameters().empty()) continue;  // the common case: no message to build
-    const std::string what = absl::StrCat("output '", output.name(), "'");
+    const std::string what = absl::StrCat("output '", QuoteClientText(output.name()), "'");
     SLUICE_ASSIGN_OR_RETURN(std::optional<SharedMemoryReference> reference,
                             SharedMemoryReferenceOf(output.parameters(), what));
     if (reference) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name(), *reference, &sink_));

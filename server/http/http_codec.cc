@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/message_text.h"
 #include "server/frontend/request_parameters.h"
 
 namespace sluice {
@@ -88,15 +89,16 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
   auto integer = [&](auto type_tag) -> Status {
     using T = decltype(type_tag);
     if (!value.IsInt64() && !value.IsUint64()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input '", name, "' of datatype ", DataTypeName(dtype), " has a value that is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "' of datatype ",
+                                                     DataTypeName(dtype), " has a value that is not an integer"));
     }
     const bool fits = value.IsInt64() ? value.GetInt64() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
                                             (std::is_same_v<T, int64_t> ||
                                              value.GetInt64() <= static_cast<int64_t>(std::numeric_limits<T>::max()))
                                       : false;  // only past INT64_MAX is a value Uint64 but not Int64
     if (!fits) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", name, "': a value does not fit ", DataTypeName(dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", QuoteClientText(name), "': a value does not fit ", DataTypeName(dtype)));
     }
     AppendBytes(static_cast<T>(value.GetInt64()), out);
     return absl::OkStatus();
@@ -104,8 +106,8 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
   switch (dtype) {
     case DataType::kBool:
       if (!value.IsBool()) {
-        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' of datatype BOOL has a value that is not "
-                                                       "true or false"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "input '", QuoteClientText(name), "' of datatype BOOL has a value that is not true or false"));
       }
       out->push_back(value.GetBool() ? 1 : 0);
       return absl::OkStatus();
@@ -117,8 +119,8 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
     case DataType::kFp32:
     case DataType::kFp64:
       if (!value.IsNumber()) {
-        return absl::InvalidArgumentError(absl::StrCat("input '", name, "' of datatype ", DataTypeName(dtype),
-                                                       " has a value that is not a number"));
+        return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "' of datatype ",
+                                                       DataTypeName(dtype), " has a value that is not a number"));
       }
       if (dtype == DataType::kFp32) {
         AppendBytes(static_cast<float>(value.GetDouble()), out);
@@ -129,7 +131,7 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
     case DataType::kBytes:
       if (!value.IsString()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("input '", name, "' of datatype BYTES has a value that is not a string"));
+            absl::StrCat("input '", QuoteClientText(name), "' of datatype BYTES has a value that is not a string"));
       }
       AppendBytesElement(std::string_view(value.GetString(), value.GetStringLength()), out);
       return absl::OkStatus();
@@ -137,7 +139,7 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
     case DataType::kBf16:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("input '", name, "': ", DataTypeName(dtype),
+  return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "': ", DataTypeName(dtype),
                                                  " has no JSON form; send it as binary data (binary_data_size)"));
 }
 
@@ -149,8 +151,8 @@ Status AppendData(const rapidjson::Value& data, DataType dtype, const std::strin
     return AppendElement(data, dtype, name, out);
   }
   if (depth >= kMaxNesting) {
-    return absl::InvalidArgumentError(absl::StrCat("input '", name, "': data is nested more than ", kMaxNesting,
-                                                   " arrays deep"));
+    return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "': data is nested more than ",
+                                                   kMaxNesting, " arrays deep"));
   }
   for (const rapidjson::Value& element : data.GetArray()) {
     SLUICE_RETURN_IF_ERROR(AppendData(element, dtype, name, depth + 1, out, count));
@@ -361,28 +363,30 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     view.name.assign(name->GetString(), name->GetStringLength());
     const rapidjson::Value* datatype = Member(input, "datatype");
     if (datatype == nullptr || !datatype->IsString()) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", view.name, "' has no 'datatype' string"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", QuoteClientText(view.name), "' has no 'datatype' string"));
     }
     const std::optional<DataType> dtype = ParseDataTypeName(datatype->GetString());
     if (!dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input '", view.name, "': datatype '", datatype->GetString(),
-          "' is not supported (", SupportedDataTypeNames(), ")"));
+          "input '", QuoteClientText(view.name), "': datatype '",
+          QuoteClientText({datatype->GetString(), datatype->GetStringLength()}), "' is not supported (",
+          SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
     const rapidjson::Value* shape = Member(input, "shape");
     if (shape == nullptr || !shape->IsArray()) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", view.name, "' has no 'shape' array"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(view.name), "' has no 'shape' array"));
     }
     for (const rapidjson::Value& dim : shape->GetArray()) {
       if (!dim.IsInt64() || dim.GetInt64() < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("input '", view.name, "': shape must be a list of non-negative integers"));
+            absl::StrCat("input '", QuoteClientText(view.name), "': shape must be a list of non-negative integers"));
       }
       view.shape.push_back(dim.GetInt64());
     }
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(view.shape));
-    const std::string where = absl::StrCat("input '", view.name, "'");
+    const std::string where = absl::StrCat("input '", QuoteClientText(view.name), "'");
     const rapidjson::Value* input_parameters = Member(input, "parameters");
     SLUICE_RETURN_IF_ERROR(CheckParameters(input_parameters, where));
     const rapidjson::Value* binary_size =
@@ -405,7 +409,8 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     }
     if (in_shm) {
       if (shm == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(where, " names shared memory region '", in_shm->region,
+        return absl::FailedPreconditionError(absl::StrCat(where, " names shared memory region '",
+                                                          QuoteClientText(in_shm->region),
                                                           "', but shared memory is not available here"));
       }
       SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*in_shm, &view, &request));
@@ -456,7 +461,7 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
       }
       RequestedOutput requested;
       requested.name.assign(name->GetString(), name->GetStringLength());
-      const std::string where = absl::StrCat("output '", requested.name, "'");
+      const std::string where = absl::StrCat("output '", QuoteClientText(requested.name), "'");
       const rapidjson::Value* output_parameters = Member(output, "parameters");
       SLUICE_RETURN_IF_ERROR(CheckParameters(output_parameters, where));
       if (output_parameters != nullptr && Member(*output_parameters, "classification") != nullptr) {
@@ -575,11 +580,12 @@ std::string RepeatedProtoToJson(const google::protobuf::Message& message, const 
 }
 
 std::string ErrorJson(absl::string_view message) {
+  const std::string capped = CapMessage(message);  // the writer copies bytes as they are: valid UTF-8 first
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);
   writer.StartObject();
   writer.Key("error");
-  writer.String(message.data(), static_cast<rapidjson::SizeType>(message.size()));
+  writer.String(capped.data(), static_cast<rapidjson::SizeType>(capped.size()));
   writer.EndObject();
   return std::string(buffer.GetString(), buffer.GetSize());
 }
@@ -619,8 +625,8 @@ StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body) {
       } else if (value.IsInt64()) {
         values.push_back(std::to_string(value.GetInt64()));
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("trace setting '", key, "' must be a string, an integer, an array of strings or null"));
+        return absl::InvalidArgumentError(absl::StrCat("trace setting '", QuoteClientText(key),
+                                                       "' must be a string, an integer, an array of strings or null"));
       }
       return absl::OkStatus();
     };
@@ -628,7 +634,8 @@ StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body) {
     if (member.value.IsArray()) {
       for (const auto& each : member.value.GetArray()) SLUICE_RETURN_IF_ERROR(one(each));
       if (values.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' is an empty array; use null to clear it"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("trace setting '", QuoteClientText(key), "' is an empty array; use null to clear it"));
       }
     } else {
       SLUICE_RETURN_IF_ERROR(one(member.value));
@@ -719,7 +726,7 @@ StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view bo
         parameter.kind = ControlParameter::Kind::kBytes;
         if (!absl::Base64Unescape(text, &parameter.value)) {
           return absl::InvalidArgumentError(
-              absl::StrCat("load parameter '", parameter.key, "' is not valid base64"));
+              absl::StrCat("load parameter '", QuoteClientText(parameter.key), "' is not valid base64"));
         }
       } else {
         parameter.kind = ControlParameter::Kind::kString;
@@ -733,7 +740,7 @@ StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view bo
       parameter.value = std::to_string(value.GetInt64());
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", parameter.key, "' must be a string, a boolean or an integer"));
+          absl::StrCat("parameter '", QuoteClientText(parameter.key), "' must be a string, a boolean or an integer"));
     }
   }
   return parameters;

@@ -94,7 +94,8 @@ std::string ProtoToJson(const google::protobuf::Message& message);
 // The same for each element of a repeated message field, as a JSON array (the repository index).
 std::string RepeatedProtoToJson(const google::protobuf::Message& message, const std::string& field);
 
-// {"error": "<message>"}.
+// {"error": "<message>"}, always valid JSON: the message as CapMessage bounds it (message_text.h:
+// at most kStatusMessageBytes, each byte of invalid UTF-8 shown as \xNN).
 std::string ErrorJson(absl::string_view message);
 
 // The body of a health answer, as KServe's clients read it: {"<key>": <holds>} ("live" or

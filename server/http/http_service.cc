@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 
 #include "server/core/logging.h"
+#include "server/core/message_text.h"
 #include "server/frontend/inference_path.h"
 #include "server/frontend/model_queries.h"
 #include "server/frontend/status_mapping.h"
@@ -105,7 +106,7 @@ class HttpInferCall final : public InferenceCall {
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
       if (error != std::errc() || end != text.data() + text.size()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("Inference-Header-Content-Length '", length, "' is not a byte count"));
+            absl::StrCat("Inference-Header-Content-Length '", QuoteClientText(length), "' is not a byte count"));
       }
       header_length = value;
     }
@@ -182,7 +183,7 @@ void HttpService::Handle(HttpResponder responder) {
     std::optional<std::string> segment = PercentDecode(raw);
     if (!segment) {
       RespondStatus(responder, absl::InvalidArgumentError(absl::StrCat("malformed percent-escape in the path '",
-                                                                      exchange.path(), "'")));
+                                                                      QuoteClientText(exchange.path()), "'")));
       return;
     }
     path.push_back(*std::move(segment));
@@ -191,11 +192,13 @@ void HttpService::Handle(HttpResponder responder) {
   const bool post = exchange.method() == "POST";
   auto wrong_method = [&](const char* allowed) {
     RespondJson(responder, 405,
-                ErrorJson(absl::StrCat(exchange.method(), " is not allowed on ", exchange.path(), "; use ", allowed)));
+                ErrorJson(absl::StrCat(QuoteClientText(exchange.method()), " is not allowed on ",
+                                       QuoteClientText(exchange.path()), "; use ", allowed)));
   };
   auto unknown = [&] {
     RespondJson(responder, 404,
-                ErrorJson(absl::StrCat("no endpoint ", exchange.path(), " (the KServe v2 REST paths start with /v2)")));
+                ErrorJson(absl::StrCat("no endpoint ", QuoteClientText(exchange.path()),
+                                       " (the KServe v2 REST paths start with /v2)")));
   };
   // Runs `answer` after the restriction check, for a GET endpoint.
   auto guarded_get = [&](ProtocolGroup group, auto answer) {

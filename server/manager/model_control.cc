@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/logging.h"
+#include "server/core/message_text.h"
 #include "server/core/thread_name.h"
 
 namespace sluice {
@@ -251,7 +252,7 @@ void ModelControl::Retire(const std::string& name, RetiredVersions retired) {
 
 Status ModelControl::LoadModel(const std::string& name, const ModelOverride& override) {
   auto failed = [&name](const Status& status) {
-    return Status(status.code(), absl::StrCat("failed to load '", name, "': ", status.message()));
+    return Status(status.code(), absl::StrCat("failed to load '", QuoteClientText(name), "': ", status.message()));
   };
   if (options_.source == nullptr) {
     return failed(absl::FailedPreconditionError("model control has no model repository to read from"));

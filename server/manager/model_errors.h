@@ -9,6 +9,9 @@
 //   no version ready         UNAVAILABLE   Request for unknown model: 'm' has no available versions (why)
 //   that version not ready   UNAVAILABLE   Request for unknown model: 'm' version v is not at ready state (why)
 //
+// The model name and a version as the client sent it are shown through QuoteClientText
+// (core/message_text.h): a usual name as it is, a long or odd one cut short and escaped.
+//
 // The front ends map the codes (NOT_FOUND: HTTP 404; UNAVAILABLE: 503), see status_mapping.h.
 #pragma once
 

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/message_text.h"
 #include "server/repository/model_config_parser.h"
 
 namespace sluice {
@@ -170,8 +171,8 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, co
   if (name.empty() || name.front() == '.' || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", name, "' is not a model name (a directory directly under the model repository, not "
-        "starting with '.')"));
+        "'", QuoteClientText(name), "' is not a model name (a directory directly under the model repository, "
+        "not starting with '.')"));
   }
   if (!override.files.empty()) {
     if (files_ == nullptr) {
@@ -185,8 +186,9 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, co
   const fs::path directory = root_ / name;
   std::error_code ec;
   if (!fs::is_directory(directory, ec)) {
-    return absl::NotFoundError(absl::StrCat("the model repository has no model '", name, "' (no directory ",
-                                            directory.string(), ")"));
+    // The directory is the operator's root and the client's name: room for a long root.
+    return absl::NotFoundError(absl::StrCat("the model repository has no model '", QuoteClientText(name),
+                                            "' (no directory ", QuoteClientText(directory.string(), 1024), ")"));
   }
   return ReadModelDirectory(directory, override);
 }

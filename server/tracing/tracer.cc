@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 namespace {
@@ -17,7 +18,7 @@ const TimeSource& SteadyClock() {
 StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& text, int64_t minimum) {
   if (std::optional<int64_t> value = ParseTraceInteger(text, minimum)) return *value;
   return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' must be an integer >= ", minimum,
-                                                 ", not '", text, "'"));
+                                                 ", not '", QuoteClientText(text), "'"));
 }
 
 StatusOr<TraceLevel> ParseLevels(const std::vector<std::string>& values) {
@@ -43,7 +44,8 @@ StatusOr<TraceLevel> ParseTraceLevel(absl::string_view name) {
     return absl::InvalidArgumentError(
         "trace level TENSORS is not supported: Sluice traces timings (TIMESTAMPS), not tensor contents");
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown trace level '", name, "'; use OFF or TIMESTAMPS"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown trace level '", QuoteClientText(name), "'; use OFF or TIMESTAMPS"));
 }
 
 std::optional<int64_t> ParseTraceInteger(absl::string_view text, int64_t minimum) {
@@ -144,7 +146,8 @@ StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceS
       }
       if (values.size() != 1) {
         return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' takes one value, not ",
-                                                       values.size(), " (", absl::StrJoin(values, ", "), ")"));
+                                                       values.size(), " (",
+                                                       QuoteClientText(absl::StrJoin(values, ", ")), ")"));
       }
       SLUICE_ASSIGN_OR_RETURN(int64_t parsed, ParseInteger(key, OneValue(values), key == "trace_rate" ? 1 : -1));
       target.emplace(parsed);
@@ -160,8 +163,8 @@ StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceS
           "collector set at start-up (--trace-config opentelemetry,url=...)"));
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown trace setting '", key, "'; the settings are trace_level, trace_rate, trace_count, log_frequency "
-          "and trace_mode"));
+          "unknown trace setting '", QuoteClientText(key),
+          "'; the settings are trace_level, trace_rate, trace_count, log_frequency and trace_mode"));
     }
   }
   MutexLock lock(&mutex_);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
@@ -17,6 +18,7 @@
 
 #include "grpc_service.pb.h"
 #include "server/core/bytes_tensor.h"
+#include "server/core/message_text.h"
 #include "model_config.pb.h"
 
 namespace sluice {
@@ -373,6 +375,21 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   EXPECT_EQ(ConditionJson("live", true), R"({"live":true})");
   EXPECT_EQ(ConditionJson("ready", false), R"({"ready":false})");
   EXPECT_EQ(ConditionJson("ready", true, "m\"1"), R"({"name":"m\"1","ready":true})");
+}
+
+// A client's model name with invalid UTF-8 (a percent-encoded %FF in the path) reaches the error
+// message; the body must still be JSON a strict parser takes, and short.
+TEST(HttpCodecTest, AnErrorBodyIsValidJsonWhateverTheMessageHolds) {
+  EXPECT_EQ(ErrorJson("unknown model 'a\xff\xfe'"), R"({"error":"unknown model 'a\\xFF\\xFE'"})");
+  const std::string long_message = "Request for unknown model: '" + std::string(20000, '\xff') + "' is not found";
+  const std::string body = ErrorJson(long_message);
+  rapidjson::Document document;
+  document.Parse<rapidjson::kParseValidateEncodingFlag>(body.data(), body.size());
+  ASSERT_FALSE(document.HasParseError()) << rapidjson::GetParseError_En(document.GetParseError());
+  const std::string error = document["error"].GetString();
+  EXPECT_EQ(error.size(), kStatusMessageBytes);
+  EXPECT_EQ(error.rfind("Request for unknown model: '\\xFF\\xFF", 0), 0u);
+  EXPECT_EQ(error.substr(error.size() - 16), "...(20042 bytes)");
 }
 
 TEST(HttpCodecTest, TraceSettingBodies) {

@@ -30,7 +30,7 @@ class FakeCall final : public InferenceCall {
     steps.push_back("decode " + model.spec().name);
     if (!refusal_.ok()) return refusal_;
     auto request = std::make_unique<InferRequest>();
-    request->id = "id-7";
+    request->id = id;
     request->inputs.push_back(TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(values_.size())},
                                          reinterpret_cast<const char*>(values_.data()), values_.size() * 4});
     return request;
@@ -61,6 +61,7 @@ class FakeCall final : public InferenceCall {
     return values;
   }
 
+  std::string id = "id-7";  // the decoded request's
   std::vector<std::string> steps;
   std::string stamped_name;
   Protocol stamped_protocol = Protocol::kGrpc;
@@ -130,6 +131,25 @@ TEST_F(InferencePathTest, ADecodeRefusalIsTheModelsRejectionAndNothingIsSubmitte
   EXPECT_EQ(stats.fail.count, 1u);
   EXPECT_EQ(stats.inference_count, 0u);
   EXPECT_EQ(lookup_.models["echo"]->in_flight(), 0);
+}
+
+// Both protocols decode the id as the client sent it; the path bounds it once for both.
+TEST_F(InferencePathTest, AnIdPastTheBoundIsRefusedLikeADecodeRefusalWithAShortMessage) {
+  FakeCall at_bound("echo", {1});
+  at_bound.id = std::string(kMaxRequestIdBytes, 'i');
+  RunInference(lookup_, &at_bound);
+  EXPECT_TRUE(at_bound.Wait().ok());
+
+  FakeCall over("echo", {1});
+  over.id = std::string(2 << 20, 'i');
+  RunInference(lookup_, &over);
+  const Status answer = over.Wait();
+  EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(answer.message(), "the request id '" + std::string(64 - 18, 'i') +
+                                  "...(2097152 bytes)' is longer than the 1024 bytes this server takes; send a "
+                                  "shorter id (a UUID or a counter)");
+  EXPECT_EQ(over.steps, (std::vector<std::string>{"decode echo", "answer"}));
+  EXPECT_EQ(lookup_.models["echo"]->Statistics().fail.count, 1u);
 }
 
 TEST_F(InferencePathTest, AModelLevelRefusalComesBackThroughTheSamePath) {
