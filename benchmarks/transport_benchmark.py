@@ -72,8 +72,10 @@ def main():
         repository = os.path.join(workdir, "models")
         make_repository(repository, batching=True, names=["mlp"])
         add_big_input(repository)
+        # perf_analyzer keys its regions "/" + the tensor's name (+ "_<stream>_<step>" for inputs).
         process, url = serve(args.bin_dir, repository, ["--device", "cpu", "--allow-http", "false",
-                                                        "--allow-client-shm=true"],
+                                                        "--allow-client-shm=true",
+                                                        "--client-shm-keys=/INPUT__,/OUTPUT__"],
                              prefix=server_prefix, log_level="info")
         try:
             for _ in range(repetitions):

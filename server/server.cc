@@ -209,9 +209,21 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
   }
   health_ = std::make_unique<ServerHealth>(ServerHealth::Options{config.strict_readiness, &liveness_, manager_.get()});
   if (config.allow_shared_memory) {  // one registry for both front ends
-    shared_memory_ = std::make_unique<SharedMemoryManager>();
+    SharedMemoryManager::Options shm;
+    shm.key_prefixes = config.client_shm_keys;
+    shared_memory_ = std::make_unique<SharedMemoryManager>(std::move(shm));
+    if (config.client_shm_keys.empty()) {
+      spdlog::warn("event=client_shm_keys_unset reason=\"--allow-client-shm=true without --client-shm-keys: every "
+                   "shared memory registration is refused (PERMISSION_DENIED); name the key prefixes your clients "
+                   "use, e.g. --client-shm-keys=/myapp_, or '*' for every key\"");
+    } else {
+      spdlog::info("event=client_shm_keys prefixes={}", absl::StrJoin(config.client_shm_keys, ","));
+    }
   } else {
     spdlog::info("event=shared_memory_off reason=\"client shared memory is off; --allow-client-shm=true turns it on\"");
+    if (!config.client_shm_keys.empty()) {
+      spdlog::warn("event=client_shm_keys_ignored reason=\"--client-shm-keys without --allow-client-shm=true\"");
+    }
   }
 }
 

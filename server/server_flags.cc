@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/cpu_budget.h"
+#include "server/frontend/shared_memory.h"
 #include "server/manager/residency.h"
 
 namespace sluice {
@@ -247,11 +248,23 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "Client shared memory, as Triton 26.05+ (--allow-shared-memory is the older name): true "
                  "serves the system shared memory extension on gRPC (SystemSharedMemoryRegister, Status, "
                  "Unregister) and HTTP (/v2/systemsharedmemory/...), one registry for both; inputs and "
-                 "outputs in registered regions. Off by default, because a client "
-                 "that truncates a registered object can fault the server: register and unregister calls "
+                 "outputs in registered regions. Off by default, because a client that may register regions "
+                 "reads and writes the objects it names (within --client-shm-keys): register and unregister calls "
                  "(system and CUDA) answer UNIMPLEMENTED, status calls list nothing, and requests naming a "
                  "region FAILED_PRECONDITION")
       ->capture_default_str()
+      ->group("gRPC front end");
+  app.add_option_function<std::string>(
+         "--client-shm-keys",
+         [keys = &config.client_shm_keys](const std::string& text) {
+           StatusOr<std::vector<std::string>> prefixes = ParseClientShmKeyPrefixes(text);
+           if (!prefixes.ok()) throw CLI::ValidationError(std::string(prefixes.status().message()));
+           *keys = *std::move(prefixes);
+         },
+         "With --allow-client-shm=true: the shared memory keys clients may register, as comma-separated "
+         "prefixes (/myapp_,/client_: keys starting with either), or '*' for every key the server's user "
+         "can open. Not given: no key, every registration is PERMISSION_DENIED (and a warning is logged "
+         "at start-up)")
       ->group("gRPC front end");
   app.add_option("--grpc-stream-max-in-flight", config.stream_max_in_flight,
                  "Requests of one ModelStreamInfer stream that may be queued, running or awaiting "

@@ -50,6 +50,7 @@ struct ServerConfig {
   int stream_max_in_flight = 64;               // --grpc-stream-max-in-flight (per ModelStreamInfer stream)
   bool coalesce_answers = true;                // --grpc-coalesce-answers (TCP_CORK around a batch's answers)
   bool allow_shared_memory = false;            // --allow-client-shm (alias --allow-shared-memory)
+  std::vector<std::string> client_shm_keys;    // --client-shm-keys (empty: no key may be registered; "*": any)
   double shutdown_delay_seconds = 0;           // --shutdown-delay-seconds
   double shutdown_grace_seconds = 30;          // --shutdown-grace-seconds
   CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark

@@ -121,6 +121,9 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, 
   OutputSink* sink = call->sink();
   model->Submit(std::move(request), sink, [owned = std::move(owned), &lookup, cold_since](Status status) {
     InferenceCall* call = Get(owned);
+    if (call->shared_memory_refs != nullptr) {
+      if (Status intact = call->shared_memory_refs->CheckIntact(); !intact.ok()) status = std::move(intact);
+    }
     if (!status.ok()) {
       spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
                     ProtocolName(call->protocol), call->model_name(), call->request_id(), status.message());

@@ -13,8 +13,10 @@
 //      call the version that will answer (Accepted: a response header, a cancellation hook)
 //   5. hold the version in flight (ModelHold) and submit (ModelHandle::Submit: validation, queue
 //      timeout, scheduling)
-//   6. on the answer: log a failure (debug), release the hold, then Answer; a traced request's
-//      spans end when Answer has returned (core/request_trace.h)
+//   6. on the answer: a request whose shared memory regions were truncated while it was in flight
+//      (InferenceCall::shared_memory_refs) is answered INVALID_ARGUMENT instead; log a failure
+//      (debug), release the hold, then Answer; a traced request's spans end when Answer has
+//      returned (core/request_trace.h)
 //   7. once the request was submitted (step 5), or answered before it, tell the call's
 //      submission_observer (for a request that waited for its model, after the wait)
 //
@@ -41,6 +43,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/frontend/shared_memory.h"
 #include "server/manager/model_handle.h"
 
 namespace sluice {
@@ -79,6 +82,11 @@ class InferenceCall {
   // for a request that waits for its model to load on demand, later, on the thread that answers
   // the wait. It must outlive that moment; the call may not (it is not touched for this).
   SubmissionObserver* submission_observer = nullptr;
+  // The shared memory regions Decode resolves the request's inputs and outputs into (null: none
+  // can be; alive as the call). Checked before the answer (SharedMemoryRefs::CheckIntact): a
+  // client that shrank a region's object while the request was in flight gets INVALID_ARGUMENT,
+  // not the result computed from, or written into, zero pages.
+  const SharedMemoryRefs* shared_memory_refs = nullptr;
 
   // The model and version asked for (version empty: the newest ready one); alive as the call.
   virtual const std::string& model_name() const = 0;

@@ -35,7 +35,9 @@ class GrpcInferCall : public InferenceCall {
         response_(response),
         response_sink_(response),
         shm_refs_(shared_memory),
-        sink_(&response_sink_, [this](const OutputDescription& output) { response_sink_.Describe(output); }) {}
+        sink_(&response_sink_, [this](const OutputDescription& output) { response_sink_.Describe(output); }) {
+    shared_memory_refs = &shm_refs_;
+  }
   GrpcInferCall(const GrpcInferCall&) = delete;
   GrpcInferCall& operator=(const GrpcInferCall&) = delete;
 

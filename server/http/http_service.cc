@@ -91,6 +91,7 @@ class HttpInferCall final : public InferenceCall {
         shm_sink_(&sink_, [this](const OutputDescription& output) { sink_.Describe(output); }) {
     protocol = Protocol::kHttp;
     cancelled = responder_->cancelled();
+    shared_memory_refs = &shm_refs_;
   }
 
   const std::string& model_name() const override { return model_name_; }

@@ -124,8 +124,10 @@ def server(test_repository, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bundled_server(bundled_repository, tmp_path_factory):
-    # Client shared memory on: perf_analyzer --shared-memory system registers its own regions.
-    server = start_server(bundled_repository, tmp_path_factory, ["--allow-client-shm=true"])
+    # Client shared memory on: perf_analyzer --shared-memory system registers its own regions,
+    # keyed "/" + the tensor's name (+ "_<stream>_<step>" for inputs): mlp's /INPUT__0_0_0, /OUTPUT__0.
+    server = start_server(bundled_repository, tmp_path_factory, ["--allow-client-shm=true",
+                                                                 "--client-shm-keys=/INPUT__,/OUTPUT__"])
     yield server
     assert server.stop() == 0, server.log()
 

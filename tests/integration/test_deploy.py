@@ -371,6 +371,7 @@ def test_shm_sidecar_overlay_shares_a_memory_backed_dev_shm(rendered):
     assert containers["sluice"]["startupProbe"]  # the rest of production is kept
     # Client shared memory is off by default: the overlay turns it on, keeping production's flags.
     assert "--allow-client-shm=true" in containers["sluice"]["args"]
+    assert "--client-shm-keys=/sidecar_" in containers["sluice"]["args"]  # only the sidecar's keys
     assert "--model-repository=/models" in containers["sluice"]["args"]
 
 

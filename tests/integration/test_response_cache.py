@@ -130,7 +130,8 @@ def test_identical_requests_are_answered_from_the_cache_over_grpc_and_http(repos
 
 def test_a_hit_writes_its_outputs_into_shared_memory(repository, tmp_path_factory):
     server = start_server(repository, tmp_path_factory,
-                          ["--device", "cpu", "--cache-config", "local,size=1048576", "--allow-client-shm=true"])
+                          ["--device", "cpu", "--cache-config", "local,size=1048576", "--allow-client-shm=true",
+                           "--client-shm-keys=/sluice_cache_"])
     client = grpcclient.InferenceServerClient(server.url)
     http = httpclient.InferenceServerClient(server.http_url)
     key = f"/sluice_cache_out_{os.getpid()}"

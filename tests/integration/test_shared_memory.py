@@ -3,7 +3,9 @@ server, over gRPC and HTTP: register, infer with inputs and outputs in regions (
 stream, and over HTTP beside JSON and binary tensors), status, unregister, every error case with
 its code and Triton's words, unregister while a request uses the region, CUDA shared memory
 answered as Triton without GPUs, one registry for both protocols, and the server serving after
-each."""
+each. Hostile clients: an object shrunk (ftruncate) after its registration fails the request that
+touches it instead of ending the server; keys outside the operator's --client-shm-keys prefixes,
+and every key without that flag, are refused; keys that are no single POSIX name too."""
 import asyncio
 import http.client as httplib
 import json
@@ -23,10 +25,14 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from conftest import start_server, wait_models_ready
 
 
+# The keys Region makes (and the missing object the error cases name), as an operator allows them.
+KEYS = "--client-shm-keys=/sluice_"
+
+
 @pytest.fixture(scope="module")
 def shm_server(test_repository, tmp_path_factory):
     server = start_server(test_repository, tmp_path_factory,
-                          ["--strict-readiness", "false", "--device", "cpu", "--allow-client-shm=true"])
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-client-shm=true", KEYS])
     wait_models_ready(server, ["dtype_fp32", "slow_queue"])
     yield server
     assert server.stop() == 0, server.log()
@@ -256,7 +262,7 @@ def test_client_shared_memory_is_off_by_default(test_repository, tmp_path_factor
 
 def test_the_shared_memory_group_can_be_restricted(test_repository, tmp_path_factory, regions):
     server = start_server(test_repository, tmp_path_factory,
-                          ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "true",
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-shared-memory", "true", KEYS,
                            "--grpc-restricted-protocol", "shared-memory:shm-key=s3cret",
                            "--http-restricted-api", "shared-memory:shm-key=s3cret"])
     try:
@@ -442,3 +448,122 @@ def test_http_errors_have_tritons_codes_and_words(shm_server, rest, regions):
     inputs, outputs = http_shm_request(region, region, x, out_offset=64)
     rest.infer("dtype_fp32", inputs, outputs=outputs)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(region.handle, np.float32, [1, 16], offset=64), x + x)
+
+
+# ---- Hostile clients.
+
+def truncate(region, size=0):
+    """What a hostile client does after registering: shrink its object (POSIX shared memory
+    objects are files in /dev/shm on Linux). The client's own mapping must not be read after it."""
+    os.truncate("/dev/shm" + region.key, size)
+
+
+def test_a_region_truncated_after_registering_fails_the_request_and_the_server_serves_on(shm_server, client, regions):
+    """The object is shrunk to 0 bytes between its registration and a request that reads (then
+    one that writes) the region: without the guard the server died of SIGBUS, no answer and no log
+    line. Now the request is refused INVALID_ARGUMENT, the region is unregistered, and the server
+    answers the next request correctly."""
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    victim_in, victim_out = regions("victim_in", 8192), regions("victim_out", 8192)
+    healthy_in, healthy_out = regions("healthy_in", 4096), regions("healthy_out", 4096)
+    for region in (victim_in, victim_out, healthy_in, healthy_out):
+        client.register_system_shared_memory(region.name, region.key, region.byte_size)
+    shm.set_shared_memory_region(victim_in.handle, [x])
+    shm.set_shared_memory_region(healthy_in.handle, [x])
+    truncate(victim_in)
+    truncate(victim_out)
+
+    for read_from, write_to, dropped in ((victim_in, healthy_out, "victim_in"), (healthy_in, victim_out, "victim_out")):
+        inputs, outputs = shm_request(read_from, write_to, x)
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("dtype_fp32", inputs, outputs=outputs)
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT", error.value
+        assert f"shared memory region '{dropped}' was truncated while the request used it" in error.value.message()
+        # Unregistered: status no longer lists it, and a request naming it is told so.
+        assert dropped not in client.get_system_shared_memory_status(as_json=True).get("regions", {})
+        with pytest.raises(InferenceServerException, match=f"Unable to find shared memory region: '{dropped}'"):
+            client.infer("dtype_fp32", inputs, outputs=outputs)
+
+    assert client.is_server_live()
+    log = shm_server.log()
+    assert f"event=shm_truncated region=victim_in key={victim_in.key}" in log
+    assert f"event=shm_truncated region=victim_out key={victim_out.key}" in log
+    inputs, outputs = shm_request(healthy_in, healthy_out, x)
+    result = client.infer("dtype_fp32", inputs, outputs=outputs)
+    np.testing.assert_array_equal(read_output(result, healthy_out), x + x)
+
+
+def test_http_a_region_truncated_after_registering_is_a_400_and_the_server_serves_on(shm_server, rest, regions):
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    victim, healthy = regions("hvictim", 8192), regions("hhealthy", 4096)
+    rest.register_system_shared_memory(victim.name, victim.key, victim.byte_size)
+    rest.register_system_shared_memory(healthy.name, healthy.key, healthy.byte_size)
+    shm.set_shared_memory_region(victim.handle, [x])
+    shm.set_shared_memory_region(healthy.handle, [x])
+    truncate(victim)
+    inputs, outputs = http_shm_request(victim, healthy, x, out_offset=2048)
+    with pytest.raises(InferenceServerException) as error:
+        rest.infer("dtype_fp32", inputs, outputs=outputs)
+    assert error.value.status() == "400", error.value
+    assert "shared memory region 'hvictim' was truncated while the request used it" in error.value.message()
+    assert [entry["name"] for entry in rest.get_system_shared_memory_status()] == ["hhealthy"]
+
+    assert rest.is_server_live()
+    inputs, outputs = http_shm_request(healthy, healthy, x, out_offset=1024)
+    rest.infer("dtype_fp32", inputs, outputs=outputs)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(healthy.handle, np.float32, [1, 16], offset=1024), x + x)
+
+
+def test_keys_outside_the_allowed_prefixes_and_keys_that_are_no_posix_name_are_refused(shm_server, client, rest):
+    """The server allows /sluice_ keys only: an object of another name is not opened, even though
+    it exists and the server's user could open it. A key with a NUL byte (which shm_open would cut
+    short) or more than one '/' is no POSIX shared memory name."""
+    key = f"/other_app_{os.getpid()}"
+    handle = shm.create_shared_memory_region("other", key, 64)
+    try:
+        with pytest.raises(InferenceServerException) as error:
+            client.register_system_shared_memory("other", key, 64)
+        assert error.value.status() == "StatusCode.PERMISSION_DENIED", error.value
+        assert f"shared memory key '{key}' is not allowed: this server accepts keys starting with '/sluice_'" \
+            in error.value.message()
+        with pytest.raises(InferenceServerException) as error:
+            rest.register_system_shared_memory("other", key, 64)
+        assert error.value.status() == "403", error.value
+        assert not client.get_system_shared_memory_status(as_json=True).get("regions")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+    for bad, problem in ((f"/sluice_nul_{os.getpid()}\0/../etc", "it holds a NUL byte"),
+                         ("/sluice_dir/object", "only its first character may be '/'"),
+                         ("sluice_no_slash", "it must be '/' followed by a name")):
+        with pytest.raises(InferenceServerException) as error:
+            client.register_system_shared_memory("bad", bad, 64)
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT", (bad, error.value)
+        assert problem in error.value.message(), (bad, error.value)
+        status, answer = raw(shm_server, "POST", "/v2/systemsharedmemory/region/bad/register",
+                             json.dumps({"key": bad, "byte_size": 64}))
+        assert (status, problem in answer["error"]) == (400, True), (bad, answer)
+
+
+def test_without_client_shm_keys_every_registration_is_refused(test_repository, tmp_path_factory, regions):
+    """--allow-client-shm=true alone allows no key: registrations are PERMISSION_DENIED with the
+    flag to set, and the server warns at start-up."""
+    server = start_server(test_repository, tmp_path_factory,
+                          ["--strict-readiness", "false", "--device", "cpu", "--allow-client-shm=true"])
+    try:
+        region = regions("nokeys", 64)
+        client = grpcclient.InferenceServerClient(server.url)
+        with pytest.raises(InferenceServerException) as error:
+            client.register_system_shared_memory("nokeys", region.key, 64)
+        assert error.value.status() == "StatusCode.PERMISSION_DENIED", error.value
+        assert "--client-shm-keys=<prefix>" in error.value.message()
+        assert not client.get_system_shared_memory_status(as_json=True).get("regions")
+        client.close()
+        rest = httpclient.InferenceServerClient(server.http_url)
+        with pytest.raises(InferenceServerException) as error:
+            rest.register_system_shared_memory("nokeys", region.key, 64)
+        assert error.value.status() == "403", error.value
+        rest.close()
+        assert "event=client_shm_keys_unset" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -10,7 +10,8 @@ names, tensors, shapes and arithmetic:
   simple_string  the same on numbers written as strings (test_strings.SimpleString)
   simple_identity  BYTES INPUT0 [16] (max_batch_size 8) -> OUTPUT0, the same strings
 The server runs with --allow-client-shm=true (the shared-memory examples fail against Triton
-26.05+ without it too). The model-control examples get a server of their own in explicit mode
+26.05+ without it too) and --client-shm-keys=/input,/output (the examples' keys: /input_simple,
+/output_simple, /input0_simple, ...). The model-control examples get a server of their own in explicit mode
 whose repository has seven models, as the HTTP one counts (`simple` and six stand-ins)."""
 import os
 import subprocess
@@ -67,7 +68,8 @@ def examples_server(tmp_path_factory):
     write_model(root, "simple", SIMPLE_CONFIG, Simple())
     write_model(root, "simple_string", SIMPLE_STRING_CONFIG, SimpleString())
     write_model(root, "simple_identity", IDENTITY_CONFIG, Identity())
-    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--allow-client-shm=true"])
+    server = start_server(root, tmp_path_factory, ["--device", "cpu", "--allow-client-shm=true",
+                                                   "--client-shm-keys=/input,/output"])
     wait_models_ready(server, ["simple", "simple_string", "simple_identity"])
     yield server
     assert server.stop() == 0, server.log()

@@ -458,7 +458,9 @@ class ShmObject {
 };
 
 TEST(HttpCodecTest, InputsAndOutputsInSharedMemory) {
-  SharedMemoryManager registry;
+  SharedMemoryManager::Options keys;
+  keys.key_prefixes = {"/sluice_http_codec_test_"};  // ShmObject's
+  SharedMemoryManager registry(keys);
   ShmObject region(&registry, "r", 64);
   const float values[3] = {1.5f, -2.f, 4.f};
   std::memcpy(region.data() + 16, values, sizeof(values));

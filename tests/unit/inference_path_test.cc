@@ -3,6 +3,10 @@
 // a rejection, and that the version is released before the answer.
 #include "server/frontend/inference_path.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <future>
@@ -313,6 +317,79 @@ TEST_F(InferencePathTest, TheObserverIsToldOnceTheRequestIsHandedOnAndOnlyThen) 
   EXPECT_EQ(gone.Wait().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(evicted.told.load(), 1);
   lookup_.models["later"]->Stop();
+}
+
+// A call whose input "x" (INT32 [1, n]) lies in a shared memory region, resolved as the front
+// ends resolve it, with its references handed to the path.
+class ShmCall final : public InferenceCall {
+ public:
+  ShmCall(const SharedMemoryManager* registry, uint64_t byte_size) : refs_(registry), byte_size_(byte_size) {
+    shared_memory_refs = &refs_;
+  }
+  const std::string& model_name() const override { return model_; }
+  const std::string& model_version() const override { return version_; }
+  absl::string_view request_id() const override { return "shm"; }
+  OutputSink* sink() override { return &sink_; }
+  StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle&) override {
+    auto request = std::make_unique<InferRequest>();
+    request->inputs.push_back(
+        TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(byte_size_ / 4)}, nullptr, 0});
+    SLUICE_RETURN_IF_ERROR(refs_.ResolveInput({"r", 0, byte_size_}, &request->inputs.back(), request.get()));
+    request->shared_memory = refs_.used();
+    return request;
+  }
+  void Answer(const Status& status) override { answered.set_value(status); }
+
+  Status Wait() {
+    auto future = answered.get_future();
+    EXPECT_EQ(future.wait_for(10s), std::future_status::ready);
+    return future.get();
+  }
+  std::promise<Status> answered;
+
+ private:
+  const std::string model_ = "echo";
+  const std::string version_;
+  SharedMemoryRefs refs_;
+  const uint64_t byte_size_;
+  TensorSink sink_;
+};
+
+// The client shrinks its object after registering it and before (or while) its request runs: the
+// model's read of the input faults, the guard gives it zero pages, and the path answers
+// INVALID_ARGUMENT instead of the result computed from them. The server goes on serving.
+TEST_F(InferencePathTest, ARequestWhoseRegionIsTruncatedInFlightIsRefusedInsteadOfAnswered) {
+  const std::string key = "/sluice_path_test_" + std::to_string(getpid());
+  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  const int32_t values[3] = {4, 5, 6};
+  ASSERT_EQ(pwrite(fd, values, sizeof(values), 0), static_cast<ssize_t>(sizeof(values)));
+  SharedMemoryManager::Options keys;
+  keys.key_prefixes = {"/sluice_path_test_"};
+  SharedMemoryManager registry(keys);
+  ASSERT_TRUE(registry.Register("r", key, 0, 8192).ok());
+
+  ShmCall healthy(&registry, sizeof(values));
+  RunInference(lookup_, &healthy);
+  EXPECT_TRUE(healthy.Wait().ok());
+
+  ASSERT_EQ(ftruncate(fd, 0), 0);  // the attack: the region's pages are gone
+  ShmCall attacked(&registry, sizeof(values));
+  RunInference(lookup_, &attacked);
+  const Status answer = attacked.Wait();
+  EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(answer.message().find("shared memory region 'r' was truncated while the request used it"),
+            absl::string_view::npos)
+      << answer;
+  EXPECT_TRUE(registry.Regions("").value().empty());  // dropped by the check
+
+  FakeCall after("echo", {1, 2});
+  RunInference(lookup_, &after);
+  ASSERT_TRUE(after.Wait().ok());
+  EXPECT_EQ(after.Output(), (std::vector<int32_t>{1, 2}));
+  close(fd);
+  shm_unlink(key.c_str());
 }
 
 }  // namespace

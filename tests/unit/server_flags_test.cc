@@ -87,6 +87,21 @@ TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
   auto off = ParseServerFlags({"--allow-shared-memory", "false"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->allow_shared_memory);
+  EXPECT_TRUE(off->client_shm_keys.empty());  // no key may be registered until the operator names some
+}
+
+TEST(ServerFlagsTest, ClientSharedMemoryKeysAreCommaSeparatedPrefixes) {
+  auto two = ParseServerFlags({"--allow-client-shm=true", "--client-shm-keys=/sluice_,/client_"});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->client_shm_keys, (std::vector<std::string>{"/sluice_", "/client_"}));
+  auto every = ParseServerFlags({"--allow-client-shm=true", "--client-shm-keys", "*"});
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_EQ(every->client_shm_keys, (std::vector<std::string>{"*"}));
+  for (const char* bad : {"sluice_", "/a/b", "/a,,/b", ""}) {
+    auto refused = ParseServerFlags({"--allow-client-shm=true", std::string("--client-shm-keys=") + bad});
+    EXPECT_FALSE(refused.ok()) << bad;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--client-shm-keys: ")) << bad;
+  }
 }
 
 TEST(ServerFlagsTest, CoalescingAnswersCanBeTurnedOff) {

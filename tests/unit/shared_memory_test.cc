@@ -1,10 +1,12 @@
 // System shared memory regions over real POSIX shared memory objects: registration and its
 // errors, status, unregister while a request still holds the region, slices checked against the
 // region (overflow-safe), requests whose inputs view a region and whose outputs are written into
-// one.
+// one; keys (one POSIX name, within the operator's prefixes); a client that shrinks its object
+// while it is registered (the fault guard, shm_fault_guard.h) and the guard's bound.
 #include "server/frontend/shared_memory.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "grpc_service.pb.h"
+#include "server/core/logging.h"
 #include "server/grpc/grpc_codec.h"
 
 namespace sluice {
@@ -40,6 +43,14 @@ class ShmObject {
   }
   const std::string& key() const { return key_; }
   char* data() { return data_; }
+  // What a hostile client does: shrinks the object while the server has it mapped. The test's
+  // own mapping past the new end must not be touched after this (it is not guarded).
+  void Truncate(off_t size) {
+    const int fd = shm_open(key_.c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_EQ(ftruncate(fd, size), 0);
+    close(fd);
+  }
 
  private:
   static inline int next_ = 0;
@@ -48,9 +59,16 @@ class ShmObject {
   size_t size_ = 0;
 };
 
+// The keys ShmObject makes, as an operator would allow them (--client-shm-keys=/sluice_test_).
+SharedMemoryManager::Options TestKeys() {
+  SharedMemoryManager::Options options;
+  options.key_prefixes = {"/sluice_test_"};
+  return options;
+}
+
 TEST(SharedMemoryTest, RegisterStatusUnregister) {
   ShmObject object(8192);
-  SharedMemoryManager manager;
+  SharedMemoryManager manager(TestKeys());
   ASSERT_TRUE(manager.Register("a", object.key(), 0, 4096).ok());
   ASSERT_TRUE(manager.Register("b", object.key(), 5000, 100).ok());  // an offset that is not page-aligned
   Status again = manager.Register("a", object.key(), 0, 16);
@@ -85,7 +103,7 @@ TEST(SharedMemoryTest, RegisterStatusUnregister) {
 
 TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
   ShmObject object(4096);
-  SharedMemoryManager manager;
+  SharedMemoryManager manager(TestKeys());
   const uint64_t huge = std::numeric_limits<uint64_t>::max();
   struct Case {
     std::string name, key;
@@ -120,7 +138,7 @@ TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
 
 TEST(SharedMemoryTest, AnUnregisteredRegionStaysMappedWhileARequestHoldsIt) {
   ShmObject object(4096);
-  SharedMemoryManager manager;
+  SharedMemoryManager manager(TestKeys());
   ASSERT_TRUE(manager.Register("r", object.key(), 0, 4096).ok());
   auto refs = std::make_unique<SharedMemoryRefs>(&manager);
   auto data = refs->Resolve("input 'x'", "r", 128, 4);
@@ -139,7 +157,7 @@ TEST(SharedMemoryTest, AnUnregisteredRegionStaysMappedWhileARequestHoldsIt) {
 
 TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   ShmObject object(4096);
-  SharedMemoryManager manager;
+  SharedMemoryManager manager(TestKeys());
   ASSERT_TRUE(manager.Register("in", object.key(), 0, 1024).ok());
   ASSERT_TRUE(manager.Register("out", object.key(), 1024, 64).ok());
   const float values[3] = {1, 2, 3};
@@ -256,7 +274,7 @@ TEST(SharedMemoryTest, ControlCallsAnswerAsTriton) {
 
   // On: the registry answers; CUDA lists nothing, unregisters fine, refuses a registration.
   ShmObject object(4096);
-  SharedMemoryManager manager;
+  SharedMemoryManager manager(TestKeys());
   ASSERT_TRUE(RegisterSystemSharedMemory(&manager, "r", object.key(), 0, 64).ok());
   EXPECT_EQ(SystemSharedMemoryStatus(&manager, "r").value().size(), 1u);
   EXPECT_TRUE(UnregisterSystemSharedMemory(&manager, "r").ok());
@@ -269,6 +287,173 @@ TEST(SharedMemoryTest, ControlCallsAnswerAsTriton) {
   const Status cuda_register = RegisterCudaSharedMemory(&manager, "c");
   EXPECT_EQ(cuda_register.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(cuda_register.message(), HasSubstr("failed to register CUDA shared memory region: 'c', GPUs not supported"));
+}
+
+// A client shrinks its object to nothing while it is registered and a request reads and writes
+// the region: without the guard the first access ends the process with SIGBUS. With it the
+// accesses land on zero pages, the region is marked truncated, the request's references say so,
+// and the registry drops the region when it is next looked up.
+TEST(SharedMemoryTest, ATruncatedObjectPoisonsItsRegionInsteadOfEndingTheProcess) {
+  ShmObject object(8192);
+  std::memset(object.data(), 7, 8192);
+  SharedMemoryManager manager(TestKeys());
+  ASSERT_TRUE(manager.Register("r", object.key(), 0, 8192).ok());
+  SharedMemoryRefs refs(&manager);
+  auto input = refs.Resolve("input 'x'", "r", 0, 8192);
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ((*input)[4100], 7);
+  EXPECT_TRUE(refs.CheckIntact().ok());
+
+  object.Truncate(0);
+  const volatile char* read = *input;
+  EXPECT_EQ(read[4100], 0);  // faults, then reads a zero page
+  volatile char* written = *input;
+  written[6000] = 'w';  // writes to the zero pages, harmlessly
+  EXPECT_EQ(read[6000], 'w');
+  EXPECT_EQ(manager.Find("r").status().code(), absl::StatusCode::kInvalidArgument);
+
+  const Status intact = refs.CheckIntact();
+  EXPECT_EQ(intact.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(intact.message(), HasSubstr("shared memory region 'r' was truncated while the request used it (key '" +
+                                          object.key() + "'"));
+  EXPECT_THAT(intact.message(), HasSubstr("recreate the object at its full size and register it again"));
+  // Dropped from the registry (by the lookup above): status lists nothing, the name is free again.
+  EXPECT_EQ(manager.Find("r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager.Regions("").value().empty());
+}
+
+TEST(SharedMemoryTest, FindRefusesARegionFoundTruncatedAndDropsIt) {
+  ShmObject object(8192);
+  SharedMemoryManager manager(TestKeys());
+  ASSERT_TRUE(manager.Register("head", object.key(), 0, 4096).ok());
+  ASSERT_TRUE(manager.Register("tail", object.key(), 4096, 4096).ok());
+  SharedMemoryRefs refs(&manager);
+  auto head = refs.Resolve("input 'a'", "head", 0, 4096);
+  auto tail = refs.Resolve("output 'b'", "tail", 0, 4096);
+  ASSERT_TRUE(head.ok() && tail.ok());
+
+  object.Truncate(4096);  // the tail's page is gone, the head's is not
+  std::memset(*tail, 1, 4096);  // an output written into the region: faults, then lands on zero pages
+  (*head)[0] = 'h';             // still the object's page
+  EXPECT_EQ(object.data()[0], 'h');
+
+  const auto found = manager.Find("tail");
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(found.status().message(),
+              HasSubstr("shared memory region 'tail' was truncated while registered (key '" + object.key() + "'"));
+  EXPECT_EQ(manager.Find("tail").status().code(), absl::StatusCode::kNotFound);  // dropped
+  EXPECT_TRUE(manager.Find("head").ok());
+  auto listed = manager.Regions("");
+  ASSERT_EQ(listed.value().size(), 1u);
+  EXPECT_EQ(listed.value()[0].name, "head");
+  EXPECT_EQ(refs.CheckIntact().code(), absl::StatusCode::kInvalidArgument);  // this request used the tail
+
+  // The name is free again: the client recreates its object and registers it anew.
+  object.Truncate(8192);
+  ASSERT_TRUE(manager.Register("tail", object.key(), 4096, 4096).ok());
+  SharedMemoryRefs again(&manager);
+  ASSERT_TRUE(again.Resolve("output 'b'", "tail", 0, 4).ok());
+  EXPECT_TRUE(again.CheckIntact().ok());
+}
+
+// A SIGBUS that is no registered region's still ends the process, as without the guard.
+TEST(SharedMemoryDeathTest, AFaultOutsideTheRegionsStillEndsTheProcess) {
+  ShmObject registered(4096);
+  SharedMemoryManager manager(TestKeys());
+  ASSERT_TRUE(manager.Register("r", registered.key(), 0, 4096).ok());  // the guard is installed
+  ShmObject other(8192);
+  other.Truncate(0);
+  EXPECT_EXIT(
+      {
+        volatile char* unguarded = other.data();
+        unguarded[100] = 1;
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
+}
+
+TEST(SharedMemoryTest, KeysMustBeOnePosixName) {
+  ShmObject object(4096);
+  SharedMemoryManager manager(TestKeys());
+  // An embedded NUL: shm_open would see only the part before it (this object) while status would
+  // report the whole key.
+  const std::string with_nul = object.key() + std::string("\0/../other", 10);
+  Status status = manager.Register("r", with_nul, 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("is not a POSIX shared memory name: it holds a NUL byte"));
+  EXPECT_THAT(status.message(), HasSubstr("\\x00/../other"));  // shown escaped
+  for (const auto& [key, problem] : std::vector<std::pair<std::string, std::string>>{
+           {object.key().substr(1), "it must be '/' followed by a name"},
+           {"/", "it must be '/' followed by a name"},
+           {"/sluice_test_a/b", "only its first character may be '/'"},
+           {"//sluice_test_a", "only its first character may be '/'"},
+           {"/.", "'.' and '..' name no object"},
+           {"/..", "'.' and '..' name no object"},
+           {"/" + std::string(256, 'k'), "longer than 255 characters"}}) {
+    status = manager.Register("r", key, 0, 64);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(status.message(), HasSubstr(problem)) << key;
+  }
+  EXPECT_TRUE(CheckSharedMemoryKey("/" + std::string(255, 'k')).ok());
+  EXPECT_TRUE(manager.Regions("").value().empty());
+  EXPECT_TRUE(manager.Register("r", object.key(), 0, 64).ok());
+}
+
+TEST(SharedMemoryTest, OnlyKeysTheOperatorAllowsAreRegistered) {
+  ShmObject object(4096);  // /sluice_test_<pid>_<n>
+  // No prefixes (--allow-client-shm=true without --client-shm-keys): nothing, and the message says
+  // which flag to set.
+  SharedMemoryManager closed;
+  Status status = closed.Register("r", object.key(), 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(), HasSubstr("shared memory key '" + object.key() + "' is not allowed"));
+  EXPECT_THAT(status.message(), HasSubstr("--client-shm-keys=<prefix>"));
+  EXPECT_EQ(RegisterSystemSharedMemory(&closed, "r", object.key(), 0, 64).code(), absl::StatusCode::kPermissionDenied);
+
+  SharedMemoryManager::Options options;
+  options.key_prefixes = {"/client_", "/sluice_other_"};
+  SharedMemoryManager elsewhere(options);
+  status = elsewhere.Register("r", object.key(), 0, 64);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(),
+              HasSubstr("accepts keys starting with '/client_', '/sluice_other_' (--client-shm-keys)"));
+  options.key_prefixes.push_back("/sluice_test_");
+  SharedMemoryManager allowed(options);
+  EXPECT_TRUE(allowed.Register("r", object.key(), 0, 64).ok());
+  options.key_prefixes = {"*"};
+  SharedMemoryManager every(options);
+  EXPECT_TRUE(every.Register("r", object.key(), 0, 64).ok());
+
+  EXPECT_EQ(ParseClientShmKeyPrefixes("/sluice_,/client_").value(), (std::vector<std::string>{"/sluice_", "/client_"}));
+  EXPECT_EQ(ParseClientShmKeyPrefixes("*").value(), (std::vector<std::string>{"*"}));
+  EXPECT_EQ(ParseClientShmKeyPrefixes("/").value(), (std::vector<std::string>{"/"}));
+  for (const char* bad : {"", "sluice_", "/a,", ",/a", "/a/b", "**", "/a,*x"}) {
+    const auto parsed = ParseClientShmKeyPrefixes(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("is no key prefix")) << bad;
+  }
+}
+
+TEST(SharedMemoryTest, TheProcessGuardsABoundedNumberOfRegions) {
+  ShmObject object(4096);
+  SharedMemoryManager manager(TestKeys());
+  const auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::warn);  // a line per registration otherwise
+  size_t registered = 0;
+  Status refused;
+  while (registered <= GuardedMapping::kMaxGuardedMappings) {
+    refused = manager.Register("r" + std::to_string(registered), object.key(), 0, 64);
+    if (!refused.ok()) break;
+    ++registered;
+  }
+  EXPECT_EQ(registered, GuardedMapping::kMaxGuardedMappings);  // nothing else in this process holds one
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("4096 shared memory regions are mapped already"));
+  EXPECT_THAT(refused.message(), HasSubstr("unregister regions no longer in use"));
+  manager.Unregister("r7");
+  EXPECT_TRUE(manager.Register("again", object.key(), 0, 64).ok());
+  manager.Unregister("");
+  spdlog::set_level(level);
+  EXPECT_TRUE(manager.Register("after", object.key(), 0, 64).ok());
 }
 
 }  // namespace
