@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 
 out=build-fuzz
-targets="fuzz_infer_request fuzz_model_config fuzz_http_request"
+targets="fuzz_infer_request fuzz_model_config fuzz_http_request fuzz_http_framing"
 mkdir -p "$out"
 if ! CC=clang CXX=clang++ SLUICE_BUILD_DIR=$out SLUICE_BUILD_TARGETS="$targets" \
      scripts/build.sh -DSLUICE_TORCH=OFF -DSLUICE_WERROR=ON -DSLUICE_FUZZ=ON -DSLUICE_SANITIZE=address,undefined \

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
   const int batch_errno = errno;
   sigset_t signals = BlockShutdownSignals();
   // A client that goes away while an answer is written must not kill the server: the write fails
-  // with EPIPE instead (gRPC sends with MSG_NOSIGNAL; libevent's HTTP writes do not).
+  // with EPIPE instead (gRPC and the HTTP transport send with MSG_NOSIGNAL; this covers any other
+  // write to a socket).
   std::signal(SIGPIPE, SIG_IGN);
 
   sluice::ConfigureCudnn({config.cudnn_benchmark == sluice::CudnnBenchmarkMode::kOn, config.cudnn_deterministic,

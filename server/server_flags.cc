@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include <CLI/CLI.hpp>
@@ -385,10 +386,30 @@ void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group("HTTP front end");
+  app.add_option("--http-header-timeout-ms", http.header_timeout_ms,
+                 "A request's line and headers must arrive within this of its first byte, however slowly they "
+                 "trickle in; past it the server answers 408 and closes the connection")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("HTTP front end");
+  app.add_option("--http-max-buffered-bytes", http.max_buffered_bytes,
+                 "Request bytes the HTTP front end holds for all connections together (bodies being received or "
+                 "waiting for their answer, inflated bodies included); a request that would pass it gets 503 with "
+                 "Retry-After and its connection closes")
+      ->check(CLI::Range(size_t{1}, std::numeric_limits<size_t>::max()))
+      ->capture_default_str()
+      ->group("HTTP front end");
+  app.add_option("--http-max-inflate-ratio", http.max_inflate_ratio,
+                 "A gzip or deflate request body may inflate to this many times its compressed size (and always to "
+                 "1 MiB), within --http-max-body-bytes; beyond it 413")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str()
+      ->group("HTTP front end");
   app.add_option("--http-compression-threads", http.compression_threads,
-                 "Threads that compress answers of 64 KiB or more for clients that accept gzip or deflate, "
-                 "so that a model's instance does not wait for the compression; 0 compresses on the thread that "
-                 "answered (the model's worker)")
+                 "Threads that inflate compressed request bodies (and parse them) off the event loop, and compress "
+                 "answers of 64 KiB or more for clients that accept gzip or deflate, so that a model's instance does "
+                 "not wait for the compression; 0: the event loop inflates and the thread that answered (the "
+                 "model's worker) compresses")
       ->check(CLI::Range(0, 64))
       ->capture_default_str()
       ->group("HTTP front end");

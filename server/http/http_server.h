@@ -1,15 +1,20 @@
-// The HTTP/1.1 transport beside gRPC: libevent's event-driven HTTP server on one thread
-// (sluice-http), no thread per connection. It parses requests (keep-alive, chunked bodies, the
-// body-size limit, timeouts), decompresses gzip/deflate bodies, and hands each request to a
-// handler as an HttpExchange. Whoever answers calls Respond once, from any thread (a model's
-// worker for inference); when the client asked for a compressed answer and the answer may be
-// compressed (HttpResponse::compress), a small one is compressed
-// on that thread and one of 64 KiB or more on the server's compression threads (a model's worker
-// goes back to its queue meanwhile); the event loop writes it. Nothing here knows the KServe
-// protocol (http_service.h does).
+// The HTTP/1.1 transport beside gRPC: one event-loop thread (sluice-http) on libevent, no thread
+// per connection. It reads requests with HttpRequestReader (framing: keep-alive, chunked bodies,
+// the size limits, refusals of ambiguous framing), enforces the deadlines (a head that takes too
+// long, a connection silent too long) and a budget for request bytes held across all connections,
+// and hands each request to a handler as an HttpExchange. A gzip/deflate body is inflated, and
+// its handler called, on the server's codec threads, never on the event loop. Whoever answers
+// calls Respond once, from any thread (a model's worker for inference); when the client asked for
+// a compressed answer and the answer may be compressed (HttpResponse::compress), a small one is
+// compressed on that thread and one of 64 KiB or more on the codec threads (a model's worker goes
+// back to its queue meanwhile); the event loop writes it. Nothing here knows the KServe protocol
+// (http_service.h does).
 // Ownership is in the types: the server owns an exchange until it hands it to the handler inside
 // an HttpResponder; whoever holds the responder owns the exchange and answers it once, which hands
 // it back to the server.
+// A connection's end: a client that closes (or half-closes) its sending side after a complete
+// request still gets its answer (HTTP/1.0-style clients, `nc -N`); a connection reset cancels the
+// request waiting on it (HttpExchange::cancelled).
 #pragma once
 
 #include <atomic>
@@ -24,9 +29,8 @@
 
 #include "absl/strings/string_view.h"
 
+#include "server/core/mutex.h"
 #include "server/core/status.h"
-
-struct evhttp_request;
 
 namespace sluice {
 
@@ -39,8 +43,16 @@ struct HttpServerOptions {
                                           // this gets 503 and the connection is closed
   int timeout_ms = 60000;                 // --http-timeout-ms: a connection silent this long (an
                                           // idle keep-alive one, a body that stalls) is closed
-  int compression_threads = 2;            // --http-compression-threads: threads that compress large
-                                          // answers; 0: the answering thread compresses
+  int header_timeout_ms = 10000;          // --http-header-timeout-ms: a request's line and headers
+                                          // must arrive within this of its first byte (408)
+  size_t max_buffered_bytes = size_t{2} << 30;  // --http-max-buffered-bytes: request bytes held by
+                                          // all connections together (bodies being received or
+                                          // handled, inflated ones included); past it 503
+  int max_inflate_ratio = 100;            // --http-max-inflate-ratio: a compressed body may inflate
+                                          // to this many times its size (and always to 1 MiB)
+  int compression_threads = 2;            // --http-compression-threads: threads that inflate
+                                          // compressed bodies and compress large answers; 0: the
+                                          // event loop inflates, the answering thread compresses
 };
 
 // A response: status code, headers (Content-Length is added), and the body as segments written
@@ -63,7 +75,7 @@ class HttpExchange {
   HttpExchange(const HttpExchange&) = delete;
   HttpExchange& operator=(const HttpExchange&) = delete;
 
-  const std::string& method() const { return method_; }  // "GET", "POST"
+  const std::string& method() const { return method_; }  // "GET", "POST", "HEAD", as sent
   const std::string& path() const { return path_; }      // as sent (still percent-encoded), no query
   // The value of request header `name` (case-insensitive); null when absent.
   const char* Header(const char* name) const;
@@ -71,26 +83,34 @@ class HttpExchange {
   absl::string_view body() const { return body_; }
   // Set when the client's connection closes before the response is sent.
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
-  // `on_cancel` runs on the server's thread when the connection closes before the answer; set it
-  // before handing the responder on, and make it safe to run concurrently with Respond.
-  void OnCancel(std::function<void()> on_cancel) { on_cancel_ = std::move(on_cancel); }
+  // `on_cancel` runs on the server's thread when the connection is reset before the answer; set
+  // it before handing the responder on (a cancellation before it shows in cancelled() only), and
+  // make it safe to run concurrently with Respond.
+  void OnCancel(std::function<void()> on_cancel);
+  ~HttpExchange();
 
  private:
   friend class HttpServer;
   friend class HttpResponder;
   struct Loop;
-  HttpExchange() = default;
+  struct Connection;
+  explicit HttpExchange(std::shared_ptr<Loop> loop);
 
   std::shared_ptr<Loop> loop_;
-  evhttp_request* request_ = nullptr;
-  void* connection_ = nullptr;  // the connection's bookkeeping entry; null once it closed
+  Connection* connection_ = nullptr;  // loop thread only (and Stop, once the loop has ended); null
+                                      // once the connection closed
   std::string method_;
   std::string path_;
+  std::vector<std::pair<std::string, std::string>> headers_;
   absl::string_view body_;
+  std::string received_;  // the body as received
   std::string inflated_;  // body_ points here when the body was compressed
+  size_t charged_ = 0;    // bytes of received_ and inflated_ charged to the server's budget
+  bool head_only_ = false;   // HEAD: the answer's length, no body
   int accept_encoding_ = 0;  // 0: identity, 1: gzip, 2: deflate
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
-  std::function<void()> on_cancel_;
+  Mutex cancel_mutex_;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(cancel_mutex_);
 };
 
 // The right and the duty to answer one exchange: move-only, it owns the exchange until Respond
@@ -117,8 +137,9 @@ class HttpResponder {
   std::unique_ptr<HttpExchange> exchange_;
 };
 
-// Called on the server's thread for every request; must not block (hand model work on and
-// return). Answers through the responder now or later.
+// Called for every request on the server's thread, or (a compressed body) on the codec thread
+// that inflated it; must not block (hand model work on and return). Answers through the
+// responder now or later.
 using HttpHandler = std::function<void(HttpResponder responder)>;
 
 class HttpServer {
@@ -131,8 +152,10 @@ class HttpServer {
   ~HttpServer();
 
   int port() const { return port_; }
-  // Answers the compression threads have compressed so far (for tests and diagnostics).
+  // Answers the codec threads have compressed so far (for tests and diagnostics).
   int64_t compressed_off_thread() const;
+  // Request bytes held now against max_buffered_bytes (for tests and diagnostics).
+  size_t buffered_bytes() const;
 
   // Closes the listening socket, and returns once it is closed: no new connections; open ones
   // are still served, and each answer from now on closes its connection (Connection: close).

@@ -3,7 +3,8 @@
 // extension) and the model repository extension. Each endpoint answers what the gRPC service
 // answers (model_queries.h); inference takes the same path after parsing (the model handle's
 // validation, batching with gRPC requests, statistics), with its own output sink. Handlers run on
-// the HTTP thread and never wait for a model: the worker that finishes a request answers it.
+// the HTTP thread (or, for a compressed body, the codec thread that inflated it) and never wait
+// for a model: the worker that finishes a request answers it. They keep no state of their own.
 //
 // Endpoints (a model name is percent-decoded; /versions/{v} is optional wherever {m} is):
 //   GET  /v2/health/live, /v2/health/ready      200, or 400 when not (Triton's choice)

@@ -40,6 +40,15 @@ class Client {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
+  // Closes with a reset (SO_LINGER 0) instead of a FIN: a client that is gone for sure.
+  void Abort() {
+    if (fd_ < 0) return;
+    const linger reset{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    Close();
+  }
+  // Sends a FIN and keeps reading (an HTTP/1.0-style client, `nc -N`).
+  void ShutdownWrite() { shutdown(fd_, SHUT_WR); }
   bool connected() const { return connected_; }
 
   void Send(const std::string& bytes) { ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }

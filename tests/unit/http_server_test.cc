@@ -12,6 +12,8 @@
 #include <zlib.h>
 
 #include <atomic>
+#include <memory>
+#include <vector>
 #include <chrono>
 #include <thread>
 
@@ -301,14 +303,14 @@ TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
   EXPECT_EQ(reply.body.size(), 100000u);
   EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));
 
-  // The client goes away while its request is being worked on: on_cancel runs, and the late
-  // answer is dropped without harm.
+  // The client resets its connection while its request is being worked on: on_cancel runs, and
+  // the late answer is dropped without harm.
   Client leaving(server->port());
   leaving.Send(Get("/later/2"));
   HttpResponder abandoned = WaitParked();
   ASSERT_TRUE(abandoned);
   EXPECT_FALSE(abandoned->cancelled()->load());
-  leaving.Close();
+  leaving.Abort();
   EXPECT_EQ(WaitCancels(1), 1);
   EXPECT_TRUE(abandoned->cancelled()->load());
   EXPECT_FALSE(server->WaitIdle(std::chrono::milliseconds(10)));
@@ -318,6 +320,200 @@ TEST_F(HttpServerTest, ResponsesFromOtherThreadsAndCancellation) {
   Client after(server->port());
   after.Send(Get("/still"));
   EXPECT_EQ(after.Read().code, 200);
+}
+
+TEST_F(HttpServerTest, AClientThatHalfClosesAfterItsRequestGetsItsAnswer) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send(Get("/later/half", "Connection: close\r\n"));
+  client.ShutdownWrite();
+  HttpResponder parked = WaitParked();
+  ASSERT_TRUE(parked);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the FIN has arrived
+  EXPECT_FALSE(parked->cancelled()->load());
+  parked.Respond(HttpResponse{201, {}, {"done"}});
+  Reply reply = client.Read();
+  EXPECT_EQ(reply.code, 201);
+  EXPECT_EQ(reply.body, "done");
+  EXPECT_TRUE(client.Read().closed);
+  EXPECT_EQ(WaitCancels(0), 0);
+
+  // The same without Connection: close (keep-alive by default), answered on the handler's thread:
+  // the answer, then the close.
+  Client again(server->port());
+  again.Send(Get("/now"));
+  again.ShutdownWrite();
+  EXPECT_EQ(again.Read().code, 200);
+  EXPECT_TRUE(again.Read().closed);
+}
+
+TEST_F(HttpServerTest, RequestsPipelinedBeforeAHalfCloseAreAllAnswered) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send(Get("/first") + Get("/second"));
+  client.ShutdownWrite();
+  Reply first = client.Read();
+  EXPECT_EQ(first.code, 200);
+  EXPECT_TRUE(absl::StrContains(first.headers, "x-path: /first")) << first.headers;
+  Reply second = client.Read();
+  EXPECT_EQ(second.code, 200);
+  EXPECT_TRUE(absl::StrContains(second.headers, "x-path: /second")) << second.headers;
+  EXPECT_TRUE(client.Read().closed);
+}
+
+TEST_F(HttpServerTest, ExpectContinueGetsA100BeforeTheBodyOnHttp11Only) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send("POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n");
+  Reply interim = client.Read();
+  EXPECT_EQ(interim.code, 100);
+  client.Send("abc");
+  Reply reply = client.Read();
+  EXPECT_EQ(reply.code, 200);
+  EXPECT_EQ(reply.body, "POST abc");
+  Client old(server->port());
+  old.Send("POST /c HTTP/1.0\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\nabc");
+  EXPECT_EQ(old.Read().code, 200);  // no 100 first: HTTP/1.0 knows no interim answers
+}
+
+TEST_F(HttpServerTest, RequestsFramedTwoWaysAreRefusedNotSmuggled) {
+  auto server = Start();
+  Client client(server->port());
+  // Two Content-Lengths: the first used to win and the rest ("lo") was answered as a request.
+  client.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\nhello");
+  Reply refused = client.Read();
+  EXPECT_EQ(refused.code, 400);
+  EXPECT_TRUE(absl::StrContains(refused.body, "Content-Length")) << refused.body;
+  EXPECT_TRUE(absl::StrContains(refused.headers, "connection: close")) << refused.headers;
+  EXPECT_TRUE(client.Read().closed);  // no second answer
+  Client chunked(server->port());
+  chunked.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  EXPECT_EQ(chunked.Read().code, 400);
+  EXPECT_TRUE(chunked.Read().closed);
+  Client after(server->port());
+  after.Send(Get("/still"));
+  EXPECT_EQ(after.Read().code, 200);
+}
+
+TEST_F(HttpServerTest, AMalformedChunkSizeIs400) {
+  auto server = Start();
+  Client client(server->port());
+  client.Send("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\nabc\r\n0\r\n\r\n");
+  Reply reply = client.Read();
+  EXPECT_EQ(reply.code, 400);
+  EXPECT_TRUE(absl::StrContains(reply.body, "chunk size")) << reply.body;
+}
+
+TEST_F(HttpServerTest, SlowHeadersTimeOutAndCountAgainstTheConnectionLimit) {
+  HttpServerOptions options;
+  options.header_timeout_ms = 400;
+  options.max_connections = 3;
+  auto server = Start(options);
+  // Two clients trickle a request line a byte at a time, never finishing it; a third connects and
+  // says nothing. All three count; a fourth is refused at once, before it sends a byte.
+  Client first(server->port());
+  Client second(server->port());
+  Client silent(server->port());
+  first.Send("G");
+  second.Send("G");
+  testing::Eventually([&] { return server->open_connections() == 3; });
+  EXPECT_EQ(server->open_connections(), 3u);
+  Client fourth(server->port());
+  Reply refused = fourth.Read();
+  EXPECT_EQ(refused.code, 503);
+  EXPECT_TRUE(absl::StrContains(refused.headers, "retry-after: 1")) << refused.headers;
+  // Trickling keeps the connection busy, but not past the header deadline.
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    first.Send("E");
+  }
+  Reply timed_out = first.Read(3000);
+  EXPECT_EQ(timed_out.code, 408) << timed_out.headers;
+  EXPECT_TRUE(absl::StrContains(timed_out.body, "--http-header-timeout-ms")) << timed_out.body;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+  // The one that never sent a byte is closed at the same deadline (counted from its accept).
+  EXPECT_TRUE(silent.Read(3000).closed);
+  testing::Eventually([&] { return server->open_connections() <= 1; });
+  Client later(server->port());
+  later.Send(Get("/served"));
+  EXPECT_EQ(later.Read().code, 200);
+}
+
+TEST_F(HttpServerTest, RefusalsPastTheLimitStayBoundedAndAnswered) {
+  HttpServerOptions options;
+  options.max_connections = 1;
+  auto server = Start(options);
+  Client held(server->port());
+  held.Send(Get("/held"));
+  EXPECT_EQ(held.Read().code, 200);
+  // One refusal lingers (the bound is max_connections of them); those past it are closed at once.
+  // However many come, the count of lingering refusals must not drift: later ones still get 503.
+  std::vector<std::unique_ptr<Client>> refused;
+  for (int i = 0; i < 4; ++i) refused.push_back(std::make_unique<Client>(server->port()));
+  EXPECT_EQ(refused[0]->Read().code, 503);
+  for (auto& client : refused) client->Close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // their closes are seen
+  for (int round = 0; round < 3; ++round) {
+    Client next(server->port());
+    Reply reply = next.Read();
+    EXPECT_EQ(reply.code, 503) << round;
+    next.Close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(server->open_connections(), 1u);
+}
+
+TEST_F(HttpServerTest, HalfSentBodiesShareOneBudgetAndPastIt503) {
+  HttpServerOptions options;
+  options.max_buffered_bytes = 1 << 20;
+  auto server = Start(options);
+  // Declared within the body limit but past the budget: refused before a byte of it is read.
+  Client large(server->port());
+  large.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n");
+  Reply declared = large.Read();
+  EXPECT_EQ(declared.code, 503);
+  EXPECT_TRUE(absl::StrContains(declared.body, "--http-max-buffered-bytes")) << declared.body;
+  // Two bodies each within the budget, half sent, together past it: the second is refused.
+  Client a(server->port());
+  Client b(server->port());
+  a.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" + std::string(600000, 'a'));
+  testing::Eventually([&] { return server->buffered_bytes() >= 600000; });
+  EXPECT_EQ(server->buffered_bytes(), 600000u);
+  b.Send("POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n");
+  Reply over = b.Read();
+  EXPECT_EQ(over.code, 503);
+  EXPECT_TRUE(absl::StrContains(over.headers, "retry-after: 1")) << over.headers;
+  // The first finishes and is answered; once it is, the budget is back to nothing.
+  a.Send(std::string(300000, 'a'));
+  Reply answered = a.Read();
+  EXPECT_EQ(answered.code, 200);
+  EXPECT_EQ(answered.body.size(), 5u + 900000u);
+  testing::Eventually([&] { return server->buffered_bytes() == 0; });
+  EXPECT_EQ(server->buffered_bytes(), 0u);
+}
+
+TEST_F(HttpServerTest, AGzipBombIsRefusedOffTheLoopWhileOthersAreServed) {
+  HttpServerOptions options;
+  options.max_body_bytes = size_t{1} << 30;
+  auto server = Start(options);
+  // 256 MiB of spaces in about 250 KiB of gzip: past the default ratio (100) long before the
+  // body limit.
+  std::string spaces(size_t{256} << 20, ' ');
+  const std::string bomb = Gzip(spaces, 15 + 16);
+  std::string().swap(spaces);
+  Client attacker(server->port());
+  attacker.Send(Post("/a", bomb, "Content-Encoding: gzip\r\n"));
+  Reply refused = attacker.Read(10000);
+  EXPECT_EQ(refused.code, 413);
+  EXPECT_TRUE(absl::StrContains(refused.body, "--http-max-inflate-ratio")) << refused.body;
+  testing::Eventually([&] { return server->buffered_bytes() == 0; });
+  EXPECT_EQ(server->buffered_bytes(), 0u);
+  // A compressed body within the ratio is inflated and handled (on a codec thread).
+  Client honest(server->port());
+  honest.Send(Post("/b", Gzip(std::string(100000, 'x'), 15 + 16), "Content-Encoding: gzip\r\n"));
+  Reply inflated = honest.Read();
+  EXPECT_EQ(inflated.code, 200);
 }
 
 TEST_F(HttpServerTest, ConnectionsPastTheLimitGet503AndAreClosed) {
@@ -331,8 +527,7 @@ TEST_F(HttpServerTest, ConnectionsPastTheLimitGet503AndAreClosed) {
   second.Send(Get("/b"));
   EXPECT_EQ(second.Read().code, 200);
   Client third(server->port());
-  third.Send(Get("/c"));
-  Reply refused = third.Read();
+  Reply refused = third.Read();  // answered at once, before it sends anything
   EXPECT_EQ(refused.code, 503);
   EXPECT_TRUE(absl::StrContains(refused.body, "--http-max-connections")) << refused.body;
   EXPECT_TRUE(third.Read().closed);
