@@ -3,14 +3,15 @@
 under Zipf-distributed traffic at a fixed rate. Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/on_demand_benchmark.py [--models 20] [--fit 5] [--rate 30]
-        [--seconds 60] [--zipf 1.1] [--json out.json]
+        [--seconds 60] [--zipf 1.1] [--min-residency-secs S] [--json out.json]
     .venv/bin/python benchmarks/on_demand_benchmark.py --smoke --bin-dir build/bin --json out.json
 
 The repository holds --models copies of the bundled MLP (784-512-512-10), half as TorchScript
 files ("ts00", "ts02", ...) and half as CPU AOTInductor packages ("pt01", "pt03", ...), one CPU
 instance each, max_batch_size 8 (warm-up runs every batch size before a load is ready: the
-bundled 64 take 1.4 s here, and a cold start waits for all of it). The server runs with --model-load-on-demand, --model-load-host-limit set to hold
---fit of them, and --model-min-residency-secs 1.
+bundled 64 take 1.4 s here, and a cold start waits for all of it). The server runs with
+--model-load-on-demand, --model-load-host-limit set to hold --fit of them, and its default
+--model-min-residency-secs unless --min-residency-secs is given.
 
 1. Probe: a server without a budget loads four models one after the other and reports what each
    measured (sluice_model_memory_bytes). The first load also pays the process's one-time costs;
@@ -138,7 +139,9 @@ def run(binary, repository, workdir, names, budget, args, prefixes, device):
     rng.shuffle(ranked)
     weights = zipf_weights(len(ranked), args.zipf)
     server_args = ["--model-control-mode", "explicit", "--model-load-on-demand", "true",
-                   *budget_args(device, budget), "--model-min-residency-secs", "1"]
+                   *budget_args(device, budget)]
+    if args.min_residency_secs is not None:
+        server_args += ["--model-min-residency-secs", str(args.min_residency_secs)]
     records, lock, samples, sent_names = [], threading.Lock(), [], []
     with Server(binary, repository, os.path.join(workdir, "run.log"), prefix=prefixes[0], device=device,
                 extra_args=server_args) as server:
@@ -274,13 +277,14 @@ def fmt(value, digits=1):
 
 
 def measure(bin_dir, *, models=20, fit=5, rate=30.0, seconds=60.0, zipf=1.1, seed=7, pin=True, device="cpu",
-            formats=("ts", "pt")):
+            formats=("ts", "pt"), min_residency_secs=None):
     """One probe and one run (see the module's text); the report as a dict. The GPU proof kit
     calls it with device "cuda" and TorchScript only (the bundled .pt2 is a CPU package)."""
     binary = os.path.join(bin_dir, "sluice-server")
     prefixes, pin_note = pinning(pin)
     workdir = tempfile.mkdtemp(prefix="sluice-on-demand-")
-    options = argparse.Namespace(rate=rate, seconds=seconds, zipf=zipf, seed=seed)
+    options = argparse.Namespace(rate=rate, seconds=seconds, zipf=zipf, seed=seed,
+                                 min_residency_secs=min_residency_secs)
     try:
         names = model_names(models, formats)
         repository = write_repository(workdir, names, device)
@@ -297,7 +301,7 @@ def measure(bin_dir, *, models=20, fit=5, rate=30.0, seconds=60.0, zipf=1.1, see
     peak_resident = max((sample[0] for sample in samples), default=0.0)
     return {
         "device": device, "models": models, "fit": fit, "rate": rate, "seconds": seconds, "zipf": zipf, "seed": seed,
-        "pinning": pin_note, "zipf_order": ranked, "probe_bytes": measured, "one_time_bytes": first_costs,
+        "min_residency_secs": min_residency_secs, "pinning": pin_note, "zipf_order": ranked, "probe_bytes": measured, "one_time_bytes": first_costs,
         "model_bytes": typical, "budget_bytes": budget, "sent": len(sent_names), "elapsed_s": elapsed, "rows": rows,
         "ideal_lru_hit_rate": lru_hit_rate(sent_names, int(fit)),
         "peak_resident_bytes": peak_resident, "peak_rss_bytes": max((sample[1] for sample in samples), default=0),
@@ -310,6 +314,7 @@ def print_report(report):
     print(f"{report['models']} models on {report['device']}, budget {report['budget_bytes'] / mib:.1f} MiB = one-time "
           f"{report['one_time_bytes'] / mib:.1f} MiB + {report['fit']:g} x {report['model_bytes'] / mib:.1f} MiB; "
           f"Zipf {report['zipf']}, {report['rate']:g} req/s for {report['seconds']:g} s; {report['sent']} sent; "
+          f"min residency {report.get('min_residency_secs') or 'the server default'}; "
           f"pinning: {report['pinning']}")
     print(f"{'':12} {'requests':>8} {'answered/s':>10} {'hit rate':>8} {'cold':>5} {'cold p50 ms':>11} "
           f"{'cold p99 ms':>11} {'p50 ms':>7} {'load ms':>7} {'loads':>5} {'evicted':>7}  failures")
@@ -334,6 +339,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--min-residency-secs", type=float, default=None,
+                        help="--model-min-residency-secs for the server (default: the server's own)")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", default=os.path.join(ROOT, "docs", "on_demand_benchmark_cpu.json"))
@@ -343,7 +350,8 @@ def main():
     if args.models < 4:
         parser.error("--models must be at least 4")
     report = measure(args.bin_dir, models=args.models, fit=args.fit, rate=args.rate, seconds=args.seconds,
-                     zipf=args.zipf, seed=args.seed, pin=not args.no_pin)
+                     zipf=args.zipf, seed=args.seed, pin=not args.no_pin,
+                     min_residency_secs=args.min_residency_secs)
     report["smoke"] = args.smoke
     print_report(report)
     write_json(args.json, report)

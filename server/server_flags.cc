@@ -197,10 +197,10 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--model-load-gpu-limit", text.gpu_limits,
                  "<gpu>:<fraction> (Triton's spelling; repeat per GPU): the models on that GPU may use this "
                  "fraction of its memory, as measured at each load (device allocator, warm-up peak "
-                 "included). A load that would go over it first unloads the least recently used models that "
-                 "are idle, not pinned and resident for --model-min-residency-secs; when none can go it fails "
-                 "RESOURCE_EXHAUSTED, naming what stays and why. Needs --model-control-mode explicit or "
-                 "--model-load-on-demand")
+                 "included). A load that would go over it first unloads idle, unpinned models, the least recently "
+                 "used of those resident for --model-min-residency-secs first; when only busy or pinned models "
+                 "are left it fails RESOURCE_EXHAUSTED, naming what stays and why. Needs --model-control-mode "
+                 "explicit or --model-load-on-demand")
       ->group("Models");
   app.add_option("--model-load-host-limit", config.host_limit_bytes,
                  "The same budget for host memory, in bytes (the process's resident set as each load grows "
@@ -209,8 +209,9 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->capture_default_str()
       ->group("Models");
   app.add_option("--model-min-residency-secs", config.min_residency_secs,
-                 "With a memory budget: seconds a loaded model stays before it may be unloaded for another "
-                 "(bounds the load churn any client can cause)")
+                 "With a memory budget: a model loaded less than this ago is unloaded for another only when no "
+                 "older idle model frees enough, and then the youngest last; it orders eviction and never makes a "
+                 "request fail (sluice_model_evictions_young_total counts such evictions)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
       ->group("Models");

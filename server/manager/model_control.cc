@@ -1,5 +1,6 @@
 #include "server/manager/model_control.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -442,7 +443,9 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
                          "' (least recently used; RepositoryModelLoad loads it again)");
   Status last;
   while (true) {
-    StatusOr<std::vector<std::string>> plan = PlanEviction(Resident(), needed, options_.eviction, clock_->Now(), name);
+    const std::vector<ResidentModel> resident = Resident();
+    const TimePoint now = clock_->Now();
+    StatusOr<std::vector<std::string>> plan = PlanEviction(resident, needed, options_.eviction, now, name);
     if (plan.ok()) {
       bool all_gone = true;
       for (const std::string& victim : *plan) {
@@ -453,11 +456,15 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
           last = retired.status();
           continue;
         }
-        spdlog::info("event=model_evicted model={} for={} freed=\"{}\"", victim, name, DescribeDeviceBytes(freed));
+        const bool young = std::any_of(resident.begin(), resident.end(), [&](const ResidentModel& model) {
+          return model.name == victim && now - model.ready_since < options_.eviction.min_residency;
+        });
+        spdlog::info("event=model_evicted model={} for={} freed=\"{}\" young={}", victim, name,
+                     DescribeDeviceBytes(freed), young);
         Retire(victim, *std::move(retired));
         serving_directory_.erase(victim);
         options_.source->Retain(victim, {});
-        if (options_.observer != nullptr) options_.observer->OnEviction(victim);
+        if (options_.observer != nullptr) options_.observer->OnEviction(victim, young);
       }
       if (all_gone) return absl::OkStatus();
     } else {

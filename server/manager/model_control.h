@@ -65,7 +65,8 @@ class ModelControl {
     bool load_on_demand = false;
     // The memory budget per device and the minimum residency (--model-load-gpu-limit,
     // --model-load-host-limit, --model-min-residency-secs); loads on demand and explicit loads
-    // unload the least recently used models to stay within it.
+    // unload idle models to stay within it, older ones (least recently used first) before those
+    // younger than the minimum residency (PlanEviction).
     EvictionPolicy eviction;
     // After a failed load on demand, the model is not loaded on demand again for
     // load_retry_first, doubling per failure up to load_retry_longest (--model-load-retry-secs).

@@ -52,8 +52,9 @@ class ModelObserver {
   // Loading on demand and the memory budget (--model-load-on-demand). Defaults: nothing.
   // A load of `model` ended: `trigger` is "startup", "explicit", "poll" or "on_demand".
   virtual void OnModelLoad(const std::string& /*model*/, const char* /*trigger*/, bool /*ok*/) {}
-  // `model` was unloaded to make room for another.
-  virtual void OnEviction(const std::string& /*model*/) {}
+  // `model` was unloaded to make room for another; `young`: it had been ready for less than the
+  // minimum residency (no older idle model could make the room).
+  virtual void OnEviction(const std::string& /*model*/, bool /*young*/) {}
   // A request that waited for `model` to load was answered `waited` after it arrived.
   virtual void OnColdStart(const std::string& /*model*/, Duration /*waited*/) {}
   // A version's memory as measured at load (bytes per device); an empty map when it goes.

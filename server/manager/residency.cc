@@ -74,7 +74,11 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
   std::vector<std::string> victims;
   if (Over(used, needed, policy.budget).empty()) return victims;
 
-  std::vector<const ResidentModel*> order;
+  // Idle, unpinned models may go: those resident for the minimum residency first, least recently
+  // used first; then the younger ones, the youngest last. The minimum residency orders eviction
+  // (older models go before one that just loaded); it never keeps a request from being served.
+  std::vector<const ResidentModel*> settled;
+  std::vector<const ResidentModel*> young;
   std::vector<std::string> kept;  // why the others stay
   for (const ResidentModel& model : resident) {
     if (model.name == loading) continue;
@@ -83,17 +87,19 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
     } else if (model.busy) {
       kept.push_back(absl::StrCat(model.name, " (requests in flight or active sequences)"));
     } else if (now - model.ready_since < policy.min_residency) {
-      kept.push_back(absl::StrFormat(
-          "%s (ready %.1f s ago, stays at least %.1f s)", model.name,
-          std::chrono::duration<double>(now - model.ready_since).count(),
-          std::chrono::duration<double>(policy.min_residency).count()));
+      young.push_back(&model);
     } else {
-      order.push_back(&model);
+      settled.push_back(&model);
     }
   }
-  std::stable_sort(order.begin(), order.end(), [](const ResidentModel* a, const ResidentModel* b) {
+  std::stable_sort(settled.begin(), settled.end(), [](const ResidentModel* a, const ResidentModel* b) {
     return a->last_used < b->last_used;
   });
+  std::stable_sort(young.begin(), young.end(), [](const ResidentModel* a, const ResidentModel* b) {
+    return a->ready_since < b->ready_since;
+  });
+  std::vector<const ResidentModel*> order = settled;
+  order.insert(order.end(), young.begin(), young.end());
   for (const ResidentModel* model : order) {
     // Only a model holding memory on a device still over its budget helps.
     const std::vector<std::string> over = Over(used, needed, policy.budget);

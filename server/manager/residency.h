@@ -38,14 +38,18 @@ struct ResidentModel {
 // The memory models may use, per device, and what may be evicted for a load.
 struct EvictionPolicy {
   DeviceBytes budget;                                   // devices without an entry are not limited
-  Duration min_residency = std::chrono::seconds(10);    // a model younger than this stays
+  Duration min_residency = std::chrono::seconds(10);    // a model younger than this goes only
+                                                        // when no older idle model frees enough
 };
 
-// The models to unload, least recently used first, so that a load needing `needed` fits every
-// budgeted device with the `resident` models left (`loading`, when resident, is never chosen).
-// An empty list when it fits already. RESOURCE_EXHAUSTED when it cannot fit: larger than the
-// budget alone, or the models that could go do not free enough; the message names the device, the
-// bytes, and why each resident model stays (pinned, busy, loaded N s ago).
+// The models to unload so that a load needing `needed` fits every budgeted device with the
+// `resident` models left (`loading`, when resident, is never chosen): idle, unpinned models that
+// have been ready for the minimum residency first, least recently used first, then younger idle
+// ones, the youngest last; only models holding memory on a device still over its budget. The
+// minimum residency orders eviction, it never keeps a load out. An empty list when it fits
+// already. RESOURCE_EXHAUSTED when it cannot fit: larger than the budget alone, or the idle
+// models do not free enough; the message names the device, the bytes, and why each resident model
+// stays (pinned, busy).
 StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>& resident, const DeviceBytes& needed,
                                                 const EvictionPolicy& policy, TimePoint now,
                                                 std::string_view loading = {});

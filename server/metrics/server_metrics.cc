@@ -194,6 +194,11 @@ struct ServerMetrics::Families {
         model_evictions(prometheus::BuildCounter().Name("sluice_model_evictions_total")
                             .Help("Models unloaded to make room within the memory budget for another "
                                   "(--model-load-gpu-limit, --model-load-host-limit)").Register(r)),
+        model_evictions_young(prometheus::BuildCounter().Name("sluice_model_evictions_young_total")
+                                  .Help("Of sluice_model_evictions_total, models unloaded before "
+                                        "--model-min-residency-secs because no older idle model could make the "
+                                        "room: steadily rising, the budget is too small for the models in use")
+                                  .Register(r)),
         cold_start_seconds(prometheus::BuildHistogram().Name("sluice_model_cold_start_seconds")
                                .Help("--model-load-on-demand: from the arrival of a request that waited for "
                                      "its model to load to its answer").Register(r)),
@@ -270,6 +275,7 @@ struct ServerMetrics::Families {
   Family<Counter>& cache_too_large;
   Family<Counter>& model_loads;
   Family<Counter>& model_evictions;
+  Family<Counter>& model_evictions_young;
   Family<Histogram>& cold_start_seconds;
   Family<Gauge>& model_memory;
   Family<Gauge>& memory_budget;
@@ -627,9 +633,10 @@ void ServerMetrics::OnModelLoad(const std::string& model, const char* trigger, b
   families_->model_loads.Add({{"model", model}, {"trigger", trigger}, {"result", ok ? "ok" : "failed"}}).Increment();
 }
 
-void ServerMetrics::OnEviction(const std::string& model) {
+void ServerMetrics::OnEviction(const std::string& model, bool young) {
   MutexLock lock(&mutex_);
   families_->model_evictions.Add({{"model", model}}).Increment();
+  if (young) families_->model_evictions_young.Add({{"model", model}}).Increment();
 }
 
 void ServerMetrics::OnColdStart(const std::string& model, Duration waited) {

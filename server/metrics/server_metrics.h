@@ -65,7 +65,7 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
   void OnState(const std::string& model, int64_t version, ModelState state) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnReady(const ModelTuning& tuning, Duration load_time) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnModelLoad(const std::string& model, const char* trigger, bool ok) override ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnEviction(const std::string& model) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnEviction(const std::string& model, bool young) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnColdStart(const std::string& model, Duration waited) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnVersionMemory(const std::string& model, int64_t version, const std::map<std::string, uint64_t>& memory) override
       ABSL_LOCKS_EXCLUDED(mutex_);

@@ -251,3 +251,45 @@ def test_an_explicit_unload_wins_until_an_explicit_load(on_demand_server):
     client.load_model("m4")
     np.testing.assert_array_equal(infer(client, grpcclient, "m4", 3.0), expected("m4", 1, 3.0))
     client.close()
+
+
+def test_models_asked_in_turn_at_the_default_residency_are_all_served(repository, tmp_path_factory):
+    """Six models, a budget that holds two beside the pinned one, each asked once in turn and then
+    again, at the default --model-min-residency-secs (10 s, longer than this test): every model
+    that must go for the next is younger than that, and still no request is refused. The minimum
+    residency orders eviction; it never turns a servable request into a refusal."""
+    probe = start_server(repository, tmp_path_factory,
+                         ["--model-control-mode", "explicit", "--model-load-on-demand", "true", "--device", "cpu",
+                          "--strict-readiness", "false"])
+    try:
+        client = grpcclient.InferenceServerClient(probe.url)
+        infer(client, grpcclient, "m1", 1.0)
+        infer(client, grpcclient, "m2", 1.0)
+        first, one = measured(probe, "m1"), measured(probe, "m2")
+        client.close()
+    finally:
+        assert probe.stop() == 0, probe.log()
+    # "keep" (pinned, paying the first load's one-time costs) and room for about two more; the
+    # half model's slack absorbs the noise of a load's measure.
+    budget = int(first + 2.5 * one)
+    server = start_server(repository, tmp_path_factory,
+                          ["--model-control-mode", "explicit", "--model-load-on-demand", "true", "--device", "cpu",
+                           "--load-model", "keep", "--model-load-host-limit", str(budget)])
+    try:
+        client = grpcclient.InferenceServerClient(server.url)
+        samples = []
+        for round_ in range(2):
+            for number in (1, 2, 3, 4, 0):  # m5 is pinned by its config; m0 serves version 1 by default
+                model = f"m{number}"
+                value = float(round_ * 100 + number)
+                np.testing.assert_array_equal(infer(client, grpcclient, model, value, "1"), expected(model, 1, value))
+                samples.append(resident_bytes(server))
+        client.close()
+        assert max(samples) <= budget, (samples, budget)
+        text = server.metrics_text()
+        young = sum(metric_value(text, f'sluice_model_evictions_young_total{{model="m{n}"}}') or 0 for n in range(5))
+        evictions = sum(metric_value(text, f'sluice_model_evictions_total{{model="m{n}"}}') or 0 for n in range(5))
+        assert evictions >= 7 and young >= 1, (evictions, young)
+        assert "event=model_evicted" in server.log() and "young=true" in server.log()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -224,6 +224,17 @@ TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {
 
 // Triton's per-model cache series (microseconds, as Triton) and Sluice's cache-wide ones. A hit
 // is a success that ran nothing: counted in requests and durations, not in inferences.
+TEST_F(MetricsTest, EvictionsCountAndYoungOnesAlsoApart) {
+  metrics_.OnEviction("old", /*young=*/false);
+  metrics_.OnEviction("young", /*young=*/true);
+  metrics_.OnEviction("young", /*young=*/true);
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(Value(text, R"(sluice_model_evictions_total{model="old"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_model_evictions_total{model="young"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_model_evictions_young_total{model="young"})"), 2);
+  EXPECT_EQ(Value(text, R"(sluice_model_evictions_young_total{model="old"})"), -1);
+}
+
 TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {
   ModelStats plain(metrics_.SinkFor("plain", 1));
   plain.RecordAdmitted();

@@ -44,14 +44,14 @@ struct Answer {
 // Each instance takes 10 MiB of host memory; `budget_mib` 0: no budget.
 class OnDemandTest : public ::testing::Test {
  protected:
-  void Start(uint64_t budget_mib, std::vector<std::string> startup = {"a"}) {
+  void Start(uint64_t budget_mib, std::vector<std::string> startup = {"a"}, Duration min_residency = Duration(0)) {
     for (const char* name : {"a", "b", "c", "d"}) {
       source_.Put(Model(name, {1}), std::string(name) + "1");
       factory_.instance_bytes[name] = 10 * kMiB;
     }
     ModelControl::Options options = Control(ModelControlMode::kExplicit, &source_, std::move(startup));
     options.load_on_demand = true;
-    options.eviction.min_residency = Duration(0);
+    options.eviction.min_residency = min_residency;
     options.room_wait = Duration(0);
     options.no_room_retry = Duration(0);
     if (budget_mib > 0) options.eviction.budget["cpu"] = budget_mib * kMiB;
@@ -166,6 +166,29 @@ TEST_F(OnDemandTest, AFailedLoadAnswersEveryWaiterWithItsReasonAndIsNotRetriedDu
   EXPECT_TRUE(listed);
   EXPECT_TRUE(manager().AllReady());
   EXPECT_TRUE(Await("b").ok());
+}
+
+// Every model here loaded well within the (default) minimum residency of 10 s: the budget still
+// makes room for each request, unloading the idle model ready longest, and refuses nothing.
+TEST_F(OnDemandTest, YoungIdleModelsMakeRoomRatherThanARequestBeingRefused) {
+  Start(/*budget_mib=*/30, {"a"}, /*min_residency=*/std::chrono::seconds(10));  // a (pinned) + two more
+  ASSERT_TRUE(Await("b").ok());
+  std::this_thread::sleep_for(2ms);  // distinct ready times
+  ASSERT_TRUE(Await("c").ok());
+  std::this_thread::sleep_for(2ms);
+  {
+    auto b = manager().Find("b", "");  // used after c, but ready longer: b goes
+    ASSERT_TRUE(b.ok()) << b.status();
+    (*b)->MarkUsed();
+  }
+  ASSERT_TRUE(Await("d").ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "c", "d"}));
+  // And on: each request is served, never more than the budget resident.
+  for (const char* name : {"b", "c", "d", "b"}) {
+    ASSERT_TRUE(Await(name).ok()) << name;
+    EXPECT_EQ(Ready().size(), 3u) << name;
+    EXPECT_EQ(Ready().count("a"), 1u);
+  }
 }
 
 TEST_F(OnDemandTest, TheBudgetUnloadsTheLeastRecentlyUsedIdleModelAndNeverAPinnedOrBusyOne) {

@@ -55,26 +55,51 @@ TEST(ResidencyTest, TheLeastRecentlyUsedGoFirstAndOnlyAsManyAsNeeded) {
   EXPECT_THAT(*plan, ElementsAre("b"));
 }
 
-TEST(ResidencyTest, PinnedBusyAndYoungModelsStayAndTheRefusalSaysWhy) {
+TEST(ResidencyTest, PinnedAndBusyModelsStayAndTheRefusalSaysWhy) {
   std::vector<ResidentModel> resident = {Resident("pinned", 10, 1), Resident("busy", 10, 2),
-                                         Resident("young", 10, 3, /*ready_s=*/95), Resident("old", 10, 90)};
+                                         Resident("old", 10, 90)};
   resident[0].pinned = true;
   resident[1].busy = true;
-  // 40 used of 50, 15 more: only "old" may go, and that is enough.
-  auto plan = PlanEviction(resident, {{"cpu", 15 * kMiB}}, Budget(50), kNow);
+  // 30 used of 50, 25 more: only "old" may go, and that is enough.
+  auto plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50), kNow);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(*plan, ElementsAre("old"));
-  // 25 more: not enough can go.
-  plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50), kNow);
+  // 35 more: not enough can go, however old the models are.
+  plan = PlanEviction(resident, {{"cpu", 35 * kMiB}}, Budget(50, Duration(0)), kNow);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(plan.status().message(), HasSubstr("needs 25.0 MiB on cpu and the budget of 50.0 MiB has 40.0 MiB"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("needs 35.0 MiB on cpu and the budget of 50.0 MiB has 30.0 MiB"));
   EXPECT_THAT(plan.status().message(), HasSubstr("pinned (pinned)"));
   EXPECT_THAT(plan.status().message(), HasSubstr("busy (requests in flight or active sequences)"));
-  EXPECT_THAT(plan.status().message(), HasSubstr("young (ready 5.0 s ago, stays at least 10.0 s)"));
-  // Once it is old enough it may go too.
-  plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50, std::chrono::seconds(5)), kNow);
+  EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("old")));
+}
+
+// The minimum residency orders eviction and never refuses: models ready for less than it go only
+// when the older idle ones do not free enough, and then the youngest last, whatever their use.
+TEST(ResidencyTest, YoungIdleModelsGoOnlyAfterTheOlderOnesAndTheYoungestLast) {
+  std::vector<ResidentModel> resident = {Resident("young", 10, 99, /*ready_s=*/95),
+                                         Resident("youngest", 10, 80, /*ready_s=*/98),
+                                         Resident("older", 10, 97, /*ready_s=*/50), Resident("busy", 10, 1, 96)};
+  resident[3].busy = true;
+  // 40 used of 50; 15 more: the older model goes although it was used after "youngest".
+  auto plan = PlanEviction(resident, {{"cpu", 15 * kMiB}}, Budget(50), kNow);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_THAT(*plan, ElementsAre("young", "old"));
+  EXPECT_THAT(*plan, ElementsAre("older"));
+  // 25 more: one young model too, the one ready longest ("young", ready 5 s ago), although it
+  // was used last.
+  plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50), kNow);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre("older", "young"));
+  // 35 more: every idle model, the youngest last; the busy one never.
+  plan = PlanEviction(resident, {{"cpu", 35 * kMiB}}, Budget(50), kNow);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre("older", "young", "youngest"));
+  plan = PlanEviction(resident, {{"cpu", 45 * kMiB}}, Budget(50), kNow);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(plan.status().message(), HasSubstr("busy (requests in flight or active sequences)"));
+  // Once they are old enough, least recently used decides among them all.
+  plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50, std::chrono::seconds(1)), kNow);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre("youngest", "older"));
 }
 
 TEST(ResidencyTest, TheModelLoadingIsNeverChosenAndALoadLargerThanTheBudgetIsRefused) {
