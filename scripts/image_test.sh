@@ -228,6 +228,8 @@ sed 's/^/    /' "$WORK/print-env.txt"
 [ "$rc" != 125 ] || { echo "docker could not run the image for --print-env (above)" >&2; exit 1; }
 grep -q '^gpus: none' "$WORK/print-env.txt" && grep -q '^result: no usable GPU' "$WORK/print-env.txt" \
   || { echo "--print-env in the image does not say that no GPU is visible" >&2; exit 1; }
+grep -q '^operator library: /opt/sluice/lib/sluice/torchvision_ops.so (bundled torchvision): .* in torchvision$' \
+  "$WORK/print-env.txt" || { echo "--print-env in the image does not list torchvision's operators" >&2; exit 1; }
 
 if [ "$size_mb" -gt "$SIZE_BOUND_MB" ]; then
   echo "the image is $size_mb MB, above the $SIZE_BOUND_MB MB bound (SIZE_BOUND_MB in this script says why)" >&2

@@ -35,6 +35,8 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libevent-dev rapidjson-dev zlib1g-dev  # the HTTP/REST endpoint
+  patchelf  # the bundled torchvision operators drop their unused libtorch_python.so dependency;
+            # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
 )
 if [ "$PROFILE" = test ]; then
   APT_PACKAGES+=(
@@ -44,7 +46,6 @@ if [ "$PROFILE" = test ]; then
     prometheus  # the metrics tests scrape the server with a real Prometheus
     valgrind    # the metrics cost benchmark counts instructions with callgrind
     linux-perf  # benchmarks/request_path_profile.py samples the server with perf
-    patchelf    # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
     "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, ThreadSanitizer)
     llvm        # llvm-symbolizer: sanitizer reports name their frames, which the suppressions match
     "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)

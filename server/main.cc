@@ -25,6 +25,7 @@
 #include "server/core/cpu_budget.h"
 #include "server/core/logging.h"
 #include "server/core/thread_name.h"
+#include "server/runtime/operator_libraries.h"
 #include "server/runtime/torch_backend.h"
 #include "server/server.h"
 #include "server/server_flags.h"
@@ -92,6 +93,9 @@ sigset_t BlockShutdownSignals() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The child side of an operator library's probe (server/runtime/operator_libraries.h): load it
+  // after the libraries the server has, say what it registered, exit.
+  if (argc >= 2 && std::string(argv[1]) == sluice::kProbeArgument) return sluice::RunOperatorLibraryProbe(argc, argv);
   // gRPC's locks are absl::Mutex. Debian builds Abseil without NDEBUG, which leaves absl's
   // deadlock detection on: every lock and unlock updates a global lock-order graph, about 7 % of
   // a trivial request's CPU (docs/performance.md). Sluice's own locks are std::mutex, checked by
@@ -123,11 +127,25 @@ int main(int argc, char** argv) {
                           config.allow_tf32});
   // With --device cpu no GPU is touched (a probe holds memory on every GPU it runs on).
   const sluice::RuntimeInfo runtime = sluice::ProbeRuntime(config.device != sluice::DevicePolicy::kCpu);
+  // Every model's operator libraries, loaded before the server starts (and before --print-env,
+  // which lists them). Never unloaded: this outlives the server.
+  sluice::OperatorLibraries::Options library_options;
+  library_options.allowed_dirs.assign(config.operator_library_dirs.begin(), config.operator_library_dirs.end());
+  sluice::OperatorLibraries libraries(library_options);
+  absl::StatusOr<std::vector<std::string>> library_notes = sluice::LoadStartupOperatorLibraries(config, &libraries);
   if (config.print_env) {
-    std::fputs(sluice::FormatEnvironment(runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device)
-                   .c_str(),
-               stdout);
-    return EXIT_SUCCESS;
+    std::string report =
+        sluice::FormatEnvironment(runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
+    // The libraries and their problems go before the last line ("result: ...").
+    std::string libraries_report = sluice::FormatOperatorLibraries(libraries.List());
+    if (!library_notes.ok()) absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
+    for (const std::string& note : library_notes.value_or(std::vector<std::string>{})) {
+      absl::StrAppend(&libraries_report, "problem: ", note, "\n");
+    }
+    const size_t result = report.rfind("result: ");
+    report.insert(result == std::string::npos ? report.size() : result, libraries_report);
+    std::fputs(report.c_str(), stdout);
+    return library_notes.ok() ? EXIT_SUCCESS : EXIT_FAILURE;
   }
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(config.log_level));
@@ -145,8 +163,14 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!library_notes.ok()) {
+    spdlog::critical("event=start_failed reason=\"{}\"", library_notes.status().message());
+    return EXIT_FAILURE;
+  }
+  for (const std::string& note : *library_notes) spdlog::warn("event=operator_libraries problem=\"{}\"", note);
+
   // A start-up load that fails for every model wakes the sigwait below.
-  auto server = sluice::Server::Start(config, runtime, [] { kill(getpid(), SIGTERM); });
+  auto server = sluice::Server::Start(config, runtime, &libraries, [] { kill(getpid(), SIGTERM); });
   if (!server.ok()) {
     spdlog::critical("event=start_failed reason=\"{}\"", server.status().message());
     return EXIT_FAILURE;

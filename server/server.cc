@@ -55,13 +55,49 @@ void LogRuntime(const RuntimeInfo& info, const ServerConfig& config) {
   }
 }
 
+void LogOperatorLibrary(const OperatorLibrary& library) {
+  spdlog::info("event=operator_library_loaded library={} path={} origin=\"{}\" operators={} namespaces={} "
+               "init_hook={} load_ms={:.1f}",
+               library.path.filename().string(), library.path.string(), library.origin, library.operators.size(),
+               absl::StrJoin(library.Namespaces(), ","), library.init_hook, library.load_time.count() / 1000.0);
+}
+
 }  // namespace
 
+StatusOr<std::vector<std::string>> LoadStartupOperatorLibraries(const ServerConfig& config,
+                                                                OperatorLibraries* libraries) {
+  std::vector<std::string> notes;
+  if (config.torchvision_ops != TorchvisionOps::kOff) {
+    const std::filesystem::path bundled = BundledOperatorDirectory() / kTorchvisionOpsFile;
+    std::error_code ec;
+    if (std::filesystem::exists(bundled, ec)) {
+      // Built with the server from the torch wheel's own torchvision: no probe (its start-up
+      // cost), and a failure here is a broken installation, which stops the start.
+      StatusOr<OperatorLibrary> loaded = libraries->LoadTrusted(bundled, "bundled torchvision", /*probe=*/false);
+      if (!loaded.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("torchvision's operators: ", loaded.status().message(),
+                                                          " (--torchvision-ops off starts without them)"));
+      }
+    } else if (config.torchvision_ops == TorchvisionOps::kOn) {
+      return absl::FailedPreconditionError(absl::StrCat("--torchvision-ops on: this build bundles no torchvision "
+                                                        "operators (no ", bundled.string(), ")"));
+    } else {
+      notes.push_back(absl::StrCat("torchvision's operators are not bundled with this build (no ", bundled.string(),
+                                   "): models that call torchvision::nms, roi_align and the like will not load"));
+    }
+  }
+  for (const std::string& path : config.operator_libraries) {
+    StatusOr<OperatorLibrary> loaded = libraries->LoadTrusted(path, "--operator-library");
+    if (!loaded.ok()) return absl::Status(loaded.status().code(), absl::StrCat("--operator-library: ", loaded.status().message()));
+  }
+  return notes;
+}
+
 StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, const RuntimeInfo& runtime,
-                                                std::function<void()> on_load_failed) {
+                                                OperatorLibraries* libraries, std::function<void()> on_load_failed) {
   std::unique_ptr<Server> server(new Server());
   LogRuntime(runtime, config);
-  server->factory_ = MakeTorchBackendFactory(runtime);
+  server->factory_ = MakeTorchBackendFactory(runtime, libraries);
   VersionLoader::Options loader_options = LoaderOptions(config, &server->liveness_);
   SLUICE_RETURN_IF_ERROR(VersionLoader(server->factory_.get(), loader_options).CheckDevicePolicy());
   SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models, ScanModelRepository(config.model_repository));
@@ -69,6 +105,19 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config, cons
                ModelControlModeName(config.model_control_mode));
   SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
   SLUICE_RETURN_IF_ERROR(server->StartMetrics(config, runtime));
+  if (libraries != nullptr) {
+    ServerMetrics* metrics = server->metrics_.get();
+    auto loaded = [metrics](const OperatorLibrary& library) {
+      LogOperatorLibrary(library);
+      if (metrics != nullptr) {
+        metrics->AddOperatorLibrary(library.path.filename().string(), library.path.string(), library.origin,
+                                    library.operators.size());
+      }
+    };
+    for (const OperatorLibrary& library : libraries->List()) loaded(library);
+    libraries->SetListener(loaded);
+    server->libraries_ = libraries;
+  }
   if (config.allow_load_files) {  // read by StartModelControl
     LoadedFileStore::Options files;
     files.root = !config.load_files_dir.empty()
@@ -302,7 +351,10 @@ Status Server::StartHttp(const ServerConfig& config) {
   return absl::OkStatus();
 }
 
-Server::~Server() { Shutdown(0); }
+Server::~Server() {
+  Shutdown(0);
+  if (libraries_ != nullptr) libraries_->SetListener(nullptr);
+}
 
 void Server::AbandonLoading() { control_->Stop(); }
 

@@ -24,9 +24,18 @@
 #include "server/metrics/server_metrics.h"
 #include "server/repository/model_repository.h"
 #include "server/runtime/environment.h"
+#include "server/runtime/operator_libraries.h"
 #include "server/server_flags.h"
 
 namespace sluice {
+
+// The operator libraries every model gets, before the server starts: the bundled torchvision
+// operators (--torchvision-ops) and each --operator-library, in order. An error stops the start
+// (a --operator-library that is missing or fails its probe, --torchvision-ops on without them);
+// what an operator should know but does not stop it ("torchvision's operators are not bundled")
+// comes back as notes.
+StatusOr<std::vector<std::string>> LoadStartupOperatorLibraries(const ServerConfig& config,
+                                                                OperatorLibraries* libraries);
 
 class Server {
  public:
@@ -37,8 +46,10 @@ class Server {
   // repository lacks, --device cuda without a GPU, a port in use, unusable TLS files). Start-up
   // loading that fails for every model (--device cuda without a usable GPU) is logged and
   // `on_load_failed` is called, on the control thread; main then shuts down and exits non-zero.
+  // `libraries` (may be null: models that name operator libraries are refused) outlives the
+  // server; what it loads is logged and exported as metrics from here on.
   static StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config, const RuntimeInfo& runtime,
-                                                 std::function<void()> on_load_failed);
+                                                 OperatorLibraries* libraries, std::function<void()> on_load_failed);
   ~Server();
 
   int grpc_port() const { return grpc_->port(); }
@@ -71,6 +82,7 @@ class Server {
   Status StartHttp(const ServerConfig& config);
 
   // Construction order; destroyed in reverse.
+  OperatorLibraries* libraries_ = nullptr;  // not owned; its listener is ours until we go
   LivenessMonitor liveness_;
   std::unique_ptr<BackendFactory> factory_;
   std::unique_ptr<ServerMetrics> metrics_;

@@ -28,6 +28,7 @@ struct TextFlags {
   std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
   std::vector<std::string> trace_configs;  // --trace-config, each "[opentelemetry,]<setting>=<value>"
   std::string model_cpus;                  // --model-cpus: a CPU list, first:N or last:N ("": not given)
+  std::string torchvision_ops = "auto";    // --torchvision-ops
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -129,6 +130,25 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "The model files of every load serving at once, in bytes (a load past it is "
                  "RESOURCE_EXHAUSTED)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Models");
+  app.add_option("--operator-library", config.operator_libraries,
+                 "A shared library of TorchScript/AOTInductor operators (TORCH_LIBRARY) to load at start-up, "
+                 "before any model (repeat it). Each is first loaded in a child process; one that fails "
+                 "there stops the start with the reason. Loaded libraries are never unloaded")
+      ->group("Models");
+  app.add_option("--operator-library-dir", config.operator_library_dirs,
+                 "A directory from which model configurations may name operator libraries "
+                 "(sluice.operator_libraries, MODEL_INIT_LIBRARY), beside the model's own directory (repeat "
+                 "it); a library resolving anywhere else is refused")
+      ->check(CLI::ExistingDirectory)
+      ->group("Models");
+  app.add_option("--torchvision-ops", text.torchvision_ops,
+                 "torchvision's operators (nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, "
+                 "deform_conv2d; CPU and CUDA) for every model: auto loads them when this build bundles "
+                 "them (lib/sluice/torchvision_ops.so), on refuses to start without them, off never "
+                 "loads them")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str()
       ->group("Models");
   app.add_option("--repository-poll-secs", config.repository_poll_secs,
@@ -512,6 +532,9 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
   StatusOr<CudnnBenchmarkMode> benchmark = ParseCudnnBenchmarkMode(text.cudnn_benchmark);
   if (!benchmark.ok()) return absl::InvalidArgumentError(absl::StrCat("--cudnn-benchmark ", benchmark.status().message()));
   config->cudnn_benchmark = *benchmark;
+  config->torchvision_ops = text.torchvision_ops == "on"    ? TorchvisionOps::kOn
+                            : text.torchvision_ops == "off" ? TorchvisionOps::kOff
+                                                            : TorchvisionOps::kAuto;
   if (!config->load_models.empty() && config->model_control_mode != ModelControlMode::kExplicit &&
       !(config->load_on_demand && config->model_control_mode == ModelControlMode::kPoll)) {
     return absl::InvalidArgumentError(absl::StrCat("--load-model needs --model-control-mode explicit, or poll with "

@@ -21,6 +21,10 @@
 namespace sluice {
 
 // What the server is asked to do. Defaults are the flags' defaults.
+// --torchvision-ops: load the bundled torchvision operators when the build has them (kAuto),
+// refuse to start without them (kOn), or never load them (kOff).
+enum class TorchvisionOps { kAuto, kOn, kOff };
+
 struct ServerConfig {
   std::string model_repository;                // --model-repository (default: the bundled models)
   ModelControlMode model_control_mode = ModelControlMode::kNone;  // --model-control-mode
@@ -69,6 +73,10 @@ struct ServerConfig {
   double min_residency_secs = 10;              // --model-min-residency-secs
   double load_retry_secs = 10;                 // --model-load-retry-secs (first back-off; doubles to 300 s)
   double load_wait_secs = 60;                  // --model-load-wait-secs (a request's longest wait)
+  // Operator libraries (server/runtime/operator_libraries.h).
+  std::vector<std::string> operator_libraries;     // --operator-library, loaded at start-up in order
+  std::vector<std::string> operator_library_dirs;  // --operator-library-dir
+  TorchvisionOps torchvision_ops = TorchvisionOps::kAuto;  // --torchvision-ops
 };
 
 // Parses and validates `args` (without the program name). INVALID_ARGUMENT with the reason, the

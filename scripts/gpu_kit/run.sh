@@ -104,6 +104,13 @@ LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exe
 WRAP
   chmod +x "$KIT_BIN/$(basename "$binary")"
 done
+# The server's bundled operator libraries travel xz-compressed (the kit's size limit: 7.8 MB
+# of torchvision operators are 1.1 MB so); unpacked where the server looks (libexec/../lib/sluice).
+for packed in "$KIT"/lib/sluice/*.xz; do
+  [ -f "$packed" ] || continue
+  [ -f "${packed%.xz}" ] || "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$packed" "${packed%.xz}"
+done
 export KIT_BIN KIT_LD_LIBRARY_PATH="$KIT/lib:$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$KIT_BIN:$PATH"
 export PYTHONPATH="$WORK/site:$KIT/src/tests/integration:$KIT/src/tests:$KIT/src/benchmarks:$KIT"

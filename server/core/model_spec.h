@@ -238,6 +238,13 @@ struct ModelSpec {
   // sluice.pinned: with --model-load-on-demand and a memory budget, never unloaded to make room
   // for another model (as the --load-model models).
   bool pinned = false;
+  // Operator libraries loaded before the model (server/runtime/operator_libraries.h), as the
+  // config writes them: sluice.operator_libraries (comma-separated) and Triton's
+  // MODEL_INIT_LIBRARY (one library, whose init hook is called for each instance). Each is a path
+  // relative to the model's directory or an --operator-library-dir, or an absolute path inside
+  // one of them.
+  std::vector<std::string> operator_libraries;
+  std::string init_library;
   // Warm-up before the model reports ready (see server/batching/warmup.h).
   bool warmup = true;                          // sluice.warmup: false skips the shape warm-up
   int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance

@@ -207,15 +207,21 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
   }
 
   RetiredVersions retired = manager_->Swap(model, &loaded, wanted);
+  // The operator libraries the config names (each one's path and operators are in its own
+  // event=operator_library_loaded line).
+  std::vector<std::string> libraries = model->spec.operator_libraries;
+  if (!model->spec.init_library.empty()) libraries.push_back(model->spec.init_library);
+  const std::string libraries_field =
+      libraries.empty() ? "" : absl::StrCat(" operator_libraries=\"", absl::StrJoin(libraries, ","), "\"");
   for (const LoadedVersion& each : loaded) {
     if (each.handle) {
       LogTuning(each.tuning);
-      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={} memory=\"{}\"{}", name, each.version,
+      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={} memory=\"{}\"{}{}", name, each.version,
                    each.handle->device(), model->spec.sequence_batching.enabled  ? "sequence"
                    : model->spec.dynamic_batching.enabled ? "dynamic"
                                                           : "none",
                    std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
-                   DescribeDeviceBytes(each.memory), serving ? " reloaded=true" : "");
+                   DescribeDeviceBytes(each.memory), libraries_field, serving ? " reloaded=true" : "");
     } else {
       spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", name, each.version,
                     each.status.message());

@@ -122,6 +122,9 @@ struct ServerMetrics::Families {
                        .Help("Rows per forward pass, padding included").Register(r)),
         build_info(prometheus::BuildGauge().Name("sluice_build_info")
                        .Help("1, with the versions Sluice runs on as labels").Register(r)),
+        operator_library(prometheus::BuildGauge().Name("sluice_operator_library_operators")
+                             .Help("Operators each loaded operator library registered (labels: library, path, "
+                                   "origin)").Register(r)),
         gpu_utilization(prometheus::BuildGauge().Name("sluice_gpu_utilization_ratio")
                             .Help("Share of the last sample period a kernel ran on the GPU (0-1)").Register(r)),
         gpu_memory_used(prometheus::BuildGauge().Name("sluice_gpu_memory_used_bytes").Help("GPU memory used").Register(r)),
@@ -240,6 +243,7 @@ struct ServerMetrics::Families {
   Family<Histogram>& output_seconds;
   Family<Histogram>& batch_size;
   Family<Gauge>& build_info;
+  Family<Gauge>& operator_library;
   Family<Gauge>& gpu_utilization;
   Family<Gauge>& gpu_memory_used;
   Family<Gauge>& gpu_memory_total;
@@ -693,6 +697,13 @@ void ServerMetrics::OnResponseCacheChanged(const ResponseCacheStats& stats) {
 void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& labels) {
   MutexLock lock(&mutex_);
   families_->build_info.Add(Labels(labels.begin(), labels.end())).Set(1);
+}
+
+void ServerMetrics::AddOperatorLibrary(const std::string& library, const std::string& path, const std::string& origin,
+                                       size_t operators) {
+  MutexLock lock(&mutex_);
+  families_->operator_library.Add({{"library", library}, {"path", path}, {"origin", origin}})
+      .Set(static_cast<double>(operators));
 }
 
 void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {

@@ -82,6 +82,10 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
 
   // sluice_build_info{...} 1: the environment report's versions as labels.
   void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
+  // sluice_operator_library_operators{library,path,origin}: an operator library was loaded, and
+  // registered `operators` operators (libraries are never unloaded).
+  void AddOperatorLibrary(const std::string& library, const std::string& path, const std::string& origin,
+                          size_t operators) ABSL_LOCKS_EXCLUDED(mutex_);
   // Replaces the GPU series with `samples`: each GPU's series for each value it has. A GPU or a
   // value missing from `samples` loses its series (an empty vector exports no GPU series).
   void SetGpus(const std::vector<GpuSample>& samples) ABSL_LOCKS_EXCLUDED(mutex_);

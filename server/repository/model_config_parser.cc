@@ -14,6 +14,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/core/message_text.h"
 
 namespace sluice {
 namespace {
@@ -453,6 +454,36 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
   return absl::OkStatus();
 }
 
+// sluice.operator_libraries ("ops/libfoo.so, libbar.so") and Triton's MODEL_INIT_LIBRARY (one
+// path). Where they resolve is the runtime's business (server/runtime/operator_libraries.h);
+// here a path is refused when it is empty or climbs out with "..".
+Status ConvertOperatorLibraries(ModelSpec* spec) {
+  auto check = [](const std::string& key, absl::string_view path) -> Status {
+    if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " names an empty path"));
+    for (absl::string_view part : absl::StrSplit(path, '/')) {
+      if (part == "..") {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", key, ": '", QuoteClientText(path),
+                                                       "' climbs out with '..'; name a path inside the model's "
+                                                       "directory or an --operator-library-dir"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (auto it = spec->parameters.find("sluice.operator_libraries"); it != spec->parameters.end()) {
+    for (absl::string_view item : absl::StrSplit(it->second, ',')) {
+      item = absl::StripAsciiWhitespace(item);
+      SLUICE_RETURN_IF_ERROR(check(it->first, item));
+      spec->operator_libraries.emplace_back(item);
+    }
+  }
+  if (auto it = spec->parameters.find("MODEL_INIT_LIBRARY"); it != spec->parameters.end()) {
+    const absl::string_view path = absl::StripAsciiWhitespace(it->second);
+    SLUICE_RETURN_IF_ERROR(check(it->first, path));
+    spec->init_library = std::string(path);
+  }
+  return absl::OkStatus();
+}
+
 // Every Sluice parameter; a misspelt sluice.* key is an error rather than silently ignored.
 constexpr const char* kSluiceParameters[] = {
     "sluice.pad_batch_to_preferred", "sluice.max_shape_groups", "sluice.max_queued_bytes",
@@ -460,7 +491,7 @@ constexpr const char* kSluiceParameters[] = {
     "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
     "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait",
     "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us",
-    "sluice.pinned",                 "sluice.cuda_graphs_max"};
+    "sluice.pinned",                 "sluice.cuda_graphs_max",   "sluice.operator_libraries"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
@@ -807,6 +838,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
                           IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
   spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
   SLUICE_ASSIGN_OR_RETURN(spec.pinned, BoolParameterOr(spec.parameters, "sluice.pinned", false));
+  SLUICE_RETURN_IF_ERROR(ConvertOperatorLibraries(&spec));
   spec.cuda_graphs = config->optimization().cuda().graphs();
   SLUICE_ASSIGN_OR_RETURN(const int64_t graphs_max, IntParameter(spec.parameters, "sluice.cuda_graphs_max", 16, 1, 1024));
   spec.cuda_graphs_max = static_cast<int>(graphs_max);

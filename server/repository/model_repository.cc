@@ -56,6 +56,29 @@ StatusOr<inference::ModelConfig> OverrideConfig(const fs::path& directory, const
   return config;
 }
 
+// An operator library runs in the server with its privileges: it comes from the operator (the
+// repository on disk, an --operator-library-dir), never from a client. A configuration override
+// may name one relative to the model's directory or those directories, not by absolute path, and
+// files sent with a load may not bring one at all.
+Status CheckOverrideLibraries(const ModelSpec& spec, const ModelOverride& override) {
+  std::vector<std::string> named = spec.operator_libraries;
+  if (!spec.init_library.empty()) named.push_back(spec.init_library);
+  if (named.empty() || override.empty()) return absl::OkStatus();
+  if (!override.files.empty()) {
+    return absl::InvalidArgumentError(
+        "a model loaded with files sent in the request cannot name operator libraries (sluice.operator_libraries, "
+        "MODEL_INIT_LIBRARY): they would run the client's code in the server; put the model in the repository");
+  }
+  for (const std::string& path : named) {
+    if (!path.empty() && path.front() == '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a configuration override cannot name an operator library by absolute path ('", QuoteClientText(path),
+          "'); name it relative to the model's directory or an --operator-library-dir"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
                           override.config_json ? OverrideConfig(model->directory, *override.config_json)
@@ -65,6 +88,7 @@ Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   model->config = std::make_shared<const inference::ModelConfig>(std::move(config));
   SLUICE_RETURN_IF_ERROR(spec.status());
   model->spec = *spec;
+  SLUICE_RETURN_IF_ERROR(CheckOverrideLibraries(model->spec, override));
 
   std::map<int64_t, fs::path> on_disk;
   std::error_code ec;

@@ -160,23 +160,57 @@ std::map<int, std::string> ComputeCapabilities(const RuntimeInfo& info) {
 
 class TorchBackendFactory final : public BackendFactory {
  public:
-  explicit TorchBackendFactory(RuntimeInfo info)
-      : info_(std::move(info)), aoti_host_(ProbeAotiHost(info_.torch_version, ComputeCapabilities(info_))) {
+  TorchBackendFactory(RuntimeInfo info, OperatorLibraries* libraries)
+      : info_(std::move(info)),
+        aoti_host_(ProbeAotiHost(info_.torch_version, ComputeCapabilities(info_))),
+        libraries_(libraries) {
     EnableAotiInputChecks();
   }
 
   StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
                                                                      const std::filesystem::path& model_file,
                                                                      const Device& device, int count) override {
-    if (spec.format == ModelFormat::kAotInductor) {
-      return LoadAotiInstances(spec, model_file, device, count, aoti_host_, streams_);
-    }
+    SLUICE_ASSIGN_OR_RETURN(std::optional<OperatorLibrary> init_library, LoadModelLibraries(spec, model_file));
+    // Triton's order: each instance's init hook runs before that instance loads.
+    std::vector<std::unique_ptr<ModelInitState>> init_states(count);
+    auto init = [&](int i) {
+      if (init_library) {
+        init_states[i] = libraries_->CallInitHook(*init_library, model_file.parent_path(), device.cuda ? device.index : -1);
+      }
+    };
     std::vector<std::unique_ptr<ModelBackend>> instances;
-    for (int i = 0; i < count; ++i) {
-      SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance, LoadTorchScript(spec, model_file, device));
-      instances.push_back(std::move(instance));
+    if (spec.format == ModelFormat::kAotInductor) {
+      for (int i = 0; i < count; ++i) init(i);
+      SLUICE_ASSIGN_OR_RETURN(instances, LoadAotiInstances(spec, model_file, device, count, aoti_host_, streams_));
+    } else {
+      for (int i = 0; i < count; ++i) {
+        init(i);
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance, LoadTorchScript(spec, model_file, device));
+        instances.push_back(std::move(instance));
+      }
+    }
+    for (size_t i = 0; i < instances.size(); ++i) {
+      if (init_states[i]) static_cast<TorchInstance&>(*instances[i]).HoldInitState(std::move(init_states[i]));
     }
     return instances;
+  }
+
+  // The model's operator libraries, loaded (once per process) before its file; the init library
+  // (MODEL_INIT_LIBRARY), if any, for its hook.
+  StatusOr<std::optional<OperatorLibrary>> LoadModelLibraries(const ModelSpec& spec,
+                                                              const std::filesystem::path& model_file) {
+    if (spec.operator_libraries.empty() && spec.init_library.empty()) return std::nullopt;
+    if (libraries_ == nullptr) {
+      return absl::FailedPreconditionError("the model names operator libraries, and this runtime loads none");
+    }
+    // <model>/<version>/<file>
+    const std::filesystem::path model_dir = model_file.parent_path().parent_path();
+    for (const std::string& library : spec.operator_libraries) {
+      SLUICE_RETURN_IF_ERROR(libraries_->LoadForModel(library, model_dir, spec.name).status());
+    }
+    if (spec.init_library.empty()) return std::nullopt;
+    SLUICE_ASSIGN_OR_RETURN(OperatorLibrary init, libraries_->LoadForModel(spec.init_library, model_dir, spec.name));
+    return init;
   }
 
   StatusOr<std::unique_ptr<ModelBackend>> LoadTorchScript(const ModelSpec& spec, const std::filesystem::path& model_file,
@@ -270,6 +304,7 @@ class TorchBackendFactory final : public BackendFactory {
 
   const RuntimeInfo info_;
   const AotiHost aoti_host_;
+  OperatorLibraries* const libraries_;  // may be null: models that name libraries are refused
   Mutex global_flag_mutex_;
   std::string global_flag_owner_ ABSL_GUARDED_BY(global_flag_mutex_);
 };
@@ -290,8 +325,8 @@ void ConfigureCudnn(const CudnnSettings& settings) {
   torch::jit::getNumProfiledRuns() = 1;
 }
 
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info) {
-  return std::make_unique<TorchBackendFactory>(info);
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info, OperatorLibraries* libraries) {
+  return std::make_unique<TorchBackendFactory>(info, libraries);
 }
 
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory() { return MakeTorchBackendFactory(ProbeRuntime()); }

@@ -8,6 +8,7 @@
 
 #include "server/core/backend.h"
 #include "server/runtime/environment.h"
+#include "server/runtime/operator_libraries.h"
 
 namespace sluice {
 
@@ -32,8 +33,12 @@ void ConfigureCudnn(const CudnnSettings& settings);
 // that is impossible the model claims LibTorch's global flag (the first such model wins; the
 // conflict is reported in ModelBackend::Tuning). Forward runs under c10::InferenceMode; LibTorch exceptions become statuses that
 // keep the torch message (truncated).
+// The operator libraries a model names (ModelSpec::operator_libraries, init_library) are loaded
+// through `libraries` before the model's file, and an init library's hook is called for each
+// instance before it loads (see operator_libraries.h); with `libraries` null such a model is
+// refused.
 // `info` is what ProbeRuntime found (pass it when you already probed, as the server does).
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info);
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info, OperatorLibraries* libraries = nullptr);
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory();
 
 }  // namespace sluice

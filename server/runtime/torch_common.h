@@ -23,6 +23,7 @@
 #include "server/core/mutex.h"
 #include "server/runtime/cuda_failure.h"
 #include "server/runtime/environment.h"
+#include "server/runtime/operator_libraries.h"
 
 namespace sluice {
 
@@ -171,6 +172,9 @@ class TorchInstance : public ModelBackend {
   // Why graphs the config asked for are not used on this instance (a CPU instance, strings).
   std::vector<std::string> Warnings() const override;
   GraphRun LastGraphRun() const override { return last_graph_run_; }
+  // What the model's init library returned for this instance (operator_libraries.h): its fini
+  // hook runs once the instance is gone (this base outlives the derived class's model).
+  void HoldInitState(std::unique_ptr<ModelInitState> state) { init_state_ = std::move(state); }
 
  protected:
   // One forward pass (under the stream guard, the thread count and inference mode). `inputs`:
@@ -202,6 +206,7 @@ class TorchInstance : public ModelBackend {
   // synchronises before the staging buffer is reused).
   at::Tensor InputTensor(const TensorView& view) const;
 
+  std::unique_ptr<ModelInitState> init_state_;  // declared first: destroyed last
   const ModelSpec spec_;
   const at::Device device_;
   InstanceStream stream_;

@@ -154,6 +154,17 @@ def test_package_is_self_contained_with_one_copy_of_each_library(package):
     assert [name for name in sonames if name.startswith("libcudnn.so")] == ["libcudnn.so.9"]
 
 
+def test_packaged_server_loads_the_bundled_torchvision_operators_without_python(package):
+    library = package / "lib" / "sluice" / "torchvision_ops.so"
+    assert library.is_file() and not library.is_symlink()
+    needed = run("readelf", "-d", str(library)).stdout
+    assert "libtorch_python" not in needed and "libpython" not in needed and "RPATH" not in needed, needed
+    result = run(str(package / "bin" / "sluice-server"), "--device", "cpu", "--print-env")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("operator library:")]
+    assert lines == [f"operator library: {os.path.realpath(library)} (bundled torchvision): 12 operators in torchvision"], \
+        result.stdout
+
+
 def test_packaged_server_serves_the_example_models_and_the_tag_names_the_line_up(package):
     versions = dict(line.split("=", 1) for line in (package / "VERSIONS").read_text().split())
     tag = run(os.path.join(ROOT, "docker", "image-tag.sh"), str(package / "VERSIONS")).stdout.strip()

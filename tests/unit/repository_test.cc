@@ -657,6 +657,26 @@ TEST(ModelConfigParserTest, LatencyTarget) {
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us cannot be combined with sequence_batching"));
 }
 
+TEST(ModelConfigParserTest, OperatorLibraries) {
+  auto spec = Build(std::string(kMinimal) + R"pb(
+    parameters { key: "sluice.operator_libraries" value { string_value: " ops/libdetect.so ,libshared.so" } }
+    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/ops/libinit.so" } }
+  )pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->operator_libraries, ElementsAre("ops/libdetect.so", "libshared.so"));
+  EXPECT_EQ(spec->init_library, "/opt/ops/libinit.so");
+  EXPECT_TRUE(Build(kMinimal)->operator_libraries.empty());
+
+  for (const char* bad : {"../libops.so", "ops/../../libops.so", "a.so,,b.so", ""}) {
+    auto refused = Build(std::string(kMinimal) + "parameters { key: \"sluice.operator_libraries\" value { string_value: \"" +
+                         bad + "\" } }");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  auto climbing = Build(std::string(kMinimal) + R"pb(
+    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "../other/libinit.so" } })pb");
+  EXPECT_THAT(std::string(climbing.status().message()), HasSubstr("climbs out with '..'"));
+}
+
 TEST(ModelConfigParserTest, ResponseCache) {
   auto spec = Build(kMinimal);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -850,6 +870,49 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
     EXPECT_EQ(broken->status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(broken->status.message()), ::testing::HasSubstr("Invalid config override")) << bad;
   }
+}
+
+// Operator libraries come from the operator: an override may name one relative to the model's
+// directory (or an --operator-library-dir), not by absolute path; files sent with a load bring none.
+TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
+  Write("m/config.pbtxt", kMinimal);
+  Write("m/1/model.pt", "x");
+  const std::string tensors = R"("platform": "pytorch_libtorch", "max_batch_size": 2,
+      "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+      "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}])";
+  auto with = [&](const std::string& key, const std::string& path) {
+    return ConfigOverride("{" + tensors + R"(, "parameters": {")" + key + R"(": {"string_value": ")" + path + R"("}}})");
+  };
+  DirectoryModelSource source(root_);
+  auto relative = source.Read("m", with("sluice.operator_libraries", "ops/libdetect.so"));
+  ASSERT_TRUE(relative.ok());
+  EXPECT_TRUE(relative->status.ok()) << relative->status;
+  for (const char* key : {"sluice.operator_libraries", "MODEL_INIT_LIBRARY"}) {
+    auto absolute = source.Read("m", with(key, "/tmp/libevil.so"));
+    ASSERT_TRUE(absolute.ok());
+    EXPECT_EQ(absolute->status.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(std::string(absolute->status.message()), HasSubstr("cannot name an operator library by absolute path"));
+  }
+  // The same absolute path in config.pbtxt on disk is the operator's word: the runtime decides
+  // whether it lies in an allowed directory.
+  Write("m/config.pbtxt", std::string(kMinimal) +
+                              R"pb(parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/libinit.so" } })pb");
+  EXPECT_TRUE(source.Read("m", {})->status.ok());
+
+  LoadedFileStore::Options options;
+  options.root = root_ / ".." / (root_.filename().string() + "_store");
+  auto store = LoadedFileStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  DirectoryModelSource with_files(root_, store->get());
+  ModelOverride load = with("sluice.operator_libraries", "libops.so");
+  load.files["1/model.pt"] = "x";
+  load.files["libops.so"] = "ELF";
+  auto sent = with_files.Read("fresh", load);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_EQ(sent->status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(sent->status.message()), HasSubstr("files sent in the request cannot name operator libraries"));
+  store->reset();
+  fs::remove_all(options.root);
 }
 
 // Model files sent with a load: written to the store (never the repository), read with the

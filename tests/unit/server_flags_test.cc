@@ -29,6 +29,23 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(config->load_files_disk_bytes, 8ull << 30);
   EXPECT_EQ(config->response_cache_bytes, 0u);  // no response cache unless asked for
   EXPECT_TRUE(config->coalesce_answers);
+  EXPECT_EQ(config->torchvision_ops, TorchvisionOps::kAuto);  // the bundled torchvision operators, when there
+  EXPECT_TRUE(config->operator_libraries.empty());
+  EXPECT_TRUE(config->operator_library_dirs.empty());
+}
+
+TEST(ServerFlagsTest, OperatorLibraries) {
+  auto config = ParseServerFlags({"--operator-library", "/opt/ops/liba.so", "--operator-library", "libb.so",
+                                  "--operator-library-dir", "/tmp", "--torchvision-ops", "off"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->operator_libraries, (std::vector<std::string>{"/opt/ops/liba.so", "libb.so"}));
+  EXPECT_EQ(config->operator_library_dirs, (std::vector<std::string>{"/tmp"}));
+  EXPECT_EQ(config->torchvision_ops, TorchvisionOps::kOff);
+  EXPECT_EQ(ParseServerFlags({"--torchvision-ops", "on"})->torchvision_ops, TorchvisionOps::kOn);
+  EXPECT_FALSE(ParseServerFlags({"--torchvision-ops", "sometimes"}).ok());
+  auto missing = ParseServerFlags({"--operator-library-dir", "/nonexistent/ops"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("--operator-library-dir"));
 }
 
 // Triton's spellings: --cache-config local,size=BYTES (either form of the flag) and the older

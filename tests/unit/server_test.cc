@@ -59,7 +59,7 @@ class ServerTest : public ::testing::Test {
   }
 
   StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config) {
-    return Server::Start(config, RuntimeInfo{}, [] {});
+    return Server::Start(config, RuntimeInfo{}, nullptr, [] {});
   }
 
   std::filesystem::path repository_;
