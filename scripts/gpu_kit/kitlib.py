@@ -113,6 +113,55 @@ def metric_values(text, name, **labels):
     return values
 
 
+# The batch cycle's phases the server exports (sluice_batch_phase_seconds_total): the host phases,
+# which follow each other, and the device phases inside execute.
+HOST_PHASES = ("idle", "assembly", "execute", "scatter", "complete")
+DEVICE_PHASES = ("to_device", "forward", "to_host")
+
+
+def batch_cycle(metrics_text, model):
+    """{phase: seconds} of `model`'s batch cycles so far, with "real_rows" and "padding_rows"."""
+    totals = {phase: sum(metric_values(metrics_text, "sluice_batch_phase_seconds_total", model=model, phase=phase))
+              for phase in HOST_PHASES + DEVICE_PHASES}
+    for kind in ("real", "padding"):
+        totals[f"{kind}_rows"] = sum(metric_values(metrics_text, "sluice_batch_rows_total", model=model, kind=kind))
+    return totals
+
+
+def cycle_report(after, before, executions):
+    """Per batch: us in each phase and the host phases' shares of the cycle, from two batch_cycle
+    readings `executions` batches apart."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    batches = max(executions, 1)
+    cycle = sum(delta[phase] for phase in HOST_PHASES)
+    report = {"real_rows_per_batch": delta["real_rows"] / batches,
+              "padded_rows_per_batch": (delta["real_rows"] + delta["padding_rows"]) / batches,
+              "cycle_us": cycle / batches * 1e6}
+    for phase in HOST_PHASES + DEVICE_PHASES:
+        report[f"{phase}_us"] = delta[phase] / batches * 1e6
+    for phase in HOST_PHASES:
+        report[f"{phase}_share"] = delta[phase] / cycle if cycle > 0 else 0.0
+    return report
+
+
+def thread_cpu(pid):
+    """CPU seconds (user + system) of each thread group of process `pid`, by thread name with its
+    trailing number dropped ("sluice-worker-0" -> "sluice-worker")."""
+    groups = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        group = re.sub(r"[-_.:]?\d+$", "", name) or name
+        groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
 def chosen_batch_sizes(url, model):
     """The batch sizes warm-up chose for `model` (sluice.auto_batch_sizes), from its ModelConfig
     answer: {"sizes": "1,2,4", "rows_per_second": "1:900,2:1700,..."}, empty strings when the rule
@@ -171,14 +220,15 @@ def run_logged(args, name, timeout):
     return code, text
 
 
-def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=(), timeout=None):
+def perf_analyzer(url, model, concurrency, window_ms, workdir, shape=None, extra=(), timeout=None, tag=""):
     """One perf_analyzer run at a fixed concurrency (three windows of window_ms, any spread), as a
-    dict; its output in STEP_DIR (harness.perf_analyzer runs it)."""
+    dict; its output in STEP_DIR (harness.perf_analyzer runs it), named with `tag` when several
+    runs share a model and concurrency."""
     from harness.perf_analyzer import run
-    row = run(url, model, concurrency, os.path.join(workdir, f"pa_{model}_c{concurrency}.csv"),
+    row = run(url, model, concurrency, os.path.join(workdir, f"pa_{model}_c{concurrency}{tag}.csv"),
               binary=os.path.join(BIN, "perf_analyzer"), interval_ms=window_ms, stability=1000, max_trials=3,
               extra=[*(["--shape", shape] if shape else []), *extra],
-              log_path=step_path(f"perf_analyzer_{model}_c{concurrency}.txt"),
+              log_path=step_path(f"perf_analyzer_{model}_c{concurrency}{tag}.txt"),
               timeout=timeout or max(30, window_ms * 6 // 1000))
     return {"concurrency": concurrency, "infer_per_s": float(row["Inferences/Second"]),
             "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),

@@ -262,6 +262,13 @@ void InstancePool::WorkerLoop(size_t index) {
 
 void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   const TimePoint started = options_.clock->Now();
+  // The instance's idle time since its previous batch (warm-up before the first is not counted).
+  const Duration idle = instance->last_end == TimePoint{} ? Duration::zero() : started - instance->last_end;
+  struct MarkEnd {
+    Instance* instance;
+    const TimeSource* clock;
+    ~MarkEnd() { instance->last_end = clock->Now(); }
+  } mark_end{instance, options_.clock};
   // A lone request that needs no padding runs on its own bytes: nothing to assemble.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
   if (options_.stats) {
@@ -327,6 +334,18 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
       }
     }
     pending.done(refused);
+  }
+  if (options_.stats) {
+    BatchPhases phases;
+    phases.idle = idle;
+    phases.assembly = input;
+    phases.execute = infer;
+    phases.device = instance->backend->LastPhases();
+    phases.scatter = output;
+    phases.complete = options_.clock->Now() - delivered_at;
+    phases.rows = batch.rows;
+    phases.padded_rows = batch.padded_rows;
+    options_.stats->RecordPhases(phases);
   }
 }
 

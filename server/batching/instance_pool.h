@@ -110,6 +110,7 @@ class InstancePool {
     const size_t index;
     std::unique_ptr<ModelBackend> backend;
     StagingPool staging;  // touched only by whoever runs the instance: its worker, or a claimer
+    TimePoint last_end{};  // when its last batch ended (unset before the first); as `staging`
     CondVar wake;         // its worker's: work for it, a claim ended, or stop
   };
 

@@ -62,6 +62,29 @@ void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration in
   batch.compute_output.Add(output);
 }
 
+void BatchPhaseTotals::Add(const BatchPhases& phases) {
+  ++batches;
+  rows += static_cast<uint64_t>(phases.rows);
+  padded_rows += static_cast<uint64_t>(phases.padded_rows);
+  idle += phases.idle;
+  assembly += phases.assembly;
+  execute += phases.execute;
+  scatter += phases.scatter;
+  complete += phases.complete;
+  if (phases.device) {
+    ++measured_on_device;
+    to_device += phases.device->to_device;
+    forward += phases.device->forward;
+    to_host += phases.device->to_host;
+  }
+}
+
+void ModelStats::RecordPhases(const BatchPhases& phases) {
+  if (sink_) sink_->OnPhases(phases);
+  MutexLock lock(&mutex_);
+  stats_.phases.Add(phases);
+}
+
 void ModelStats::RecordSuccess(int64_t rows, Duration queue, Duration input, Duration infer,
                                Duration output, Duration total, Protocol protocol) {
   if (sink_) sink_->OnSuccess(rows, queue, input, infer, output, total, protocol);

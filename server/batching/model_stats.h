@@ -29,6 +29,29 @@ struct DurationStat {
   }
 };
 
+// One batch's cycle on its instance (InstancePool::RunBatch), for where the time goes. The host
+// phases follow each other: idle, assembly, execute, scatter, complete. The device phases lie
+// inside execute, as the device saw them (ModelBackend::LastPhases; absent when the backend does
+// not measure them).
+struct BatchPhases {
+  Duration idle{0};      // the instance had nothing to run since its previous batch ended
+  Duration assembly{0};  // the requests' rows copied into the instance's staging buffer
+  Duration execute{0};   // the backend's Execute until it handed out the first output
+  std::optional<DevicePhases> device;  // inputs to the device, forward pass, outputs back
+  Duration scatter{0};   // the outputs handed to every request's sink (rows copied into answers)
+  Duration complete{0};  // the requests completed (answers given to their front ends)
+  int64_t rows = 0;         // the callers' rows
+  int64_t padded_rows = 0;  // the rows the model ran (padding included)
+};
+
+// Sums of BatchPhases over a version's batches.
+struct BatchPhaseTotals {
+  uint64_t batches = 0, measured_on_device = 0;  // batches, and those with device phases
+  uint64_t rows = 0, padded_rows = 0;
+  Duration idle{0}, assembly{0}, execute{0}, to_device{0}, forward{0}, to_host{0}, scatter{0}, complete{0};
+  void Add(const BatchPhases& phases);
+};
+
 // Per-request totals (each request of a batch is charged the batch's compute times, as Triton
 // does) and per-batch-size totals.
 struct ModelStatsSnapshot {
@@ -43,6 +66,7 @@ struct ModelStatsSnapshot {
     DurationStat compute_input, compute_infer, compute_output;
   };
   std::map<uint64_t, Batch> batches;  // by batch size the model saw (padding included)
+  BatchPhaseTotals phases;            // every batch's cycle (see BatchPhases)
   // Latency target models: the target (zero: none), requests refused because they could not be
   // answered in time, and the batch costs the batcher decides from.
   Duration latency_target{0};
@@ -92,6 +116,8 @@ class StatsSink {
   // `requests` admitted requests leave the queue and start running (one forward pass).
   virtual void OnStarted(int64_t requests) = 0;
   virtual void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) = 0;
+  // A batch ran and answered: its cycle, phase by phase.
+  virtual void OnPhases(const BatchPhases& /*phases*/) {}
   virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
                          Duration total, Protocol protocol) = 0;
   // `was_admitted`: the request had been admitted to a queue (it stops being pending); `ran`: it
@@ -153,6 +179,8 @@ class ModelStats {
   void RecordSequenceFinished(SequenceOutcome outcome) {
     if (sink_) sink_->OnSequenceFinished(outcome);
   }
+  // A batch that ran and answered: its cycle (see BatchPhases).
+  void RecordPhases(const BatchPhases& phases) ABSL_LOCKS_EXCLUDED(mutex_);
   // CUDA graph models: see StatsSink::OnGraphRun.
   void RecordGraphRun(ModelBackend::GraphRun run) {
     if (sink_ && run != ModelBackend::GraphRun::kNone) sink_->OnGraphRun(run);

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/cord.h"
 
+#include "server/core/clock.h"
 #include "server/core/device.h"
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
@@ -46,6 +48,17 @@ struct ConvolutionTuning {
   std::string fallback;  // non-empty: why some could not; those follow LibTorch's global flag
 };
 
+// Where one Execute's time went on the device, for the batch-cycle decomposition (InstancePool):
+// the inputs' copy to the device, the forward pass, the outputs' copy back. On a GPU instance from
+// CUDA events recorded on the instance's stream between those steps, so `forward` is the time the
+// device took from the inputs' arrival to the last kernel's end, gaps while the host was still
+// launching kernels included; on the CPU from the clock.
+struct DevicePhases {
+  Duration to_device{0};
+  Duration forward{0};
+  Duration to_host{0};
+};
+
 // One loaded model instance on one device. Thread-compatible: a scheduler calls Execute from one
 // worker thread at a time per instance.
 class ModelBackend {
@@ -74,6 +87,10 @@ class ModelBackend {
   // on the same thread right after Execute, for the metrics.
   enum class GraphRun { kNone, kCaptured, kReplayed };
   virtual GraphRun LastGraphRun() const { return GraphRun::kNone; }
+
+  // The phases of the last Execute, read by the caller on the same thread right after it
+  // returned OK; nullopt when this backend does not measure them (or did not for that pass).
+  virtual std::optional<DevicePhases> LastPhases() const { return std::nullopt; }
 };
 
 // Marks a status as fatal for the whole process (a sticky CUDA error: every later kernel on

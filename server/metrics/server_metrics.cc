@@ -54,6 +54,12 @@ struct ServerMetrics::Families {
                        .Help("Rows answered (a request of batch size 4 counts 4)").Register(r)),
         executions(prometheus::BuildCounter().Name("sluice_executions_total")
                        .Help("Forward passes; inferences / executions is the average batch size").Register(r)),
+        batch_phase_seconds(prometheus::BuildCounter().Name("sluice_batch_phase_seconds_total")
+                                .Help("Where each instance's batch cycles went, by phase: idle, assembly, execute "
+                                      "(to_device, forward and to_host within it, as the device saw them), scatter, "
+                                      "complete").Register(r)),
+        batch_rows(prometheus::BuildCounter().Name("sluice_batch_rows_total")
+                       .Help("Rows the model ran, by kind: real (the callers') and padding").Register(r)),
         pending(prometheus::BuildGauge().Name("sluice_pending_requests")
                     .Help("Requests admitted to a queue and not answered yet").Register(r)),
         sequences_active(prometheus::BuildGauge().Name("sluice_sequences_active")
@@ -217,6 +223,8 @@ struct ServerMetrics::Families {
   Family<Counter>& failed;
   Family<Counter>& inferences;
   Family<Counter>& executions;
+  Family<Counter>& batch_phase_seconds;
+  Family<Counter>& batch_rows;
   Family<Gauge>& pending;
   Family<Gauge>& sequences_active;
   Family<Counter>& sequences_finished;
@@ -354,6 +362,30 @@ class ModelMetrics final : public StatsSink {
   }
 
   void OnStarted(int64_t requests) override { nv_pending_.Decrement(static_cast<double>(requests)); }
+
+  void OnPhases(const BatchPhases& phases) override {
+    std::call_once(phases_once_, [this] {
+      for (size_t i = 0; i < kPhases; ++i) {
+        Labels with_phase = labels_;
+        with_phase["phase"] = kPhaseNames[i];
+        phase_seconds_[i] = &families_.batch_phase_seconds.Add(with_phase);
+      }
+      Labels real = labels_, padding = labels_;
+      real["kind"] = "real";
+      padding["kind"] = "padding";
+      real_rows_ = &families_.batch_rows.Add(real);
+      padding_rows_ = &families_.batch_rows.Add(padding);
+    });
+    const Duration host[] = {phases.idle, phases.assembly, phases.execute, phases.scatter, phases.complete};
+    for (size_t i = 0; i < std::size(host); ++i) phase_seconds_[i]->Increment(Seconds(host[i]));
+    if (phases.device) {
+      phase_seconds_[5]->Increment(Seconds(phases.device->to_device));
+      phase_seconds_[6]->Increment(Seconds(phases.device->forward));
+      phase_seconds_[7]->Increment(Seconds(phases.device->to_host));
+    }
+    real_rows_->Increment(static_cast<double>(phases.rows));
+    padding_rows_->Increment(static_cast<double>(phases.padded_rows - phases.rows));
+  }
 
   void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) override {
     executions_.Increment();
@@ -555,6 +587,15 @@ class ModelMetrics final : public StatsSink {
   };
   PerProtocol per_protocol_[std::size(kAllProtocols)];
   Counter& executions_;
+  // The batch cycle's series, made at the first batch (sluice_batch_phase_seconds_total in
+  // kPhaseNames order, sluice_batch_rows_total).
+  static constexpr size_t kPhases = 8;
+  static constexpr const char* kPhaseNames[kPhases] = {"idle",      "assembly", "execute", "scatter",
+                                                       "complete",  "to_device", "forward", "to_host"};
+  std::once_flag phases_once_;
+  std::array<Counter*, kPhases> phase_seconds_{};
+  Counter* real_rows_ = nullptr;
+  Counter* padding_rows_ = nullptr;
   Gauge& pending_;
   Histogram& input_seconds_;
   Histogram& infer_seconds_;

@@ -152,6 +152,7 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     SLUICE_RETURN_IF_ERROR(Check(declared[i], value, request));
     host[i] = ToHost(i, value);
   }
+  if (marks_ != nullptr) marks_->Set(PhaseMarks::kOutputsQueued);
   // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
   if (stream_ != nullptr) WaitForStream();
   std::vector<HostOutput> delivered;
@@ -394,7 +395,8 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<
     : spec_(std::move(spec)),
       device_(device),
       stream_(std::move(streams), device_),
-      delivery_(&spec_, stream_.get()),
+      marks_(stream_.get()),
+      delivery_(&spec_, stream_.get(), &marks_),
       intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {
   if (!spec_.cuda_graphs) return;
   const auto strings = [](const std::vector<TensorSpec>& tensors) {
@@ -456,11 +458,49 @@ std::vector<c10::IValue> TorchInstance::DeclaredInputs(const InferRequest& batch
   return inputs;
 }
 
+void PhaseMarks::Set(Mark mark) {
+  if (stream_ != nullptr) {
+    if (!events_[mark]) events_[mark].emplace(cudaEventDefault);  // with timing
+    events_[mark]->record(*stream_);
+  } else {
+    times_[mark] = std::chrono::steady_clock::now();
+  }
+  marked_ |= 1u << mark;
+}
+
+std::optional<DevicePhases> PhaseMarks::Read() {
+  if (marked_ != (1u << kMarks) - 1) return std::nullopt;
+  auto between = [&](Mark from, Mark to) -> Duration {
+    if (stream_ == nullptr) return std::chrono::duration_cast<Duration>(times_[to] - times_[from]);
+    const double ms = events_[from]->elapsed_time(*events_[to]);
+    return std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms));
+  };
+  try {
+    return DevicePhases{between(kBegin, kInputsQueued), between(kInputsQueued, kForwardQueued),
+                        between(kForwardQueued, kOutputsQueued)};
+  } catch (const std::exception&) {
+    return std::nullopt;  // an event not completed (a failed pass): nothing to say
+  }
+}
+
 Status TorchInstance::Run(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
   last_graph_run_ = GraphRun::kNone;
-  if (graph_plan_ != nullptr) return RunWithGraphs(batch, targets);
-  SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
-  return delivery_.Deliver(outputs, batch, targets);
+  last_phases_.reset();
+  marks_.Clear();
+  Status status;
+  if (graph_plan_ != nullptr) {
+    status = RunWithGraphs(batch, targets);
+  } else {
+    marks_.Set(PhaseMarks::kBegin);
+    std::vector<c10::IValue> inputs = DeclaredInputs(batch);
+    marks_.Set(PhaseMarks::kInputsQueued);
+    SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(std::move(inputs), batch));
+    marks_.Set(PhaseMarks::kForwardQueued);
+    status = delivery_.Deliver(outputs, batch, targets);
+  }
+  // A capture pass mixes the eager pass with the capture: its marks say nothing of serving.
+  if (status.ok() && last_graph_run_ != GraphRun::kCaptured) last_phases_ = marks_.Read();
+  return status;
 }
 
 void TorchInstance::TurnGraphsOff(const std::string& reason) {
@@ -477,6 +517,7 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
   if (action == CudaGraphPlan::Action::kReplay) {
     CapturedGraph& captured = *graphs_.at(key);
     ForwardFailure failure;
+    marks_.Set(PhaseMarks::kBegin);
     const bool replayed = TryTorch(
         [&] {
           for (const TensorView& view : batch.inputs) {
@@ -486,8 +527,10 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
                                                   at::TensorOptions().dtype(ToScalarType(view.dtype)));
             captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
           }
+          marks_.Set(PhaseMarks::kInputsQueued);
           std::shared_lock<std::shared_mutex> lock(GraphMutex());
           captured.graph->replay();
+          marks_.Set(PhaseMarks::kForwardQueued);
           return 0;
         },
         &failure).has_value();
@@ -499,6 +542,7 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
     // A replay that fails leaves nothing half done on the stream (it launches as one): this
     // batch runs eagerly, and so does everything after it on this instance.
     (void)cudaGetLastError();
+    marks_.Clear();
     TurnGraphsOff(absl::StrCat("a replay of shape ", key, " failed: ", TruncateTorchMessage(failure.message)));
   } else if (action == CudaGraphPlan::Action::kCapture) {
     // Whatever throws before the capture is settled (an out of memory in the eager pass, say),
@@ -525,7 +569,11 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
     }
     return delivery_.Deliver(*eager, batch, targets);
   }
-  SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(DeclaredInputs(batch), batch));
+  marks_.Set(PhaseMarks::kBegin);
+  std::vector<c10::IValue> inputs = DeclaredInputs(batch);
+  marks_.Set(PhaseMarks::kInputsQueued);
+  SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(std::move(inputs), batch));
+  marks_.Set(PhaseMarks::kForwardQueued);
   return delivery_.Deliver(outputs, batch, targets);
 }
 

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <array>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -111,13 +113,35 @@ class InstanceStream {
   std::optional<c10::cuda::CUDAStream> stream_;
 };
 
+// The boundaries of one Execute (begin, inputs queued, forward queued, outputs queued), for
+// ModelBackend::LastPhases: CUDA events with timing on the instance's stream on a GPU (about a
+// microsecond each to record and to read), the clock on the CPU. Read once the stream was waited
+// for. Worker thread only.
+class PhaseMarks {
+ public:
+  enum Mark { kBegin, kInputsQueued, kForwardQueued, kOutputsQueued, kMarks };
+  explicit PhaseMarks(c10::cuda::CUDAStream* stream) : stream_(stream) {}
+  void Clear() { marked_ = 0; }
+  void Set(Mark mark);
+  // The three phases when every mark was set since Clear and (GPU) every event completed.
+  std::optional<DevicePhases> Read();
+
+ private:
+  c10::cuda::CUDAStream* const stream_;
+  std::array<std::optional<at::cuda::CUDAEvent>, kMarks> events_;  // GPU, made at the first mark
+  std::array<std::chrono::steady_clock::time_point, kMarks> times_{};  // CPU
+  unsigned marked_ = 0;  // a bit per mark
+};
+
 // Checks a forward pass's outputs against the config, brings the ones some target asked for to
 // the host and hands each target its rows (DeliverOutputs). One per instance: it keeps that
 // instance's pinned output buffers. Worker thread only.
 class OutputDelivery {
  public:
-  // `spec` outlives this; `stream`: the instance's stream on a GPU, null on the CPU.
-  OutputDelivery(const ModelSpec* spec, c10::cuda::CUDAStream* stream) : spec_(spec), stream_(stream) {}
+  // `spec` outlives this; `stream`: the instance's stream on a GPU, null on the CPU; `marks`
+  // (may be null) gets kOutputsQueued once the outputs' copies are queued.
+  OutputDelivery(const ModelSpec* spec, c10::cuda::CUDAStream* stream, PhaseMarks* marks = nullptr)
+      : spec_(spec), stream_(stream), marks_(marks) {}
 
   // `outputs`: one value per declared output, config order: a tensor, or a List[str] for a
   // TYPE_STRING output (serialized per server/core/bytes_tensor.h; its elements split evenly over
@@ -141,6 +165,7 @@ class OutputDelivery {
 
   const ModelSpec* const spec_;
   c10::cuda::CUDAStream* const stream_;
+  PhaseMarks* const marks_;
   std::vector<at::Tensor> pinned_outputs_;  // GPU: per declared output, bytes
   std::optional<at::cuda::CUDAEvent> done_;  // GPU with sluice.cuda_wait "blocking"
 };
@@ -172,6 +197,7 @@ class TorchInstance : public ModelBackend {
   // Why graphs the config asked for are not used on this instance (a CPU instance, strings).
   std::vector<std::string> Warnings() const override;
   GraphRun LastGraphRun() const override { return last_graph_run_; }
+  std::optional<DevicePhases> LastPhases() const override { return last_phases_; }
   // What the model's init library returned for this instance (operator_libraries.h): its fini
   // hook runs once the instance is gone (this base outlives the derived class's model).
   void HoldInitState(std::unique_ptr<ModelInitState> state) { init_state_ = std::move(state); }
@@ -210,7 +236,9 @@ class TorchInstance : public ModelBackend {
   const ModelSpec spec_;
   const at::Device device_;
   InstanceStream stream_;
+  PhaseMarks marks_;            // worker thread only
   OutputDelivery delivery_;     // worker thread only
+  std::optional<DevicePhases> last_phases_;  // of the last Execute that delivered
   const int intra_op_threads_;  // CPU instances only (0: LibTorch's default)
   std::string graphs_ignored_;  // why the config's graphs are not used here; empty otherwise
   // Graphs: null unless they are on for this instance. Declared after stream_, so the graphs and

@@ -234,6 +234,12 @@ TEST_F(TorchBackendTest, ConvolutionOnCpu) {
   auto response = testing::Run(**backend, conv->request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->outputs[0].data, testing::ExpectedConvOutput());
+  // The pass's phases, from the clock on the CPU: the convolution is the forward pass.
+  const std::optional<DevicePhases> phases = (*backend)->LastPhases();
+  ASSERT_TRUE(phases.has_value());
+  EXPECT_GT(phases->forward, Duration::zero());
+  EXPECT_GE(phases->to_device, Duration::zero());
+  EXPECT_GE(phases->to_host, Duration::zero());
 }
 
 TEST_F(TorchBackendTest, IntraOpThreadsApplyToTheInstanceThread) {

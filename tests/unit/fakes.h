@@ -77,6 +77,9 @@ class FakeBackend final : public ModelBackend {
   // What LastGraphRun says after each Execute, in order (then kNone); set before handing it out.
   std::vector<GraphRun> graph_runs;
   GraphRun LastGraphRun() const override { return last_graph_run_; }
+  // What LastPhases says after every Execute; set before handing it out.
+  std::optional<DevicePhases> phases;
+  std::optional<DevicePhases> LastPhases() const override { return phases; }
 
   Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     last_graph_run_ = next_graph_run_ < graph_runs.size() ? graph_runs[next_graph_run_++] : GraphRun::kNone;

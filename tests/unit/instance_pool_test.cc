@@ -190,6 +190,40 @@ TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
   EXPECT_EQ(stats.batches.at(4).compute_output.count, 1u);
 }
 
+// Every batch's cycle, phase by phase: the instance's idle time since its previous batch, the
+// backend's execute and its device phases, the real and padded rows.
+TEST_F(InstancePoolTest, EachBatchRecordsItsCycle) {
+  using std::chrono::milliseconds;
+  auto backend = std::make_unique<testing::FakeBackend>([this](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
+    clock_.Advance(milliseconds(3));  // the pass
+    return std::vector<Tensor>{{"y", DataType::kInt64, {1}, std::string(8, '\0')}};
+  });
+  backend->phases = DevicePhases{milliseconds(1), milliseconds(1), milliseconds(1)};
+  auto pool = Make(std::move(backend));
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) clock_.Advance(milliseconds(5));  // the instance idles between the batches
+    Call call;
+    FormedBatch batch;
+    batch.requests.push_back(call.Pending(3, i));
+    batch.rows = 3;
+    batch.padded_rows = 4;
+    pool->Run(std::move(batch));
+    ASSERT_TRUE(call.answer.get_future().get().ok());
+    ASSERT_TRUE(clock_.AwaitWaiting(1));  // the worker is back waiting: the batch has ended
+  }
+  pool->Stop();
+  const BatchPhaseTotals phases = stats_->Snapshot().phases;
+  EXPECT_EQ(phases.batches, 2u);
+  EXPECT_EQ(phases.measured_on_device, 2u);
+  EXPECT_EQ(phases.rows, 6u);
+  EXPECT_EQ(phases.padded_rows, 8u);
+  EXPECT_EQ(phases.idle, milliseconds(5));  // nothing before the first batch
+  EXPECT_EQ(phases.execute, milliseconds(6));
+  EXPECT_EQ(phases.assembly, Duration::zero());
+  EXPECT_EQ(phases.forward, milliseconds(2));
+  EXPECT_EQ(phases.to_device + phases.to_host, milliseconds(4));
+}
+
 TEST_F(InstancePoolTest, ABatchWithTracedRequestsStampsThemAndExportsOneLinkedBatchSpan) {
   auto pool = Make(std::make_unique<testing::EchoBackend>());
   testing::SpanRecorder sink;

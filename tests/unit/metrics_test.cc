@@ -201,6 +201,41 @@ TEST_F(MetricsTest, CudaGraphCapturesAndReplaysOnlyForModelsWithGraphs) {
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_cuda_graph_captures_total{model="plain")")));
 }
 
+TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
+  ModelStats stats(metrics_.SinkFor("m", 1));
+  EXPECT_THAT(Exposition(*registry_), Not(HasSubstr("sluice_batch_phase_seconds_total{")));  // from the first batch
+  BatchPhases phases;
+  phases.idle = 5ms;
+  phases.assembly = 1ms;
+  phases.execute = 8ms;
+  phases.device = DevicePhases{2ms, 4ms, 1ms};
+  phases.scatter = 2ms;
+  phases.complete = 1ms;
+  phases.rows = 3;
+  phases.padded_rows = 4;
+  stats.RecordPhases(phases);
+  phases.device.reset();  // a pass the backend did not measure adds no device time
+  stats.RecordPhases(phases);
+  const std::string text = Exposition(*registry_);
+  auto seconds = [&](const char* phase) {
+    return Value(text, std::string(R"(sluice_batch_phase_seconds_total{model="m",phase=")") + phase + R"(",version="1"})");
+  };
+  EXPECT_DOUBLE_EQ(seconds("idle"), 0.010);
+  EXPECT_DOUBLE_EQ(seconds("assembly"), 0.002);
+  EXPECT_DOUBLE_EQ(seconds("execute"), 0.016);
+  EXPECT_DOUBLE_EQ(seconds("to_device"), 0.002);
+  EXPECT_DOUBLE_EQ(seconds("forward"), 0.004);
+  EXPECT_DOUBLE_EQ(seconds("to_host"), 0.001);
+  EXPECT_DOUBLE_EQ(seconds("scatter"), 0.004);
+  EXPECT_DOUBLE_EQ(seconds("complete"), 0.002);
+  EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="real",model="m",version="1"})"), 6);
+  EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="padding",model="m",version="1"})"), 2);
+  const BatchPhaseTotals totals = stats.Snapshot().phases;
+  EXPECT_EQ(totals.batches, 2u);
+  EXPECT_EQ(totals.measured_on_device, 1u);
+  EXPECT_EQ(totals.forward, 4ms);
+}
+
 TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {
   ModelStats stats(metrics_.SinkFor("ranked", 1));
   stats.RecordPriorityQueued(1, std::chrono::microseconds(200));

@@ -1,21 +1,30 @@
-"""Throughput at concurrency 1, 8 and 64 (each held at least 10 s) through perf_analyzer, against
-in-process LibTorch (sluice-bench-inprocess) at the batch size the server formed, in the same run,
-measured two ways: the model alone (input already on the GPU) and the model with the host staging
-and copies every request needs (through Sluice's runtime: pinned staging, host-to-device copy,
-outputs back, synchronisation); the copies are reported on their own. The ratios, GPU utilisation from the server's own /metrics (--metrics-interval-ms 250), and queue
-against compute time from ModelStatistics. ResNet-50 FP16 with preferred sizes {1, 8, 32, 64} and
-padding on a GPU, cuDNN benchmark off as in the traced module that the in-process run calls
-(40_resnet50 compares on and off); the bundled MLP on the CPU in the dry run. The numbers so far
-are written after every level, so a run cut short keeps them. Also reports the batch sizes warm-up
-chose for the bundled MLP (no preferred sizes: sluice.auto_batch_sizes), loaded beside it."""
-# kit-timeout: 110
+"""Where the time goes: ResNet-50 FP16 through perf_analyzer at concurrency 1, 4, 8, 16, 32, 64
+and 128 over gRPC, and again over system shared memory from 16 on (short windows), against
+in-process LibTorch in the same run, measured two ways: the model alone (input already on the GPU)
+and the model with the host staging and copies every request needs (through Sluice's runtime:
+pinned staging, host-to-device copy, outputs back, synchronisation). Per level: real rows/s
+against in-process-with-copies at max_batch_size (the device's best) and at the batch size the
+server formed; real and padded rows per batch; the batch cycle from the server's
+sluice_batch_phase_seconds_total, split into idle, assembly into staging, execute (and within it,
+from CUDA events on the instance's stream, host-to-device, forward, device-to-host), scatter into
+the answers and completion; GPU utilisation from the server's own /metrics (--metrics-interval-ms
+250; a diagnostic, not a gate); the server's CPU by thread group and perf_analyzer's CPU.
+Preferred sizes {1, 8, 32, 64} with padding on a GPU, cuDNN benchmark off as in the traced module
+that the in-process run calls (40_resnet50 compares on and off); the bundled MLP on the CPU in the
+dry run, at c=1 and 4. The numbers so far are written after every level, so a run cut short keeps
+them. Also reports the batch sizes warm-up chose for the bundled MLP (no preferred sizes:
+sluice.auto_batch_sizes), loaded beside it."""
+# kit-timeout: 170
 import os
+import resource
 import shutil
 import threading
 
 import kitlib
 
-WINDOW_MS = 3400  # perf_analyzer measures three windows: about 10 s per concurrency
+WINDOW_MS = 1000  # perf_analyzer measures three windows: about 3 s per level
+CONCURRENCIES = (1, 4, 8, 16, 32, 64, 128)
+SHARED_MEMORY_FROM = 16  # and beyond, a second run over system shared memory
 
 
 def gpu_sampler(server, samples, stop):
@@ -35,7 +44,7 @@ def body():
     else:
         arch, side, sizes, _ = kitlib.resnet_geometry()
         name, dtype, row_shape = f"{arch}_fp16", "fp16", [3, side, side]
-        concurrencies, window_ms, seconds = (1, 8, 64), WINDOW_MS, 1
+        concurrencies, window_ms, seconds = CONCURRENCIES, WINDOW_MS, 1
     root = os.path.join(kitlib.WORK, "throughput")
     shutil.rmtree(root, ignore_errors=True)
     if kitlib.NO_GPU:
@@ -46,26 +55,41 @@ def body():
     model_file = os.path.join(root, name, "1", "model.pt")
     both = kitlib.ceilings(model_file, row_shape, list(sizes), seconds, dtype=dtype)
     ceiling, with_copies = both["model"], both["with_copies"]
+    best = with_copies[max(with_copies)]["rows_per_s"]  # the device's best: the largest batch, with copies
     kitlib.write_result("fail", "cut short after the in-process ceilings", {"model": name, "inprocess": both})
 
-    server = kitlib.start_server(root, ["--device", kitlib.device(), "--metrics-interval-ms", "250"], timeout=90)
+    server = kitlib.start_server(root, ["--device", kitlib.device(), "--metrics-interval-ms", "250",
+                                        "--allow-client-shm=true", "--client-shm-keys=*"], timeout=90)
     levels = []
+    runs = [(c, "grpc") for c in concurrencies] + [(c, "shm") for c in concurrencies if c >= SHARED_MEMORY_FROM]
     try:
         auto_sizes = kitlib.chosen_batch_sizes(server.url, "mlp")
-        for concurrency in concurrencies:
+        for concurrency, transport in runs:
             samples, stop = [], threading.Event()
             sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
             before = kitlib.model_statistics(server.url, name)
+            cycle_before = kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name)
+            cpu_before = kitlib.thread_cpu(server.process.pid)
+            client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             sampler.start()
             try:
-                run = kitlib.perf_analyzer(server.url, name, concurrency, window_ms, kitlib.STEP_DIR)
+                extra = ["--shared-memory", "system"] if transport == "shm" else []
+                run = kitlib.perf_analyzer(server.url, name, concurrency, window_ms, kitlib.STEP_DIR, extra=extra,
+                                           tag="_shm" if transport == "shm" else "")
             finally:
                 stop.set()
                 sampler.join()
+            client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_after = kitlib.thread_cpu(server.process.pid)
             delta = kitlib.statistics_delta(kitlib.model_statistics(server.url, name), before)
+            cycle = kitlib.cycle_report(kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name), cycle_before,
+                                        delta["executions"])
             executed = max(delta["batch_sizes"], key=delta["batch_sizes"].get) if delta["batch_sizes"] else 1
             nearest = min(ceiling, key=lambda b: (abs(b - executed), b))
+            server_cpu = {group: round(cpu_after.get(group, 0) - cpu_before.get(group, 0), 2) for group in cpu_after
+                          if cpu_after.get(group, 0) - cpu_before.get(group, 0) > 0.005}
             run.update({
+                "transport": transport,
                 "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
                 "executed_batch_sizes": delta["batch_sizes"], "dominant_batch": executed,
                 "queue_us_per_request": delta["queue_ns"] / max(delta["success"], 1) / 1e3,
@@ -74,23 +98,42 @@ def body():
                 "ratio": run["infer_per_s"] / ceiling[nearest]["rows_per_s"],
                 "inprocess_with_copies_rows_per_s": with_copies[nearest]["rows_per_s"],
                 "ratio_with_copies": run["infer_per_s"] / with_copies[nearest]["rows_per_s"],
+                "ratio_to_best": run["infer_per_s"] / best,
                 "gpu_utilization_median": kitlib.median(samples) if samples else None,
+                "cycle": cycle, "server_cpu_s": server_cpu,
+                "client_cpu_s": round((client_after.ru_utime - client_before.ru_utime)
+                                      + (client_after.ru_stime - client_before.ru_stime), 2),
             })
             levels.append(run)
-            kitlib.write_result("fail", f"cut short after concurrency {concurrency}",
+            kitlib.write_result("fail", f"cut short after concurrency {concurrency} over {transport}",
                                 {"model": name, "dtype": dtype, "inprocess": both, "levels": levels})
     finally:
         code = server.stop()
-    rows = [[r["concurrency"], round(r["infer_per_s"]), round(r["p50_us"]), round(r["avg_rows_per_execution"], 1),
-             r["dominant_batch"], round(r["inprocess_rows_per_s"]), f"{r['ratio']:.2f}",
-             round(r["inprocess_with_copies_rows_per_s"]), f"{r['ratio_with_copies']:.2f}",
-             "n/a" if r["gpu_utilization_median"] is None else f"{r['gpu_utilization_median']:.2f}",
-             round(r["queue_us_per_request"]), round(r["compute_us_per_execution"])] for r in levels]
-    numbers = {"model": name, "dtype": dtype, "inprocess": both, "levels": levels,
+
+    def pct(value):
+        return f"{100 * value:.0f}%"
+
+    rows = [[r["concurrency"], r["transport"], round(r["infer_per_s"]), f"{r['ratio_to_best']:.2f}",
+             f"{r['ratio_with_copies']:.2f}", round(r["p50_us"]), round(r["p99_us"]),
+             f"{r['cycle']['real_rows_per_batch']:.1f}/{r['cycle']['padded_rows_per_batch']:.1f}",
+             "n/a" if r["gpu_utilization_median"] is None else f"{r['gpu_utilization_median']:.2f}"] for r in levels]
+    cycle_rows = [[r["concurrency"], r["transport"], round(r["cycle"]["cycle_us"])]
+                  + [pct(r["cycle"][f"{phase}_share"]) for phase in kitlib.HOST_PHASES]
+                  + [round(r["cycle"][f"{phase}_us"]) for phase in kitlib.DEVICE_PHASES] for r in levels]
+    cpu_rows = [[r["concurrency"], r["transport"], r["client_cpu_s"],
+                 ", ".join(f"{group} {seconds}" for group, seconds in sorted(r["server_cpu_s"].items(),
+                                                                             key=lambda item: -item[1])[:6])]
+                for r in levels]
+    numbers = {"model": name, "dtype": dtype, "inprocess": both, "best_rows_per_s": best, "levels": levels,
                "mlp_auto_batch_sizes": auto_sizes}
-    details = (kitlib.table(["concurrency", "infer/s", "p50 us", "rows per execution", "executed batch",
-                             "model alone rows/s at it", "ratio", "with copies rows/s", "ratio with copies",
-                             "GPU util (median)", "queue us/request", "compute us/execution"], rows)
+    details = (kitlib.table(["concurrency", "transport", "rows/s", "of the device's best", "of in-process at the batch",
+                             "p50 us", "p99 us", "real/padded rows per batch", "GPU util (median)"], rows)
+               + f"\n\nThe device's best: in-process with copies at batch {max(with_copies)}, {best:.0f} rows/s."
+               + "\n\nThe batch cycle (per batch; shares of the host cycle, then the device phases inside execute, us):\n\n"
+               + kitlib.table(["concurrency", "transport", "cycle us"] + list(kitlib.HOST_PHASES)
+                              + [f"{phase} us" for phase in kitlib.DEVICE_PHASES], cycle_rows)
+               + "\n\nCPU seconds over each level (perf_analyzer; the server by thread group):\n\n"
+               + kitlib.table(["concurrency", "transport", "client", "server"], cpu_rows)
                + "\n\nIn-process LibTorch, model alone: " + ", ".join(
                    f"batch {b}: {r['rows_per_s']:.0f} rows/s, p50 {r['p50_us']:.0f} us" for b, r in ceiling.items())
                + "\n\nWith host staging and copies (Sluice's runtime): " + ", ".join(
@@ -105,11 +148,17 @@ def body():
         failures.append(f"the server exited {code}")
     if not kitlib.NO_GPU and not any(r["gpu_utilization_median"] for r in levels):
         failures.append("no GPU utilisation in /metrics")
+    if not all(r["cycle"]["cycle_us"] > 0 for r in levels):
+        failures.append("a level has no batch cycle in /metrics (sluice_batch_phase_seconds_total)")
+    if not kitlib.NO_GPU and not all(r["cycle"]["forward_us"] > 0 for r in levels):
+        failures.append("a level has no device phases (CUDA events) in /metrics")
     if failures:
         return kitlib.gpu_outcome(False, "; ".join(failures), numbers, details)
+    plateau = max(levels, key=lambda r: r["infer_per_s"])
     return kitlib.gpu_outcome(True, f"{name}: " + "; ".join(
-        f"c={r['concurrency']} {r['infer_per_s']:.0f}/s ratio {r['ratio']:.2f} ({r['ratio_with_copies']:.2f} with copies)"
-        for r in levels)
+        f"c={r['concurrency']}{' shm' if r['transport'] == 'shm' else ''} {r['infer_per_s']:.0f}/s "
+        f"({r['ratio_to_best']:.2f} of best, idle {pct(r['cycle']['idle_share'])})" for r in levels)
+        + f"; plateau {plateau['infer_per_s']:.0f}/s = {plateau['ratio_to_best']:.2f} of the device's best"
         + f"; mlp auto batch sizes {auto_sizes['sizes'] or 'none'}", numbers, details)
 
 
