@@ -53,7 +53,8 @@ class CallbackEcho final : public grpc::CallbackGenericService {
 // is the call itself.
 class CqCall {
  public:
-  CqCall(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* cq) : service_(service), cq_(cq) {
+  CqCall(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq) {
     service_->RequestCall(&context_, &stream_, cq_, cq_, this);
   }
   void Proceed(bool ok) {
@@ -70,7 +71,8 @@ class CqCall {
       case State::kReading:
         state_ = State::kFinishing;
         if (!ok) {
-          stream_.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"), this);
+          stream_.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"),
+                         this);
         } else {
           stream_.WriteAndFinish(response_, grpc::WriteOptions(), grpc::Status::OK, this);
         }
@@ -97,22 +99,28 @@ volatile std::sig_atomic_t g_stop = 0;
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"A gRPC server that answers every call with an empty message (the transport's floor)"};
+  CLI::App app{
+      "A gRPC server that answers every call with an empty message (the transport's floor)"};
   std::string address = "127.0.0.1";
   int port = 0;
   std::string api = "callback";
   int cq_threads = 1;
   app.add_option("--address", address, "Address to listen on")->capture_default_str();
-  app.add_option("--port", port, "Port (0: any free one; the chosen port is printed)")->capture_default_str();
-  app.add_option("--api", api, "callback or cq")->check(CLI::IsMember({"callback", "cq"}))->capture_default_str();
-  app.add_option("--cq-threads", cq_threads, "Polling threads (one completion queue each) with --api cq")
+  app.add_option("--port", port, "Port (0: any free one; the chosen port is printed)")
+      ->capture_default_str();
+  app.add_option("--api", api, "callback or cq")
+      ->check(CLI::IsMember({"callback", "cq"}))
+      ->capture_default_str();
+  app.add_option("--cq-threads", cq_threads,
+                 "Polling threads (one completion queue each) with --api cq")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   grpc::ServerBuilder builder;
   int chosen_port = 0;
-  builder.AddListeningPort(address + ":" + std::to_string(port), grpc::InsecureServerCredentials(), &chosen_port);
+  builder.AddListeningPort(address + ":" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &chosen_port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   CallbackEcho callback;
   grpc::AsyncGenericService async;

@@ -58,7 +58,8 @@ struct Call {
 
 double Percentile(std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
-  const size_t index = std::min(sorted.size() - 1, static_cast<size_t>(p * static_cast<double>(sorted.size())));
+  const size_t index =
+      std::min(sorted.size() - 1, static_cast<size_t>(p * static_cast<double>(sorted.size())));
   return sorted[index];
 }
 
@@ -81,24 +82,31 @@ int main(int argc, char** argv) {
   app.add_option("--target", target, "host:port")->required();
   app.add_option("--method", method, "Full method name")->capture_default_str();
   app.add_option("--request-file", request_file, "The serialized request message")->required();
-  app.add_option("--concurrency", concurrency, "Calls in flight (closed loop), or the cap with --rate")
+  app.add_option("--concurrency", concurrency,
+                 "Calls in flight (closed loop), or the cap with --rate")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--rate", rate, "Calls per second, open loop (0: closed loop)")->capture_default_str();
-  app.add_option("--warmup-seconds", warmup_seconds, "Unmeasured time first")->capture_default_str();
+  app.add_option("--rate", rate, "Calls per second, open loop (0: closed loop)")
+      ->capture_default_str();
+  app.add_option("--warmup-seconds", warmup_seconds, "Unmeasured time first")
+      ->capture_default_str();
   app.add_option("--seconds", seconds, "Measured time")->capture_default_str();
   app.add_option("--timeout-seconds", timeout_seconds, "Deadline per call")->capture_default_str();
-  app.add_flag("--poisson", poisson, "With --rate: exponential gaps between calls (Poisson arrivals)");
+  app.add_flag("--poisson", poisson,
+               "With --rate: exponential gaps between calls (Poisson arrivals)");
   app.add_option("--seed", seed, "Seed of the --poisson gaps")->capture_default_str();
-  app.add_option("--within-us", within_us, "Count the answers within this many microseconds (goodput)");
+  app.add_option("--within-us", within_us,
+                 "Count the answers within this many microseconds (goodput)");
   app.add_flag("--errors-ok", errors_ok, "Exit 0 although calls failed (refusals are expected)");
   int64_t unique_offset = -1;
   double repeat_share = 1;
-  app.add_option("--unique-offset", unique_offset,
-                 "Byte offset of two FP32 input values in the request that calls with unique inputs "
-                 "overwrite with a counter (-1: every call sends the file's bytes)")
+  app.add_option(
+         "--unique-offset", unique_offset,
+         "Byte offset of two FP32 input values in the request that calls with unique inputs "
+         "overwrite with a counter (-1: every call sends the file's bytes)")
       ->capture_default_str();
-  app.add_option("--repeat-share", repeat_share, "With --unique-offset: the share of calls that send the file's bytes")
+  app.add_option("--repeat-share", repeat_share,
+                 "With --unique-offset: the share of calls that send the file's bytes")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -114,8 +122,8 @@ int main(int argc, char** argv) {
   grpc::Slice slice(bytes);
   const grpc::ByteBuffer request(&slice, 1);
   if (unique_offset >= 0 && static_cast<size_t>(unique_offset) + 2 * sizeof(float) > bytes.size()) {
-    std::fprintf(stderr, "--unique-offset %lld is past the request's %zu bytes\n", static_cast<long long>(unique_offset),
-                 bytes.size());
+    std::fprintf(stderr, "--unique-offset %lld is past the request's %zu bytes\n",
+                 static_cast<long long>(unique_offset), bytes.size());
     return 2;
   }
   std::mt19937_64 repeats(seed + 1);
@@ -152,8 +160,10 @@ int main(int argc, char** argv) {
                                                      std::chrono::duration<double>(warmup_seconds));
   const Clock::time_point end = measure_from + std::chrono::duration_cast<Clock::duration>(
                                                    std::chrono::duration<double>(seconds));
-  const auto interval = rate > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
-                                 : Clock::duration::zero();
+  const auto interval =
+      rate > 0
+          ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate))
+          : Clock::duration::zero();
   Clock::time_point next_send = begin;
   std::mt19937_64 random(seed);
   std::exponential_distribution<double> gaps(rate > 0 ? rate : 1.0);
@@ -162,7 +172,8 @@ int main(int argc, char** argv) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gaps(random)));
   };
   // Calls started in the window, followed to their end.
-  int64_t sent = 0, ok_calls = 0, within = 0, unavailable = 0, deadline_exceeded = 0, other_failures = 0;
+  int64_t sent = 0, ok_calls = 0, within = 0, unavailable = 0, deadline_exceeded = 0,
+          other_failures = 0;
   std::vector<double> answered_us;
   int in_flight = 0;
   int64_t measured = 0, errors = 0, not_sent = 0;
@@ -212,8 +223,8 @@ int main(int argc, char** argv) {
     }
     void* tag = nullptr;
     bool ok = false;
-    const Clock::time_point wait_until = sending ? (rate > 0 ? std::min(next_send, end) : end)
-                                                 : now + std::chrono::seconds(60);
+    const Clock::time_point wait_until =
+        sending ? (rate > 0 ? std::min(next_send, end) : end) : now + std::chrono::seconds(60);
     const auto result = cq.AsyncNext(&tag, &ok, Wall(wait_until));
     if (result == grpc::CompletionQueue::SHUTDOWN) break;
     if (result == grpc::CompletionQueue::TIMEOUT) continue;
@@ -223,7 +234,8 @@ int main(int argc, char** argv) {
     const bool in_window = call->started >= measure_from && done <= end;
     if (call->started >= measure_from && call->started < end) {
       if (ok && call->status.ok()) {
-        const double took_us = std::chrono::duration<double, std::micro>(done - call->started).count();
+        const double took_us =
+            std::chrono::duration<double, std::micro>(done - call->started).count();
         ++ok_calls;
         answered_us.push_back(took_us);
         if (within_us > 0 && took_us <= within_us) ++within;
@@ -240,7 +252,8 @@ int main(int argc, char** argv) {
       if (first_error.empty()) first_error = call->status.error_message();
     } else if (in_window) {
       ++measured;
-      latencies_us.push_back(std::chrono::duration<double, std::micro>(done - call->started).count());
+      latencies_us.push_back(
+          std::chrono::duration<double, std::micro>(done - call->started).count());
     }
   }
   std::sort(latencies_us.begin(), latencies_us.end());
@@ -255,19 +268,24 @@ int main(int argc, char** argv) {
     if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
   }
   std::printf(
-      "{\"calls\": %lld, \"errors\": %lld, \"not_sent\": %lld, \"seconds\": %.4f, \"calls_per_s\": %.1f, "
-      "\"p50_us\": %.1f, \"p90_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, \"client_cpu_busy\": %.3f, "
+      "{\"calls\": %lld, \"errors\": %lld, \"not_sent\": %lld, \"seconds\": %.4f, \"calls_per_s\": "
+      "%.1f, "
+      "\"p50_us\": %.1f, \"p90_us\": %.1f, \"p99_us\": %.1f, \"mean_us\": %.1f, "
+      "\"client_cpu_busy\": %.3f, "
       "\"concurrency\": %d, \"rate\": %.1f, \"poisson\": %s, \"sent\": %lld, \"ok\": %lld, "
-      "\"answered_p50_us\": %.1f, \"answered_p99_us\": %.1f, \"unavailable\": %lld, \"deadline_exceeded\": %lld, "
+      "\"answered_p50_us\": %.1f, \"answered_p99_us\": %.1f, \"unavailable\": %lld, "
+      "\"deadline_exceeded\": %lld, "
       "\"other_failures\": %lld, \"within_us\": %.1f, \"within\": %lld, \"goodput_per_s\": %.1f, "
       "\"repeated\": %lld, \"first_error\": \"%s\"}\n",
-      static_cast<long long>(measured), static_cast<long long>(errors), static_cast<long long>(not_sent), wall,
-      wall > 0 ? static_cast<double>(measured) / wall : 0.0, Percentile(latencies_us, 0.5),
-      Percentile(latencies_us, 0.9), Percentile(latencies_us, 0.99), mean,
-      wall > 0 ? (cpu_at_end - cpu_at_start) / wall : 0.0, concurrency, rate, poisson ? "true" : "false",
-      static_cast<long long>(sent), static_cast<long long>(ok_calls), Percentile(answered_us, 0.5),
-      Percentile(answered_us, 0.99), static_cast<long long>(unavailable), static_cast<long long>(deadline_exceeded),
+      static_cast<long long>(measured), static_cast<long long>(errors),
+      static_cast<long long>(not_sent), wall, wall > 0 ? static_cast<double>(measured) / wall : 0.0,
+      Percentile(latencies_us, 0.5), Percentile(latencies_us, 0.9), Percentile(latencies_us, 0.99),
+      mean, wall > 0 ? (cpu_at_end - cpu_at_start) / wall : 0.0, concurrency, rate,
+      poisson ? "true" : "false", static_cast<long long>(sent), static_cast<long long>(ok_calls),
+      Percentile(answered_us, 0.5), Percentile(answered_us, 0.99),
+      static_cast<long long>(unavailable), static_cast<long long>(deadline_exceeded),
       static_cast<long long>(other_failures), within_us, static_cast<long long>(within),
-      wall > 0 ? static_cast<double>(within) / wall : 0.0, static_cast<long long>(repeated), escaped.c_str());
+      wall > 0 ? static_cast<double>(within) / wall : 0.0, static_cast<long long>(repeated),
+      escaped.c_str());
   return errors > 0 && !errors_ok ? 1 : 0;
 }

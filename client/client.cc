@@ -24,16 +24,20 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& url, Client
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls.enabled) {
     grpc::SslCredentialsOptions ssl;
-    if (!options.tls.target_name.empty()) arguments.SetSslTargetNameOverride(options.tls.target_name);
+    if (!options.tls.target_name.empty())
+      arguments.SetSslTargetNameOverride(options.tls.target_name);
     if (!options.tls.root_cert.empty()) {
-      SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(options.tls.root_cert, "--root-cert"));
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                              ReadPemFile(options.tls.root_cert, "--root-cert"));
     }
     if (options.tls.client_cert.empty() != options.tls.client_key.empty()) {
       return absl::InvalidArgumentError("--client-cert and --client-key go together");
     }
     if (!options.tls.client_cert.empty()) {
-      SLUICE_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(options.tls.client_cert, "--client-cert"));
-      SLUICE_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile(options.tls.client_key, "--client-key"));
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                              ReadPemFile(options.tls.client_cert, "--client-cert"));
+      SLUICE_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                              ReadPemFile(options.tls.client_key, "--client-key"));
     }
     credentials = grpc::SslCredentials(ssl);
   }
@@ -41,7 +45,8 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& url, Client
   return std::make_unique<Client>(inference::GRPCInferenceService::NewStub(channel), options);
 }
 
-Client::Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub, ClientOptions options)
+Client::Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub,
+               ClientOptions options)
     : stub_(std::move(stub)), options_(options) {}
 
 void Client::Prepare(grpc::ClientContext* context) const {
@@ -95,7 +100,8 @@ StatusOr<inference::ModelMetadataResponse> Client::ModelMetadata(const std::stri
   return response;
 }
 
-StatusOr<inference::ModelConfig> Client::ModelConfig(const std::string& model, const std::string& version) {
+StatusOr<inference::ModelConfig> Client::ModelConfig(const std::string& model,
+                                                     const std::string& version) {
   grpc::ClientContext context;
   Prepare(&context);
   inference::ModelConfigRequest request;
@@ -116,7 +122,8 @@ StatusOr<inference::RepositoryIndexResponse> Client::RepositoryIndex(bool ready_
   return response;
 }
 
-StatusOr<std::vector<Tensor>> Client::Infer(const std::string& model, const std::vector<Tensor>& inputs,
+StatusOr<std::vector<Tensor>> Client::Infer(const std::string& model,
+                                            const std::vector<Tensor>& inputs,
                                             const InferOptions& options) {
   inference::ModelInferRequest request;
   request.set_model_name(model);
@@ -147,8 +154,8 @@ StatusOr<std::vector<Tensor>> Client::Infer(const std::string& model, const std:
   inference::ModelInferResponse response;
   SLUICE_RETURN_IF_ERROR(FromGrpc(stub_->ModelInfer(&context, request, &response)));
   if (response.raw_output_contents_size() != response.outputs_size()) {
-    return absl::DataLossError(absl::StrCat("server sent ", response.outputs_size(), " outputs but ",
-                                            response.raw_output_contents_size(),
+    return absl::DataLossError(absl::StrCat("server sent ", response.outputs_size(),
+                                            " outputs but ", response.raw_output_contents_size(),
                                             " raw_output_contents entries"));
   }
   std::vector<Tensor> result;

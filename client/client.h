@@ -15,7 +15,7 @@ namespace sluice {
 // TLS to the server. Files are PEM.
 struct ClientTlsOptions {
   bool enabled = false;
-  std::string root_cert;    // CA the server's certificate must be signed by; empty: the system's CAs
+  std::string root_cert;  // CA the server's certificate must be signed by; empty: the system's CAs
   std::string client_cert;  // for mutual TLS: this client's certificate chain ...
   std::string client_key;   // ... and its private key (both or neither)
   // The name the server's certificate must carry, when it is not the host of the URL (a probe
@@ -34,9 +34,11 @@ class Client {
  public:
   // Connects (lazily) to "host:port", with TLS when options.tls says so. INVALID_ARGUMENT when a
   // TLS file cannot be read (connection errors come with the first call).
-  static StatusOr<std::unique_ptr<Client>> Connect(const std::string& url, ClientOptions options = {});
+  static StatusOr<std::unique_ptr<Client>> Connect(const std::string& url,
+                                                   ClientOptions options = {});
   // Uses the given stub: tests inject a mock here.
-  Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub, ClientOptions options);
+  Client(std::unique_ptr<inference::GRPCInferenceService::StubInterface> stub,
+         ClientOptions options);
 
   StatusOr<bool> ServerLive();
   StatusOr<bool> ServerReady();
@@ -44,7 +46,8 @@ class Client {
   StatusOr<inference::ServerMetadataResponse> ServerMetadata();
   StatusOr<inference::ModelMetadataResponse> ModelMetadata(const std::string& model,
                                                            const std::string& version = "");
-  StatusOr<inference::ModelConfig> ModelConfig(const std::string& model, const std::string& version = "");
+  StatusOr<inference::ModelConfig> ModelConfig(const std::string& model,
+                                               const std::string& version = "");
   StatusOr<inference::RepositoryIndexResponse> RepositoryIndex(bool ready_only = false);
 
   // What an inference call asks for besides its inputs.

@@ -16,7 +16,8 @@
 namespace {
 
 int Fail(const sluice::Status& status) {
-  std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message() << "\n";
+  std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
   return EXIT_FAILURE;
 }
 
@@ -63,8 +64,8 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
   for (const auto& meta : metadata->inputs()) {
     if (auto text = texts.find(meta.name()); text != texts.end()) {
       if (meta.datatype() != "BYTES") {
-        return Fail(absl::InvalidArgumentError("--text: input '" + meta.name() + "' is " + meta.datatype() +
-                                               ", not BYTES"));
+        return Fail(absl::InvalidArgumentError("--text: input '" + meta.name() + "' is " +
+                                               meta.datatype() + ", not BYTES"));
       }
       // The strings fill the first variable dimension (the batch, when the model batches); the
       // other variable dimensions are 1.
@@ -78,11 +79,13 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
         filled = filled || dim < 0;
       }
       if ((filled && count % fixed != 0) || (!filled && count != fixed)) {
-        return Fail(absl::InvalidArgumentError("--text: " + std::to_string(count) + " strings do not fit input '" +
-                                               meta.name() + "' of shape " + ShapeText(meta.shape())));
+        return Fail(absl::InvalidArgumentError("--text: " + std::to_string(count) +
+                                               " strings do not fit input '" + meta.name() +
+                                               "' of shape " + ShapeText(meta.shape())));
       }
       sluice::Tensor tensor{meta.name(), sluice::DataType::kBytes, shape, ""};
-      for (const std::string& element : text->second) sluice::AppendBytesElement(element, &tensor.data);
+      for (const std::string& element : text->second)
+        sluice::AppendBytesElement(element, &tensor.data);
       inputs.push_back(std::move(tensor));
       texts.erase(text);
       continue;
@@ -108,12 +111,14 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
     inputs.push_back(*std::move(tensor));
   }
   if (!files.empty() || !texts.empty()) {
-    return Fail(absl::InvalidArgumentError("model '" + flags.model + "' has no input '" +
-                                           (files.empty() ? texts.begin()->first : files.begin()->first) + "'"));
+    return Fail(absl::InvalidArgumentError(
+        "model '" + flags.model + "' has no input '" +
+        (files.empty() ? texts.begin()->first : files.begin()->first) + "'"));
   }
   for (const auto& input : inputs) {
     std::cout << "input  " << input.name << " " << sluice::DataTypeName(input.dtype) << " "
-              << sluice::ShapeToString(input.shape) << " " << sluice::PreviewValues(input, flags.max_values) << "\n";
+              << sluice::ShapeToString(input.shape) << " "
+              << sluice::PreviewValues(input, flags.max_values) << "\n";
   }
   sluice::Client::InferOptions options;
   options.outputs = flags.outputs;
@@ -126,7 +131,8 @@ int RunInfer(sluice::Client& client, const InferFlags& flags) {
   if (!outputs.ok()) return Fail(outputs.status());
   for (const auto& output : *outputs) {
     std::cout << "output " << output.name << " " << sluice::DataTypeName(output.dtype) << " "
-              << sluice::ShapeToString(output.shape) << " " << sluice::PreviewValues(output, flags.max_values) << "\n";
+              << sluice::ShapeToString(output.shape) << " "
+              << sluice::PreviewValues(output, flags.max_values) << "\n";
   }
   return EXIT_SUCCESS;
 }
@@ -142,16 +148,20 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", timeout_ms, "Deadline of each call")->capture_default_str();
   sluice::ClientTlsOptions tls;
   app.add_flag("--ssl", tls.enabled, "Connect with TLS");
-  app.add_option("--root-cert", tls.root_cert, "PEM CA the server's certificate must be signed by (default: the system's)");
-  app.add_option("--client-cert", tls.client_cert, "PEM certificate of this client, for mutual TLS");
+  app.add_option("--root-cert", tls.root_cert,
+                 "PEM CA the server's certificate must be signed by (default: the system's)");
+  app.add_option("--client-cert", tls.client_cert,
+                 "PEM certificate of this client, for mutual TLS");
   app.add_option("--client-key", tls.client_key, "PEM private key of this client, for mutual TLS");
   app.add_option("--ssl-target-name", tls.target_name,
                  "Name the server's certificate must carry when it is not the URL's host (e.g. a "
                  "probe connecting to 127.0.0.1)");
 
-  auto* health = app.add_subcommand("health", "Print whether the server is live and ready (exit 1 if not ready)");
+  auto* health = app.add_subcommand(
+      "health", "Print whether the server is live and ready (exit 1 if not ready)");
   bool live_only = false;
-  health->add_flag("--live", live_only, "Exit 0 when the server is live, ready or not (a liveness probe)");
+  health->add_flag("--live", live_only,
+                   "Exit 0 when the server is live, ready or not (a liveness probe)");
   auto* models = app.add_subcommand("models", "List the repository's models, versions and states");
   std::string model, version;
   auto* metadata = app.add_subcommand("metadata", "Print a model's inputs and outputs");
@@ -165,18 +175,24 @@ int main(int argc, char** argv) {
   auto* infer = app.add_subcommand("infer", "Run one inference with random inputs or .npy files");
   infer->add_option("model", infer_flags.model, "Model name")->required();
   infer->add_option("--model-version", infer_flags.version, "Version (default: newest ready)");
-  infer->add_option("--input", infer_flags.inputs, "NAME=FILE.npy; inputs not given get random data");
-  infer->add_option("--text", infer_flags.texts,
-                    "NAME=STRING: one element of a BYTES input; repeat for more (they fill the batch)");
+  infer->add_option("--input", infer_flags.inputs,
+                    "NAME=FILE.npy; inputs not given get random data");
+  infer->add_option(
+      "--text", infer_flags.texts,
+      "NAME=STRING: one element of a BYTES input; repeat for more (they fill the batch)");
   infer->add_option("--output", infer_flags.outputs, "Output to request (default: all)");
   infer->add_option("-b,--batch-size", infer_flags.batch_size, "Batch size of random inputs")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   infer->add_option("--seed", infer_flags.seed, "Seed of the random inputs")->capture_default_str();
-  infer->add_option("--max-values", infer_flags.max_values, "Values printed per tensor")->capture_default_str();
+  infer->add_option("--max-values", infer_flags.max_values, "Values printed per tensor")
+      ->capture_default_str();
   infer->add_option("--id", infer_flags.id, "Request id, echoed by the server");
-  infer->add_option("--sequence-id", infer_flags.sequence_id,
-                    "Stateful models: the request's sequence (correlation) id, a number or a string");
-  infer->add_flag("--sequence-start", infer_flags.sequence_start, "This request starts the sequence");
+  infer->add_option(
+      "--sequence-id", infer_flags.sequence_id,
+      "Stateful models: the request's sequence (correlation) id, a number or a string");
+  infer->add_flag("--sequence-start", infer_flags.sequence_start,
+                  "This request starts the sequence");
   infer->add_flag("--sequence-end", infer_flags.sequence_end, "This request ends the sequence");
 
   CLI11_PARSE(app, argc, argv);
@@ -193,7 +209,8 @@ int main(int argc, char** argv) {
     if (!live.ok()) return Fail(live.status());
     auto ready = client->ServerReady();
     if (!ready.ok()) return Fail(ready.status());
-    std::cout << "live: " << (*live ? "true" : "false") << "\nready: " << (*ready ? "true" : "false") << "\n";
+    std::cout << "live: " << (*live ? "true" : "false")
+              << "\nready: " << (*ready ? "true" : "false") << "\n";
     return (live_only ? *live : *ready) ? EXIT_SUCCESS : EXIT_FAILURE;
   }
   if (*models) {
@@ -211,10 +228,12 @@ int main(int argc, char** argv) {
     std::cout << "model: " << meta->name() << "\nplatform: " << meta->platform()
               << "\nversions: " << absl::StrJoin(meta->versions(), ",") << "\n";
     for (const auto& input : meta->inputs()) {
-      std::cout << "input  " << input.name() << " " << input.datatype() << " " << ShapeText(input.shape()) << "\n";
+      std::cout << "input  " << input.name() << " " << input.datatype() << " "
+                << ShapeText(input.shape()) << "\n";
     }
     for (const auto& output : meta->outputs()) {
-      std::cout << "output " << output.name() << " " << output.datatype() << " " << ShapeText(output.shape()) << "\n";
+      std::cout << "output " << output.name() << " " << output.datatype() << " "
+                << ShapeText(output.shape()) << "\n";
     }
     return EXIT_SUCCESS;
   }

@@ -15,7 +15,8 @@ namespace sluice {
 namespace {
 
 StatusOr<DataType> NpyDescrType(absl::string_view descr) {
-  if (descr.size() < 2) return absl::InvalidArgumentError(absl::StrCat("bad dtype descr '", descr, "'"));
+  if (descr.size() < 2)
+    return absl::InvalidArgumentError(absl::StrCat("bad dtype descr '", descr, "'"));
   const char order = descr[0];
   const absl::string_view kind = descr.substr(1);
   if (order == '>') {
@@ -91,18 +92,21 @@ StatusOr<Tensor> ParseNpy(absl::string_view bytes, const std::string& name) {
     header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
     offset = 10;
   } else if ((major == 2 || major == 3) && bytes.size() >= 12) {
-    for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[8 + i]);
+    for (int i = 3; i >= 0; --i)
+      header_len = (header_len << 8) | static_cast<uint8_t>(bytes[8 + i]);
     offset = 12;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("input '", name, "': unsupported .npy version ", major));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", name, "': unsupported .npy version ", major));
   }
   if (bytes.size() < offset + header_len) {
     return absl::InvalidArgumentError(absl::StrCat("input '", name, "': truncated .npy header"));
   }
   const absl::string_view header = bytes.substr(offset, header_len);
   if (HeaderValue(header, "fortran_order") != "False") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input '", name, "': Fortran-ordered .npy data is not supported; save a C-contiguous array"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", name,
+                     "': Fortran-ordered .npy data is not supported; save a C-contiguous array"));
   }
   Tensor tensor;
   tensor.name = name;
@@ -115,7 +119,8 @@ StatusOr<Tensor> ParseNpy(absl::string_view bytes, const std::string& name) {
   for (absl::string_view part : absl::StrSplit(shape_text, ',', absl::SkipWhitespace())) {
     int64_t dim = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &dim) || dim < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", name, "': bad .npy shape '", shape_text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", name, "': bad .npy shape '", shape_text, "'"));
     }
     tensor.shape.push_back(dim);
   }
@@ -160,14 +165,30 @@ StatusOr<Tensor> RandomTensor(const std::string& name, DataType dtype, const Sha
   };
   for (int64_t i = 0; i < elements; ++i) {
     switch (dtype) {
-      case DataType::kBool: store(static_cast<uint8_t>(integer(rng) % 2), i); break;
-      case DataType::kUint8: store(static_cast<uint8_t>(integer(rng)), i); break;
-      case DataType::kInt8: store(static_cast<int8_t>(integer(rng)), i); break;
-      case DataType::kInt16: store(static_cast<int16_t>(integer(rng)), i); break;
-      case DataType::kInt32: store(static_cast<int32_t>(integer(rng)), i); break;
-      case DataType::kInt64: store(static_cast<int64_t>(integer(rng)), i); break;
-      case DataType::kFp32: store(real(rng), i); break;
-      case DataType::kFp64: store(static_cast<double>(real(rng)), i); break;
+      case DataType::kBool:
+        store(static_cast<uint8_t>(integer(rng) % 2), i);
+        break;
+      case DataType::kUint8:
+        store(static_cast<uint8_t>(integer(rng)), i);
+        break;
+      case DataType::kInt8:
+        store(static_cast<int8_t>(integer(rng)), i);
+        break;
+      case DataType::kInt16:
+        store(static_cast<int16_t>(integer(rng)), i);
+        break;
+      case DataType::kInt32:
+        store(static_cast<int32_t>(integer(rng)), i);
+        break;
+      case DataType::kInt64:
+        store(static_cast<int64_t>(integer(rng)), i);
+        break;
+      case DataType::kFp32:
+        store(real(rng), i);
+        break;
+      case DataType::kFp64:
+        store(static_cast<double>(real(rng)), i);
+        break;
       case DataType::kFp16: {
         // Values k/1024 in [0, 1): exact in FP16 (exponent bias 15, 10 mantissa bits).
         const float value = static_cast<float>(integer(rng) * 100 % 1024) / 1024.0f;
@@ -188,7 +209,8 @@ StatusOr<Tensor> RandomTensor(const std::string& name, DataType dtype, const Sha
         store(static_cast<uint16_t>(bits >> 16), i);
         break;
       }
-      case DataType::kBytes: break;  // above
+      case DataType::kBytes:
+        break;  // above
     }
   }
   return tensor;
@@ -197,21 +219,30 @@ StatusOr<Tensor> RandomTensor(const std::string& name, DataType dtype, const Sha
 double ElementAsDouble(const Tensor& tensor, size_t i) {
   switch (tensor.dtype) {
     case DataType::kBool:
-    case DataType::kUint8: return Load<uint8_t>(tensor.data, i);
-    case DataType::kInt8: return Load<int8_t>(tensor.data, i);
-    case DataType::kInt16: return Load<int16_t>(tensor.data, i);
-    case DataType::kInt32: return Load<int32_t>(tensor.data, i);
-    case DataType::kInt64: return static_cast<double>(Load<int64_t>(tensor.data, i));
-    case DataType::kFp16: return HalfToFloat(Load<uint16_t>(tensor.data, i));
+    case DataType::kUint8:
+      return Load<uint8_t>(tensor.data, i);
+    case DataType::kInt8:
+      return Load<int8_t>(tensor.data, i);
+    case DataType::kInt16:
+      return Load<int16_t>(tensor.data, i);
+    case DataType::kInt32:
+      return Load<int32_t>(tensor.data, i);
+    case DataType::kInt64:
+      return static_cast<double>(Load<int64_t>(tensor.data, i));
+    case DataType::kFp16:
+      return HalfToFloat(Load<uint16_t>(tensor.data, i));
     case DataType::kBf16: {
       const uint32_t bits = static_cast<uint32_t>(Load<uint16_t>(tensor.data, i)) << 16;
       float value;
       std::memcpy(&value, &bits, sizeof(value));
       return value;
     }
-    case DataType::kFp32: return Load<float>(tensor.data, i);
-    case DataType::kFp64: return Load<double>(tensor.data, i);
-    case DataType::kBytes: return 0.0;  // no number: see PreviewValues
+    case DataType::kFp32:
+      return Load<float>(tensor.data, i);
+    case DataType::kFp64:
+      return Load<double>(tensor.data, i);
+    case DataType::kBytes:
+      return 0.0;  // no number: see PreviewValues
   }
   return 0.0;
 }
@@ -221,9 +252,12 @@ std::string PreviewValues(const Tensor& tensor, size_t max_values) {
     const std::vector<std::string_view> elements = SplitBytesTensor(tensor.data);
     std::string text = "[";
     for (size_t i = 0; i < elements.size() && i < max_values; ++i) {
-      absl::StrAppend(&text, i ? ", " : "", "\"", absl::CHexEscape(absl::string_view(elements[i].data(), elements[i].size())), "\"");
+      absl::StrAppend(&text, i ? ", " : "", "\"",
+                      absl::CHexEscape(absl::string_view(elements[i].data(), elements[i].size())),
+                      "\"");
     }
-    if (elements.size() > max_values) absl::StrAppend(&text, ", ... (", elements.size(), " values)");
+    if (elements.size() > max_values)
+      absl::StrAppend(&text, ", ... (", elements.size(), " values)");
     return text + "]";
   }
   const size_t count = tensor.data.size() / ElementSize(tensor.dtype);

@@ -59,7 +59,8 @@ struct ModelCpuSplit {
 absl::StatusOr<ModelCpuSplit> SplitModelCpus(sluice::CpuChoice& choice) {
   std::optional<std::vector<int>> allowed = sluice::AllowedCpus();
   if (!allowed) {
-    return absl::InternalError(absl::StrCat("cannot read the CPUs this process may use: ", strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot read the CPUs this process may use: ", strerror(errno)));
   }
   ModelCpuSplit result;
   // This thread's mask is still the whole of `allowed` here.
@@ -70,11 +71,12 @@ absl::StatusOr<ModelCpuSplit> SplitModelCpus(sluice::CpuChoice& choice) {
   absl::StatusOr<sluice::CpuSplit> split = sluice::SplitCpus(choice.list, *allowed);
   if (!split.ok()) return split.status();
   if (!sluice::KeepThreadsFromHereOn(split->front_ends)) {
-    return absl::InternalError(absl::StrCat("the kernel refused the front ends' CPUs: ", strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("the kernel refused the front ends' CPUs: ", strerror(errno)));
   }
   sluice::SetModelWorkerCpus(split->model);
-  result.log = absl::StrCat("models=", absl::StrJoin(split->model, ","), " front_ends=",
-                            absl::StrJoin(split->front_ends, ","));
+  result.log = absl::StrCat("models=", absl::StrJoin(split->model, ","),
+                            " front_ends=", absl::StrJoin(split->front_ends, ","));
   return result;
 }
 
@@ -95,7 +97,8 @@ sigset_t BlockShutdownSignals() {
 int main(int argc, char** argv) {
   // The child side of an operator library's probe (server/runtime/operator_libraries.h): load it
   // after the libraries the server has, say what it registered, exit.
-  if (argc >= 2 && std::string(argv[1]) == sluice::kProbeArgument) return sluice::RunOperatorLibraryProbe(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == sluice::kProbeArgument)
+    return sluice::RunOperatorLibraryProbe(argc, argv);
   // gRPC's locks are absl::Mutex. Debian builds Abseil without NDEBUG, which leaves absl's
   // deadlock detection on: every lock and unlock updates a global lock-order graph, about 7 % of
   // a trivial request's CPU (docs/performance.md). Sluice's own locks are std::mutex, checked by
@@ -123,22 +126,26 @@ int main(int argc, char** argv) {
   // write to a socket).
   std::signal(SIGPIPE, SIG_IGN);
 
-  sluice::ConfigureCudnn({config.cudnn_benchmark == sluice::CudnnBenchmarkMode::kOn, config.cudnn_deterministic,
-                          config.allow_tf32});
+  sluice::ConfigureCudnn({config.cudnn_benchmark == sluice::CudnnBenchmarkMode::kOn,
+                          config.cudnn_deterministic, config.allow_tf32});
   // With --device cpu no GPU is touched (a probe holds memory on every GPU it runs on).
-  const sluice::RuntimeInfo runtime = sluice::ProbeRuntime(config.device != sluice::DevicePolicy::kCpu);
+  const sluice::RuntimeInfo runtime =
+      sluice::ProbeRuntime(config.device != sluice::DevicePolicy::kCpu);
   // Every model's operator libraries, loaded before the server starts (and before --print-env,
   // which lists them). Never unloaded: this outlives the server.
   sluice::OperatorLibraries::Options library_options;
-  library_options.allowed_dirs.assign(config.operator_library_dirs.begin(), config.operator_library_dirs.end());
+  library_options.allowed_dirs.assign(config.operator_library_dirs.begin(),
+                                      config.operator_library_dirs.end());
   sluice::OperatorLibraries libraries(library_options);
-  absl::StatusOr<std::vector<std::string>> library_notes = sluice::LoadStartupOperatorLibraries(config, &libraries);
+  absl::StatusOr<std::vector<std::string>> library_notes =
+      sluice::LoadStartupOperatorLibraries(config, &libraries);
   if (config.print_env) {
-    std::string report =
-        sluice::FormatEnvironment(runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
+    std::string report = sluice::FormatEnvironment(
+        runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
     // The libraries and their problems go before the last line ("result: ...").
     std::string libraries_report = sluice::FormatOperatorLibraries(libraries.List());
-    if (!library_notes.ok()) absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
+    if (!library_notes.ok())
+      absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
     for (const std::string& note : library_notes.value_or(std::vector<std::string>{})) {
       absl::StrAppend(&libraries_report, "problem: ", note, "\n");
     }
@@ -152,14 +159,17 @@ int main(int argc, char** argv) {
 
   RaiseOpenFilesLimit();
   if (!cpu_split.log.empty()) spdlog::info("event=cpu_split {}", cpu_split.log);
-  if (!cpu_split.shared.empty()) spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
+  if (!cpu_split.shared.empty())
+    spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
   if (config.model_threads_first) {
     if (batch_policy) {
       spdlog::info(
-          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH; SCHED_OTHER with a "
+          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH; "
+          "SCHED_OTHER with a "
           "queue delay, latency target or delaying queue policy, and for sequences\"");
     } else {
-      spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"", strerror(batch_errno));
+      spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"",
+                   strerror(batch_errno));
     }
   }
 
@@ -167,7 +177,8 @@ int main(int argc, char** argv) {
     spdlog::critical("event=start_failed reason=\"{}\"", library_notes.status().message());
     return EXIT_FAILURE;
   }
-  for (const std::string& note : *library_notes) spdlog::warn("event=operator_libraries problem=\"{}\"", note);
+  for (const std::string& note : *library_notes)
+    spdlog::warn("event=operator_libraries problem=\"{}\"", note);
 
   // A start-up load that fails for every model wakes the sigwait below.
   auto server = sluice::Server::Start(config, runtime, &libraries, [] { kill(getpid(), SIGTERM); });
@@ -182,8 +193,9 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
   if ((*server)->loading()) {
-    spdlog::info("event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
-                 strsignal(signal_number));
+    spdlog::info(
+        "event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
+        strsignal(signal_number));
     (*server)->AbandonLoading();
     // Abandoning can race a start-up failure that was already on its way.
     if ((*server)->load_failed()) {
@@ -198,8 +210,10 @@ int main(int argc, char** argv) {
                config.shutdown_delay_seconds, config.shutdown_grace_seconds);
   if (config.shutdown_delay_seconds > 0) {
     const auto nanos = static_cast<long long>(config.shutdown_delay_seconds * 1e9);
-    timespec timeout{static_cast<time_t>(nanos / 1000000000), static_cast<long>(nanos % 1000000000)};
-    if (sigtimedwait(&signals, nullptr, &timeout) > 0) spdlog::info("event=drain_delay_cut reason=\"second signal\"");
+    timespec timeout{static_cast<time_t>(nanos / 1000000000),
+                     static_cast<long>(nanos % 1000000000)};
+    if (sigtimedwait(&signals, nullptr, &timeout) > 0)
+      spdlog::info("event=drain_delay_cut reason=\"second signal\"");
   }
   (*server)->Shutdown(static_cast<int>(config.shutdown_grace_seconds * 1000));
   spdlog::info("event=stopped");

@@ -48,13 +48,17 @@ class Server {
   // `on_load_failed` is called, on the control thread; main then shuts down and exits non-zero.
   // `libraries` (may be null: models that name operator libraries are refused) outlives the
   // server; what it loads is logged and exported as metrics from here on.
-  static StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config, const RuntimeInfo& runtime,
-                                                 OperatorLibraries* libraries, std::function<void()> on_load_failed);
+  static StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config,
+                                                 const RuntimeInfo& runtime,
+                                                 OperatorLibraries* libraries,
+                                                 std::function<void()> on_load_failed);
   ~Server();
 
   int grpc_port() const { return grpc_->port(); }
   int http_port() const { return http_ ? http_->port() : 0; }  // 0: HTTP is off
-  int metrics_port() const { return metrics_endpoint_ ? metrics_endpoint_->port() : 0; }  // 0: metrics are off
+  int metrics_port() const {
+    return metrics_endpoint_ ? metrics_endpoint_->port() : 0;
+  }  // 0: metrics are off
   // Start-up loading is still going on.
   bool loading() const { return loading_; }
   // Start-up loading failed (see Start).
@@ -73,11 +77,13 @@ class Server {
  private:
   Server() = default;
   // The steps of Start, in order.
-  static VersionLoader::Options LoaderOptions(const ServerConfig& config, LivenessMonitor* liveness);
+  static VersionLoader::Options LoaderOptions(const ServerConfig& config,
+                                              LivenessMonitor* liveness);
   Status StartMetrics(const ServerConfig& config, const RuntimeInfo& runtime);  // and GPU telemetry
   void StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
                          const VersionLoader::Options& loader_options);  // and the server's health
-  Status StartTracing(const ServerConfig& config);  // the exporter and the tracer both front ends use
+  Status StartTracing(
+      const ServerConfig& config);  // the exporter and the tracer both front ends use
   Status StartGrpc(const ServerConfig& config);
   Status StartHttp(const ServerConfig& config);
 
@@ -94,7 +100,7 @@ class Server {
   std::unique_ptr<OtlpHttpExporter> span_exporter_;
   std::unique_ptr<Tracer> tracer_;
   std::shared_ptr<ResponseCache> response_cache_;  // null without --cache-config; tells metrics_
-  std::unique_ptr<LoadedFileStore> load_files_;  // null unless --allow-load-files
+  std::unique_ptr<LoadedFileStore> load_files_;    // null unless --allow-load-files
   std::unique_ptr<DirectoryModelSource> source_;
   std::unique_ptr<VersionLoader> loader_;
   std::unique_ptr<ModelManager> manager_;

@@ -21,7 +21,8 @@ constexpr size_t kMinThreadStackBytes = size_t{2} << 20;
 
 extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
   using Function = int (*)(pthread_attr_t*, size_t);
-  static const Function next = reinterpret_cast<Function>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  static const Function next =
+      reinterpret_cast<Function>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
   if (next == nullptr) return ENOSYS;
   return next(attr, std::max(size, kMinThreadStackBytes));
 }

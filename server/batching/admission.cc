@@ -20,7 +20,8 @@ Admission::Admission(Options options)
 
 Admission::~Admission() { ReleaseAll(); }
 
-Status Admission::Admit(int share, size_t bytes, absl::string_view model, CountRefusal count_refusal) {
+Status Admission::Admit(int share, size_t bytes, absl::string_view model,
+                        CountRefusal count_refusal) {
   Share& counted = shares_[share];
   const size_t cap = static_cast<size_t>(share) < options_.share_max_requests.size()
                          ? options_.share_max_requests[static_cast<size_t>(share)]
@@ -28,15 +29,14 @@ Status Admission::Admit(int share, size_t bytes, absl::string_view model, CountR
   if (counted.requests >= cap) return count_refusal(counted.requests);
   const size_t held = options_.bytes_across_shares ? total_bytes() : counted.bytes;
   if (held > 0 && held + bytes > options_.max_bytes) {
-    return absl::UnavailableError(absl::StrCat("model '", model, "' has ", held,
-                                               " input bytes waiting and this request brings ", bytes,
-                                               " (limit sluice.max_queued_bytes=", options_.max_bytes,
-                                               "); retry later"));
+    return absl::UnavailableError(absl::StrCat(
+        "model '", model, "' has ", held, " input bytes waiting and this request brings ", bytes,
+        " (limit sluice.max_queued_bytes=", options_.max_bytes, "); retry later"));
   }
   if (options_.server_budget && !options_.server_budget->TryAcquire(bytes)) {
-    return absl::UnavailableError(absl::StrCat("the server has ", options_.server_budget->used(),
-                                               " input bytes waiting (limit ", options_.server_budget->limit(),
-                                               ", --max-queued-bytes); retry later"));
+    return absl::UnavailableError(absl::StrCat(
+        "the server has ", options_.server_budget->used(), " input bytes waiting (limit ",
+        options_.server_budget->limit(), ", --max-queued-bytes); retry later"));
   }
   ++counted.requests;
   counted.bytes += bytes;

@@ -46,8 +46,9 @@ class Admission {
   struct Options {
     size_t max_requests = 1024;     // waiting requests per share (max_queue_size)
     size_t max_bytes = 256u << 20;  // waiting input bytes per share (sluice.max_queued_bytes)
-    std::shared_ptr<ByteBudget> server_budget;  // --max-queued-bytes, shared by every model; may be null
-    int shares = 1;                             // see above
+    std::shared_ptr<ByteBudget>
+        server_budget;  // --max-queued-bytes, shared by every model; may be null
+    int shares = 1;     // see above
     // Each share's request cap (index: share); empty: max_requests for every share.
     std::vector<size_t> share_max_requests = {};
     // The byte cap holds for all shares together (priority levels), not for each (sequences).
@@ -62,10 +63,10 @@ class Admission {
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
 
-  // Counts a request of `bytes` for `model` (named in refusals) into `share`, or returns why not. A request larger than
-  // max_bytes alone is admitted into an empty share: otherwise it could never run, and "retry
-  // later" would be a lie (the share's bytes stay bounded by the larger of the cap and one
-  // request, itself bounded by the transport's message limit).
+  // Counts a request of `bytes` for `model` (named in refusals) into `share`, or returns why not. A
+  // request larger than max_bytes alone is admitted into an empty share: otherwise it could never
+  // run, and "retry later" would be a lie (the share's bytes stay bounded by the larger of the cap
+  // and one request, itself bounded by the transport's message limit).
   Status Admit(int share, size_t bytes, absl::string_view model, CountRefusal count_refusal);
   // A request that was admitted left the queue.
   void Release(int share, size_t bytes);

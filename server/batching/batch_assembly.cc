@@ -46,7 +46,8 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
       }
       int64_t per_row = 1;
       for (size_t d = 1; d < model_input->shape.size(); ++d) per_row *= model_input->shape[d];
-      total += static_cast<size_t>(batch.padded_rows - batch.rows) * static_cast<size_t>(per_row) * kBytesLengthSize;
+      total += static_cast<size_t>(batch.padded_rows - batch.rows) * static_cast<size_t>(per_row) *
+               kBytesLengthSize;
     } else {
       // Every request of a batch has the same non-batch shape (one group), so the same row size.
       const size_t row_bytes = model_input->byte_size / static_cast<size_t>(first.batch_size);

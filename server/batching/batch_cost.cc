@@ -6,7 +6,9 @@
 namespace sluice {
 namespace {
 
-double Micros(Duration duration) { return std::chrono::duration<double, std::micro>(duration).count(); }
+double Micros(Duration duration) {
+  return std::chrono::duration<double, std::micro>(duration).count();
+}
 Duration FromMicros(double us) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::micro>(us));
 }
@@ -20,7 +22,9 @@ void BatchCostModel::ObserveAnswer(Duration in_server) {
   if (target_ <= Duration::zero()) return;
   answered_.fetch_add(1, std::memory_order_relaxed);
   if (in_server > target_) answered_late_.fetch_add(1, std::memory_order_relaxed);
-  const double step = in_server > target_ ? -kPlanShareStep : kPlanShareStep * kLateAnswerShare / (1 - kLateAnswerShare);
+  const double step = in_server > target_
+                          ? -kPlanShareStep
+                          : kPlanShareStep * kLateAnswerShare / (1 - kLateAnswerShare);
   double share = plan_share_.load(std::memory_order_relaxed);
   // Workers of several instances answer at once: a lost update would lose a step.
   while (!plan_share_.compare_exchange_weak(share, std::clamp(share + step, kMinPlanShare, 1.0),
@@ -49,11 +53,12 @@ void BatchCostModel::UpdateFloorLocked() {
     }
     costliest_lone_us = std::max(costliest_lone_us, fastest);
   }
-  floor_share_.store(std::min(1.0, 2 * costliest_lone_us / Micros(target_)), std::memory_order_relaxed);
+  floor_share_.store(std::min(1.0, 2 * costliest_lone_us / Micros(target_)),
+                     std::memory_order_relaxed);
 }
 
-std::optional<Duration> BatchCostModel::Observe(size_t instance, const std::string& group, int64_t rows,
-                                                Duration measured) {
+std::optional<Duration> BatchCostModel::Observe(size_t instance, const std::string& group,
+                                                int64_t rows, Duration measured) {
   if (instance >= instances_ || rows < 1) return std::nullopt;
   MutexLock lock(&mutex_);
   auto it = costs_.find(group);
@@ -68,7 +73,8 @@ std::optional<Duration> BatchCostModel::Observe(size_t instance, const std::stri
   }
   auto [cost, first] = it->second[instance].try_emplace(rows);
   // The first batch of a size on an instance is its estimate; later ones are smoothed in.
-  cost->second.us = first ? Micros(measured) : (1 - smoothing_) * cost->second.us + smoothing_ * Micros(measured);
+  cost->second.us =
+      first ? Micros(measured) : (1 - smoothing_) * cost->second.us + smoothing_ * Micros(measured);
   ++cost->second.observations;
   UpdateFloorLocked();
   return predicted;
@@ -83,11 +89,13 @@ std::optional<double> BatchCostModel::Interpolate(const Sizes& sizes, int64_t ro
   if (upper == sizes.end()) {  // beyond the largest: per row, as the largest
     return lower->second.us * static_cast<double>(rows) / static_cast<double>(lower->first);
   }
-  const double share = static_cast<double>(rows - lower->first) / static_cast<double>(upper->first - lower->first);
+  const double share =
+      static_cast<double>(rows - lower->first) / static_cast<double>(upper->first - lower->first);
   return lower->second.us + share * (upper->second.us - lower->second.us);
 }
 
-std::optional<Duration> BatchCostModel::PredictLocked(const std::string& group, int64_t rows, Pick pick) const {
+std::optional<Duration> BatchCostModel::PredictLocked(const std::string& group, int64_t rows,
+                                                      Pick pick) const {
   auto it = costs_.find(group);
   if (it == costs_.end()) return std::nullopt;
   std::optional<double> chosen;
@@ -100,7 +108,8 @@ std::optional<Duration> BatchCostModel::PredictLocked(const std::string& group, 
   return FromMicros(*chosen);
 }
 
-std::optional<Duration> BatchCostModel::Predict(const std::string& group, int64_t rows, Pick pick) const {
+std::optional<Duration> BatchCostModel::Predict(const std::string& group, int64_t rows,
+                                                Pick pick) const {
   MutexLock lock(&mutex_);
   return PredictLocked(group, rows, pick);
 }

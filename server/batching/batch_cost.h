@@ -51,7 +51,8 @@ class BatchCostModel {
   // of it, then its own), on its fastest instance: a plan shorter than that would refuse every
   // request, and with nothing answered nothing would raise it again.
   double PlanShare() const {
-    return std::max(plan_share_.load(std::memory_order_relaxed), floor_share_.load(std::memory_order_relaxed));
+    return std::max(plan_share_.load(std::memory_order_relaxed),
+                    floor_share_.load(std::memory_order_relaxed));
   }
   // A request answered OK `in_server` after its arrival in the queue (no-op without a target).
   void ObserveAnswer(Duration in_server);
@@ -65,7 +66,8 @@ class BatchCostModel {
     uint64_t late = 0;
   };
   AnswerCounts Answers() const {
-    return {answered_.load(std::memory_order_relaxed), answered_late_.load(std::memory_order_relaxed)};
+    return {answered_.load(std::memory_order_relaxed),
+            answered_late_.load(std::memory_order_relaxed)};
   }
 
   // A warm-up timing of `rows` rows of `group` on instance `instance`: replaces what is known
@@ -76,8 +78,8 @@ class BatchCostModel {
   // A batch that ran: its execution time (assembly, forward, delivery) folds into the smoothed
   // cost of that size on that instance. Returns what the model predicted for exactly this batch
   // before (nullopt when it had nothing for the group), for the prediction-error metric.
-  std::optional<Duration> Observe(size_t instance, const std::string& group, int64_t rows, Duration measured)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  std::optional<Duration> Observe(size_t instance, const std::string& group, int64_t rows,
+                                  Duration measured) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Which instance's cost a prediction uses: the slowest (a batch may land on any idle instance,
   // and the target must hold on each) or the fastest (a lower bound: refuse only what no

@@ -10,7 +10,9 @@
 namespace sluice {
 namespace {
 
-int64_t Micros(Duration duration) { return std::chrono::duration_cast<std::chrono::microseconds>(duration).count(); }
+int64_t Micros(Duration duration) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(duration).count();
+}
 
 Admission::Options AdmissionOptions(const BatchQueue::Options& options) {
   Admission::Options out;
@@ -26,7 +28,8 @@ Admission::Options AdmissionOptions(const BatchQueue::Options& options) {
 
 }  // namespace
 
-BatchQueue::BatchQueue(Options options) : options_(std::move(options)), admission_(AdmissionOptions(options_)) {}
+BatchQueue::BatchQueue(Options options)
+    : options_(std::move(options)), admission_(AdmissionOptions(options_)) {}
 
 void BatchQueue::Insert(Group& group, PendingRequest pending) {
   const int rank = Rank(pending);
@@ -34,8 +37,9 @@ void BatchQueue::Insert(Group& group, PendingRequest pending) {
     group.queue.push_back(std::move(pending));
     return;
   }
-  const auto after = std::upper_bound(group.queue.begin(), group.queue.end(), rank,
-                                      [](int value, const PendingRequest& entry) { return value < Rank(entry); });
+  const auto after =
+      std::upper_bound(group.queue.begin(), group.queue.end(), rank,
+                       [](int value, const PendingRequest& entry) { return value < Rank(entry); });
   group.queue.insert(after, std::move(pending));
 }
 
@@ -78,8 +82,9 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
   }
   if (Targeted()) SLUICE_RETURN_IF_ERROR(CheckInTime(pending, key, refused, busy));
   pending.share = std::max(request.priority_level - 1, 0);
-  SLUICE_RETURN_IF_ERROR(admission_.Admit(ShareOf(pending), pending.bytes, request.model_name,
-                                          [&](size_t waiting) { return QueueFull(request, waiting); }));
+  SLUICE_RETURN_IF_ERROR(
+      admission_.Admit(ShareOf(pending), pending.bytes, request.model_name,
+                       [&](size_t waiting) { return QueueFull(request, waiting); }));
   if (group == groups_.end()) {
     if (spare_group_) {
       spare_group_.key() = key;
@@ -93,12 +98,16 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
     // Callers read the clock before they take the batcher's lock, so arrivals can reach here a
     // little out of order: such a gap counts as 0, and the last arrival never moves back.
     if (last_arrival_ != TimePoint{}) {
-      // The first sample starts an average (< 0: none yet); each later one moves it by the smoothing.
+      // The first sample starts an average (< 0: none yet); each later one moves it by the
+      // smoothing.
       const auto smooth = [](double& average, double sample) {
-        average = average < 0 ? sample : (1 - kBatchCostSmoothing) * average + kBatchCostSmoothing * sample;
+        average = average < 0 ? sample
+                              : (1 - kBatchCostSmoothing) * average + kBatchCostSmoothing * sample;
       };
-      const double arrival_gap = static_cast<double>(std::max<int64_t>(Micros(pending.enqueued - last_arrival_), 0));
-      smooth(gap_us_per_row_, arrival_gap / static_cast<double>(std::max<int64_t>(request.batch_size, 1)));
+      const double arrival_gap =
+          static_cast<double>(std::max<int64_t>(Micros(pending.enqueued - last_arrival_), 0));
+      smooth(gap_us_per_row_,
+             arrival_gap / static_cast<double>(std::max<int64_t>(request.batch_size, 1)));
       smooth(gap_us_per_arrival_, arrival_gap);
     }
     last_arrival_ = std::max(last_arrival_, pending.enqueued);
@@ -109,20 +118,25 @@ Status BatchQueue::Add(PendingRequest& pending, EarlyRefusal* refused, int busy)
   return absl::OkStatus();
 }
 
-Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused,
-                               int busy) const {
+Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string& key,
+                               EarlyRefusal* refused, int busy) const {
   const InferRequest& request = *pending.request;
   using Pick = BatchCostModel::Pick;
-  const std::optional<Duration> own = options_.costs->Predict(key, PaddedRows(request.batch_size), Pick::kFastest);
+  const std::optional<Duration> own =
+      options_.costs->Predict(key, PaddedRows(request.batch_size), Pick::kFastest);
   if (!own) return absl::OkStatus();  // nothing known of this shape yet: no refusal on a guess
   // The work ahead: every waiting group's rows at the per-row cost of the largest batch the
   // target lets it form, and what the batches already handed out are predicted to have left.
   double ahead_us = 0;
   for (const auto& [group_key, group] : groups_) {
     if (group.rows == 0) continue;
-    const int64_t size = options_.one_request_per_batch ? group.queue.front().request->batch_size : UsefulBatchSize(group_key);
-    const std::optional<Duration> full = options_.costs->Predict(group_key, PaddedRows(size), Pick::kFastest);
-    if (full) ahead_us += static_cast<double>(Micros(*full)) * static_cast<double>(group.rows) / static_cast<double>(size);
+    const int64_t size = options_.one_request_per_batch ? group.queue.front().request->batch_size
+                                                        : UsefulBatchSize(group_key);
+    const std::optional<Duration> full =
+        options_.costs->Predict(group_key, PaddedRows(size), Pick::kFastest);
+    if (full)
+      ahead_us += static_cast<double>(Micros(*full)) * static_cast<double>(group.rows) /
+                  static_cast<double>(size);
   }
   // The batches still running: the `busy` predicted to end last (the others ended early).
   absl::InlinedVector<TimePoint, 4> running;
@@ -134,7 +148,8 @@ Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string&
     running.resize(static_cast<size_t>(busy));
   }
   for (TimePoint end : running) ahead_us += static_cast<double>(Micros(end - pending.enqueued));
-  const auto ahead = std::chrono::microseconds(static_cast<int64_t>(ahead_us / std::max(options_.instances, 1)));
+  const auto ahead =
+      std::chrono::microseconds(static_cast<int64_t>(ahead_us / std::max(options_.instances, 1)));
   // Nothing ahead: it runs as early as it ever could. Refusing it on its predicted cost alone
   // could refuse everything for good (no batch would run to correct an estimate that is too high,
   // as warm-up's can be on a host busy loading other models).
@@ -143,12 +158,14 @@ Status BatchQueue::CheckInTime(const PendingRequest& pending, const std::string&
   const bool by_deadline = request.deadline < TargetDeadline(pending);
   if (finish <= AnswerBy(pending)) return absl::OkStatus();
   if (refused != nullptr) *refused = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
-  const std::string work = absl::StrCat("about ", Micros(ahead), " us of work is queued ahead of it and its own batch takes about ",
-                                        Micros(*own), " us");
+  const std::string work = absl::StrCat(
+      "about ", Micros(ahead), " us of work is queued ahead of it and its own batch takes about ",
+      Micros(*own), " us");
   if (by_deadline) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "model '", request.model_name, "' cannot answer this request before its deadline or queue timeout: ", work,
-        "; it was refused without running"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("model '", request.model_name,
+                     "' cannot answer this request before its deadline or queue timeout: ", work,
+                     "; it was refused without running"));
   }
   return absl::UnavailableError(absl::StrCat(
       "model '", request.model_name, "' cannot answer this request within its latency target of ",
@@ -161,7 +178,8 @@ int64_t BatchQueue::UsefulBatchSize(const std::string& key) const {
   int64_t low = 1, high = ladder_.empty() ? options_.max_batch_size : ladder_.back();
   while (low < high) {
     const int64_t middle = (low + high + 1) / 2;
-    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(middle), BatchCostModel::Pick::kFastest);
+    const std::optional<Duration> cost =
+        options_.costs->Predict(key, PaddedRows(middle), BatchCostModel::Pick::kFastest);
     if (cost && *cost <= PlannedTarget()) {
       low = middle;
     } else {
@@ -200,8 +218,8 @@ std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
   if (!Targeted()) return refused;
   TakeWhere([&](const std::string& key, PendingRequest& pending) {
     const InferRequest& request = *pending.request;
-    const std::optional<Duration> own =
-        options_.costs->Predict(key, PaddedRows(request.batch_size), BatchCostModel::Pick::kFastest);
+    const std::optional<Duration> own = options_.costs->Predict(key, PaddedRows(request.batch_size),
+                                                                BatchCostModel::Pick::kFastest);
     // Without an estimate only a target already past is certain; an estimate longer than the
     // target itself is not trusted alone either (see CheckInTime): it runs and corrects it.
     const bool trusted = own.has_value() && *own <= options_.latency_target;
@@ -212,16 +230,21 @@ std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
     RefusedRequest out;
     const bool by_deadline = late_for_deadline && request.deadline < TargetDeadline(pending);
     out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
-    out.status = by_deadline
-                     ? absl::DeadlineExceededError(absl::StrCat(
-                           "model '", request.model_name,
-                           "' could no longer answer this request before its deadline or queue timeout (its batch "
-                           "takes about ", Micros(own.value_or(Duration::zero())), " us); it was refused without running"))
-                     : absl::UnavailableError(absl::StrCat(
-                           "model '", request.model_name, "' could no longer answer this request within its latency "
-                           "target of ", Micros(options_.latency_target),
-                           " us (sluice.latency_target_us) after it waited ", Micros(now - pending.enqueued),
-                           " us; it was refused without running: retry later, or add instances"));
+    out.status =
+        by_deadline
+            ? absl::DeadlineExceededError(absl::StrCat(
+                  "model '", request.model_name,
+                  "' could no longer answer this request before its deadline or queue timeout (its "
+                  "batch "
+                  "takes about ",
+                  Micros(own.value_or(Duration::zero())), " us); it was refused without running"))
+            : absl::UnavailableError(absl::StrCat(
+                  "model '", request.model_name,
+                  "' could no longer answer this request within its latency "
+                  "target of ",
+                  Micros(options_.latency_target),
+                  " us (sluice.latency_target_us) after it waited ", Micros(now - pending.enqueued),
+                  " us; it was refused without running: retry later, or add instances"));
     out.pending = std::move(pending);
     refused.push_back(std::move(out));
     return true;
@@ -229,8 +252,8 @@ std::vector<RefusedRequest> BatchQueue::TakeHopeless(TimePoint now) {
   return refused;
 }
 
-std::optional<int64_t> BatchQueue::InTimeRows(const std::string& key, const Group& group, TimePoint now,
-                                              int64_t* fitting_rows) const {
+std::optional<int64_t> BatchQueue::InTimeRows(const std::string& key, const Group& group,
+                                              TimePoint now, int64_t* fitting_rows) const {
   const int64_t largest = ladder_.empty() ? options_.max_batch_size : ladder_.back();
   const TimePoint answer_by = AnswerBy(group.queue.front());
   int64_t rows = 0, in_time = 0;
@@ -239,7 +262,8 @@ std::optional<int64_t> BatchQueue::InTimeRows(const std::string& key, const Grou
     if (rows + pending.request->batch_size > largest) break;
     rows += pending.request->batch_size;
     if (late) continue;
-    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
+    const std::optional<Duration> cost =
+        options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
     if (!cost) return std::nullopt;
     late = now + *cost > answer_by;
     if (!late) in_time = rows;
@@ -251,8 +275,10 @@ std::optional<int64_t> BatchQueue::InTimeRows(const std::string& key, const Grou
 int64_t BatchQueue::KeepingUpRows(const std::string& key, int64_t limit) const {
   const double instances = static_cast<double>(std::max(options_.instances, 1));
   for (int64_t rows = 1; rows < limit; ++rows) {
-    const std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
-    if (cost && static_cast<double>(Micros(*cost)) / static_cast<double>(rows) / instances <= gap_us_per_row_) {
+    const std::optional<Duration> cost =
+        options_.costs->Predict(key, PaddedRows(rows), BatchCostModel::Pick::kSlowest);
+    if (cost && static_cast<double>(Micros(*cost)) / static_cast<double>(rows) / instances <=
+                    gap_us_per_row_) {
       return rows;
     }
   }
@@ -268,8 +294,10 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
   if (now >= SilentFrom(last_arrival_)) return refused;
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& group = it->second;
-    // A lone row predicted beyond the whole target is not trusted (see CheckInTime): no shedding on it.
-    const std::optional<Duration> lone = options_.costs->Predict(it->first, PaddedRows(1), BatchCostModel::Pick::kFastest);
+    // A lone row predicted beyond the whole target is not trusted (see CheckInTime): no shedding on
+    // it.
+    const std::optional<Duration> lone =
+        options_.costs->Predict(it->first, PaddedRows(1), BatchCostModel::Pick::kFastest);
     if (!lone || *lone > options_.latency_target) {
       ++it;
       continue;
@@ -288,15 +316,20 @@ std::vector<RefusedRequest> BatchQueue::TakeOverloaded(TimePoint now) {
       const bool by_deadline = request.deadline < TargetDeadline(oldest);
       out.reason = by_deadline ? EarlyRefusal::kDeadline : EarlyRefusal::kTarget;
       const std::string why = absl::StrCat(
-          "model '", request.model_name, "' is overloaded: requests arrive faster than batches small enough to answer "
+          "model '", request.model_name,
+          "' is overloaded: requests arrive faster than batches small enough to answer "
           "this one ",
-          by_deadline ? std::string("before its deadline or queue timeout")
-                      : absl::StrCat("within its latency target of ", Micros(options_.latency_target),
-                                     " us (sluice.latency_target_us)"),
+          by_deadline
+              ? std::string("before its deadline or queue timeout")
+              : absl::StrCat("within its latency target of ", Micros(options_.latency_target),
+                             " us (sluice.latency_target_us)"),
           " can serve them (it waited ", Micros(now - oldest.enqueued),
-          " us); it was refused without running so that the requests behind it are answered in time");
-      out.status = by_deadline ? absl::DeadlineExceededError(why)
-                               : absl::UnavailableError(absl::StrCat(why, ": retry later, or add instances"));
+          " us); it was refused without running so that the requests behind it are answered in "
+          "time");
+      out.status =
+          by_deadline
+              ? absl::DeadlineExceededError(why)
+              : absl::UnavailableError(absl::StrCat(why, ": retry later, or add instances"));
       out.pending = PopFront(group);
       refused.push_back(std::move(out));
     }
@@ -309,7 +342,8 @@ Status BatchQueue::QueueFull(const InferRequest& request, size_t waiting) {
   if (request.priority_level > 0) {
     return absl::UnavailableError(absl::StrCat(
         "model '", request.model_name, "' has ", waiting, " requests waiting at priority level ",
-        request.priority_level, " (that level's max_queue_size); retry later, or raise the limit or add instances"));
+        request.priority_level,
+        " (that level's max_queue_size); retry later, or raise the limit or add instances"));
   }
   return absl::UnavailableError(absl::StrCat(
       "model '", request.model_name, "' has ", waiting,
@@ -317,7 +351,8 @@ Status BatchQueue::QueueFull(const InferRequest& request, size_t waiting) {
 }
 
 Status BatchQueue::AdmitOutside(const InferRequest& request) {
-  return admission_.Admit(std::max(request.priority_level - 1, 0), request.InputBytes(), request.model_name,
+  return admission_.Admit(std::max(request.priority_level - 1, 0), request.InputBytes(),
+                          request.model_name,
                           [&](size_t waiting) { return QueueFull(request, waiting); });
 }
 
@@ -332,7 +367,8 @@ bool BatchQueue::Reschedule(const std::atomic<bool>* tag, int priority_level, Ti
       InferRequest& request = *it->request;
       if (request.cancelled.get() != tag) continue;
       request.deadline = std::max(request.deadline, deadline);
-      const bool higher = priority_level > 0 && request.priority_level > 0 && priority_level < request.priority_level;
+      const bool higher = priority_level > 0 && request.priority_level > 0 &&
+                          priority_level < request.priority_level;
       // A later DELAY timeout (a waiter's that has not passed) undoes the demotion; DelayOverdue
       // demotes it again once that one passes.
       const bool undelay = delay_after > request.delay_after;
@@ -349,7 +385,9 @@ bool BatchQueue::Reschedule(const std::atomic<bool>* tag, int priority_level, Ti
   return false;
 }
 
-void BatchQueue::Forget(const PendingRequest& pending) { admission_.Release(ShareOf(pending), pending.bytes); }
+void BatchQueue::Forget(const PendingRequest& pending) {
+  admission_.Release(ShareOf(pending), pending.bytes);
+}
 
 PendingRequest BatchQueue::PopFront(Group& group) {
   PendingRequest front = std::move(group.queue.front());
@@ -436,8 +474,9 @@ size_t BatchQueue::ReadyPrefix(const std::string& key, const Group& group, TimeP
   return std::max<size_t>(kept, 1);
 }
 
-std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Group& group, TimePoint now,
-                                              size_t fitting, int64_t rows, bool* wait) const {
+std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Group& group,
+                                              TimePoint now, size_t fitting, int64_t rows,
+                                              bool* wait) const {
   using Pick = BatchCostModel::Pick;
   const TimePoint answer_by = AnswerBy(group.queue.front());
   std::optional<Duration> cost = options_.costs->Predict(key, PaddedRows(rows), Pick::kSlowest);
@@ -453,8 +492,10 @@ std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Grou
   *wait = false;
   if (take < fitting || gap_us_per_row_ < 0) return take;
   // Waiting pays when batches this small, on every instance, serve fewer rows per second than
-  // arrive; it is allowed while one more arrival and the larger batch still answer the oldest in time.
-  const double serve_us_per_row = static_cast<double>(Micros(*cost)) / static_cast<double>(take_rows) /
+  // arrive; it is allowed while one more arrival and the larger batch still answer the oldest in
+  // time.
+  const double serve_us_per_row = static_cast<double>(Micros(*cost)) /
+                                  static_cast<double>(take_rows) /
                                   static_cast<double>(std::max(options_.instances, 1));
   if (serve_us_per_row <= gap_us_per_row_) return take;
   const std::optional<TimePoint> stop = StopWaitingAt(key, group);
@@ -462,13 +503,14 @@ std::optional<size_t> BatchQueue::TargetLimit(const std::string& key, const Grou
   return take;
 }
 
-std::optional<TimePoint> BatchQueue::StopWaitingAt(const std::string& key, const Group& group) const {
+std::optional<TimePoint> BatchQueue::StopWaitingAt(const std::string& key,
+                                                   const Group& group) const {
   if (gap_us_per_row_ < 0) return std::nullopt;
   const std::optional<Duration> larger =
       options_.costs->Predict(key, PaddedRows(group.rows + 1), BatchCostModel::Pick::kSlowest);
   if (!larger) return std::nullopt;
-  TimePoint stop =
-      AnswerBy(group.queue.front()) - *larger - std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
+  TimePoint stop = AnswerBy(group.queue.front()) - *larger -
+                   std::chrono::microseconds(static_cast<int64_t>(gap_us_per_row_));
   // The silence bound: once nothing has arrived for the group for kSilenceGaps smoothed gaps
   // between arrivals, the smoothed rate (which only changes at an arrival) no longer says
   // anything about it: its arrivals have slowed or stopped, as they do when every caller of a
@@ -501,7 +543,8 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
     if (prefix == 0) continue;
     const PendingRequest& first = it->second.queue.front();
     if (chosen == nullptr || Rank(first) < Rank(chosen->queue.front()) ||
-        (Rank(first) == Rank(chosen->queue.front()) && first.enqueued < chosen->queue.front().enqueued)) {
+        (Rank(first) == Rank(chosen->queue.front()) &&
+         first.enqueued < chosen->queue.front().enqueued)) {
       chosen = &it->second;
       chosen_it = it;
       take = prefix;
@@ -523,8 +566,8 @@ std::optional<FormedBatch> BatchQueue::TakeReadyBatch(TimePoint now) {
     if (static_cast<int>(running_until_.size()) >= std::max(options_.instances, 1)) {
       running_until_.erase(std::min_element(running_until_.begin(), running_until_.end()));
     }
-    const std::optional<Duration> cost =
-        options_.costs->Predict(chosen_it->first, batch.padded_rows, BatchCostModel::Pick::kSlowest);
+    const std::optional<Duration> cost = options_.costs->Predict(
+        chosen_it->first, batch.padded_rows, BatchCostModel::Pick::kSlowest);
     if (cost) running_until_.push_back(now + *cost);
   }
   if (chosen->queue.empty()) EraseGroup(chosen_it);

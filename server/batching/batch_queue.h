@@ -61,9 +61,9 @@ class BatchQueue {
     std::vector<int> preferred_batch_sizes;  // ascending
     Duration max_queue_delay{0};             // 0: a batch forms as soon as an instance is free
     size_t max_requests = 1024;              // waiting requests
-    size_t max_bytes = 256u << 20;           // waiting input bytes (one larger request may wait alone)
-    int max_groups = 16;                     // distinct shapes waiting at once
-    bool pad_to_preferred = false;           // pad rows to the next preferred size / max
+    size_t max_bytes = 256u << 20;  // waiting input bytes (one larger request may wait alone)
+    int max_groups = 16;            // distinct shapes waiting at once
+    bool pad_to_preferred = false;  // pad rows to the next preferred size / max
     std::shared_ptr<ByteBudget> server_budget;  // shared by every model; may be null
     // Every batch is one request (with its own batch size, at most max_batch_size), and requests
     // wait in one queue in arrival order whatever their shapes: a model without dynamic_batching.
@@ -71,7 +71,7 @@ class BatchQueue {
     // sluice.latency_target_us; 0: none. With a target (and `costs`), see "Latency target" below.
     Duration latency_target{0};
     std::shared_ptr<BatchCostModel> costs;  // required with latency_target; shared with the pool
-    int instances = 1;                      // instances the queue feeds (work ahead is spread over them)
+    int instances = 1;  // instances the queue feeds (work ahead is spread over them)
     // Priority levels (see "Priorities" below): each level's request cap, index level - 1
     // (InferRequest::priority_level); empty: the model has none, and max_requests caps the queue.
     std::vector<size_t> level_max_requests;
@@ -175,7 +175,8 @@ class BatchQueue {
   void ReleaseOutside(int priority_level, size_t bytes);
   // See Scheduler::Reschedule. The request keeps its group and its admission share; a new level
   // or a later DELAY timeout puts it behind the requests of its new rank already waiting.
-  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline, TimePoint delay_after);
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                  TimePoint delay_after);
 
   // Everything still waiting (for shutdown).
   std::vector<PendingRequest> TakeAll();
@@ -212,7 +213,9 @@ class BatchQueue {
   // When the oldest request of `group` arrived.
   TimePoint Oldest(const Group& group) const;
 
-  bool Targeted() const { return options_.latency_target > Duration::zero() && options_.costs != nullptr; }
+  bool Targeted() const {
+    return options_.latency_target > Duration::zero() && options_.costs != nullptr;
+  }
   // When `pending` must be answered by for the target (kNoDeadline without one). Not stored in
   // PendingRequest: a larger entry would cost every model's queues more deque blocks.
   TimePoint TargetDeadline(const PendingRequest& pending) const {
@@ -221,7 +224,8 @@ class BatchQueue {
   // The part of the target the batcher plans with (BatchCostModel::PlanShare): the whole target
   // until answers come late inside the server.
   Duration PlannedTarget() const {
-    return std::chrono::duration_cast<Duration>(options_.latency_target * options_.costs->PlanShare());
+    return std::chrono::duration_cast<Duration>(options_.latency_target *
+                                                options_.costs->PlanShare());
   }
   // The earlier of `pending`'s own deadline and its target deadline.
   TimePoint AnswerBy(const PendingRequest& pending) const {
@@ -237,8 +241,8 @@ class BatchQueue {
   // `fitting` requests of `rows` rows within the largest size) may run now so that the oldest
   // is answered in time, and whether the group should still wait for more (`*wait`).
   // nullopt when the cost model knows nothing of the group yet (decide as without a target).
-  std::optional<size_t> TargetLimit(const std::string& key, const Group& group, TimePoint now, size_t fitting,
-                                    int64_t rows, bool* wait) const;
+  std::optional<size_t> TargetLimit(const std::string& key, const Group& group, TimePoint now,
+                                    size_t fitting, int64_t rows, bool* wait) const;
   // Latency target: the moment a group waiting for more requests stops waiting: when one more
   // arrival (at the smoothed arrival rate) plus the larger batch would answer its oldest request
   // late, or, if earlier, when nothing has arrived for the group for kSilenceGaps smoothed gaps
@@ -263,7 +267,8 @@ class BatchQueue {
   // (at least 1): the batch size the work ahead is counted at.
   int64_t UsefulBatchSize(const std::string& key) const;
   // Why `pending` (in group `key`, not yet added) cannot be answered in time, or OK.
-  Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused, int busy) const;
+  Status CheckInTime(const PendingRequest& pending, const std::string& key, EarlyRefusal* refused,
+                     int busy) const;
   void Forget(const PendingRequest& pending);
   // Takes `group`'s oldest request out of the queue (its rows and admitted bytes with it).
   PendingRequest PopFront(Group& group);

@@ -11,7 +11,8 @@ namespace sluice {
 
 std::string AutoBatchSizesOffReason(const ModelSpec& spec, const ShapePlan& plan, bool warmup) {
   const DynamicBatchingSpec& batching = spec.dynamic_batching;
-  if (spec.sequence_batching.enabled) return "sequence_batching: an execution has one row per active sequence";
+  if (spec.sequence_batching.enabled)
+    return "sequence_batching: an execution has one row per active sequence";
   if (!batching.enabled) return "no dynamic_batching";
   if (spec.max_batch_size <= 1) return "max_batch_size is 1";
   if (!batching.auto_batch_sizes) return "sluice.auto_batch_sizes is false";
@@ -50,7 +51,8 @@ BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
   double best = 0;
   for (const auto& [size, instances] : per_size) {
     std::vector<double> rates;
-    for (const auto& [instance, sum] : instances) rates.push_back(static_cast<double>(sum.rows) / sum.seconds);
+    for (const auto& [instance, sum] : instances)
+      rates.push_back(static_cast<double>(sum.rows) / sum.seconds);
     std::sort(rates.begin(), rates.end());
     const size_t n = rates.size();
     BatchSizeRate rate;

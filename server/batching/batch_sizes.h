@@ -40,9 +40,9 @@ struct BatchSizeRate {
 };
 
 struct BatchSizeChoice {
-  bool measured = false;      // sizes come from warm-up timings
-  std::string off_reason;     // when not measured
-  std::vector<int> sizes;     // ascending, 1 first; the batcher's ladder (empty: not measured)
+  bool measured = false;   // sizes come from warm-up timings
+  std::string off_reason;  // when not measured
+  std::vector<int> sizes;  // ascending, 1 first; the batcher's ladder (empty: not measured)
   std::vector<BatchSizeRate> rates;  // every size timed, ascending
 
   // "1,2,4,8" (the kept sizes), and "1:25000,2:41000,..." (every rate, rounded to rows/s).

@@ -8,7 +8,9 @@
 namespace sluice {
 namespace {
 
-int64_t Micros(Duration duration) { return std::chrono::duration_cast<std::chrono::microseconds>(duration).count(); }
+int64_t Micros(Duration duration) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(duration).count();
+}
 
 }  // namespace
 
@@ -28,7 +30,8 @@ CallerRunsChoice ChooseCallerRuns(const ModelSpec& spec, const std::vector<Warmu
   for (const WarmupPass& pass : passes) {
     if (pass.batch_size > 1) continue;
     any = true;
-    choice.measured = std::max(choice.measured, pass.median_timed > Duration::zero() ? pass.median_timed : pass.last_run);
+    choice.measured = std::max(
+        choice.measured, pass.median_timed > Duration::zero() ? pass.median_timed : pass.last_run);
   }
   if (!any) {
     choice.reason = "warm-up measured no lone request (sluice.warmup false, or shapes not finite)";

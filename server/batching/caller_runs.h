@@ -15,10 +15,10 @@
 namespace sluice {
 
 struct CallerRunsChoice {
-  bool asked = false;     // the model's config asks for it
+  bool asked = false;  // the model's config asks for it
   bool on = false;
-  std::string reason;     // in words, for the log: why on, or why not
-  Duration measured{0};   // the slowest lone request warm-up measured (0: none measured)
+  std::string reason;    // in words, for the log: why on, or why not
+  Duration measured{0};  // the slowest lone request warm-up measured (0: none measured)
 };
 
 // On when `spec` asks for it (DynamicBatchingSpec::run_on_receiving_thread), is not a sequence

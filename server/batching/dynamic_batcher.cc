@@ -11,13 +11,15 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
   if (instances.empty()) return absl::InvalidArgumentError("a batcher needs at least one instance");
   if (options.clock == nullptr) return absl::InvalidArgumentError("a batcher needs a clock");
-  if (options.queue.max_batch_size < 1) return absl::InvalidArgumentError("max_batch_size must be >= 1");
+  if (options.queue.max_batch_size < 1)
+    return absl::InvalidArgumentError("max_batch_size must be >= 1");
   if (options.queue.latency_target > Duration::zero()) {
     // Learned per instance: warm-up seeds it (WarmUp), every batch run corrects it (the pool).
-    options.queue.costs =
-        std::make_shared<BatchCostModel>(instances.size(), kBatchCostSmoothing, options.queue.latency_target);
+    options.queue.costs = std::make_shared<BatchCostModel>(instances.size(), kBatchCostSmoothing,
+                                                           options.queue.latency_target);
     options.queue.instances = static_cast<int>(instances.size());
-    if (options.stats) options.stats->ShowLatencyTarget(options.queue.latency_target, options.queue.costs);
+    if (options.stats)
+      options.stats->ShowLatencyTarget(options.queue.latency_target, options.queue.costs);
   }
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
   if (spec.dynamic_batching.preserve_ordering) batcher->order_ = std::make_unique<ResponseOrder>();
@@ -29,21 +31,25 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.batches = !options.queue.one_request_per_batch;
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   pool_options.costs = options.queue.costs;
-  SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
-                          InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
+  SLUICE_ASSIGN_OR_RETURN(
+      batcher->pool_,
+      InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   batcher->batcher_ = std::thread([raw = batcher.get()] { raw->BatcherLoop(); });
   return batcher;
 }
 
-DynamicBatcher::DynamicBatcher(Options options) : options_(std::move(options)), queue_(options_.queue) {}
+DynamicBatcher::DynamicBatcher(Options options)
+    : options_(std::move(options)), queue_(options_.queue) {}
 
 DynamicBatcher::~DynamicBatcher() { Stop(); }
 
 bool DynamicBatcher::RunsLikeTheFrontEnds(const BatchQueue::Options& queue) {
-  return queue.max_queue_delay == Duration::zero() && queue.latency_target == Duration::zero() && !queue.delays;
+  return queue.max_queue_delay == Duration::zero() && queue.latency_target == Duration::zero() &&
+         !queue.delays;
 }
 
-void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                             InferCompletion done) {
   PendingRequest pending;
   pending.enqueued = options_.clock->Now();
   pending.bytes = request->InputBytes();
@@ -51,7 +57,8 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
   pending.sink = sink;
   pending.done = std::move(done);
   ModelStats* stats = pool_->stats();
-  const bool may_run_here = pending.request->caller_may_run && caller_runs_.load(std::memory_order_relaxed);
+  const bool may_run_here =
+      pending.request->caller_may_run && caller_runs_.load(std::memory_order_relaxed);
   const TimePoint enqueued = pending.enqueued;
   Status admitted;
   EarlyRefusal refused = EarlyRefusal::kNone;
@@ -63,7 +70,8 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     const bool nothing_queued = queue_.size() == 0;
     admitted = stopping_ ? absl::UnavailableError(absl::StrCat(
                                "model '", pending.request->model_name, "' is shutting down"))
-                         : queue_.Add(pending, &refused, options_.queue.instances - static_cast<int>(pool_->idle()));
+                         : queue_.Add(pending, &refused,
+                                      options_.queue.instances - static_cast<int>(pool_->idle()));
     // Under the lock: the request cannot be answered (and stop being pending) before this.
     if (admitted.ok() && stats) stats->RecordAdmitted();
     // The batcher would hand this request over at once: run it here instead. Through the queue,
@@ -82,7 +90,8 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     // notification (or that wake-up) comes first: while every instance is busy, requests
     // gather without waking anyone. A batcher that is not waiting looks at the queue before it
     // waits again.
-    wake = admitted.ok() && !here && (pool_->idle() > 0 || queue_.NextDeadline() < batcher_wakes_at_);
+    wake =
+        admitted.ok() && !here && (pool_->idle() > 0 || queue_.NextDeadline() < batcher_wakes_at_);
     if (wake) ++arrival_signals_;
   }
   if (!admitted.ok()) {
@@ -103,7 +112,8 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
 
 void DynamicBatcher::TakePlaces(FormedBatch& batch) {
   if (order_ == nullptr) return;
-  for (PendingRequest& pending : batch.requests) pending.done = order_->InLine(std::move(pending.done));
+  for (PendingRequest& pending : batch.requests)
+    pending.done = order_->InLine(std::move(pending.done));
 }
 
 void DynamicBatcher::Poke() {
@@ -113,7 +123,9 @@ void DynamicBatcher::Poke() {
 
 Status DynamicBatcher::AdmitWaiter(const InferRequest& request) {
   MutexLock lock(&mutex_);
-  if (stopping_) return absl::UnavailableError(absl::StrCat("model '", request.model_name, "' is shutting down"));
+  if (stopping_)
+    return absl::UnavailableError(
+        absl::StrCat("model '", request.model_name, "' is shutting down"));
   return queue_.AdmitOutside(request);
 }
 
@@ -122,8 +134,8 @@ void DynamicBatcher::ReleaseWaiter(int priority_level, size_t bytes) {
   queue_.ReleaseOutside(priority_level, bytes);
 }
 
-bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
-                                TimePoint delay_after) {
+bool DynamicBatcher::Reschedule(const std::atomic<bool>* tag, int priority_level,
+                                TimePoint deadline, TimePoint delay_after) {
   MutexLock lock(&mutex_);
   return queue_.Reschedule(tag, priority_level, deadline, delay_after);
 }
@@ -145,9 +157,11 @@ void DynamicBatcher::BatcherLoop() {
     if (idle && expired.empty() && hopeless.empty()) hopeless = queue_.TakeOverloaded(now);
     if (!expired.empty() || !hopeless.empty()) {
       lock.Unlock();
-      for (PendingRequest& pending : expired) pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
+      for (PendingRequest& pending : expired)
+        pool_->Drop(pending, QueuedExpiryStatus(*pending.request));
       for (RefusedRequest& refused : hopeless) {
-        if (ModelStats* stats = pool_->stats()) stats->RecordEarlyRefusal(refused.reason, /*queued=*/true);
+        if (ModelStats* stats = pool_->stats())
+          stats->RecordEarlyRefusal(refused.reason, /*queued=*/true);
         pool_->Drop(refused.pending, refused.status);
       }
       lock.Lock();
@@ -180,13 +194,16 @@ DynamicBatcher::BatcherWaits DynamicBatcher::Waits() const {
   return {waits_ended_, batcher_wakes_at_ != TimePoint::min(), arrival_signals_};
 }
 
-StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
+StatusOr<WarmupReport> DynamicBatcher::WarmUp(std::vector<WarmupRequest> requests,
+                                              const std::atomic<bool>* abandon) {
   const std::shared_ptr<BatchCostModel>& costs = options_.queue.costs;
   if (costs == nullptr) return pool_->WarmUp(std::move(requests), abandon);
   // Each request's shape group and rows, to seed the cost model with what warm-up timed.
   std::vector<std::pair<std::string, int64_t>> shapes;
   for (const WarmupRequest& warmup : requests) {
-    shapes.emplace_back(options_.queue.one_request_per_batch ? std::string() : BatchQueue::GroupKey(*warmup.request),
+    shapes.emplace_back(options_.queue.one_request_per_batch
+                            ? std::string()
+                            : BatchQueue::GroupKey(*warmup.request),
                         warmup.request->batch_size);
   }
   StatusOr<WarmupReport> report = pool_->WarmUp(std::move(requests), abandon);

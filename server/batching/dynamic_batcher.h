@@ -28,10 +28,10 @@ namespace sluice {
 // only when that arrival could change its plan (an instance idle, or an earlier deadline), by
 // the pool when an instance goes idle, and by its own timer. With SetCallerRuns, a request that
 // would run at once (nothing queued, an instance waiting, its batch ready by itself) runs on the
-// enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is answered
-// exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED (caller
-// gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error (only
-// the requests of the failing batch get it). With a latency target (BatchQueue::Options::
+// enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is
+// answered exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED
+// (caller gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error
+// (only the requests of the failing batch get it). With a latency target (BatchQueue::Options::
 // latency_target) the batcher learns batch costs (warm-up seeds them, the pool corrects them),
 // and a request that cannot be answered in time is refused at arrival or while queued
 // (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see BatchQueue). With
@@ -41,8 +41,8 @@ class DynamicBatcher final : public Scheduler {
  public:
   struct Options {
     BatchQueue::Options queue;
-    const TimeSource* clock = nullptr;           // required; outlives the batcher
-    std::shared_ptr<ModelStats> stats;           // may be null
+    const TimeSource* clock = nullptr;            // required; outlives the batcher
+    std::shared_ptr<ModelStats> stats;            // may be null
     std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
     bool warm_up_one_at_a_time = false;           // see InstancePool::Options
   };
@@ -60,11 +60,14 @@ class DynamicBatcher final : public Scheduler {
       ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   ~DynamicBatcher() override;
 
-  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override
-      ABSL_LOCKS_EXCLUDED(mutex_);
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+               InferCompletion done) override ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
+                                const std::atomic<bool>* abandon) override;
   void SetBatchSizeLadder(std::vector<int> sizes) override ABSL_LOCKS_EXCLUDED(mutex_);
-  void SetCallerRuns(bool allowed) override { caller_runs_.store(allowed, std::memory_order_relaxed); }
+  void SetCallerRuns(bool allowed) override {
+    caller_runs_.store(allowed, std::memory_order_relaxed);
+  }
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Makes the batcher thread look at the queue now (the transport after a cancellation; the
@@ -72,8 +75,8 @@ class DynamicBatcher final : public Scheduler {
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
   Status AdmitWaiter(const InferRequest& request) override ABSL_LOCKS_EXCLUDED(mutex_);
   void ReleaseWaiter(int priority_level, size_t bytes) override ABSL_LOCKS_EXCLUDED(mutex_);
-  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline, TimePoint delay_after) override
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                  TimePoint delay_after) override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Staging allocations so far, over all instances.
   size_t StagingAllocations() const { return pool_->StagingAllocations(); }
@@ -99,7 +102,7 @@ class DynamicBatcher final : public Scheduler {
 
   const Options options_;
   std::unique_ptr<ResponseOrder> order_;  // preserve_ordering; else null. Outlives pool_'s workers.
-  std::unique_ptr<InstancePool> pool_;  // set by Create before the batcher thread starts
+  std::unique_ptr<InstancePool> pool_;    // set by Create before the batcher thread starts
 
   mutable Mutex mutex_;
   CondVar batcher_cv_;  // queue changed, an instance went idle, or stop

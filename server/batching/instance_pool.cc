@@ -24,7 +24,8 @@ namespace {
 // one fails with the sink's error.
 class TargetSink final : public OutputSink {
  public:
-  TargetSink(OutputSink* inner, const TimeSource* clock, TimePoint* first) : inner_(inner), clock_(clock), first_(first) {}
+  TargetSink(OutputSink* inner, const TimeSource* clock, TimePoint* first)
+      : inner_(inner), clock_(clock), first_(first) {}
   StatusOr<char*> Allocate(const OutputDescription& output) override {
     if (*first_ == TimePoint{}) *first_ = clock_->Now();
     if (status_.ok()) {
@@ -48,15 +49,17 @@ class TargetSink final : public OutputSink {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<InstancePool>> InstancePool::Create(ModelSpec spec,
-                                                             std::vector<std::unique_ptr<ModelBackend>> instances,
-                                                             Options options) {
-  if (instances.empty()) return absl::InvalidArgumentError("an instance pool needs at least one instance");
+StatusOr<std::unique_ptr<InstancePool>> InstancePool::Create(
+    ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
+  if (instances.empty())
+    return absl::InvalidArgumentError("an instance pool needs at least one instance");
   if (options.clock == nullptr) return absl::InvalidArgumentError("an instance pool needs a clock");
-  return std::unique_ptr<InstancePool>(new InstancePool(std::move(spec), std::move(instances), std::move(options)));
+  return std::unique_ptr<InstancePool>(
+      new InstancePool(std::move(spec), std::move(instances), std::move(options)));
 }
 
-InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options)
+InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances,
+                           Options options)
     : spec_(std::move(spec)), options_(std::move(options)) {
   for (auto& backend : instances) {
     instances_.push_back(std::make_unique<Instance>(instances_.size(), std::move(backend)));
@@ -66,7 +69,8 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
   assigned_.resize(instances_.size());
   waiting_.assign(instances_.size(), 0);
   claimed_.assign(instances_.size(), 0);
-  for (size_t i = 0; i < instances_.size(); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (size_t i = 0; i < instances_.size(); ++i)
+    workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 InstancePool::~InstancePool() { Stop(); }
@@ -98,7 +102,8 @@ void InstancePool::RunOn(size_t instance, FormedBatch batch) {
 }
 
 bool InstancePool::HasWork(size_t index) const {
-  return !claimed_[index] && (!tasks_[index].empty() || !assigned_[index].empty() || !ready_.empty());
+  return !claimed_[index] &&
+         (!tasks_[index].empty() || !assigned_[index].empty() || !ready_.empty());
 }
 
 void InstancePool::Wake(size_t index) {
@@ -163,13 +168,15 @@ void InstancePool::Drop(PendingRequest& pending, const Status& status) {
 void InstancePool::Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran) {
   const TimePoint now = options_.clock->Now();
   for (PendingRequest& pending : requests) {
-    if (options_.stats && !pending.filler) options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
+    if (options_.stats && !pending.filler)
+      options_.stats->RecordFailure(now - pending.enqueued, status, ran, pending.request->protocol);
     if (!ran && pending.request->trace) pending.request->trace->Queued(pending.enqueued);
     pending.done(status);
   }
 }
 
-StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
+StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
+                                            const std::atomic<bool>* abandon) {
   auto shared = std::make_shared<const std::vector<WarmupRequest>>(std::move(requests));
   WarmupCollector collector(static_cast<int>(instances_.size()));
   // Held by each instance's whole warm-up when they go one at a time; shared, because a task's
@@ -185,7 +192,8 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
         std::unique_lock<std::mutex> turn;
         if (one_at_a_time) turn = std::unique_lock<std::mutex>(*one_at_a_time);
         collector.Report(RunWarmupOnInstance(
-            static_cast<int>(i), *shared, abandon, *options_.clock, [&](const InferRequest& request) -> Status {
+            static_cast<int>(i), *shared, abandon, *options_.clock,
+            [&](const InferRequest& request) -> Status {
               FormedBatch batch;
               batch.requests.emplace_back();
               batch.requests.back().request = std::make_unique<InferRequest>(ViewOf(request));
@@ -218,7 +226,8 @@ Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool 
   InferRequest assembled;
   if (assemble) assembled = AssembleBatch(spec_, batch, &instance->staging);
   *assembled_at = options_.clock->Now();
-  Status status = instance->backend->Execute(assemble ? assembled : *batch.requests[0].request, targets);
+  Status status =
+      instance->backend->Execute(assemble ? assembled : *batch.requests[0].request, targets);
   if (*infer_done == TimePoint{}) *infer_done = options_.clock->Now();
   return status;
 }
@@ -227,15 +236,18 @@ void InstancePool::WorkerLoop(size_t index) {
   NameThisThread("sluice-worker-" + std::to_string(index));
   RunThisThreadAsModelWork();
   if (!RunThisThreadOnModelCpus()) {
-    spdlog::warn("event=model_cpus_refused worker={} reason=\"{}\" action=\"running on the front ends' CPUs\"", index,
-                 strerror(errno));
+    spdlog::warn(
+        "event=model_cpus_refused worker={} reason=\"{}\" action=\"running on the front ends' "
+        "CPUs\"",
+        index, strerror(errno));
   }
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {
     while (!stopping_ && !HasWork(index)) {
       waiting_[index] = 1;
-      options_.clock->WaitUntil(&instance->wake, &mutex_, kNoDeadline);  // (a fake clock sees it wait)
+      options_.clock->WaitUntil(&instance->wake, &mutex_,
+                                kNoDeadline);  // (a fake clock sees it wait)
       waiting_[index] = 0;
     }
     if (!HasWork(index)) return;  // stopping, and nothing left to run here (a claim ends by itself)
@@ -263,7 +275,8 @@ void InstancePool::WorkerLoop(size_t index) {
 void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   const TimePoint started = options_.clock->Now();
   // The instance's idle time since its previous batch (warm-up before the first is not counted).
-  const Duration idle = instance->last_end == TimePoint{} ? Duration::zero() : started - instance->last_end;
+  const Duration idle =
+      instance->last_end == TimePoint{} ? Duration::zero() : started - instance->last_end;
   struct MarkEnd {
     Instance* instance;
     const TimeSource* clock;
@@ -272,11 +285,14 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   // A lone request that needs no padding runs on its own bytes: nothing to assemble.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
   if (options_.stats) {
-    const auto callers = std::count_if(batch.requests.begin(), batch.requests.end(),
-                                       [](const PendingRequest& pending) { return !pending.filler; });
+    const auto callers =
+        std::count_if(batch.requests.begin(), batch.requests.end(),
+                      [](const PendingRequest& pending) { return !pending.filler; });
     options_.stats->RecordStarted(static_cast<int64_t>(callers));
     for (const PendingRequest& pending : batch.requests) {
-      if (!pending.filler) options_.stats->RecordPriorityQueued(pending.request->priority_level, started - pending.enqueued);
+      if (!pending.filler)
+        options_.stats->RecordPriorityQueued(pending.request->priority_level,
+                                             started - pending.enqueued);
     }
   }
   TimePoint infer_done{};
@@ -287,7 +303,8 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   targets.reserve(batch.requests.size());
   for (PendingRequest& pending : batch.requests) {
     sinks.emplace_back(pending.sink, options_.clock, &infer_done);
-    targets.push_back({pending.request->batch_size, &pending.request->requested_outputs, &sinks.back()});
+    targets.push_back(
+        {pending.request->batch_size, &pending.request->requested_outputs, &sinks.back()});
   }
   TimePoint assembled_at;
   Status status = Execute(instance, batch, !alone, targets, &assembled_at, &infer_done);
@@ -298,18 +315,21 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     Fail(batch.requests, status, /*ran=*/true);
     return;
   }
-  const Duration input = assembled_at - started, infer = infer_done - assembled_at, output = delivered_at - infer_done;
+  const Duration input = assembled_at - started, infer = infer_done - assembled_at,
+                 output = delivered_at - infer_done;
   if (options_.stats) {
     options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
     options_.stats->RecordGraphRun(instance->backend->LastGraphRun());
   }
   if (options_.costs) {
     // The batch's shape group, as its queue keyed it (one group, "", where requests run alone).
-    const std::string group = options_.batches ? BatchQueue::GroupKey(*batch.requests.front().request) : std::string();
+    const std::string group =
+        options_.batches ? BatchQueue::GroupKey(*batch.requests.front().request) : std::string();
     const std::optional<Duration> predicted =
         options_.costs->Observe(instance->index, group, batch.padded_rows, delivered_at - started);
     if (options_.stats) {
-      options_.stats->RecordBatchCost(started - batch.requests.front().enqueued, predicted, delivered_at - started);
+      options_.stats->RecordBatchCost(started - batch.requests.front().enqueued, predicted,
+                                      delivered_at - started);
     }
   }
   // Answers to a connection that several callers of this batch share leave together.
@@ -323,14 +343,16 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     PendingRequest& pending = batch.requests[i];
     const Status& refused = sinks[i].status();
-    if (options_.costs && refused.ok() && !pending.filler) options_.costs->ObserveAnswer(delivered_at - pending.enqueued);
+    if (options_.costs && refused.ok() && !pending.filler)
+      options_.costs->ObserveAnswer(delivered_at - pending.enqueued);
     if (options_.stats && !pending.filler) {
       if (refused.ok()) {
-        options_.stats->RecordSuccess(pending.request->batch_size, started - pending.enqueued, input, infer,
-                                      output, options_.clock->Now() - pending.enqueued, pending.request->protocol);
+        options_.stats->RecordSuccess(
+            pending.request->batch_size, started - pending.enqueued, input, infer, output,
+            options_.clock->Now() - pending.enqueued, pending.request->protocol);
       } else {
-        options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused, /*ran=*/true,
-                                      pending.request->protocol);
+        options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused,
+                                      /*ran=*/true, pending.request->protocol);
       }
     }
     pending.done(refused);
@@ -349,8 +371,9 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   }
 }
 
-void InstancePool::TraceRun(const Instance& instance, const FormedBatch& batch, const Status& status,
-                            TimePoint started, TimePoint computed, TimePoint delivered) {
+void InstancePool::TraceRun(const Instance& instance, const FormedBatch& batch,
+                            const Status& status, TimePoint started, TimePoint computed,
+                            TimePoint delivered) {
   absl::InlinedVector<RequestTrace*, 8> traced;
   for (const PendingRequest& pending : batch.requests) {
     if (pending.filler || !pending.request->trace) continue;
@@ -361,8 +384,9 @@ void InstancePool::TraceRun(const Instance& instance, const FormedBatch& batch, 
   BatchTraceInfo info;
   info.model = spec_.name;
   info.version = batch.requests.front().request->model_version;
-  info.requests = static_cast<int64_t>(std::count_if(batch.requests.begin(), batch.requests.end(),
-                                                     [](const PendingRequest& pending) { return !pending.filler; }));
+  info.requests = static_cast<int64_t>(
+      std::count_if(batch.requests.begin(), batch.requests.end(),
+                    [](const PendingRequest& pending) { return !pending.filler; }));
   info.rows = batch.rows;
   info.padded_rows = batch.padded_rows;
   info.instance = instance.index;

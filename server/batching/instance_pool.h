@@ -33,9 +33,9 @@ namespace sluice {
 class InstancePool {
  public:
   struct Options {
-    const TimeSource* clock = nullptr;             // required; outlives the pool
-    std::shared_ptr<ModelStats> stats;             // may be null
-    std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
+    const TimeSource* clock = nullptr;            // required; outlives the pool
+    std::shared_ptr<ModelStats> stats;            // may be null
+    std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
     // An instance became free: its index, and whether it finished a batch (Run or RunOn:
     // exactly one such call per batch handed over, so a scheduler may count on it) or something
     // else (a warm-up task, which may come after WarmUp returned, or a RunClaimed batch). Runs on
@@ -55,9 +55,8 @@ class InstancePool {
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
-  static StatusOr<std::unique_ptr<InstancePool>> Create(ModelSpec spec,
-                                                        std::vector<std::unique_ptr<ModelBackend>> instances,
-                                                        Options options);
+  static StatusOr<std::unique_ptr<InstancePool>> Create(
+      ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   ~InstancePool();
 
   // Instances neither running nor promised a batch. A scheduler hands over a batch only when this
@@ -91,8 +90,8 @@ class InstancePool {
   // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
   // one-request batch (so the buffers reach their largest size before traffic comes), unless
   // requests of this model never run together (no batch dimension, or Options::batches false).
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
+                                const std::atomic<bool>* abandon) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Runs the batches already handed over, waits for the claimed runs, then joins the workers.
   // Run after Stop answers the batch UNAVAILABLE; TryClaim after Stop finds nothing. Idempotent.
@@ -109,24 +108,26 @@ class InstancePool {
         : index(position), backend(std::move(model)), staging(backend.get()) {}
     const size_t index;
     std::unique_ptr<ModelBackend> backend;
-    StagingPool staging;  // touched only by whoever runs the instance: its worker, or a claimer
+    StagingPool staging;   // touched only by whoever runs the instance: its worker, or a claimer
     TimePoint last_end{};  // when its last batch ended (unset before the first); as `staging`
-    CondVar wake;         // its worker's: work for it, a claim ended, or stop
+    CondVar wake;          // its worker's: work for it, a claim ended, or stop
   };
 
-  InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
+  InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances,
+               Options options);
   // Runs on the worker thread of instances_[index].
   void WorkerLoop(size_t index) ABSL_LOCKS_EXCLUDED(mutex_);
   void RunBatch(Instance* instance, FormedBatch batch);
   // Assembles `batch` in the instance's staging buffers when `assemble`, runs it and delivers the
   // outputs to `targets`. `*infer_done`: when the first output was asked for (else the end).
   Status Execute(Instance* instance, const FormedBatch& batch, bool assemble,
-                 absl::Span<const OutputTarget> targets, TimePoint* assembled_at, TimePoint* infer_done);
+                 absl::Span<const OutputTarget> targets, TimePoint* assembled_at,
+                 TimePoint* infer_done);
   void Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran);
   // Stamps the traced requests of an executed batch with their queue and run, and exports the
   // batch's span (only when one of them is traced).
-  void TraceRun(const Instance& instance, const FormedBatch& batch, const Status& status, TimePoint started,
-                TimePoint computed, TimePoint delivered);
+  void TraceRun(const Instance& instance, const FormedBatch& batch, const Status& status,
+                TimePoint started, TimePoint computed, TimePoint delivered);
   // Whether instance `index`'s worker may run something now.
   bool HasWork(size_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Wakes instance `index`'s worker if it waits and nobody woke it yet.
@@ -144,7 +145,8 @@ class InstancePool {
   mutable Mutex mutex_;
   CondVar claims_cv_;  // a claim ended (Stop waits for none)
   std::deque<FormedBatch> ready_ ABSL_GUARDED_BY(mutex_);
-  std::vector<std::deque<FormedBatch>> assigned_ ABSL_GUARDED_BY(mutex_);  // RunOn's, by instance index
+  std::vector<std::deque<FormedBatch>> assigned_
+      ABSL_GUARDED_BY(mutex_);  // RunOn's, by instance index
   // Each instance's own work (warm-up), by instance index, run before batches. Kept here rather
   // than in Instance so that the analysis can see the pool's mutex guards it.
   std::vector<std::deque<std::function<void()>>> tasks_ ABSL_GUARDED_BY(mutex_);

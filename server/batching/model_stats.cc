@@ -4,32 +4,46 @@ namespace sluice {
 
 FailureReason FailureReasonOf(const Status& status) {
   switch (status.code()) {
-    case absl::StatusCode::kUnavailable: return FailureReason::kRejected;
-    case absl::StatusCode::kDeadlineExceeded: return FailureReason::kTimeout;
-    case absl::StatusCode::kCancelled: return FailureReason::kCancelled;
+    case absl::StatusCode::kUnavailable:
+      return FailureReason::kRejected;
+    case absl::StatusCode::kDeadlineExceeded:
+      return FailureReason::kTimeout;
+    case absl::StatusCode::kCancelled:
+      return FailureReason::kCancelled;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound: return FailureReason::kInvalidInput;
-    default: return FailureReason::kModelError;
+    case absl::StatusCode::kNotFound:
+      return FailureReason::kInvalidInput;
+    default:
+      return FailureReason::kModelError;
   }
 }
 
 const char* FailureReasonName(FailureReason reason) {
   switch (reason) {
-    case FailureReason::kRejected: return "rejected";
-    case FailureReason::kTimeout: return "timeout";
-    case FailureReason::kCancelled: return "cancelled";
-    case FailureReason::kInvalidInput: return "invalid_input";
-    case FailureReason::kModelError: return "model_error";
+    case FailureReason::kRejected:
+      return "rejected";
+    case FailureReason::kTimeout:
+      return "timeout";
+    case FailureReason::kCancelled:
+      return "cancelled";
+    case FailureReason::kInvalidInput:
+      return "invalid_input";
+    case FailureReason::kModelError:
+      return "model_error";
   }
   return "model_error";
 }
 
 const char* SequenceOutcomeName(SequenceOutcome outcome) {
   switch (outcome) {
-    case SequenceOutcome::kEnded: return "ended";
-    case SequenceOutcome::kIdleExpired: return "idle_expired";
-    case SequenceOutcome::kDropped: return "dropped";
-    case SequenceOutcome::kCut: return "cut";
+    case SequenceOutcome::kEnded:
+      return "ended";
+    case SequenceOutcome::kIdleExpired:
+      return "idle_expired";
+    case SequenceOutcome::kDropped:
+      return "dropped";
+    case SequenceOutcome::kCut:
+      return "cut";
   }
   return "cut";
 }
@@ -39,7 +53,8 @@ namespace {
 // last_inference_ms's clock: wall-clock milliseconds since the epoch.
 uint64_t WallClockMs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch()).count());
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
 }
 
 }  // namespace
@@ -52,7 +67,8 @@ void ModelStats::RecordStarted(int64_t requests) {
   if (sink_) sink_->OnStarted(requests);
 }
 
-void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) {
+void ModelStats::RecordExecution(int64_t batch_rows, Duration input, Duration infer,
+                                 Duration output) {
   if (sink_) sink_->OnExecution(batch_rows, input, infer, output);
   MutexLock lock(&mutex_);
   ++stats_.execution_count;
@@ -133,7 +149,8 @@ void ModelStats::RecordFailure(Duration total, const Status& status, bool ran, P
 
 void ModelStats::RecordRejected(const Status& status, Protocol protocol) {
   if (sink_) {
-    sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false, /*ran=*/false, protocol);
+    sink_->OnFailure(FailureReasonOf(status), Duration::zero(), /*was_admitted=*/false,
+                     /*ran=*/false, protocol);
   }
   MutexLock lock(&mutex_);
   stats_.fail.Add(Duration::zero());
@@ -141,9 +158,12 @@ void ModelStats::RecordRejected(const Status& status, Protocol protocol) {
 
 const char* EarlyRefusalName(EarlyRefusal reason) {
   switch (reason) {
-    case EarlyRefusal::kDeadline: return "deadline";
-    case EarlyRefusal::kTarget: return "target";
-    case EarlyRefusal::kNone: break;
+    case EarlyRefusal::kDeadline:
+      return "deadline";
+    case EarlyRefusal::kTarget:
+      return "target";
+    case EarlyRefusal::kNone:
+      break;
   }
   return "none";
 }

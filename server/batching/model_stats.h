@@ -38,8 +38,8 @@ struct BatchPhases {
   Duration assembly{0};  // the requests' rows copied into the instance's staging buffer
   Duration execute{0};   // the backend's Execute until it handed out the first output
   std::optional<DevicePhases> device;  // inputs to the device, forward pass, outputs back
-  Duration scatter{0};   // the outputs handed to every request's sink (rows copied into answers)
-  Duration complete{0};  // the requests completed (answers given to their front ends)
+  Duration scatter{0};      // the outputs handed to every request's sink (rows copied into answers)
+  Duration complete{0};     // the requests completed (answers given to their front ends)
   int64_t rows = 0;         // the callers' rows
   int64_t padded_rows = 0;  // the rows the model ran (padding included)
 };
@@ -48,15 +48,16 @@ struct BatchPhases {
 struct BatchPhaseTotals {
   uint64_t batches = 0, measured_on_device = 0;  // batches, and those with device phases
   uint64_t rows = 0, padded_rows = 0;
-  Duration idle{0}, assembly{0}, execute{0}, to_device{0}, forward{0}, to_host{0}, scatter{0}, complete{0};
+  Duration idle{0}, assembly{0}, execute{0}, to_device{0}, forward{0}, to_host{0}, scatter{0},
+      complete{0};
   void Add(const BatchPhases& phases);
 };
 
 // Per-request totals (each request of a batch is charged the batch's compute times, as Triton
 // does) and per-batch-size totals.
 struct ModelStatsSnapshot {
-  uint64_t inference_count = 0;  // rows answered (padding excluded)
-  uint64_t execution_count = 0;  // forward passes
+  uint64_t inference_count = 0;    // rows answered (padding excluded)
+  uint64_t execution_count = 0;    // forward passes
   uint64_t last_inference_ms = 0;  // wall-clock ms since the epoch
   DurationStat success, fail, queue, compute_input, compute_infer, compute_output;
   // Response cache models: lookups that hit (lookup and copy into the response) and that missed
@@ -72,7 +73,7 @@ struct ModelStatsSnapshot {
   Duration latency_target{0};
   uint64_t refused_for_target = 0, refused_for_deadline = 0;
   std::vector<BatchCostModel::Entry> batch_costs;
-  double plan_share = 1;  // BatchCostModel::PlanShare
+  double plan_share = 1;                 // BatchCostModel::PlanShare
   BatchCostModel::AnswerCounts answers;  // BatchCostModel::Answers
 };
 
@@ -84,9 +85,9 @@ enum class FailureReason {
   kInvalidInput,  // the request does not fit the model (INVALID_ARGUMENT)
   kModelError,    // the model failed (INTERNAL, RESOURCE_EXHAUSTED, anything else)
 };
-inline constexpr FailureReason kAllFailureReasons[] = {FailureReason::kRejected, FailureReason::kTimeout,
-                                                       FailureReason::kCancelled, FailureReason::kInvalidInput,
-                                                       FailureReason::kModelError};
+inline constexpr FailureReason kAllFailureReasons[] = {
+    FailureReason::kRejected, FailureReason::kTimeout, FailureReason::kCancelled,
+    FailureReason::kInvalidInput, FailureReason::kModelError};
 FailureReason FailureReasonOf(const Status& status);
 const char* FailureReasonName(FailureReason reason);  // "rejected", "timeout", ...
 
@@ -97,9 +98,11 @@ enum class SequenceOutcome {
   kDropped,      // its start expired (deadline, cancellation) before it ran, or failed
   kCut,          // the server ended it: its version was unloaded or replaced, or the server stopped
 };
-inline constexpr SequenceOutcome kAllSequenceOutcomes[] = {SequenceOutcome::kEnded, SequenceOutcome::kIdleExpired,
-                                                           SequenceOutcome::kDropped, SequenceOutcome::kCut};
-const char* SequenceOutcomeName(SequenceOutcome outcome);  // "ended", "idle_expired", "dropped", "cut"
+inline constexpr SequenceOutcome kAllSequenceOutcomes[] = {
+    SequenceOutcome::kEnded, SequenceOutcome::kIdleExpired, SequenceOutcome::kDropped,
+    SequenceOutcome::kCut};
+const char* SequenceOutcomeName(
+    SequenceOutcome outcome);  // "ended", "idle_expired", "dropped", "cut"
 
 // Why a request was refused before running because it could not be answered in time (latency
 // target mode, sluice.latency_target_us): its own deadline (the client's, or the queue timeout)
@@ -118,11 +121,12 @@ class StatsSink {
   virtual void OnExecution(int64_t batch_rows, Duration input, Duration infer, Duration output) = 0;
   // A batch ran and answered: its cycle, phase by phase.
   virtual void OnPhases(const BatchPhases& /*phases*/) {}
-  virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
-                         Duration total, Protocol protocol) = 0;
+  virtual void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer,
+                         Duration output, Duration total, Protocol protocol) = 0;
   // `was_admitted`: the request had been admitted to a queue (it stops being pending); `ran`: it
   // had started running (OnStarted), so it was no longer waiting.
-  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran, Protocol protocol) = 0;
+  virtual void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran,
+                         Protocol protocol) = 0;
   // Stateful models only: a sequence became active (its start was admitted), or stopped.
   virtual void OnSequenceStarted() {}
   virtual void OnSequenceFinished(SequenceOutcome /*outcome*/) {}
@@ -135,7 +139,8 @@ class StatsSink {
   // Latency target models only, per batch: how long its oldest request had waited when the
   // batch formed, and its execution time against what the cost model predicted (nullopt: no
   // prediction yet).
-  virtual void OnBatchCost(Duration /*oldest_wait*/, std::optional<Duration> /*predicted*/, Duration /*measured*/) {}
+  virtual void OnBatchCost(Duration /*oldest_wait*/, std::optional<Duration> /*predicted*/,
+                           Duration /*measured*/) {}
   // Response cache models only: a request answered from the cache (never admitted to a queue;
   // `took`: lookup and copy), or one that missed (`took`: lookup and insertion; its run is
   // reported as any other request's).
@@ -150,7 +155,6 @@ class StatsSink {
   virtual void OnPriorityQueued(int /*level*/, Duration /*queued*/) {}
   virtual void OnPriorityRefused(int /*level*/, FailureReason /*reason*/) {}
 };
-
 
 class ModelStats {
  public:
@@ -169,7 +173,8 @@ class ModelStats {
                      Duration total, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   // One admitted request answered with `status` (an error) after `total`; `ran`: RecordStarted
   // had counted it (the model failed), else it left the queue without running.
-  void RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordFailure(Duration total, const Status& status, bool ran, Protocol protocol)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // A request answered with `status` without being admitted (invalid, or a cap reached).
   void RecordRejected(const Status& status, Protocol protocol) ABSL_LOCKS_EXCLUDED(mutex_);
   // Stateful models: a sequence became active, or stopped being active and why.
@@ -211,13 +216,15 @@ class ModelStats {
   }
 
   // Latency target models: snapshots carry `target` and `costs`' live figures from now on.
-  void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs) ABSL_LOCKS_EXCLUDED(mutex_);
+  void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs)
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   ModelStatsSnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   // A success that ran nothing (a cache hit, a shared answer): in success and queue, no compute.
-  void RecordAnsweredWithoutRunning(Duration total, Duration queued, bool cache_hit) ABSL_LOCKS_EXCLUDED(mutex_);
+  void RecordAnsweredWithoutRunning(Duration total, Duration queued, bool cache_hit)
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   const std::shared_ptr<StatsSink> sink_;  // may be null
   mutable Mutex mutex_;

@@ -11,7 +11,8 @@ InferCompletion ResponseOrder::InLine(InferCompletion done) {
     MutexLock lock(&mutex_);
     place = next_place_++;
   }
-  // `this` outlives the completion: the handle that owns it stays alive while a request is in flight.
+  // `this` outlives the completion: the handle that owns it stays alive while a request is in
+  // flight.
   return [this, place, done = std::move(done)](Status status) mutable {
     Finish(place, std::move(done), std::move(status));
   };

@@ -53,12 +53,12 @@ struct WarmupRequest {
 
 // One (instance, request) pair the warm-up ran.
 struct WarmupPass {
-  int instance = 0;       // index of the instance, in load order
+  int instance = 0;  // index of the instance, in load order
   std::string label;
-  Duration first_run{0};  // what the first client request of this shape would have paid
-  Duration last_run{0};   // the last warm-up run, close to the steady state
-  int64_t batch_size = 0;     // WarmupRequest::batch_size
-  Duration median_timed{0};   // median of the timed runs; 0 when there were none
+  Duration first_run{0};     // what the first client request of this shape would have paid
+  Duration last_run{0};      // the last warm-up run, close to the steady state
+  int64_t batch_size = 0;    // WarmupRequest::batch_size
+  Duration median_timed{0};  // median of the timed runs; 0 when there were none
 };
 
 struct WarmupReport {
@@ -74,7 +74,8 @@ class Scheduler {
   // untouched until `done` has run; the scheduler owns `request` (and destroys it after `done`)
   // and `done`. Thread-safe; never blocks on model execution. UNAVAILABLE when the queue is full
   // or the scheduler has stopped.
-  virtual void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) = 0;
+  virtual void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                       InferCompletion done) = 0;
 
   // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
   virtual void Poke() {}

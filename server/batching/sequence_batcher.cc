@@ -23,23 +23,37 @@ void AppendScalar(T value, std::string* out) {
 }
 
 // One row's value of `control`, in its type's bytes.
-void AppendControlValue(const SequenceControlSpec& control, const SequenceControl* sequence, std::string* out) {
+void AppendControlValue(const SequenceControlSpec& control, const SequenceControl* sequence,
+                        std::string* out) {
   if (control.kind == SequenceControlKind::kCorrId) {
     const CorrelationId none;
     const CorrelationId& id = sequence ? sequence->id : none;
     switch (control.dtype) {
-      case DataType::kBytes: AppendBytesElement(id.text, out); return;
-      case DataType::kInt64: AppendScalar<int64_t>(static_cast<int64_t>(id.number), out); return;
-      default: AppendScalar<int32_t>(static_cast<int32_t>(id.number), out); return;
+      case DataType::kBytes:
+        AppendBytesElement(id.text, out);
+        return;
+      case DataType::kInt64:
+        AppendScalar<int64_t>(static_cast<int64_t>(id.number), out);
+        return;
+      default:
+        AppendScalar<int32_t>(static_cast<int32_t>(id.number), out);
+        return;
     }
   }
   bool on = false;
   if (sequence != nullptr) {
     switch (control.kind) {
-      case SequenceControlKind::kStart: on = sequence->start; break;
-      case SequenceControlKind::kEnd: on = sequence->end; break;
-      case SequenceControlKind::kReady: on = true; break;
-      case SequenceControlKind::kCorrId: break;
+      case SequenceControlKind::kStart:
+        on = sequence->start;
+        break;
+      case SequenceControlKind::kEnd:
+        on = sequence->end;
+        break;
+      case SequenceControlKind::kReady:
+        on = true;
+        break;
+      case SequenceControlKind::kCorrId:
+        break;
     }
   }
   out->append(ScalarBytes(control.dtype, on ? control.true_value : control.false_value));
@@ -48,28 +62,34 @@ void AppendControlValue(const SequenceControlSpec& control, const SequenceContro
 // The largest correlation id each CORRID type holds.
 uint64_t LargestId(DataType type) {
   switch (type) {
-    case DataType::kInt64: return static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-    case DataType::kInt32: return static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
-    default: return std::numeric_limits<uint64_t>::max();
+    case DataType::kInt64:
+      return static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    case DataType::kInt32:
+      return static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+    default:
+      return std::numeric_limits<uint64_t>::max();
   }
 }
 
 }  // namespace
 
-void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control, InferRequest* request) {
+void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control,
+                            InferRequest* request) {
   const int64_t rows = spec.batches() ? request->batch_size : 1;
   for (const SequenceControlSpec& each : spec.sequence_batching.controls) {
     std::string bytes;
     for (int64_t row = 0; row < rows; ++row) AppendControlValue(each, control, &bytes);
-    request->AddOwnedInput(each.input, each.dtype, spec.batches() ? Shape{rows, 1} : Shape{1}, std::move(bytes));
+    request->AddOwnedInput(each.input, each.dtype, spec.batches() ? Shape{rows, 1} : Shape{1},
+                           std::move(bytes));
   }
 }
 
-StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(ModelSpec spec,
-                                                                   std::vector<std::unique_ptr<ModelBackend>> instances,
-                                                                   Options options) {
-  if (instances.empty()) return absl::InvalidArgumentError("a sequence batcher needs at least one instance");
-  if (options.clock == nullptr) return absl::InvalidArgumentError("a sequence batcher needs a clock");
+StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(
+    ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options) {
+  if (instances.empty())
+    return absl::InvalidArgumentError("a sequence batcher needs at least one instance");
+  if (options.clock == nullptr)
+    return absl::InvalidArgumentError("a sequence batcher needs a clock");
   if (!spec.sequence_batching.enabled) {
     return absl::InvalidArgumentError("a sequence batcher serves models with sequence_batching");
   }
@@ -86,8 +106,9 @@ StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(ModelSpec spe
   };
   pool_options.batches = spec.batches();
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
-  SLUICE_ASSIGN_OR_RETURN(batcher->pool_,
-                          InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
+  SLUICE_ASSIGN_OR_RETURN(
+      batcher->pool_,
+      InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
   batcher->batcher_ = std::thread([raw = batcher.get()] { raw->BatcherLoop(); });
   return batcher;
 }
@@ -96,10 +117,11 @@ SequenceBatcher::SequenceBatcher(ModelSpec spec, Options options, size_t instanc
     : spec_(std::move(spec)),
       options_(std::move(options)),
       slots_per_instance_(std::max(1, spec_.max_batch_size)),
-      slots_(&spec_, SequenceSlots::Options{instances, slots_per_instance_,
-                                            Admission::Options{options_.max_requests, options_.max_bytes,
-                                                               options_.server_budget},
-                                            options_.stats.get()}),
+      slots_(&spec_,
+             SequenceSlots::Options{instances, slots_per_instance_,
+                                    Admission::Options{options_.max_requests, options_.max_bytes,
+                                                       options_.server_budget},
+                                    options_.stats.get()}),
       busy_(instances, false) {}
 
 SequenceBatcher::~SequenceBatcher() { Stop(); }
@@ -109,9 +131,11 @@ Status SequenceBatcher::CheckRequest(const InferRequest& request) const {
   const std::optional<DataType> declared = spec_.sequence_batching.correlation_id_type;
   if (!id.present()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model '", spec_.name, "' is stateful (sequence_batching): every request needs the parameter sequence_id (",
-        !declared ? "a non-zero integer or a non-empty string"
-                  : *declared == DataType::kBytes ? "a non-empty string" : "a non-zero integer",
+        "model '", spec_.name,
+        "' is stateful (sequence_batching): every request needs the parameter sequence_id (",
+        !declared                       ? "a non-zero integer or a non-empty string"
+        : *declared == DataType::kBytes ? "a non-empty string"
+                                        : "a non-zero integer",
         "), and sequence_start on a sequence's first request, sequence_end on its last"));
   }
   if (!declared) return CheckRows(request);
@@ -119,27 +143,29 @@ Status SequenceBatcher::CheckRequest(const InferRequest& request) const {
   if (id.is_text != (type == DataType::kBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model '", spec_.name, "' takes ", type == DataType::kBytes ? "string" : "integer",
-        " sequence ids (CONTROL_SEQUENCE_CORRID is ", DataTypeName(type), "); sequence_id ", id.ToString(), " is ",
-        id.is_text ? "a string" : "an integer"));
+        " sequence ids (CONTROL_SEQUENCE_CORRID is ", DataTypeName(type), "); sequence_id ",
+        id.ToString(), " is ", id.is_text ? "a string" : "an integer"));
   }
   if (!id.is_text && id.number > LargestId(type)) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence_id ", id.number, " does not fit model '", spec_.name,
-                                                   "''s CONTROL_SEQUENCE_CORRID type ", DataTypeName(type),
-                                                   " (at most ", LargestId(type), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence_id ", id.number, " does not fit model '", spec_.name,
+                     "''s CONTROL_SEQUENCE_CORRID type ", DataTypeName(type), " (at most ",
+                     LargestId(type), ")"));
   }
   return CheckRows(request);
 }
 
 Status SequenceBatcher::CheckRows(const InferRequest& request) const {
   if (spec_.batches() && request.batch_size != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a request of a sequence carries one row: model '", spec_.name,
-        "' (sequence_batching) needs batch size 1, found ", request.batch_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a request of a sequence carries one row: model '", spec_.name,
+                     "' (sequence_batching) needs batch size 1, found ", request.batch_size));
   }
   return absl::OkStatus();
 }
 
-void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                              InferCompletion done) {
   ModelStats* stats = pool_->stats();
   Status admitted = CheckRequest(*request);
   if (admitted.ok()) {
@@ -153,8 +179,10 @@ void SequenceBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink*
     const TimePoint now = options_.clock->Now();
     {
       MutexLock lock(&mutex_);
-      admitted = stopping_ ? absl::UnavailableError(absl::StrCat("model '", spec_.name, "' is shutting down"))
-                           : slots_.Add(pending, now);
+      admitted =
+          stopping_
+              ? absl::UnavailableError(absl::StrCat("model '", spec_.name, "' is shutting down"))
+              : slots_.Add(pending, now);
     }
     if (admitted.ok()) {
       if (stats) stats->RecordAdmitted();
@@ -190,8 +218,9 @@ PendingRequest SequenceBatcher::Filler(const InferRequest& like) const {
   request->model_version = like.model_version;
   request->batch_size = 1;
   for (const TensorView& input : like.inputs) {
-    const bool control = std::any_of(spec_.sequence_batching.controls.begin(), spec_.sequence_batching.controls.end(),
-                                     [&](const SequenceControlSpec& each) { return each.input == input.name; });
+    const bool control = std::any_of(
+        spec_.sequence_batching.controls.begin(), spec_.sequence_batching.controls.end(),
+        [&](const SequenceControlSpec& each) { return each.input == input.name; });
     if (control) continue;
     // `like` was validated: its shape has a count.
     request->AddOwnedInput(input.name, input.dtype, input.shape,
@@ -209,24 +238,28 @@ PendingRequest SequenceBatcher::Filler(const InferRequest& like) const {
   return filler;
 }
 
-InferCompletion SequenceBatcher::Completion(std::shared_ptr<Sequence> sequence, bool start, InferCompletion done) {
+InferCompletion SequenceBatcher::Completion(std::shared_ptr<Sequence> sequence, bool start,
+                                            InferCompletion done) {
   // Runs on the worker, never under our lock, before the worker reports the instance idle; the
   // answer is noted before the caller hears it (so a client that sends its next request at once
   // is never late).
-  return [this, sequence = std::move(sequence), start, done = std::move(done)](Status status) mutable {
-    std::deque<PendingRequest> orphans;
-    {
-      MutexLock lock(&mutex_);
-      slots_.Finished(sequence, start, status, options_.clock->Now(), &orphans);
-      if (slots_.active() == 0) ended_cv_.SignalAll();
-    }
-    for (PendingRequest& orphan : orphans) {
-      pool_->Drop(orphan, absl::UnavailableError(absl::StrCat("sequence ", sequence->id.ToString(), " of model '",
-                                                              spec_.name, "' was dropped: its sequence_start "
-                                                              "request failed (", status.message(), ")")));
-    }
-    done(std::move(status));
-  };
+  return
+      [this, sequence = std::move(sequence), start, done = std::move(done)](Status status) mutable {
+        std::deque<PendingRequest> orphans;
+        {
+          MutexLock lock(&mutex_);
+          slots_.Finished(sequence, start, status, options_.clock->Now(), &orphans);
+          if (slots_.active() == 0) ended_cv_.SignalAll();
+        }
+        for (PendingRequest& orphan : orphans) {
+          pool_->Drop(orphan, absl::UnavailableError(absl::StrCat(
+                                  "sequence ", sequence->id.ToString(), " of model '", spec_.name,
+                                  "' was dropped: its sequence_start "
+                                  "request failed (",
+                                  status.message(), ")")));
+        }
+        done(std::move(status));
+      };
 }
 
 void SequenceBatcher::BatcherLoop() {
@@ -265,8 +298,10 @@ void SequenceBatcher::BatcherLoop() {
   }
 }
 
-StatusOr<WarmupReport> SequenceBatcher::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
-  for (WarmupRequest& warmup : requests) AppendSequenceControls(spec_, nullptr, warmup.request.get());
+StatusOr<WarmupReport> SequenceBatcher::WarmUp(std::vector<WarmupRequest> requests,
+                                               const std::atomic<bool>* abandon) {
+  for (WarmupRequest& warmup : requests)
+    AppendSequenceControls(spec_, nullptr, warmup.request.get());
   return pool_->WarmUp(std::move(requests), abandon);
 }
 
@@ -293,8 +328,8 @@ void SequenceBatcher::EndSequences(const Status& why) {
   {
     MutexLock lock(&mutex_);
     if (slots_.active() > 0) {
-      spdlog::info("event=sequences_ended model={} sequences={} queued={} reason=\"{}\"", spec_.name,
-                   slots_.active(), slots_.queued(), why.message());
+      spdlog::info("event=sequences_ended model={} sequences={} queued={} reason=\"{}\"",
+                   spec_.name, slots_.active(), slots_.queued(), why.message());
     }
     ended = slots_.EndAll();
     ended_cv_.SignalAll();

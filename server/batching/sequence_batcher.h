@@ -35,7 +35,8 @@ namespace sluice {
 // Appends `spec`'s control inputs to `request` (rows: its batch size; shape [rows, 1], or [1]
 // for a model without a batch dimension): the values of `control` with READY on, or, when
 // `control` is null (a filler row, warm-up), every flag off and a zero/empty correlation id.
-void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control, InferRequest* request);
+void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* control,
+                            InferRequest* request);
 
 // The decisions live in SequenceSlots (thread-free, with each sequence's phase); this class adds
 // the lock, the batcher thread and the instance pool. Thread-safe. Every request is answered
@@ -47,10 +48,10 @@ void AppendSequenceControls(const ModelSpec& spec, const SequenceControl* contro
 class SequenceBatcher final : public SequenceScheduler {
  public:
   struct Options {
-    const TimeSource* clock = nullptr;             // required; outlives the batcher
-    std::shared_ptr<ModelStats> stats;             // may be null
-    std::function<void(const Status&)> on_fatal;   // a fatal (sticky device) error; may be null
-    bool warm_up_one_at_a_time = false;            // see InstancePool::Options
+    const TimeSource* clock = nullptr;            // required; outlives the batcher
+    std::shared_ptr<ModelStats> stats;            // may be null
+    std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
+    bool warm_up_one_at_a_time = false;           // see InstancePool::Options
     // Requests and input bytes waiting in sequences that wait for a slot, and, apart, in sequences
     // bound to one (see Admission); the server budget is shared by every model, may be null.
     size_t max_requests = 1024;
@@ -59,17 +60,17 @@ class SequenceBatcher final : public SequenceScheduler {
   };
 
   // INVALID_ARGUMENT without instances, a clock, or sequence_batching in `spec`.
-  static StatusOr<std::unique_ptr<SequenceBatcher>> Create(ModelSpec spec,
-                                                           std::vector<std::unique_ptr<ModelBackend>> instances,
-                                                           Options options);
+  static StatusOr<std::unique_ptr<SequenceBatcher>> Create(
+      ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
   ~SequenceBatcher() override;
 
-  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+               InferCompletion done) override ABSL_LOCKS_EXCLUDED(mutex_);
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
   // Each warm-up request runs with its control inputs off (READY false): the model sees the
   // shapes without any sequence's state changing.
-  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) override;
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
+                                const std::atomic<bool>* abandon) override;
   void SetBatchSizeLadder(std::vector<int>) override {}  // a batch is the slots that have a request
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -104,7 +105,8 @@ class SequenceBatcher final : public SequenceScheduler {
   CondVar batcher_cv_;  // a request arrived, an instance went idle, or stop
   CondVar ended_cv_;    // the last sequence ended
   SequenceSlots slots_ ABSL_GUARDED_BY(mutex_);
-  std::vector<bool> busy_ ABSL_GUARDED_BY(mutex_);  // by instance: an execution was handed over, not ended
+  std::vector<bool> busy_
+      ABSL_GUARDED_BY(mutex_);  // by instance: an execution was handed over, not ended
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread batcher_;

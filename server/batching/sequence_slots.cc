@@ -10,8 +10,9 @@
 namespace sluice {
 
 bool Sequence::EndQueued() const {
-  return std::any_of(pending.begin(), pending.end(),
-                     [](const PendingRequest& each) { return each.request->parameters.sequence.end; });
+  return std::any_of(pending.begin(), pending.end(), [](const PendingRequest& each) {
+    return each.request->parameters.sequence.end;
+  });
 }
 
 namespace {
@@ -26,8 +27,8 @@ Admission::Options WithShares(Admission::Options options) {
 SequenceSlots::SequenceSlots(const ModelSpec* spec, Options options)
     : spec_(spec),
       options_(std::move(options)),
-      slots_(options_.instances,
-             std::vector<std::shared_ptr<Sequence>>(static_cast<size_t>(options_.slots_per_instance))),
+      slots_(options_.instances, std::vector<std::shared_ptr<Sequence>>(
+                                     static_cast<size_t>(options_.slots_per_instance))),
       admission_(WithShares(options_.admission)) {}
 
 const Sequence* SequenceSlots::Find(const CorrelationId& id) const {
@@ -39,16 +40,18 @@ Status SequenceSlots::Admit(const Sequence* sequence, size_t bytes) {
   const bool bound = sequence != nullptr && sequence->slot.has_value();
   const size_t slots = options_.instances * static_cast<size_t>(options_.slots_per_instance);
   const size_t cap = options_.admission.max_requests;
-  return admission_.Admit(bound ? kBoundShare : kWaitingShare, bytes, spec_->name, [&](size_t waiting) {
-    if (bound) {
-      return absl::UnavailableError(absl::StrCat("model '", spec_->name, "' has ", waiting,
-                                                 " requests queued for its active sequences (max_queue_size ", cap,
-                                                 "); retry later"));
-    }
-    return absl::UnavailableError(absl::StrCat("model '", spec_->name, "' has ", waiting,
-                                               " requests of sequences waiting for one of its ", slots,
-                                               " sequence slots (max_queue_size ", cap, "); retry later"));
-  });
+  return admission_.Admit(
+      bound ? kBoundShare : kWaitingShare, bytes, spec_->name, [&](size_t waiting) {
+        if (bound) {
+          return absl::UnavailableError(absl::StrCat(
+              "model '", spec_->name, "' has ", waiting,
+              " requests queued for its active sequences (max_queue_size ", cap, "); retry later"));
+        }
+        return absl::UnavailableError(absl::StrCat("model '", spec_->name, "' has ", waiting,
+                                                   " requests of sequences waiting for one of its ",
+                                                   slots, " sequence slots (max_queue_size ", cap,
+                                                   "); retry later"));
+      });
 }
 
 Status SequenceSlots::Add(PendingRequest& pending, TimePoint now) {
@@ -56,22 +59,32 @@ Status SequenceSlots::Add(PendingRequest& pending, TimePoint now) {
   auto found = sequences_.find(control.id);
   std::shared_ptr<Sequence> sequence = found == sequences_.end() ? nullptr : found->second;
   // Only a refusal needs the sequence described: admitted requests build no string.
-  auto name = [&] { return absl::StrCat("sequence ", control.id.ToString(), " of model '", spec_->name, "'"); };
+  auto name = [&] {
+    return absl::StrCat("sequence ", control.id.ToString(), " of model '", spec_->name, "'");
+  };
   if (control.start && sequence != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name(), " is already active; sequence_start begins a new sequence: end the active one with sequence_end "
-        "first, or use another sequence_id"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(),
+                     " is already active; sequence_start begins a new sequence: end the active one "
+                     "with sequence_end "
+                     "first, or use another sequence_id"));
   }
   if (!control.start && sequence == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name(), " is not active: its first request must set sequence_start (a sequence ends with its sequence_end "
-        "request, after ", spec_->sequence_batching.max_sequence_idle_us / 1000,
-        " ms without a request (max_sequence_idle_microseconds), or when its model version is unloaded)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(),
+                     " is not active: its first request must set sequence_start (a sequence ends "
+                     "with its sequence_end "
+                     "request, after ",
+                     spec_->sequence_batching.max_sequence_idle_us / 1000,
+                     " ms without a request (max_sequence_idle_microseconds), or when its model "
+                     "version is unloaded)"));
   }
   if (sequence != nullptr && sequence->EndQueued()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name(), " already has its sequence_end request queued; start a new sequence with sequence_start once it "
-        "has been answered"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(),
+                     " already has its sequence_end request queued; start a new sequence with "
+                     "sequence_start once it "
+                     "has been answered"));
   }
   SLUICE_RETURN_IF_ERROR(Admit(sequence.get(), pending.bytes));
   if (sequence == nullptr) {
@@ -120,7 +133,8 @@ void SequenceSlots::AssignSlots() {
 void SequenceSlots::Forget(const std::shared_ptr<Sequence>& sequence, SequenceOutcome outcome) {
   if (options_.stats) options_.stats->RecordSequenceFinished(outcome);
   if (sequence->slot) {
-    std::shared_ptr<Sequence>& slot = slots_[sequence->slot->instance][static_cast<size_t>(sequence->slot->row)];
+    std::shared_ptr<Sequence>& slot =
+        slots_[sequence->slot->instance][static_cast<size_t>(sequence->slot->row)];
     if (slot == sequence) slot.reset();
   } else {
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), sequence), waiting_.end());
@@ -129,7 +143,8 @@ void SequenceSlots::Forget(const std::shared_ptr<Sequence>& sequence, SequenceOu
   if (found != sequences_.end() && found->second == sequence) sequences_.erase(found);
 }
 
-TimePoint SequenceSlots::Expire(TimePoint now, std::vector<std::pair<PendingRequest, Status>>* out) {
+TimePoint SequenceSlots::Expire(TimePoint now,
+                                std::vector<std::pair<PendingRequest, Status>>* out) {
   TimePoint next = kNoDeadline;
   const Duration idle = std::chrono::microseconds(spec_->sequence_batching.max_sequence_idle_us);
   for (auto it = sequences_.begin(); it != sequences_.end();) {
@@ -153,22 +168,25 @@ TimePoint SequenceSlots::Expire(TimePoint now, std::vector<std::pair<PendingRequ
       // Without its start the model would see the sequence's other requests as another's: drop it.
       for (PendingRequest& pending : sequence->pending) {
         admission_.Release(ShareOf(*sequence), pending.bytes);
-        out->emplace_back(std::move(pending), absl::UnavailableError(absl::StrCat(
-                                                  "sequence ", sequence->id.ToString(), " of model '", spec_->name,
-                                                  "' was dropped: its sequence_start request expired before it ran")));
+        out->emplace_back(std::move(pending),
+                          absl::UnavailableError(absl::StrCat(
+                              "sequence ", sequence->id.ToString(), " of model '", spec_->name,
+                              "' was dropped: its sequence_start request expired before it ran")));
       }
       sequence->pending.clear();
-      spdlog::info("event=sequence_dropped model={} sequence={} reason=\"start expired while queued\"", spec_->name,
-                   sequence->id.ToString());
+      spdlog::info(
+          "event=sequence_dropped model={} sequence={} reason=\"start expired while queued\"",
+          spec_->name, sequence->id.ToString());
       Forget(sequence, SequenceOutcome::kDropped);
       continue;
     }
     if (sequence->phase == Sequence::Phase::kIdle && sequence->pending.empty()) {
       const TimePoint idle_at = sequence->last_activity + idle;
       if (idle_at <= now) {
-        spdlog::info("event=sequence_idle_expired model={} sequence={} instance={} slot={} idle_us={}", spec_->name,
-                     sequence->id.ToString(), sequence->slot->instance, sequence->slot->row,
-                     spec_->sequence_batching.max_sequence_idle_us);
+        spdlog::info(
+            "event=sequence_idle_expired model={} sequence={} instance={} slot={} idle_us={}",
+            spec_->name, sequence->id.ToString(), sequence->slot->instance, sequence->slot->row,
+            spec_->sequence_batching.max_sequence_idle_us);
         Forget(sequence, SequenceOutcome::kIdleExpired);
       } else {
         next = std::min(next, idle_at);
@@ -178,20 +196,22 @@ TimePoint SequenceSlots::Expire(TimePoint now, std::vector<std::pair<PendingRequ
   return next;
 }
 
-std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint now, TimePoint* wake,
-                                                    WrapCompletion wrap,
-                                                    absl::FunctionRef<PendingRequest(const InferRequest&)> filler) {
+std::optional<FormedBatch> SequenceSlots::FormBatch(
+    size_t instance, TimePoint now, TimePoint* wake, WrapCompletion wrap,
+    absl::FunctionRef<PendingRequest(const InferRequest&)> filler) {
   std::vector<std::shared_ptr<Sequence>>& rows = slots_[instance];
   // A slot's next request may run unless one of its sequence's requests still runs: one at a time
   // per sequence. (The batcher forms batches for idle instances only, and InstancePool answers an
   // execution's requests, so Finished has run, before it reports the instance idle.)
   auto ready = [](const std::shared_ptr<Sequence>& sequence) {
-    return sequence != nullptr && !sequence->pending.empty() && sequence->phase != Sequence::Phase::kRunning;
+    return sequence != nullptr && !sequence->pending.empty() &&
+           sequence->phase != Sequence::Phase::kRunning;
   };
   const Sequence* oldest = nullptr;
   for (const std::shared_ptr<Sequence>& sequence : rows) {
     if (!ready(sequence)) continue;
-    if (oldest == nullptr || sequence->pending.front().enqueued < oldest->pending.front().enqueued) {
+    if (oldest == nullptr ||
+        sequence->pending.front().enqueued < oldest->pending.front().enqueued) {
       oldest = sequence.get();
     }
   }
@@ -199,7 +219,8 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint n
   // Rows of one execution share their non-batch shapes; slots whose next request has another
   // shape wait for the next execution.
   const bool batches = spec_->batches();
-  const std::string key = batches ? BatchQueue::GroupKey(*oldest->pending.front().request) : std::string();
+  const std::string key =
+      batches ? BatchQueue::GroupKey(*oldest->pending.front().request) : std::string();
   std::vector<int> chosen;
   for (int row = 0; row < options_.slots_per_instance; ++row) {
     const std::shared_ptr<Sequence>& sequence = rows[static_cast<size_t>(row)];
@@ -209,8 +230,10 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint n
   }
   const SequenceBatchingSpec& batching = spec_->sequence_batching;
   if (batching.max_queue_delay_us > 0) {
-    const auto wanted = static_cast<size_t>(std::ceil(batching.minimum_slot_utilization * options_.slots_per_instance));
-    const TimePoint due = oldest->pending.front().enqueued + std::chrono::microseconds(batching.max_queue_delay_us);
+    const auto wanted = static_cast<size_t>(
+        std::ceil(batching.minimum_slot_utilization * options_.slots_per_instance));
+    const TimePoint due =
+        oldest->pending.front().enqueued + std::chrono::microseconds(batching.max_queue_delay_us);
     if (chosen.size() < wanted && now < due) {
       *wake = std::min(*wake, due);
       return std::nullopt;
@@ -218,7 +241,8 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint n
   }
   // Fillers take their shapes from a real row: its request object stays where it is when its
   // owner moves into the batch.
-  const InferRequest* like = rows[static_cast<size_t>(chosen.front())]->pending.front().request.get();
+  const InferRequest* like =
+      rows[static_cast<size_t>(chosen.front())]->pending.front().request.get();
   FormedBatch batch;
   const int height = batches ? chosen.back() + 1 : 1;
   size_t next = 0;
@@ -248,8 +272,9 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(size_t instance, TimePoint n
   return batch;
 }
 
-void SequenceSlots::Finished(const std::shared_ptr<Sequence>& sequence, bool start, const Status& status,
-                             TimePoint now, std::deque<PendingRequest>* orphans) {
+void SequenceSlots::Finished(const std::shared_ptr<Sequence>& sequence, bool start,
+                             const Status& status, TimePoint now,
+                             std::deque<PendingRequest>* orphans) {
   sequence->last_activity = now;
   if (sequence->phase != Sequence::Phase::kRunning) return;  // it ended with this request
   auto found = sequences_.find(sequence->id);
@@ -257,10 +282,11 @@ void SequenceSlots::Finished(const std::shared_ptr<Sequence>& sequence, bool sta
   if (start && !status.ok() && active) {
     // A start that failed leaves nothing for the rest of the sequence to build on: drop it, so
     // that the client can start it again, and answer what was queued behind it.
-    for (const PendingRequest& orphan : sequence->pending) admission_.Release(kBoundShare, orphan.bytes);
+    for (const PendingRequest& orphan : sequence->pending)
+      admission_.Release(kBoundShare, orphan.bytes);
     orphans->swap(sequence->pending);
-    spdlog::info("event=sequence_dropped model={} sequence={} reason=\"its start failed: {}\"", spec_->name,
-                 sequence->id.ToString(), status.message());
+    spdlog::info("event=sequence_dropped model={} sequence={} reason=\"its start failed: {}\"",
+                 spec_->name, sequence->id.ToString(), status.message());
     Forget(sequence, SequenceOutcome::kDropped);
   }
   sequence->phase = Sequence::Phase::kIdle;

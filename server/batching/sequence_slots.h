@@ -28,11 +28,14 @@ namespace sluice {
 //
 //   phase            what it means                                  next
 //   kWaitingForSlot  no slot yet: its start waits in `pending`      kBound (AssignSlots binds it)
-//   kBound           holds a slot; its start has not run yet        kRunning (FormBatch takes its start)
-//   kRunning         one of its requests runs                       kIdle (Finished), or dropped (its
+//   kBound           holds a slot; its start has not run yet        kRunning (FormBatch takes its
+//   start) kRunning         one of its requests runs                       kIdle (Finished), or
+//   dropped (its
 //                                                                   start failed)
-//   kIdle            started; nothing of it runs                    kRunning (FormBatch), or ended (idle
-//                                                                   for max_sequence_idle_microseconds)
+//   kIdle            started; nothing of it runs                    kRunning (FormBatch), or ended
+//   (idle
+//                                                                   for
+//                                                                   max_sequence_idle_microseconds)
 //   kEnding          its end request runs; its slot is free already gone (Finished)
 //                    (executions of one instance run in order, so a sequence bound to the slot now
 //                    starts after it)
@@ -48,11 +51,13 @@ struct Sequence {
 
   CorrelationId id;
   Phase phase = Phase::kWaitingForSlot;
-  std::optional<Slot> slot;             // from kBound on
-  std::deque<PendingRequest> pending;   // arrival order; the front runs next
-  TimePoint last_activity;              // its last arrival, or the answer to its last request
+  std::optional<Slot> slot;            // from kBound on
+  std::deque<PendingRequest> pending;  // arrival order; the front runs next
+  TimePoint last_activity;             // its last arrival, or the answer to its last request
 
-  bool started() const { return phase == Phase::kRunning || phase == Phase::kIdle || phase == Phase::kEnding; }
+  bool started() const {
+    return phase == Phase::kRunning || phase == Phase::kIdle || phase == Phase::kEnding;
+  }
   // Its sequence_end request has arrived and waits.
   bool EndQueued() const;
 };
@@ -61,14 +66,14 @@ class SequenceSlots {
  public:
   struct Options {
     size_t instances = 1;
-    int slots_per_instance = 1;      // max_batch_size (1 for a model without a batch dimension)
-    Admission::Options admission;    // the caps, per share: waiting for a slot / bound (the slots
-                                     // set the shares)
-    ModelStats* stats = nullptr;     // may be null: sequences started and how they finished
+    int slots_per_instance = 1;    // max_batch_size (1 for a model without a batch dimension)
+    Admission::Options admission;  // the caps, per share: waiting for a slot / bound (the slots
+                                   // set the shares)
+    ModelStats* stats = nullptr;   // may be null: sequences started and how they finished
   };
   // Wraps a taken request's completion (FormBatch): the batcher's way back to Finished.
-  using WrapCompletion =
-      absl::FunctionRef<InferCompletion(std::shared_ptr<Sequence> sequence, bool start, InferCompletion done)>;
+  using WrapCompletion = absl::FunctionRef<InferCompletion(std::shared_ptr<Sequence> sequence,
+                                                           bool start, InferCompletion done)>;
 
   // `spec` outlives the slots.
   SequenceSlots(const ModelSpec* spec, Options options);
@@ -93,13 +98,14 @@ class SequenceSlots {
   // (`filler`) below it; rows share the oldest request's non-batch shapes. Else nullopt, with
   // `*wake` lowered to when it may (direct strategy's delay). Taken requests run under `wrap`'s
   // completion, which must call Finished.
-  std::optional<FormedBatch> FormBatch(size_t instance, TimePoint now, TimePoint* wake, WrapCompletion wrap,
-                                       absl::FunctionRef<PendingRequest(const InferRequest& like)> filler);
+  std::optional<FormedBatch> FormBatch(
+      size_t instance, TimePoint now, TimePoint* wake, WrapCompletion wrap,
+      absl::FunctionRef<PendingRequest(const InferRequest& like)> filler);
 
   // A request of `sequence` taken by FormBatch was answered with `status` at `now`. A start that
   // failed drops its sequence: its queued requests move into `*orphans` for the caller to answer.
-  void Finished(const std::shared_ptr<Sequence>& sequence, bool start, const Status& status, TimePoint now,
-                std::deque<PendingRequest>* orphans);
+  void Finished(const std::shared_ptr<Sequence>& sequence, bool start, const Status& status,
+                TimePoint now, std::deque<PendingRequest>* orphans);
 
   // Ends every active sequence; returns their queued requests for the caller to answer.
   std::vector<PendingRequest> EndAll();
@@ -113,7 +119,9 @@ class SequenceSlots {
  private:
   static constexpr int kWaitingShare = 0;
   static constexpr int kBoundShare = 1;
-  static int ShareOf(const Sequence& sequence) { return sequence.slot ? kBoundShare : kWaitingShare; }
+  static int ShareOf(const Sequence& sequence) {
+    return sequence.slot ? kBoundShare : kWaitingShare;
+  }
 
   Status Admit(const Sequence* sequence, size_t bytes);
   // Frees the slot of `sequence` (if it has one), forgets it, and counts how it finished.

@@ -64,12 +64,13 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
     for (const TensorView& input : request->inputs) {
       if (input.name != bucketed.tensor) continue;
       const int64_t length = input.shape.at(Offset(spec) + bucketed.dim);
-      const std::string here = absl::StrCat("input '", input.name, "' dimension ", Offset(spec) + bucketed.dim);
+      const std::string here =
+          absl::StrCat("input '", input.name, "' dimension ", Offset(spec) + bucketed.dim);
       int64_t& known = padded.lengths[bucketed.axis];
       if (known >= 0 && known != length) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "inputs disagree on padded axis '", padding.axes[bucketed.axis].name, "': ",
-            length_source[bucketed.axis], " is ", known, ", ", here, " is ", length));
+            "inputs disagree on padded axis '", padding.axes[bucketed.axis].name,
+            "': ", length_source[bucketed.axis], " is ", known, ", ", here, " is ", length));
       }
       known = length;
       length_source[bucketed.axis] = here;
@@ -80,7 +81,8 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
     if (padded.lengths[axis] == 0) {
       // Padding an empty axis would allocate from the other, declared dimensions alone.
       return absl::InvalidArgumentError(absl::StrCat(length_source[axis], " is 0; padded axis '",
-                                                     padding.axes[axis].name, "' needs at least one position"));
+                                                     padding.axes[axis].name,
+                                                     "' needs at least one position"));
     }
     const std::vector<int64_t>& sizes = padding.axes[axis].sizes;
     auto bucket = std::lower_bound(sizes.begin(), sizes.end(), padded.lengths[axis]);
@@ -124,20 +126,23 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
     shape.push_back(static_cast<int64_t>(padding.axes.size()));
     std::string bytes;
     for (int64_t row = 0; row < rows; ++row) {
-      for (int64_t length : padded.lengths) bytes.append(ScalarBytes(dtype, static_cast<double>(length)));
+      for (int64_t length : padded.lengths)
+        bytes.append(ScalarBytes(dtype, static_cast<double>(length)));
     }
     request->AddOwnedInput(padding.lengths_input, dtype, std::move(shape), std::move(bytes));
   }
   return padded;
 }
 
-UnpaddingSink::UnpaddingSink(std::shared_ptr<const ModelSpec> spec, PaddedLengths padded, OutputSink* inner)
+UnpaddingSink::UnpaddingSink(std::shared_ptr<const ModelSpec> spec, PaddedLengths padded,
+                             OutputSink* inner)
     : spec_(std::move(spec)), padded_(std::move(padded)), inner_(inner) {}
 
 StatusOr<char*> UnpaddingSink::Allocate(const OutputDescription& output) {
   bool follows_padding = false;
   for (const BucketDim& bucketed : spec_->padding.dims) {
-    if (!bucketed.is_input && bucketed.tensor == output.name && padded_.lengths[bucketed.axis] >= 0) {
+    if (!bucketed.is_input && bucketed.tensor == output.name &&
+        padded_.lengths[bucketed.axis] >= 0) {
       follows_padding = true;
     }
   }
@@ -165,8 +170,8 @@ Status UnpaddingSink::Finish() {
     SLUICE_ASSIGN_OR_RETURN(const int64_t elements, ElementCount(target));
     const size_t element_size = ElementSize(output.dtype);
     const size_t bytes = static_cast<size_t>(elements) * element_size;
-    SLUICE_ASSIGN_OR_RETURN(char* destination,
-                            inner_->Allocate({output.name, output.dtype, target, bytes, MemoryType::kCpu}));
+    SLUICE_ASSIGN_OR_RETURN(char* destination, inner_->Allocate({output.name, output.dtype, target,
+                                                                 bytes, MemoryType::kCpu}));
     if (target == output.shape) {
       if (bytes > 0) std::memcpy(destination, output.data.data(), bytes);
     } else {
@@ -182,7 +187,8 @@ PaddingScheduler::PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> in
       inner_(std::move(inner)),
       stats_(std::move(stats)) {}
 
-void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                               InferCompletion done) {
   StatusOr<PaddedLengths> padded = PadRequest(*spec_, request.get());
   if (!padded.ok()) {
     if (stats_) stats_->RecordRejected(padded.status(), request->protocol);
@@ -191,13 +197,15 @@ void PaddingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink
   }
   auto unpadding = std::make_shared<UnpaddingSink>(spec_, *std::move(padded), sink);
   OutputSink* inner_sink = unpadding.get();
-  inner_->Enqueue(std::move(request), inner_sink, [unpadding, done = std::move(done)](Status status) mutable {
-    if (status.ok()) status = unpadding->Finish();
-    done(std::move(status));
-  });
+  inner_->Enqueue(std::move(request), inner_sink,
+                  [unpadding, done = std::move(done)](Status status) mutable {
+                    if (status.ok()) status = unpadding->Finish();
+                    done(std::move(status));
+                  });
 }
 
-StatusOr<WarmupReport> PaddingScheduler::WarmUp(std::vector<WarmupRequest> requests, const std::atomic<bool>* abandon) {
+StatusOr<WarmupReport> PaddingScheduler::WarmUp(std::vector<WarmupRequest> requests,
+                                                const std::atomic<bool>* abandon) {
   for (WarmupRequest& warmup : requests) {
     StatusOr<PaddedLengths> padded = PadRequest(*spec_, warmup.request.get());
     if (!padded.ok()) {

@@ -25,7 +25,8 @@ std::vector<int64_t> SchedulableBatchSizes(const ModelSpec& spec, size_t limit) 
     if (sizes.empty() || sizes.back() != spec.max_batch_size) sizes.push_back(spec.max_batch_size);
     return sizes;
   }
-  for (int64_t size = 1; size <= spec.max_batch_size && sizes.size() <= limit; ++size) sizes.push_back(size);
+  for (int64_t size = 1; size <= spec.max_batch_size && sizes.size() <= limit; ++size)
+    sizes.push_back(size);
   return sizes;
 }
 
@@ -38,7 +39,8 @@ ShapePlan ComputeShapePlan(const ModelSpec& spec) {
     count = count > kMaxPlanShapes ? count : count * axis.sizes.size();
   }
   if (count > kMaxPlanShapes) {
-    plan.why_not = absl::StrCat("more than ", kMaxPlanShapes, " shapes (batch sizes x buckets); pad "
+    plan.why_not = absl::StrCat("more than ", kMaxPlanShapes,
+                                " shapes (batch sizes x buckets); pad "
                                 "batches with sluice.pad_batch_to_preferred or use fewer buckets");
     return plan;
   }
@@ -80,7 +82,8 @@ ShapePlan ComputeShapePlan(const ModelSpec& spec) {
             const int axis = AxisOf(spec.padding, input.name, static_cast<int>(d));
             shape.push_back(axis >= 0 ? buckets[axis] : input.dims[d]);
           }
-          absl::StrAppend(&entry.label, entry.label.empty() ? "" : " ", input.name, ShapeToString(shape));
+          absl::StrAppend(&entry.label, entry.label.empty() ? "" : " ", input.name,
+                          ShapeToString(shape));
         }
         entry.input_shapes.push_back(std::move(shape));
       }
@@ -96,13 +99,18 @@ CudnnBenchmarkDecision DecideCudnnBenchmark(CudnnBenchmarkMode server_mode, cons
     // A package has no graph to rewrite: its convolutions read LibTorch's process-wide flag
     // (--cudnn-benchmark on sets it) and TF32 was fixed when it was compiled.
     const bool on = server_mode == CudnnBenchmarkMode::kOn;
-    return {on, absl::StrCat("AOTInductor package: convolutions follow the process-wide flag (--cudnn-benchmark=",
-                             CudnnBenchmarkModeName(server_mode), ")",
-                             spec.cudnn_benchmark_override ? "; sluice.cudnn_benchmark applies to TorchScript only" : "",
-                             "; TF32 was fixed at compile time")};
+    return {
+        on,
+        absl::StrCat(
+            "AOTInductor package: convolutions follow the process-wide flag (--cudnn-benchmark=",
+            CudnnBenchmarkModeName(server_mode), ")",
+            spec.cudnn_benchmark_override ? "; sluice.cudnn_benchmark applies to TorchScript only"
+                                          : "",
+            "; TF32 was fixed at compile time")};
   }
   const CudnnBenchmarkMode mode = spec.cudnn_benchmark_override.value_or(server_mode);
-  const char* source = spec.cudnn_benchmark_override ? "sluice.cudnn_benchmark" : "--cudnn-benchmark";
+  const char* source =
+      spec.cudnn_benchmark_override ? "sluice.cudnn_benchmark" : "--cudnn-benchmark";
   switch (mode) {
     case CudnnBenchmarkMode::kOn:
       return {true, absl::StrCat(source, "=on")};

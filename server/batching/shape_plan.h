@@ -28,7 +28,7 @@ struct ShapePlan {
     std::string label;                  // "batch=4 image[4,3,32,32]", for logs
   };
   bool finite = false;
-  std::string why_not;  // when not finite: what makes the set open-ended, in words
+  std::string why_not;               // when not finite: what makes the set open-ended, in words
   std::vector<int64_t> batch_sizes;  // what the schedulers can hand the model, ascending
   std::vector<Entry> shapes;         // empty when not finite
 };

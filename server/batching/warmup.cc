@@ -40,7 +40,8 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
       std::string data;
       data.reserve(bytes);
       for (int64_t i = 0; i < elements; ++i) {
-        data += ScalarBytes(input.dtype, floating ? unit(*random) : digit(*random));  // BYTES: "0".."9"
+        data +=
+            ScalarBytes(input.dtype, floating ? unit(*random) : digit(*random));  // BYTES: "0".."9"
       }
       return data;
     }
@@ -49,16 +50,18 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
       std::ifstream file(path, std::ios::binary);
       if (!file) {
         return absl::InvalidArgumentError(absl::StrCat("model_warmup '", sample.name, "' input '",
-                                                       input.name, "': cannot read ", path.string()));
+                                                       input.name, "': cannot read ",
+                                                       path.string()));
       }
       std::ostringstream contents;
       contents << file.rdbuf();
       std::string data = contents.str();
       if (strings) {
         // Triton's input_data_file for strings: the serialized elements (4-byte length, bytes).
-        SLUICE_RETURN_IF_ERROR(CheckBytesTensor(
-            absl::StrCat("model_warmup '", sample.name, "' input '", input.name, "' (", path.string(), ")"), data,
-            elements, /*require_utf8=*/true));
+        SLUICE_RETURN_IF_ERROR(
+            CheckBytesTensor(absl::StrCat("model_warmup '", sample.name, "' input '", input.name,
+                                          "' (", path.string(), ")"),
+                             data, elements, /*require_utf8=*/true));
       } else if (data.size() != bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "model_warmup '", sample.name, "' input '", input.name, "': ", path.string(), " has ",
@@ -73,8 +76,8 @@ StatusOr<std::string> SampleBytes(const WarmupSampleSpec& sample, const WarmupIn
 
 }  // namespace
 
-StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,
-                                                         const std::filesystem::path& model_directory) {
+StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(
+    const ModelSpec& spec, const ShapePlan& plan, const std::filesystem::path& model_directory) {
   std::vector<WarmupRequest> requests;
   if (spec.warmup && plan.finite) {
     const bool timed = AutoBatchSizesOffReason(spec, plan, true).empty();
@@ -213,8 +216,9 @@ StatusOr<WarmupReport> WarmupCollector::Wait() {
   if (!failure_.ok()) return failure_;
   WarmupReport report;
   report.passes = std::move(passes_);
-  std::stable_sort(report.passes.begin(), report.passes.end(),
-                   [](const WarmupPass& a, const WarmupPass& b) { return a.instance < b.instance; });
+  std::stable_sort(
+      report.passes.begin(), report.passes.end(),
+      [](const WarmupPass& a, const WarmupPass& b) { return a.instance < b.instance; });
   return report;
 }
 

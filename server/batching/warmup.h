@@ -27,8 +27,8 @@ namespace sluice {
 // empty strings, random digits, or a file of serialized elements), run
 // `count` times. INVALID_ARGUMENT for a sample that does not fit the model's inputs or whose
 // file is missing or of the wrong size.
-StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(const ModelSpec& spec, const ShapePlan& plan,
-                                                         const std::filesystem::path& model_directory);
+StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(
+    const ModelSpec& spec, const ShapePlan& plan, const std::filesystem::path& model_directory);
 
 // A request viewing the same input bytes as `request` (not owning them).
 InferRequest ViewOf(const InferRequest& request);

@@ -44,7 +44,7 @@ class HeapStagingBuffer final : public StagingBuffer {
 // How an instance's convolutions carry the model's cuDNN benchmark decision (ModelSpec).
 struct ConvolutionTuning {
   int convolutions = 0;  // convolution calls found in the model's graphs
-  int rewritten = 0;     // ...that now carry the decision (and the server's cuDNN flags) as constants
+  int rewritten = 0;  // ...that now carry the decision (and the server's cuDNN flags) as constants
   std::string fallback;  // non-empty: why some could not; those follow LibTorch's global flag
 };
 
@@ -101,7 +101,9 @@ inline Status MarkFatal(Status status) {
   status.SetPayload(kFatalPayloadUrl, absl::Cord("1"));
   return status;
 }
-inline bool IsFatal(const Status& status) { return status.GetPayload(kFatalPayloadUrl).has_value(); }
+inline bool IsFatal(const Status& status) {
+  return status.GetPayload(kFatalPayloadUrl).has_value();
+}
 
 // Loads model instances. Thread-safe.
 class BackendFactory {
@@ -110,11 +112,12 @@ class BackendFactory {
   // Loads `count` (>= 1) instances of the model in `model_file` on `device`, all or none. A
   // runtime may share between them what they can share (an AOTInductor package's weights);
   // each instance still runs on its own worker thread.
-  virtual StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
-                                                                             const std::filesystem::path& model_file,
-                                                                             const Device& device, int count) = 0;
+  virtual StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(
+      const ModelSpec& spec, const std::filesystem::path& model_file, const Device& device,
+      int count) = 0;
   // One instance.
-  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec, const std::filesystem::path& model_file,
+  StatusOr<std::unique_ptr<ModelBackend>> Load(const ModelSpec& spec,
+                                               const std::filesystem::path& model_file,
                                                const Device& device) {
     SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
                             LoadInstances(spec, model_file, device, 1));

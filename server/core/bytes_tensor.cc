@@ -10,7 +10,8 @@ namespace {
 
 uint32_t ReadLength(const char* at) {
   uint32_t length = 0;
-  std::memcpy(&length, at, sizeof(length));  // little-endian hosts only, as the rest of the wire code
+  std::memcpy(&length, at,
+              sizeof(length));  // little-endian hosts only, as the rest of the wire code
   return length;
 }
 
@@ -33,24 +34,29 @@ std::string ZeroElements(DataType dtype, int64_t elements) {
   return std::string(static_cast<size_t>(elements) * ElementSize(dtype), '\0');
 }
 
-Status CheckBytesTensor(std::string_view what_view, std::string_view data, int64_t elements, bool require_utf8) {
-  const absl::string_view what(what_view.data(), what_view.size());  // absl's own type in this build
+Status CheckBytesTensor(std::string_view what_view, std::string_view data, int64_t elements,
+                        bool require_utf8) {
+  const absl::string_view what(what_view.data(),
+                               what_view.size());  // absl's own type in this build
   size_t offset = 0;
   int64_t found = 0;
   while (offset < data.size()) {
     if (found == elements) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has ", data.size() - offset, " bytes after its ",
-                                                     elements, " BYTES element", elements == 1 ? "" : "s"));
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", data.size() - offset,
+                                                     " bytes after its ", elements,
+                                                     " BYTES element", elements == 1 ? "" : "s"));
     }
     if (data.size() - offset < kBytesLengthSize) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": BYTES element ", found, " has a truncated length (",
+      return absl::InvalidArgumentError(absl::StrCat(what, ": BYTES element ", found,
+                                                     " has a truncated length (",
                                                      data.size() - offset, " of 4 bytes)"));
     }
     const uint32_t length = ReadLength(data.data() + offset);
     offset += kBytesLengthSize;
     if (length > data.size() - offset) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": BYTES element ", found, " has length ", length,
-                                                     ", but only ", data.size() - offset, " bytes are left"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": BYTES element ", found,
+                                                     " has length ", length, ", but only ",
+                                                     data.size() - offset, " bytes are left"));
     }
     size_t bad = 0;
     if (require_utf8 && !IsValidUtf8(data.substr(offset, length), &bad)) {
@@ -62,8 +68,9 @@ Status CheckBytesTensor(std::string_view what_view, std::string_view data, int64
     ++found;
   }
   if (found != elements) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", found, " BYTES element", found == 1 ? "" : "s", " but its shape needs ", elements));
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", found, " BYTES element",
+                                                   found == 1 ? "" : "s", " but its shape needs ",
+                                                   elements));
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,8 @@ std::string ZeroElements(DataType dtype, int64_t elements);
 // element is wrong and how: a length running past the end of the data, fewer or more elements
 // than the shape needs, bytes after the last element, invalid UTF-8. Reads at most `data`; a
 // hostile `elements` costs nothing (each element takes at least kBytesLengthSize bytes).
-Status CheckBytesTensor(std::string_view what, std::string_view data, int64_t elements, bool require_utf8);
+Status CheckBytesTensor(std::string_view what, std::string_view data, int64_t elements,
+                        bool require_utf8);
 
 // The elements of `data`, which CheckBytesTensor accepted, as views into it.
 std::vector<std::string_view> SplitBytesTensor(std::string_view data);

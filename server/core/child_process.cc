@@ -56,17 +56,21 @@ void Keep(std::string* into, const char* data, size_t size, size_t limit, bool t
 
 std::string ChildOutcome::Describe() const {
   if (timed_out) return "did not finish in time and was killed";
-  if (signal != 0) return absl::StrCat("was killed by signal ", signal, " (", strsignal(signal), ")");
+  if (signal != 0)
+    return absl::StrCat("was killed by signal ", signal, " (", strsignal(signal), ")");
   return absl::StrCat("exited with status ", exit_code);
 }
 
-StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv, const ChildOptions& options) {
+StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv,
+                                       const ChildOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int out_pipe[2];
   int err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  if (pipe2(out_pipe, O_CLOEXEC) != 0)
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   Fd out_read(out_pipe[0]), out_write(out_pipe[1]);
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0)
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   Fd err_read(err_pipe[0]), err_write(err_pipe[1]);
 
   posix_spawn_file_actions_t actions;
@@ -93,7 +97,8 @@ StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv, con
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), environ);
+  const int spawned =
+      posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   if (spawned != 0) {
@@ -106,7 +111,8 @@ StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv, con
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   char buffer[8192];
   while (out_read.get() >= 0 || err_read.get() >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       outcome.timed_out = true;
       kill(pid, SIGKILL);
@@ -120,7 +126,8 @@ StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv, con
       Fd& fd = i == 0 ? out_read : err_read;
       const ssize_t n = read(fd.get(), buffer, sizeof(buffer));
       if (n > 0) {
-        Keep(i == 0 ? &outcome.out : &outcome.err, buffer, static_cast<size_t>(n), options.max_output, i == 1);
+        Keep(i == 0 ? &outcome.out : &outcome.err, buffer, static_cast<size_t>(n),
+             options.max_output, i == 1);
       } else if (n == 0 || errno != EINTR) {
         fd.Close();
       }

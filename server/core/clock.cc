@@ -22,7 +22,8 @@ bool FakeTimeSource::WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) co
   }
   MutexLock lock(&waiters_mutex_);
   const std::thread::id self = std::this_thread::get_id();
-  waiters_.erase(std::find_if(waiters_.begin(), waiters_.end(), [self](const Waiter& waiter) { return waiter.thread == self; }));
+  waiters_.erase(std::find_if(waiters_.begin(), waiters_.end(),
+                              [self](const Waiter& waiter) { return waiter.thread == self; }));
   waiters_changed_.SignalAll();
   return signalled;
 }
@@ -35,9 +36,10 @@ void FakeTimeSource::Advance(Duration by) {
 
 size_t FakeTimeSource::WaitingLocked() const {
   const TimePoint now = Now();
-  return static_cast<size_t>(std::count_if(waiters_.begin(), waiters_.end(), [now](const Waiter& waiter) {
-    return waiter.deadline > now && waiter.cv->signals() == waiter.signals;
-  }));
+  return static_cast<size_t>(
+      std::count_if(waiters_.begin(), waiters_.end(), [now](const Waiter& waiter) {
+        return waiter.deadline > now && waiter.cv->signals() == waiter.signals;
+      }));
 }
 
 size_t FakeTimeSource::Waiting() const {

@@ -29,13 +29,15 @@ class TimeSource {
   // `cv` is signalled or this clock reaches `deadline` (kNoDeadline: none). False when the
   // deadline has passed. Wake-ups may be spurious: the caller waits in a loop on its condition
   // and reads Now() again. Every wait of a thread whose work depends on time goes through here.
-  virtual bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) = 0;
+  virtual bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) = 0;
 };
 
 class SteadyTimeSource final : public TimeSource {
  public:
   TimePoint Now() const override { return Clock::now(); }
-  bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+  bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     if (deadline == kNoDeadline) {
       cv->Wait(mutex);
       return true;
@@ -53,7 +55,8 @@ class FakeTimeSource final : public TimeSource {
   static constexpr std::chrono::milliseconds kRecheck{1};
 
   TimePoint Now() const override { return TimePoint(Duration(now_.load())); }
-  bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
+  bool WaitUntil(CondVar* cv, Mutex* mutex, TimePoint deadline) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex);
   void Advance(Duration by) ABSL_LOCKS_EXCLUDED(waiters_mutex_);
 
   // Threads in WaitUntil now whose deadline is still ahead of the clock (or who have none) and
@@ -63,7 +66,8 @@ class FakeTimeSource final : public TimeSource {
   // Blocks until at least `threads` threads are Waiting() or `timeout` (real time) passes; true
   // when they are. After an Advance, this says that the threads it woke have done what was due
   // and gone back to waiting.
-  bool AwaitWaiting(size_t threads, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const
+  bool AwaitWaiting(size_t threads,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(10)) const
       ABSL_LOCKS_EXCLUDED(waiters_mutex_);
 
  private:
@@ -78,7 +82,8 @@ class FakeTimeSource final : public TimeSource {
     const CondVar* cv;  // alive while the entry is: WaitUntil removes it before it returns
     uint64_t signals;   // cv->signals() when the wait began
   };
-  mutable std::vector<Waiter> waiters_ ABSL_GUARDED_BY(waiters_mutex_);  // one per thread in WaitUntil
+  mutable std::vector<Waiter> waiters_
+      ABSL_GUARDED_BY(waiters_mutex_);  // one per thread in WaitUntil
 };
 
 }  // namespace sluice

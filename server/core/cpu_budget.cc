@@ -76,7 +76,8 @@ std::optional<double> SmallestOnPath(const std::filesystem::path& base, const st
 }  // namespace
 
 std::optional<double> ParseCpuMax(const std::string& text) {
-  std::vector<std::string> fields = absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
+  std::vector<std::string> fields =
+      absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
   if (fields.size() != 2 || fields[0] == "max") return std::nullopt;
   return Quotient(fields[0], fields[1]);
 }
@@ -120,15 +121,18 @@ std::optional<std::vector<int>> AllowedCpus() {
   return cpus;
 }
 
-CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root, int affinity_cpus) {
+CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string& cgroup_root,
+                          int affinity_cpus) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   int affinity = affinity_cpus;
   if (affinity <= 0) {
-    if (std::optional<std::vector<int>> allowed = AllowedCpus()) affinity = static_cast<int>(allowed->size());
+    if (std::optional<std::vector<int>> allowed = AllowedCpus())
+      affinity = static_cast<int>(allowed->size());
   }
 
   std::string v2, v1_cpu;
-  if (std::optional<std::string> text = ReadFile(proc_self_cgroup)) CgroupPaths(*text, &v2, &v1_cpu);
+  if (std::optional<std::string> text = ReadFile(proc_self_cgroup))
+    CgroupPaths(*text, &v2, &v1_cpu);
   const std::filesystem::path root(cgroup_root);
   std::optional<double> quota;
   std::string where;
@@ -137,19 +141,25 @@ CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup, const std::string
     for (const char* mount : {"cpu", "cpu,cpuacct"}) {
       const std::filesystem::path base = root / mount;
       if (!std::filesystem::exists(base)) continue;
-      quota = SmallestOnPath(base, v1_cpu, [](const std::filesystem::path& path) -> std::optional<double> {
-        std::optional<std::string> q = ReadFile(path / "cpu.cfs_quota_us");
-        std::optional<std::string> p = ReadFile(path / "cpu.cfs_period_us");
-        return q && p ? ParseCfsQuota(*q, *p) : std::nullopt;
-      }, &where);
+      quota = SmallestOnPath(
+          base, v1_cpu,
+          [](const std::filesystem::path& path) -> std::optional<double> {
+            std::optional<std::string> q = ReadFile(path / "cpu.cfs_quota_us");
+            std::optional<std::string> p = ReadFile(path / "cpu.cfs_period_us");
+            return q && p ? ParseCfsQuota(*q, *p) : std::nullopt;
+          },
+          &where);
       break;
     }
   } else {
     // v2 (a container with its own cgroup namespace sees its cgroup as "/").
-    quota = SmallestOnPath(root, v2.empty() ? "/" : v2, [](const std::filesystem::path& path) -> std::optional<double> {
-      std::optional<std::string> text = ReadFile(path / "cpu.max");
-      return text ? ParseCpuMax(*text) : std::nullopt;
-    }, &where);
+    quota = SmallestOnPath(
+        root, v2.empty() ? "/" : v2,
+        [](const std::filesystem::path& path) -> std::optional<double> {
+          std::optional<std::string> text = ReadFile(path / "cpu.max");
+          return text ? ParseCpuMax(*text) : std::nullopt;
+        },
+        &where);
   }
   CpuBudget budget = DecideCpuBudget(cores, affinity, quota);
   if (quota) absl::StrAppend(&budget.detail, " (", where, ")");
@@ -169,11 +179,12 @@ absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
                                                      "\" is not a CPU number or a range like 0-3"));
     }
     if (last < first) {
-      return absl::InvalidArgumentError(absl::StrCat("the range \"", part, "\" in the CPU list \"", text,
-                                                     "\" runs backwards"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the range \"", part, "\" in the CPU list \"", text, "\" runs backwards"));
     }
     if (last > kMaxCpu) {
-      return absl::InvalidArgumentError(absl::StrCat("CPU ", last, " in the CPU list \"", text, "\" is over ", kMaxCpu));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CPU ", last, " in the CPU list \"", text, "\" is over ", kMaxCpu));
     }
     for (int cpu = first; cpu <= last; ++cpu) cpus.push_back(cpu);
   }
@@ -185,17 +196,20 @@ absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
 absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text) {
   CpuChoice choice;
   const absl::string_view stripped = absl::StripAsciiWhitespace(text);
-  for (auto [prefix, count] : {std::pair<absl::string_view, int*>{"first:", &choice.first}, {"last:", &choice.last}}) {
+  for (auto [prefix, count] :
+       {std::pair<absl::string_view, int*>{"first:", &choice.first}, {"last:", &choice.last}}) {
     if (!absl::StartsWith(stripped, prefix)) continue;
-    if (!absl::SimpleAtoi(stripped.substr(prefix.size()), count) || *count < 1 || *count > CPU_SETSIZE) {
+    if (!absl::SimpleAtoi(stripped.substr(prefix.size()), count) || *count < 1 ||
+        *count > CPU_SETSIZE) {
       return absl::InvalidArgumentError(absl::StrCat("\"", stripped, "\" is not ", prefix,
-                                                     "N with N a number of CPUs from 1 to ", CPU_SETSIZE));
+                                                     "N with N a number of CPUs from 1 to ",
+                                                     CPU_SETSIZE));
     }
     return choice;
   }
   if (absl::StrContains(stripped, ":")) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", stripped,
-                                                   "\" is none of a CPU list (0-3,8), first:N or last:N"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", stripped, "\" is none of a CPU list (0-3,8), first:N or last:N"));
   }
   absl::StatusOr<std::vector<int>> list = ParseCpuList(text);
   if (!list.ok()) return list.status();
@@ -203,14 +217,15 @@ absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text) {
   return choice;
 }
 
-absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::vector<int>& allowed) {
+absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice,
+                                            const std::vector<int>& allowed) {
   if (choice.first == 0 && choice.last == 0) return choice.list;
   const size_t count = static_cast<size_t>(choice.first > 0 ? choice.first : choice.last);
   if (count >= allowed.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(choice.first > 0 ? "first:" : "last:", count,
-                                                   " would give the models every CPU this process may use (",
-                                                   absl::StrJoin(allowed, ","),
-                                                   "): leave at least one for the front ends"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(choice.first > 0 ? "first:" : "last:", count,
+                     " would give the models every CPU this process may use (",
+                     absl::StrJoin(allowed, ","), "): leave at least one for the front ends"));
   }
   return choice.first > 0 ? std::vector<int>(allowed.begin(), allowed.begin() + count)
                           : std::vector<int>(allowed.end() - count, allowed.end());
@@ -218,18 +233,20 @@ absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::
 
 std::string SharedCpusWarning(const CpuBudget& budget, size_t allowed_cpus) {
   if (budget.limit != "cgroup quota" || static_cast<size_t>(budget.cpus) >= allowed_cpus) return "";
-  return absl::StrCat("the process may run on ", allowed_cpus, " CPUs but its cgroup quota lets it use ", budget.cpus,
-                      " (", budget.detail,
-                      "): they are a shared pool, not its own, and other processes (other replicas given the same "
-                      "--model-cpus too) run on the models' CPUs. Give it dedicated CPUs (Kubernetes: a Guaranteed "
-                      "pod with whole CPUs on a node with the static CPU manager policy)");
+  return absl::StrCat(
+      "the process may run on ", allowed_cpus, " CPUs but its cgroup quota lets it use ",
+      budget.cpus, " (", budget.detail,
+      "): they are a shared pool, not its own, and other processes (other replicas given the same "
+      "--model-cpus too) run on the models' CPUs. Give it dedicated CPUs (Kubernetes: a Guaranteed "
+      "pod with whole CPUs on a node with the static CPU manager policy)");
 }
 
 absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vector<int>& allowed) {
   CpuSplit split;
   std::vector<int> outside;
   for (int cpu : model) {
-    (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end() ? outside : split.model).push_back(cpu);
+    (std::find(allowed.begin(), allowed.end(), cpu) == allowed.end() ? outside : split.model)
+        .push_back(cpu);
   }
   if (!outside.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("CPU(s) ", absl::StrJoin(outside, ","),
@@ -238,12 +255,13 @@ absl::StatusOr<CpuSplit> SplitCpus(const std::vector<int>& model, const std::vec
   }
   if (split.model.empty()) return absl::InvalidArgumentError("no CPU given for the models");
   for (int cpu : allowed) {
-    if (!std::binary_search(split.model.begin(), split.model.end(), cpu)) split.front_ends.push_back(cpu);
+    if (!std::binary_search(split.model.begin(), split.model.end(), cpu))
+      split.front_ends.push_back(cpu);
   }
   if (split.front_ends.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the models would take every CPU this process may use (",
-                                                   absl::StrJoin(allowed, ","),
-                                                   "): leave at least one for the front ends"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the models would take every CPU this process may use (",
+                     absl::StrJoin(allowed, ","), "): leave at least one for the front ends"));
   }
   return split;
 }

@@ -15,7 +15,8 @@ namespace sluice {
 struct CpuBudget {
   int cpus = 1;        // what the split divides: at least 1
   std::string limit;   // which limit applied, for the log: "cores", "affinity" or "cgroup quota"
-  std::string detail;  // the numbers behind it, e.g. "16 cores, affinity 2, quota 1.5 (cpu.max 150000 100000)"
+  std::string detail;  // the numbers behind it, e.g. "16 cores, affinity 2, quota 1.5 (cpu.max
+                       // 150000 100000)"
 };
 
 // cgroup v2's cpu.max ("max 100000", "150000 100000"): the quota in CPUs, nullopt when unlimited or
@@ -43,7 +44,8 @@ CpuBudget DetectCpuBudget(const std::string& proc_self_cgroup = "/proc/self/cgro
 std::optional<std::vector<int>> AllowedCpus();
 
 // A CPU list as taskset and cpusets write it ("0", "0-3,8", "2,4-5"): the CPUs, sorted, each once.
-// An error names what is wrong (empty, not a number, a range backwards, a CPU over CPU_SETSIZE - 1).
+// An error names what is wrong (empty, not a number, a range backwards, a CPU over CPU_SETSIZE -
+// 1).
 absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
 
 // --model-cpus as given: a CPU list, or a count of the CPUs this process may use taken from
@@ -60,7 +62,8 @@ absl::StatusOr<CpuChoice> ParseCpuChoice(const std::string& text);
 // The CPUs `choice` names among `allowed` (sorted): a list as it is (SplitCpus judges it), a count
 // taken from `allowed`, refused when `allowed` has no more than N CPUs (nothing would be left for
 // the front ends).
-absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice, const std::vector<int>& allowed);
+absl::StatusOr<std::vector<int>> ChooseCpus(const CpuChoice& choice,
+                                            const std::vector<int>& allowed);
 
 // --model-cpus on CPUs that are not the process's own: non-empty (the reason, for the log) when
 // its mask holds more CPUs than its cgroup quota lets it use, a shared pool (a Kubernetes pod

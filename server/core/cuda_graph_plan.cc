@@ -66,7 +66,8 @@ void CudaGraphPlan::CaptureFailed(const std::string& key) {
 
 void CudaGraphPlan::Retry(const std::string& key) {
   auto it = shapes_.find(key);
-  if (it != shapes_.end() && it->second.state == State::kCapturing) it->second.state = State::kCounting;
+  if (it != shapes_.end() && it->second.state == State::kCapturing)
+    it->second.state = State::kCounting;
 }
 
 void CudaGraphPlan::TurnOff(std::string reason) {

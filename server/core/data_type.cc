@@ -22,7 +22,7 @@ uint16_t FloatToHalf(float value) {
   if (raw_exponent == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
   const int exponent = static_cast<int>(raw_exponent) - 127 + 15;
   if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: infinity
-  if (exponent <= 0) {                                                // subnormal or zero
+  if (exponent <= 0) {                                               // subnormal or zero
     if (exponent < -10) return static_cast<uint16_t>(sign);
     mantissa |= 0x800000u;
     const int shift = 14 - exponent;
@@ -40,7 +40,8 @@ uint16_t FloatToHalf(float value) {
 
 uint16_t FloatToBfloat16(float value) {
   const uint32_t bits = FloatBits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
@@ -53,16 +54,26 @@ std::string BytesOf(T value) {
 
 std::string ScalarBytes(DataType type, double value) {
   switch (type) {
-    case DataType::kBool: return BytesOf<uint8_t>(value != 0 ? 1 : 0);
-    case DataType::kUint8: return BytesOf(static_cast<uint8_t>(value));
-    case DataType::kInt8: return BytesOf(static_cast<int8_t>(value));
-    case DataType::kInt16: return BytesOf(static_cast<int16_t>(value));
-    case DataType::kInt32: return BytesOf(static_cast<int32_t>(value));
-    case DataType::kInt64: return BytesOf(static_cast<int64_t>(value));
-    case DataType::kFp16: return BytesOf(FloatToHalf(static_cast<float>(value)));
-    case DataType::kBf16: return BytesOf(FloatToBfloat16(static_cast<float>(value)));
-    case DataType::kFp32: return BytesOf(static_cast<float>(value));
-    case DataType::kFp64: return BytesOf(value);
+    case DataType::kBool:
+      return BytesOf<uint8_t>(value != 0 ? 1 : 0);
+    case DataType::kUint8:
+      return BytesOf(static_cast<uint8_t>(value));
+    case DataType::kInt8:
+      return BytesOf(static_cast<int8_t>(value));
+    case DataType::kInt16:
+      return BytesOf(static_cast<int16_t>(value));
+    case DataType::kInt32:
+      return BytesOf(static_cast<int32_t>(value));
+    case DataType::kInt64:
+      return BytesOf(static_cast<int64_t>(value));
+    case DataType::kFp16:
+      return BytesOf(FloatToHalf(static_cast<float>(value)));
+    case DataType::kBf16:
+      return BytesOf(FloatToBfloat16(static_cast<float>(value)));
+    case DataType::kFp32:
+      return BytesOf(static_cast<float>(value));
+    case DataType::kFp64:
+      return BytesOf(value);
     case DataType::kBytes: {
       std::string text = absl::StrCat(value);
       std::string element = BytesOf(static_cast<uint32_t>(text.size()));
@@ -74,17 +85,28 @@ std::string ScalarBytes(DataType type, double value) {
 
 const char* DataTypeName(DataType type) {
   switch (type) {
-    case DataType::kBool: return "BOOL";
-    case DataType::kUint8: return "UINT8";
-    case DataType::kInt8: return "INT8";
-    case DataType::kInt16: return "INT16";
-    case DataType::kInt32: return "INT32";
-    case DataType::kInt64: return "INT64";
-    case DataType::kFp16: return "FP16";
-    case DataType::kBf16: return "BF16";
-    case DataType::kFp32: return "FP32";
-    case DataType::kFp64: return "FP64";
-    case DataType::kBytes: return "BYTES";
+    case DataType::kBool:
+      return "BOOL";
+    case DataType::kUint8:
+      return "UINT8";
+    case DataType::kInt8:
+      return "INT8";
+    case DataType::kInt16:
+      return "INT16";
+    case DataType::kInt32:
+      return "INT32";
+    case DataType::kInt64:
+      return "INT64";
+    case DataType::kFp16:
+      return "FP16";
+    case DataType::kBf16:
+      return "BF16";
+    case DataType::kFp32:
+      return "FP32";
+    case DataType::kFp64:
+      return "FP64";
+    case DataType::kBytes:
+      return "BYTES";
   }
   return "INVALID";
 }
@@ -100,15 +122,20 @@ size_t ElementSize(DataType type) {
   switch (type) {
     case DataType::kBool:
     case DataType::kUint8:
-    case DataType::kInt8: return 1;
+    case DataType::kInt8:
+      return 1;
     case DataType::kInt16:
     case DataType::kFp16:
-    case DataType::kBf16: return 2;
+    case DataType::kBf16:
+      return 2;
     case DataType::kInt32:
-    case DataType::kFp32: return 4;
+    case DataType::kFp32:
+      return 4;
     case DataType::kInt64:
-    case DataType::kFp64: return 8;
-    case DataType::kBytes: return 0;
+    case DataType::kFp64:
+      return 8;
+    case DataType::kBytes:
+      return 0;
   }
   return 0;
 }

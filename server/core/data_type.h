@@ -26,10 +26,10 @@ enum class DataType {
 };
 
 // All supported types, in declaration order (for tests and documentation).
-inline constexpr DataType kAllDataTypes[] = {
-    DataType::kBool,  DataType::kUint8, DataType::kInt8, DataType::kInt16, DataType::kInt32,
-    DataType::kInt64, DataType::kFp16,  DataType::kBf16, DataType::kFp32,  DataType::kFp64,
-    DataType::kBytes};
+inline constexpr DataType kAllDataTypes[] = {DataType::kBool,  DataType::kUint8, DataType::kInt8,
+                                             DataType::kInt16, DataType::kInt32, DataType::kInt64,
+                                             DataType::kFp16,  DataType::kBf16,  DataType::kFp32,
+                                             DataType::kFp64,  DataType::kBytes};
 
 // The protocol name: "BOOL", "UINT8", ..., "BF16", "FP32", "BYTES".
 const char* DataTypeName(DataType type);

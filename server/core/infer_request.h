@@ -17,7 +17,9 @@ namespace sluice {
 // The front end a request came through; metrics label the per-request series with it.
 enum class Protocol { kGrpc, kHttp };
 inline constexpr Protocol kAllProtocols[] = {Protocol::kGrpc, Protocol::kHttp};
-inline const char* ProtocolName(Protocol protocol) { return protocol == Protocol::kHttp ? "http" : "grpc"; }
+inline const char* ProtocolName(Protocol protocol) {
+  return protocol == Protocol::kHttp ? "http" : "grpc";
+}
 
 // The longest request id the front ends take (RunInference refuses a longer one): clients send a
 // few dozen bytes (a UUID is 36, perf_analyzer and tritonclient's examples send counters), and the
@@ -33,7 +35,9 @@ struct CorrelationId {
 
   bool present() const { return is_text ? !text.empty() : number != 0; }
   // For messages and logs: the number, or the client's string quoted (QuoteClientText).
-  std::string ToString() const { return is_text ? "'" + QuoteClientText(text) + "'" : std::to_string(number); }
+  std::string ToString() const {
+    return is_text ? "'" + QuoteClientText(text) + "'" : std::to_string(number);
+  }
   bool operator<(const CorrelationId& other) const {
     if (is_text != other.is_text) return is_text < other.is_text;
     return is_text ? text < other.text : number < other.number;

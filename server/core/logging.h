@@ -12,6 +12,6 @@ struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
   template <typename FormatContext>
   auto format(absl::string_view text, FormatContext& context) const {
     return fmt::formatter<fmt::string_view>::format(fmt::string_view(text.data(), text.size()),
-                                                     context);
+                                                    context);
   }
 };

@@ -48,15 +48,17 @@ size_t DecodeUtf8(absl::string_view text, size_t at, char32_t* code_point) {
 // Characters that move or hide the text around them: C1 controls, bidirectional marks, overrides
 // and isolates, line and paragraph separators.
 bool RearrangesText(char32_t code_point) {
-  return (code_point >= 0x80 && code_point <= 0x9f) || code_point == 0x061c || code_point == 0x200e ||
-         code_point == 0x200f || (code_point >= 0x2028 && code_point <= 0x202e) ||
+  return (code_point >= 0x80 && code_point <= 0x9f) || code_point == 0x061c ||
+         code_point == 0x200e || code_point == 0x200f ||
+         (code_point >= 0x2028 && code_point <= 0x202e) ||
          (code_point >= 0x2066 && code_point <= 0x2069);
 }
 
 void AppendEscape(const char* prefix, uint32_t value, int digits, std::string* out) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   out->append(prefix);
-  for (int shift = (digits - 1) * 4; shift >= 0; shift -= 4) out->push_back(kHex[(value >> shift) & 0xf]);
+  for (int shift = (digits - 1) * 4; shift >= 0; shift -= 4)
+    out->push_back(kHex[(value >> shift) & 0xf]);
 }
 
 enum class Escapes { kClientText, kInvalidUtf8Only };
@@ -99,7 +101,8 @@ std::string Render(absl::string_view text, size_t max_bytes, Escapes escapes) {
   const size_t marker_size = 4 + DecimalDigits(text.size()) + 7;
   std::string out;
   out.reserve(std::min(text.size(), max_bytes));
-  size_t fits = 0;  // the size of `out` at the last character boundary with room for the marker after it
+  size_t fits =
+      0;  // the size of `out` at the last character boundary with room for the marker after it
   for (size_t at = 0; at < text.size();) {
     if (out.size() + marker_size <= max_bytes) fits = out.size();
     at += RenderOne(text, at, escapes, &out);

@@ -7,28 +7,37 @@ namespace sluice {
 
 const char* CudnnBenchmarkModeName(CudnnBenchmarkMode mode) {
   switch (mode) {
-    case CudnnBenchmarkMode::kAuto: return "auto";
-    case CudnnBenchmarkMode::kOn: return "on";
-    case CudnnBenchmarkMode::kOff: return "off";
+    case CudnnBenchmarkMode::kAuto:
+      return "auto";
+    case CudnnBenchmarkMode::kOn:
+      return "on";
+    case CudnnBenchmarkMode::kOff:
+      return "off";
   }
   return "auto";
 }
 
 const char* SequenceControlKindName(SequenceControlKind kind) {
   switch (kind) {
-    case SequenceControlKind::kStart: return "CONTROL_SEQUENCE_START";
-    case SequenceControlKind::kEnd: return "CONTROL_SEQUENCE_END";
-    case SequenceControlKind::kReady: return "CONTROL_SEQUENCE_READY";
-    case SequenceControlKind::kCorrId: return "CONTROL_SEQUENCE_CORRID";
+    case SequenceControlKind::kStart:
+      return "CONTROL_SEQUENCE_START";
+    case SequenceControlKind::kEnd:
+      return "CONTROL_SEQUENCE_END";
+    case SequenceControlKind::kReady:
+      return "CONTROL_SEQUENCE_READY";
+    case SequenceControlKind::kCorrId:
+      return "CONTROL_SEQUENCE_CORRID";
   }
   return "CONTROL_SEQUENCE_START";
 }
 
 StatusOr<CudnnBenchmarkMode> ParseCudnnBenchmarkMode(std::string_view text) {
-  for (CudnnBenchmarkMode mode : {CudnnBenchmarkMode::kAuto, CudnnBenchmarkMode::kOn, CudnnBenchmarkMode::kOff}) {
+  for (CudnnBenchmarkMode mode :
+       {CudnnBenchmarkMode::kAuto, CudnnBenchmarkMode::kOn, CudnnBenchmarkMode::kOff}) {
     if (text == CudnnBenchmarkModeName(mode)) return mode;
   }
-  return absl::InvalidArgumentError(absl::StrCat("must be \"auto\", \"on\" or \"off\", found '", std::string(text), "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be \"auto\", \"on\" or \"off\", found '", std::string(text), "'"));
 }
 
 std::optional<int> IndexSuffix(const std::string& name) {
@@ -40,7 +49,8 @@ std::optional<int> IndexSuffix(const std::string& name) {
   return index;
 }
 
-std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count) {
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors,
+                                                  size_t count) {
   std::vector<int> positions;
   std::vector<bool> taken(count, false);
   for (const TensorSpec& tensor : tensors) {

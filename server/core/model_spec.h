@@ -33,7 +33,8 @@ struct TensorSpec {
 std::optional<int> IndexSuffix(const std::string& name);
 // For each declared tensor, its position (an argument, or an element of the returned tuple): by
 // `__<index>` suffix when every name has a distinct one below `count`, else nullopt.
-std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors, size_t count);
+std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>& tensors,
+                                                  size_t count);
 // Index of `name` among `tensors` (0 when absent: requests are validated before they get there).
 size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
 
@@ -67,9 +68,9 @@ struct QueuePolicySpec {
 
 // Triton's dynamic_batching block, with Sluice's batching parameters (config `parameters`).
 struct DynamicBatchingSpec {
-  bool enabled = false;                  // a dynamic_batching block is present
+  bool enabled = false;                    // a dynamic_batching block is present
   std::vector<int> preferred_batch_sizes;  // ascending, each in [1, max_batch_size]
-  int64_t max_queue_delay_us = 0;        // how long the oldest request may wait for company
+  int64_t max_queue_delay_us = 0;          // how long the oldest request may wait for company
   // default_queue_policy: every request's, or with priority levels each level's without its own
   // priority_queue_policy entry.
   QueuePolicySpec default_policy;
@@ -86,13 +87,16 @@ struct DynamicBatchingSpec {
   bool preserve_ordering = false;
   // The policy of the level a request runs at (0: no levels).
   const QueuePolicySpec& PolicyOf(int level) const {
-    return level >= 1 && level <= static_cast<int>(level_policies.size()) ? level_policies[level - 1] : default_policy;
+    return level >= 1 && level <= static_cast<int>(level_policies.size())
+               ? level_policies[level - 1]
+               : default_policy;
   }
   // The level of a request whose "priority" parameter is `priority` (0: no levels).
   int LevelOf(uint64_t priority) const {
     if (priority_levels == 0) return 0;
-    return priority == 0 || priority > static_cast<uint64_t>(priority_levels) ? default_priority_level
-                                                                               : static_cast<int>(priority);
+    return priority == 0 || priority > static_cast<uint64_t>(priority_levels)
+               ? default_priority_level
+               : static_cast<int>(priority);
   }
   // Whether any policy a request can get delays timed-out requests instead of failing them (with
   // levels, every level has its own entry).
@@ -104,9 +108,9 @@ struct DynamicBatchingSpec {
     return false;
   }
   // Sluice parameters (config `parameters`, string values):
-  bool pad_to_preferred = false;   // sluice.pad_batch_to_preferred: pad rows up to the next
-                                   // preferred size (or max_batch_size) so the model sees few shapes
-  int max_shape_groups = 16;       // sluice.max_shape_groups: live shape groups per model version
+  bool pad_to_preferred = false;  // sluice.pad_batch_to_preferred: pad rows up to the next
+                                  // preferred size (or max_batch_size) so the model sees few shapes
+  int max_shape_groups = 16;      // sluice.max_shape_groups: live shape groups per model version
   // sluice.max_queued_bytes: input bytes waiting per version, under every scheduler (read also
   // without dynamic_batching; see Admission)
   size_t max_queued_bytes = 256u << 20;
@@ -143,17 +147,17 @@ struct BucketAxis {
   std::vector<int64_t> sizes;  // ascending, distinct, positive
 };
 struct BucketDim {
-  std::string tensor;     // an input (padded) or an output (cut back to the true length)
+  std::string tensor;  // an input (padded) or an output (cut back to the true length)
   bool is_input = true;
-  int dim = 0;            // index into the config `dims` (the batch dimension not counted)
-  int axis = 0;           // index into PaddingSpec::axes
+  int dim = 0;   // index into the config `dims` (the batch dimension not counted)
+  int axis = 0;  // index into PaddingSpec::axes
 };
 struct PaddingSpec {
   std::vector<BucketAxis> axes;  // empty: the model pads nothing
   std::vector<BucketDim> dims;
-  double pad_value = 0;          // written into padded positions, converted to each input's type
-  std::string lengths_input;     // empty, or an input the server fills per row: the true length
-                                 // of each axis, in axes order (shape [axes.size()])
+  double pad_value = 0;       // written into padded positions, converted to each input's type
+  std::string lengths_input;  // empty, or an input the server fills per row: the true length
+                              // of each axis, in axes order (shape [axes.size()])
   bool enabled() const { return !axes.empty(); }
 };
 
@@ -167,10 +171,10 @@ const char* SequenceControlKindName(SequenceControlKind kind);  // "CONTROL_SEQU
 // ModelSpec::inputs (filled_by_server, dims [1]) so that the runtime binds it like any input.
 struct SequenceControlSpec {
   SequenceControlKind kind = SequenceControlKind::kStart;
-  std::string input;                 // the model input it fills
+  std::string input;                  // the model input it fills
   DataType dtype = DataType::kInt32;  // INT32, FP32 or BOOL; CORRID: INT64, INT32 or BYTES
-  double false_value = 0;            // START/END/READY: the value when the flag is off
-  double true_value = 1;             // ...and on
+  double false_value = 0;             // START/END/READY: the value when the flag is off
+  double true_value = 1;              // ...and on
 };
 
 struct SequenceBatchingSpec {
@@ -191,14 +195,14 @@ struct SequenceBatchingSpec {
 struct WarmupInputSpec {
   std::string name;
   DataType dtype = DataType::kFp32;
-  Shape dims;                     // without the batch dimension
+  Shape dims;  // without the batch dimension
   enum class Source { kZero, kRandom, kFile } source = Source::kZero;
-  std::string file;               // kFile: a file in <model>/warmup/
+  std::string file;  // kFile: a file in <model>/warmup/
 };
 struct WarmupSampleSpec {
   std::string name;
   int batch_size = 1;
-  int count = 1;                  // runs of this sample
+  int count = 1;  // runs of this sample
   std::vector<WarmupInputSpec> inputs;
 };
 
@@ -222,9 +226,9 @@ struct ModelSpec {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::vector<InstanceGroupSpec> instance_groups;  // never empty after validation
-  std::string model_filename = "model.pt";         // file inside each version directory (model.pt2 for
-                                                   // torch_aoti; see PackageFileFor for model.cpu.pt2)
-  std::map<std::string, std::string> parameters;   // config `parameters`, string values
+  std::string model_filename = "model.pt";  // file inside each version directory (model.pt2 for
+                                            // torch_aoti; see PackageFileFor for model.cpu.pt2)
+  std::map<std::string, std::string> parameters;  // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   SequenceBatchingSpec sequence_batching;
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
@@ -246,8 +250,8 @@ struct ModelSpec {
   std::vector<std::string> operator_libraries;
   std::string init_library;
   // Warm-up before the model reports ready (see server/batching/warmup.h).
-  bool warmup = true;                          // sluice.warmup: false skips the shape warm-up
-  int warmup_runs = 3;                         // sluice.warmup_runs: runs per shape and instance
+  bool warmup = true;                            // sluice.warmup: false skips the shape warm-up
+  int warmup_runs = 3;                           // sluice.warmup_runs: runs per shape and instance
   std::vector<WarmupSampleSpec> warmup_samples;  // Triton's model_warmup
   std::optional<CudnnBenchmarkMode> cudnn_benchmark_override;  // sluice.cudnn_benchmark
   // How a GPU instance's worker waits for its batch's results (sluice.cuda_wait): false, "spin"

@@ -38,7 +38,9 @@ class ABSL_LOCKABLE Mutex {
 // destructor releases it only when held).
 class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
-  explicit MutexLock(Mutex* mutex) ABSL_EXCLUSIVE_LOCK_FUNCTION(mutex) : mutex_(mutex) { mutex_->Lock(); }
+  explicit MutexLock(Mutex* mutex) ABSL_EXCLUSIVE_LOCK_FUNCTION(mutex) : mutex_(mutex) {
+    mutex_->Lock();
+  }
   ~MutexLock() ABSL_UNLOCK_FUNCTION() {
     if (held_) mutex_->Unlock();
   }
@@ -79,7 +81,8 @@ class CondVar {
   }
   // False when `timeout` passed.
   template <typename Rep, typename Period>
-  bool WaitFor(Mutex* mutex, const std::chrono::duration<Rep, Period>& timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
+  bool WaitFor(Mutex* mutex, const std::chrono::duration<Rep, Period>& timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex) {
     return WaitUntil(mutex, std::chrono::steady_clock::now() + timeout);
   }
   void Signal() {

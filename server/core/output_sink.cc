@@ -57,10 +57,9 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
   if (batched) {
     for (const HostOutput& output : outputs) {
       if (output.shape.empty() || output.shape[0] < total_rows) {
-        return absl::InternalError(absl::StrCat("output '", *output.name, "' has shape ",
-                                                ShapeToString(output.shape),
-                                                ", which does not start with the batch dimension (",
-                                                total_rows, " rows)"));
+        return absl::InternalError(absl::StrCat(
+            "output '", *output.name, "' has shape ", ShapeToString(output.shape),
+            ", which does not start with the batch dimension (", total_rows, " rows)"));
       }
     }
   }
@@ -74,10 +73,12 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
       bytes_rows.resize(outputs.size());
       const Shape row_shape(output.shape.begin() + 1, output.shape.end());
       SLUICE_ASSIGN_OR_RETURN(const int64_t per_row, ElementCount(row_shape));
-      bytes_rows[i] = BytesRowOffsets(std::string_view(output.data, output.byte_size), output.shape[0], per_row);
+      bytes_rows[i] = BytesRowOffsets(std::string_view(output.data, output.byte_size),
+                                      output.shape[0], per_row);
     }
   }
-  auto deliver = [&](const HostOutput& output, int64_t first_row, const OutputTarget& target) -> Status {
+  auto deliver = [&](const HostOutput& output, int64_t first_row,
+                     const OutputTarget& target) -> Status {
     Shape shape = output.shape;
     size_t offset = 0;
     size_t bytes = output.byte_size;
@@ -92,8 +93,9 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
       bytes = static_cast<size_t>(target.rows) * row_bytes;
       shape[0] = target.rows;
     }
-    SLUICE_ASSIGN_OR_RETURN(char* destination,
-                            target.sink->Allocate({*output.name, output.dtype, shape, bytes, output.memory}));
+    SLUICE_ASSIGN_OR_RETURN(
+        char* destination,
+        target.sink->Allocate({*output.name, output.dtype, shape, bytes, output.memory}));
     if (bytes > 0) std::memcpy(destination, output.data + offset, bytes);
     return absl::OkStatus();
   };

@@ -110,9 +110,9 @@ class TensorSink final : public OutputSink {
 // One request's share of an execution: its rows of the batch (consecutive, in the order targets
 // are given), the outputs it asked for, and where they go.
 struct OutputTarget {
-  int64_t rows = 1;                                      // this request's batch size
+  int64_t rows = 1;                                     // this request's batch size
   const std::vector<std::string>* requested = nullptr;  // empty or null: every declared output
-  OutputSink* sink = nullptr;                            // never null
+  OutputSink* sink = nullptr;                           // never null
 };
 
 // One whole-batch output on the host, as a backend has it after the forward pass.

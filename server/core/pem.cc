@@ -15,7 +15,8 @@ StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& fl
   contents << file.rdbuf();
   std::string pem = contents.str();
   if (pem.find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file (no -----BEGIN line)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " is not a PEM file (no -----BEGIN line)"));
   }
   return pem;
 }

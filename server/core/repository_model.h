@@ -31,7 +31,7 @@ struct RepositoryModel {
   // null when the config could not be parsed, and in tests that need no protobuf.
   std::shared_ptr<const inference::ModelConfig> config;
   ModelSpec spec;
-  std::map<int64_t, std::filesystem::path> versions;    // chosen by the version policy
+  std::map<int64_t, std::filesystem::path> versions;  // chosen by the version policy
   // The files as they were read (every file under the directory: relative path, size, mtime).
   // Model control reloads a model in poll mode when this changes. Set for broken models too, so
   // that fixing one is noticed.
@@ -62,7 +62,8 @@ class ModelSource {
   // NOT_FOUND when the repository has no such directory. A broken model is returned with its
   // own status, as by ScanModelRepository. With an override, the model is read with its config
   // (see DirectoryModelSource); a bad override is the model's status (INVALID_ARGUMENT).
-  virtual StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const = 0;
+  virtual StatusOr<RepositoryModel> Read(const std::string& name,
+                                         const ModelOverride& override) const = 0;
   // Model files sent with loads are kept where the source writes them until the load that wrote
   // them is no longer served: after every load and unload of `name`, model control names the
   // directory that serves now (empty: none), and the source removes the others it wrote for

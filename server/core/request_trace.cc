@@ -35,8 +35,9 @@ bool ParseHexId(absl::string_view text, std::array<uint8_t, N>* id) {
 std::mt19937_64& Generator() {
   thread_local std::mt19937_64 generator([] {
     std::random_device entropy;
-    std::seed_seq seed{entropy(), entropy(), entropy(), entropy(),
-                       static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id()))};
+    std::seed_seq seed{
+        entropy(), entropy(), entropy(), entropy(),
+        static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id()))};
     return std::mt19937_64(seed);
   }());
   return generator;
@@ -44,7 +45,8 @@ std::mt19937_64& Generator() {
 
 // A steady-clock time point as Unix nanoseconds, `unix_offset` being Unix time minus steady time.
 int64_t UnixNanos(TimePoint at, Duration unix_offset) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch() + unix_offset).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch() + unix_offset)
+      .count();
 }
 
 template <size_t N>
@@ -65,14 +67,18 @@ std::array<uint8_t, N> NewId() {
 
 }  // namespace
 
-std::optional<SpanContext> ParseTraceparent(absl::string_view traceparent, absl::string_view tracestate) {
+std::optional<SpanContext> ParseTraceparent(absl::string_view traceparent,
+                                            absl::string_view tracestate) {
   traceparent = absl::StripAsciiWhitespace(traceparent);
   const std::vector<absl::string_view> fields = absl::StrSplit(traceparent, '-');
-  if (fields.size() < 4 || fields[0].size() != 2 || !IsLowerHex(fields[0]) || fields[0] == "ff") return std::nullopt;
-  // Version 00 has exactly four fields; a later version may append more, and its first four are read.
+  if (fields.size() < 4 || fields[0].size() != 2 || !IsLowerHex(fields[0]) || fields[0] == "ff")
+    return std::nullopt;
+  // Version 00 has exactly four fields; a later version may append more, and its first four are
+  // read.
   if (fields[0] == "00" && fields.size() != 4) return std::nullopt;
   SpanContext context;
-  if (!ParseHexId(fields[1], &context.trace_id) || !ParseHexId(fields[2], &context.span_id)) return std::nullopt;
+  if (!ParseHexId(fields[1], &context.trace_id) || !ParseHexId(fields[2], &context.span_id))
+    return std::nullopt;
   if (fields[3].size() != 2 || !IsLowerHex(fields[3])) return std::nullopt;
   context.flags = static_cast<uint8_t>(HexValue(fields[3][0]) * 16 + HexValue(fields[3][1]));
   tracestate = absl::StripAsciiWhitespace(tracestate);
@@ -99,8 +105,8 @@ std::string FormatTraceparent(const SpanContext& context) {
 TraceId NewTraceId() { return NewId<16>(); }
 SpanId NewSpanId() { return NewId<8>(); }
 
-RequestTrace::RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent, std::string name,
-                           TimePoint received)
+RequestTrace::RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent,
+                           std::string name, TimePoint received)
     : sink_(sink),
       unix_offset_(unix_offset),
       parent_(std::move(parent)),
@@ -109,7 +115,8 @@ RequestTrace::RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<S
       trace_id_(parent_ ? parent_->trace_id : NewTraceId()),
       span_id_(NewSpanId()) {}
 
-void RequestTrace::AddAttribute(std::string key, std::variant<std::string, int64_t, double, bool> value) {
+void RequestTrace::AddAttribute(std::string key,
+                                std::variant<std::string, int64_t, double, bool> value) {
   MutexLock lock(&mutex_);
   attributes_.push_back({std::move(key), std::move(value)});
 }
@@ -177,7 +184,8 @@ void RequestTrace::End(const Status& status, TimePoint at) {
   request.start_unix_ns = UnixNs(received_);
   request.end_unix_ns = UnixNs(std::max(received_, at));
   request.attributes = std::move(attributes_);
-  request.attributes.push_back({"sluice.status", std::string(absl::StatusCodeToString(status.code()))});
+  request.attributes.push_back(
+      {"sluice.status", std::string(absl::StatusCodeToString(status.code()))});
   if (!status.ok()) {
     request.error = true;
     request.status_message = std::string(status.message());
@@ -208,7 +216,8 @@ void TraceBatch(absl::Span<RequestTrace* const> traced, const BatchTraceInfo& in
   }
   const SpanContext batch{span.trace_id, span.span_id, 1, ""};
   for (RequestTrace* trace : traced) {
-    span.links.push_back({trace->trace_id(), trace->span_id(), trace->parent() ? trace->parent()->trace_state : "", 1});
+    span.links.push_back({trace->trace_id(), trace->span_id(),
+                          trace->parent() ? trace->parent()->trace_state : "", 1});
     trace->Ran(info.started, info.computed, batch);
   }
   first.sink()->Export(std::move(span));

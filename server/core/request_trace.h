@@ -52,7 +52,8 @@ inline constexpr uint8_t kSampledFlag = 1;
 // trace and span ids not all zero, lower-case hex. nullopt for anything else: the W3C rule is to
 // ignore a malformed traceparent (and its tracestate) and start a new trace. `tracestate` is kept
 // when it is at most 512 characters, else dropped.
-std::optional<SpanContext> ParseTraceparent(absl::string_view traceparent, absl::string_view tracestate);
+std::optional<SpanContext> ParseTraceparent(absl::string_view traceparent,
+                                            absl::string_view tracestate);
 // "00-<trace id>-<span id>-<flags>".
 std::string FormatTraceparent(const SpanContext& context);
 std::string HexOf(absl::Span<const uint8_t> bytes);
@@ -85,7 +86,7 @@ struct SpanData {
   int64_t end_unix_ns = 0;
   std::vector<SpanAttribute> attributes;
   std::vector<SpanLink> links;
-  bool error = false;          // OTLP status ERROR with `status_message`; else UNSET
+  bool error = false;  // OTLP status ERROR with `status_message`; else UNSET
   std::string status_message;
 };
 
@@ -107,8 +108,8 @@ class RequestTrace {
   // `parent`: the caller's context (its span becomes the request span's parent), or nullopt for a
   // new trace. `unix_offset`: Unix time minus steady time, to export steady time points as Unix
   // nanoseconds. `name`: the request span's name ("inference.GRPCInferenceService/ModelInfer").
-  RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent, std::string name,
-               TimePoint received);
+  RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent,
+               std::string name, TimePoint received);
 
   // Fixed at construction.
   const TraceId& trace_id() const { return trace_id_; }
@@ -127,7 +128,8 @@ class RequestTrace {
   // The scheduler's stamps: admitted to the queue; its batch started, the forward pass ended and
   // the outputs were delivered, in the batch span `batch`.
   void Queued(TimePoint at) ABSL_LOCKS_EXCLUDED(mutex_);
-  void Ran(TimePoint started, TimePoint computed, const SpanContext& batch) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Ran(TimePoint started, TimePoint computed, const SpanContext& batch)
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
   // The answer was handed to the transport at `at`: exports the request span and the stage spans
   // it reached, with `status` (an error marks the request span ERROR with its message). Once.
@@ -147,7 +149,8 @@ class RequestTrace {
   mutable Mutex mutex_;
   std::vector<SpanAttribute> attributes_ ABSL_GUARDED_BY(mutex_);
   std::string device_ ABSL_GUARDED_BY(mutex_);
-  TimePoint queued_ ABSL_GUARDED_BY(mutex_){}, started_ ABSL_GUARDED_BY(mutex_){}, computed_ ABSL_GUARDED_BY(mutex_){};
+  TimePoint queued_ ABSL_GUARDED_BY(mutex_){}, started_ ABSL_GUARDED_BY(mutex_){},
+      computed_ ABSL_GUARDED_BY(mutex_){};
   std::optional<SpanContext> batch_ ABSL_GUARDED_BY(mutex_);
   bool ended_ ABSL_GUARDED_BY(mutex_) = false;
 };

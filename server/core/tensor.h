@@ -29,8 +29,8 @@ struct TensorView {
   size_t byte_size = 0;
 };
 
-// An owning tensor, used for outputs: `data` is a std::string so that the front ends can move it into
-// the protobuf response without another copy.
+// An owning tensor, used for outputs: `data` is a std::string so that the front ends can move it
+// into the protobuf response without another copy.
 struct Tensor {
   std::string name;
   DataType dtype = DataType::kFp32;

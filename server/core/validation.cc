@@ -19,7 +19,8 @@ const TensorSpec* FindSpec(const std::vector<TensorSpec>& specs, const std::stri
 
 std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
   std::string names;
-  for (const TensorSpec& spec : specs) absl::StrAppend(&names, names.empty() ? "" : ", ", spec.name);
+  for (const TensorSpec& spec : specs)
+    absl::StrAppend(&names, names.empty() ? "" : ", ", spec.name);
   return names;
 }
 
@@ -27,14 +28,16 @@ std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
 // input of every request, and only an error needs the expected shape spelt out.
 Status CheckShape(const ModelSpec& model, const TensorSpec& spec, const TensorView& input) {
   auto mismatch = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "input '", input.name, "' of model '", model.name, "': ", what, "; got shape ",
-        ShapeToString(input.shape), ", expected ", ShapeToString(model.FullShape(spec)), " (-1: any size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", input.name, "' of model '", model.name, "': ", what, "; got shape ",
+                     ShapeToString(input.shape), ", expected ",
+                     ShapeToString(model.FullShape(spec)), " (-1: any size)"));
   };
   const size_t batch_dims = model.batches() ? 1 : 0;
   const size_t rank = batch_dims + spec.dims.size();
   if (input.shape.size() != rank) {
-    return mismatch(absl::StrCat("rank ", input.shape.size(), " where the model takes rank ", rank));
+    return mismatch(
+        absl::StrCat("rank ", input.shape.size(), " where the model takes rank ", rank));
   }
   for (size_t i = 0; i < rank; ++i) {
     const int64_t expected = i < batch_dims ? -1 : spec.dims[i - batch_dims];
@@ -55,9 +58,9 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   for (const TensorView& input : request->inputs) {
     const TensorSpec* declared = FindSpec(spec.inputs, input.name);
     if (declared == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected input '", QuoteClientText(input.name),
-                                                     "' for model '", spec.name,
-                                                     "'; it takes: ", ExpectedNames(spec.inputs)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected input '", QuoteClientText(input.name), "' for model '",
+                       spec.name, "'; it takes: ", ExpectedNames(spec.inputs)));
     }
     const size_t index = static_cast<size_t>(declared - spec.inputs.data());
     if (seen[index]) {
@@ -66,9 +69,9 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     }
     seen[index] = true;
     if (declared->filled_by_server) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", input.name, "' of model '", spec.name,
-          "' is filled by the server with ", declared->filled_with, "; do not send it"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", input.name, "' of model '",
+                                                     spec.name, "' is filled by the server with ",
+                                                     declared->filled_with, "; do not send it"));
     }
     if (input.dtype != declared->dtype) {
       return absl::InvalidArgumentError(
@@ -81,27 +84,31 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
       // Every backend that takes BYTES hands the elements to the model as str, so they must be
       // UTF-8; checked here so that a bad request fails alone, before it can join a batch.
       SLUICE_RETURN_IF_ERROR(CheckBytesTensor(absl::StrCat("input '", input.name, "'"),
-                                              std::string_view(input.data, input.byte_size), elements,
+                                              std::string_view(input.data, input.byte_size),
+                                              elements,
                                               /*require_utf8=*/true));
       continue;
     }
     // ElementCount bounds the count, not the bytes: 2^62 FP64 elements would wrap to 0 bytes.
-    if (static_cast<uint64_t>(elements) > std::numeric_limits<uint64_t>::max() / ElementSize(input.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", input.name, "': shape ", ShapeToString(input.shape),
-                                                     " of ", DataTypeName(input.dtype), " has too many bytes"));
+    if (static_cast<uint64_t>(elements) >
+        std::numeric_limits<uint64_t>::max() / ElementSize(input.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", input.name, "': shape ", ShapeToString(input.shape), " of ",
+                       DataTypeName(input.dtype), " has too many bytes"));
     }
     const uint64_t expected_bytes = static_cast<uint64_t>(elements) * ElementSize(input.dtype);
     if (input.byte_size != expected_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", input.name, "' has ", input.byte_size, " bytes of data, but shape ",
-          ShapeToString(input.shape), " of ", DataTypeName(input.dtype), " needs ", expected_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", input.name, "' has ", input.byte_size,
+                       " bytes of data, but shape ", ShapeToString(input.shape), " of ",
+                       DataTypeName(input.dtype), " needs ", expected_bytes));
     }
   }
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     const TensorSpec& declared = spec.inputs[i];
     if (!seen[i] && !declared.filled_by_server) {
-      return absl::InvalidArgumentError(absl::StrCat("missing input '", declared.name,
-                                                     "' for model '", spec.name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing input '", declared.name, "' for model '", spec.name, "'"));
     }
   }
 
@@ -110,9 +117,9 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     const int64_t batch = request->inputs.front().shape.front();
     for (const TensorView& input : request->inputs) {
       if (input.shape.front() != batch) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "inputs disagree on the batch dimension: '", request->inputs.front().name, "' has ",
-            batch, ", '", input.name, "' has ", input.shape.front()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("inputs disagree on the batch dimension: '", request->inputs.front().name,
+                         "' has ", batch, ", '", input.name, "' has ", input.shape.front()));
       }
     }
     if (batch < 1 || batch > spec.max_batch_size) {
@@ -127,9 +134,9 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   for (const std::string& output : request->requested_outputs) {
     const TensorSpec* declared = FindSpec(spec.outputs, output);
     if (declared == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown requested output '", QuoteClientText(output),
-                                                     "' for model '", spec.name,
-                                                     "'; it has: ", ExpectedNames(spec.outputs)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown requested output '", QuoteClientText(output), "' for model '",
+                       spec.name, "'; it has: ", ExpectedNames(spec.outputs)));
     }
     const size_t index = static_cast<size_t>(declared - spec.outputs.data());
     if (requested[index]) {

@@ -37,11 +37,12 @@ void DescribeTrace(RequestTrace* trace, const InferRequest& request, const Model
 
 // The decoded request, or INVALID_ARGUMENT for an id past kMaxRequestIdBytes (the same refusal over
 // both protocols, counted as a decoding refusal).
-StatusOr<std::unique_ptr<InferRequest>> CheckRequestId(StatusOr<std::unique_ptr<InferRequest>> decoded) {
+StatusOr<std::unique_ptr<InferRequest>> CheckRequestId(
+    StatusOr<std::unique_ptr<InferRequest>> decoded) {
   if (!decoded.ok() || (*decoded)->id.size() <= kMaxRequestIdBytes) return decoded;
-  return absl::InvalidArgumentError(absl::StrCat("the request id '", QuoteClientText((*decoded)->id, 64),
-                                                 "' is longer than the ", kMaxRequestIdBytes,
-                                                 " bytes this server takes; send a shorter id (a UUID or a counter)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request id '", QuoteClientText((*decoded)->id, 64), "' is longer than the ",
+      kMaxRequestIdBytes, " bytes this server takes; send a shorter id (a UUID or a counter)"));
 }
 
 // How many times one request waits for its model to load on demand: a model evicted again before
@@ -59,8 +60,8 @@ enum class Handed { kNow, kAfterTheLoad };
 // load on demand (zero: it did not wait). `observer`: the call's submission_observer, read
 // before anything could destroy the call.
 template <typename Call>
-Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, TimePoint cold_since = {},
-           int waits = 0) {
+Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer,
+           TimePoint cold_since = {}, int waits = 0) {
   InferenceCall* call = Get(owned);
   if (call->trace && waits == 0) {
     call->trace->AddAttribute("sluice.model", call->model_name());
@@ -80,17 +81,21 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, 
     const std::string name = call->model_name();
     const TimePoint deadline = call->deadline;
     std::shared_ptr<std::atomic<bool>> cancelled = call->cancelled;
-    auto held = std::make_shared<Call>(std::move(owned));  // std::function needs a copyable callable
-    loads->Await(name, deadline, std::move(cancelled), [&lookup, held, observer, since, waits](const Status& status) {
-      InferenceCall* waited = Get(*held);
-      if (!status.ok()) {
-        Answer(waited, status);
-      } else {
-        waited->caller_may_run = false;
-        if (Run(lookup, std::move(*held), observer, since, waits + 1) == Handed::kAfterTheLoad) return;
-      }
-      if (observer != nullptr) observer->Submitted();
-    });
+    auto held =
+        std::make_shared<Call>(std::move(owned));  // std::function needs a copyable callable
+    loads->Await(
+        name, deadline, std::move(cancelled),
+        [&lookup, held, observer, since, waits](const Status& status) {
+          InferenceCall* waited = Get(*held);
+          if (!status.ok()) {
+            Answer(waited, status);
+          } else {
+            waited->caller_may_run = false;
+            if (Run(lookup, std::move(*held), observer, since, waits + 1) == Handed::kAfterTheLoad)
+              return;
+          }
+          if (observer != nullptr) observer->Submitted();
+        });
     return Handed::kAfterTheLoad;
   }
   InFlightModel model = *std::move(found);
@@ -119,32 +124,39 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer, 
   // completion owns an owned call: nothing here touches `call` after it.
   call->hold.Set(model.Another());
   OutputSink* sink = call->sink();
-  model->Submit(std::move(request), sink, [owned = std::move(owned), &lookup, cold_since](Status status) {
-    InferenceCall* call = Get(owned);
-    if (call->shared_memory_refs != nullptr) {
-      if (Status intact = call->shared_memory_refs->CheckIntact(); !intact.ok()) status = std::move(intact);
-    }
-    if (!status.ok()) {
-      spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
-                    ProtocolName(call->protocol), call->model_name(), call->request_id(), status.message());
-    } else if (cold_since != TimePoint{}) {
-      if (OnDemandLoads* loads = lookup.on_demand()) loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
-    }
-    call->hold.Release();
-    Answer(call, status);
-  });
+  model->Submit(
+      std::move(request), sink, [owned = std::move(owned), &lookup, cold_since](Status status) {
+        InferenceCall* call = Get(owned);
+        if (call->shared_memory_refs != nullptr) {
+          if (Status intact = call->shared_memory_refs->CheckIntact(); !intact.ok())
+            status = std::move(intact);
+        }
+        if (!status.ok()) {
+          spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
+                        ProtocolName(call->protocol), call->model_name(), call->request_id(),
+                        status.message());
+        } else if (cold_since != TimePoint{}) {
+          if (OnDemandLoads* loads = lookup.on_demand())
+            loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
+        }
+        call->hold.Release();
+        Answer(call, status);
+      });
   return Handed::kNow;
 }
 
 template <typename Call>
 void RunAndTell(const ModelLookup& lookup, Call owned) {
   SubmissionObserver* observer = Get(owned)->submission_observer;
-  if (Run(lookup, std::move(owned), observer) == Handed::kNow && observer != nullptr) observer->Submitted();
+  if (Run(lookup, std::move(owned), observer) == Handed::kNow && observer != nullptr)
+    observer->Submitted();
 }
 
 }  // namespace
 
-void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call) { RunAndTell(lookup, std::move(call)); }
+void RunInference(const ModelLookup& lookup, std::unique_ptr<InferenceCall> call) {
+  RunAndTell(lookup, std::move(call));
+}
 void RunInference(const ModelLookup& lookup, InferenceCall* call) { RunAndTell(lookup, call); }
 
 }  // namespace sluice

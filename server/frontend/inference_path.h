@@ -71,7 +71,7 @@ class InferenceCall {
   Protocol protocol = Protocol::kGrpc;
   TimePoint deadline = kNoDeadline;  // the caller's own (the queue timeout may narrow it)
   std::shared_ptr<std::atomic<bool>> cancelled;  // set when the caller goes away; may be null
-  bool caller_may_run = false;  // see InferRequest::caller_may_run
+  bool caller_may_run = false;                   // see InferRequest::caller_may_run
   // The request's trace when the front end's tracer sampled it (null: not traced). The path puts
   // the model's attributes on it, hands it to the request, and ends it once Answer has returned.
   std::shared_ptr<RequestTrace> trace;

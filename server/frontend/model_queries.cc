@@ -11,8 +11,9 @@ namespace {
 
 Status CheckRepositoryName(const std::string& repository_name) {
   if (repository_name.empty()) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("unknown repository '", QuoteClientText(repository_name),
-                                          "'; Sluice serves one repository (leave repository_name empty)"));
+  return absl::NotFoundError(
+      absl::StrCat("unknown repository '", QuoteClientText(repository_name),
+                   "'; Sluice serves one repository (leave repository_name empty)"));
 }
 
 }  // namespace
@@ -30,12 +31,14 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
   if (trace) response->add_extensions("trace");
 }
 
-StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name, const std::string& version) {
+StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name,
+                                const std::string& version) {
   SLUICE_RETURN_IF_ERROR(manager.FindModel(name).status());
   return manager.Find(name, version).ok();
 }
 
-StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer, const std::string& model,
+StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer,
+                                               const std::string& model,
                                                const TraceSettingsMap* update) {
   if (tracer == nullptr) return absl::UnavailableError("tracing is not set up in this server");
   if (!model.empty()) SLUICE_RETURN_IF_ERROR(manager.FindModel(model).status());
@@ -43,27 +46,28 @@ StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Trac
   return tracer->Update(model, *update);
 }
 
-Status AnswerModelMetadata(const ModelManager& manager, const std::string& name, const std::string& version,
-                           inference::ModelMetadataResponse* response) {
+Status AnswerModelMetadata(const ModelManager& manager, const std::string& name,
+                           const std::string& version, inference::ModelMetadataResponse* response) {
   SLUICE_ASSIGN_OR_RETURN(InFlightModel model, manager.Find(name, version));
   FillModelMetadata(model->spec(), manager.ReadyVersions(name), response);
   return absl::OkStatus();
 }
 
-Status AnswerModelConfig(const ModelManager& manager, const std::string& name, const std::string& version,
-                         inference::ModelConfigResponse* response) {
+Status AnswerModelConfig(const ModelManager& manager, const std::string& name,
+                         const std::string& version, inference::ModelConfigResponse* response) {
   SLUICE_ASSIGN_OR_RETURN(InFlightModel model, manager.Find(name, version));
   const std::shared_ptr<const inference::ModelConfig>& config = model->model().config;
   if (config == nullptr) {
-    return absl::InternalError(absl::StrCat("model '", name, "' was loaded without its config.pbtxt"));
+    return absl::InternalError(
+        absl::StrCat("model '", name, "' was loaded without its config.pbtxt"));
   }
   *response->mutable_config() = *config;
   AddBatchSizeChoice(model->batch_sizes(), response->mutable_config());
   return absl::OkStatus();
 }
 
-Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name, bool ready_only,
-                             inference::RepositoryIndexResponse* response) {
+Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name,
+                             bool ready_only, inference::RepositoryIndexResponse* response) {
   SLUICE_RETURN_IF_ERROR(CheckRepositoryName(repository_name));
   for (const ModelIndexEntry& entry : manager.Index()) {
     if (ready_only && entry.state != ModelState::kReady) continue;
@@ -79,9 +83,11 @@ Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& rep
   return absl::OkStatus();
 }
 
-Status AnswerModelStatistics(const ModelManager& manager, const std::string& name, const std::string& version,
+Status AnswerModelStatistics(const ModelManager& manager, const std::string& name,
+                             const std::string& version,
                              inference::ModelStatisticsResponse* response) {
-  SLUICE_ASSIGN_OR_RETURN(std::vector<VersionStatistics> statistics, manager.Statistics(name, version));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<VersionStatistics> statistics,
+                          manager.Statistics(name, version));
   for (const VersionStatistics& each : statistics) {
     inference::ModelStatistics* stats = response->add_model_stats();
     FillModelStatistics(each.name, each.version, each.stats, stats);
@@ -104,19 +110,23 @@ namespace {
 // directory and nowhere else.
 Status CheckLoadFilePath(const std::string& key, const std::string& path) {
   auto refuse = [&key](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("Invalid file parameter '", QuoteClientText(key), "': ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid file parameter '", QuoteClientText(key), "': ", why));
   };
   constexpr size_t kNameMax = 255;
   constexpr size_t kPathMax = 4095;
   if (path.empty()) return refuse("no path after 'file:'");
-  if (path.size() > kPathMax) return refuse(absl::StrCat("the path is longer than ", kPathMax, " bytes"));
+  if (path.size() > kPathMax)
+    return refuse(absl::StrCat("the path is longer than ", kPathMax, " bytes"));
   if (path.front() == '/') return refuse("the path must be relative to the model directory");
   if (path.find('\0') != std::string::npos) return refuse("the path holds a NUL byte");
   if (path == "config.pbtxt") return refuse("the 'config' parameter is the model's configuration");
   for (absl::string_view component : absl::StrSplit(path, '/')) {
     if (component.empty() || component == "." || component == "..") {
-      return refuse("each path component must be a file or directory name (no '', '.' or '..'): the file must "
-                    "stay within the model directory");
+      return refuse(
+          "each path component must be a file or directory name (no '', '.' or '..'): the file "
+          "must "
+          "stay within the model directory");
     }
     if (component.size() > kNameMax) {
       return refuse(absl::StrCat("a path component is longer than ", kNameMax, " bytes"));
@@ -128,8 +138,10 @@ Status CheckLoadFilePath(const std::string& key, const std::string& path) {
 }  // namespace
 
 StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
-                                          const std::string& repository_name, const std::string& model_name,
-                                          const std::vector<ControlParameter>& parameters, bool unload) {
+                                          const std::string& repository_name,
+                                          const std::string& model_name,
+                                          const std::vector<ControlParameter>& parameters,
+                                          bool unload) {
   // Load and unload work only in explicit mode (see ModelControlMode).
   const ModelControlMode mode = control != nullptr ? control->mode() : ModelControlMode::kNone;
   if (mode != ModelControlMode::kExplicit) {
@@ -140,10 +152,14 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
   SLUICE_RETURN_IF_ERROR(CheckRepositoryName(repository_name));
   auto kind_name = [](ControlParameter::Kind kind) {
     switch (kind) {
-      case ControlParameter::Kind::kBool: return "bool";
-      case ControlParameter::Kind::kInt64: return "int64";
-      case ControlParameter::Kind::kString: return "string";
-      case ControlParameter::Kind::kBytes: return "bytes";
+      case ControlParameter::Kind::kBool:
+        return "bool";
+      case ControlParameter::Kind::kInt64:
+        return "int64";
+      case ControlParameter::Kind::kString:
+        return "string";
+      case ControlParameter::Kind::kBytes:
+        return "bytes";
     }
     return "unknown";
   };
@@ -152,42 +168,49 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
   for (const ControlParameter& parameter : parameters) {
     if (unload) {
       if (parameter.key == "unload_dependents") continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter '", QuoteClientText(parameter.key), "' is not supported by unload (only unload_dependents)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", QuoteClientText(parameter.key),
+                       "' is not supported by unload (only unload_dependents)"));
     }
     if (parameter.key == "config") {
       if (parameter.kind != ControlParameter::Kind::kString) {
-        return absl::InvalidArgumentError("Config parameter 'config' must have string type for its value");
+        return absl::InvalidArgumentError(
+            "Config parameter 'config' must have string type for its value");
       }
       override.config_json = parameter.value;
     } else if (absl::StartsWith(parameter.key, "file:")) {
       if (!control->accepts_load_files()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "load parameter '", QuoteClientText(parameter.key),
-            "': model files sent with a load are not accepted by this server (they are code it would run; the "
-            "operator allows them with --allow-load-files=true); put them in the model repository"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("load parameter '", QuoteClientText(parameter.key),
+                         "': model files sent with a load are not accepted by this server (they "
+                         "are code it would run; the "
+                         "operator allows them with --allow-load-files=true); put them in the "
+                         "model repository"));
       }
       if (parameter.kind != ControlParameter::Kind::kBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("File parameter '", QuoteClientText(parameter.key), "' must have bytes type for its value"));
+        return absl::InvalidArgumentError(absl::StrCat("File parameter '",
+                                                       QuoteClientText(parameter.key),
+                                                       "' must have bytes type for its value"));
       }
       const std::string path = parameter.key.substr(5);
       SLUICE_RETURN_IF_ERROR(CheckLoadFilePath(parameter.key, path));
       file_bytes += parameter.value.size();
       override.files[path] = parameter.value;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("Unrecognized load parameter '", QuoteClientText(parameter.key),
-                                                     "' with type '", kind_name(parameter.kind), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unrecognized load parameter '", QuoteClientText(parameter.key),
+                       "' with type '", kind_name(parameter.kind), "'"));
     }
   }
   if (!override.files.empty()) {
     if (!override.config_json) {
-      return absl::InvalidArgumentError("Load parameter 'config' must be specified for model file override");
+      return absl::InvalidArgumentError(
+          "Load parameter 'config' must be specified for model file override");
     }
     if (file_bytes > control->max_load_file_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("the model files sent with this load have ", file_bytes,
-                                                     " bytes, more than --load-files-max-bytes ",
-                                                     control->max_load_file_bytes()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model files sent with this load have ", file_bytes,
+          " bytes, more than --load-files-max-bytes ", control->max_load_file_bytes()));
     }
   }
   if (model_name.empty()) return absl::InvalidArgumentError("model_name is empty");
@@ -247,7 +270,8 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
   }
   if (stats.latency_target > Duration::zero()) {
     auto* target = proto->mutable_sluice_latency_target();
-    target->set_target_us(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(stats.latency_target).count()));
+    target->set_target_us(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(stats.latency_target).count()));
     target->set_refused_for_target(stats.refused_for_target);
     target->set_refused_for_deadline(stats.refused_for_deadline);
     target->set_plan_share(stats.plan_share);
@@ -258,7 +282,8 @@ void FillModelStatistics(const std::string& name, int64_t version, const ModelSt
       cost->set_shape_group(entry.group);
       cost->set_batch_size(static_cast<uint64_t>(entry.rows));
       cost->set_instance(static_cast<uint32_t>(entry.instance));
-      cost->set_ns(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(entry.cost).count()));
+      cost->set_ns(static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(entry.cost).count()));
       cost->set_observations(entry.observations);
     }
   }

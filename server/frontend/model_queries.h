@@ -25,27 +25,30 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
 
 // ModelReady: NOT_FOUND for a model the repository lacks; else whether `version` (empty: the
 // newest) is ready.
-StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name, const std::string& version);
+StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name,
+                                const std::string& version);
 
 // ModelMetadata and ModelConfig of a ready version (NOT_FOUND / UNAVAILABLE as ModelManager::Find).
-Status AnswerModelMetadata(const ModelManager& manager, const std::string& name, const std::string& version,
-                           inference::ModelMetadataResponse* response);
-Status AnswerModelConfig(const ModelManager& manager, const std::string& name, const std::string& version,
-                         inference::ModelConfigResponse* response);
+Status AnswerModelMetadata(const ModelManager& manager, const std::string& name,
+                           const std::string& version, inference::ModelMetadataResponse* response);
+Status AnswerModelConfig(const ModelManager& manager, const std::string& name,
+                         const std::string& version, inference::ModelConfigResponse* response);
 
 // RepositoryIndex: every model version the server knows (only the ready ones when `ready_only`).
 // NOT_FOUND for a repository name other than "" (Sluice serves one repository).
-Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name, bool ready_only,
-                             inference::RepositoryIndexResponse* response);
+Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name,
+                             bool ready_only, inference::RepositoryIndexResponse* response);
 
 // ModelStatistics of one model (`name` empty: every model) and version (empty: every version).
-Status AnswerModelStatistics(const ModelManager& manager, const std::string& name, const std::string& version,
+Status AnswerModelStatistics(const ModelManager& manager, const std::string& name,
+                             const std::string& version,
                              inference::ModelStatisticsResponse* response);
 
 // TraceSetting: the trace settings of the server (`model` empty) or of a model the repository
 // knows (NOT_FOUND otherwise), after `update` when it is not null (Tracer::Update: all or
 // nothing, INVALID_ARGUMENT naming what is wrong). `tracer` null: UNAVAILABLE.
-StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer, const std::string& model,
+StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer,
+                                               const std::string& model,
                                                const TraceSettingsMap* update);
 // One load or unload parameter as a front end decoded it: a gRPC ModelRepositoryParameter, or a
 // member of the HTTP body's "parameters" (a "file:" member's base64 already decoded to kBytes).
@@ -65,16 +68,18 @@ struct ControlParameter {
 // INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents (Sluice has
 // no ensembles: nothing depends on a model). `transport` ("gRPC", "HTTP") goes into the message.
 StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
-                                          const std::string& repository_name, const std::string& model_name,
-                                          const std::vector<ControlParameter>& parameters, bool unload);
+                                          const std::string& repository_name,
+                                          const std::string& model_name,
+                                          const std::vector<ControlParameter>& parameters,
+                                          bool unload);
 
 // ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
 // model batches).
 void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versions,
                        inference::ModelMetadataResponse* proto);
 
-// Adds the batch sizes warm-up chose to a ModelConfig answer's parameters (kAutoBatchSizesChosenKey,
-// kAutoBatchSizesRatesKey); nothing when they were not measured.
+// Adds the batch sizes warm-up chose to a ModelConfig answer's parameters
+// (kAutoBatchSizesChosenKey, kAutoBatchSizesRatesKey); nothing when they were not measured.
 void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config);
 
 // One ModelStatistics entry with Triton's meaning (durations in nanoseconds).

@@ -10,12 +10,18 @@ namespace {
 
 std::string Describe(const ParameterValue& value) {
   switch (value.kind) {
-    case ParameterValue::Kind::kBool: return value.boolean ? "true" : "false";
-    case ParameterValue::Kind::kInt64: return absl::StrCat(value.int64);
-    case ParameterValue::Kind::kUint64: return absl::StrCat(value.uint64);
-    case ParameterValue::Kind::kDouble: return absl::StrCat(value.number);
-    case ParameterValue::Kind::kString: return absl::StrCat("the string \"", QuoteClientText(value.text), "\"");
-    case ParameterValue::Kind::kOther: break;
+    case ParameterValue::Kind::kBool:
+      return value.boolean ? "true" : "false";
+    case ParameterValue::Kind::kInt64:
+      return absl::StrCat(value.int64);
+    case ParameterValue::Kind::kUint64:
+      return absl::StrCat(value.uint64);
+    case ParameterValue::Kind::kDouble:
+      return absl::StrCat(value.number);
+    case ParameterValue::Kind::kString:
+      return absl::StrCat("the string \"", QuoteClientText(value.text), "\"");
+    case ParameterValue::Kind::kOther:
+      break;
   }
   return "no value of a usable type";
 }
@@ -34,8 +40,8 @@ Status ReadBool(ParameterFinder find, absl::string_view key, bool* out) {
   const std::optional<ParameterValue> value = find(key);
   if (!value) return absl::OkStatus();
   if (value->kind != ParameterValue::Kind::kBool) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request parameter '", key, "' must be a boolean, found ", Describe(*value)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request parameter '", key, "' must be a boolean, found ", Describe(*value)));
   }
   *out = value->boolean;
   return absl::OkStatus();
@@ -47,18 +53,20 @@ Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters
   if (const std::optional<ParameterValue> timeout = find("timeout")) {
     const std::optional<int64_t> microseconds = NonNegativeInt64(*timeout);
     if (!microseconds) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the request parameter 'timeout' must be a non-negative integer (microseconds), found ",
-                       Describe(*timeout)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the request parameter 'timeout' must be a non-negative integer (microseconds), found ",
+          Describe(*timeout)));
     }
     parameters->timeout_us = *microseconds;
   }
   if (const std::optional<ParameterValue> priority = find("priority")) {
     const std::optional<int64_t> level = NonNegativeInt64(*priority);
     if (!level) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the request parameter 'priority' must be a non-negative integer (1 is the highest level; 0: the model's "
-          "default), found ", Describe(*priority)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the request parameter 'priority' must be a non-negative integer (1 is the "
+                       "highest level; 0: the model's "
+                       "default), found ",
+                       Describe(*priority)));
     }
     parameters->priority = static_cast<uint64_t>(*level);
   }
@@ -67,9 +75,9 @@ Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters
     switch (id->kind) {
       case ParameterValue::Kind::kInt64:
         if (id->int64 < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "the request parameter 'sequence_id' must not be negative, found ", id->int64,
-              "; send a non-negative integer or a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("the request parameter 'sequence_id' must not be negative, found ",
+                           id->int64, "; send a non-negative integer or a string"));
         }
         sequence.number = static_cast<uint64_t>(id->int64);
         break;
@@ -82,7 +90,8 @@ Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters
         break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(
-            "the request parameter 'sequence_id' must be an integer or a string, found ", Describe(*id)));
+            "the request parameter 'sequence_id' must be an integer or a string, found ",
+            Describe(*id)));
     }
   }
   SLUICE_RETURN_IF_ERROR(ReadBool(find, "sequence_start", &parameters->sequence.start));

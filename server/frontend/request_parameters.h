@@ -5,7 +5,8 @@
 //
 //   parameter        accepted value                         meaning (RequestParameters)
 //   timeout          integer >= 0 (gRPC int64 or uint64,    queue timeout in microseconds; 0: the
-//                    HTTP a JSON integer)                   model's default (see ModelHandle::Submit)
+//                    HTTP a JSON integer)                   model's default (see
+//                    ModelHandle::Submit)
 //   sequence_id      integer >= 0, or a string              the sequence (stateful models)
 //   sequence_start   boolean                                the sequence's first request
 //   sequence_end     boolean                                the sequence's last request

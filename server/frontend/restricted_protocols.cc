@@ -11,10 +11,11 @@
 namespace sluice {
 namespace {
 
-constexpr ProtocolGroup kAllGroups[] = {ProtocolGroup::kHealth,          ProtocolGroup::kMetadata,
-                                        ProtocolGroup::kInference,       ProtocolGroup::kModelConfig,
-                                        ProtocolGroup::kModelRepository, ProtocolGroup::kStatistics,
-                                        ProtocolGroup::kSharedMemory,    ProtocolGroup::kTrace};
+constexpr ProtocolGroup kAllGroups[] = {
+    ProtocolGroup::kHealth,          ProtocolGroup::kMetadata,
+    ProtocolGroup::kInference,       ProtocolGroup::kModelConfig,
+    ProtocolGroup::kModelRepository, ProtocolGroup::kStatistics,
+    ProtocolGroup::kSharedMemory,    ProtocolGroup::kTrace};
 
 // Characters gRPC allows in a metadata key (and no "-bin" suffix: binary headers are not text).
 bool ValidHeaderKey(const std::string& key) {
@@ -29,14 +30,22 @@ bool ValidHeaderKey(const std::string& key) {
 
 const char* ProtocolGroupName(ProtocolGroup group) {
   switch (group) {
-    case ProtocolGroup::kHealth: return "health";
-    case ProtocolGroup::kMetadata: return "metadata";
-    case ProtocolGroup::kInference: return "inference";
-    case ProtocolGroup::kModelConfig: return "model-config";
-    case ProtocolGroup::kModelRepository: return "model-repository";
-    case ProtocolGroup::kStatistics: return "statistics";
-    case ProtocolGroup::kSharedMemory: return "shared-memory";
-    case ProtocolGroup::kTrace: return "trace";
+    case ProtocolGroup::kHealth:
+      return "health";
+    case ProtocolGroup::kMetadata:
+      return "metadata";
+    case ProtocolGroup::kInference:
+      return "inference";
+    case ProtocolGroup::kModelConfig:
+      return "model-config";
+    case ProtocolGroup::kModelRepository:
+      return "model-repository";
+    case ProtocolGroup::kStatistics:
+      return "statistics";
+    case ProtocolGroup::kSharedMemory:
+      return "shared-memory";
+    case ProtocolGroup::kTrace:
+      return "trace";
   }
   return "unknown";
 }
@@ -44,7 +53,9 @@ const char* ProtocolGroupName(ProtocolGroup group) {
 StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text) {
   const std::string usage = absl::StrCat(
       " (--grpc-restricted-protocol takes <group>[,<group>...]:<header>=<value>, groups: health, "
-      "metadata, inference, model-config, model-repository, statistics, shared-memory, trace); got '", text, "'");
+      "metadata, inference, model-config, model-repository, statistics, shared-memory, trace); got "
+      "'",
+      text, "'");
   const size_t colon = text.find(':');
   const size_t equals = text.find('=', colon == std::string::npos ? 0 : colon);
   if (colon == std::string::npos || equals == std::string::npos) {
@@ -60,17 +71,20 @@ StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text) 
     }
     restriction.groups.push_back(*group);
   }
-  restriction.key = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(colon + 1, equals - colon - 1)));
+  restriction.key =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(colon + 1, equals - colon - 1)));
   restriction.value = text.substr(equals + 1);
   if (!ValidHeaderKey(restriction.key)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", restriction.key,
-                                                   "' is not a header gRPC carries as text", usage));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", restriction.key, "' is not a header gRPC carries as text", usage));
   }
-  if (restriction.value.empty()) return absl::InvalidArgumentError(absl::StrCat("empty header value", usage));
+  if (restriction.value.empty())
+    return absl::InvalidArgumentError(absl::StrCat("empty header value", usage));
   return restriction;
 }
 
-Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions, const std::string& flag) {
+Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions,
+                                 const std::string& flag) {
   std::vector<ProtocolGroup> seen;
   for (const ProtocolRestriction& restriction : restrictions) {
     for (ProtocolGroup group : restriction.groups) {
@@ -84,34 +98,38 @@ Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restric
   return absl::OkStatus();
 }
 
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
-                           absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values) {
+Status CheckProtocolAccess(
+    const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+    absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values) {
   for (const ProtocolRestriction& restriction : restrictions) {
-    if (std::find(restriction.groups.begin(), restriction.groups.end(), group) == restriction.groups.end()) {
+    if (std::find(restriction.groups.begin(), restriction.groups.end(), group) ==
+        restriction.groups.end()) {
       continue;
     }
     const std::vector<absl::string_view> sent = values(restriction.key);
     if (sent.empty()) {
-      return absl::UnauthenticatedError(absl::StrCat("the '", ProtocolGroupName(group),
-                                                     "' protocol is restricted on this server: send the header '",
-                                                     restriction.key, "'"));
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the '", ProtocolGroupName(group),
+          "' protocol is restricted on this server: send the header '", restriction.key, "'"));
     }
     for (absl::string_view value : sent) {
       if (value == restriction.value) return absl::OkStatus();
     }
-    return absl::PermissionDeniedError(absl::StrCat("the '", ProtocolGroupName(group),
-                                                    "' protocol is restricted on this server and header '",
-                                                    restriction.key, "' does not have the expected value"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the '", ProtocolGroupName(group), "' protocol is restricted on this server and header '",
+        restriction.key, "' does not have the expected value"));
   }
   return absl::OkStatus();
 }
 
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions,
+                           ProtocolGroup group,
                            const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
   return CheckProtocolAccess(restrictions, group, [&metadata](const std::string& key) {
     std::vector<absl::string_view> values;
     auto [begin, end] = metadata.equal_range(grpc::string_ref(key));
-    for (auto it = begin; it != end; ++it) values.emplace_back(it->second.data(), it->second.size());
+    for (auto it = begin; it != end; ++it)
+      values.emplace_back(it->second.data(), it->second.size());
     return values;
   });
 }

@@ -1,6 +1,7 @@
-// Guarded APIs (Triton's --grpc-restricted-protocol and --http-restricted-api): calls of a restricted protocol group must
-// carry a header with the expected value, so that a client allowed to infer cannot, say, read the
-// model configurations or statistics. grpc.health.v1 is never restricted (orchestrator probes).
+// Guarded APIs (Triton's --grpc-restricted-protocol and --http-restricted-api): calls of a
+// restricted protocol group must carry a header with the expected value, so that a client allowed
+// to infer cannot, say, read the model configurations or statistics. grpc.health.v1 is never
+// restricted (orchestrator probes).
 #pragma once
 
 #include <map>
@@ -31,7 +32,7 @@ const char* ProtocolGroupName(ProtocolGroup group);  // "health", "model-config"
 
 struct ProtocolRestriction {
   std::vector<ProtocolGroup> groups;
-  std::string key;    // header name, lower case (gRPC metadata keys are)
+  std::string key;  // header name, lower case (gRPC metadata keys are)
   std::string value;
 };
 
@@ -46,11 +47,13 @@ Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restric
 
 // OK when `group` is unrestricted or the call's metadata carries the header with the value;
 // UNAUTHENTICATED when the header is missing, PERMISSION_DENIED when its value is wrong.
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions,
+                           ProtocolGroup group,
                            const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
 // The same over any transport's headers: `values(key)` is what the call sent for header `key`
 // (lower case; the HTTP front end looks headers up case-insensitively).
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
-                           absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values);
+Status CheckProtocolAccess(
+    const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
+    absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values);
 
 }  // namespace sluice

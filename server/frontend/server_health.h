@@ -16,7 +16,7 @@ namespace sluice {
 class ServerHealth {
  public:
   struct Options {
-    bool strict = true;                         // --strict-readiness: ready only when every model is
+    bool strict = true;  // --strict-readiness: ready only when every model is
     const LivenessMonitor* liveness = nullptr;  // null: always live
     const ModelManager* models = nullptr;       // for `strict`; null: no model to wait for
   };

@@ -24,17 +24,19 @@ std::string StatusNotFoundMessage(const std::string& name) {
 }
 
 Status AlreadyRegisteredError(const std::string& name) {
-  return absl::AlreadyExistsError(
-      absl::StrCat("shared memory region '", QuoteClientText(name), "' already in manager (unregister it first)"));
+  return absl::AlreadyExistsError(absl::StrCat("shared memory region '", QuoteClientText(name),
+                                               "' already in manager (unregister it first)"));
 }
 
 constexpr char kTruncatedAdvice[] =
-    "its object shrank below the registered range (ftruncate) and the server's access past the end was "
-    "caught; the region is unregistered: recreate the object at its full size and register it again";
+    "its object shrank below the registered range (ftruncate) and the server's access past the end "
+    "was "
+    "caught; the region is unregistered: recreate the object at its full size and register it "
+    "again";
 
 void LogTruncated(const SharedMemoryRegion& region) {
-  spdlog::warn("event=shm_truncated region={} key={} offset={} bytes={} action=unregistered", region.name(),
-               region.key(), region.offset(), region.byte_size());
+  spdlog::warn("event=shm_truncated region={} key={} offset={} bytes={} action=unregistered",
+               region.name(), region.key(), region.offset(), region.byte_size());
 }
 
 }  // namespace
@@ -61,12 +63,14 @@ Status CheckSharedMemoryKey(const std::string& key) {
 StatusOr<std::vector<std::string>> ParseClientShmKeyPrefixes(const std::string& text) {
   std::vector<std::string> prefixes;
   for (absl::string_view each : absl::StrSplit(text, ',')) {
-    const bool valid = each == "*" || (!each.empty() && each[0] == '/' && each.find('/', 1) == absl::string_view::npos);
+    const bool valid = each == "*" || (!each.empty() && each[0] == '/' &&
+                                       each.find('/', 1) == absl::string_view::npos);
     if (!valid) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--client-shm-keys: '", absl::CHexEscape(each),
-          "' is no key prefix; give comma-separated prefixes of shared memory keys, each '/' then the start of "
-          "a name without '/' (as /myapp_), or '*' for every key"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--client-shm-keys: '", absl::CHexEscape(each),
+                       "' is no key prefix; give comma-separated prefixes of shared memory keys, "
+                       "each '/' then the start of "
+                       "a name without '/' (as /myapp_), or '*' for every key"));
     }
     prefixes.emplace_back(each);
   }
@@ -81,32 +85,42 @@ Status SharedMemoryManager::CheckKeyAllowed(const std::string& key) const {
     return absl::PermissionDeniedError(absl::StrCat(
         "shared memory key '", QuoteClientText(key),
         "' is not allowed: this server accepts no key until its operator names them: start it with "
-        "--client-shm-keys=<prefix>[,<prefix>...] (the keys' common start, as /myapp_), or '*' for every key"));
+        "--client-shm-keys=<prefix>[,<prefix>...] (the keys' common start, as /myapp_), or '*' for "
+        "every key"));
   }
   std::vector<std::string> quoted;
-  for (const std::string& prefix : options_.key_prefixes) quoted.push_back(absl::StrCat("'", prefix, "'"));
-  return absl::PermissionDeniedError(absl::StrCat("shared memory key '", QuoteClientText(key),
-                                                  "' is not allowed: this server accepts keys starting with ",
-                                                  absl::StrJoin(quoted, ", "), " (--client-shm-keys)"));
+  for (const std::string& prefix : options_.key_prefixes)
+    quoted.push_back(absl::StrCat("'", prefix, "'"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("shared memory key '", QuoteClientText(key),
+                   "' is not allowed: this server accepts keys starting with ",
+                   absl::StrJoin(quoted, ", "), " (--client-shm-keys)"));
 }
 
-StatusOr<char*> SharedMemoryRegion::Slice(const std::string& what, uint64_t offset, uint64_t byte_size) const {
+StatusOr<char*> SharedMemoryRegion::Slice(const std::string& what, uint64_t offset,
+                                          uint64_t byte_size) const {
   if (offset > byte_size_ || byte_size > byte_size_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("Invalid offset + byte size for shared memory region: '", QuoteClientText(name_),
-                                                   "' (", what, ": ", byte_size, " bytes at offset ", offset,
-                                                   " do not fit its ", byte_size_, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid offset + byte size for shared memory region: '",
+                     QuoteClientText(name_), "' (", what, ": ", byte_size, " bytes at offset ",
+                     offset, " do not fit its ", byte_size_, " bytes)"));
   }
   return data_ + offset;
 }
 
-Status SharedMemoryManager::Register(const std::string& name, const std::string& key, uint64_t offset,
-                                     uint64_t byte_size) {
+Status SharedMemoryManager::Register(const std::string& name, const std::string& key,
+                                     uint64_t offset, uint64_t byte_size) {
   if (name.empty()) {
-    return absl::InvalidArgumentError("'region name' is necessary to register system shared memory region");
+    return absl::InvalidArgumentError(
+        "'region name' is necessary to register system shared memory region");
   }
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat("region '", QuoteClientText(name), "' has no key"));
+  if (key.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("region '", QuoteClientText(name), "' has no key"));
   SLUICE_RETURN_IF_ERROR(CheckSharedMemoryKey(key));
-  if (byte_size == 0) return absl::InvalidArgumentError(absl::StrCat("region '", QuoteClientText(name), "' has byte_size 0"));
+  if (byte_size == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("region '", QuoteClientText(name), "' has byte_size 0"));
   SLUICE_RETURN_IF_ERROR(CheckKeyAllowed(key));
   std::shared_ptr<const SharedMemoryRegion> truncated;
   {
@@ -117,33 +131,37 @@ Status SharedMemoryManager::Register(const std::string& name, const std::string&
   if (truncated) LogTruncated(*truncated);
   const int fd = shm_open(key.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Unable to open shared memory region: '", QuoteClientText(key), "' (region '",
-                                                   name, "': ", std::strerror(errno), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("Unable to open shared memory region: '",
+                                                   QuoteClientText(key), "' (region '", name,
+                                                   "': ", std::strerror(errno), ")"));
   }
   struct stat info {};
   if (fstat(fd, &info) != 0) {
     const int error = errno;
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("region '", QuoteClientText(name), "': cannot stat '", QuoteClientText(key), "': ",
-                                                   std::strerror(error)));
+    return absl::InvalidArgumentError(absl::StrCat("region '", QuoteClientText(name),
+                                                   "': cannot stat '", QuoteClientText(key),
+                                                   "': ", std::strerror(error)));
   }
   const uint64_t object_size = static_cast<uint64_t>(info.st_size);
   if (offset > object_size || byte_size > object_size - offset) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("failed to register shared memory region '", QuoteClientText(name),
-                                                   "': invalid args (", byte_size, " bytes at offset ", offset,
-                                                   " run past the end of shared memory object '", QuoteClientText(key), "', ",
-                                                   object_size, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "failed to register shared memory region '", QuoteClientText(name), "': invalid args (",
+        byte_size, " bytes at offset ", offset, " run past the end of shared memory object '",
+        QuoteClientText(key), "', ", object_size, " bytes)"));
   }
   // The object may shrink from here on (even before the mmap): the guard catches the access.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t aligned = offset - offset % page;
   const size_t mapping_size = static_cast<size_t>(byte_size + (offset - aligned));
-  StatusOr<GuardedMapping> mapping = GuardedMapping::Map(fd, static_cast<off_t>(aligned), mapping_size);
+  StatusOr<GuardedMapping> mapping =
+      GuardedMapping::Map(fd, static_cast<off_t>(aligned), mapping_size);
   close(fd);  // the mapping keeps the object
   if (!mapping.ok()) {
     const Status& status = mapping.status();
-    return Status(status.code(), absl::StrCat("region '", QuoteClientText(name), "' (key '", QuoteClientText(key), "'): ", status.message(),
+    return Status(status.code(), absl::StrCat("region '", QuoteClientText(name), "' (key '",
+                                              QuoteClientText(key), "'): ", status.message(),
                                               status.code() == absl::StatusCode::kResourceExhausted
                                                   ? "; unregister regions no longer in use"
                                                   : ""));
@@ -153,9 +171,11 @@ Status SharedMemoryManager::Register(const std::string& name, const std::string&
       new SharedMemoryRegion(name, key, offset, byte_size, *std::move(mapping), data));
   {
     MutexLock lock(&mutex_);
-    if (!regions_.emplace(name, region).second) return AlreadyRegisteredError(name);  // by another call meanwhile
+    if (!regions_.emplace(name, region).second)
+      return AlreadyRegisteredError(name);  // by another call meanwhile
   }
-  spdlog::info("event=shm_registered region={} key={} offset={} bytes={}", name, key, offset, byte_size);
+  spdlog::info("event=shm_registered region={} key={} offset={} bytes={}", name, key, offset,
+               byte_size);
   return absl::OkStatus();
 }
 
@@ -175,7 +195,8 @@ void SharedMemoryManager::Unregister(const std::string& name) {
   // Unmapped here, or by the last request that still uses it.
 }
 
-StatusOr<std::vector<SharedMemoryStatusEntry>> SharedMemoryManager::Regions(const std::string& name) const {
+StatusOr<std::vector<SharedMemoryStatusEntry>> SharedMemoryManager::Regions(
+    const std::string& name) const {
   std::vector<SharedMemoryStatusEntry> entries;
   std::vector<std::shared_ptr<const SharedMemoryRegion>> truncated;
   {
@@ -198,7 +219,8 @@ StatusOr<std::vector<SharedMemoryStatusEntry>> SharedMemoryManager::Regions(cons
   return entries;
 }
 
-std::shared_ptr<const SharedMemoryRegion> SharedMemoryManager::TakeIfTruncated(const std::string& name) const {
+std::shared_ptr<const SharedMemoryRegion> SharedMemoryManager::TakeIfTruncated(
+    const std::string& name) const {
   auto it = regions_.find(name);
   if (it == regions_.end() || !it->second->truncated()) return nullptr;
   std::shared_ptr<const SharedMemoryRegion> region = std::move(it->second);
@@ -206,7 +228,8 @@ std::shared_ptr<const SharedMemoryRegion> SharedMemoryManager::TakeIfTruncated(c
   return region;
 }
 
-StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryManager::Find(const std::string& name) const {
+StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryManager::Find(
+    const std::string& name) const {
   std::shared_ptr<const SharedMemoryRegion> truncated;
   {
     MutexLock lock(&mutex_);
@@ -214,15 +237,16 @@ StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryManager::Find(co
     if (!truncated) {
       auto it = regions_.find(name);
       if (it == regions_.end()) {
-        return absl::NotFoundError(absl::StrCat("Unable to find shared memory region: '", QuoteClientText(name), "'"));
+        return absl::NotFoundError(
+            absl::StrCat("Unable to find shared memory region: '", QuoteClientText(name), "'"));
       }
       return it->second;
     }
   }
   LogTruncated(*truncated);
   return absl::InvalidArgumentError(absl::StrCat("shared memory region '", QuoteClientText(name),
-                                                 "' was truncated while registered (key '", truncated->key(), "': ",
-                                                 kTruncatedAdvice, ")"));
+                                                 "' was truncated while registered (key '",
+                                                 truncated->key(), "': ", kTruncatedAdvice, ")"));
 }
 
 void SharedMemoryManager::DropIfTruncated(const std::string& name) const {
@@ -236,7 +260,8 @@ void SharedMemoryManager::DropIfTruncated(const std::string& name) const {
 
 Status ClientSharedMemoryDisabledError() {
   return absl::UnimplementedError(
-      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.");
+      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to "
+      "enable.");
 }
 
 StatusOr<std::optional<SharedMemoryReference>> ReadSharedMemoryReference(ParameterFinder find,
@@ -246,24 +271,29 @@ StatusOr<std::optional<SharedMemoryReference>> ReadSharedMemoryReference(Paramet
   const std::optional<ParameterValue> offset = find("shared_memory_offset");
   if (!region) {
     if (byte_size || offset) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          " has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
     }
     return std::nullopt;
   }
   if (region->kind != ParameterValue::Kind::kString || region->text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shared_memory_region must be a region name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shared_memory_region must be a region name"));
   }
   SharedMemoryReference reference;
   reference.region = std::string(region->text);
   if (!byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " names shared memory region '", QuoteClientText(reference.region),
+    return absl::InvalidArgumentError(absl::StrCat(what, " names shared memory region '",
+                                                   QuoteClientText(reference.region),
                                                    "' without shared_memory_byte_size"));
   }
   auto integer = [&](const ParameterValue& value, const char* key) -> StatusOr<uint64_t> {
     if (value.kind == ParameterValue::Kind::kUint64) return value.uint64;
-    if (value.kind == ParameterValue::Kind::kInt64 && value.int64 >= 0) return static_cast<uint64_t>(value.int64);
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", key, " must be a non-negative integer"));
+    if (value.kind == ParameterValue::Kind::kInt64 && value.int64 >= 0)
+      return static_cast<uint64_t>(value.int64);
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", key, " must be a non-negative integer"));
   };
   SLUICE_ASSIGN_OR_RETURN(reference.byte_size, integer(*byte_size, "shared_memory_byte_size"));
   if (offset) {
@@ -272,15 +302,15 @@ StatusOr<std::optional<SharedMemoryReference>> ReadSharedMemoryReference(Paramet
   return reference;
 }
 
-StatusOr<std::vector<SharedMemoryStatusEntry>> SystemSharedMemoryStatus(const SharedMemoryManager* registry,
-                                                                        const std::string& name) {
+StatusOr<std::vector<SharedMemoryStatusEntry>> SystemSharedMemoryStatus(
+    const SharedMemoryManager* registry, const std::string& name) {
   if (registry != nullptr) return registry->Regions(name);
   if (!name.empty()) return absl::NotFoundError(StatusNotFoundMessage(name));
   return std::vector<SharedMemoryStatusEntry>{};
 }
 
-Status RegisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name, const std::string& key,
-                                  uint64_t offset, uint64_t byte_size) {
+Status RegisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name,
+                                  const std::string& key, uint64_t offset, uint64_t byte_size) {
   if (registry == nullptr) return ClientSharedMemoryDisabledError();
   return registry->Register(name, key, offset, byte_size);
 }
@@ -293,15 +323,17 @@ Status UnregisterSystemSharedMemory(SharedMemoryManager* registry, const std::st
 
 Status CudaSharedMemoryStatus(const std::string& name) {
   if (name.empty()) return absl::OkStatus();  // nothing registered
-  return absl::NotFoundError(absl::StrCat("Unable to find cuda shared memory region: '", QuoteClientText(name), "'"));
+  return absl::NotFoundError(
+      absl::StrCat("Unable to find cuda shared memory region: '", QuoteClientText(name), "'"));
 }
 
 Status RegisterCudaSharedMemory(const SharedMemoryManager* registry, const std::string& name) {
   if (registry == nullptr) return ClientSharedMemoryDisabledError();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "failed to register CUDA shared memory region: '", QuoteClientText(name),
-      "', GPUs not supported (this server has no CUDA shared memory; use system shared memory or send the tensors "
-      "in the request)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("failed to register CUDA shared memory region: '", QuoteClientText(name),
+                   "', GPUs not supported (this server has no CUDA shared memory; use system "
+                   "shared memory or send the tensors "
+                   "in the request)"));
 }
 
 Status UnregisterCudaSharedMemory(const SharedMemoryManager* registry) {
@@ -309,15 +341,16 @@ Status UnregisterCudaSharedMemory(const SharedMemoryManager* registry) {
   return absl::OkStatus();  // nothing is registered: unregistering one or all succeeds
 }
 
-StatusOr<char*> SharedMemoryRefs::Resolve(const std::string& what, const std::string& region, uint64_t offset,
-                                         uint64_t byte_size) {
+StatusOr<char*> SharedMemoryRefs::Resolve(const std::string& what, const std::string& region,
+                                          uint64_t offset, uint64_t byte_size) {
   if (manager_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " names shared memory region '", QuoteClientText(region), "', but ",
-                     ClientSharedMemoryDisabledError().message()));
+    return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '",
+                                                      QuoteClientText(region), "', but ",
+                                                      ClientSharedMemoryDisabledError().message()));
   }
   StatusOr<std::shared_ptr<const SharedMemoryRegion>> found = manager_->Find(region);
-  if (!found.ok()) return Status(found.status().code(), absl::StrCat(found.status().message(), " (", what, ")"));
+  if (!found.ok())
+    return Status(found.status().code(), absl::StrCat(found.status().message(), " (", what, ")"));
   SLUICE_ASSIGN_OR_RETURN(char* data, (*found)->Slice(what, offset, byte_size));
   held_.push_back(*std::move(found));
   return data;
@@ -328,16 +361,18 @@ Status SharedMemoryRefs::CheckIntact() const {
     if (!region->truncated()) continue;
     if (manager_ != nullptr) manager_->DropIfTruncated(region->name());
     return absl::InvalidArgumentError(absl::StrCat(
-        "shared memory region '", region->name(), "' was truncated while the request used it (key '", region->key(),
-        "': ", kTruncatedAdvice, "); the request's inputs or outputs there are lost, so it has no result"));
+        "shared memory region '", region->name(),
+        "' was truncated while the request used it (key '", region->key(), "': ", kTruncatedAdvice,
+        "); the request's inputs or outputs there are lost, so it has no result"));
   }
   return absl::OkStatus();
 }
 
 Status SharedMemoryRefs::ResolveInput(const SharedMemoryReference& reference, TensorView* view,
                                       InferRequest* request) {
-  SLUICE_ASSIGN_OR_RETURN(char* data, Resolve(absl::StrCat("input '", QuoteClientText(view->name), "'"), reference.region,
-                                              reference.offset, reference.byte_size));
+  SLUICE_ASSIGN_OR_RETURN(char* data,
+                          Resolve(absl::StrCat("input '", QuoteClientText(view->name), "'"),
+                                  reference.region, reference.offset, reference.byte_size));
   view->data = data;
   view->byte_size = static_cast<size_t>(reference.byte_size);
   if (view->dtype == DataType::kBytes) {
@@ -348,10 +383,12 @@ Status SharedMemoryRefs::ResolveInput(const SharedMemoryReference& reference, Te
   return absl::OkStatus();
 }
 
-Status SharedMemoryRefs::ResolveOutput(const std::string& name, const SharedMemoryReference& reference,
+Status SharedMemoryRefs::ResolveOutput(const std::string& name,
+                                       const SharedMemoryReference& reference,
                                        SharedMemorySink* sink) {
-  SLUICE_ASSIGN_OR_RETURN(char* data, Resolve(absl::StrCat("output '", QuoteClientText(name), "'"), reference.region,
-                                              reference.offset, reference.byte_size));
+  SLUICE_ASSIGN_OR_RETURN(
+      char* data, Resolve(absl::StrCat("output '", QuoteClientText(name), "'"), reference.region,
+                          reference.offset, reference.byte_size));
   sink->Add(name, {data, reference.byte_size});
   return absl::OkStatus();
 }
@@ -360,9 +397,9 @@ StatusOr<char*> SharedMemorySink::Allocate(const OutputDescription& output) {
   auto it = targets_.find(output.name);
   if (it == targets_.end()) return fallback_->Allocate(output);
   if (output.byte_size > it->second.byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat("output '", QuoteClientText(output.name), "' has ", output.byte_size,
-                                                   " bytes, more than its shared memory slice holds (",
-                                                   it->second.byte_size, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output '", QuoteClientText(output.name), "' has ", output.byte_size,
+        " bytes, more than its shared memory slice holds (", it->second.byte_size, " bytes)"));
   }
   describe_(output);
   return it->second.data;

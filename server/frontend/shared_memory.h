@@ -19,31 +19,44 @@
 // follows in brackets):
 //
 //   case                                 code              message
-//   register or unregister, shm off      UNIMPLEMENTED     Client shared memory is disabled. Start the server
-//                                                          with '--allow-client-shm=true' to enable.
-//   register a name in use               ALREADY_EXISTS    shared memory region 'r' already in manager (..)
-//   register: a key that is not one      INVALID_ARGUMENT  shared memory key '..' is not a POSIX shared memory
+//   register or unregister, shm off      UNIMPLEMENTED     Client shared memory is disabled. Start
+//   the server
+//                                                          with '--allow-client-shm=true' to
+//                                                          enable.
+//   register a name in use               ALREADY_EXISTS    shared memory region 'r' already in
+//   manager (..) register: a key that is not one      INVALID_ARGUMENT  shared memory key '..' is
+//   not a POSIX shared memory
 //     POSIX name (CheckSharedMemoryKey)                    name: (..)
-//   register: a key outside the          PERMISSION_DENIED shared memory key '/k' is not allowed: (the prefixes,
+//   register: a key outside the          PERMISSION_DENIED shared memory key '/k' is not allowed:
+//   (the prefixes,
 //     operator's prefixes                                  or the flag to set)
-//   register: object cannot be opened    INVALID_ARGUMENT  Unable to open shared memory region: 'key' (..)
-//   register: every guard slot in use    RESOURCE_EXHAUSTED  region 'r' (key '/k'): 4096 shared memory regions
-//     (GuardedMapping::kMaxGuardedMappings)                are mapped already, ..; unregister regions no longer
+//   register: object cannot be opened    INVALID_ARGUMENT  Unable to open shared memory region:
+//   'key' (..) register: every guard slot in use    RESOURCE_EXHAUSTED  region 'r' (key '/k'): 4096
+//   shared memory regions
+//     (GuardedMapping::kMaxGuardedMappings)                are mapped already, ..; unregister
+//     regions no longer
 //                                                          in use
-//   register: range past the object      INVALID_ARGUMENT  failed to register shared memory region 'r': invalid
+//   register: range past the object      INVALID_ARGUMENT  failed to register shared memory region
+//   'r': invalid
 //                                                          args (..)
-//   status of an unknown name            NOT_FOUND         Unable to find system shared memory region: 'r'
-//   CUDA status of any name              NOT_FOUND         Unable to find cuda shared memory region: 'r'
-//   CUDA register (no CUDA shm here)     INVALID_ARGUMENT  failed to register CUDA shared memory region: 'r',
+//   status of an unknown name            NOT_FOUND         Unable to find system shared memory
+//   region: 'r' CUDA status of any name              NOT_FOUND         Unable to find cuda shared
+//   memory region: 'r' CUDA register (no CUDA shm here)     INVALID_ARGUMENT  failed to register
+//   CUDA shared memory region: 'r',
 //                                                          GPUs not supported (..)
-//   a request names an unknown region    NOT_FOUND         Unable to find shared memory region: 'r' (input 'x')
-//   a request's slice past the region    INVALID_ARGUMENT  Invalid offset + byte size for shared memory
+//   a request names an unknown region    NOT_FOUND         Unable to find shared memory region: 'r'
+//   (input 'x') a request's slice past the region    INVALID_ARGUMENT  Invalid offset + byte size
+//   for shared memory
 //                                                          region: 'r' (..)
-//   a request names a region whose       INVALID_ARGUMENT  shared memory region 'r' was truncated while
+//   a request names a region whose       INVALID_ARGUMENT  shared memory region 'r' was truncated
+//   while
 //     object shrank (a fault poisoned it)                  registered (..); the region is dropped
-//   a region a request used shrank       INVALID_ARGUMENT  shared memory region 'r' was truncated while the
-//     while the request was in flight                      request used it (..), instead of the result
-//   a request names a region, shm off    FAILED_PRECONDITION  input 'x' names shared memory region 'r', but
+//   a region a request used shrank       INVALID_ARGUMENT  shared memory region 'r' was truncated
+//   while the
+//     while the request was in flight                      request used it (..), instead of the
+//     result
+//   a request names a region, shm off    FAILED_PRECONDITION  input 'x' names shared memory region
+//   'r', but
 //                                                          Client shared memory is disabled. ...
 #pragma once
 
@@ -88,10 +101,14 @@ class SharedMemoryRegion {
 
  private:
   friend class SharedMemoryManager;
-  SharedMemoryRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size, GuardedMapping mapping,
-                     char* data)
-      : name_(std::move(name)), key_(std::move(key)), offset_(offset), byte_size_(byte_size),
-        mapping_(std::move(mapping)), data_(data) {}
+  SharedMemoryRegion(std::string name, std::string key, uint64_t offset, uint64_t byte_size,
+                     GuardedMapping mapping, char* data)
+      : name_(std::move(name)),
+        key_(std::move(key)),
+        offset_(offset),
+        byte_size_(byte_size),
+        mapping_(std::move(mapping)),
+        data_(data) {}
 
   const std::string name_;
   const std::string key_;
@@ -159,18 +176,20 @@ class SharedMemoryManager {
   // options' prefixes; RESOURCE_EXHAUSTED when the process guards
   // GuardedMapping::kMaxGuardedMappings regions already; each in the table's words. An object
   // that shrinks between fstat and mmap is caught as any later shrink is (the guard).
-  Status Register(const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  Status Register(const std::string& name, const std::string& key, uint64_t offset,
+                  uint64_t byte_size) ABSL_LOCKS_EXCLUDED(mutex_);
   // Forgets `name` (every region when empty). A name that is not registered is not an error
   // (Triton's behaviour). Requests in flight keep their regions mapped until they are answered.
   void Unregister(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
   // `name`'s entry, or every region's when empty; NOT_FOUND for an unknown name. Truncated
   // regions are dropped first (as by Find), and not listed.
-  StatusOr<std::vector<SharedMemoryStatusEntry>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<std::vector<SharedMemoryStatusEntry>> Regions(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // The region `name`; NOT_FOUND ("Unable to find shared memory region: 'name'", Triton's words
   // when a request names it). A region found truncated is dropped from the registry (logged:
   // event=shm_truncated) and answered INVALID_ARGUMENT ("... was truncated while registered").
-  StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Drops `name` from the registry when the region registered under it is truncated (logged).
   void DropIfTruncated(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -184,7 +203,8 @@ class SharedMemoryManager {
   const Options options_;
   mutable Mutex mutex_;
   // mutable: lookups (const for the requests that use the registry) drop truncated regions.
-  mutable std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> regions_ ABSL_GUARDED_BY(mutex_);
+  mutable std::map<std::string, std::shared_ptr<const SharedMemoryRegion>> regions_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 // The control calls as both front ends answer them (Triton's behaviour), the front end having
@@ -192,10 +212,10 @@ class SharedMemoryManager {
 // unregister answer ClientSharedMemoryDisabledError, status lists nothing). This server has no
 // CUDA shared memory: with the registry on, CUDA status lists nothing, unregistering one or all
 // succeeds and a registration is refused.
-StatusOr<std::vector<SharedMemoryStatusEntry>> SystemSharedMemoryStatus(const SharedMemoryManager* registry,
-                                                                        const std::string& name);
-Status RegisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name, const std::string& key,
-                                  uint64_t offset, uint64_t byte_size);
+StatusOr<std::vector<SharedMemoryStatusEntry>> SystemSharedMemoryStatus(
+    const SharedMemoryManager* registry, const std::string& name);
+Status RegisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name,
+                                  const std::string& key, uint64_t offset, uint64_t byte_size);
 Status UnregisterSystemSharedMemory(SharedMemoryManager* registry, const std::string& name);
 Status CudaSharedMemoryStatus(const std::string& name);  // OK (none), or NOT_FOUND for a name
 Status RegisterCudaSharedMemory(const SharedMemoryManager* registry, const std::string& name);
@@ -210,15 +230,18 @@ class SharedMemoryRefs {
  public:
   // `manager` null: client shared memory is off (--allow-client-shm false); every reference fails.
   explicit SharedMemoryRefs(const SharedMemoryManager* manager) : manager_(manager) {}
-  StatusOr<char*> Resolve(const std::string& what, const std::string& region, uint64_t offset, uint64_t byte_size);
+  StatusOr<char*> Resolve(const std::string& what, const std::string& region, uint64_t offset,
+                          uint64_t byte_size);
   // Points input `view` (name and dtype set) at `reference`'s slice. BYTES inputs are copied into
   // `request`'s owned buffers: they are checked (framing, count, UTF-8) and later split again by
   // their length prefixes, and a client rewriting its region in between could move row
   // boundaries into another request's strings in the same batch; a private copy makes the check
   // hold.
-  Status ResolveInput(const SharedMemoryReference& reference, TensorView* view, InferRequest* request);
+  Status ResolveInput(const SharedMemoryReference& reference, TensorView* view,
+                      InferRequest* request);
   // Sends output `name` to `reference`'s slice through `sink` (SharedMemorySink::Add).
-  Status ResolveOutput(const std::string& name, const SharedMemoryReference& reference, SharedMemorySink* sink);
+  Status ResolveOutput(const std::string& name, const SharedMemoryReference& reference,
+                       SharedMemorySink* sink);
   // Whether any input or output was resolved into a region (InferRequest::shared_memory).
   bool used() const { return !held_.empty(); }
   // OK unless a region this request resolved was truncated by then (its reads and writes went to
@@ -242,7 +265,8 @@ class SharedMemorySink final : public OutputSink {
     uint64_t byte_size = 0;
   };
   using Describe = std::function<void(const OutputDescription&)>;
-  SharedMemorySink(OutputSink* fallback, Describe describe) : fallback_(fallback), describe_(std::move(describe)) {}
+  SharedMemorySink(OutputSink* fallback, Describe describe)
+      : fallback_(fallback), describe_(std::move(describe)) {}
   void Add(const std::string& output, Slice slice) { targets_[output] = slice; }
   bool empty() const { return targets_.empty(); }
   StatusOr<char*> Allocate(const OutputDescription& output) override;

@@ -27,7 +27,8 @@ struct Slot {
   std::atomic<uintptr_t> end{0};
   std::atomic<bool> poisoned{false};
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uintptr_t>::is_always_lock_free &&
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uintptr_t>::is_always_lock_free &&
                   std::atomic<bool>::is_always_lock_free,
               "the SIGBUS handler reads these: they must not take a lock");
 
@@ -117,7 +118,8 @@ StatusOr<GuardedMapping> GuardedMapping::Map(int fd, off_t offset, size_t size) 
   std::call_once(g_install_once, InstallHandler);
   if (g_install_error != 0) {
     return absl::InternalError(
-        absl::StrCat("cannot install the SIGBUS handler that guards shared memory: ", std::strerror(g_install_error)));
+        absl::StrCat("cannot install the SIGBUS handler that guards shared memory: ",
+                     std::strerror(g_install_error)));
   }
   int slot = -1;
   {
@@ -131,9 +133,10 @@ StatusOr<GuardedMapping> GuardedMapping::Map(int fd, off_t offset, size_t size) 
     }
   }
   if (slot < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(kMaxGuardedMappings,
-                                                     " shared memory regions are mapped already, the most this "
-                                                     "server holds at once"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kMaxGuardedMappings,
+                     " shared memory regions are mapped already, the most this "
+                     "server holds at once"));
   }
   void* mapping = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset);
   const int error = errno;

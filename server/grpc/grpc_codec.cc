@@ -22,9 +22,9 @@ Status CopyTyped(const Field& values, const TensorView& view, std::string* out) 
       if constexpr (sizeof(Wire) < sizeof(Source)) {
         if (value < static_cast<Source>(std::numeric_limits<Wire>::min()) ||
             value > static_cast<Source>(std::numeric_limits<Wire>::max())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("input '", QuoteClientText(view.name), "': value ", value, " does not fit ",
-                           DataTypeName(view.dtype)));
+          return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(view.name),
+                                                         "': value ", value, " does not fit ",
+                                                         DataTypeName(view.dtype)));
         }
       }
     }
@@ -121,7 +121,8 @@ ParameterValue ValueOf(const inference::InferParameter& parameter) {
 }  // namespace
 
 StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
-    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what) {
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+    const std::string& what) {
   if (parameters.empty()) return std::nullopt;  // the common case: no lookups
   return ReadSharedMemoryReference(
       [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
@@ -132,8 +133,8 @@ StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
       what);
 }
 
-StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
-                                                              SharedMemoryRefs* shm) {
+StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(
+    const inference::ModelInferRequest& proto, SharedMemoryRefs* shm) {
   auto request = std::make_unique<InferRequest>();
   request->model_name = proto.model_name();
   request->id = proto.id();
@@ -147,18 +148,21 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     in_shm.resize(static_cast<size_t>(proto.inputs_size()));
     SLUICE_ASSIGN_OR_RETURN(
         in_shm[static_cast<size_t>(i)],
-        SharedMemoryReferenceOf(input.parameters(), absl::StrCat("input '", QuoteClientText(input.name()), "'")));
+        SharedMemoryReferenceOf(input.parameters(),
+                                absl::StrCat("input '", QuoteClientText(input.name()), "'")));
     if (in_shm[static_cast<size_t>(i)]) ++shm_inputs;
   }
   const bool raw = proto.raw_input_contents_size() > 0;
-  for (int i = 0; raw && i < proto.inputs_size(); ++i) {  // before the count: what is wrong is the mix
+  for (int i = 0; raw && i < proto.inputs_size();
+       ++i) {  // before the count: what is wrong is the mix
     const auto& input = proto.inputs(i);
     const bool in_region = !in_shm.empty() && in_shm[static_cast<size_t>(i)].has_value();
     if (!in_region && input.has_contents() && TypedValueCount(input.contents()) > 0) {
       // Triton's words (its example clients check them), then what to do.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "contents field must not be specified when using raw_input_contents for '", QuoteClientText(input.name()),
-          "' for model '", proto.model_name(), "' (use one or the other for all inputs)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("contents field must not be specified when using raw_input_contents for '",
+                       QuoteClientText(input.name()), "' for model '", proto.model_name(),
+                       "' (use one or the other for all inputs)"));
     }
   }
   if (raw && proto.raw_input_contents_size() != proto.inputs_size() - shm_inputs) {
@@ -175,9 +179,10 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
     view.name = input.name();
     const std::optional<DataType> dtype = ParseDataTypeName(input.datatype());
     if (!dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", QuoteClientText(input.name()), "': datatype '", QuoteClientText(input.datatype()),
-          "' is not supported (", SupportedDataTypeNames(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", QuoteClientText(input.name()), "': datatype '",
+                       QuoteClientText(input.datatype()), "' is not supported (",
+                       SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
     view.shape.assign(input.shape().begin(), input.shape().end());
@@ -187,12 +192,13 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
             in_shm.empty() ? std::nullopt : in_shm[static_cast<size_t>(i)]) {
       const std::string what = absl::StrCat("input '", QuoteClientText(input.name()), "'");
       if (typed_values > 0) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " is in shared memory and also has typed contents"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " is in shared memory and also has typed contents"));
       }
       if (shm == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(what, " names shared memory region '",
-                                                          QuoteClientText(reference->region),
-                                                          "', but shared memory is not available here"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " names shared memory region '", QuoteClientText(reference->region),
+                         "', but shared memory is not available here"));
       }
       SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*reference, &view, request.get()));
     } else if (raw) {
@@ -201,9 +207,10 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
       view.byte_size = bytes.size();
     } else {
       if (typed_values == 0 && elements > 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "input '", QuoteClientText(input.name()), "' has no data: set its typed `contents` or send "
-            "raw_input_contents"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("input '", QuoteClientText(input.name()),
+                         "' has no data: set its typed `contents` or send "
+                         "raw_input_contents"));
       }
       auto buffer = std::make_unique<std::string>();
       int64_t count = 0;
@@ -238,7 +245,8 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::M
   return request;
 }
 
-void FillInferResponseHeader(const InferRequest& request, int64_t version, inference::ModelInferResponse* proto) {
+void FillInferResponseHeader(const InferRequest& request, int64_t version,
+                             inference::ModelInferResponse* proto) {
   proto->set_model_name(request.model_name);
   proto->set_model_version(std::to_string(version));
   proto->set_id(request.id);
@@ -259,7 +267,8 @@ std::shared_ptr<AnswerConnection> ResponseSink::Connection() {
 
 StatusOr<char*> ResponseSink::Allocate(const OutputDescription& output) {
   Describe(output);
-  std::string* bytes = response_->mutable_raw_output_contents(response_->raw_output_contents_size() - 1);
+  std::string* bytes =
+      response_->mutable_raw_output_contents(response_->raw_output_contents_size() - 1);
   bytes->resize(output.byte_size);
   return bytes->data();
 }

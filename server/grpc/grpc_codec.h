@@ -31,15 +31,17 @@ namespace sluice {
 // shared_memory_byte_size, shared_memory_offset) views that slice of the region through `shm`
 // (which keeps the region mapped); raw_input_contents then has one entry per other input. `shm`
 // null: such an input is FAILED_PRECONDITION (shared memory is off).
-StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(const inference::ModelInferRequest& proto,
-                                                              SharedMemoryRefs* shm = nullptr);
+StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(
+    const inference::ModelInferRequest& proto, SharedMemoryRefs* shm = nullptr);
 
 // A tensor's shared memory reference in its parameters (ReadSharedMemoryReference's rules).
 StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
-    const google::protobuf::Map<std::string, inference::InferParameter>& parameters, const std::string& what);
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+    const std::string& what);
 
 // Echoes model name, version and request id into the response.
-void FillInferResponseHeader(const InferRequest& request, int64_t version, inference::ModelInferResponse* proto);
+void FillInferResponseHeader(const InferRequest& request, int64_t version,
+                             inference::ModelInferResponse* proto);
 
 // The gRPC path's output sink: each output the backend writes becomes an entry of `outputs` and
 // its bytes one raw_output_contents entry of the response message itself, written once. Outputs

@@ -11,18 +11,21 @@
 
 namespace sluice {
 
-StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const GrpcTlsOptions& tls) {
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const GrpcTlsOptions& tls) {
   if (!tls.enabled && !tls.mutual) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions ssl(
+      tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   SLUICE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(tls.server_cert, "--grpc-server-cert"));
   SLUICE_ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(tls.server_key, "--grpc-server-key"));
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
   if (tls.mutual) {
     SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                            ReadPemFile(tls.root_cert, "--grpc-root-cert (the CA of client certificates, "
-                                                       "for --grpc-use-ssl-mutual)"));
+                            ReadPemFile(tls.root_cert,
+                                        "--grpc-root-cert (the CA of client certificates, "
+                                        "for --grpc-use-ssl-mutual)"));
   }
   return grpc::SslServerCredentials(ssl);
 }
@@ -45,13 +48,16 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
     if (wanted) builder.AddChannelArgument(name, value);
   };
   set(GRPC_ARG_MAX_CONNECTION_AGE_MS, c.max_connection_age_ms, c.max_connection_age_ms > 0);
-  set(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, c.max_connection_age_grace_ms, c.max_connection_age_grace_ms > 0);
+  set(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, c.max_connection_age_grace_ms,
+      c.max_connection_age_grace_ms > 0);
   set(GRPC_ARG_MAX_CONNECTION_IDLE_MS, c.max_connection_idle_ms, c.max_connection_idle_ms > 0);
   set(GRPC_ARG_KEEPALIVE_TIME_MS, c.keepalive_time_ms, c.keepalive_time_ms > 0);
   set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, c.keepalive_timeout_ms, c.keepalive_timeout_ms > 0);
   set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1, c.keepalive_permit_without_calls);
-  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, c.http2_max_pings_without_data, c.http2_max_pings_without_data >= 0);
-  set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, c.http2_min_recv_ping_interval_without_data_ms,
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, c.http2_max_pings_without_data,
+      c.http2_max_pings_without_data >= 0);
+  set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      c.http2_min_recv_ping_interval_without_data_ms,
       c.http2_min_recv_ping_interval_without_data_ms > 0);
   set(GRPC_ARG_HTTP2_MAX_PING_STRIKES, c.http2_max_ping_strikes, c.http2_max_ping_strikes >= 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -61,7 +67,9 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions&
   if (server == nullptr || bound_port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address, " (is the port in use? choose another with --grpc-port",
-        options.tls.enabled || options.tls.mutual ? "; or the server key does not match its certificate" : "",
+        options.tls.enabled || options.tls.mutual
+            ? "; or the server key does not match its certificate"
+            : "",
         ")"));
   }
   auto result = std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), service, bound_port));

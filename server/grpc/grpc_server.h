@@ -33,19 +33,20 @@ struct GrpcConnectionOptions {
   int max_connection_age_grace_ms = 0;  // --grpc-max-connection-age-grace-ms: calls in flight
                                         // on an aged connection get this long (0: unbounded)
   int max_connection_idle_ms = 0;       // --grpc-max-connection-idle-ms: close idle connections
-  int keepalive_time_ms = 0;            // --grpc-keepalive-time: server pings this often (gRPC: 2 h)
-  int keepalive_timeout_ms = 0;         // --grpc-keepalive-timeout: ping answer deadline (gRPC: 20 s)
+  int keepalive_time_ms = 0;     // --grpc-keepalive-time: server pings this often (gRPC: 2 h)
+  int keepalive_timeout_ms = 0;  // --grpc-keepalive-timeout: ping answer deadline (gRPC: 20 s)
   bool keepalive_permit_without_calls = false;  // --grpc-keepalive-permit-without-calls
   int http2_max_pings_without_data = -1;        // --grpc-http2-max-pings-without-data (-1: default)
-  int http2_min_recv_ping_interval_without_data_ms = 0;  // --grpc-http2-min-recv-ping-interval-without-data
-  int http2_max_ping_strikes = -1;      // --grpc-http2-max-ping-strikes (-1: default; 0: unlimited)
+  int http2_min_recv_ping_interval_without_data_ms =
+      0;                            // --grpc-http2-min-recv-ping-interval-without-data
+  int http2_max_ping_strikes = -1;  // --grpc-http2-max-ping-strikes (-1: default; 0: unlimited)
 };
 
 struct GrpcServerOptions {
-  std::string address = "0.0.0.0";            // listen address
-  int port = 8001;                             // 0: any free port (see GrpcServer::port)
-  int max_message_bytes = 1 << 30;             // request and response limit (gRPC's own is 4 MiB)
-  GrpcTlsOptions tls;                          // plaintext unless enabled
+  std::string address = "0.0.0.0";  // listen address
+  int port = 8001;                  // 0: any free port (see GrpcServer::port)
+  int max_message_bytes = 1 << 30;  // request and response limit (gRPC's own is 4 MiB)
+  GrpcTlsOptions tls;               // plaintext unless enabled
   GrpcConnectionOptions connections;
 };
 

@@ -31,7 +31,8 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
 class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall {
  public:
   InferReactor(grpc::ByteBuffer* response_bytes, const SharedMemoryManager* shared_memory)
-      : GrpcInferCall(&request_message_, &response_message_, shared_memory), response_bytes_(response_bytes) {
+      : GrpcInferCall(&request_message_, &response_message_, shared_memory),
+        response_bytes_(response_bytes) {
     cancelled = std::make_shared<std::atomic<bool>>(false);
     // The handler's thread is one of gRPC's callback threads: it may run a cheap model itself.
     caller_may_run = true;
@@ -41,11 +42,12 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   Status Parse(const grpc::ByteBuffer& bytes) {
     grpc::ByteBuffer consumed(bytes);  // shares the slices; parsing consumes the copy
     const grpc::Status parsed =
-        grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&consumed, &request_message_);
+        grpc::SerializationTraits<inference::ModelInferRequest>::Deserialize(&consumed,
+                                                                             &request_message_);
     if (parsed.ok()) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request is not a valid inference.ModelInferRequest message (", parsed.error_message(),
-                     "); is the client built from the KServe v2 grpc_service.proto?"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request is not a valid inference.ModelInferRequest message (", parsed.error_message(),
+        "); is the client built from the KServe v2 grpc_service.proto?"));
   }
 
   // Finishes the call (serialising the response when OK). The reactor may be deleted as soon as
@@ -56,8 +58,9 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
       return;
     }
     bool own_buffer = false;
-    const grpc::Status serialized = grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(
-        response_message_, response_bytes_, &own_buffer);
+    const grpc::Status serialized =
+        grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(
+            response_message_, response_bytes_, &own_buffer);
     Finish(serialized);
   }
 
@@ -81,9 +84,9 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
 // responses. Every event feeds the stream's flow (stream_flow.h: its states and transitions) under
 // mutex_, then starts what the flow plans (Step); Finish is planned once and is the last thing its
 // thread does with the reactor (OnDone deletes it).
-class StreamReactor final
-    : public grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>,
-      public SubmissionObserver {
+class StreamReactor final : public grpc::ServerBidiReactor<inference::ModelInferRequest,
+                                                           inference::ModelStreamInferResponse>,
+                            public SubmissionObserver {
  public:
   StreamReactor(GrpcService* service, grpc::CallbackServerContext* context, int max_in_flight,
                 const SharedMemoryManager* shared_memory, const Status& allowed)
@@ -169,9 +172,10 @@ class StreamReactor final
    public:
     Call(StreamReactor* stream, const SharedMemoryManager* shared_memory,
          std::shared_ptr<std::atomic<bool>> stream_cancelled)
-        : GrpcInferCall(&request, response.mutable_infer_response(), shared_memory), stream_(stream) {
+        : GrpcInferCall(&request, response.mutable_infer_response(), shared_memory),
+          stream_(stream) {
       cancelled = std::move(stream_cancelled);  // one flag for the whole stream
-      submission_observer = stream;              // the next read waits for this one's submission
+      submission_observer = stream;             // the next read waits for this one's submission
     }
     void Answer(const Status& status) override { stream_->Answered(this, status); }
 
@@ -206,7 +210,8 @@ class StreamReactor final
     Flow::Plan plan;
     {
       MutexLock lock(&mutex_);
-      plan = flow_.Next(leaving, [this] { return std::make_unique<Call>(this, shared_memory_, cancelled_); });
+      plan = flow_.Next(
+          leaving, [this] { return std::make_unique<Call>(this, shared_memory_, cancelled_); });
     }
     // A planned read or write keeps the stream from finishing, so the reactor is alive here.
     if (plan.write != nullptr) StartWrite(&plan.write->response);
@@ -260,7 +265,8 @@ GrpcService::GrpcService(ModelManager* manager, ModelControl* control, Options o
 grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* context,
                                                   std::function<Status()> task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  control_->Submit(std::move(task), [reactor](const Status& status) { reactor->Finish(ToGrpcStatus(status)); });
+  control_->Submit(std::move(task),
+                   [reactor](const Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
 }
 
@@ -273,8 +279,12 @@ StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerCont
     ControlParameter& parameter = parameters.emplace_back();
     parameter.key = key;
     switch (value.parameter_choice_case()) {
-      case inference::ModelRepositoryParameter::kBoolParam: parameter.kind = ControlParameter::Kind::kBool; break;
-      case inference::ModelRepositoryParameter::kInt64Param: parameter.kind = ControlParameter::Kind::kInt64; break;
+      case inference::ModelRepositoryParameter::kBoolParam:
+        parameter.kind = ControlParameter::Kind::kBool;
+        break;
+      case inference::ModelRepositoryParameter::kInt64Param:
+        parameter.kind = ControlParameter::Kind::kInt64;
+        break;
       case inference::ModelRepositoryParameter::kBytesParam:
         parameter.kind = ControlParameter::Kind::kBytes;
         parameter.value = value.bytes_param();
@@ -285,7 +295,8 @@ StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerCont
         break;
     }
   }
-  return CheckModelControl(control_, "gRPC", request.repository_name(), request.model_name(), parameters,
+  return CheckModelControl(control_, "gRPC", request.repository_name(), request.model_name(),
+                           parameters,
                            std::is_same_v<Request, inference::RepositoryModelUnloadRequest>);
 }
 
@@ -302,7 +313,8 @@ grpc::ServerUnaryReactor* GrpcService::RepositoryModelLoad(
 grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (Status allowed = CheckControl(*context, *request).status(); !allowed.ok()) return FinishNow(context, allowed);
+  if (Status allowed = CheckControl(*context, *request).status(); !allowed.ok())
+    return FinishNow(context, allowed);
   return RunControl(context, [this, name = request->model_name()] {
     spdlog::info("event=model_unload_requested model={}", name);
     return control_->UnloadModel(name);
@@ -345,24 +357,25 @@ grpc::ServerUnaryReactor* GrpcService::ModelReady(grpc::CallbackServerContext* c
   return FinishNow(context, ready.status());
 }
 
-grpc::ServerUnaryReactor* GrpcService::ServerMetadata(
-    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
-    inference::ServerMetadataResponse* response) {
+grpc::ServerUnaryReactor* GrpcService::ServerMetadata(grpc::CallbackServerContext* context,
+                                                      const inference::ServerMetadataRequest*,
+                                                      inference::ServerMetadataResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, options_.tracer != nullptr,
-                       response);
+  AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr,
+                       options_.tracer != nullptr, response);
   return FinishNow(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* GrpcService::ModelMetadata(
-    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
-    inference::ModelMetadataResponse* response) {
+grpc::ServerUnaryReactor* GrpcService::ModelMetadata(grpc::CallbackServerContext* context,
+                                                     const inference::ModelMetadataRequest* request,
+                                                     inference::ModelMetadataResponse* response) {
   if (Status allowed = Allow(*context, ProtocolGroup::kMetadata); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, AnswerModelMetadata(*manager_, request->name(), request->version(), response));
+  return FinishNow(context,
+                   AnswerModelMetadata(*manager_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelConfig(grpc::CallbackServerContext* context,
@@ -371,7 +384,8 @@ grpc::ServerUnaryReactor* GrpcService::ModelConfig(grpc::CallbackServerContext* 
   if (Status allowed = Allow(*context, ProtocolGroup::kModelConfig); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, AnswerModelConfig(*manager_, request->name(), request->version(), response));
+  return FinishNow(context,
+                   AnswerModelConfig(*manager_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* GrpcService::RepositoryIndex(
@@ -380,7 +394,8 @@ grpc::ServerUnaryReactor* GrpcService::RepositoryIndex(
   if (Status allowed = Allow(*context, ProtocolGroup::kModelRepository); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, AnswerRepositoryIndex(*manager_, request->repository_name(), request->ready(), response));
+  return FinishNow(context, AnswerRepositoryIndex(*manager_, request->repository_name(),
+                                                  request->ready(), response));
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelStatistics(
@@ -389,18 +404,21 @@ grpc::ServerUnaryReactor* GrpcService::ModelStatistics(
   if (Status allowed = Allow(*context, ProtocolGroup::kStatistics); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, AnswerModelStatistics(*manager_, request->name(), request->version(), response));
+  return FinishNow(context,
+                   AnswerModelStatistics(*manager_, request->name(), request->version(), response));
 }
 
 StatusOr<std::unique_ptr<InferRequest>> GrpcInferCall::Decode(const ModelHandle&) {
-  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<InferRequest> decoded, InferRequestFromProto(*request_, &shm_refs_));
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<InferRequest> decoded,
+                          InferRequestFromProto(*request_, &shm_refs_));
   // Outputs that name a shared memory slice go there (the others stay in the response message).
   for (const auto& output : request_->outputs()) {
     if (output.parameters().empty()) continue;  // the common case: no message to build
     const std::string what = absl::StrCat("output '", QuoteClientText(output.name()), "'");
     SLUICE_ASSIGN_OR_RETURN(std::optional<SharedMemoryReference> reference,
                             SharedMemoryReferenceOf(output.parameters(), what));
-    if (reference) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name(), *reference, &sink_));
+    if (reference)
+      SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name(), *reference, &sink_));
   }
   decoded->shared_memory = shm_refs_.used();
   return decoded;
@@ -414,7 +432,8 @@ OutputSink* GrpcInferCall::sink() {
   return sink_.empty() ? static_cast<OutputSink*>(&response_sink_) : &sink_;
 }
 
-void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call, const char* method) {
+void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcInferCall* call,
+                              const char* method) {
   call->deadline = CallerDeadline(context, clock_->Now());
   if (options_.tracer != nullptr && options_.tracer->active()) {
     const auto& metadata = context.client_metadata();
@@ -422,7 +441,9 @@ void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcIn
         call->model_name(),
         [&metadata](const char* key) -> absl::string_view {
           auto found = metadata.find(key);
-          return found == metadata.end() ? absl::string_view() : absl::string_view(found->second.data(), found->second.size());
+          return found == metadata.end()
+                     ? absl::string_view()
+                     : absl::string_view(found->second.data(), found->second.size());
         },
         method);
   }
@@ -448,13 +469,14 @@ grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* GrpcService::TraceSetting(grpc::CallbackServerContext* context,
                                                     const inference::TraceSettingRequest* request,
                                                     inference::TraceSettingResponse* response) {
-  if (Status allowed = Allow(*context, ProtocolGroup::kTrace); !allowed.ok()) return FinishNow(context, allowed);
+  if (Status allowed = Allow(*context, ProtocolGroup::kTrace); !allowed.ok())
+    return FinishNow(context, allowed);
   TraceSettingsMap update;
   for (const auto& [key, value] : request->settings()) {
     update[key].assign(value.value().begin(), value.value().end());
   }
-  StatusOr<TraceSettingsMap> settings =
-      AnswerTraceSettings(*manager_, options_.tracer, request->model_name(), update.empty() ? nullptr : &update);
+  StatusOr<TraceSettingsMap> settings = AnswerTraceSettings(
+      *manager_, options_.tracer, request->model_name(), update.empty() ? nullptr : &update);
   if (!settings.ok()) return FinishNow(context, settings.status());
   for (const auto& [key, values] : *settings) {
     auto& out = (*response->mutable_settings())[key];
@@ -491,28 +513,31 @@ grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryStatus(
 }
 
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryRegister(
-    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, sluice::RegisterSystemSharedMemory(options_.shared_memory, request->name(),
-                                                               request->key(), request->offset(),
-                                                               request->byte_size()));
+  return FinishNow(context, sluice::RegisterSystemSharedMemory(
+                                options_.shared_memory, request->name(), request->key(),
+                                request->offset(), request->byte_size()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::SystemSharedMemoryUnregister(
-    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, sluice::UnregisterSystemSharedMemory(options_.shared_memory, request->name()));
+  return FinishNow(context,
+                   sluice::UnregisterSystemSharedMemory(options_.shared_memory, request->name()));
 }
 
-grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
-                                                              const inference::CudaSharedMemoryStatusRequest* request,
-                                                              inference::CudaSharedMemoryStatusResponse*) {
+grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+    inference::CudaSharedMemoryStatusResponse*) {
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
@@ -525,7 +550,8 @@ grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryRegister(
   if (Status allowed = Allow(*context, ProtocolGroup::kSharedMemory); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  return FinishNow(context, sluice::RegisterCudaSharedMemory(options_.shared_memory, request->name()));
+  return FinishNow(context,
+                   sluice::RegisterCudaSharedMemory(options_.shared_memory, request->name()));
 }
 
 grpc::ServerUnaryReactor* GrpcService::CudaSharedMemoryUnregister(

@@ -29,13 +29,14 @@ namespace sluice {
 // owner's (Answer). `request` and `response` outlive the call.
 class GrpcInferCall : public InferenceCall {
  public:
-  GrpcInferCall(const inference::ModelInferRequest* request, inference::ModelInferResponse* response,
-                const SharedMemoryManager* shared_memory)
+  GrpcInferCall(const inference::ModelInferRequest* request,
+                inference::ModelInferResponse* response, const SharedMemoryManager* shared_memory)
       : request_(request),
         response_(response),
         response_sink_(response),
         shm_refs_(shared_memory),
-        sink_(&response_sink_, [this](const OutputDescription& output) { response_sink_.Describe(output); }) {
+        sink_(&response_sink_,
+              [this](const OutputDescription& output) { response_sink_.Describe(output); }) {
     shared_memory_refs = &shm_refs_;
   }
   GrpcInferCall(const GrpcInferCall&) = delete;
@@ -69,15 +70,15 @@ class GrpcInferCall : public InferenceCall {
 // callback handler answers them UNIMPLEMENTED with no message). Marking it raw over the
 // callback base logs one line at GRPC_VERBOSITY=info.
 class GrpcService final : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
-                                   inference::GRPCInferenceService::CallbackService> {
+                              inference::GRPCInferenceService::CallbackService> {
  public:
   struct Options {
     std::string server_version = "0.1.0";  // reported by ServerMetadata
     const ServerHealth* health = nullptr;  // ServerLive and ServerReady; null: live and ready
-    const TimeSource* clock = nullptr;    // for request deadlines; null: the steady clock
+    const TimeSource* clock = nullptr;     // for request deadlines; null: the steady clock
     std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol; empty: all open
     const ModelLookup* lookup = nullptr;  // where ModelInfer finds models; null: the manager
-    int stream_max_in_flight = 64;        // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
+    int stream_max_in_flight = 64;  // per ModelStreamInfer stream (--grpc-stream-max-in-flight)
     // Hold a TCP connection's writes while one execution's answers to several of its unary
     // calls are sent (--grpc-coalesce-answers; core/output_sink.h AnswerConnection).
     bool coalesce_answers = true;
@@ -100,7 +101,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // The connections of unary calls whose batched answers were held (coalesce_answers).
   const TcpConnections& connections() const { return connections_; }
   // The port(s) the gRPC server bound: only connections to them are ever held.
-  void SetListeningPorts(std::vector<int> ports) { connections_.SetListeningPorts(std::move(ports)); }
+  void SetListeningPorts(std::vector<int> ports) {
+    connections_.SetListeningPorts(std::move(ports));
+  }
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -126,18 +129,19 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // Load and unload take seconds (loading, warm-up, draining): the handlers hand them to the
   // model control thread (ModelControl::Submit), which runs them one at a time and finishes the
   // call.
-  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
-                                                const inference::RepositoryModelLoadRequest* request,
-                                                inference::RepositoryModelLoadResponse* response) override;
-  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* context,
-                                                  const inference::RepositoryModelUnloadRequest* request,
-                                                  inference::RepositoryModelUnloadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
   // `request` holds a serialized ModelInferRequest; `response` gets the serialized
   // ModelInferResponse.
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
   // One bidirectional stream of inference requests (non-decoupled models: one response per
   // request, written as each is answered, so possibly out of order; each carries its request's
@@ -146,8 +150,8 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // read and written; at the bound the stream is not read until one is written. When the stream
   // ends (client cancel, deadline, broken transport), its queued requests are cancelled. The
   // stream finishes OK after the client half-closes and every response is written.
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
-      grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
   // Runs `call` for `context`'s caller on the shared inference path (inference_path.h): the
   // caller's deadline, its trace when sampled (a request span named `method`, the caller's
@@ -156,32 +160,37 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
                    const char* method = "inference.GRPCInferenceService/ModelInfer");
 
   // Triton's trace settings extension: the server's settings (model_name empty) or a model's,
-  // changed first when the request carries settings. Guarded like the other control APIs (the "trace"
-  // protocol group). The export URL is not a setting: a client cannot point the server
+  // changed first when the request carries settings. Guarded like the other control APIs (the
+  // "trace" protocol group). The export URL is not a setting: a client cannot point the server
   // elsewhere.
   grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
                                          const inference::TraceSettingRequest* request,
                                          inference::TraceSettingResponse* response) override;
 
-  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(grpc::CallbackServerContext* context,
-                                                     const inference::SystemSharedMemoryStatusRequest* request,
-                                                     inference::SystemSharedMemoryStatusResponse* response) override;
-  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(grpc::CallbackServerContext* context,
-                                                       const inference::SystemSharedMemoryRegisterRequest* request,
-                                                       inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryRegisterRequest* request,
+      inference::SystemSharedMemoryRegisterResponse* response) override;
   grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
-      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryUnregisterRequest* request,
       inference::SystemSharedMemoryUnregisterResponse* response) override;
   // CUDA shared memory answers UNIMPLEMENTED with a sentence saying so.
-  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(grpc::CallbackServerContext* context,
-                                                   const inference::CudaSharedMemoryStatusRequest* request,
-                                                   inference::CudaSharedMemoryStatusResponse* response) override;
-  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(grpc::CallbackServerContext* context,
-                                                     const inference::CudaSharedMemoryRegisterRequest* request,
-                                                     inference::CudaSharedMemoryRegisterResponse* response) override;
-  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(grpc::CallbackServerContext* context,
-                                                       const inference::CudaSharedMemoryUnregisterRequest* request,
-                                                       inference::CudaSharedMemoryUnregisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+      inference::CudaSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryRegisterRequest* request,
+      inference::CudaSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryUnregisterRequest* request,
+      inference::CudaSharedMemoryUnregisterResponse* response) override;
 
  private:
   // OK, or why the call may not use `group` (see restricted_protocols.h).
@@ -189,9 +198,11 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
   // (A load's config override comes back.)
   template <typename Request>
-  StatusOr<ModelOverride> CheckControl(const grpc::CallbackServerContext& context, const Request& request) const;
+  StatusOr<ModelOverride> CheckControl(const grpc::CallbackServerContext& context,
+                                       const Request& request) const;
   // Runs `task` on the control thread and finishes the call with its status.
-  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context, std::function<Status()> task);
+  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context,
+                                       std::function<Status()> task);
 
   ModelManager* const manager_;
   ModelControl* const control_;

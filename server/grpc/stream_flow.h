@@ -3,15 +3,18 @@
 // request (a `Call`) from the read that fills it until its response is written.
 //
 // The states and every transition:
-//   phase   kOpen       --ReadDone(false): the client half-closed, or the stream broke-->  kClientDone
+//   phase   kOpen       --ReadDone(false): the client half-closed, or the stream broke-->
+//   kClientDone
 //           kOpen, kClientDone --WriteDone(false): the transport is gone-->            kBroken
 //           kClientDone, kBroken --Next: the read idle, no write pending, no call in flight,
-//                                  no reaction active-->                               kFinished (planned once)
+//                                  no reaction active-->                               kFinished
+//                                  (planned once)
 //           (Refuse: kFinished at once, nothing is ever planned)
 //   read    kIdle --Next: kOpen and fewer than max_in_flight calls in flight--> kPending
 //           kPending --ReadDone(true), not kBroken--> kSubmitting (the call is in flight)
-//           kPending --ReadDone(false), or ReadDone(true) when kBroken (the request is dropped)--> kIdle
-//           kSubmitting --Submitted: the call was handed on (queued with its model, or answered;
+//           kPending --ReadDone(false), or ReadDone(true) when kBroken (the request is dropped)-->
+//           kIdle kSubmitting --Submitted: the call was handed on (queued with its model, or
+//           answered;
 //                         after the wait, for a model loading on demand)--> kIdle
 //           (The next read waits for Submitted: a request read later must never reach its model
 //           first, or a sequence's requests could run out of order.)
@@ -111,8 +114,8 @@ class StreamFlow {
       next_ = make_call();
       plan.read = next_.get();
     }
-    if ((phase_ == Phase::kClientDone || phase_ == Phase::kBroken) && read_ == Op::kIdle && write_ == Op::kIdle &&
-        calls_.empty() && active_ == 0) {
+    if ((phase_ == Phase::kClientDone || phase_ == Phase::kBroken) && read_ == Op::kIdle &&
+        write_ == Op::kIdle && calls_.empty() && active_ == 0) {
       phase_ = Phase::kFinished;
       plan.finish = true;
     }
@@ -134,9 +137,10 @@ class StreamFlow {
   Op read_ = Op::kIdle;
   Op write_ = Op::kIdle;
   int active_ = 0;
-  std::unique_ptr<Call> next_;                                   // what the pending read fills
-  absl::flat_hash_map<Call*, std::unique_ptr<Call>> calls_;      // in flight: read, not yet written
-  std::deque<Call*> write_queue_;  // answered, in answer order; the front is being written when write_ is kPending
+  std::unique_ptr<Call> next_;                               // what the pending read fills
+  absl::flat_hash_map<Call*, std::unique_ptr<Call>> calls_;  // in flight: read, not yet written
+  std::deque<Call*> write_queue_;  // answered, in answer order; the front is being written when
+                                   // write_ is kPending
 };
 
 }  // namespace sluice

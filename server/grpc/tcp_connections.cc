@@ -47,7 +47,8 @@ std::string KeyOf(const sockaddr_storage& address) {
 std::string SocketPeerKey(int fd) {
   int type = 0;
   socklen_t type_length = sizeof(type);
-  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_STREAM) return {};
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_STREAM)
+    return {};
   sockaddr_storage address{};
   socklen_t length = sizeof(address);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return {};
@@ -59,8 +60,10 @@ int LocalPort(int fd) {
   sockaddr_storage address{};
   socklen_t length = sizeof(address);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return -1;
-  if (address.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
-  if (address.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  if (address.ss_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  if (address.ss_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
   return -1;
 }
 
@@ -86,7 +89,8 @@ std::string PeerKey(absl::string_view peer) {
     if (close == absl::string_view::npos) return {};
     host = text.substr(0, close);
     port = text.substr(close + 2);
-    if (const size_t scope = host.find('%'); scope != absl::string_view::npos) host = host.substr(0, scope);
+    if (const size_t scope = host.find('%'); scope != absl::string_view::npos)
+      host = host.substr(0, scope);
     address.ss_family = AF_INET6;
   } else {
     return {};
@@ -129,7 +133,9 @@ class TcpConnections::CorkedSocket final : public AnswerConnection {
   bool stale() const { return stale_.load(std::memory_order_relaxed); }
 
  private:
-  bool SetCork(int on) const { return setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0; }
+  bool SetCork(int on) const {
+    return setsockopt(fd_, IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0;
+  }
 
   const int fd_;
   const std::string key_;
@@ -175,7 +181,8 @@ int TcpConnections::scans() const {
   return scans_;
 }
 
-TcpConnections::Known TcpConnections::Scan(const std::vector<int>& ports, const Known& previous) const {
+TcpConnections::Known TcpConnections::Scan(const std::vector<int>& ports,
+                                           const Known& previous) const {
   // Connections that closed since the last look are forgotten here (a reused descriptor is
   // found again under its new peer).
   Known known;
@@ -187,10 +194,12 @@ TcpConnections::Known TcpConnections::Scan(const std::vector<int>& ports, const 
     if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == own) continue;
     std::string key = SocketPeerKey(fd);
     if (key.empty()) continue;
-    if (!ports.empty() && std::find(ports.begin(), ports.end(), LocalPort(fd)) == ports.end()) continue;
+    if (!ports.empty() && std::find(ports.begin(), ports.end(), LocalPort(fd)) == ports.end())
+      continue;
     if (auto old = previous.find(key); old != previous.end()) {
       if (old->second->fd() == fd && !old->second->stale()) {
-        known.emplace(std::move(key), old->second);  // the same object: a batch that holds it dedupes by it
+        known.emplace(std::move(key),
+                      old->second);  // the same object: a batch that holds it dedupes by it
         continue;
       }
     }

@@ -41,7 +41,8 @@ class TcpConnections {
   static constexpr std::chrono::milliseconds kRescanInterval{100};
 
   // `clock` (null: the steady clock) times the looks; it outlives the registry.
-  explicit TcpConnections(const TimeSource* clock = nullptr) : clock_(clock != nullptr ? clock : &steady_) {}
+  explicit TcpConnections(const TimeSource* clock = nullptr)
+      : clock_(clock != nullptr ? clock : &steady_) {}
   TcpConnections(const TcpConnections&) = delete;
   TcpConnections& operator=(const TcpConnections&) = delete;
 

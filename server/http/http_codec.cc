@@ -33,11 +33,13 @@ constexpr int kMaxNesting = 64;  // of tensor data arrays
 Status ParseDocument(absl::string_view json, rapidjson::Document* document) {
   document->Parse<kParseFlags>(json.data(), json.size());
   if (document->HasParseError()) {
-    return absl::InvalidArgumentError(absl::StrCat("the request body is not valid JSON: ",
-                                                   rapidjson::GetParseError_En(document->GetParseError()),
-                                                   " (at byte ", document->GetErrorOffset(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request body is not valid JSON: ",
+                     rapidjson::GetParseError_En(document->GetParseError()), " (at byte ",
+                     document->GetErrorOffset(), ")"));
   }
-  if (!document->IsObject()) return absl::InvalidArgumentError("the request body is not a JSON object");
+  if (!document->IsObject())
+    return absl::InvalidArgumentError("the request body is not a JSON object");
   return absl::OkStatus();
 }
 
@@ -69,10 +71,11 @@ ParameterValue ValueOf(const rapidjson::Value& json) {
 }
 
 // The parameter `key` of a "parameters" object (null: none), as the shared readers see it.
-std::optional<ParameterValue> FindParameter(const rapidjson::Value* parameters, absl::string_view key) {
+std::optional<ParameterValue> FindParameter(const rapidjson::Value* parameters,
+                                            absl::string_view key) {
   if (parameters == nullptr) return std::nullopt;
-  auto found = parameters->FindMember(
-      rapidjson::Value(rapidjson::StringRef(key.data(), static_cast<rapidjson::SizeType>(key.size()))));
+  auto found = parameters->FindMember(rapidjson::Value(
+      rapidjson::StringRef(key.data(), static_cast<rapidjson::SizeType>(key.size()))));
   if (found == parameters->MemberEnd()) return std::nullopt;
   return ValueOf(found->value);
 }
@@ -85,20 +88,24 @@ void AppendBytes(T value, std::string* out) {
 }
 
 // One JSON element of `dtype` appended to `out` as wire bytes.
-Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::string& name, std::string* out) {
+Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::string& name,
+                     std::string* out) {
   auto integer = [&](auto type_tag) -> Status {
     using T = decltype(type_tag);
     if (!value.IsInt64() && !value.IsUint64()) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "' of datatype ",
-                                                     DataTypeName(dtype), " has a value that is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name),
+                                                     "' of datatype ", DataTypeName(dtype),
+                                                     " has a value that is not an integer"));
     }
-    const bool fits = value.IsInt64() ? value.GetInt64() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                                            (std::is_same_v<T, int64_t> ||
-                                             value.GetInt64() <= static_cast<int64_t>(std::numeric_limits<T>::max()))
-                                      : false;  // only past INT64_MAX is a value Uint64 but not Int64
+    const bool fits =
+        value.IsInt64()
+            ? value.GetInt64() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                  (std::is_same_v<T, int64_t> ||
+                   value.GetInt64() <= static_cast<int64_t>(std::numeric_limits<T>::max()))
+            : false;  // only past INT64_MAX is a value Uint64 but not Int64
     if (!fits) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input '", QuoteClientText(name), "': a value does not fit ", DataTypeName(dtype)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input '", QuoteClientText(name), "': a value does not fit ", DataTypeName(dtype)));
     }
     AppendBytes(static_cast<T>(value.GetInt64()), out);
     return absl::OkStatus();
@@ -106,21 +113,28 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
   switch (dtype) {
     case DataType::kBool:
       if (!value.IsBool()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "input '", QuoteClientText(name), "' of datatype BOOL has a value that is not true or false"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("input '", QuoteClientText(name),
+                         "' of datatype BOOL has a value that is not true or false"));
       }
       out->push_back(value.GetBool() ? 1 : 0);
       return absl::OkStatus();
-    case DataType::kUint8: return integer(uint8_t{});
-    case DataType::kInt8: return integer(int8_t{});
-    case DataType::kInt16: return integer(int16_t{});
-    case DataType::kInt32: return integer(int32_t{});
-    case DataType::kInt64: return integer(int64_t{});
+    case DataType::kUint8:
+      return integer(uint8_t{});
+    case DataType::kInt8:
+      return integer(int8_t{});
+    case DataType::kInt16:
+      return integer(int16_t{});
+    case DataType::kInt32:
+      return integer(int32_t{});
+    case DataType::kInt64:
+      return integer(int64_t{});
     case DataType::kFp32:
     case DataType::kFp64:
       if (!value.IsNumber()) {
-        return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "' of datatype ",
-                                                       DataTypeName(dtype), " has a value that is not a number"));
+        return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name),
+                                                       "' of datatype ", DataTypeName(dtype),
+                                                       " has a value that is not a number"));
       }
       if (dtype == DataType::kFp32) {
         AppendBytes(static_cast<float>(value.GetDouble()), out);
@@ -131,7 +145,8 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
     case DataType::kBytes:
       if (!value.IsString()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("input '", QuoteClientText(name), "' of datatype BYTES has a value that is not a string"));
+            absl::StrCat("input '", QuoteClientText(name),
+                         "' of datatype BYTES has a value that is not a string"));
       }
       AppendBytesElement(std::string_view(value.GetString(), value.GetStringLength()), out);
       return absl::OkStatus();
@@ -139,20 +154,22 @@ Status AppendElement(const rapidjson::Value& value, DataType dtype, const std::s
     case DataType::kBf16:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "': ", DataTypeName(dtype),
-                                                 " has no JSON form; send it as binary data (binary_data_size)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("input '", QuoteClientText(name), "': ", DataTypeName(dtype),
+                   " has no JSON form; send it as binary data (binary_data_size)"));
 }
 
 // Flattens `data` (a scalar, or arrays nested in any way) row-major into `out`.
-Status AppendData(const rapidjson::Value& data, DataType dtype, const std::string& name, int depth, std::string* out,
-                  int64_t* count) {
+Status AppendData(const rapidjson::Value& data, DataType dtype, const std::string& name, int depth,
+                  std::string* out, int64_t* count) {
   if (!data.IsArray()) {
     ++*count;
     return AppendElement(data, dtype, name, out);
   }
   if (depth >= kMaxNesting) {
-    return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name), "': data is nested more than ",
-                                                   kMaxNesting, " arrays deep"));
+    return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(name),
+                                                   "': data is nested more than ", kMaxNesting,
+                                                   " arrays deep"));
   }
   for (const rapidjson::Value& element : data.GetArray()) {
     SLUICE_RETURN_IF_ERROR(AppendData(element, dtype, name, depth + 1, out, count));
@@ -167,7 +184,8 @@ StatusOr<bool> BoolParameter(const rapidjson::Value* parameters, const char* key
   const rapidjson::Value* value = Member(*parameters, key);
   if (value == nullptr) return fallback;
   if (!value->IsBool()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": parameter '", key, "' must be true or false"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": parameter '", key, "' must be true or false"));
   }
   return value->GetBool();
 }
@@ -199,16 +217,32 @@ void WriteElements(const HttpOutputSink::Output& output, Writer* writer) {
     }
   };
   switch (output.dtype) {
-    case DataType::kBool: each(uint8_t{}, [&](uint8_t v) { writer->Bool(v != 0); }); break;
-    case DataType::kUint8: each(uint8_t{}, [&](uint8_t v) { writer->Uint(v); }); break;
-    case DataType::kInt8: each(int8_t{}, [&](int8_t v) { writer->Int(v); }); break;
-    case DataType::kInt16: each(int16_t{}, [&](int16_t v) { writer->Int(v); }); break;
-    case DataType::kInt32: each(int32_t{}, [&](int32_t v) { writer->Int(v); }); break;
-    case DataType::kInt64: each(int64_t{}, [&](int64_t v) { writer->Int64(v); }); break;
+    case DataType::kBool:
+      each(uint8_t{}, [&](uint8_t v) { writer->Bool(v != 0); });
+      break;
+    case DataType::kUint8:
+      each(uint8_t{}, [&](uint8_t v) { writer->Uint(v); });
+      break;
+    case DataType::kInt8:
+      each(int8_t{}, [&](int8_t v) { writer->Int(v); });
+      break;
+    case DataType::kInt16:
+      each(int16_t{}, [&](int16_t v) { writer->Int(v); });
+      break;
+    case DataType::kInt32:
+      each(int32_t{}, [&](int32_t v) { writer->Int(v); });
+      break;
+    case DataType::kInt64:
+      each(int64_t{}, [&](int64_t v) { writer->Int64(v); });
+      break;
     // A float widened to double prints as the shortest decimal that reads back as that double,
     // which narrows back to the same float.
-    case DataType::kFp32: each(float{}, [&](float v) { writer->Double(static_cast<double>(v)); }); break;
-    case DataType::kFp64: each(double{}, [&](double v) { writer->Double(v); }); break;
+    case DataType::kFp32:
+      each(float{}, [&](float v) { writer->Double(static_cast<double>(v)); });
+      break;
+    case DataType::kFp64:
+      each(double{}, [&](double v) { writer->Double(v); });
+      break;
     case DataType::kFp16:
     case DataType::kBf16:
       break;  // refused before the request ran (binary only)
@@ -219,47 +253,58 @@ void WriteElements(const HttpOutputSink::Output& output, Writer* writer) {
 
 void WriteMessage(const google::protobuf::Message& message, Writer* writer);
 
-void WriteValue(const google::protobuf::Message& message, const google::protobuf::FieldDescriptor* field, int index,
-                Writer* writer) {
+void WriteValue(const google::protobuf::Message& message,
+                const google::protobuf::FieldDescriptor* field, int index, Writer* writer) {
   using google::protobuf::FieldDescriptor;
   const google::protobuf::Reflection* r = message.GetReflection();
   const bool repeated = index >= 0;
   switch (field->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
-      writer->Int(repeated ? r->GetRepeatedInt32(message, field, index) : r->GetInt32(message, field));
+      writer->Int(repeated ? r->GetRepeatedInt32(message, field, index)
+                           : r->GetInt32(message, field));
       break;
     case FieldDescriptor::CPPTYPE_INT64:
-      writer->Int64(repeated ? r->GetRepeatedInt64(message, field, index) : r->GetInt64(message, field));
+      writer->Int64(repeated ? r->GetRepeatedInt64(message, field, index)
+                             : r->GetInt64(message, field));
       break;
     case FieldDescriptor::CPPTYPE_UINT32:
-      writer->Uint(repeated ? r->GetRepeatedUInt32(message, field, index) : r->GetUInt32(message, field));
+      writer->Uint(repeated ? r->GetRepeatedUInt32(message, field, index)
+                            : r->GetUInt32(message, field));
       break;
     case FieldDescriptor::CPPTYPE_UINT64:
-      writer->Uint64(repeated ? r->GetRepeatedUInt64(message, field, index) : r->GetUInt64(message, field));
+      writer->Uint64(repeated ? r->GetRepeatedUInt64(message, field, index)
+                              : r->GetUInt64(message, field));
       break;
     case FieldDescriptor::CPPTYPE_DOUBLE:
-      writer->Double(repeated ? r->GetRepeatedDouble(message, field, index) : r->GetDouble(message, field));
+      writer->Double(repeated ? r->GetRepeatedDouble(message, field, index)
+                              : r->GetDouble(message, field));
       break;
     case FieldDescriptor::CPPTYPE_FLOAT:
-      writer->Double(repeated ? r->GetRepeatedFloat(message, field, index) : r->GetFloat(message, field));
+      writer->Double(repeated ? r->GetRepeatedFloat(message, field, index)
+                              : r->GetFloat(message, field));
       break;
     case FieldDescriptor::CPPTYPE_BOOL:
-      writer->Bool(repeated ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field));
+      writer->Bool(repeated ? r->GetRepeatedBool(message, field, index)
+                            : r->GetBool(message, field));
       break;
     case FieldDescriptor::CPPTYPE_ENUM: {
-      const auto* value = repeated ? r->GetRepeatedEnum(message, field, index) : r->GetEnum(message, field);
+      const auto* value =
+          repeated ? r->GetRepeatedEnum(message, field, index) : r->GetEnum(message, field);
       writer->String(value->name().c_str(), static_cast<rapidjson::SizeType>(value->name().size()));
       break;
     }
     case FieldDescriptor::CPPTYPE_STRING: {
       std::string scratch;
-      const std::string& value = repeated ? r->GetRepeatedStringReference(message, field, index, &scratch)
-                                          : r->GetStringReference(message, field, &scratch);
+      const std::string& value =
+          repeated ? r->GetRepeatedStringReference(message, field, index, &scratch)
+                   : r->GetStringReference(message, field, &scratch);
       writer->String(value.data(), static_cast<rapidjson::SizeType>(value.size()));
       break;
     }
     case FieldDescriptor::CPPTYPE_MESSAGE:
-      WriteMessage(repeated ? r->GetRepeatedMessage(message, field, index) : r->GetMessage(message, field), writer);
+      WriteMessage(
+          repeated ? r->GetRepeatedMessage(message, field, index) : r->GetMessage(message, field),
+          writer);
       break;
   }
 }
@@ -270,7 +315,8 @@ void WriteMessage(const google::protobuf::Message& message, Writer* writer) {
   writer->StartObject();
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* field = descriptor->field(i);
-    if (!field->is_repeated() && field->has_presence() && !reflection->HasField(message, field)) continue;
+    if (!field->is_repeated() && field->has_presence() && !reflection->HasField(message, field))
+      continue;
     writer->Key(field->name().c_str(), static_cast<rapidjson::SizeType>(field->name().size()));
     if (field->is_map()) {
       writer->StartObject();
@@ -282,13 +328,26 @@ void WriteMessage(const google::protobuf::Message& message, Writer* writer) {
         const google::protobuf::Reflection* entry_reflection = entry.GetReflection();
         std::string name;
         switch (key->cpp_type()) {
-          case google::protobuf::FieldDescriptor::CPPTYPE_STRING: name = entry_reflection->GetString(entry, key); break;
-          case google::protobuf::FieldDescriptor::CPPTYPE_INT32: name = std::to_string(entry_reflection->GetInt32(entry, key)); break;
-          case google::protobuf::FieldDescriptor::CPPTYPE_INT64: name = std::to_string(entry_reflection->GetInt64(entry, key)); break;
-          case google::protobuf::FieldDescriptor::CPPTYPE_UINT32: name = std::to_string(entry_reflection->GetUInt32(entry, key)); break;
-          case google::protobuf::FieldDescriptor::CPPTYPE_UINT64: name = std::to_string(entry_reflection->GetUInt64(entry, key)); break;
-          case google::protobuf::FieldDescriptor::CPPTYPE_BOOL: name = entry_reflection->GetBool(entry, key) ? "true" : "false"; break;
-          default: break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
+            name = entry_reflection->GetString(entry, key);
+            break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_INT32:
+            name = std::to_string(entry_reflection->GetInt32(entry, key));
+            break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+            name = std::to_string(entry_reflection->GetInt64(entry, key));
+            break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_UINT32:
+            name = std::to_string(entry_reflection->GetUInt32(entry, key));
+            break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+            name = std::to_string(entry_reflection->GetUInt64(entry, key));
+            break;
+          case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+            name = entry_reflection->GetBool(entry, key) ? "true" : "false";
+            break;
+          default:
+            break;
         }
         writer->Key(name.c_str(), static_cast<rapidjson::SizeType>(name.size()));
         WriteValue(entry, value, -1, writer);
@@ -322,11 +381,13 @@ bool JsonInferRequest::InSharedMemory(const std::string& name) const {
   return false;
 }
 
-StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length,
+StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body,
+                                                std::optional<size_t> header_length,
                                                 SharedMemoryRefs* shm) {
   if (header_length && *header_length > body.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("Inference-Header-Content-Length is ", *header_length,
-                                                   " but the body has only ", body.size(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("Inference-Header-Content-Length is ",
+                                                   *header_length, " but the body has only ",
+                                                   body.size(), " bytes"));
   }
   const absl::string_view json = header_length ? body.substr(0, *header_length) : body;
   size_t binary_offset = header_length ? *header_length : body.size();
@@ -342,10 +403,12 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
   }
   const rapidjson::Value* parameters = Member(document, "parameters");
   SLUICE_RETURN_IF_ERROR(CheckParameters(parameters, "the request"));
-  SLUICE_ASSIGN_OR_RETURN(parsed.binary_default, BoolParameter(parameters, "binary_data_output", false, "the request"));
+  SLUICE_ASSIGN_OR_RETURN(parsed.binary_default,
+                          BoolParameter(parameters, "binary_data_output", false, "the request"));
   if (parameters != nullptr) {
     SLUICE_RETURN_IF_ERROR(ReadRequestParameters(
-        [parameters](absl::string_view key) { return FindParameter(parameters, key); }, &request.parameters));
+        [parameters](absl::string_view key) { return FindParameter(parameters, key); },
+        &request.parameters));
   }
 
   const rapidjson::Value* inputs = Member(document, "inputs");
@@ -354,7 +417,8 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
   }
   request.inputs.reserve(inputs->Size());
   for (const rapidjson::Value& input : inputs->GetArray()) {
-    if (!input.IsObject()) return absl::InvalidArgumentError("each element of 'inputs' must be a JSON object");
+    if (!input.IsObject())
+      return absl::InvalidArgumentError("each element of 'inputs' must be a JSON object");
     const rapidjson::Value* name = Member(input, "name");
     if (name == nullptr || !name->IsString()) {
       return absl::InvalidArgumentError("an input has no 'name' string");
@@ -368,20 +432,22 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     }
     const std::optional<DataType> dtype = ParseDataTypeName(datatype->GetString());
     if (!dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", QuoteClientText(view.name), "': datatype '",
-          QuoteClientText({datatype->GetString(), datatype->GetStringLength()}), "' is not supported (",
-          SupportedDataTypeNames(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", QuoteClientText(view.name), "': datatype '",
+                       QuoteClientText({datatype->GetString(), datatype->GetStringLength()}),
+                       "' is not supported (", SupportedDataTypeNames(), ")"));
     }
     view.dtype = *dtype;
     const rapidjson::Value* shape = Member(input, "shape");
     if (shape == nullptr || !shape->IsArray()) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", QuoteClientText(view.name), "' has no 'shape' array"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", QuoteClientText(view.name), "' has no 'shape' array"));
     }
     for (const rapidjson::Value& dim : shape->GetArray()) {
       if (!dim.IsInt64() || dim.GetInt64() < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("input '", QuoteClientText(view.name), "': shape must be a list of non-negative integers"));
+            absl::StrCat("input '", QuoteClientText(view.name),
+                         "': shape must be a list of non-negative integers"));
       }
       view.shape.push_back(dim.GetInt64());
     }
@@ -392,16 +458,20 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     const rapidjson::Value* binary_size =
         input_parameters != nullptr ? Member(*input_parameters, "binary_data_size") : nullptr;
     const rapidjson::Value* data = Member(input, "data");
-    SLUICE_ASSIGN_OR_RETURN(
-        const std::optional<SharedMemoryReference> in_shm,
-        ReadSharedMemoryReference([input_parameters](absl::string_view key) {
-          return FindParameter(input_parameters, key);
-        }, where));
-    if (const int forms = (data != nullptr) + (binary_size != nullptr) + in_shm.has_value(); forms != 1) {
+    SLUICE_ASSIGN_OR_RETURN(const std::optional<SharedMemoryReference> in_shm,
+                            ReadSharedMemoryReference(
+                                [input_parameters](absl::string_view key) {
+                                  return FindParameter(input_parameters, key);
+                                },
+                                where));
+    if (const int forms = (data != nullptr) + (binary_size != nullptr) + in_shm.has_value();
+        forms != 1) {
       // Triton's sentence, then which fields were set.
-      std::string error = absl::StrCat(
-          where, ": Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
-          "'shared_memory_region' in 'parameters'. But ", forms == 0 ? "no field is set" : "set");
+      std::string error = absl::StrCat(where,
+                                       ": Input must set only one of the following fields: 'data', "
+                                       "'binary_data_size' in 'parameters', "
+                                       "'shared_memory_region' in 'parameters'. But ",
+                                       forms == 0 ? "no field is set" : "set");
       if (data != nullptr) absl::StrAppend(&error, " 'data'");
       if (binary_size != nullptr) absl::StrAppend(&error, " 'binary_data_size'");
       if (in_shm) absl::StrAppend(&error, " 'shared_memory_region'");
@@ -409,24 +479,27 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     }
     if (in_shm) {
       if (shm == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(where, " names shared memory region '",
-                                                          QuoteClientText(in_shm->region),
-                                                          "', but shared memory is not available here"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(where, " names shared memory region '", QuoteClientText(in_shm->region),
+                         "', but shared memory is not available here"));
       }
       SLUICE_RETURN_IF_ERROR(shm->ResolveInput(*in_shm, &view, &request));
     } else if (binary_size != nullptr) {
       if (!header_length) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, " is binary (binary_data_size) but the request has no Inference-Header-Content-Length header"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         " is binary (binary_data_size) but the request has no "
+                         "Inference-Header-Content-Length header"));
       }
       if (!binary_size->IsUint64()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": binary_data_size must be a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": binary_data_size must be a non-negative integer"));
       }
       const uint64_t size = binary_size->GetUint64();
       if (size > body.size() - binary_offset) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has binary_data_size ", size, " but only ",
-                                                       body.size() - binary_offset,
-                                                       " bytes of binary data are left in the body"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " has binary_data_size ", size, " but only ", body.size() - binary_offset,
+            " bytes of binary data are left in the body"));
       }
       view.data = body.data() + binary_offset;
       view.byte_size = size;
@@ -434,12 +507,14 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     } else {
       auto buffer = std::make_unique<std::string>();
       // Not from the shape alone, which the client chose: every JSON value takes at least a byte.
-      buffer->reserve(std::min(static_cast<size_t>(elements), json.size()) * ElementSize(view.dtype));
+      buffer->reserve(std::min(static_cast<size_t>(elements), json.size()) *
+                      ElementSize(view.dtype));
       int64_t count = 0;
       SLUICE_RETURN_IF_ERROR(AppendData(*data, view.dtype, view.name, 0, buffer.get(), &count));
       if (count != elements) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has ", count, " values in 'data', but shape ",
-                                                       ShapeToString(view.shape), " needs ", elements));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " has ", count, " values in 'data', but shape ",
+                         ShapeToString(view.shape), " needs ", elements));
       }
       view.data = buffer->data();
       view.byte_size = buffer->size();
@@ -448,8 +523,9 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     request.inputs.push_back(std::move(view));
   }
   if (binary_offset != body.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the body has ", body.size() - binary_offset,
-                                                   " bytes after the JSON header and the binary inputs it declares"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body has ", body.size() - binary_offset,
+                     " bytes after the JSON header and the binary inputs it declares"));
   }
 
   if (const rapidjson::Value* outputs = Member(document, "outputs"); outputs != nullptr) {
@@ -457,7 +533,8 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
     for (const rapidjson::Value& output : outputs->GetArray()) {
       const rapidjson::Value* name = output.IsObject() ? Member(output, "name") : nullptr;
       if (name == nullptr || !name->IsString()) {
-        return absl::InvalidArgumentError("each element of 'outputs' must be an object with a 'name' string");
+        return absl::InvalidArgumentError(
+            "each element of 'outputs' must be an object with a 'name' string");
       }
       RequestedOutput requested;
       requested.name.assign(name->GetString(), name->GetStringLength());
@@ -465,20 +542,24 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::opt
       const rapidjson::Value* output_parameters = Member(output, "parameters");
       SLUICE_RETURN_IF_ERROR(CheckParameters(output_parameters, where));
       if (output_parameters != nullptr && Member(*output_parameters, "classification") != nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": the classification extension is not supported by Sluice; ask for the tensor"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where,
+            ": the classification extension is not supported by Sluice; ask for the tensor"));
       }
-      SLUICE_ASSIGN_OR_RETURN(requested.binary,
-                              BoolParameter(output_parameters, "binary_data", parsed.binary_default, where));
+      SLUICE_ASSIGN_OR_RETURN(requested.binary, BoolParameter(output_parameters, "binary_data",
+                                                              parsed.binary_default, where));
       SLUICE_ASSIGN_OR_RETURN(requested.shared_memory,
-                              ReadSharedMemoryReference([output_parameters](absl::string_view key) {
-                                return FindParameter(output_parameters, key);
-                              }, where));
+                              ReadSharedMemoryReference(
+                                  [output_parameters](absl::string_view key) {
+                                    return FindParameter(output_parameters, key);
+                                  },
+                                  where));
       if (requested.shared_memory) {
-        SLUICE_ASSIGN_OR_RETURN(const bool binary, BoolParameter(output_parameters, "binary_data", false, where));
+        SLUICE_ASSIGN_OR_RETURN(const bool binary,
+                                BoolParameter(output_parameters, "binary_data", false, where));
         if (binary) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": Output can't set both 'shared_memory_region' and 'binary_data'"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": Output can't set both 'shared_memory_region' and 'binary_data'"));
         }
         requested.binary = false;
       }
@@ -506,9 +587,10 @@ void HttpOutputSink::Describe(const OutputDescription& output) {
   out.in_shared_memory = true;
 }
 
-std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version, const std::string& id,
-                                             const JsonInferRequest& request,
-                                             std::deque<HttpOutputSink::Output>* outputs, size_t* header_length) {
+std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version,
+                                             const std::string& id, const JsonInferRequest& request,
+                                             std::deque<HttpOutputSink::Output>* outputs,
+                                             size_t* header_length) {
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);
   writer.StartObject();
@@ -565,22 +647,26 @@ std::string ProtoToJson(const google::protobuf::Message& message) {
   return std::string(buffer.GetString(), buffer.GetSize());
 }
 
-std::string RepeatedProtoToJson(const google::protobuf::Message& message, const std::string& field_name) {
+std::string RepeatedProtoToJson(const google::protobuf::Message& message,
+                                const std::string& field_name) {
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);
-  const google::protobuf::FieldDescriptor* field = message.GetDescriptor()->FindFieldByName(field_name);
+  const google::protobuf::FieldDescriptor* field =
+      message.GetDescriptor()->FindFieldByName(field_name);
   writer.StartArray();
   if (field != nullptr && field->is_repeated() &&
       field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
     const int size = message.GetReflection()->FieldSize(message, field);
-    for (int i = 0; i < size; ++i) WriteMessage(message.GetReflection()->GetRepeatedMessage(message, field, i), &writer);
+    for (int i = 0; i < size; ++i)
+      WriteMessage(message.GetReflection()->GetRepeatedMessage(message, field, i), &writer);
   }
   writer.EndArray();
   return std::string(buffer.GetString(), buffer.GetSize());
 }
 
 std::string ErrorJson(absl::string_view message) {
-  const std::string capped = CapMessage(message);  // the writer copies bytes as they are: valid UTF-8 first
+  const std::string capped =
+      CapMessage(message);  // the writer copies bytes as they are: valid UTF-8 first
   rapidjson::StringBuffer buffer;
   Writer writer(buffer);
   writer.StartObject();
@@ -625,8 +711,9 @@ StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body) {
       } else if (value.IsInt64()) {
         values.push_back(std::to_string(value.GetInt64()));
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("trace setting '", QuoteClientText(key),
-                                                       "' must be a string, an integer, an array of strings or null"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("trace setting '", QuoteClientText(key),
+                         "' must be a string, an integer, an array of strings or null"));
       }
       return absl::OkStatus();
     };
@@ -634,8 +721,8 @@ StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body) {
     if (member.value.IsArray()) {
       for (const auto& each : member.value.GetArray()) SLUICE_RETURN_IF_ERROR(one(each));
       if (values.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("trace setting '", QuoteClientText(key), "' is an empty array; use null to clear it"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "trace setting '", QuoteClientText(key), "' is an empty array; use null to clear it"));
       }
     } else {
       SLUICE_RETURN_IF_ERROR(one(member.value));
@@ -688,12 +775,15 @@ StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::s
   SLUICE_RETURN_IF_ERROR(ParseDocument(body, &document));
   SystemSharedMemoryRegistration registration;
   const rapidjson::Value* key = Member(document, "key");
-  if (key == nullptr) return absl::InvalidArgumentError("Shared memory register request has no 'key' field");
-  if (!key->IsString()) return absl::InvalidArgumentError("Shared memory register request: 'key' must be a string");
+  if (key == nullptr)
+    return absl::InvalidArgumentError("Shared memory register request has no 'key' field");
+  if (!key->IsString())
+    return absl::InvalidArgumentError("Shared memory register request: 'key' must be a string");
   registration.key.assign(key->GetString(), key->GetStringLength());
   if (const rapidjson::Value* offset = Member(document, "offset"); offset != nullptr) {
     if (!offset->IsUint64()) {
-      return absl::InvalidArgumentError("Shared memory register request: 'offset' must be a non-negative integer");
+      return absl::InvalidArgumentError(
+          "Shared memory register request: 'offset' must be a non-negative integer");
     }
     registration.offset = offset->GetUint64();
   }
@@ -702,7 +792,8 @@ StatusOr<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegister(absl::s
     return absl::InvalidArgumentError("Shared memory register request has no 'byte_size' field");
   }
   if (!byte_size->IsUint64()) {
-    return absl::InvalidArgumentError("Shared memory register request: 'byte_size' must be a non-negative integer");
+    return absl::InvalidArgumentError(
+        "Shared memory register request: 'byte_size' must be a non-negative integer");
   }
   registration.byte_size = byte_size->GetUint64();
   return registration;
@@ -722,11 +813,12 @@ StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view bo
     const rapidjson::Value& value = member.value;
     if (value.IsString()) {
       const absl::string_view text(value.GetString(), value.GetStringLength());
-      if (absl::StartsWith(parameter.key, "file:")) {  // file contents travel as base64, as in Triton
+      if (absl::StartsWith(parameter.key,
+                           "file:")) {  // file contents travel as base64, as in Triton
         parameter.kind = ControlParameter::Kind::kBytes;
         if (!absl::Base64Unescape(text, &parameter.value)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("load parameter '", QuoteClientText(parameter.key), "' is not valid base64"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "load parameter '", QuoteClientText(parameter.key), "' is not valid base64"));
         }
       } else {
         parameter.kind = ControlParameter::Kind::kString;
@@ -740,7 +832,8 @@ StatusOr<std::vector<ControlParameter>> ParseControlRequest(absl::string_view bo
       parameter.value = std::to_string(value.GetInt64());
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", QuoteClientText(parameter.key), "' must be a string, a boolean or an integer"));
+          absl::StrCat("parameter '", QuoteClientText(parameter.key),
+                       "' must be a string, a boolean or an integer"));
     }
   }
   return parameters;

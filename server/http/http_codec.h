@@ -27,7 +27,8 @@ namespace sluice {
 struct RequestedOutput {
   std::string name;
   bool binary = false;  // its "binary_data" parameter (default: the request's binary_data_output)
-  std::optional<SharedMemoryReference> shared_memory;  // its shared_memory_* parameters: the bytes go there
+  std::optional<SharedMemoryReference>
+      shared_memory;  // its shared_memory_* parameters: the bytes go there
 };
 
 // An inference request as the HTTP body gave it.
@@ -53,7 +54,8 @@ struct JsonInferRequest {
 // shared_memory_* parameters are read into its RequestedOutput (binary_data true beside them is
 // refused, as by Triton), for the caller to resolve. INVALID_ARGUMENT naming the tensor or field
 // that is wrong.
-StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body, std::optional<size_t> header_length,
+StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body,
+                                                std::optional<size_t> header_length,
                                                 SharedMemoryRefs* shm = nullptr);
 
 // The HTTP path's output sink: each output's bytes in a string of its own, written once by the
@@ -82,9 +84,10 @@ class HttpOutputSink final : public OutputSink {
 // `header_length` gets the JSON's length when some output is binary (the response's
 // Inference-Header-Content-Length), else 0. FP32 values print so that they parse back to the same
 // float.
-std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version, const std::string& id,
-                                             const JsonInferRequest& request,
-                                             std::deque<HttpOutputSink::Output>* outputs, size_t* header_length);
+std::vector<std::string> InferResponseToJson(const std::string& model_name, int64_t version,
+                                             const std::string& id, const JsonInferRequest& request,
+                                             std::deque<HttpOutputSink::Output>* outputs,
+                                             size_t* header_length);
 
 // A protocol message as JSON, the way Triton's HTTP endpoints print them: field names as in the
 // .proto, 64-bit integers as numbers, enums by name, maps as objects, every scalar field printed
@@ -107,8 +110,8 @@ std::string ConditionJson(absl::string_view key, bool holds, absl::string_view m
 StatusOr<bool> ParseIndexRequest(absl::string_view body);
 
 // The body of POST /v2/[models/{m}/]trace/setting: {"<setting>": value, ...}, a value being a
-// string, a number, an array of strings (trace_level) or null (clears the setting). INVALID_ARGUMENT
-// for another JSON form.
+// string, a number, an array of strings (trace_level) or null (clears the setting).
+// INVALID_ARGUMENT for another JSON form.
 StatusOr<TraceSettingsMap> ParseTraceSettingsJson(absl::string_view body);
 // Trace settings as Triton's HTTP endpoint answers them: trace_level an array, the rest strings.
 std::string TraceSettingsJson(const TraceSettingsMap& settings);

@@ -21,9 +21,8 @@ int ChooseEncoding(const char* accept) {
     bool refused = false;
     for (size_t i = 1; i < parts.size(); ++i) {
       absl::string_view q = absl::StripAsciiWhitespace(parts[i]);
-      if (absl::ConsumePrefix(&q, "q=") && !q.empty() && std::all_of(q.begin(), q.end(), [](char c) {
-            return c == '0' || c == '.';
-          })) {
+      if (absl::ConsumePrefix(&q, "q=") && !q.empty() &&
+          std::all_of(q.begin(), q.end(), [](char c) { return c == '0' || c == '.'; })) {
         refused = true;
       }
     }
@@ -40,7 +39,8 @@ Status InflateAs(absl::string_view in, size_t limit, absl::string_view limit_rea
                  const std::function<Status(size_t)>& grow, std::string* out, bool raw) {
   z_stream stream{};
   // 15 + 32: zlib or gzip header, detected; -15: no header.
-  if (inflateInit2(&stream, raw ? -15 : 15 + 32) != Z_OK) return absl::InternalError("zlib inflateInit2 failed");
+  if (inflateInit2(&stream, raw ? -15 : 15 + 32) != Z_OK)
+    return absl::InternalError("zlib inflateInit2 failed");
   stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
   stream.avail_in = static_cast<uInt>(in.size());
   out->clear();
@@ -48,11 +48,12 @@ Status InflateAs(absl::string_view in, size_t limit, absl::string_view limit_rea
   while (result == Z_OK) {
     if (out->size() >= limit) {
       inflateEnd(&stream);
-      return absl::ResourceExhaustedError(absl::StrCat("the request body inflates to more than ", limit, " bytes (",
-                                                       limit_reason, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat("the request body inflates to more than ",
+                                                       limit, " bytes (", limit_reason, ")"));
     }
     const size_t used = out->size();
-    const size_t size = std::min(limit, std::max<size_t>(used * 2, std::min<size_t>(in.size() * 4 + 4096, 1 << 20)));
+    const size_t size = std::min(
+        limit, std::max<size_t>(used * 2, std::min<size_t>(in.size() * 4 + 4096, 1 << 20)));
     if (Status allowed = grow(size); !allowed.ok()) {
       inflateEnd(&stream);
       return allowed;
@@ -68,7 +69,8 @@ Status InflateAs(absl::string_view in, size_t limit, absl::string_view limit_rea
   inflateEnd(&stream);
   if (!complete) {
     if (!raw) return InflateAs(in, limit, limit_reason, grow, out, /*raw=*/true);
-    return absl::InvalidArgumentError("the request body is not valid gzip or deflate data (Content-Encoding)");
+    return absl::InvalidArgumentError(
+        "the request body is not valid gzip or deflate data (Content-Encoding)");
   }
   return absl::OkStatus();
 }
@@ -82,7 +84,8 @@ Status Inflate(absl::string_view in, size_t limit, absl::string_view limit_reaso
 
 std::string Deflate(const std::vector<std::string>& segments, int encoding) {
   z_stream stream{};
-  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, encoding == kGzip ? 15 + 16 : 15, 8, Z_DEFAULT_STRATEGY);
+  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, encoding == kGzip ? 15 + 16 : 15, 8,
+               Z_DEFAULT_STRATEGY);
   size_t total = 0;
   for (const std::string& segment : segments) total += segment.size();
   std::string out(deflateBound(&stream, total) + 64 * (segments.size() + 1), '\0');

@@ -24,9 +24,9 @@ int ChooseEncoding(const char* accept);
 // Inflates a gzip or zlib (HTTP "deflate") body, or a raw deflate stream as some clients send
 // for "deflate", into `out`, in steps: `grow(total)` is asked before the output grows to `total`
 // bytes and may refuse (the server's byte budget), its status returned. After a zlib or gzip
-// attempt fails, the raw deflate attempt starts over from 0, asking for the same totals again. RESOURCE_EXHAUSTED past `limit`
-// bytes, naming `limit_reason` (a small body can inflate to gigabytes); INVALID_ARGUMENT for
-// data that is not gzip or deflate.
+// attempt fails, the raw deflate attempt starts over from 0, asking for the same totals again.
+// RESOURCE_EXHAUSTED past `limit` bytes, naming `limit_reason` (a small body can inflate to
+// gigabytes); INVALID_ARGUMENT for data that is not gzip or deflate.
 Status Inflate(absl::string_view in, size_t limit, absl::string_view limit_reason,
                const std::function<Status(size_t)>& grow, std::string* out);
 

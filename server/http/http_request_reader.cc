@@ -90,7 +90,8 @@ HttpRequestReader::Step HttpRequestReader::Fail(int code, std::string message, s
   return {Event::kError, consumed};
 }
 
-size_t HttpRequestReader::TakeLine(absl::string_view data, size_t limit, bool crlf_only, bool* complete) {
+size_t HttpRequestReader::TakeLine(absl::string_view data, size_t limit, bool crlf_only,
+                                   bool* complete) {
   const size_t newline = data.find('\n');
   *complete = newline != absl::string_view::npos;
   const size_t take = *complete ? newline + 1 : data.size();
@@ -128,22 +129,29 @@ HttpRequestReader::Step HttpRequestReader::Feed(absl::string_view data) {
         return {Event::kComplete, used};
       case State::kHead: {
         if (used == data.size()) return {Event::kNeedMore, used};
-        const size_t room = limits_.max_head_bytes > head_bytes_ ? limits_.max_head_bytes - head_bytes_ : 0;
+        const size_t room =
+            limits_.max_head_bytes > head_bytes_ ? limits_.max_head_bytes - head_bytes_ : 0;
         bool complete = false;
         const size_t taken = TakeLine(data.substr(used), room, /*crlf_only=*/false, &complete);
         used += taken;
         if (!line_.empty()) started_ = true;
         if (line_.size() > room) {
-          return Fail(431, absl::StrCat("the request line and headers exceed ", limits_.max_head_bytes, " bytes"),
+          return Fail(431,
+                      absl::StrCat("the request line and headers exceed ", limits_.max_head_bytes,
+                                   " bytes"),
                       used);
         }
-        if (bad_line_) return Fail(400, "a bare CR in the request head (lines end with CRLF)", used);
+        if (bad_line_)
+          return Fail(400, "a bare CR in the request head (lines end with CRLF)", used);
         if (!complete) return {Event::kNeedMore, used};
-        if (lines_.empty() && line_.empty()) continue;  // an empty line before the request line: skipped
+        if (lines_.empty() && line_.empty())
+          continue;  // an empty line before the request line: skipped
         head_bytes_ += line_.size() + 2;
         if (!line_.empty()) {
           if (lines_.size() > limits_.max_header_count) {
-            return Fail(431, absl::StrCat("the request has more than ", limits_.max_header_count, " header fields"),
+            return Fail(431,
+                        absl::StrCat("the request has more than ", limits_.max_header_count,
+                                     " header fields"),
                         used);
           }
           lines_.push_back(std::move(line_));
@@ -176,8 +184,10 @@ HttpRequestReader::Step HttpRequestReader::Feed(absl::string_view data) {
         if (used == data.size()) return {Event::kNeedMore, used};
         bool complete = false;
         used += TakeLine(data.substr(used), kMaxChunkLineBytes, /*crlf_only=*/true, &complete);
-        if (line_.size() > kMaxChunkLineBytes) return Fail(400, "a chunk-size line is too long", used);
-        if (bad_line_) return Fail(400, "a chunk-size line not ended by CRLF (or a bare CR in it)", used);
+        if (line_.size() > kMaxChunkLineBytes)
+          return Fail(400, "a chunk-size line is too long", used);
+        if (bad_line_)
+          return Fail(400, "a chunk-size line not ended by CRLF (or a bare CR in it)", used);
         if (!complete) return {Event::kNeedMore, used};
         std::string line = std::move(line_);
         line_.clear();
@@ -207,21 +217,26 @@ HttpRequestReader::Step HttpRequestReader::Feed(absl::string_view data) {
           chunk_cr_ = true;
           continue;
         }
-        if (c != '\n' || !chunk_cr_) return Fail(400, "a chunk's data is not followed by CRLF", used);
+        if (c != '\n' || !chunk_cr_)
+          return Fail(400, "a chunk's data is not followed by CRLF", used);
         chunk_cr_ = false;
         state_ = State::kChunkSize;
         continue;
       }
       case State::kTrailer: {
         if (used == data.size()) return {Event::kNeedMore, used};
-        const size_t room = limits_.max_head_bytes > head_bytes_ ? limits_.max_head_bytes - head_bytes_ : 0;
+        const size_t room =
+            limits_.max_head_bytes > head_bytes_ ? limits_.max_head_bytes - head_bytes_ : 0;
         bool complete = false;
         used += TakeLine(data.substr(used), room, /*crlf_only=*/true, &complete);
         if (line_.size() > room) {
-          return Fail(431, absl::StrCat("the request's head and trailer exceed ", limits_.max_head_bytes, " bytes"),
+          return Fail(431,
+                      absl::StrCat("the request's head and trailer exceed ", limits_.max_head_bytes,
+                                   " bytes"),
                       used);
         }
-        if (bad_line_) return Fail(400, "a trailer line not ended by CRLF (or a bare CR in it)", used);
+        if (bad_line_)
+          return Fail(400, "a trailer line not ended by CRLF (or a bare CR in it)", used);
         if (!complete) return {Event::kNeedMore, used};
         head_bytes_ += line_.size() + 2;
         if (line_.empty()) {
@@ -264,7 +279,8 @@ bool HttpRequestReader::ParseHead() {
   head_.minor_version = version[2] - '0';
   absl::string_view target = parts[1];
   // The absolute form (as sent to proxies): only its path and query matter here.
-  if (absl::StartsWithIgnoreCase(target, "http://") || absl::StartsWithIgnoreCase(target, "https://")) {
+  if (absl::StartsWithIgnoreCase(target, "http://") ||
+      absl::StartsWithIgnoreCase(target, "https://")) {
     const size_t authority = target.find("//") + 2;
     const size_t path = target.find_first_of("/?", authority);
     target = path == absl::string_view::npos ? absl::string_view("/") : target.substr(path);
@@ -295,7 +311,8 @@ bool HttpRequestReader::ParseHead() {
       ++content_lengths;
       uint64_t length = 0;
       if (value.empty() || value.size() > 19 ||
-          !std::all_of(value.begin(), value.end(), [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
+          !std::all_of(value.begin(), value.end(),
+                       [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
         Fail(400, "Content-Length is not one decimal number", 0);
         return false;
       }
@@ -338,20 +355,25 @@ bool HttpRequestReader::ParseHead() {
     return false;
   }
   if (hosts > 1 || (hosts == 0 && head_.minor_version == 1)) {
-    Fail(400, hosts > 1 ? "Host is given more than once" : "an HTTP/1.1 request must have a Host header", 0);
+    Fail(400,
+         hosts > 1 ? "Host is given more than once" : "an HTTP/1.1 request must have a Host header",
+         0);
     return false;
   }
   if (head_.minor_version == 0) {
     const std::string* connection = head_.Find("Connection");
-    head_.keep_alive = connection != nullptr && ListHas(*connection, "keep-alive") && !ListHas(*connection, "close");
+    head_.keep_alive = connection != nullptr && ListHas(*connection, "keep-alive") &&
+                       !ListHas(*connection, "close");
   }
   if (head_.content_length > limits_.max_body_bytes) {
-    Fail(413, absl::StrCat("the request body (", head_.content_length, " bytes) exceeds the limit of ",
-                           limits_.max_body_bytes, " bytes (--http-max-body-bytes)"),
+    Fail(413,
+         absl::StrCat("the request body (", head_.content_length, " bytes) exceeds the limit of ",
+                      limits_.max_body_bytes, " bytes (--http-max-body-bytes)"),
          0);
     return false;
   }
-  if (!head_.chunked && head_.content_length == 0) head_.expect_continue = false;  // nothing to wait for
+  if (!head_.chunked && head_.content_length == 0)
+    head_.expect_continue = false;  // nothing to wait for
   return true;
 }
 
@@ -359,26 +381,34 @@ bool HttpRequestReader::ParseChunkSize(absl::string_view line) {
   // chunk-size [ BWS ";" chunk-ext ]: hex digits, then nothing, or extensions after a ';' (with
   // only spaces or tabs before it).
   size_t digits = 0;
-  while (digits < line.size() && absl::ascii_isxdigit(static_cast<unsigned char>(line[digits]))) ++digits;
+  while (digits < line.size() && absl::ascii_isxdigit(static_cast<unsigned char>(line[digits])))
+    ++digits;
   if (digits == 0 || digits > 15) {
     Fail(400, "a malformed chunk size (expected hexadecimal digits)", 0);
     return false;
   }
   uint64_t value = 0;
   for (char c : line.substr(0, digits)) {
-    value = value * 16 + static_cast<uint64_t>(absl::ascii_isdigit(static_cast<unsigned char>(c))
-                                                   ? c - '0'
-                                                   : absl::ascii_tolower(static_cast<unsigned char>(c)) - 'a' + 10);
+    value = value * 16 + static_cast<uint64_t>(
+                             absl::ascii_isdigit(static_cast<unsigned char>(c))
+                                 ? c - '0'
+                                 : absl::ascii_tolower(static_cast<unsigned char>(c)) - 'a' + 10);
   }
   absl::string_view extensions = line.substr(digits);
-  while (!extensions.empty() && (extensions.front() == ' ' || extensions.front() == '\t')) extensions.remove_prefix(1);
-  if (line.size() > digits && (extensions.empty() || extensions.front() != ';' || !IsFieldValue(extensions))) {
-    Fail(400, "a malformed chunk size or extension (expected hexadecimal digits, then ';' extensions or nothing)", 0);
+  while (!extensions.empty() && (extensions.front() == ' ' || extensions.front() == '\t'))
+    extensions.remove_prefix(1);
+  if (line.size() > digits &&
+      (extensions.empty() || extensions.front() != ';' || !IsFieldValue(extensions))) {
+    Fail(400,
+         "a malformed chunk size or extension (expected hexadecimal digits, then ';' extensions or "
+         "nothing)",
+         0);
     return false;
   }
   if (value > limits_.max_body_bytes - std::min<uint64_t>(body_.size(), limits_.max_body_bytes)) {
-    Fail(413, absl::StrCat("the chunked request body exceeds the limit of ", limits_.max_body_bytes,
-                           " bytes (--http-max-body-bytes)"),
+    Fail(413,
+         absl::StrCat("the chunked request body exceeds the limit of ", limits_.max_body_bytes,
+                      " bytes (--http-max-body-bytes)"),
          0);
     return false;
   }

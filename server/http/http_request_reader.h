@@ -32,8 +32,8 @@
 namespace sluice {
 
 struct HttpReaderLimits {
-  size_t max_head_bytes = 64 << 10;  // request line and headers together (431 beyond)
-  size_t max_header_count = 128;     // header fields (431 beyond)
+  size_t max_head_bytes = 64 << 10;         // request line and headers together (431 beyond)
+  size_t max_header_count = 128;            // header fields (431 beyond)
   size_t max_body_bytes = size_t{1} << 30;  // declared or de-chunked body (413 beyond)
 };
 
@@ -44,7 +44,7 @@ struct HttpRequestHead {
   std::string target;  // origin form ("/v2/..."), the absolute form reduced to its path and query
   int minor_version = 1;  // HTTP/1.<minor>
   std::vector<std::pair<std::string, std::string>> headers;
-  bool keep_alive = true;       // HTTP/1.1 unless Connection: close; HTTP/1.0 with keep-alive
+  bool keep_alive = true;        // HTTP/1.1 unless Connection: close; HTTP/1.0 with keep-alive
   bool expect_continue = false;  // Expect: 100-continue
   bool chunked = false;          // Transfer-Encoding: chunked
   uint64_t content_length = 0;   // declared (0 when chunked or absent)
@@ -115,13 +115,13 @@ class HttpRequestReader {
   State state_ = State::kHead;
   HttpRequestHead head_;
   std::string body_;
-  std::string line_;                  // the line being read
-  std::vector<std::string> lines_;    // the head's lines so far
-  size_t head_bytes_ = 0;             // the head's bytes so far (line terminators included)
-  uint64_t remaining_ = 0;            // of the declared body, or of the current chunk
+  std::string line_;                // the line being read
+  std::vector<std::string> lines_;  // the head's lines so far
+  size_t head_bytes_ = 0;           // the head's bytes so far (line terminators included)
+  uint64_t remaining_ = 0;          // of the declared body, or of the current chunk
   bool started_ = false;
-  bool bad_line_ = false;             // TakeLine saw a bare CR
-  bool chunk_cr_ = false;             // the CR after a chunk's data has arrived, its LF not yet
+  bool bad_line_ = false;  // TakeLine saw a bare CR
+  bool chunk_cr_ = false;  // the CR after a chunk's data has arrived, its LF not yet
   int error_code_ = 0;
   std::string error_;
 };

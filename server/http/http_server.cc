@@ -57,7 +57,9 @@ size_t BodyLength(const HttpResponse& response) {
 void Encode(int accept_encoding, HttpResponse& response) {
   const size_t length = BodyLength(response);
   // zlib counts in 32 bits: bodies past 1 GiB go out as they are.
-  if (!response.compress || accept_encoding == kIdentity || length == 0 || length > (size_t{1} << 30)) return;
+  if (!response.compress || accept_encoding == kIdentity || length == 0 ||
+      length > (size_t{1} << 30))
+    return;
   std::string compressed = Deflate(response.body, accept_encoding);
   response.body.clear();
   response.body.push_back(std::move(compressed));
@@ -66,30 +68,54 @@ void Encode(int accept_encoding, HttpResponse& response) {
 
 const char* ReasonPhrase(int code) {
   switch (code) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return code < 400 ? "OK" : code < 500 ? "Bad Request" : "Internal Server Error";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Content Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 417:
+      return "Expectation Failed";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 499:
+      return "Client Closed Request";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return code < 400 ? "OK" : code < 500 ? "Bad Request" : "Internal Server Error";
   }
 }
 
@@ -157,14 +183,15 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
 
   Mutex mutex;
   CondVar idle;
-  bool stopping ABSL_GUARDED_BY(mutex) = false;  // Stop asked the loop to end
-  bool draining = false;                          // loop thread only: StopAccepting ran
+  bool stopping ABSL_GUARDED_BY(mutex) = false;         // Stop asked the loop to end
+  bool draining = false;                                // loop thread only: StopAccepting ran
   bool listener_closed ABSL_GUARDED_BY(mutex) = false;  // StopAccepting's close ran on the loop
-  event* flush_check = nullptr;                   // while stopping: are the answers written?
+  event* flush_check = nullptr;                         // while stopping: are the answers written?
   Clock::time_point flush_deadline;
-  bool stopped ABSL_GUARDED_BY(mutex) = false;   // the loop has ended
+  bool stopped ABSL_GUARDED_BY(mutex) = false;  // the loop has ended
   int64_t in_flight ABSL_GUARDED_BY(mutex) = 0;
-  std::deque<std::pair<std::unique_ptr<HttpExchange>, HttpResponse>> answered ABSL_GUARDED_BY(mutex);
+  std::deque<std::pair<std::unique_ptr<HttpExchange>, HttpResponse>> answered
+      ABSL_GUARDED_BY(mutex);
 
   // Request bytes held (bodies received and inflated), against options.max_buffered_bytes; any
   // thread (codec threads charge what they inflate).
@@ -172,7 +199,8 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   bool Charge(size_t bytes) {
     size_t now = buffered.load(std::memory_order_relaxed);
     do {
-      if (bytes > options.max_buffered_bytes || now > options.max_buffered_bytes - bytes) return false;
+      if (bytes > options.max_buffered_bytes || now > options.max_buffered_bytes - bytes)
+        return false;
     } while (!buffered.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
     return true;
   }
@@ -180,9 +208,9 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
 
   // Loop thread only: every accepted connection, counted or lingering.
   std::unordered_map<Connection*, std::unique_ptr<Connection>> connections;
-  size_t counted = 0;                        // connections against max_connections
-  std::atomic<size_t> open_connections{0};   // `counted`, for other threads
-  size_t refused_lingering = 0;              // connections refused at accept, still lingering
+  size_t counted = 0;                       // connections against max_connections
+  std::atomic<size_t> open_connections{0};  // `counted`, for other threads
+  size_t refused_lingering = 0;             // connections refused at accept, still lingering
   std::vector<char> read_buffer = std::vector<char>(kReadBytes);
   RefusalLog refusals;
 
@@ -257,32 +285,33 @@ thread_local const HttpExchange::Loop* HttpExchange::Loop::current = nullptr;
 // One accepted socket. Loop thread only.
 struct HttpExchange::Connection {
   enum class Phase {
-    kReading,   // reading a request (or waiting for the next one on a keep-alive connection)
-    kHandling,  // a request is with the handler; nothing is read (pipelined bytes wait)
-    kAnswering, // writing an answer; reading resumes once it is written
-    kClosing,   // writing a last answer; the connection closes (lingering) once it is written
-    kLingering, // answered and shut for writing; reading and discarding until the client closes
+    kReading,    // reading a request (or waiting for the next one on a keep-alive connection)
+    kHandling,   // a request is with the handler; nothing is read (pipelined bytes wait)
+    kAnswering,  // writing an answer; reading resumes once it is written
+    kClosing,    // writing a last answer; the connection closes (lingering) once it is written
+    kLingering,  // answered and shut for writing; reading and discarding until the client closes
   };
   Loop* loop = nullptr;
   evutil_socket_t fd = -1;
   bool counted = true;  // against max_connections (false: refused at accept)
   Phase phase = Phase::kReading;
-  event* readable = nullptr;   // EV_READ, while reading or lingering
-  event* writable = nullptr;   // EV_WRITE, while output waits for room
-  event* peer_closed = nullptr;  // EV_READ once, while handling: the client's FIN, RST or more bytes
+  event* readable = nullptr;  // EV_READ, while reading or lingering
+  event* writable = nullptr;  // EV_WRITE, while output waits for room
+  event* peer_closed =
+      nullptr;  // EV_READ once, while handling: the client's FIN, RST or more bytes
   event* timer = nullptr;
   HttpRequestReader reader;
-  std::string pipelined;  // bytes after a complete request, read before it was answered
-  size_t charged = 0;     // of the request being read, against the loop's budget
+  std::string pipelined;            // bytes after a complete request, read before it was answered
+  size_t charged = 0;               // of the request being read, against the loop's budget
   HttpExchange* waiting = nullptr;  // the request with the handler; its responder owns it
   bool keep_alive = true;
   bool peer_eof = false;  // the client will send nothing more
   bool http10 = false;    // the request being answered is HTTP/1.0
   bool dead = false;      // failed: closed (and its request cancelled when `reset`) by the timer
   bool reset = false;
-  std::deque<std::string> out;  // to write, in order
-  size_t out_offset = 0;        // of out.front(), already written
-  Clock::time_point activity;   // the last byte read or written
+  std::deque<std::string> out;       // to write, in order
+  size_t out_offset = 0;             // of out.front(), already written
+  Clock::time_point activity;        // the last byte read or written
   Clock::time_point head_started{};  // the first byte of the request being read (epoch: none)
   Clock::time_point linger_started{};
 
@@ -322,28 +351,33 @@ HttpResponder& HttpResponder::operator=(HttpResponder&& other) noexcept {
 
 HttpResponder::~HttpResponder() {
   if (!exchange_) return;
-  spdlog::error("event=http_unanswered path={} reason=\"a handler dropped the request without answering\"",
-                exchange_->path_);
+  spdlog::error(
+      "event=http_unanswered path={} reason=\"a handler dropped the request without answering\"",
+      exchange_->path_);
   HttpResponse response;
   response.code = 500;
   response.headers.emplace_back("Content-Type", "application/json");
-  response.body.push_back(ErrorJson("the server dropped this request without an answer (a bug); retry it"));
+  response.body.push_back(
+      ErrorJson("the server dropped this request without an answer (a bug); retry it"));
   Respond(std::move(response));
 }
 
 void HttpResponder::Respond(HttpResponse response) {
-  std::shared_ptr<HttpExchange::Loop> loop = exchange_->loop_;  // the exchange may be gone when Post returns
+  std::shared_ptr<HttpExchange::Loop> loop =
+      exchange_->loop_;  // the exchange may be gone when Post returns
   const int accept_encoding = exchange_->accept_encoding_;
-  if (response.compress && accept_encoding != kIdentity && BodyLength(response) >= kCompressOffThreadBytes &&
-      loop->options.compression_threads > 0) {
+  if (response.compress && accept_encoding != kIdentity &&
+      BodyLength(response) >= kCompressOffThreadBytes && loop->options.compression_threads > 0) {
     HttpExchange::Loop* raw = loop.get();
-    absl::AnyInvocable<void() &&> task = [raw, exchange = std::move(exchange_), response = std::move(response),
-                                          accept_encoding]() mutable {
+    absl::AnyInvocable<void()&&> task = [raw, exchange = std::move(exchange_),
+                                         response = std::move(response),
+                                         accept_encoding]() mutable {
       Encode(accept_encoding, response);
       raw->compressed_off_thread.fetch_add(1, std::memory_order_relaxed);
       raw->Post(std::move(exchange), std::move(response));
     };
-    if (!loop->QueueCodec(task)) std::move(task)();  // the codec threads have stopped: compressed here
+    if (!loop->QueueCodec(task))
+      std::move(task)();  // the codec threads have stopped: compressed here
     return;
   }
   Encode(accept_encoding, response);
@@ -364,7 +398,7 @@ void HttpExchange::Loop::CodecLoop() {
   for (;;) {
     while (!codec_stopping && codec_tasks.empty()) codec_work.Wait(&codec_mutex);
     if (codec_tasks.empty()) return;  // stopping, and nothing left
-    absl::AnyInvocable<void() &&> task = std::move(codec_tasks.front());
+    absl::AnyInvocable<void()&&> task = std::move(codec_tasks.front());
     codec_tasks.pop_front();
     lock.Unlock();
     std::move(task)();
@@ -394,19 +428,22 @@ void HttpExchange::Loop::Accept(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   connection->timer = event_new(
-      base, -1, 0, [](evutil_socket_t, short, void* arg) {
+      base, -1, 0,
+      [](evutil_socket_t, short, void* arg) {
         auto* self = static_cast<Connection*>(arg);
         self->loop->Timer(self);
       },
       connection);
   connection->readable = event_new(
-      base, fd, EV_READ | EV_PERSIST, [](evutil_socket_t, short, void* arg) {
+      base, fd, EV_READ | EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) {
         auto* self = static_cast<Connection*>(arg);
         self->loop->Readable(self);
       },
       connection);
   connection->writable = event_new(
-      base, fd, EV_WRITE | EV_PERSIST, [](evutil_socket_t, short, void* arg) {
+      base, fd, EV_WRITE | EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) {
         auto* self = static_cast<Connection*>(arg);
         self->loop->Flush(self);
       },
@@ -414,7 +451,8 @@ void HttpExchange::Loop::Accept(evutil_socket_t fd) {
   // While a request is handled: the socket turning readable means pipelined bytes, the client's
   // FIN, or a reset (epoll reports a reset as readable, not as EV_CLOSED); PeerClosed peeks.
   connection->peer_closed = event_new(
-      base, fd, EV_READ | EV_CLOSED, [](evutil_socket_t, short, void* arg) {
+      base, fd, EV_READ | EV_CLOSED,
+      [](evutil_socket_t, short, void* arg) {
         auto* self = static_cast<Connection*>(arg);
         self->loop->PeerClosed(self);
       },
@@ -456,7 +494,8 @@ void HttpExchange::Loop::Readable(Connection* connection) {
     Consume(connection, pipelined);
     return;
   }
-  while (connection->phase == Connection::Phase::kReading || connection->phase == Connection::Phase::kLingering) {
+  while (connection->phase == Connection::Phase::kReading ||
+         connection->phase == Connection::Phase::kLingering) {
     const ssize_t got = recv(connection->fd, read_buffer.data(), read_buffer.size(), 0);
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
@@ -501,7 +540,8 @@ void HttpExchange::Loop::Consume(Connection* connection, absl::string_view data)
                                    " limit=", options.max_buffered_bytes));
         Refuse(connection, 503,
                absl::StrCat("the server holds ", options.max_buffered_bytes,
-                            " bytes of HTTP requests already, its limit (--http-max-buffered-bytes); retry later"),
+                            " bytes of HTTP requests already, its limit "
+                            "(--http-max-buffered-bytes); retry later"),
                {{"Retry-After", "1"}});
         return;
       }
@@ -511,20 +551,24 @@ void HttpExchange::Loop::Consume(Connection* connection, absl::string_view data)
       case HttpRequestReader::Event::kNeedMore:
         return;
       case HttpRequestReader::Event::kError:
-        refusals.Warn("http_request_refused", absl::StrCat("code=", reader.error_code(), " reason=\"", reader.error(), "\""));
+        refusals.Warn("http_request_refused", absl::StrCat("code=", reader.error_code(),
+                                                           " reason=\"", reader.error(), "\""));
         Refuse(connection, reader.error_code(), reader.error());
         return;
       case HttpRequestReader::Event::kHead: {
         ArmTimer(connection);  // from here the body's silence counts, not the head's deadline
         const HttpRequestHead& head = reader.head();
-        if (head.content_length > options.max_buffered_bytes - std::min(options.max_buffered_bytes,
-                                                                        buffered.load(std::memory_order_relaxed))) {
-          refusals.Warn("http_budget_refused", absl::StrCat("declared=", head.content_length,
-                                                            " buffered=", buffered.load(std::memory_order_relaxed),
-                                                            " limit=", options.max_buffered_bytes));
+        if (head.content_length >
+            options.max_buffered_bytes -
+                std::min(options.max_buffered_bytes, buffered.load(std::memory_order_relaxed))) {
+          refusals.Warn("http_budget_refused",
+                        absl::StrCat("declared=", head.content_length,
+                                     " buffered=", buffered.load(std::memory_order_relaxed),
+                                     " limit=", options.max_buffered_bytes));
           Refuse(connection, 503,
-                 absl::StrCat("the server cannot hold this request's ", head.content_length,
-                              " bytes beside those it holds now (--http-max-buffered-bytes); retry later"),
+                 absl::StrCat(
+                     "the server cannot hold this request's ", head.content_length,
+                     " bytes beside those it holds now (--http-max-buffered-bytes); retry later"),
                  {{"Retry-After", "1"}});
           return;
         }
@@ -588,7 +632,8 @@ void HttpExchange::Loop::Dispatch(Connection* connection) {
 
 void HttpExchange::Loop::Handle(std::unique_ptr<HttpExchange> exchange) {
   const char* coding = exchange->Header("Content-Encoding");
-  const std::string name = coding == nullptr ? "" : absl::AsciiStrToLower(absl::StripAsciiWhitespace(coding));
+  const std::string name =
+      coding == nullptr ? "" : absl::AsciiStrToLower(absl::StripAsciiWhitespace(coding));
   if (name.empty() || name == "identity") {
     handler(HttpResponder(std::move(exchange)));
     return;
@@ -603,21 +648,24 @@ void HttpExchange::Loop::Handle(std::unique_ptr<HttpExchange> exchange) {
   };
   if (name != "gzip" && name != "x-gzip" && name != "deflate") {
     refuse(std::move(exchange), 415,
-           absl::StrCat("Content-Encoding '", coding, "' is not supported; send gzip, deflate or identity"));
+           absl::StrCat("Content-Encoding '", coding,
+                        "' is not supported; send gzip, deflate or identity"));
     return;
   }
   // Inflated (bounded by the body limit, the ratio and the budget) and handled off the loop.
-  absl::AnyInvocable<void() &&> task = [this, exchange = std::move(exchange), refuse]() mutable {
+  absl::AnyInvocable<void()&&> task = [this, exchange = std::move(exchange), refuse]() mutable {
     HttpExchange& held = *exchange;
-    const size_t by_ratio =
-        std::max(kInflateFloorBytes, held.received_.size() * static_cast<size_t>(options.max_inflate_ratio));
+    const size_t by_ratio = std::max(
+        kInflateFloorBytes, held.received_.size() * static_cast<size_t>(options.max_inflate_ratio));
     const size_t limit = std::min(options.max_body_bytes, by_ratio);
-    const std::string reason = limit == options.max_body_bytes
-                                   ? "--http-max-body-bytes"
-                                   : absl::StrCat(options.max_inflate_ratio,
-                                                  " times its compressed size, --http-max-inflate-ratio");
+    const std::string reason =
+        limit == options.max_body_bytes
+            ? "--http-max-body-bytes"
+            : absl::StrCat(options.max_inflate_ratio,
+                           " times its compressed size, --http-max-inflate-ratio");
     bool budget_refused = false;
-    size_t inflate_charged = 0;  // the largest output charged so far (a raw-deflate retry starts over)
+    size_t inflate_charged =
+        0;  // the largest output charged so far (a raw-deflate retry starts over)
     Status inflated = Inflate(
         held.received_, limit, reason,
         [&](size_t total) -> Status {
@@ -628,9 +676,10 @@ void HttpExchange::Loop::Handle(std::unique_ptr<HttpExchange> exchange) {
             return absl::OkStatus();
           }
           budget_refused = true;
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "the server holds ", options.max_buffered_bytes,
-              " bytes of HTTP requests already, its limit (--http-max-buffered-bytes); retry later"));
+          return absl::ResourceExhaustedError(
+              absl::StrCat("the server holds ", options.max_buffered_bytes,
+                           " bytes of HTTP requests already, its limit "
+                           "(--http-max-buffered-bytes); retry later"));
         },
         &held.inflated_);
     // The compressed bytes are done with: their share of the budget goes back now.
@@ -642,7 +691,8 @@ void HttpExchange::Loop::Handle(std::unique_ptr<HttpExchange> exchange) {
       if (budget_refused) {
         refuse(std::move(exchange), 503, inflated.message());
       } else {
-        refuse(std::move(exchange), absl::IsResourceExhausted(inflated) ? 413 : 400, inflated.message());
+        refuse(std::move(exchange), absl::IsResourceExhausted(inflated) ? 413 : 400,
+               inflated.message());
       }
       return;
     }
@@ -659,7 +709,8 @@ void HttpExchange::Loop::Flush(Connection* connection) {
   while (!connection->out.empty()) {
     iovec pieces[64];
     int count = 0;
-    for (auto it = connection->out.begin(); it != connection->out.end() && count < 64; ++it, ++count) {
+    for (auto it = connection->out.begin(); it != connection->out.end() && count < 64;
+         ++it, ++count) {
       const size_t skip = count == 0 ? connection->out_offset : 0;
       pieces[count].iov_base = it->data() + skip;
       pieces[count].iov_len = it->size() - skip;
@@ -743,7 +794,8 @@ std::optional<Clock::time_point> HttpExchange::Loop::Deadline(const Connection* 
     case Connection::Phase::kReading: {
       Clock::time_point deadline = connection->activity + timeout;
       if (connection->head_started != Clock::time_point{} && !connection->reader.in_body()) {
-        deadline = std::min(deadline, connection->head_started + std::chrono::milliseconds(options.header_timeout_ms));
+        deadline = std::min(deadline, connection->head_started +
+                                          std::chrono::milliseconds(options.header_timeout_ms));
       }
       return deadline;
     }
@@ -753,7 +805,8 @@ std::optional<Clock::time_point> HttpExchange::Loop::Deadline(const Connection* 
     case Connection::Phase::kClosing:
       return connection->activity + timeout;
     case Connection::Phase::kLingering:
-      return std::min(connection->linger_started + kLingerTotal, connection->activity + kLingerSilence);
+      return std::min(connection->linger_started + kLingerTotal,
+                      connection->activity + kLingerSilence);
   }
   return std::nullopt;
 }
@@ -766,7 +819,8 @@ void HttpExchange::Loop::ArmTimer(Connection* connection) {
   }
   const auto wait = std::chrono::duration_cast<std::chrono::microseconds>(
       std::max(Clock::duration::zero(), *deadline - Clock::now()));
-  const timeval after{static_cast<time_t>(wait.count() / 1000000), static_cast<suseconds_t>(wait.count() % 1000000)};
+  const timeval after{static_cast<time_t>(wait.count() / 1000000),
+                      static_cast<suseconds_t>(wait.count() % 1000000)};
   event_add(connection->timer, &after);
 }
 
@@ -784,13 +838,16 @@ void HttpExchange::Loop::Timer(Connection* connection) {
   switch (connection->phase) {
     case Connection::Phase::kReading:
       if (connection->reader.started() && !connection->reader.in_body()) {
-        refusals.Warn("http_header_timeout", absl::StrCat("timeout_ms=", options.header_timeout_ms));
+        refusals.Warn("http_header_timeout",
+                      absl::StrCat("timeout_ms=", options.header_timeout_ms));
         Refuse(connection, 408,
-               absl::StrCat("the request line and headers did not arrive within ", options.header_timeout_ms,
+               absl::StrCat("the request line and headers did not arrive within ",
+                            options.header_timeout_ms,
                             " ms of the request's first byte (--http-header-timeout-ms)"));
       } else if (connection->reader.in_body()) {
         Refuse(connection, 408,
-               absl::StrCat("the request body stalled for ", options.timeout_ms, " ms (--http-timeout-ms)"));
+               absl::StrCat("the request body stalled for ", options.timeout_ms,
+                            " ms (--http-timeout-ms)"));
       } else {
         // Idle: a keep-alive connection between requests, or one that never sent a byte within
         // the header deadline.
@@ -811,8 +868,9 @@ void HttpExchange::Loop::Timer(Connection* connection) {
 void HttpExchange::Loop::Refuse(Connection* connection, int code, absl::string_view message,
                                 std::vector<std::pair<std::string, std::string>> headers) {
   const std::string body = ErrorJson(message);
-  std::string head = absl::StrCat("HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\nContent-Type: application/json\r\n",
-                                  "Content-Length: ", body.size(), "\r\nDate: ", HttpDate(), "\r\nConnection: close\r\n");
+  std::string head = absl::StrCat(
+      "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\nContent-Type: application/json\r\n",
+      "Content-Length: ", body.size(), "\r\nDate: ", HttpDate(), "\r\nConnection: close\r\n");
   for (const auto& [key, value] : headers) absl::StrAppend(&head, key, ": ", value, "\r\n");
   head += "\r\n";
   connection->out.push_back(std::move(head));
@@ -897,15 +955,19 @@ void HttpExchange::Loop::Send(std::unique_ptr<HttpExchange> exchange, HttpRespon
   event_del(connection->peer_closed);
   // Draining: the client reconnects elsewhere for its next request.
   // After the client's FIN, the requests it pipelined before it are still answered.
-  const bool close = !connection->keep_alive || draining || (connection->peer_eof && connection->pipelined.empty());
+  const bool close = !connection->keep_alive || draining ||
+                     (connection->peer_eof && connection->pipelined.empty());
   const size_t length = BodyLength(response);
-  std::string head = absl::StrCat("HTTP/1.1 ", response.code, " ", ReasonPhrase(response.code), "\r\n");
+  std::string head =
+      absl::StrCat("HTTP/1.1 ", response.code, " ", ReasonPhrase(response.code), "\r\n");
   bool typed = false;
   for (const auto& [key, value] : response.headers) {
     // A handler's header that would break the framing is a bug; it is left out, not sent. The
     // framing headers are the transport's.
-    if (key.find_first_of("\r\n:") != std::string::npos || value.find_first_of("\r\n") != std::string::npos ||
-        absl::EqualsIgnoreCase(key, "Content-Length") || absl::EqualsIgnoreCase(key, "Transfer-Encoding") ||
+    if (key.find_first_of("\r\n:") != std::string::npos ||
+        value.find_first_of("\r\n") != std::string::npos ||
+        absl::EqualsIgnoreCase(key, "Content-Length") ||
+        absl::EqualsIgnoreCase(key, "Transfer-Encoding") ||
         absl::EqualsIgnoreCase(key, "Connection")) {
       spdlog::error("event=http_header_dropped name={}", key.substr(0, 64));
       continue;
@@ -945,8 +1007,8 @@ void HttpExchange::Loop::FinishWriting() {
   if (flush_check == nullptr) {
     flush_deadline = Clock::now() + std::chrono::seconds(1);
     flush_check = event_new(
-        base, -1, EV_PERSIST, [](evutil_socket_t, short, void* arg) { static_cast<Loop*>(arg)->FinishWriting(); },
-        this);
+        base, -1, EV_PERSIST,
+        [](evutil_socket_t, short, void* arg) { static_cast<Loop*>(arg)->FinishWriting(); }, this);
     const timeval every{0, 10000};
     event_add(flush_check, &every);
   }
@@ -957,7 +1019,8 @@ void HttpExchange::Loop::FinishWriting() {
   if (written || Clock::now() >= flush_deadline) event_base_loopbreak(base);
 }
 
-StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options, HttpHandler handler) {
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                        HttpHandler handler) {
   static std::once_flag once;
   std::call_once(once, [] {
     // Before any event base exists: makes bases lockable and notifiable, so that event_active and
@@ -980,11 +1043,12 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string port_text = std::to_string(options.port);
-  const int resolved =
-      getaddrinfo(options.address.empty() ? nullptr : options.address.c_str(), port_text.c_str(), &hints, &found);
+  const int resolved = getaddrinfo(options.address.empty() ? nullptr : options.address.c_str(),
+                                   port_text.c_str(), &hints, &found);
   auto cannot_listen = [&](absl::string_view why) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.address, ":", options.port, " for HTTP (",
-                                               why, "); choose another with --http-port, or --allow-http false"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.address, ":", options.port, " for HTTP (", why,
+                     "); choose another with --http-port, or --allow-http false"));
   };
   if (resolved != 0 || found == nullptr) return cannot_listen(gai_strerror(resolved));
   HttpExchange::Loop* raw = loop.get();
@@ -1003,7 +1067,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   evconnlistener_set_error_cb(loop->listener, [](evconnlistener* listener, void* arg) {
     auto* self = static_cast<HttpExchange::Loop*>(arg);
     const int error = errno;
-    self->refusals.Warn("http_accept_failed", absl::StrCat("reason=\"", std::strerror(error), "\""));
+    self->refusals.Warn("http_accept_failed",
+                        absl::StrCat("reason=\"", std::strerror(error), "\""));
     evconnlistener_disable(listener);
     const timeval pause{0, 100000};
     event_base_once(
@@ -1016,9 +1081,11 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   });
   sockaddr_storage bound{};
   socklen_t bound_size = sizeof(bound);
-  getsockname(evconnlistener_get_fd(loop->listener), reinterpret_cast<sockaddr*>(&bound), &bound_size);
-  const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  getsockname(evconnlistener_get_fd(loop->listener), reinterpret_cast<sockaddr*>(&bound),
+              &bound_size);
+  const int port = bound.ss_family == AF_INET6
+                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   loop->wake = event_new(
       loop->base, -1, 0,
       [](evutil_socket_t, short, void* arg) {
@@ -1030,7 +1097,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
           answered.swap(self->answered);
           stopping = self->stopping;
         }
-        for (auto& [exchange, response] : answered) self->Send(std::move(exchange), std::move(response));
+        for (auto& [exchange, response] : answered)
+          self->Send(std::move(exchange), std::move(response));
         if (stopping) self->FinishWriting();
       },
       loop.get());
@@ -1041,7 +1109,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
     event_base_loop(raw->base, EVLOOP_NO_EXIT_ON_EMPTY);
     HttpExchange::Loop::current = nullptr;
   });
-  for (int i = 0; i < options.compression_threads; ++i) loop->codec_threads.emplace_back([raw] { raw->CodecLoop(); });
+  for (int i = 0; i < options.compression_threads; ++i)
+    loop->codec_threads.emplace_back([raw] { raw->CodecLoop(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(loop), port));
 }
 
@@ -1079,7 +1148,9 @@ int64_t HttpServer::compressed_off_thread() const {
   return loop_->compressed_off_thread.load(std::memory_order_relaxed);
 }
 
-size_t HttpServer::buffered_bytes() const { return loop_->buffered.load(std::memory_order_relaxed); }
+size_t HttpServer::buffered_bytes() const {
+  return loop_->buffered.load(std::memory_order_relaxed);
+}
 
 bool HttpServer::WaitIdle(std::chrono::milliseconds timeout) {
   HttpExchange::Loop* loop = loop_.get();

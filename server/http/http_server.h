@@ -35,24 +35,24 @@
 namespace sluice {
 
 struct HttpServerOptions {
-  std::string address = "0.0.0.0";       // --http-address
-  int port = 8000;                        // --http-port; 0: any free port (see HttpServer::port)
+  std::string address = "0.0.0.0";          // --http-address
+  int port = 8000;                          // --http-port; 0: any free port (see HttpServer::port)
   size_t max_body_bytes = size_t{1} << 30;  // --http-max-body-bytes: larger bodies (also once
                                             // decompressed) get 413; at most 4 GiB - 1
-  int max_connections = 2048;             // --http-max-connections: a request on a connection past
-                                          // this gets 503 and the connection is closed
-  int timeout_ms = 60000;                 // --http-timeout-ms: a connection silent this long (an
-                                          // idle keep-alive one, a body that stalls) is closed
-  int header_timeout_ms = 10000;          // --http-header-timeout-ms: a request's line and headers
-                                          // must arrive within this of its first byte (408)
+  int max_connections = 2048;     // --http-max-connections: a request on a connection past
+                                  // this gets 503 and the connection is closed
+  int timeout_ms = 60000;         // --http-timeout-ms: a connection silent this long (an
+                                  // idle keep-alive one, a body that stalls) is closed
+  int header_timeout_ms = 10000;  // --http-header-timeout-ms: a request's line and headers
+                                  // must arrive within this of its first byte (408)
   size_t max_buffered_bytes = size_t{2} << 30;  // --http-max-buffered-bytes: request bytes held by
-                                          // all connections together (bodies being received or
-                                          // handled, inflated ones included); past it 503
-  int max_inflate_ratio = 100;            // --http-max-inflate-ratio: a compressed body may inflate
-                                          // to this many times its size (and always to 1 MiB)
-  int compression_threads = 2;            // --http-compression-threads: threads that inflate
-                                          // compressed bodies and compress large answers; 0: the
-                                          // event loop inflates, the answering thread compresses
+                                                // all connections together (bodies being received
+                                                // or handled, inflated ones included); past it 503
+  int max_inflate_ratio = 100;  // --http-max-inflate-ratio: a compressed body may inflate
+                                // to this many times its size (and always to 1 MiB)
+  int compression_threads = 2;  // --http-compression-threads: threads that inflate
+                                // compressed bodies and compress large answers; 0: the
+                                // event loop inflates, the answering thread compresses
 };
 
 // A response: status code, headers (Content-Length is added), and the body as segments written
@@ -76,7 +76,7 @@ class HttpExchange {
   HttpExchange& operator=(const HttpExchange&) = delete;
 
   const std::string& method() const { return method_; }  // "GET", "POST", "HEAD", as sent
-  const std::string& path() const { return path_; }      // as sent (still percent-encoded), no query
+  const std::string& path() const { return path_; }  // as sent (still percent-encoded), no query
   // The value of request header `name` (case-insensitive); null when absent.
   const char* Header(const char* name) const;
   // The request body, decompressed when it came with Content-Encoding gzip or deflate.
@@ -103,9 +103,9 @@ class HttpExchange {
   std::string path_;
   std::vector<std::pair<std::string, std::string>> headers_;
   absl::string_view body_;
-  std::string received_;  // the body as received
-  std::string inflated_;  // body_ points here when the body was compressed
-  size_t charged_ = 0;    // bytes of received_ and inflated_ charged to the server's budget
+  std::string received_;     // the body as received
+  std::string inflated_;     // body_ points here when the body was compressed
+  size_t charged_ = 0;       // bytes of received_ and inflated_ charged to the server's budget
   bool head_only_ = false;   // HEAD: the answer's length, no body
   int accept_encoding_ = 0;  // 0: identity, 1: gzip, 2: deflate
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
@@ -147,7 +147,8 @@ class HttpServer {
   // Binds and starts the event loop. UNAVAILABLE when the address cannot be bound. The first
   // call sets SIGPIPE to be ignored, process-wide (a client gone mid-response must not kill the
   // process).
-  static StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, HttpHandler handler);
+  static StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
+                                                     HttpHandler handler);
   // Stop().
   ~HttpServer();
 
@@ -171,7 +172,8 @@ class HttpServer {
   void Stop();
 
  private:
-  HttpServer(std::shared_ptr<HttpExchange::Loop> loop, int port) : loop_(std::move(loop)), port_(port) {}
+  HttpServer(std::shared_ptr<HttpExchange::Loop> loop, int port)
+      : loop_(std::move(loop)), port_(port) {}
 
   std::shared_ptr<HttpExchange::Loop> loop_;
   const int port_;

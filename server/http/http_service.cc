@@ -35,8 +35,10 @@ void RespondStatus(HttpResponder& responder, const Status& status) {
 }
 
 // 200, or 400 (Triton's answer for "not live", "not ready"), with the body KServe's clients read
-// ({"live": true}, {"ready": false}, {"name": "m", "ready": true}); tritonclient reads the code only.
-void RespondCondition(HttpResponder& responder, absl::string_view key, bool holds, absl::string_view model = "") {
+// ({"live": true}, {"ready": false}, {"name": "m", "ready": true}); tritonclient reads the code
+// only.
+void RespondCondition(HttpResponder& responder, absl::string_view key, bool holds,
+                      absl::string_view model = "") {
   RespondJson(responder, holds ? 200 : 400, ConditionJson(key, holds, model));
 }
 
@@ -49,10 +51,13 @@ std::optional<std::string> PercentDecode(absl::string_view segment) {
       decoded.push_back(segment[i]);
       continue;
     }
-    if (i + 2 >= segment.size() || !absl::ascii_isxdigit(segment[i + 1]) || !absl::ascii_isxdigit(segment[i + 2])) {
+    if (i + 2 >= segment.size() || !absl::ascii_isxdigit(segment[i + 1]) ||
+        !absl::ascii_isxdigit(segment[i + 2])) {
       return std::nullopt;
     }
-    auto digit = [](char c) { return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10; };
+    auto digit = [](char c) {
+      return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
+    };
     decoded.push_back(static_cast<char>(digit(segment[i + 1]) * 16 + digit(segment[i + 2])));
     i += 2;
   }
@@ -64,13 +69,15 @@ Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
   for (const TensorSpec& output : spec.outputs) {
     if (output.dtype != DataType::kFp16 && output.dtype != DataType::kBf16) continue;
     if (parsed.InSharedMemory(output.name)) continue;
-    const bool requested = parsed.outputs.empty() ||
-                           std::any_of(parsed.outputs.begin(), parsed.outputs.end(),
-                                       [&](const RequestedOutput& each) { return each.name == output.name; });
+    const bool requested =
+        parsed.outputs.empty() ||
+        std::any_of(parsed.outputs.begin(), parsed.outputs.end(),
+                    [&](const RequestedOutput& each) { return each.name == output.name; });
     if (requested && !parsed.Binary(output.name)) {
-      return absl::InvalidArgumentError(absl::StrCat("output '", output.name, "' is ", DataTypeName(output.dtype),
-                                                     ", which has no JSON form; ask for it with the binary_data "
-                                                     "parameter (or binary_data_output)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", output.name, "' is ", DataTypeName(output.dtype),
+                       ", which has no JSON form; ask for it with the binary_data "
+                       "parameter (or binary_data_output)"));
     }
   }
   return absl::OkStatus();
@@ -97,24 +104,30 @@ class HttpInferCall final : public InferenceCall {
   const std::string& model_name() const override { return model_name_; }
   const std::string& model_version() const override { return version_; }
   absl::string_view request_id() const override { return id_; }
-  OutputSink* sink() override { return shm_sink_.empty() ? static_cast<OutputSink*>(&sink_) : &shm_sink_; }
+  OutputSink* sink() override {
+    return shm_sink_.empty() ? static_cast<OutputSink*>(&sink_) : &shm_sink_;
+  }
 
   StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle& model) override {
     std::optional<size_t> header_length;
-    if (const char* length = responder_->Header("Inference-Header-Content-Length"); length != nullptr) {
+    if (const char* length = responder_->Header("Inference-Header-Content-Length");
+        length != nullptr) {
       size_t value = 0;
       const absl::string_view text(length);
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
       if (error != std::errc() || end != text.data() + text.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Inference-Header-Content-Length '", QuoteClientText(length), "' is not a byte count"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Inference-Header-Content-Length '", QuoteClientText(length), "' is not a byte count"));
       }
       header_length = value;
     }
-    SLUICE_ASSIGN_OR_RETURN(parsed_, InferRequestFromJson(responder_->body(), header_length, &shm_refs_));
+    SLUICE_ASSIGN_OR_RETURN(parsed_,
+                            InferRequestFromJson(responder_->body(), header_length, &shm_refs_));
     SLUICE_RETURN_IF_ERROR(CheckJsonOutputs(model.spec(), parsed_));
     for (const RequestedOutput& output : parsed_.outputs) {  // outputs that go to shared memory
-      if (output.shared_memory) SLUICE_RETURN_IF_ERROR(shm_refs_.ResolveOutput(output.name, *output.shared_memory, &shm_sink_));
+      if (output.shared_memory)
+        SLUICE_RETURN_IF_ERROR(
+            shm_refs_.ResolveOutput(output.name, *output.shared_memory, &shm_sink_));
     }
     id_ = parsed_.request->id;
     parsed_.request->shared_memory = shm_refs_.used();
@@ -136,11 +149,12 @@ class HttpInferCall final : public InferenceCall {
       HttpResponse response;
       response.compress = true;  // as the request's Accept-Encoding asks (only inference answers)
       size_t header_length = 0;
-      response.body =
-          InferResponseToJson(model_name_, answering_version_, id_, parsed_, &sink_.outputs(), &header_length);
+      response.body = InferResponseToJson(model_name_, answering_version_, id_, parsed_,
+                                          &sink_.outputs(), &header_length);
       if (header_length > 0) {
         response.headers.emplace_back("Content-Type", "application/octet-stream");
-        response.headers.emplace_back("Inference-Header-Content-Length", std::to_string(header_length));
+        response.headers.emplace_back("Inference-Header-Content-Length",
+                                      std::to_string(header_length));
       } else {
         response.headers.emplace_back("Content-Type", "application/json");
       }
@@ -152,7 +166,8 @@ class HttpInferCall final : public InferenceCall {
   HttpResponder responder_;
   const std::string model_name_;
   const std::string version_;
-  JsonInferRequest parsed_;  // after Decode its `request` has moved to the model; the output forms stay
+  JsonInferRequest
+      parsed_;  // after Decode its `request` has moved to the model; the output forms stay
   std::string id_;
   int64_t answering_version_ = 0;
   HttpOutputSink sink_;
@@ -172,7 +187,8 @@ Status HttpService::Allow(const HttpExchange& exchange, ProtocolGroup group) con
   if (options_.restrictions.empty()) return absl::OkStatus();
   return CheckProtocolAccess(options_.restrictions, group, [&exchange](const std::string& key) {
     std::vector<absl::string_view> values;
-    if (const char* value = exchange.Header(key.c_str()); value != nullptr) values.emplace_back(value);
+    if (const char* value = exchange.Header(key.c_str()); value != nullptr)
+      values.emplace_back(value);
     return values;
   });
 }
@@ -183,8 +199,9 @@ void HttpService::Handle(HttpResponder responder) {
   for (absl::string_view raw : absl::StrSplit(exchange.path(), '/', absl::SkipEmpty())) {
     std::optional<std::string> segment = PercentDecode(raw);
     if (!segment) {
-      RespondStatus(responder, absl::InvalidArgumentError(absl::StrCat("malformed percent-escape in the path '",
-                                                                      QuoteClientText(exchange.path()), "'")));
+      RespondStatus(responder, absl::InvalidArgumentError(
+                                   absl::StrCat("malformed percent-escape in the path '",
+                                                QuoteClientText(exchange.path()), "'")));
       return;
     }
     path.push_back(*std::move(segment));
@@ -204,7 +221,8 @@ void HttpService::Handle(HttpResponder responder) {
   // Runs `answer` after the restriction check, for a GET endpoint.
   auto guarded_get = [&](ProtocolGroup group, auto answer) {
     if (!get) return wrong_method("GET");
-    if (Status allowed = Allow(exchange, group); !allowed.ok()) return RespondStatus(responder, allowed);
+    if (Status allowed = Allow(exchange, group); !allowed.ok())
+      return RespondStatus(responder, allowed);
     answer();
   };
 
@@ -212,15 +230,16 @@ void HttpService::Handle(HttpResponder responder) {
   if (path.size() == 1) {
     return guarded_get(ProtocolGroup::kMetadata, [&] {
       inference::ServerMetadataResponse metadata;
-      AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr, options_.tracer != nullptr,
-                           &metadata);
+      AnswerServerMetadata(options_.server_version, options_.shared_memory != nullptr,
+                           options_.tracer != nullptr, &metadata);
       RespondJson(responder, 200, ProtoToJson(metadata));
     });
   }
   if (path[1] == "health" && path.size() == 3 && (path[2] == "live" || path[2] == "ready")) {
     return guarded_get(ProtocolGroup::kHealth, [&] {
       const ServerHealth* health = options_.health;
-      RespondCondition(responder, path[2], path[2] == "live" ? !health || health->Live() : !health || health->Ready());
+      RespondCondition(responder, path[2],
+                       path[2] == "live" ? !health || health->Live() : !health || health->Ready());
     });
   }
   if (path[1] == "repository") {
@@ -283,7 +302,8 @@ void HttpService::Handle(HttpResponder responder) {
     next = 5;
   }
   const std::string action = next < path.size() ? path[next] : "";
-  if (action == "trace" && version.empty() && next + 2 == path.size() && path[next + 1] == "setting") {
+  if (action == "trace" && version.empty() && next + 2 == path.size() &&
+      path[next + 1] == "setting") {
     if (!get && !post) return wrong_method("GET or POST");
     return TraceSetting(std::move(responder), model);
   }
@@ -333,7 +353,8 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
   }
   StatusOr<std::vector<ControlParameter>> parameters = ParseControlRequest(exchange.body());
   if (!parameters.ok()) return RespondStatus(responder, parameters.status());
-  StatusOr<ModelOverride> checked = CheckModelControl(control_, "HTTP", "", model, *parameters, unload);
+  StatusOr<ModelOverride> checked =
+      CheckModelControl(control_, "HTTP", "", model, *parameters, unload);
   if (!checked.ok()) return RespondStatus(responder, checked.status());
   // Load and unload take seconds: the control thread runs them and answers.
   control_->Submit(
@@ -349,15 +370,16 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
 
 void HttpService::TraceSetting(HttpResponder responder, const std::string& model) {
   const HttpExchange& exchange = responder.exchange();
-  if (Status allowed = Allow(exchange, ProtocolGroup::kTrace); !allowed.ok()) return RespondStatus(responder, allowed);
+  if (Status allowed = Allow(exchange, ProtocolGroup::kTrace); !allowed.ok())
+    return RespondStatus(responder, allowed);
   std::optional<TraceSettingsMap> update;
   if (exchange.method() == "POST") {
     StatusOr<TraceSettingsMap> parsed = ParseTraceSettingsJson(exchange.body());
     if (!parsed.ok()) return RespondStatus(responder, parsed.status());
     update = *std::move(parsed);
   }
-  StatusOr<TraceSettingsMap> settings =
-      AnswerTraceSettings(*manager_, options_.tracer, model, update && !update->empty() ? &*update : nullptr);
+  StatusOr<TraceSettingsMap> settings = AnswerTraceSettings(
+      *manager_, options_.tracer, model, update && !update->empty() ? &*update : nullptr);
   if (!settings.ok()) return RespondStatus(responder, settings.status());
   RespondJson(responder, 200, TraceSettingsJson(*settings));
 }
@@ -375,7 +397,8 @@ void HttpService::SharedMemory(HttpResponder responder, bool cuda, const std::st
       if (!found.ok()) return RespondStatus(responder, found);
       return RespondJson(responder, 200, SharedMemoryStatusJson({}));
     }
-    StatusOr<std::vector<SharedMemoryStatusEntry>> entries = SystemSharedMemoryStatus(registry, region);
+    StatusOr<std::vector<SharedMemoryStatusEntry>> entries =
+        SystemSharedMemoryStatus(registry, region);
     if (!entries.ok()) return RespondStatus(responder, entries.status());
     return RespondJson(responder, 200, SharedMemoryStatusJson(*entries));
   }
@@ -387,16 +410,19 @@ void HttpService::SharedMemory(HttpResponder responder, bool cuda, const std::st
   if (registry == nullptr) return RespondStatus(responder, ClientSharedMemoryDisabledError());
   if (region.empty()) {
     return RespondStatus(responder, absl::InvalidArgumentError(absl::StrCat(
-                                        "'region name' is necessary to register ", cuda ? "cuda" : "system",
-                                        " shared memory region")));
+                                        "'region name' is necessary to register ",
+                                        cuda ? "cuda" : "system", " shared memory region")));
   }
   if (cuda) return RespondStatus(responder, RegisterCudaSharedMemory(registry, region));
-  StatusOr<SystemSharedMemoryRegistration> body = ParseSystemSharedMemoryRegister(responder.exchange().body());
+  StatusOr<SystemSharedMemoryRegistration> body =
+      ParseSystemSharedMemoryRegister(responder.exchange().body());
   if (!body.ok()) return RespondStatus(responder, body.status());
-  RespondStatus(responder, RegisterSystemSharedMemory(registry, region, body->key, body->offset, body->byte_size));
+  RespondStatus(responder, RegisterSystemSharedMemory(registry, region, body->key, body->offset,
+                                                      body->byte_size));
 }
 
-void HttpService::Infer(HttpResponder responder, const std::string& model_name, const std::string& version) {
+void HttpService::Infer(HttpResponder responder, const std::string& model_name,
+                        const std::string& version) {
   if (Status allowed = Allow(responder.exchange(), ProtocolGroup::kInference); !allowed.ok()) {
     return RespondStatus(responder, allowed);
   }
@@ -411,7 +437,8 @@ void HttpService::Infer(HttpResponder responder, const std::string& model_name, 
         },
         "POST /v2/models/{model}/infer");
   }
-  auto call = std::make_unique<HttpInferCall>(std::move(responder), model_name, version, options_.shared_memory);
+  auto call = std::make_unique<HttpInferCall>(std::move(responder), model_name, version,
+                                              options_.shared_memory);
   call->trace = std::move(trace);
   RunInference(*lookup_, std::move(call));
 }

@@ -41,10 +41,11 @@ class HttpService {
  public:
   struct Options {
     std::string server_version = "0.1.0";  // reported by GET /v2
-    const ServerHealth* health = nullptr;   // /v2/health/live and ready; null: live and ready
+    const ServerHealth* health = nullptr;  // /v2/health/live and ready; null: live and ready
     std::vector<ProtocolRestriction> restrictions;  // --http-restricted-api; empty: all open
-    const ModelLookup* lookup = nullptr;    // where inference finds models; null: the manager
-    SharedMemoryManager* shared_memory = nullptr;  // client shared memory; null: off (--allow-client-shm)
+    const ModelLookup* lookup = nullptr;  // where inference finds models; null: the manager
+    SharedMemoryManager* shared_memory =
+        nullptr;  // client shared memory; null: off (--allow-client-shm)
     // Which requests are traced (their traceparent header, the trace settings), and the
     // /v2/[models/{m}/]trace/setting answers; null: nothing is traced and those answer 503.
     Tracer* tracer = nullptr;
@@ -66,7 +67,8 @@ class HttpService {
   // API group). The export URL is not a setting.
   void TraceSetting(HttpResponder responder, const std::string& model);
   // /v2/{systemsharedmemory,cudasharedmemory}[/region/{r}]/{status,register,unregister}.
-  void SharedMemory(HttpResponder responder, bool cuda, const std::string& region, const std::string& action);
+  void SharedMemory(HttpResponder responder, bool cuda, const std::string& region,
+                    const std::string& action);
 
   ModelManager* const manager_;
   ModelControl* const control_;

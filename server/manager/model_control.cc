@@ -14,7 +14,8 @@ namespace sluice {
 
 namespace {
 
-constexpr char kNotLoadedYet[] = "not loaded yet: loads on its first request (--model-load-on-demand)";
+constexpr char kNotLoadedYet[] =
+    "not loaded yet: loads on its first request (--model-load-on-demand)";
 
 // The bytes of a model's files (a version's directory, or its file).
 uint64_t FileBytes(const std::filesystem::path& path) {
@@ -32,23 +33,29 @@ uint64_t FileBytes(const std::filesystem::path& path) {
 
 const char* ModelControlModeName(ModelControlMode mode) {
   switch (mode) {
-    case ModelControlMode::kNone: return "none";
-    case ModelControlMode::kPoll: return "poll";
-    case ModelControlMode::kExplicit: return "explicit";
+    case ModelControlMode::kNone:
+      return "none";
+    case ModelControlMode::kPoll:
+      return "poll";
+    case ModelControlMode::kExplicit:
+      return "explicit";
   }
   return "none";
 }
 
 StatusOr<ModelControlMode> ParseModelControlMode(std::string_view text) {
-  for (ModelControlMode mode : {ModelControlMode::kNone, ModelControlMode::kPoll, ModelControlMode::kExplicit}) {
+  for (ModelControlMode mode :
+       {ModelControlMode::kNone, ModelControlMode::kPoll, ModelControlMode::kExplicit}) {
     if (text == ModelControlModeName(mode)) return mode;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown model control mode '", std::string(text), "' (none, poll or explicit)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown model control mode '", std::string(text),
+                                                 "' (none, poll or explicit)"));
 }
 
 ModelControl::ModelControl(ModelManager* manager, VersionLoader* loader, Options options)
-    : manager_(manager), loader_(loader), options_(std::move(options)),
+    : manager_(manager),
+      loader_(loader),
+      options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &steady_),
       backoff_(options_.load_retry_first, options_.load_retry_longest),
       no_room_(options_.no_room_retry, options_.no_room_retry) {}
@@ -62,20 +69,22 @@ void ModelControl::Start(std::function<void(const Status&)> loaded) {
     MutexLock control(&control_mutex_);
     MarkStartupModels();
   }
-  Task load_all{[this] {
-                  Status status = LoadAll();
-                  if (status.ok() && options_.mode == ModelControlMode::kPoll) {
-                    MutexLock lock(&mutex_);
-                    if (!thread_stopping_ && !stopping_) {
-                      spdlog::info("event=repository_polling interval_s={}",
-                                   std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
-                      polling_ = true;
-                      next_poll_ = clock_->Now() + options_.poll_interval;
-                    }
-                  }
-                  return status;
-                },
-                std::move(loaded)};
+  Task load_all{
+      [this] {
+        Status status = LoadAll();
+        if (status.ok() && options_.mode == ModelControlMode::kPoll) {
+          MutexLock lock(&mutex_);
+          if (!thread_stopping_ && !stopping_) {
+            spdlog::info(
+                "event=repository_polling interval_s={}",
+                std::chrono::duration_cast<std::chrono::seconds>(options_.poll_interval).count());
+            polling_ = true;
+            next_poll_ = clock_->Now() + options_.poll_interval;
+          }
+        }
+        return status;
+      },
+      std::move(loaded)};
   // First in the queue: a RepositoryModelLoad that came in before Start waits for the start-up
   // models.
   if (!Enqueue(std::move(load_all), /*first=*/true)) return;
@@ -133,7 +142,8 @@ void ModelControl::Loop() {
 
 std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupModels() {
   const bool named_only = options_.mode == ModelControlMode::kExplicit || options_.load_on_demand;
-  const std::set<std::string> startup(options_.startup_models.begin(), options_.startup_models.end());
+  const std::set<std::string> startup(options_.startup_models.begin(),
+                                      options_.startup_models.end());
   std::vector<std::shared_ptr<const RepositoryModel>> wanted;
   for (const auto& model : manager_->Models()) {
     if (!named_only || startup.count("*") > 0 || startup.count(model->name) > 0) {
@@ -142,7 +152,9 @@ std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupMod
     } else if (options_.load_on_demand) {
       manager_->NotServed(model->name, kNotLoadedYet);
     } else {
-      manager_->NotServed(model->name, "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
+      manager_->NotServed(
+          model->name,
+          "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
     }
   }
   // Every model shows LOADING before the first one loads.
@@ -159,7 +171,8 @@ Status ModelControl::LoadAll() {
   // others load.
   for (const auto& model : wanted) {
     const Status status = Install(model);
-    if (options_.observer != nullptr) options_.observer->OnModelLoad(model->name, "startup", status.ok());
+    if (options_.observer != nullptr)
+      options_.observer->OnModelLoad(model->name, "startup", status.ok());
   }
   manager_->SetStarted();
   if (Budgeted()) {
@@ -167,9 +180,11 @@ Status ModelControl::LoadAll() {
     for (const auto& [device, limit] : options_.eviction.budget) {
       auto it = used.find(device);
       if (it != used.end() && it->second > limit) {
-        spdlog::warn("event=memory_budget_exceeded device={} used=\"{}\" budget=\"{}\" reason=\"the --load-model "
-                     "models are pinned and alone take more than the budget: nothing else can load\"",
-                     device, DescribeBytes(it->second), DescribeBytes(limit));
+        spdlog::warn(
+            "event=memory_budget_exceeded device={} used=\"{}\" budget=\"{}\" reason=\"the "
+            "--load-model "
+            "models are pinned and alone take more than the budget: nothing else can load\"",
+            device, DescribeBytes(it->second), DescribeBytes(limit));
       }
     }
     ReportBudget();
@@ -182,14 +197,17 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
   const std::vector<int64_t> serving_versions = manager_->BeginLoad(model, wanted);
   const bool serving = !serving_versions.empty();  // and keeps serving if this fails
   const std::string kept =
-      serving ? absl::StrCat("; version(s) ", absl::StrJoin(serving_versions, ","), " keep serving") : "";
+      serving ? absl::StrCat("; version(s) ", absl::StrJoin(serving_versions, ","), " keep serving")
+              : "";
   if (!model->status.ok()) {
-    spdlog::error("event=model_unavailable model={} reason=\"{}{}\"", name, model->status.message(), kept);
+    spdlog::error("event=model_unavailable model={} reason=\"{}{}\"", name, model->status.message(),
+                  kept);
     return Status(model->status.code(),
                   absl::StrCat("model '", name, "' cannot load: ", model->status.message(), kept));
   }
   std::vector<LoadedVersion> loaded;
-  for (const auto& [version, path] : model->versions) loaded.push_back(loader_->Load(model, version, &stopping_));
+  for (const auto& [version, path] : model->versions)
+    loaded.push_back(loader_->Load(model, version, &stopping_));
 
   const LoadedVersion* failed = nullptr;
   for (const LoadedVersion& each : loaded) {
@@ -197,8 +215,8 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
   }
   if (serving && failed != nullptr) {
     const Status status(failed->status.code(),
-                        absl::StrCat("model '", name, "' was not reloaded: version ", failed->version, ": ",
-                                     failed->status.message(), kept));
+                        absl::StrCat("model '", name, "' was not reloaded: version ",
+                                     failed->version, ": ", failed->status.message(), kept));
     spdlog::error("event=model_reload_failed model={} reason=\"{}\"", name, status.message());
     for (LoadedVersion& each : loaded) {
       if (each.handle) each.handle->Stop();
@@ -212,16 +230,21 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
   std::vector<std::string> libraries = model->spec.operator_libraries;
   if (!model->spec.init_library.empty()) libraries.push_back(model->spec.init_library);
   const std::string libraries_field =
-      libraries.empty() ? "" : absl::StrCat(" operator_libraries=\"", absl::StrJoin(libraries, ","), "\"");
+      libraries.empty()
+          ? ""
+          : absl::StrCat(" operator_libraries=\"", absl::StrJoin(libraries, ","), "\"");
   for (const LoadedVersion& each : loaded) {
     if (each.handle) {
       LogTuning(each.tuning);
-      spdlog::info("event=model_ready model={} version={} device={} batching={} load_ms={} memory=\"{}\"{}{}", name, each.version,
-                   each.handle->device(), model->spec.sequence_batching.enabled  ? "sequence"
-                   : model->spec.dynamic_batching.enabled ? "dynamic"
-                                                          : "none",
-                   std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
-                   DescribeDeviceBytes(each.memory), libraries_field, serving ? " reloaded=true" : "");
+      spdlog::info(
+          "event=model_ready model={} version={} device={} batching={} load_ms={} "
+          "memory=\"{}\"{}{}",
+          name, each.version, each.handle->device(),
+          model->spec.sequence_batching.enabled  ? "sequence"
+          : model->spec.dynamic_batching.enabled ? "dynamic"
+                                                 : "none",
+          std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
+          DescribeDeviceBytes(each.memory), libraries_field, serving ? " reloaded=true" : "");
     } else {
       spdlog::error("event=model_unavailable model={} version={} reason=\"{}\"", name, each.version,
                     each.status.message());
@@ -252,17 +275,21 @@ void ModelControl::Retire(const std::string& name, RetiredVersions retired) {
     handle->Stop();
     handle.reset();  // normally the last reference: the instances are destroyed here
     spdlog::info("event=model_version_retired model={} version={} drain_ms={}", name, version,
-                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count());
   }
   loader_->ReleaseCachedMemory();
 }
 
 Status ModelControl::LoadModel(const std::string& name, const ModelOverride& override) {
   auto failed = [&name](const Status& status) {
-    return Status(status.code(), absl::StrCat("failed to load '", QuoteClientText(name), "': ", status.message()));
+    return Status(status.code(),
+                  absl::StrCat("failed to load '", QuoteClientText(name), "': ", status.message()));
   };
   if (options_.source == nullptr) {
-    return failed(absl::FailedPreconditionError("model control has no model repository to read from"));
+    return failed(
+        absl::FailedPreconditionError("model control has no model repository to read from"));
   }
   Status status;
   {
@@ -270,7 +297,8 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     if (stopping_) return failed(absl::UnavailableError("the server is shutting down"));
     StatusOr<RepositoryModel> read = options_.source->Read(name, override);
     if (!read.ok()) return failed(read.status());
-    spdlog::info("event=model_load model={}{}{}", name, override.config_json ? " config_override=true" : "",
+    spdlog::info("event=model_load model={}{}{}", name,
+                 override.config_json ? " config_override=true" : "",
                  override.files.empty() ? "" : absl::StrCat(" files=", override.files.size()));
     const bool served_before = !manager_->ReadyVersions(name).empty();
     auto model = std::make_shared<const RepositoryModel>(*std::move(read));
@@ -292,7 +320,8 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
       serving_directory_.erase(name);
     }
     auto serving = serving_directory_.find(name);
-    options_.source->Retain(name, serving == serving_directory_.end() ? std::filesystem::path() : serving->second);
+    options_.source->Retain(
+        name, serving == serving_directory_.end() ? std::filesystem::path() : serving->second);
   }
   ReportBudget();
   NotifyChange();
@@ -325,8 +354,10 @@ Status ModelControl::CheckLoadOnDemand(const std::string& name) const {
   const TimePoint now = clock_->Now();
   MutexLock demand(&demand_mutex_);
   if (unloaded_explicitly_.count(name) > 0) {
-    return absl::UnavailableError(absl::StrCat("failed to load '", name, "' on demand: it was unloaded with "
-                                               "RepositoryModelUnload; RepositoryModelLoad loads it again"));
+    return absl::UnavailableError(
+        absl::StrCat("failed to load '", name,
+                     "' on demand: it was unloaded with "
+                     "RepositoryModelUnload; RepositoryModelLoad loads it again"));
   }
   SLUICE_RETURN_IF_ERROR(backoff_.Check(name, now));
   return no_room_.Check(name, now);
@@ -336,7 +367,8 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
   // Every failure but the budget's is UNAVAILABLE for the requests that waited: whatever went
   // wrong is the model's, not the request's (the reason is in the message).
   auto failed = [&name](const Status& status) {
-    const absl::StatusCode code = absl::IsResourceExhausted(status) ? status.code() : absl::StatusCode::kUnavailable;
+    const absl::StatusCode code =
+        absl::IsResourceExhausted(status) ? status.code() : absl::StatusCode::kUnavailable;
     return Status(code, absl::StrCat("failed to load '", name, "' on demand: ", status.message()));
   };
   if (options_.source == nullptr || !options_.load_on_demand) {
@@ -363,7 +395,8 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
       if (!status.ok() && !manager_->ReadyVersions(name).empty()) {
         // Some versions serve: keep them, as an explicit load does; the failed ones are listed
         // with their reasons and their requests answered UNAVAILABLE.
-        spdlog::error("event=model_load_on_demand_partial model={} reason=\"{}\"", name, status.message());
+        spdlog::error("event=model_load_on_demand_partial model={} reason=\"{}\"", name,
+                      status.message());
         status = absl::OkStatus();
       }
     }
@@ -375,8 +408,9 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
       }
       serving_directory_[name] = model->directory;
       options_.source->Retain(name, model->directory);
-      spdlog::info("event=model_loaded_on_demand model={} ms={}", name,
-                   std::chrono::duration_cast<std::chrono::milliseconds>(clock_->Now() - started).count());
+      spdlog::info(
+          "event=model_loaded_on_demand model={} ms={}", name,
+          std::chrono::duration_cast<std::chrono::milliseconds>(clock_->Now() - started).count());
     } else {
       {
         MutexLock demand(&demand_mutex_);
@@ -392,9 +426,11 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
         StatusOr<RetiredVersions> retired = manager_->Remove(name, reason, /*forget=*/false);
         if (retired.ok()) Retire(name, *std::move(retired));
       }
-      spdlog::error("event=model_load_on_demand_failed model={} reason=\"{}\"", name, status.message());
+      spdlog::error("event=model_load_on_demand_failed model={} reason=\"{}\"", name,
+                    status.message());
     }
-    if (options_.observer != nullptr) options_.observer->OnModelLoad(name, "on_demand", status.ok());
+    if (options_.observer != nullptr)
+      options_.observer->OnModelLoad(name, "on_demand", status.ok());
   }
   ReportBudget();
   NotifyChange();
@@ -444,14 +480,16 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
   const TimePoint give_up = clock_->Now() + options_.room_wait;
   const std::string reason =
       options_.load_on_demand
-          ? absl::StrCat("unloaded to make room for '", name, "' (least recently used; loads again on its next request)")
+          ? absl::StrCat("unloaded to make room for '", name,
+                         "' (least recently used; loads again on its next request)")
           : absl::StrCat("unloaded to make room for '", name,
                          "' (least recently used; RepositoryModelLoad loads it again)");
   Status last;
   while (true) {
     const std::vector<ResidentModel> resident = Resident();
     const TimePoint now = clock_->Now();
-    StatusOr<std::vector<std::string>> plan = PlanEviction(resident, needed, options_.eviction, now, name);
+    StatusOr<std::vector<std::string>> plan =
+        PlanEviction(resident, needed, options_.eviction, now, name);
     if (plan.ok()) {
       bool all_gone = true;
       for (const std::string& victim : *plan) {
@@ -462,9 +500,11 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
           last = retired.status();
           continue;
         }
-        const bool young = std::any_of(resident.begin(), resident.end(), [&](const ResidentModel& model) {
-          return model.name == victim && now - model.ready_since < options_.eviction.min_residency;
-        });
+        const bool young =
+            std::any_of(resident.begin(), resident.end(), [&](const ResidentModel& model) {
+              return model.name == victim &&
+                     now - model.ready_since < options_.eviction.min_residency;
+            });
         spdlog::info("event=model_evicted model={} for={} freed=\"{}\" young={}", victim, name,
                      DescribeDeviceBytes(freed), young);
         Retire(victim, *std::move(retired));
@@ -478,13 +518,14 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
     }
     // Only busy models could go: they may go idle in a moment.
     if (stopping_ || clock_->Now() >= give_up) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("no room for model '", name, "' within the memory budget: ", last.message()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no room for model '", name, "' within the memory budget: ", last.message()));
     }
     Mutex pause;
     CondVar never;
     MutexLock lock(&pause);
-    clock_->WaitUntil(&never, &pause, std::min(give_up, clock_->Now() + std::chrono::milliseconds(10)));
+    clock_->WaitUntil(&never, &pause,
+                      std::min(give_up, clock_->Now() + std::chrono::milliseconds(10)));
   }
 }
 
@@ -498,10 +539,11 @@ Status ModelControl::SettleBudget(const std::string& name, bool may_unload) {
     return absl::OkStatus();
   }
   // Even with every model that may go gone, this one does not fit: it goes instead.
-  StatusOr<RetiredVersions> retired = manager_->Remove(name, std::string(room.message()), /*forget=*/false);
+  StatusOr<RetiredVersions> retired =
+      manager_->Remove(name, std::string(room.message()), /*forget=*/false);
   if (retired.ok()) Retire(name, *std::move(retired));
-  return absl::ResourceExhaustedError(absl::StrCat("model '", name, "' measured more than expected at load and ",
-                                                   room.message()));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("model '", name, "' measured more than expected at load and ", room.message()));
 }
 
 void ModelControl::ReportBudget() const {
@@ -512,11 +554,13 @@ void ModelControl::ReportBudget() const {
 Status ModelControl::Unload(const std::string& name, bool forget) {
   SLUICE_ASSIGN_OR_RETURN(RetiredVersions retired, manager_->Remove(name, "unloaded", forget));
   if (!retired.handles.empty()) {
-    spdlog::info("event=model_unload model={}{}", name, forget ? " reason=\"removed from the repository\"" : "");
+    spdlog::info("event=model_unload model={}{}", name,
+                 forget ? " reason=\"removed from the repository\"" : "");
   }
   Retire(name, std::move(retired));
   serving_directory_.erase(name);
-  if (options_.source != nullptr) options_.source->Retain(name, {});  // files sent with its loads go
+  if (options_.source != nullptr)
+    options_.source->Retain(name, {});  // files sent with its loads go
   return absl::OkStatus();
 }
 
@@ -538,9 +582,12 @@ Status ModelControl::PollRepository() {
     }
     for (const auto& model : changed) {
       if (stopping_) break;
-      if (options_.load_on_demand && manager_->ReadyVersions(model->name).empty() && !pinned_.count(model->name)) {
+      if (options_.load_on_demand && manager_->ReadyVersions(model->name).empty() &&
+          !pinned_.count(model->name)) {
         // Not serving: the new files load on its next request.
-        spdlog::info("event=model_changed model={} action=none reason=\"not loaded; loads on demand\"", model->name);
+        spdlog::info(
+            "event=model_changed model={} action=none reason=\"not loaded; loads on demand\"",
+            model->name);
         manager_->Know(model, kNotLoadedYet);
         MutexLock demand(&demand_mutex_);
         backoff_.RecordSuccess(model->name);  // new files: a new chance
@@ -552,7 +599,8 @@ Status ModelControl::PollRepository() {
       if (Budgeted() && model->status.ok()) MakeRoom(model->name, Expected(*model)).IgnoreError();
       const Status status = Install(model);  // logged by Install
       if (status.ok() && Budgeted()) SettleBudget(model->name, /*may_unload=*/false).IgnoreError();
-      if (options_.observer != nullptr) options_.observer->OnModelLoad(model->name, "poll", status.ok());
+      if (options_.observer != nullptr)
+        options_.observer->OnModelLoad(model->name, "poll", status.ok());
     }
     std::vector<std::string> gone;
     for (const auto& model : manager_->Models()) {

@@ -49,7 +49,8 @@ class ModelControl {
     std::vector<std::string> startup_models;
     const ModelSource* source = nullptr;  // where LoadModel and PollRepository read; null: nowhere
     Duration poll_interval = std::chrono::seconds(15);  // poll mode: --repository-poll-secs
-    const TimeSource* clock = nullptr;  // what the polls are timed on (outlives the control); null: the steady clock
+    const TimeSource* clock =
+        nullptr;  // what the polls are timed on (outlives the control); null: the steady clock
     // How long a retired version (reload, unload) keeps serving its active sequences so that they
     // can end; then they are ended with an error (--shutdown-grace-seconds).
     Duration sequence_drain = std::chrono::seconds(30);
@@ -183,15 +184,18 @@ class ModelControl {
   void NotifyChange();
   // Makes room for `needed` for `name` (PlanEviction, then evicting each model chosen), waiting
   // up to room_wait for busy models. `name` itself is never chosen.
-  Status MakeRoom(const std::string& name, const DeviceBytes& needed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  Status MakeRoom(const std::string& name, const DeviceBytes& needed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // What `model` is expected to take when it loads: its last measurement, else its files' bytes
   // times its instance count, on the devices the budget limits.
-  DeviceBytes Expected(const RepositoryModel& model) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  DeviceBytes Expected(const RepositoryModel& model) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // After `name` loaded: remembers what it measured; when the models now go over the budget,
   // evicts others. When that is not enough, unloads `name` itself (RESOURCE_EXHAUSTED) if
   // `may_unload` and it is not pinned; else it stays over the budget, with a warning (a reload,
   // a pinned model).
-  Status SettleBudget(const std::string& name, bool may_unload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  Status SettleBudget(const std::string& name, bool may_unload)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   bool Pinned(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // The resident models, pinned marked.
   std::vector<ResidentModel> Resident() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
@@ -202,15 +206,17 @@ class ModelControl {
   VersionLoader* const loader_;
   const Options options_;
   SteadyTimeSource steady_;
-  const TimeSource* const clock_;  // options_.clock or &steady_
+  const TimeSource* const clock_;      // options_.clock or &steady_
   std::atomic<bool> stopping_{false};  // read by warm-ups as their abandon flag
 
   Mutex control_mutex_;  // one change at a time; held while loading and draining
   // Where each model's serving versions were read from (RepositoryModel::directory), for
   // ModelSource::Retain.
   std::map<std::string, std::filesystem::path> serving_directory_ ABSL_GUARDED_BY(control_mutex_);
-  std::set<std::string> pinned_ ABSL_GUARDED_BY(control_mutex_);  // --load-model with load_on_demand
-  std::map<std::string, DeviceBytes> measured_ ABSL_GUARDED_BY(control_mutex_);  // the last load's memory
+  std::set<std::string> pinned_
+      ABSL_GUARDED_BY(control_mutex_);  // --load-model with load_on_demand
+  std::map<std::string, DeviceBytes> measured_
+      ABSL_GUARDED_BY(control_mutex_);  // the last load's memory
 
   mutable Mutex demand_mutex_;  // read by front-end threads (LoadsOnDemand, CheckLoadOnDemand)
   std::set<std::string> unloaded_explicitly_ ABSL_GUARDED_BY(demand_mutex_);

@@ -6,17 +6,22 @@
 namespace sluice {
 namespace {
 
-std::string Because(absl::string_view why) { return why.empty() ? "" : absl::StrCat(" (", why, ")"); }
+std::string Because(absl::string_view why) {
+  return why.empty() ? "" : absl::StrCat(" (", why, ")");
+}
 
 }  // namespace
 
 Status UnknownModelError(absl::string_view model) {
-  return absl::NotFoundError(absl::StrCat("Request for unknown model: '", QuoteClientText(model), "' is not found"));
+  return absl::NotFoundError(
+      absl::StrCat("Request for unknown model: '", QuoteClientText(model), "' is not found"));
 }
 
-Status UnknownVersionError(absl::string_view model, absl::string_view version, absl::string_view detail) {
-  return absl::NotFoundError(absl::StrCat("Request for unknown model: '", QuoteClientText(model), "' version ",
-                                          QuoteClientText(version), " is not found", Because(detail)));
+Status UnknownVersionError(absl::string_view model, absl::string_view version,
+                           absl::string_view detail) {
+  return absl::NotFoundError(absl::StrCat("Request for unknown model: '", QuoteClientText(model),
+                                          "' version ", QuoteClientText(version), " is not found",
+                                          Because(detail)));
 }
 
 Status NoReadyVersionError(absl::string_view model, absl::string_view why) {
@@ -25,8 +30,9 @@ Status NoReadyVersionError(absl::string_view model, absl::string_view why) {
 }
 
 Status VersionNotReadyError(absl::string_view model, int64_t version, absl::string_view why) {
-  return absl::UnavailableError(absl::StrCat("Request for unknown model: '", QuoteClientText(model), "' version ",
-                                             version, " is not at ready state", Because(why)));
+  return absl::UnavailableError(absl::StrCat("Request for unknown model: '", QuoteClientText(model),
+                                             "' version ", version, " is not at ready state",
+                                             Because(why)));
 }
 
 }  // namespace sluice

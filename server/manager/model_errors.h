@@ -5,9 +5,10 @@
 //
 //   case                     code          message
 //   no such model            NOT_FOUND     Request for unknown model: 'm' is not found
-//   no such version          NOT_FOUND     Request for unknown model: 'm' version v is not found (detail)
-//   no version ready         UNAVAILABLE   Request for unknown model: 'm' has no available versions (why)
-//   that version not ready   UNAVAILABLE   Request for unknown model: 'm' version v is not at ready state (why)
+//   no such version          NOT_FOUND     Request for unknown model: 'm' version v is not found
+//   (detail) no version ready         UNAVAILABLE   Request for unknown model: 'm' has no available
+//   versions (why) that version not ready   UNAVAILABLE   Request for unknown model: 'm' version v
+//   is not at ready state (why)
 //
 // The model name and a version as the client sent it are shown through QuoteClientText
 // (core/message_text.h): a usual name as it is, a long or odd one cut short and escaped.
@@ -25,7 +26,8 @@ namespace sluice {
 
 Status UnknownModelError(absl::string_view model);
 // `version` as the client sent it; `detail` may be empty.
-Status UnknownVersionError(absl::string_view model, absl::string_view version, absl::string_view detail);
+Status UnknownVersionError(absl::string_view model, absl::string_view version,
+                           absl::string_view detail);
 Status NoReadyVersionError(absl::string_view model, absl::string_view why);
 Status VersionNotReadyError(absl::string_view model, int64_t version, absl::string_view why);
 

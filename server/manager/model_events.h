@@ -30,9 +30,9 @@ struct ModelTuning {
   std::string cudnn_reason;        // why (DecideCudnnBenchmark)
   ConvolutionTuning convolutions;  // of the first instance (every instance loads the same graph)
   bool shapes_finite = false;
-  size_t shape_count = 0;          // shapes in the plan (0 when not finite)
-  std::vector<WarmupPass> warmup;  // every (instance, shape) pair warmed, and the samples
-  Duration warmup_time{0};         // wall time of the warm-up
+  size_t shape_count = 0;             // shapes in the plan (0 when not finite)
+  std::vector<WarmupPass> warmup;     // every (instance, shape) pair warmed, and the samples
+  Duration warmup_time{0};            // wall time of the warm-up
   std::vector<std::string> warnings;  // the runtime's (ModelBackend::Warnings)
   BatchSizeChoice batch_sizes;        // sluice.auto_batch_sizes: measured, or why not
   CallerRunsChoice caller_runs;       // sluice.run_on_receiving_thread: on, or why not

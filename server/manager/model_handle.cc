@@ -10,10 +10,10 @@
 
 namespace sluice {
 
-ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
-                         std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats,
-                         const TimeSource* clock, BatchSizeChoice batch_sizes,
-                         std::shared_ptr<ResponseCache> response_cache)
+ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version,
+                         std::string device, std::shared_ptr<Scheduler> scheduler,
+                         std::shared_ptr<ModelStats> stats, const TimeSource* clock,
+                         BatchSizeChoice batch_sizes, std::shared_ptr<ResponseCache> response_cache)
     : model_(std::move(model)),
       version_(version),
       device_(std::move(device)),
@@ -31,7 +31,8 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
     options.clock = clock_;
     options.scheduler = scheduler_.get();
     options.stats = stats_.get();
-    options.keep = [cache = cache_.get()](const ResponseCache::Key& key, absl::Span<const OutputView> outputs) {
+    options.keep = [cache = cache_.get()](const ResponseCache::Key& key,
+                                          absl::Span<const OutputView> outputs) {
       cache->Insert(key, outputs);
     };
     flights_ = std::make_unique<SingleFlight>(std::move(options));
@@ -40,11 +41,12 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
 
 ModelHandle::~ModelHandle() { Stop(); }
 
-void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                         InferCompletion done) {
   request->model_version = version_;
   if (Status valid = ValidateRequest(model_->spec, request.get()); !valid.ok()) {
-    spdlog::debug("event=request_rejected model={} version={} request_id={} reason=\"{}\"", model_->name,
-                  version_, request->id, valid.message());
+    spdlog::debug("event=request_rejected model={} version={} request_id={} reason=\"{}\"",
+                  model_->name, version_, request->id, valid.message());
     done(Reject(std::move(valid), request->protocol));
     return;
   }
@@ -68,7 +70,8 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
   scheduler_->Enqueue(std::move(request), sink, std::move(done));
 }
 
-void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) {
+void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                               InferCompletion done) {
   const TimePoint started = clock_->Now();
   ResponseCache::Key key = cache_->MakeKey(cache_space_, *request, output_names_);
   std::optional<Status> answered;  // set on a hit: the answer written (or the sink's refusal)
@@ -89,7 +92,8 @@ void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink
   // Run, or wait for the run of an identical request already queued or running. Every answer
   // that runs is kept: the run reads its inputs from the key's copy and writes its outputs where
   // no client can rewrite them (see SingleFlight), so shared-memory requests' answers are too.
-  flights_->Submit(std::move(key), std::move(request), sink, std::move(done), clock_->Now() - started);
+  flights_->Submit(std::move(key), std::move(request), sink, std::move(done),
+                   clock_->Now() - started);
 }
 
 Status ModelHandle::Reject(Status status, Protocol protocol) {
@@ -110,8 +114,8 @@ InFlightModel ModelHandle::Acquire() {
   // The reference shares nothing with the manager's: its deleter keeps the handle alive until it
   // runs, then lets go of it before counting itself out, so that when WaitIdle returns the
   // manager's reference is the last one and the instances are freed where it chooses.
-  return InFlightModel(
-      std::shared_ptr<ModelHandle>(this, [self = shared_from_this(), state = in_flight_](ModelHandle*) mutable {
+  return InFlightModel(std::shared_ptr<ModelHandle>(
+      this, [self = shared_from_this(), state = in_flight_](ModelHandle*) mutable {
         self.reset();
         state->Release();
       }));
@@ -133,18 +137,20 @@ void ModelHandle::WaitIdle() {
   MutexLock lock(&state.mutex);
   TimePoint next_report = started + std::chrono::seconds(10);
   while (state.count > 0 && !state.stopped) {
-    if (clock_->WaitUntil(&state.idle, &state.mutex, next_report) || clock_->Now() < next_report) continue;
+    if (clock_->WaitUntil(&state.idle, &state.mutex, next_report) || clock_->Now() < next_report)
+      continue;
     next_report += std::chrono::seconds(10);
-    spdlog::warn("event=model_draining model={} version={} in_flight={} waited_s={}", model_->name, version_,
-                 state.count, std::chrono::duration_cast<std::chrono::seconds>(clock_->Now() - started).count());
+    spdlog::warn("event=model_draining model={} version={} in_flight={} waited_s={}", model_->name,
+                 version_, state.count,
+                 std::chrono::duration_cast<std::chrono::seconds>(clock_->Now() - started).count());
   }
 }
 
-InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found, const InferRequest& request,
-                            bool version_given) {
+InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found,
+                            const InferRequest& request, bool version_given) {
   const SequenceControl& sequence = request.parameters.sequence;
-  if (version_given || sequence.start || !sequence.id.present() || !found->spec().sequence_batching.enabled ||
-      found->HasSequence(sequence.id)) {
+  if (version_given || sequence.start || !sequence.id.present() ||
+      !found->spec().sequence_batching.enabled || found->HasSequence(sequence.id)) {
     return found;
   }
   StatusOr<InFlightModel> holder = lookup.FindSequence(found->spec().name, sequence.id);
@@ -156,12 +162,14 @@ void ModelHandle::DrainSequences(Duration grace) {
   if (sequences_ == nullptr) return;
   const size_t active = sequences_->ActiveSequences();
   if (active == 0) return;
-  spdlog::info("event=model_draining_sequences model={} version={} active={} grace_ms={}", model_->name, version_,
-               active, std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
+  spdlog::info("event=model_draining_sequences model={} version={} active={} grace_ms={}",
+               model_->name, version_, active,
+               std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
   if (sequences_->WaitSequencesEnded(clock_->Now() + grace)) return;
   const size_t left = sequences_->ActiveSequences();
-  spdlog::warn("event=model_sequences_ended model={} version={} sequences={} reason=\"drain period over\"",
-               model_->name, version_, left);
+  spdlog::warn(
+      "event=model_sequences_ended model={} version={} sequences={} reason=\"drain period over\"",
+      model_->name, version_, left);
   sequences_->EndSequences(absl::UnavailableError(absl::StrCat(
       "the sequence was ended: model '", model_->name, "' version ", version_,
       " was unloaded or replaced, and the sequence did not end within the drain period (",

@@ -61,14 +61,15 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // `clock` outlives the handle; `stats` never null. `response_cache` (may be null): answers of
   // this version are kept there, in a namespace of its own that Stop drops.
   ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
-              std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats, const TimeSource* clock,
-              BatchSizeChoice batch_sizes = {}, std::shared_ptr<ResponseCache> response_cache = nullptr);
+              std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats,
+              const TimeSource* clock, BatchSizeChoice batch_sizes = {},
+              std::shared_ptr<ResponseCache> response_cache = nullptr);
   ~ModelHandle();
 
   const ModelSpec& spec() const { return model_->spec; }
   const RepositoryModel& model() const { return *model_; }  // the configuration it was loaded with
   int64_t version() const { return version_; }
-  const std::string& device() const { return device_; }    // "cpu", "cuda:0", or a list
+  const std::string& device() const { return device_; }  // "cpu", "cuda:0", or a list
   // The batch sizes warm-up measured and the batcher forms (sluice.auto_batch_sizes).
   const BatchSizeChoice& batch_sizes() const { return batch_sizes_; }
   ModelStatsSnapshot Statistics() const { return stats_->Snapshot(); }
@@ -77,12 +78,11 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // level from its "priority" parameter, narrows its deadline to the queue timeout of its level's
   // queue policy (its parameters.timeout_us when the policy allows overrides, else the policy's
   // default_timeout_us; none when 0; under timeout_action DELAY the timeout sets delay_after
-  // instead) and hands it to the scheduler, which writes the outputs into `sink` and calls `done` exactly once (see
-  // Scheduler::Enqueue for the lifetimes). Never blocks on model work.
-  // With a response cache, a request whose answer is cached is answered here, at once, through
-  // `sink` (nothing queued, nothing run); one that misses waits for the run of an identical
-  // request already queued or running, or runs (SingleFlight), and a run's answer is kept when it
-  // succeeds.
+  // instead) and hands it to the scheduler, which writes the outputs into `sink` and calls `done`
+  // exactly once (see Scheduler::Enqueue for the lifetimes). Never blocks on model work. With a
+  // response cache, a request whose answer is cached is answered here, at once, through `sink`
+  // (nothing queued, nothing run); one that misses waits for the run of an identical request
+  // already queued or running, or runs (SingleFlight), and a run's answer is kept when it succeeds.
   // With preserve_ordering the scheduler orders the answers of requests that run (ResponseOrder);
   // invalid requests and cache hits are answered here, at once.
   void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
@@ -96,8 +96,12 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
 
   // An inference request found this version (the inference path, not health or metadata calls):
   // the least recently used eviction reads it (last_used). One clock read and a relaxed store.
-  void MarkUsed() { last_used_ns_.store(clock_->Now().time_since_epoch().count(), std::memory_order_relaxed); }
-  TimePoint last_used() const { return TimePoint(Duration(last_used_ns_.load(std::memory_order_relaxed))); }
+  void MarkUsed() {
+    last_used_ns_.store(clock_->Now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  TimePoint last_used() const {
+    return TimePoint(Duration(last_used_ns_.load(std::memory_order_relaxed)));
+  }
 
   // A hold on this version that counts as in flight until it is destroyed: the manager's lookups
   // hand these out, and a front end keeps one until the request it serves is answered.
@@ -109,11 +113,15 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   void WaitIdle();
 
   // Whether the sequence `id` is active on this version (stateful models; see SequenceBatcher).
-  bool HasSequence(const CorrelationId& id) const { return sequences_ != nullptr && sequences_->HasSequence(id); }
-  size_t active_sequences() const { return sequences_ != nullptr ? sequences_->ActiveSequences() : 0; }
+  bool HasSequence(const CorrelationId& id) const {
+    return sequences_ != nullptr && sequences_->HasSequence(id);
+  }
+  size_t active_sequences() const {
+    return sequences_ != nullptr ? sequences_->ActiveSequences() : 0;
+  }
   // For a retired version of a stateful model: waits up to `grace` for its active sequences to
-  // end (requests for them still come here, see ModelManager::FindSequence), then ends those left with
-  // UNAVAILABLE, naming the reason. Returns at once when none is active.
+  // end (requests for them still come here, see ModelManager::FindSequence), then ends those left
+  // with UNAVAILABLE, naming the reason. Returns at once when none is active.
   void DrainSequences(Duration grace);
 
   // Whether this version's answers are cached.
@@ -136,10 +144,10 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const TimeSource* const clock_;
   const BatchSizeChoice batch_sizes_;
   const std::shared_ptr<ResponseCache> cache_;  // null: answers are not cached
-  const uint64_t cache_space_;                   // this version's namespace in cache_
-  std::vector<std::string> output_names_;        // the model's outputs in config order (cache keys)
-  std::unique_ptr<SingleFlight> flights_;        // with cache_: identical requests share one run
-  std::atomic<Duration::rep> last_used_ns_{0};    // MarkUsed: the clock's ticks since its epoch
+  const uint64_t cache_space_;                  // this version's namespace in cache_
+  std::vector<std::string> output_names_;       // the model's outputs in config order (cache keys)
+  std::unique_ptr<SingleFlight> flights_;       // with cache_: identical requests share one run
+  std::atomic<Duration::rep> last_used_ns_{0};  // MarkUsed: the clock's ticks since its epoch
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the
   // handle before it signals: WaitIdle returning means no reference holds the handle any more.
@@ -201,7 +209,8 @@ class OnDemandLoads {
   // (look it up again), why the load failed (UNAVAILABLE; RESOURCE_EXHAUSTED when the memory
   // budget had no room), DEADLINE_EXCEEDED when `deadline` passed first, or CANCELLED when
   // `cancelled` was set first.
-  virtual void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> cancelled,
+  virtual void Await(const std::string& name, TimePoint deadline,
+                     std::shared_ptr<std::atomic<bool>> cancelled,
                      std::function<void(const Status&)> then) = 0;
   // A request that waited for a load was answered `waited` after it arrived (cold start).
   virtual void RecordColdStart(const std::string& name, Duration waited) = 0;
@@ -213,11 +222,13 @@ class ModelLookup {
   virtual ~ModelLookup() = default;
   // A hold on the version a request goes to. `version` empty: the newest ready one. NOT_FOUND:
   // no such model or version; UNAVAILABLE: it exists but is not ready.
-  virtual StatusOr<InFlightModel> Find(const std::string& name, const std::string& version) const = 0;
+  virtual StatusOr<InFlightModel> Find(const std::string& name,
+                                       const std::string& version) const = 0;
   // A hold on the version of `name` on which the sequence `id` is active: a version retired by a
   // reload or unload that still drains its sequences, or another ready version. NOT_FOUND when
   // none holds it.
-  virtual StatusOr<InFlightModel> FindSequence(const std::string& /*name*/, const CorrelationId& /*id*/) const {
+  virtual StatusOr<InFlightModel> FindSequence(const std::string& /*name*/,
+                                               const CorrelationId& /*id*/) const {
     return absl::NotFoundError("no sequences");
   }
   // Who loads a model a request asks for while it is not loaded; null: nobody (the request is
@@ -228,7 +239,7 @@ class ModelLookup {
 // The version a converted request runs on: `found` (what Find chose), unless the request
 // continues a sequence (sequence_id without sequence_start, no version asked for) that another
 // version of the model holds: a sequence stays on the version it started on, across reloads.
-InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found, const InferRequest& request,
-                            bool version_given);
+InFlightModel RouteSequence(const ModelLookup& lookup, InFlightModel found,
+                            const InferRequest& request, bool version_given);
 
 }  // namespace sluice

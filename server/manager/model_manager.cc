@@ -11,9 +11,12 @@ namespace sluice {
 
 const char* ModelStateName(ModelState state) {
   switch (state) {
-    case ModelState::kLoading: return "LOADING";
-    case ModelState::kReady: return "READY";
-    case ModelState::kUnavailable: return "UNAVAILABLE";
+    case ModelState::kLoading:
+      return "LOADING";
+    case ModelState::kReady:
+      return "READY";
+    case ModelState::kUnavailable:
+      return "UNAVAILABLE";
   }
   return "UNAVAILABLE";
 }
@@ -49,7 +52,8 @@ void ModelManager::Observe(const std::string& name, int64_t version, ModelState 
   if (state == ModelState::kUnavailable) options_.observer->OnVersionMemory(name, version, {});
 }
 
-std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const RepositoryModel>& model, bool wanted) {
+std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const RepositoryModel>& model,
+                                             bool wanted) {
   std::vector<int64_t> serving;
   {
     MutexLock lock(&mutex_);
@@ -67,16 +71,18 @@ std::vector<int64_t> ModelManager::BeginLoad(const std::shared_ptr<const Reposit
     }
   }
   if (serving.empty() && model->status.ok()) {
-    for (const auto& [version, path] : model->versions) Observe(model->name, version, ModelState::kLoading);
+    for (const auto& [version, path] : model->versions)
+      Observe(model->name, version, ModelState::kLoading);
   }
   return serving;
 }
 
 void ModelManager::RetireLocked(std::vector<VersionSlot>* slots, RetiredVersions* retired) {
   retired->stopped = stopped_;
-  retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
-                                 [](const std::weak_ptr<ModelHandle>& weak) { return weak.expired(); }),
-                  retiring_.end());
+  retiring_.erase(
+      std::remove_if(retiring_.begin(), retiring_.end(),
+                     [](const std::weak_ptr<ModelHandle>& weak) { return weak.expired(); }),
+      retiring_.end());
   for (VersionSlot& slot : *slots) {
     if (!slot.handle) continue;
     retiring_.push_back(slot.handle);  // so that Stop can end their drain
@@ -135,20 +141,24 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
 
 namespace {
 
-bool Busy(const ModelHandle& handle) { return handle.in_flight() > 0 || handle.active_sequences() > 0; }
+bool Busy(const ModelHandle& handle) {
+  return handle.in_flight() > 0 || handle.active_sequences() > 0;
+}
 
 }  // namespace
 
-StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const std::string& reason, bool forget) {
+StatusOr<RetiredVersions> ModelManager::Remove(const std::string& name, const std::string& reason,
+                                               bool forget) {
   return Take(name, reason, forget, /*only_if_idle=*/false);
 }
 
-StatusOr<RetiredVersions> ModelManager::RemoveIfIdle(const std::string& name, const std::string& reason) {
+StatusOr<RetiredVersions> ModelManager::RemoveIfIdle(const std::string& name,
+                                                     const std::string& reason) {
   return Take(name, reason, /*forget=*/false, /*only_if_idle=*/true);
 }
 
-StatusOr<RetiredVersions> ModelManager::Take(const std::string& name, const std::string& reason, bool forget,
-                                             bool only_if_idle) {
+StatusOr<RetiredVersions> ModelManager::Take(const std::string& name, const std::string& reason,
+                                             bool forget, bool only_if_idle) {
   RetiredVersions retired;
   std::vector<VersionSlot> old;
   {
@@ -182,7 +192,8 @@ StatusOr<RetiredVersions> ModelManager::Take(const std::string& name, const std:
   return retired;
 }
 
-void ModelManager::Know(const std::shared_ptr<const RepositoryModel>& model, const std::string& reason) {
+void ModelManager::Know(const std::shared_ptr<const RepositoryModel>& model,
+                        const std::string& reason) {
   MutexLock lock(&mutex_);
   Entry& entry = entries_[model->name];
   entry.tried_fingerprint = model->fingerprint;
@@ -266,14 +277,16 @@ std::vector<ModelTuning> ModelManager::Tunings() const {
   return tunings;
 }
 
-StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(const std::string& name) const {
+StatusOr<std::shared_ptr<const RepositoryModel>> ModelManager::FindModel(
+    const std::string& name) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return UnknownModelError(name);
   return it->second.model;
 }
 
-StatusOr<InFlightModel> ModelManager::FindSequence(const std::string& name, const CorrelationId& id) const {
+StatusOr<InFlightModel> ModelManager::FindSequence(const std::string& name,
+                                                   const CorrelationId& id) const {
   MutexLock lock(&mutex_);
   if (auto it = entries_.find(name); it != entries_.end()) {
     for (const VersionSlot& slot : it->second.versions) {
@@ -284,16 +297,19 @@ StatusOr<InFlightModel> ModelManager::FindSequence(const std::string& name, cons
     std::shared_ptr<ModelHandle> handle = retiring.lock();
     if (handle && handle->spec().name == name && handle->HasSequence(id)) return handle->Acquire();
   }
-  return absl::NotFoundError(absl::StrCat("no version of model '", name, "' holds sequence ", id.ToString()));
+  return absl::NotFoundError(
+      absl::StrCat("no version of model '", name, "' holds sequence ", id.ToString()));
 }
 
-StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::string& version) const {
+StatusOr<InFlightModel> ModelManager::Find(const std::string& name,
+                                           const std::string& version) const {
   MutexLock lock(&mutex_);
   auto it = entries_.find(name);
   if (it == entries_.end()) return UnknownModelError(name);
   const Entry& entry = it->second;
   if (entry.versions.empty()) {
-    const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
+    const std::string why =
+        !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
     return NoReadyVersionError(name, why);
   }
   const VersionSlot* chosen = nullptr;
@@ -317,7 +333,8 @@ StatusOr<InFlightModel> ModelManager::Find(const std::string& name, const std::s
       return UnknownVersionError(name, version, "not loaded: see the model's version_policy");
     }
     if (chosen->state != ModelState::kReady) {
-      return VersionNotReadyError(name, wanted, chosen->reason.empty() ? "still loading" : chosen->reason);
+      return VersionNotReadyError(name, wanted,
+                                  chosen->reason.empty() ? "still loading" : chosen->reason);
     }
   }
   return chosen->handle->Acquire();
@@ -339,7 +356,8 @@ std::vector<ModelIndexEntry> ModelManager::Index() const {
   MutexLock lock(&mutex_);
   for (const auto& [name, entry] : entries_) {
     if (entry.versions.empty()) {
-      const std::string why = !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
+      const std::string why =
+          !entry.reason.empty() ? entry.reason : std::string(entry.model->status.message());
       index.push_back({name, "", ModelState::kUnavailable, why, {}});
       continue;
     }
@@ -350,8 +368,8 @@ std::vector<ModelIndexEntry> ModelManager::Index() const {
   return index;
 }
 
-StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(const std::string& name,
-                                                                  const std::string& version) const {
+StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(
+    const std::string& name, const std::string& version) const {
   if (!name.empty()) SLUICE_RETURN_IF_ERROR(FindModel(name).status());
   int64_t wanted = 0;
   if (!version.empty() && !absl::SimpleAtoi(version, &wanted)) {

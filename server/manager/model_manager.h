@@ -53,7 +53,8 @@ struct RetiredVersions {
 class ModelManager final : public ModelLookup {
  public:
   struct Options {
-    ModelObserver* observer = nullptr;  // told about every state change and ready version; may be null
+    ModelObserver* observer =
+        nullptr;  // told about every state change and ready version; may be null
     // Where the time a model became ready is read from (Resident); null: the steady clock.
     const TimeSource* clock = nullptr;
   };
@@ -71,15 +72,16 @@ class ModelManager final : public ModelLookup {
   // now, which keep serving until Swap.
   // `wanted` false (a load on demand): readiness (AllReady) does not wait for the model, before
   // or after it loads.
-  std::vector<int64_t> BeginLoad(const std::shared_ptr<const RepositoryModel>& model, bool wanted = true);
+  std::vector<int64_t> BeginLoad(const std::shared_ptr<const RepositoryModel>& model,
+                                 bool wanted = true);
 
   // Installs what loaded for `model` at once: lookups after it find the new versions, and every
   // version that served before is returned for the caller to drain and release. A version that
   // failed is listed UNAVAILABLE with its reason. When Stop has run, new handles are stopped and
   // listed as not loaded. Tells the observer (READY and OnReady, UNAVAILABLE for the failed and
   // for old versions the model no longer selects).
-  RetiredVersions Swap(const std::shared_ptr<const RepositoryModel>& model, std::vector<LoadedVersion>* loaded,
-                       bool wanted = true);
+  RetiredVersions Swap(const std::shared_ptr<const RepositoryModel>& model,
+                       std::vector<LoadedVersion>* loaded, bool wanted = true);
 
   // Takes every version of `name` out of service: lookups answer UNAVAILABLE (`reason`) at once,
   // and AllReady no longer waits for it. `forget` also drops it from the index. NOT_FOUND for an
@@ -128,7 +130,7 @@ class ModelManager final : public ModelLookup {
   StatusOr<InFlightModel> Find(const std::string& name, const std::string& version) const override;
   // Looks in the ready versions of `name` and in those being drained (see ModelLookup).
   StatusOr<InFlightModel> FindSequence(const std::string& name,
-                                                      const CorrelationId& id) const override;
+                                       const CorrelationId& id) const override;
 
   // The repository entry of `name` (any state): NOT_FOUND when unknown.
   StatusOr<std::shared_ptr<const RepositoryModel>> FindModel(const std::string& name) const;
@@ -140,7 +142,8 @@ class ModelManager final : public ModelLookup {
 
   // Statistics of ready versions: all models when `name` is empty, else that model (NOT_FOUND
   // when unknown), narrowed to `version` when given.
-  StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name, const std::string& version) const;
+  StatusOr<std::vector<VersionStatistics>> Statistics(const std::string& name,
+                                                      const std::string& version) const;
 
   // The tuning of every ready version, in repository order.
   std::vector<ModelTuning> Tunings() const;
@@ -164,19 +167,21 @@ class ModelManager final : public ModelLookup {
   };
   struct Entry {
     std::shared_ptr<const RepositoryModel> model;  // never null
-    std::vector<VersionSlot> versions;  // ascending; empty when never loaded or broken
-    bool wanted = false;  // the server is asked to serve it
-    std::string reason;   // why it serves nothing, when `versions` is empty
+    std::vector<VersionSlot> versions;             // ascending; empty when never loaded or broken
+    bool wanted = false;                           // the server is asked to serve it
+    std::string reason;             // why it serves nothing, when `versions` is empty
     std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
     TimePoint ready_since{};        // the last Swap that installed a ready version
   };
 
   // Remove and RemoveIfIdle.
-  StatusOr<RetiredVersions> Take(const std::string& name, const std::string& reason, bool forget, bool only_if_idle);
+  StatusOr<RetiredVersions> Take(const std::string& name, const std::string& reason, bool forget,
+                                 bool only_if_idle);
   // A LOADING slot per selected version of `model` (none when it is broken).
   static std::vector<VersionSlot> LoadingSlots(const RepositoryModel& model);
   // Moves `slots`' handles into `retired` and remembers them until they are released.
-  void RetireLocked(std::vector<VersionSlot>* slots, RetiredVersions* retired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void RetireLocked(std::vector<VersionSlot>* slots, RetiredVersions* retired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Observe(const std::string& name, int64_t version, ModelState state) const;
 
   const Options options_;
@@ -184,7 +189,8 @@ class ModelManager final : public ModelLookup {
   const TimeSource* const clock_;  // options_.clock or &steady_
   std::atomic<OnDemandLoads*> on_demand_{nullptr};
   mutable Mutex mutex_;
-  std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);  // by name, which is repository order
+  std::map<std::string, Entry> entries_
+      ABSL_GUARDED_BY(mutex_);  // by name, which is repository order
   std::vector<std::weak_ptr<ModelHandle>> retiring_ ABSL_GUARDED_BY(mutex_);  // being drained
   bool started_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;

@@ -10,13 +10,16 @@
 namespace sluice {
 
 OnDemandLoader::OnDemandLoader(ModelControl* control, Options options)
-    : control_(control), options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : &steady_) {
+    : control_(control),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &steady_) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
 OnDemandLoader::~OnDemandLoader() { Stop(); }
 
-void OnDemandLoader::Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> cancelled,
+void OnDemandLoader::Await(const std::string& name, TimePoint deadline,
+                           std::shared_ptr<std::atomic<bool>> cancelled,
                            std::function<void(const Status&)> then) {
   const TimePoint now = clock_->Now();
   Waiter waiter;
@@ -34,7 +37,8 @@ void OnDemandLoader::Await(const std::string& name, TimePoint deadline, std::sha
     } else {
       auto [it, first] = waiters_.try_emplace(name);
       if (it->second.size() >= options_.max_waiters) {
-        refused = absl::UnavailableError(absl::StrCat(it->second.size(), " requests already wait for model '", name,
+        refused = absl::UnavailableError(absl::StrCat(it->second.size(),
+                                                      " requests already wait for model '", name,
                                                       "' to load (--max-queue-size)"));
       } else {
         it->second.push_back(std::move(waiter));
@@ -83,19 +87,23 @@ void OnDemandLoader::TimerLoop() {
     bool watching_cancels = false;
     for (auto& [name, waiters] : waiters_) {
       auto keep = std::partition(waiters.begin(), waiters.end(), [&](const Waiter& waiter) {
-        return now < waiter.deadline && !(waiter.cancelled && waiter.cancelled->load(std::memory_order_relaxed));
+        return now < waiter.deadline &&
+               !(waiter.cancelled && waiter.cancelled->load(std::memory_order_relaxed));
       });
       for (auto it = keep; it != waiters.end(); ++it) {
         const double waited_ms = std::chrono::duration<double, std::milli>(now - it->since).count();
-        Status why = now < it->deadline
-                         ? absl::CancelledError("the request was cancelled while its model loaded on demand")
-                     : it->own_deadline
-                         ? absl::DeadlineExceededError(absl::StrFormat(
-                               "the request's deadline passed after %.0f ms waiting for model '%s' to load on demand",
-                               waited_ms, name))
-                         : absl::DeadlineExceededError(absl::StrFormat(
-                               "waited %.0f ms (--model-load-wait-secs) for model '%s' to load on demand; it is still "
-                               "loading", waited_ms, name));
+        Status why =
+            now < it->deadline
+                ? absl::CancelledError("the request was cancelled while its model loaded on demand")
+            : it->own_deadline ? absl::DeadlineExceededError(
+                                     absl::StrFormat("the request's deadline passed after %.0f ms "
+                                                     "waiting for model '%s' to load on demand",
+                                                     waited_ms, name))
+                               : absl::DeadlineExceededError(
+                                     absl::StrFormat("waited %.0f ms (--model-load-wait-secs) for "
+                                                     "model '%s' to load on demand; it is still "
+                                                     "loading",
+                                                     waited_ms, name));
         answered.emplace_back(std::move(*it), std::move(why));
       }
       waiters.erase(keep, waiters.end());  // the load stays queued for the others (or for none)
@@ -128,7 +136,8 @@ void OnDemandLoader::Stop() {
     left.swap(waiters_);
   }
   for (auto& [name, waiters] : left) {
-    for (Waiter& waiter : waiters) waiter.then(absl::UnavailableError("the server is shutting down"));
+    for (Waiter& waiter : waiters)
+      waiter.then(absl::UnavailableError("the server is shutting down"));
   }
 }
 

@@ -42,8 +42,11 @@ class OnDemandLoader final : public OnDemandLoads {
   OnDemandLoader(ModelControl* control, Options options);
   ~OnDemandLoader() override;
 
-  bool LoadsOnDemand(const std::string& name) const override { return control_->LoadsOnDemand(name); }
-  void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> cancelled,
+  bool LoadsOnDemand(const std::string& name) const override {
+    return control_->LoadsOnDemand(name);
+  }
+  void Await(const std::string& name, TimePoint deadline,
+             std::shared_ptr<std::atomic<bool>> cancelled,
              std::function<void(const Status&)> then) override ABSL_LOCKS_EXCLUDED(mutex_);
   void RecordColdStart(const std::string& name, Duration waited) override;
 
@@ -73,7 +76,8 @@ class OnDemandLoader final : public OnDemandLoads {
 
   mutable Mutex mutex_;
   CondVar wake_;
-  std::map<std::string, std::vector<Waiter>> waiters_ ABSL_GUARDED_BY(mutex_);  // a load is queued for each key
+  std::map<std::string, std::vector<Waiter>> waiters_
+      ABSL_GUARDED_BY(mutex_);  // a load is queued for each key
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread timer_;
 };

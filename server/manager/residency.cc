@@ -10,14 +10,17 @@
 namespace sluice {
 
 std::string DescribeBytes(uint64_t bytes) {
-  if (bytes < (uint64_t{1} << 20)) return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
-  if (bytes < (uint64_t{1} << 30)) return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes < (uint64_t{1} << 20))
+    return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
+  if (bytes < (uint64_t{1} << 30))
+    return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
 std::string DescribeDeviceBytes(const DeviceBytes& bytes) {
   std::vector<std::string> parts;
-  for (const auto& [device, count] : bytes) parts.push_back(absl::StrCat(device, " ", DescribeBytes(count)));
+  for (const auto& [device, count] : bytes)
+    parts.push_back(absl::StrCat(device, " ", DescribeBytes(count)));
   return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
 }
 
@@ -25,11 +28,14 @@ StatusOr<std::pair<std::string, double>> ParseGpuLimit(std::string_view text) {
   const size_t colon = text.find(':');
   int gpu = -1;
   double fraction = 0;
-  if (colon == std::string_view::npos || !absl::SimpleAtoi(std::string(text.substr(0, colon)), &gpu) || gpu < 0 ||
-      !absl::SimpleAtod(std::string(text.substr(colon + 1)), &fraction) || !(fraction > 0 && fraction <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--model-load-gpu-limit ", std::string(text),
-                                                   ": expected <gpu>:<fraction>, a GPU ordinal and a fraction "
-                                                   "of its memory in (0, 1], e.g. 0:0.8"));
+  if (colon == std::string_view::npos ||
+      !absl::SimpleAtoi(std::string(text.substr(0, colon)), &gpu) || gpu < 0 ||
+      !absl::SimpleAtod(std::string(text.substr(colon + 1)), &fraction) ||
+      !(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model-load-gpu-limit ", std::string(text),
+                     ": expected <gpu>:<fraction>, a GPU ordinal and a fraction "
+                     "of its memory in (0, 1], e.g. 0:0.8"));
   }
   return std::make_pair(absl::StrCat("cuda:", gpu), fraction);
 }
@@ -52,7 +58,8 @@ uint64_t Get(const DeviceBytes& bytes, const std::string& device) {
 }
 
 // The devices whose budget `used` + `needed` goes over.
-std::vector<std::string> Over(const DeviceBytes& used, const DeviceBytes& needed, const DeviceBytes& budget) {
+std::vector<std::string> Over(const DeviceBytes& used, const DeviceBytes& needed,
+                              const DeviceBytes& budget) {
   std::vector<std::string> over;
   for (const auto& [device, limit] : budget) {
     if (Get(used, device) + Get(needed, device) > limit) over.push_back(device);
@@ -62,12 +69,15 @@ std::vector<std::string> Over(const DeviceBytes& used, const DeviceBytes& needed
 
 }  // namespace
 
-StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>& resident, const DeviceBytes& needed,
-                                                const EvictionPolicy& policy, TimePoint now, std::string_view loading) {
+StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>& resident,
+                                                const DeviceBytes& needed,
+                                                const EvictionPolicy& policy, TimePoint now,
+                                                std::string_view loading) {
   for (const auto& [device, limit] : policy.budget) {
     if (Get(needed, device) > limit) {
-      return absl::ResourceExhaustedError(absl::StrCat("it needs ", DescribeBytes(Get(needed, device)), " on ", device,
-                                                       ", more than the whole budget of ", DescribeBytes(limit)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("it needs ", DescribeBytes(Get(needed, device)), " on ", device,
+                       ", more than the whole budget of ", DescribeBytes(limit)));
     }
   }
   DeviceBytes used = ResidentBytes(resident);
@@ -92,9 +102,9 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
       settled.push_back(&model);
     }
   }
-  std::stable_sort(settled.begin(), settled.end(), [](const ResidentModel* a, const ResidentModel* b) {
-    return a->last_used < b->last_used;
-  });
+  std::stable_sort(
+      settled.begin(), settled.end(),
+      [](const ResidentModel* a, const ResidentModel* b) { return a->last_used < b->last_used; });
   std::stable_sort(young.begin(), young.end(), [](const ResidentModel* a, const ResidentModel* b) {
     return a->ready_since < b->ready_since;
   });
@@ -104,8 +114,9 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
     // Only a model holding memory on a device still over its budget helps.
     const std::vector<std::string> over = Over(used, needed, policy.budget);
     if (over.empty()) break;
-    const bool helps = std::any_of(over.begin(), over.end(),
-                                   [&](const std::string& device) { return Get(model->memory, device) > 0; });
+    const bool helps = std::any_of(over.begin(), over.end(), [&](const std::string& device) {
+      return Get(model->memory, device) > 0;
+    });
     if (!helps) continue;
     victims.push_back(model->name);
     for (const auto& [device, bytes] : model->memory) used[device] -= std::min(used[device], bytes);
@@ -113,10 +124,12 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
   const std::vector<std::string> over = Over(used, needed, policy.budget);
   if (over.empty()) return victims;
   const std::string& device = over.front();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "it needs ", DescribeBytes(Get(needed, device)), " on ", device, " and the budget of ",
-      DescribeBytes(Get(policy.budget, device)), " has ", DescribeBytes(Get(ResidentBytes(resident), device)),
-      " in use by models that cannot be unloaded now: ", kept.empty() ? "none" : absl::StrJoin(kept, ", ")));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("it needs ", DescribeBytes(Get(needed, device)), " on ", device,
+                   " and the budget of ", DescribeBytes(Get(policy.budget, device)), " has ",
+                   DescribeBytes(Get(ResidentBytes(resident), device)),
+                   " in use by models that cannot be unloaded now: ",
+                   kept.empty() ? "none" : absl::StrJoin(kept, ", ")));
 }
 
 Status LoadBackoff::Check(const std::string& name, TimePoint now) const {
@@ -124,7 +137,8 @@ Status LoadBackoff::Check(const std::string& name, TimePoint now) const {
   if (it == failures_.end() || now >= it->second.retry_at) return absl::OkStatus();
   const Failure& failure = it->second;
   return absl::UnavailableError(absl::StrFormat(
-      "model '%s' failed to load %.1f s ago (%d time(s) in a row) and is not loaded on demand again for "
+      "model '%s' failed to load %.1f s ago (%d time(s) in a row) and is not loaded on demand "
+      "again for "
       "another %.1f s: %s",
       name, std::chrono::duration<double>(now - failure.failed_at).count(), failure.count,
       std::chrono::duration<double>(failure.retry_at - now).count(), failure.reason));

@@ -19,7 +19,8 @@ namespace sluice {
 // Bytes per device, keyed "cpu" (the host) or "cuda:N".
 using DeviceBytes = std::map<std::string, uint64_t>;
 std::string DescribeBytes(uint64_t bytes);  // "12.5 MiB"
-std::string DescribeDeviceBytes(const DeviceBytes& bytes);  // "cpu 12.5 MiB, cuda:0 1.20 GiB" ("none")
+std::string DescribeDeviceBytes(
+    const DeviceBytes& bytes);  // "cpu 12.5 MiB, cuda:0 1.20 GiB" ("none")
 
 // One --model-load-gpu-limit value, Triton's "<gpu>:<fraction>" (fraction in (0, 1]): the device
 // key ("cuda:N") and the fraction. INVALID_ARGUMENT naming what is wrong.
@@ -28,18 +29,18 @@ StatusOr<std::pair<std::string, double>> ParseGpuLimit(std::string_view text);
 // A model that serves now, as eviction sees it.
 struct ResidentModel {
   std::string name;
-  DeviceBytes memory;        // measured at load, per device
-  TimePoint last_used{};     // the last request that found it (the load's end when none)
-  TimePoint ready_since{};   // when its current versions became ready
-  bool busy = false;         // requests in flight or queued, or active sequences
-  bool pinned = false;       // --load-model, or sluice.pinned in its config
+  DeviceBytes memory;       // measured at load, per device
+  TimePoint last_used{};    // the last request that found it (the load's end when none)
+  TimePoint ready_since{};  // when its current versions became ready
+  bool busy = false;        // requests in flight or queued, or active sequences
+  bool pinned = false;      // --load-model, or sluice.pinned in its config
 };
 
 // The memory models may use, per device, and what may be evicted for a load.
 struct EvictionPolicy {
-  DeviceBytes budget;                                   // devices without an entry are not limited
-  Duration min_residency = std::chrono::seconds(10);    // a model younger than this goes only
-                                                        // when no older idle model frees enough
+  DeviceBytes budget;                                 // devices without an entry are not limited
+  Duration min_residency = std::chrono::seconds(10);  // a model younger than this goes only
+                                                      // when no older idle model frees enough
 };
 
 // The models to unload so that a load needing `needed` fits every budgeted device with the
@@ -50,7 +51,8 @@ struct EvictionPolicy {
 // already. RESOURCE_EXHAUSTED when it cannot fit: larger than the budget alone, or the idle
 // models do not free enough; the message names the device, the bytes, and why each resident model
 // stays (pinned, busy).
-StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>& resident, const DeviceBytes& needed,
+StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>& resident,
+                                                const DeviceBytes& needed,
                                                 const EvictionPolicy& policy, TimePoint now,
                                                 std::string_view loading = {});
 

@@ -32,9 +32,9 @@ struct ResponseCache::Segment {
   char* base = nullptr;
   size_t size = 0;
   size_t used = 0;
-  size_t live = 0;      // live entries in it
-  int readers = 0;      // Hits and insertions copying into it, outside the lock
-  bool retired = false; // out of segments_: unmapped when the last reader leaves
+  size_t live = 0;       // live entries in it
+  int readers = 0;       // Hits and insertions copying into it, outside the lock
+  bool retired = false;  // out of segments_: unmapped when the last reader leaves
 };
 
 namespace {
@@ -74,7 +74,8 @@ size_t SegmentBytes(size_t limit) {
 size_t OutputsSize(absl::Span<const OutputView> outputs) {
   size_t size = 0;
   for (const OutputView& output : outputs) {
-    size += 4 * sizeof(uint64_t) + output.name.size() + output.shape.size() * sizeof(int64_t) + output.bytes.size();
+    size += 4 * sizeof(uint64_t) + output.name.size() + output.shape.size() * sizeof(int64_t) +
+            output.bytes.size();
   }
   return size;
 }
@@ -104,7 +105,8 @@ Status ForEachOutput(const char* at, uint64_t count, Each each) {
     if (rank > 0) std::memcpy(dims.data(), at, rank * sizeof(int64_t));
     at += rank * sizeof(int64_t);
     at = GetU64(at, &byte_size);
-    SLUICE_RETURN_IF_ERROR(each(OutputView{name, static_cast<DataType>(dtype), dims, absl::string_view(at, byte_size)}));
+    SLUICE_RETURN_IF_ERROR(each(
+        OutputView{name, static_cast<DataType>(dtype), dims, absl::string_view(at, byte_size)}));
     at += byte_size;
   }
   return absl::OkStatus();
@@ -138,7 +140,8 @@ std::vector<OutputView> RecordingSink::Outputs() const {
   std::vector<OutputView> outputs;
   outputs.reserve(written_.size());
   for (const Written& written : written_) {
-    outputs.push_back({written.name, written.dtype, written.shape, absl::string_view(written.data, written.byte_size)});
+    outputs.push_back({written.name, written.dtype, written.shape,
+                       absl::string_view(written.data, written.byte_size)});
   }
   return outputs;
 }
@@ -167,7 +170,8 @@ namespace {
 Status WriteOutput(const OutputView& output, OutputSink* sink, std::string* name, Shape* shape) {
   name->assign(output.name.data(), output.name.size());
   shape->assign(output.shape.begin(), output.shape.end());
-  SLUICE_ASSIGN_OR_RETURN(char* memory, sink->Allocate({*name, output.dtype, *shape, output.bytes.size(), MemoryType::kCpu}));
+  SLUICE_ASSIGN_OR_RETURN(char* memory, sink->Allocate({*name, output.dtype, *shape,
+                                                        output.bytes.size(), MemoryType::kCpu}));
   if (!output.bytes.empty()) std::memcpy(memory, output.bytes.data(), output.bytes.size());
   return absl::OkStatus();
 }
@@ -177,15 +181,17 @@ Status WriteOutput(const OutputView& output, OutputSink* sink, std::string* name
 Status WriteOutputs(absl::Span<const OutputView> outputs, OutputSink* sink) {
   std::string name;
   Shape shape;
-  for (const OutputView& output : outputs) SLUICE_RETURN_IF_ERROR(WriteOutput(output, sink, &name, &shape));
+  for (const OutputView& output : outputs)
+    SLUICE_RETURN_IF_ERROR(WriteOutput(output, sink, &name, &shape));
   return absl::OkStatus();
 }
 
 Status ResponseCache::Hit::WriteTo(OutputSink* sink) const {
   std::string name;
   Shape shape;
-  return ForEachOutput(entry_->outputs_begin(), entry_->outputs,
-                       [&](const OutputView& output) { return WriteOutput(output, sink, &name, &shape); });
+  return ForEachOutput(entry_->outputs_begin(), entry_->outputs, [&](const OutputView& output) {
+    return WriteOutput(output, sink, &name, &shape);
+  });
 }
 
 ResponseCache::ResponseCache(size_t byte_limit, Hasher hasher, ResponseCacheObserver* observer)
@@ -239,13 +245,14 @@ ResponseCache::Key ResponseCache::MakeKey(uint64_t space, const InferRequest& re
   size_t size = 3 * sizeof(uint64_t);
   for (const TensorView& input : request.inputs) {
     inputs.push_back(&input);
-    size += 4 * sizeof(uint64_t) + input.name.size() + input.shape.size() * sizeof(int64_t) + input.byte_size +
-            kInputAlignment;
+    size += 4 * sizeof(uint64_t) + input.name.size() + input.shape.size() * sizeof(int64_t) +
+            input.byte_size + kInputAlignment;
   }
   for (const std::string& output : requested) size += sizeof(uint64_t) + output.size();
   // Input names are distinct (validation): sorted by name, the order a client lists them in does
   // not matter.
-  std::sort(inputs.begin(), inputs.end(), [](const TensorView* a, const TensorView* b) { return a->name < b->name; });
+  std::sort(inputs.begin(), inputs.end(),
+            [](const TensorView* a, const TensorView* b) { return a->name < b->name; });
   Key key;
   key.space = space;
   key.bytes.reserve(size);
@@ -259,7 +266,8 @@ ResponseCache::Key ResponseCache::MakeKey(uint64_t space, const InferRequest& re
     for (int64_t dim : input->shape) AppendPod<int64_t>(&key.bytes, dim);
     AppendPod<uint64_t>(&key.bytes, input->byte_size);
     // Zeros up to an aligned offset: where they go follows from what came before (all of it in
-    // the key), so they tell no two keys apart, and the bytes can be a tensor's (Key::input_offsets).
+    // the key), so they tell no two keys apart, and the bytes can be a tensor's
+    // (Key::input_offsets).
     key.bytes.resize(RoundUp(key.bytes.size(), kInputAlignment), '\0');
     key.input_offsets[static_cast<size_t>(input - request.inputs.data())] = key.bytes.size();
     key.bytes.append(input->data, input->byte_size);
@@ -275,7 +283,8 @@ ResponseCache::Entry* ResponseCache::FindLocked(const Key& key) {
   if (found == index_.end()) return nullptr;
   for (Entry* entry = found->second; entry != nullptr; entry = entry->next) {
     // A hash collision is not this request's answer: the whole key decides.
-    if (entry->key_size == key.bytes.size() && std::memcmp(entry->key(), key.bytes.data(), key.bytes.size()) == 0) {
+    if (entry->key_size == key.bytes.size() &&
+        std::memcmp(entry->key(), key.bytes.data(), key.bytes.size()) == 0) {
       return entry;
     }
   }
@@ -292,7 +301,8 @@ ResponseCache::Hit ResponseCache::Find(const Key& key) {
 }
 
 bool ResponseCache::Insert(const Key& key, absl::Span<const OutputView> outputs) {
-  const size_t size = RoundUp(sizeof(Entry) + key.bytes.size() + OutputsSize(outputs), alignof(Entry));
+  const size_t size =
+      RoundUp(sizeof(Entry) + key.bytes.size() + OutputsSize(outputs), alignof(Entry));
   Entry* entry = nullptr;
   {
     MutexLock lock(&mutex_);
@@ -365,7 +375,8 @@ char* ResponseCache::ReserveLocked(size_t size) {
     if (count == segments_.size()) return nullptr;
     if (segments_[count]->readers == 0) freed += segments_[count]->size;
   }
-  std::vector<Segment*> evicted(segments_.begin(), segments_.begin() + static_cast<std::ptrdiff_t>(count));
+  std::vector<Segment*> evicted(segments_.begin(),
+                                segments_.begin() + static_cast<std::ptrdiff_t>(count));
   segments_.erase(segments_.begin(), segments_.begin() + static_cast<std::ptrdiff_t>(count));
   // The oldest segment nobody reads, when it has the size wanted, is used again in place (its
   // pages are resident: no mapping, no page faults, no unmapping in the steady state).

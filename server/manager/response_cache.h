@@ -137,7 +137,8 @@ class ResponseCache {
 
   // `byte_limit`: the bound on the segments together. `hasher` null: absl's (seeded per
   // process); tests pass one that collides. `observer` may be null, else outlives the cache.
-  explicit ResponseCache(size_t byte_limit, Hasher hasher = nullptr, ResponseCacheObserver* observer = nullptr);
+  explicit ResponseCache(size_t byte_limit, Hasher hasher = nullptr,
+                         ResponseCacheObserver* observer = nullptr);
   ~ResponseCache();
   ResponseCache(const ResponseCache&) = delete;
   ResponseCache& operator=(const ResponseCache&) = delete;
@@ -152,7 +153,8 @@ class ResponseCache {
   // The key of `request` in `space`. `request` must have been validated (its inputs' bytes match
   // their shapes). `every_output`: the model's outputs in config order; a request that names
   // exactly these, in this order, asks for what one that names none gets: the same key.
-  Key MakeKey(uint64_t space, const InferRequest& request, const std::vector<std::string>& every_output = {}) const;
+  Key MakeKey(uint64_t space, const InferRequest& request,
+              const std::vector<std::string>& every_output = {}) const;
 
   // The answer cached for `key`, or an empty Hit.
   Hit Find(const Key& key) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -163,7 +165,9 @@ class ResponseCache {
 
   ResponseCacheStats Stats() const ABSL_LOCKS_EXCLUDED(mutex_);
   size_t byte_limit() const { return byte_limit_; }
-  size_t segment_bytes() const { return segment_bytes_; }  // the usual segment (bigger entries get their own)
+  size_t segment_bytes() const {
+    return segment_bytes_;
+  }  // the usual segment (bigger entries get their own)
 
  private:
   // Calls `each` with every live entry of `segment`, in the order they were written.

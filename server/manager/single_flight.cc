@@ -13,7 +13,8 @@ struct SingleFlight::Flight {
   ResponseCache::Key key;  // its bytes hold the run's inputs
   Duration lookup{0};      // the first request's cache lookup
   // The run's cancellation flag, also its name for Scheduler::Reschedule.
-  const std::shared_ptr<std::atomic<bool>> run_cancelled = std::make_shared<std::atomic<bool>>(false);
+  const std::shared_ptr<std::atomic<bool>> run_cancelled =
+      std::make_shared<std::atomic<bool>>(false);
   // Guarded by SingleFlight::mutex_:
   std::list<Waiter> waiters;
   int level = 0;                        // the run's priority level (the highest of its waiters')
@@ -32,7 +33,8 @@ struct SingleFlight::Flight {
 // waiter's sink cannot be asked for one.
 class SingleFlight::FlightSink final : public OutputSink {
  public:
-  FlightSink(SingleFlight* owner, std::shared_ptr<Flight> flight) : owner_(owner), flight_(std::move(flight)) {}
+  FlightSink(SingleFlight* owner, std::shared_ptr<Flight> flight)
+      : owner_(owner), flight_(std::move(flight)) {}
 
   StatusOr<char*> Allocate(const OutputDescription& output) override {
     if (!recording_) {
@@ -48,7 +50,9 @@ class SingleFlight::FlightSink final : public OutputSink {
     }
     return recording_->Allocate(output);
   }
-  std::vector<OutputView> Outputs() const { return recording_ ? recording_->Outputs() : std::vector<OutputView>(); }
+  std::vector<OutputView> Outputs() const {
+    return recording_ ? recording_->Outputs() : std::vector<OutputView>();
+  }
 
  private:
   SingleFlight* const owner_;
@@ -63,8 +67,8 @@ SingleFlight::SingleFlight(Options options) : options_(std::move(options)) {
 
 SingleFlight::~SingleFlight() { Stop(); }
 
-void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> request, OutputSink* sink,
-                          InferCompletion done, Duration lookup) {
+void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> request,
+                          OutputSink* sink, InferCompletion done, Duration lookup) {
   Waiter waiter;
   waiter.sink = sink;
   waiter.done = std::move(done);
@@ -81,7 +85,8 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
     // A traced request says how it was answered: by another request's run (its span then has no
     // stage spans of its own), or by the run it starts.
     if (request->trace) {
-      request->trace->AddAttribute("sluice.response_cache", std::string(found != table_.end() ? "shared" : "miss"));
+      request->trace->AddAttribute("sluice.response_cache",
+                                   std::string(found != table_.end() ? "shared" : "miss"));
     }
     if (found != table_.end()) {
       Flight& joined = *found->second;
@@ -102,7 +107,8 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
       if (later) joined.deadline = waiter.deadline;
       if (later_delay) joined.delay_after = request->delay_after;
       if ((higher || later || later_delay) && joined.queued) {
-        options_.scheduler->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline, joined.delay_after);
+        options_.scheduler->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline,
+                                       joined.delay_after);
       }
       // The timer looks at deadlines before the run's: this one's, or the one it just raised.
       const bool timer = waiter.deadline != kNoDeadline || later;
@@ -144,9 +150,10 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
   // Waiters that joined while it was being handed over raise it now.
   MutexLock lock(&mutex_);
   flight->queued = true;
-  if (flight->listed &&
-      (flight->level != level || flight->deadline != deadline || flight->delay_after != delay_after)) {
-    options_.scheduler->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline, flight->delay_after);
+  if (flight->listed && (flight->level != level || flight->deadline != deadline ||
+                         flight->delay_after != delay_after)) {
+    options_.scheduler->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline,
+                                   flight->delay_after);
   }
 }
 
@@ -251,13 +258,14 @@ TimePoint SingleFlight::SweepLocked(std::vector<Answer>* answers, bool* poke) {
         emptied.push_back(flight.get());
         break;
       }
-      Status why = cancelled
-                       ? absl::CancelledError("the request was cancelled while it waited for the answer of an "
-                                              "identical request")
-                       : absl::DeadlineExceededError(absl::StrCat(
-                             "the request's deadline or queue timeout passed while it waited for the answer of an "
-                             "identical request to model '",
-                             options_.model, "' (single flight); it did not run"));
+      Status why = cancelled ? absl::CancelledError(
+                                   "the request was cancelled while it waited for the answer of an "
+                                   "identical request")
+                             : absl::DeadlineExceededError(absl::StrCat(
+                                   "the request's deadline or queue timeout passed while it waited "
+                                   "for the answer of an "
+                                   "identical request to model '",
+                                   options_.model, "' (single flight); it did not run"));
       auto following = std::next(it);
       answers->push_back({RemoveLocked(*flight, it), std::move(why)});
       it = following;
@@ -274,7 +282,8 @@ TimePoint SingleFlight::SweepLocked(std::vector<Answer>* answers, bool* poke) {
 
 void SingleFlight::AnswerLeft(std::vector<Answer> answers) {
   for (Answer& answer : answers) {
-    if (answer.waiter.counted) options_.stats->RecordRejected(answer.status, answer.waiter.protocol);
+    if (answer.waiter.counted)
+      options_.stats->RecordRejected(answer.status, answer.waiter.protocol);
     answer.waiter.done(std::move(answer.status));
   }
 }

@@ -75,8 +75,8 @@ class SingleFlight {
   // missed the cache with `key` after `lookup`. It joins the flight of `key` if one is queued or
   // running, else starts one. Answered through `sink` and `done` exactly once, with
   // Scheduler::Enqueue's contract on their lifetimes and the request's bytes.
-  void Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done,
-              Duration lookup) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> request, OutputSink* sink,
+              InferCompletion done, Duration lookup) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // A waiter's caller went away (its `cancelled` flag is set): answer it now. Cheap.
   void Poke() ABSL_LOCKS_EXCLUDED(mutex_);
@@ -110,7 +110,9 @@ class SingleFlight {
   struct TableKey {
     uint64_t hash = 0;
     absl::string_view bytes;
-    bool operator==(const TableKey& other) const { return hash == other.hash && bytes == other.bytes; }
+    bool operator==(const TableKey& other) const {
+      return hash == other.hash && bytes == other.bytes;
+    }
     template <typename H>
     friend H AbslHashValue(H state, const TableKey& key) {
       return H::combine(std::move(state), key.hash);
@@ -123,14 +125,17 @@ class SingleFlight {
   };
 
   // The run of `flight` answered `status` (its outputs are in `sink`).
-  void Finish(const std::shared_ptr<Flight>& flight, FlightSink* sink, Status status) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Finish(const std::shared_ptr<Flight>& flight, FlightSink* sink, Status status)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Takes out every waiter whose caller went away or whose deadline (before the run's) passed, into
   // `answers`; flights left without waiters are cancelled (`*poke`: tell the scheduler). Returns
   // when to look again.
-  TimePoint SweepLocked(std::vector<Answer>* answers, bool* poke) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  TimePoint SweepLocked(std::vector<Answer>* answers, bool* poke)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Takes `waiter` out of `flight`, giving its count back, or, when it is the one the run stands
   // for, moving that to another waiter.
-  Waiter RemoveLocked(Flight& flight, std::list<Waiter>::iterator waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  Waiter RemoveLocked(Flight& flight, std::list<Waiter>::iterator waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void UnlistLocked(Flight& flight) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Answers `answers` (expired or cancelled waiters) and records them.
   void AnswerLeft(std::vector<Answer> answers);

@@ -21,14 +21,18 @@
 namespace sluice {
 
 VersionLoader::VersionLoader(BackendFactory* factory, Options options)
-    : factory_(factory), options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {}
+    : factory_(factory),
+      options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : &steady_) {}
 
 Status VersionLoader::CheckDevicePolicy() const {
-  if (options_.device_policy != DevicePolicy::kCuda || factory_->CudaUsable()) return absl::OkStatus();
+  if (options_.device_policy != DevicePolicy::kCuda || factory_->CudaUsable())
+    return absl::OkStatus();
   return DecideDevice(options_.device_policy, InstanceKind::kGpu, false).status();
 }
 
-int VersionLoader::SplitCpuThreads(const std::vector<std::shared_ptr<const RepositoryModel>>& models) {
+int VersionLoader::SplitCpuThreads(
+    const std::vector<std::shared_ptr<const RepositoryModel>>& models) {
   int cpu_instances = 0;
   for (const auto& model : models) {
     if (!model->status.ok()) continue;
@@ -39,16 +43,19 @@ int VersionLoader::SplitCpuThreads(const std::vector<std::shared_ptr<const Repos
       }
     }
   }
-  const int cpus = options_.cpus > 0 ? options_.cpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cpus = options_.cpus > 0
+                       ? options_.cpus
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cpus / std::max(1, cpu_instances));
   default_intra_op_threads_ = threads;
-  spdlog::info("event=cpu_threads cpus={} limit=\"{}\" cpu_instances={} default_intra_op_threads={}", cpus,
-               options_.cpu_limit.empty() ? "cores" : options_.cpu_limit, cpu_instances, threads);
+  spdlog::info(
+      "event=cpu_threads cpus={} limit=\"{}\" cpu_instances={} default_intra_op_threads={}", cpus,
+      options_.cpu_limit.empty() ? "cores" : options_.cpu_limit, cpu_instances, threads);
   return threads;
 }
 
-LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& model, int64_t version,
-                                  const std::atomic<bool>* abandon) const {
+LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& model,
+                                  int64_t version, const std::atomic<bool>* abandon) const {
   LoadedVersion loaded;
   loaded.version = version;
   loaded.tuning.name = model->name;
@@ -85,23 +92,26 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
   if (scheduler.ok()) {
     std::shared_ptr<ResponseCache> cache;
     if (model->spec.response_cache && options_.response_cache == nullptr) {
-      spdlog::warn("event=response_cache_off model={} version={} reason=\"config.pbtxt enables response_cache but "
-                   "the server has no cache (start it with --cache-config local,size=BYTES); requests run "
-                   "uncached\"", model->name, version);
+      spdlog::warn(
+          "event=response_cache_off model={} version={} reason=\"config.pbtxt enables "
+          "response_cache but "
+          "the server has no cache (start it with --cache-config local,size=BYTES); requests run "
+          "uncached\"",
+          model->name, version);
     } else if (model->spec.response_cache) {
       cache = options_.response_cache;
     }
-    loaded.handle = std::make_shared<ModelHandle>(model, version, std::move(device),
-                                                  std::shared_ptr<Scheduler>(*std::move(scheduler)),
-                                                  std::move(stats), clock_, loaded.tuning.batch_sizes,
-                                                  std::move(cache));
+    loaded.handle = std::make_shared<ModelHandle>(
+        model, version, std::move(device), std::shared_ptr<Scheduler>(*std::move(scheduler)),
+        std::move(stats), clock_, loaded.tuning.batch_sizes, std::move(cache));
   } else {
     loaded.status = scheduler.status();
   }
   return loaded;
 }
 
-StatusOr<std::vector<Device>> VersionLoader::GroupDevices(const InstanceGroupSpec& group, bool* fell_back) const {
+StatusOr<std::vector<Device>> VersionLoader::GroupDevices(const InstanceGroupSpec& group,
+                                                          bool* fell_back) const {
   SLUICE_ASSIGN_OR_RETURN(const DeviceDecision decision,
                           DecideDevice(options_.device_policy, group.kind, factory_->CudaUsable()));
   *fell_back = decision.fell_back_to_cpu;
@@ -109,12 +119,14 @@ StatusOr<std::vector<Device>> VersionLoader::GroupDevices(const InstanceGroupSpe
   if (!decision.use_cuda) {
     targets.push_back(Device{});
   } else if (group.gpus.empty()) {
-    for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu) targets.push_back(Device{true, gpu});
+    for (int gpu = 0; gpu < factory_->CudaDeviceCount(); ++gpu)
+      targets.push_back(Device{true, gpu});
   } else {
     for (int gpu : group.gpus) {
       if (gpu >= factory_->CudaDeviceCount()) {
         return absl::InvalidArgumentError(absl::StrCat("instance_group asks for GPU ", gpu, " but ",
-                                                       factory_->CudaDeviceCount(), " GPU(s) are visible"));
+                                                       factory_->CudaDeviceCount(),
+                                                       " GPU(s) are visible"));
       }
       targets.push_back(Device{true, gpu});
     }
@@ -129,7 +141,8 @@ std::vector<Device> VersionLoader::DevicesOf(const ModelSpec& spec) const {
     StatusOr<std::vector<Device>> targets = GroupDevices(group, &fell_back);
     if (!targets.ok()) continue;
     for (const Device& device : *targets) {
-      if (std::find(devices.begin(), devices.end(), device) == devices.end()) devices.push_back(device);
+      if (std::find(devices.begin(), devices.end(), device) == devices.end())
+        devices.push_back(device);
     }
   }
   return devices;
@@ -144,13 +157,15 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
     bool fell_back = false;
     SLUICE_ASSIGN_OR_RETURN(const std::vector<Device> targets, GroupDevices(group, &fell_back));
     if (fell_back) {
-      spdlog::warn("event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
-                   "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
-                   spec.name);
+      spdlog::warn(
+          "event=device_fallback model={} reason=\"instance_group asks for KIND_GPU but no "
+          "CUDA GPU is usable; running on the CPU (--device cuda makes this an error)\"",
+          spec.name);
     }
     for (const Device& target : targets) {
-      auto same = std::find_if(per_device.begin(), per_device.end(),
-                               [&](const std::pair<Device, int>& each) { return each.first == target; });
+      auto same =
+          std::find_if(per_device.begin(), per_device.end(),
+                       [&](const std::pair<Device, int>& each) { return each.first == target; });
       if (same == per_device.end()) {
         per_device.emplace_back(target, group.count);
       } else {
@@ -173,14 +188,14 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
   return instances;
 }
 
-StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryModel& model, int64_t version,
-                                                            std::shared_ptr<ModelStats> stats, std::string* device,
-                                                            ModelTuning* tuning,
-                                                            const std::atomic<bool>* abandon) const {
+StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
+    const RepositoryModel& model, int64_t version, std::shared_ptr<ModelStats> stats,
+    std::string* device, ModelTuning* tuning, const std::atomic<bool>* abandon) const {
   ModelSpec spec = model.spec;
   if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
   const ShapePlan plan = ComputeShapePlan(spec);
-  const CudnnBenchmarkDecision decision = DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
+  const CudnnBenchmarkDecision decision =
+      DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
   spec.cudnn_benchmark = decision.benchmark;
   tuning->cudnn_benchmark = decision.benchmark;
   tuning->cudnn_reason = decision.reason;
@@ -210,7 +225,8 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     return policy.max_queue_size > 0 ? policy.max_queue_size : options_.max_queue_size;
   };
   batcher.queue.max_requests = cap(batching.default_policy);
-  for (const QueuePolicySpec& level : batching.level_policies) batcher.queue.level_max_requests.push_back(cap(level));
+  for (const QueuePolicySpec& level : batching.level_policies)
+    batcher.queue.level_max_requests.push_back(cap(level));
   batcher.queue.delays = batching.AnyDelay();
   batcher.queue.max_bytes = batching.max_queued_bytes;
   batcher.queue.max_groups = batching.max_shape_groups;
@@ -223,8 +239,10 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
   batcher.warm_up_one_at_a_time = decision.benchmark && absl::StrContains(*device, "cuda");
   if (options_.liveness != nullptr) {
     batcher.on_fatal = [liveness = options_.liveness, name = model.name](const Status& status) {
-      spdlog::critical("event=fatal_device_error model={} reason=\"{}\" action=\"server is no longer "
-                       "live; restart it\"", name, status.message());
+      spdlog::critical(
+          "event=fatal_device_error model={} reason=\"{}\" action=\"server is no longer "
+          "live; restart it\"",
+          name, status.message());
       liveness->ReportFatal(status);
     };
   }
@@ -238,9 +256,11 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(const RepositoryMode
     sequences.max_requests = options_.max_queue_size;
     sequences.max_bytes = batcher.queue.max_bytes;
     sequences.server_budget = batcher.queue.server_budget;
-    SLUICE_ASSIGN_OR_RETURN(scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
+    SLUICE_ASSIGN_OR_RETURN(
+        scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
   } else {
-    SLUICE_ASSIGN_OR_RETURN(scheduler, DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
+    SLUICE_ASSIGN_OR_RETURN(scheduler,
+                            DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
   }
   if (spec.padding.enabled()) {
     scheduler = std::make_unique<PaddingScheduler>(spec, std::move(scheduler), std::move(stats));
@@ -278,38 +298,44 @@ void VersionLoader::ReleaseCachedMemory() const {
 
 void LogTuning(const ModelTuning& tuning) {
   const ConvolutionTuning& convolutions = tuning.convolutions;
-  spdlog::info("event=cudnn_benchmark model={} version={} benchmark={} reason=\"{}\" convolutions={} "
-               "rewritten={}", tuning.name, tuning.version, tuning.cudnn_benchmark ? "on" : "off",
-               tuning.cudnn_reason, convolutions.convolutions, convolutions.rewritten);
+  spdlog::info(
+      "event=cudnn_benchmark model={} version={} benchmark={} reason=\"{}\" convolutions={} "
+      "rewritten={}",
+      tuning.name, tuning.version, tuning.cudnn_benchmark ? "on" : "off", tuning.cudnn_reason,
+      convolutions.convolutions, convolutions.rewritten);
   if (!convolutions.fallback.empty()) {
     spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
                  tuning.version, convolutions.fallback);
   }
   for (const std::string& warning : tuning.warnings) {
-    spdlog::warn("event=model_warning model={} version={} reason=\"{}\"", tuning.name, tuning.version, warning);
+    spdlog::warn("event=model_warning model={} version={} reason=\"{}\"", tuning.name,
+                 tuning.version, warning);
   }
   for (const WarmupPass& pass : tuning.warmup) {
-    spdlog::debug("event=warmup_pass model={} version={} instance={} shape=\"{}\" first_ms={:.3f} "
-                  "last_ms={:.3f}", tuning.name, tuning.version, pass.instance, pass.label,
-                  std::chrono::duration<double, std::milli>(pass.first_run).count(),
-                  std::chrono::duration<double, std::milli>(pass.last_run).count());
+    spdlog::debug(
+        "event=warmup_pass model={} version={} instance={} shape=\"{}\" first_ms={:.3f} "
+        "last_ms={:.3f}",
+        tuning.name, tuning.version, pass.instance, pass.label,
+        std::chrono::duration<double, std::milli>(pass.first_run).count(),
+        std::chrono::duration<double, std::milli>(pass.last_run).count());
   }
   const BatchSizeChoice& batch_sizes = tuning.batch_sizes;
   if (batch_sizes.measured) {
-    spdlog::info("event=auto_batch_sizes model={} version={} sizes={} rows_per_s=\"{}\"", tuning.name,
-                 tuning.version, batch_sizes.SizesText(), batch_sizes.RatesText());
+    spdlog::info("event=auto_batch_sizes model={} version={} sizes={} rows_per_s=\"{}\"",
+                 tuning.name, tuning.version, batch_sizes.SizesText(), batch_sizes.RatesText());
   } else {
-    spdlog::info("event=auto_batch_sizes model={} version={} off=\"{}\"", tuning.name, tuning.version,
-                 batch_sizes.off_reason);
+    spdlog::info("event=auto_batch_sizes model={} version={} off=\"{}\"", tuning.name,
+                 tuning.version, batch_sizes.off_reason);
   }
   if (tuning.caller_runs.asked) {
-    spdlog::info("event=run_on_receiving_thread model={} version={} on={} reason=\"{}\"", tuning.name,
-                 tuning.version, tuning.caller_runs.on, tuning.caller_runs.reason);
+    spdlog::info("event=run_on_receiving_thread model={} version={} on={} reason=\"{}\"",
+                 tuning.name, tuning.version, tuning.caller_runs.on, tuning.caller_runs.reason);
   }
   std::set<int> instances;
   for (const WarmupPass& pass : tuning.warmup) instances.insert(pass.instance);
   spdlog::info("event=warmup model={} version={} shapes={} instances={} pairs={} warmup_ms={}",
-               tuning.name, tuning.version, tuning.shapes_finite ? std::to_string(tuning.shape_count) : "variable",
+               tuning.name, tuning.version,
+               tuning.shapes_finite ? std::to_string(tuning.shape_count) : "variable",
                instances.size(), tuning.warmup.size(),
                std::chrono::duration_cast<std::chrono::milliseconds>(tuning.warmup_time).count());
 }

@@ -29,7 +29,7 @@ struct LoadedVersion {
   Status status;                        // why it did not load
   std::shared_ptr<ModelHandle> handle;  // when it loaded (and warmed up)
   ModelTuning tuning;
-  Duration load_time{0};                // load and warm-up
+  Duration load_time{0};  // load and warm-up
   // Memory the version took while it loaded and warmed up, at its peak, per device ("cpu": the
   // process's resident set; "cuda:N": the device allocator's bytes); devices it did not grow are
   // absent. Measured with one load at a time; requests served meanwhile count too.
@@ -42,9 +42,10 @@ class VersionLoader {
  public:
   struct Options {
     DevicePolicy device_policy = DevicePolicy::kAuto;  // --device
-    size_t max_queue_size = 1024;  // per model version, unless its config sets max_queue_size
+    size_t max_queue_size = 1024;       // per model version, unless its config sets max_queue_size
     const TimeSource* clock = nullptr;  // null: the steady clock
-    std::shared_ptr<ByteBudget> queued_bytes_budget;  // server-wide cap (--max-queued-bytes); may be null
+    std::shared_ptr<ByteBudget>
+        queued_bytes_budget;              // server-wide cap (--max-queued-bytes); may be null
     LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
@@ -65,8 +66,8 @@ class VersionLoader {
   VersionLoader(BackendFactory* factory, Options options);
 
   // The CPU thread split: without INTRA_OP_THREAD_COUNT, each CPU instance of `models` (every
-  // loadable version counted) gets Options::cpus / instances threads, at least 1. More OpenMP threads
-  // than cores make libgomp stop spinning and every parallel region pays a futex wake-up
+  // loadable version counted) gets Options::cpus / instances threads, at least 1. More OpenMP
+  // threads than cores make libgomp stop spinning and every parallel region pays a futex wake-up
   // (measured: a 784-512-512-10 MLP forward 74 us -> 250 us on 2 cores). Logged; returns it.
   int SplitCpuThreads(const std::vector<std::shared_ptr<const RepositoryModel>>& models);
 
@@ -92,14 +93,14 @@ class VersionLoader {
 
  private:
   StatusOr<std::unique_ptr<Scheduler>> Compose(const RepositoryModel& model, int64_t version,
-                                               std::shared_ptr<ModelStats> stats, std::string* device,
-                                               ModelTuning* tuning, const std::atomic<bool>* abandon) const;
+                                               std::shared_ptr<ModelStats> stats,
+                                               std::string* device, ModelTuning* tuning,
+                                               const std::atomic<bool>* abandon) const;
   // The devices one instance group goes on under the device policy; `fell_back` set when a GPU
   // group falls back to the CPU. INVALID_ARGUMENT for a GPU the process does not see.
   StatusOr<std::vector<Device>> GroupDevices(const InstanceGroupSpec& group, bool* fell_back) const;
-  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
-                                                                     const std::filesystem::path& file,
-                                                                     std::string* device) const;
+  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(
+      const ModelSpec& spec, const std::filesystem::path& file, std::string* device) const;
 
   BackendFactory* const factory_;
   const Options options_;

@@ -25,16 +25,18 @@ struct NvmlUtilization {
   unsigned int gpu;     // percent of the sample period a kernel ran
   unsigned int memory;  // percent of the sample period memory was read or written
 };
-struct NvmlMemory {  // nvmlMemory_t
+struct NvmlMemory {                      // nvmlMemory_t
   unsigned long long total, free, used;  // bytes; used counts the driver-reserved memory
 };
-struct NvmlMemoryV2 {  // nvmlMemory_v2_t
-  unsigned int version;  // kNvmlMemoryV2Version
+struct NvmlMemoryV2 {                              // nvmlMemory_v2_t
+  unsigned int version;                            // kNvmlMemoryV2Version
   unsigned long long total, reserved, free, used;  // bytes; reserved: set aside by the driver
 };
-static_assert(sizeof(NvmlMemoryV2) == 40, "nvmlMemory_v2_t: an unsigned int padded to 8, then 4 x 8 bytes");
+static_assert(sizeof(NvmlMemoryV2) == 40,
+              "nvmlMemory_v2_t: an unsigned int padded to 8, then 4 x 8 bytes");
 // NVML_STRUCT_VERSION(Memory, 2): the struct's size, and the version in the top byte.
-constexpr unsigned int kNvmlMemoryV2Version = static_cast<unsigned int>(sizeof(NvmlMemoryV2)) | (2u << 24);
+constexpr unsigned int kNvmlMemoryV2Version =
+    static_cast<unsigned int>(sizeof(NvmlMemoryV2)) | (2u << 24);
 constexpr int kNvmlTemperatureGpu = 0;
 constexpr unsigned int kNvmlStringLength = 96;
 
@@ -94,7 +96,8 @@ StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
   resolve(api->energy, "nvmlDeviceGetTotalEnergyConsumption", false);
   if (!required_missing.empty()) {
     dlclose(handle);
-    return absl::UnavailableError(absl::StrCat(library, " lacks ", absl::StrJoin(required_missing, ", ")));
+    return absl::UnavailableError(
+        absl::StrCat(library, " lacks ", absl::StrJoin(required_missing, ", ")));
   }
   if (NvmlReturn result = api->init(); result != kNvmlSuccess) {
     const std::string why = api->error_string(result);
@@ -102,10 +105,13 @@ StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
     return absl::UnavailableError(absl::StrCat("nvmlInit failed: ", why));
   }
   if (!optional_missing.empty()) {
-    const char* memory_query = api->memory_v2 != nullptr ? "v2" : (api->memory != nullptr ? "v1" : "none");
-    spdlog::info("event=gpu_telemetry_partial missing={} memory_query={} action=\"the GPU series that need a missing "
-                 "entry point are not exported\"",
-                 absl::StrJoin(optional_missing, ","), memory_query);
+    const char* memory_query =
+        api->memory_v2 != nullptr ? "v2" : (api->memory != nullptr ? "v1" : "none");
+    spdlog::info(
+        "event=gpu_telemetry_partial missing={} memory_query={} action=\"the GPU series that need "
+        "a missing "
+        "entry point are not exported\"",
+        absl::StrJoin(optional_missing, ","), memory_query);
   }
   return std::unique_ptr<Nvml>(new Nvml(handle, std::move(api), std::move(optional_missing)));
 }
@@ -121,7 +127,8 @@ Nvml::~Nvml() {
 StatusOr<std::vector<GpuSample>> Nvml::Sample() {
   unsigned int count = 0;
   if (NvmlReturn result = api_->device_count(&count); result != kNvmlSuccess) {
-    return absl::UnavailableError(absl::StrCat("nvmlDeviceGetCount failed: ", api_->error_string(result)));
+    return absl::UnavailableError(
+        absl::StrCat("nvmlDeviceGetCount failed: ", api_->error_string(result)));
   }
   std::vector<GpuSample> samples;
   for (unsigned int i = 0; i < count; ++i) {
@@ -132,7 +139,8 @@ StatusOr<std::vector<GpuSample>> Nvml::Sample() {
     char text[kNvmlStringLength] = {};
     if (api_->uuid(device, text, kNvmlStringLength) != kNvmlSuccess) continue;
     sample.uuid = text;
-    if (api_->name != nullptr && api_->name(device, text, kNvmlStringLength) == kNvmlSuccess) sample.name = text;
+    if (api_->name != nullptr && api_->name(device, text, kNvmlStringLength) == kNvmlSuccess)
+      sample.name = text;
     // Any answer but success (NOT_SUPPORTED above all: a MIG-enabled GPU has no utilisation)
     // leaves the value empty, so that its series is absent rather than a plausible 0.
     if (NvmlUtilization utilization{};
@@ -148,22 +156,27 @@ StatusOr<std::vector<GpuSample>> Nvml::Sample() {
         sample.memory_total_bytes = static_cast<double>(memory.total);
       }
     }
-    // v1 only where this driver has no v2 answer at all; a GPU that fails v2 otherwise fails v1 too.
-    const bool try_v1 = memory_v2_result == kNvmlFunctionNotFound || memory_v2_result == kNvmlNotSupported ||
+    // v1 only where this driver has no v2 answer at all; a GPU that fails v2 otherwise fails v1
+    // too.
+    const bool try_v1 = memory_v2_result == kNvmlFunctionNotFound ||
+                        memory_v2_result == kNvmlNotSupported ||
                         memory_v2_result == kNvmlArgumentVersionMismatch;
-    if (NvmlMemory memory{}; try_v1 && api_->memory != nullptr && api_->memory(device, &memory) == kNvmlSuccess) {
+    if (NvmlMemory memory{};
+        try_v1 && api_->memory != nullptr && api_->memory(device, &memory) == kNvmlSuccess) {
       sample.memory_used_bytes = static_cast<double>(memory.used);
       sample.memory_total_bytes = static_cast<double>(memory.total);
     }
-    if (unsigned int milliwatts = 0; api_->power != nullptr && api_->power(device, &milliwatts) == kNvmlSuccess) {
+    if (unsigned int milliwatts = 0;
+        api_->power != nullptr && api_->power(device, &milliwatts) == kNvmlSuccess) {
       sample.power_watts = milliwatts / 1000.0;
     }
     if (unsigned int milliwatts = 0;
         api_->power_limit != nullptr && api_->power_limit(device, &milliwatts) == kNvmlSuccess) {
       sample.power_limit_watts = milliwatts / 1000.0;
     }
-    if (unsigned int celsius = 0; api_->temperature != nullptr &&
-                                  api_->temperature(device, kNvmlTemperatureGpu, &celsius) == kNvmlSuccess) {
+    if (unsigned int celsius = 0;
+        api_->temperature != nullptr &&
+        api_->temperature(device, kNvmlTemperatureGpu, &celsius) == kNvmlSuccess) {
       sample.temperature_celsius = celsius;
     }
     if (unsigned long long millijoules = 0;
@@ -175,12 +188,14 @@ StatusOr<std::vector<GpuSample>> Nvml::Sample() {
   return samples;
 }
 
-std::vector<GpuSample> InCudaOrder(std::vector<GpuSample> samples, const std::vector<std::string>& cuda_uuids) {
+std::vector<GpuSample> InCudaOrder(std::vector<GpuSample> samples,
+                                   const std::vector<std::string>& cuda_uuids) {
   if (cuda_uuids.empty()) return samples;
   std::vector<GpuSample> ordered;
   for (size_t ordinal = 0; ordinal < cuda_uuids.size(); ++ordinal) {
-    auto it = std::find_if(samples.begin(), samples.end(),
-                           [&](const GpuSample& sample) { return sample.uuid == cuda_uuids[ordinal]; });
+    auto it = std::find_if(samples.begin(), samples.end(), [&](const GpuSample& sample) {
+      return sample.uuid == cuda_uuids[ordinal];
+    });
     if (it == samples.end()) continue;
     GpuSample sample = std::move(*it);
     samples.erase(it);
@@ -193,7 +208,8 @@ std::vector<GpuSample> InCudaOrder(std::vector<GpuSample> samples, const std::ve
 GpuTelemetry::GpuTelemetry(std::unique_ptr<Nvml> nvml, ServerMetrics* metrics, Options options)
     : nvml_(std::move(nvml)), metrics_(metrics), options_(std::move(options)) {
   // The first sample is taken before the constructor returns, so the series exist from the start.
-  if (StatusOr<std::vector<GpuSample>> samples = nvml_->Sample(); samples.ok()) Publish(*std::move(samples));
+  if (StatusOr<std::vector<GpuSample>> samples = nvml_->Sample(); samples.ok())
+    Publish(*std::move(samples));
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -212,9 +228,11 @@ void GpuTelemetry::Publish(std::vector<GpuSample> samples) {
     const bool matched = std::any_of(samples.begin(), samples.end(),
                                      [&](const GpuSample& sample) { return sample.uuid == uuid; });
     if (matched || !reported_unmatched_.insert(uuid).second) continue;
-    spdlog::warn("event=gpu_telemetry_unmatched cuda_device={} uuid={} reason=\"no GPU that NVML lists has this "
-                 "UUID; MIG instances are not matched\" action=\"no GPU series for cuda:{}\"",
-                 ordinal, uuid, ordinal);
+    spdlog::warn(
+        "event=gpu_telemetry_unmatched cuda_device={} uuid={} reason=\"no GPU that NVML lists has "
+        "this "
+        "UUID; MIG instances are not matched\" action=\"no GPU series for cuda:{}\"",
+        ordinal, uuid, ordinal);
   }
   std::vector<GpuSample> exported = InCudaOrder(std::move(samples), options_.cuda_uuids);
   gpus_ = static_cast<int>(exported.size());
@@ -226,7 +244,8 @@ void GpuTelemetry::Loop() {
   MutexLock lock(&mutex_);
   bool failing = false;
   for (;;) {
-    // Sleeps for the interval, or until the destructor sets stopping_ (other wake-ups are spurious).
+    // Sleeps for the interval, or until the destructor sets stopping_ (other wake-ups are
+    // spurious).
     const auto deadline = std::chrono::steady_clock::now() + options_.interval;
     while (!stopping_ && wake_.WaitUntil(&mutex_, deadline)) {
     }
@@ -240,8 +259,10 @@ void GpuTelemetry::Loop() {
     } else if (!failing) {
       // No stale values: the GPU series go until NVML answers again. One line per outage.
       failing = true;
-      spdlog::warn("event=gpu_telemetry_failed reason=\"{}\" action=\"GPU series removed until NVML answers\"",
-                   samples.status().message());
+      spdlog::warn(
+          "event=gpu_telemetry_failed reason=\"{}\" action=\"GPU series removed until NVML "
+          "answers\"",
+          samples.status().message());
       gpus_ = 0;
       metrics_->SetGpus({});
     }

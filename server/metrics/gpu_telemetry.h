@@ -57,7 +57,8 @@ std::string NvmlLibraryPath();
 // position in the list (the N of cuda:N), in that order. Samples whose UUID is not listed are
 // dropped; a listed UUID that no sample has is skipped. An empty `cuda_uuids` returns `samples`
 // unchanged (NVML's numbering).
-std::vector<GpuSample> InCudaOrder(std::vector<GpuSample> samples, const std::vector<std::string>& cuda_uuids);
+std::vector<GpuSample> InCudaOrder(std::vector<GpuSample> samples,
+                                   const std::vector<std::string>& cuda_uuids);
 
 // Samples every GPU every `interval` on its own thread and publishes into `metrics`.
 //

@@ -18,7 +18,8 @@ namespace {
 // reached through loopback). Errors are ignored: the listener may already be closed.
 void Knock(const std::string& address, int port) {
   std::string host = address;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   if (host == "::") host = "::1";
   addrinfo hints{};
@@ -45,8 +46,10 @@ StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     // One serving thread is plenty for a scrape every few seconds.
     exposer = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", bind, " (is the port in use? "
-                                               "choose another with --metrics-port): ", e.what()));
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", bind,
+                                               " (is the port in use? "
+                                               "choose another with --metrics-port): ",
+                                               e.what()));
   }
   exposer->RegisterCollectable(registry, "/metrics");
   const std::vector<int> ports = exposer->GetListeningPorts();

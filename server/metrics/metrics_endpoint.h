@@ -14,8 +14,8 @@ namespace sluice {
 class MetricsEndpoint {
  public:
   // Listens on address:port (port 0: a free one). UNAVAILABLE when the port cannot be bound.
-  static StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address, int port,
-                                                          const std::shared_ptr<prometheus::Registry>& registry);
+  static StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+      const std::string& address, int port, const std::shared_ptr<prometheus::Registry>& registry);
   int port() const { return port_; }
 
   // Stops serving; returns once the exposer's threads are gone (within milliseconds: see the

@@ -21,10 +21,14 @@ double Micros(Duration d) { return std::chrono::duration<double, std::micro>(d).
 const char* TritonReason(FailureReason reason) {
   switch (reason) {
     case FailureReason::kRejected:
-    case FailureReason::kTimeout: return "REJECTED";  // Triton: rejected, or timed out in the scheduler
-    case FailureReason::kCancelled: return "CANCELED";
-    case FailureReason::kModelError: return "BACKEND";
-    case FailureReason::kInvalidInput: return "OTHER";
+    case FailureReason::kTimeout:
+      return "REJECTED";  // Triton: rejected, or timed out in the scheduler
+    case FailureReason::kCancelled:
+      return "CANCELED";
+    case FailureReason::kModelError:
+      return "BACKEND";
+    case FailureReason::kInvalidInput:
+      return "OTHER";
   }
   return "OTHER";
 }
@@ -32,192 +36,370 @@ const char* TritonReason(FailureReason reason) {
 }  // namespace
 
 const std::vector<double>& LatencyBucketsSeconds() {
-  static const std::vector<double> buckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                              0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1,
-                                              2.5,     5,      10,      30,     60};
+  static const std::vector<double> buckets = {
+      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,     0.25,   0.5,     1,      2.5,   5,      10,    30,   60};
   return buckets;
 }
 
 const std::vector<double>& BatchSizeBuckets() {
-  static const std::vector<double> buckets = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024};
+  static const std::vector<double> buckets = {1,  2,  3,  4,  6,   8,   12,  16,  24,
+                                              32, 48, 64, 96, 128, 256, 512, 1024};
   return buckets;
 }
 
 struct ServerMetrics::Families {
   explicit Families(prometheus::Registry& r)
-      : succeeded(prometheus::BuildCounter().Name("sluice_requests_succeeded_total")
-                      .Help("Inference requests answered with outputs").Register(r)),
-        failed(prometheus::BuildCounter().Name("sluice_requests_failed_total")
+      : succeeded(prometheus::BuildCounter()
+                      .Name("sluice_requests_succeeded_total")
+                      .Help("Inference requests answered with outputs")
+                      .Register(r)),
+        failed(prometheus::BuildCounter()
+                   .Name("sluice_requests_failed_total")
                    .Help("Inference requests answered with an error, by reason: rejected (not "
-                         "admitted), timeout, cancelled, invalid_input, model_error").Register(r)),
-        inferences(prometheus::BuildCounter().Name("sluice_inferences_total")
-                       .Help("Rows answered (a request of batch size 4 counts 4)").Register(r)),
-        executions(prometheus::BuildCounter().Name("sluice_executions_total")
-                       .Help("Forward passes; inferences / executions is the average batch size").Register(r)),
-        batch_phase_seconds(prometheus::BuildCounter().Name("sluice_batch_phase_seconds_total")
-                                .Help("Where each instance's batch cycles went, by phase: idle, assembly, execute "
-                                      "(to_device, forward and to_host within it, as the device saw them), scatter, "
-                                      "complete").Register(r)),
-        batch_rows(prometheus::BuildCounter().Name("sluice_batch_rows_total")
-                       .Help("Rows the model ran, by kind: real (the callers') and padding").Register(r)),
-        pending(prometheus::BuildGauge().Name("sluice_pending_requests")
-                    .Help("Requests admitted to a queue and not answered yet").Register(r)),
-        sequences_active(prometheus::BuildGauge().Name("sluice_sequences_active")
-                             .Help("Stateful models: sequences started and not finished (bound to a slot or "
-                                   "waiting for one)").Register(r)),
-        sequences_finished(prometheus::BuildCounter().Name("sluice_sequences_total")
-                               .Help("Stateful models: sequences that finished, by outcome: ended (sequence_end "
-                                     "ran), idle_expired, dropped (its start expired while queued or failed), cut (unload, "
-                                     "reload or shutdown)").Register(r)),
-        latency_refusals(prometheus::BuildCounter().Name("sluice_latency_refusals_total")
-                             .Help("Latency target models (sluice.latency_target_us): requests refused without "
-                                   "running because they could not be answered in time, by reason (target, or "
-                                   "deadline: the client's or the queue timeout) and when (arrival, queued)").Register(r)),
-        graph_captures(prometheus::BuildCounter().Name("sluice_cuda_graph_captures_total")
-                           .Help("CUDA graph models (optimization.cuda.graphs): input shapes captured into a graph, "
-                                 "over all instances (at warm-up, or on a shape's third batch in serving)").Register(r)),
-        trace_spans_exported(prometheus::BuildCounter().Name("sluice_trace_spans_exported_total")
-                                 .Help("Request tracing: spans the OTLP collector accepted").Register(r)),
-        trace_spans_dropped(prometheus::BuildCounter().Name("sluice_trace_spans_dropped_total")
-                                .Help("Request tracing: spans not exported, by reason: queue_full (more spans waited "
-                                      "than bsp_max_queue_size: the collector is slow or down), export_failed (the "
-                                      "collector could not be reached or refused them), shutdown (finished after the "
-                                      "exporter stopped, or still queued when its 2 s at shutdown ran out)").Register(r)),
-        graph_replays(prometheus::BuildCounter().Name("sluice_cuda_graph_replays_total")
-                          .Help("CUDA graph models: forward passes of served batches that replayed a graph (the rest of "
-                                "sluice_executions_total ran eagerly)").Register(r)),
-        batch_oldest_wait_seconds(prometheus::BuildHistogram().Name("sluice_batch_oldest_wait_seconds")
-                                      .Help("Latency target models: how long the oldest request of each batch had "
-                                            "waited when the batch formed (the wait the batcher chose)").Register(r)),
-        priority_queue_seconds(prometheus::BuildHistogram().Name("sluice_priority_queue_duration_seconds")
-                                   .Help("Models with priority_levels: how long requests of each level waited "
-                                         "before their batch started").Register(r)),
-        priority_refused(prometheus::BuildCounter().Name("sluice_priority_refused_total")
-                             .Help("Models with priority_levels: requests of each level that left the queue "
-                                   "without running, by reason (rejected: a cap at arrival; timeout; cancelled; "
-                                   "rejected also when the version stopped)").Register(r)),
-        batch_cost_ratio(prometheus::BuildHistogram().Name("sluice_batch_cost_ratio")
-                             .Help("Latency target models: each batch's execution time divided by what the "
-                                   "cost model predicted for it (1: exact; the error of the cost model)").Register(r)),
-        state(prometheus::BuildGauge().Name("sluice_model_state")
-                  .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)").Register(r)),
-        load_seconds(prometheus::BuildGauge().Name("sluice_model_load_seconds")
-                         .Help("How long the version took to load, warm-up included").Register(r)),
-        warmup_seconds(prometheus::BuildGauge().Name("sluice_model_warmup_seconds")
-                           .Help("How long the version's warm-up took").Register(r)),
-        warmup_pairs(prometheus::BuildGauge().Name("sluice_model_warmup_pairs")
-                         .Help("(instance, shape) pairs the warm-up ran").Register(r)),
-        shapes(prometheus::BuildGauge().Name("sluice_model_shapes")
-                   .Help("Shapes in the version's shape set; 0 when the set is open-ended").Register(r)),
-        cudnn_benchmark(prometheus::BuildGauge().Name("sluice_model_cudnn_benchmark")
-                            .Help("1 when cuDNN benchmark mode is on for the version, with the reason").Register(r)),
-        auto_batch_rows(prometheus::BuildGauge().Name("sluice_model_auto_batch_rows_per_second")
-                            .Help("Rows per second warm-up measured at each batch size the batcher forms "
-                                  "(sluice.auto_batch_sizes); sizes it does not form have no series").Register(r)),
-        request_seconds(prometheus::BuildHistogram().Name("sluice_request_duration_seconds")
-                            .Help("Time in the server per successful request, from admission to answer").Register(r)),
-        queue_seconds(prometheus::BuildHistogram().Name("sluice_queue_duration_seconds")
-                          .Help("Time a successful request waited in its queue").Register(r)),
-        input_seconds(prometheus::BuildHistogram().Name("sluice_compute_input_duration_seconds")
-                          .Help("Input preparation per forward pass (batch assembly)").Register(r)),
-        infer_seconds(prometheus::BuildHistogram().Name("sluice_compute_infer_duration_seconds")
-                          .Help("Forward pass time, host to device copies included").Register(r)),
-        output_seconds(prometheus::BuildHistogram().Name("sluice_compute_output_duration_seconds")
-                           .Help("Output preparation per forward pass (splitting the batch)").Register(r)),
-        batch_size(prometheus::BuildHistogram().Name("sluice_batch_size")
-                       .Help("Rows per forward pass, padding included").Register(r)),
-        build_info(prometheus::BuildGauge().Name("sluice_build_info")
-                       .Help("1, with the versions Sluice runs on as labels").Register(r)),
-        operator_library(prometheus::BuildGauge().Name("sluice_operator_library_operators")
-                             .Help("Operators each loaded operator library registered (labels: library, path, "
-                                   "origin)").Register(r)),
-        gpu_utilization(prometheus::BuildGauge().Name("sluice_gpu_utilization_ratio")
-                            .Help("Share of the last sample period a kernel ran on the GPU (0-1)").Register(r)),
-        gpu_memory_used(prometheus::BuildGauge().Name("sluice_gpu_memory_used_bytes").Help("GPU memory used").Register(r)),
-        gpu_memory_total(prometheus::BuildGauge().Name("sluice_gpu_memory_total_bytes").Help("GPU memory").Register(r)),
-        gpu_power(prometheus::BuildGauge().Name("sluice_gpu_power_watts").Help("GPU power draw").Register(r)),
-        gpu_temperature(prometheus::BuildGauge().Name("sluice_gpu_temperature_celsius").Help("GPU temperature").Register(r)),
+                         "admitted), timeout, cancelled, invalid_input, model_error")
+                   .Register(r)),
+        inferences(prometheus::BuildCounter()
+                       .Name("sluice_inferences_total")
+                       .Help("Rows answered (a request of batch size 4 counts 4)")
+                       .Register(r)),
+        executions(prometheus::BuildCounter()
+                       .Name("sluice_executions_total")
+                       .Help("Forward passes; inferences / executions is the average batch size")
+                       .Register(r)),
+        batch_phase_seconds(
+            prometheus::BuildCounter()
+                .Name("sluice_batch_phase_seconds_total")
+                .Help(
+                    "Where each instance's batch cycles went, by phase: idle, assembly, execute "
+                    "(to_device, forward and to_host within it, as the device saw them), scatter, "
+                    "complete")
+                .Register(r)),
+        batch_rows(prometheus::BuildCounter()
+                       .Name("sluice_batch_rows_total")
+                       .Help("Rows the model ran, by kind: real (the callers') and padding")
+                       .Register(r)),
+        pending(prometheus::BuildGauge()
+                    .Name("sluice_pending_requests")
+                    .Help("Requests admitted to a queue and not answered yet")
+                    .Register(r)),
+        sequences_active(
+            prometheus::BuildGauge()
+                .Name("sluice_sequences_active")
+                .Help("Stateful models: sequences started and not finished (bound to a slot or "
+                      "waiting for one)")
+                .Register(r)),
+        sequences_finished(
+            prometheus::BuildCounter()
+                .Name("sluice_sequences_total")
+                .Help("Stateful models: sequences that finished, by outcome: ended (sequence_end "
+                      "ran), idle_expired, dropped (its start expired while queued or failed), cut "
+                      "(unload, "
+                      "reload or shutdown)")
+                .Register(r)),
+        latency_refusals(
+            prometheus::BuildCounter()
+                .Name("sluice_latency_refusals_total")
+                .Help("Latency target models (sluice.latency_target_us): requests refused without "
+                      "running because they could not be answered in time, by reason (target, or "
+                      "deadline: the client's or the queue timeout) and when (arrival, queued)")
+                .Register(r)),
+        graph_captures(
+            prometheus::BuildCounter()
+                .Name("sluice_cuda_graph_captures_total")
+                .Help("CUDA graph models (optimization.cuda.graphs): input shapes captured into a "
+                      "graph, "
+                      "over all instances (at warm-up, or on a shape's third batch in serving)")
+                .Register(r)),
+        trace_spans_exported(prometheus::BuildCounter()
+                                 .Name("sluice_trace_spans_exported_total")
+                                 .Help("Request tracing: spans the OTLP collector accepted")
+                                 .Register(r)),
+        trace_spans_dropped(
+            prometheus::BuildCounter()
+                .Name("sluice_trace_spans_dropped_total")
+                .Help(
+                    "Request tracing: spans not exported, by reason: queue_full (more spans waited "
+                    "than bsp_max_queue_size: the collector is slow or down), export_failed (the "
+                    "collector could not be reached or refused them), shutdown (finished after the "
+                    "exporter stopped, or still queued when its 2 s at shutdown ran out)")
+                .Register(r)),
+        graph_replays(prometheus::BuildCounter()
+                          .Name("sluice_cuda_graph_replays_total")
+                          .Help("CUDA graph models: forward passes of served batches that replayed "
+                                "a graph (the rest of "
+                                "sluice_executions_total ran eagerly)")
+                          .Register(r)),
+        batch_oldest_wait_seconds(
+            prometheus::BuildHistogram()
+                .Name("sluice_batch_oldest_wait_seconds")
+                .Help("Latency target models: how long the oldest request of each batch had "
+                      "waited when the batch formed (the wait the batcher chose)")
+                .Register(r)),
+        priority_queue_seconds(
+            prometheus::BuildHistogram()
+                .Name("sluice_priority_queue_duration_seconds")
+                .Help("Models with priority_levels: how long requests of each level waited "
+                      "before their batch started")
+                .Register(r)),
+        priority_refused(
+            prometheus::BuildCounter()
+                .Name("sluice_priority_refused_total")
+                .Help("Models with priority_levels: requests of each level that left the queue "
+                      "without running, by reason (rejected: a cap at arrival; timeout; cancelled; "
+                      "rejected also when the version stopped)")
+                .Register(r)),
+        batch_cost_ratio(
+            prometheus::BuildHistogram()
+                .Name("sluice_batch_cost_ratio")
+                .Help("Latency target models: each batch's execution time divided by what the "
+                      "cost model predicted for it (1: exact; the error of the cost model)")
+                .Register(r)),
+        state(prometheus::BuildGauge()
+                  .Name("sluice_model_state")
+                  .Help("1 for the version's current state (LOADING, READY, UNAVAILABLE)")
+                  .Register(r)),
+        load_seconds(prometheus::BuildGauge()
+                         .Name("sluice_model_load_seconds")
+                         .Help("How long the version took to load, warm-up included")
+                         .Register(r)),
+        warmup_seconds(prometheus::BuildGauge()
+                           .Name("sluice_model_warmup_seconds")
+                           .Help("How long the version's warm-up took")
+                           .Register(r)),
+        warmup_pairs(prometheus::BuildGauge()
+                         .Name("sluice_model_warmup_pairs")
+                         .Help("(instance, shape) pairs the warm-up ran")
+                         .Register(r)),
+        shapes(prometheus::BuildGauge()
+                   .Name("sluice_model_shapes")
+                   .Help("Shapes in the version's shape set; 0 when the set is open-ended")
+                   .Register(r)),
+        cudnn_benchmark(
+            prometheus::BuildGauge()
+                .Name("sluice_model_cudnn_benchmark")
+                .Help("1 when cuDNN benchmark mode is on for the version, with the reason")
+                .Register(r)),
+        auto_batch_rows(
+            prometheus::BuildGauge()
+                .Name("sluice_model_auto_batch_rows_per_second")
+                .Help("Rows per second warm-up measured at each batch size the batcher forms "
+                      "(sluice.auto_batch_sizes); sizes it does not form have no series")
+                .Register(r)),
+        request_seconds(
+            prometheus::BuildHistogram()
+                .Name("sluice_request_duration_seconds")
+                .Help("Time in the server per successful request, from admission to answer")
+                .Register(r)),
+        queue_seconds(prometheus::BuildHistogram()
+                          .Name("sluice_queue_duration_seconds")
+                          .Help("Time a successful request waited in its queue")
+                          .Register(r)),
+        input_seconds(prometheus::BuildHistogram()
+                          .Name("sluice_compute_input_duration_seconds")
+                          .Help("Input preparation per forward pass (batch assembly)")
+                          .Register(r)),
+        infer_seconds(prometheus::BuildHistogram()
+                          .Name("sluice_compute_infer_duration_seconds")
+                          .Help("Forward pass time, host to device copies included")
+                          .Register(r)),
+        output_seconds(prometheus::BuildHistogram()
+                           .Name("sluice_compute_output_duration_seconds")
+                           .Help("Output preparation per forward pass (splitting the batch)")
+                           .Register(r)),
+        batch_size(prometheus::BuildHistogram()
+                       .Name("sluice_batch_size")
+                       .Help("Rows per forward pass, padding included")
+                       .Register(r)),
+        build_info(prometheus::BuildGauge()
+                       .Name("sluice_build_info")
+                       .Help("1, with the versions Sluice runs on as labels")
+                       .Register(r)),
+        operator_library(
+            prometheus::BuildGauge()
+                .Name("sluice_operator_library_operators")
+                .Help("Operators each loaded operator library registered (labels: library, path, "
+                      "origin)")
+                .Register(r)),
+        gpu_utilization(prometheus::BuildGauge()
+                            .Name("sluice_gpu_utilization_ratio")
+                            .Help("Share of the last sample period a kernel ran on the GPU (0-1)")
+                            .Register(r)),
+        gpu_memory_used(prometheus::BuildGauge()
+                            .Name("sluice_gpu_memory_used_bytes")
+                            .Help("GPU memory used")
+                            .Register(r)),
+        gpu_memory_total(prometheus::BuildGauge()
+                             .Name("sluice_gpu_memory_total_bytes")
+                             .Help("GPU memory")
+                             .Register(r)),
+        gpu_power(prometheus::BuildGauge()
+                      .Name("sluice_gpu_power_watts")
+                      .Help("GPU power draw")
+                      .Register(r)),
+        gpu_temperature(prometheus::BuildGauge()
+                            .Name("sluice_gpu_temperature_celsius")
+                            .Help("GPU temperature")
+                            .Register(r)),
         // Triton's names and units.
-        nv_success(prometheus::BuildCounter().Name("nv_inference_request_success")
-                       .Help("Number of successful inference requests, all batch sizes").Register(r)),
-        nv_failure(prometheus::BuildCounter().Name("nv_inference_request_failure")
-                       .Help("Number of failed inference requests, all batch sizes").Register(r)),
-        nv_count(prometheus::BuildCounter().Name("nv_inference_count")
-                     .Help("Number of inferences performed (a batch of n counts n)").Register(r)),
-        nv_exec_count(prometheus::BuildCounter().Name("nv_inference_exec_count")
-                          .Help("Number of model executions performed").Register(r)),
-        nv_request_us(prometheus::BuildCounter().Name("nv_inference_request_duration_us")
-                          .Help("Cumulative inference request duration in microseconds").Register(r)),
-        nv_queue_us(prometheus::BuildCounter().Name("nv_inference_queue_duration_us")
-                        .Help("Cumulative inference queuing duration in microseconds").Register(r)),
-        nv_input_us(prometheus::BuildCounter().Name("nv_inference_compute_input_duration_us")
-                        .Help("Cumulative compute input duration in microseconds").Register(r)),
-        nv_infer_us(prometheus::BuildCounter().Name("nv_inference_compute_infer_duration_us")
-                        .Help("Cumulative compute inference duration in microseconds").Register(r)),
-        nv_output_us(prometheus::BuildCounter().Name("nv_inference_compute_output_duration_us")
-                         .Help("Cumulative compute output duration in microseconds").Register(r)),
-        nv_pending(prometheus::BuildGauge().Name("nv_inference_pending_request_count")
-                       .Help("Instantaneous number of pending requests awaiting execution").Register(r)),
-        nv_gpu_utilization(prometheus::BuildGauge().Name("nv_gpu_utilization")
-                               .Help("GPU utilization rate [0.0 - 1.0)").Register(r)),
-        nv_gpu_memory_total(prometheus::BuildGauge().Name("nv_gpu_memory_total_bytes")
-                                .Help("GPU total memory, in bytes").Register(r)),
-        nv_gpu_memory_used(prometheus::BuildGauge().Name("nv_gpu_memory_used_bytes")
-                               .Help("GPU used memory, in bytes").Register(r)),
-        nv_gpu_power(prometheus::BuildGauge().Name("nv_gpu_power_usage")
-                         .Help("GPU power usage in watts").Register(r)),
-        nv_gpu_power_limit(prometheus::BuildGauge().Name("nv_gpu_power_limit")
-                               .Help("GPU power management limit in watts").Register(r)),
-        nv_energy(prometheus::BuildCounter().Name("nv_energy_consumption")
-                      .Help("GPU energy consumption in joules since the server started").Register(r)),
-        nv_cache_hits(prometheus::BuildCounter().Name("nv_cache_num_hits_per_model")
-                          .Help("Number of response cache hits per model").Register(r)),
-        shared_answers(prometheus::BuildCounter().Name("sluice_cache_shared_answers_total")
-                           .Help("Requests of a response cache model answered with the run of an identical "
-                                 "request that was queued or running when they came (single flight)").Register(r)),
-        nv_cache_misses(prometheus::BuildCounter().Name("nv_cache_num_misses_per_model")
-                            .Help("Number of response cache misses per model").Register(r)),
-        nv_cache_hit_us(prometheus::BuildCounter().Name("nv_cache_hit_duration_per_model")
-                            .Help("Cumulative time requests spend retrieving a cached response per model on cache "
-                                  "hits (microseconds)").Register(r)),
-        nv_cache_miss_us(prometheus::BuildCounter().Name("nv_cache_miss_duration_per_model")
-                             .Help("Cumulative time requests spend looking up and inserting responses into the "
-                                   "cache on a cache miss (microseconds)").Register(r)),
-        cache_bytes(prometheus::BuildGauge().Name("sluice_response_cache_bytes")
-                        .Help("Memory the response cache has mapped for its entries").Register(r)),
-        cache_used_bytes(prometheus::BuildGauge().Name("sluice_response_cache_used_bytes")
-                             .Help("What the live entries (keys, outputs, headers) take of it").Register(r)),
-        cache_limit_bytes(prometheus::BuildGauge().Name("sluice_response_cache_limit_bytes")
-                              .Help("The response cache's bound (--cache-config local,size=BYTES)").Register(r)),
-        cache_entries(prometheus::BuildGauge().Name("sluice_response_cache_entries")
-                          .Help("Answers the response cache holds").Register(r)),
-        cache_insertions(prometheus::BuildCounter().Name("sluice_response_cache_insertions_total")
-                             .Help("Answers kept by the response cache").Register(r)),
-        cache_evictions(prometheus::BuildCounter().Name("sluice_response_cache_evictions_total")
-                            .Help("Answers dropped, least recently used first, to make room").Register(r)),
-        cache_too_large(prometheus::BuildCounter().Name("sluice_response_cache_too_large_total")
-                            .Help("Answers not kept because one alone exceeds the cache's bound").Register(r)),
-        model_loads(prometheus::BuildCounter().Name("sluice_model_loads_total")
-                        .Help("Model loads by trigger (startup, explicit, poll, on_demand) and result (ok, "
-                              "failed)").Register(r)),
-        model_evictions(prometheus::BuildCounter().Name("sluice_model_evictions_total")
-                            .Help("Models unloaded to make room within the memory budget for another "
-                                  "(--model-load-gpu-limit, --model-load-host-limit)").Register(r)),
-        model_evictions_young(prometheus::BuildCounter().Name("sluice_model_evictions_young_total")
-                                  .Help("Of sluice_model_evictions_total, models unloaded before "
-                                        "--model-min-residency-secs because no older idle model could make the "
-                                        "room: steadily rising, the budget is too small for the models in use")
-                                  .Register(r)),
-        cold_start_seconds(prometheus::BuildHistogram().Name("sluice_model_cold_start_seconds")
-                               .Help("--model-load-on-demand: from the arrival of a request that waited for "
-                                     "its model to load to its answer").Register(r)),
-        model_memory(prometheus::BuildGauge().Name("sluice_model_memory_bytes")
-                         .Help("Memory a ready version took at load, warm-up peak included, per device "
-                               "(cpu: resident set; cuda:N: device allocator)").Register(r)),
-        memory_budget(prometheus::BuildGauge().Name("sluice_model_memory_budget_bytes")
-                          .Help("The models' memory budget per device").Register(r)),
-        memory_resident(prometheus::BuildGauge().Name("sluice_model_memory_resident_bytes")
-                            .Help("What the ready models took at load, together, per budgeted device").Register(r)) {}
+        nv_success(prometheus::BuildCounter()
+                       .Name("nv_inference_request_success")
+                       .Help("Number of successful inference requests, all batch sizes")
+                       .Register(r)),
+        nv_failure(prometheus::BuildCounter()
+                       .Name("nv_inference_request_failure")
+                       .Help("Number of failed inference requests, all batch sizes")
+                       .Register(r)),
+        nv_count(prometheus::BuildCounter()
+                     .Name("nv_inference_count")
+                     .Help("Number of inferences performed (a batch of n counts n)")
+                     .Register(r)),
+        nv_exec_count(prometheus::BuildCounter()
+                          .Name("nv_inference_exec_count")
+                          .Help("Number of model executions performed")
+                          .Register(r)),
+        nv_request_us(prometheus::BuildCounter()
+                          .Name("nv_inference_request_duration_us")
+                          .Help("Cumulative inference request duration in microseconds")
+                          .Register(r)),
+        nv_queue_us(prometheus::BuildCounter()
+                        .Name("nv_inference_queue_duration_us")
+                        .Help("Cumulative inference queuing duration in microseconds")
+                        .Register(r)),
+        nv_input_us(prometheus::BuildCounter()
+                        .Name("nv_inference_compute_input_duration_us")
+                        .Help("Cumulative compute input duration in microseconds")
+                        .Register(r)),
+        nv_infer_us(prometheus::BuildCounter()
+                        .Name("nv_inference_compute_infer_duration_us")
+                        .Help("Cumulative compute inference duration in microseconds")
+                        .Register(r)),
+        nv_output_us(prometheus::BuildCounter()
+                         .Name("nv_inference_compute_output_duration_us")
+                         .Help("Cumulative compute output duration in microseconds")
+                         .Register(r)),
+        nv_pending(prometheus::BuildGauge()
+                       .Name("nv_inference_pending_request_count")
+                       .Help("Instantaneous number of pending requests awaiting execution")
+                       .Register(r)),
+        nv_gpu_utilization(prometheus::BuildGauge()
+                               .Name("nv_gpu_utilization")
+                               .Help("GPU utilization rate [0.0 - 1.0)")
+                               .Register(r)),
+        nv_gpu_memory_total(prometheus::BuildGauge()
+                                .Name("nv_gpu_memory_total_bytes")
+                                .Help("GPU total memory, in bytes")
+                                .Register(r)),
+        nv_gpu_memory_used(prometheus::BuildGauge()
+                               .Name("nv_gpu_memory_used_bytes")
+                               .Help("GPU used memory, in bytes")
+                               .Register(r)),
+        nv_gpu_power(prometheus::BuildGauge()
+                         .Name("nv_gpu_power_usage")
+                         .Help("GPU power usage in watts")
+                         .Register(r)),
+        nv_gpu_power_limit(prometheus::BuildGauge()
+                               .Name("nv_gpu_power_limit")
+                               .Help("GPU power management limit in watts")
+                               .Register(r)),
+        nv_energy(prometheus::BuildCounter()
+                      .Name("nv_energy_consumption")
+                      .Help("GPU energy consumption in joules since the server started")
+                      .Register(r)),
+        nv_cache_hits(prometheus::BuildCounter()
+                          .Name("nv_cache_num_hits_per_model")
+                          .Help("Number of response cache hits per model")
+                          .Register(r)),
+        shared_answers(
+            prometheus::BuildCounter()
+                .Name("sluice_cache_shared_answers_total")
+                .Help("Requests of a response cache model answered with the run of an identical "
+                      "request that was queued or running when they came (single flight)")
+                .Register(r)),
+        nv_cache_misses(prometheus::BuildCounter()
+                            .Name("nv_cache_num_misses_per_model")
+                            .Help("Number of response cache misses per model")
+                            .Register(r)),
+        nv_cache_hit_us(prometheus::BuildCounter()
+                            .Name("nv_cache_hit_duration_per_model")
+                            .Help("Cumulative time requests spend retrieving a cached response per "
+                                  "model on cache "
+                                  "hits (microseconds)")
+                            .Register(r)),
+        nv_cache_miss_us(
+            prometheus::BuildCounter()
+                .Name("nv_cache_miss_duration_per_model")
+                .Help("Cumulative time requests spend looking up and inserting responses into the "
+                      "cache on a cache miss (microseconds)")
+                .Register(r)),
+        cache_bytes(prometheus::BuildGauge()
+                        .Name("sluice_response_cache_bytes")
+                        .Help("Memory the response cache has mapped for its entries")
+                        .Register(r)),
+        cache_used_bytes(prometheus::BuildGauge()
+                             .Name("sluice_response_cache_used_bytes")
+                             .Help("What the live entries (keys, outputs, headers) take of it")
+                             .Register(r)),
+        cache_limit_bytes(prometheus::BuildGauge()
+                              .Name("sluice_response_cache_limit_bytes")
+                              .Help("The response cache's bound (--cache-config local,size=BYTES)")
+                              .Register(r)),
+        cache_entries(prometheus::BuildGauge()
+                          .Name("sluice_response_cache_entries")
+                          .Help("Answers the response cache holds")
+                          .Register(r)),
+        cache_insertions(prometheus::BuildCounter()
+                             .Name("sluice_response_cache_insertions_total")
+                             .Help("Answers kept by the response cache")
+                             .Register(r)),
+        cache_evictions(prometheus::BuildCounter()
+                            .Name("sluice_response_cache_evictions_total")
+                            .Help("Answers dropped, least recently used first, to make room")
+                            .Register(r)),
+        cache_too_large(prometheus::BuildCounter()
+                            .Name("sluice_response_cache_too_large_total")
+                            .Help("Answers not kept because one alone exceeds the cache's bound")
+                            .Register(r)),
+        model_loads(
+            prometheus::BuildCounter()
+                .Name("sluice_model_loads_total")
+                .Help("Model loads by trigger (startup, explicit, poll, on_demand) and result (ok, "
+                      "failed)")
+                .Register(r)),
+        model_evictions(
+            prometheus::BuildCounter()
+                .Name("sluice_model_evictions_total")
+                .Help("Models unloaded to make room within the memory budget for another "
+                      "(--model-load-gpu-limit, --model-load-host-limit)")
+                .Register(r)),
+        model_evictions_young(
+            prometheus::BuildCounter()
+                .Name("sluice_model_evictions_young_total")
+                .Help("Of sluice_model_evictions_total, models unloaded before "
+                      "--model-min-residency-secs because no older idle model could make the "
+                      "room: steadily rising, the budget is too small for the models in use")
+                .Register(r)),
+        cold_start_seconds(
+            prometheus::BuildHistogram()
+                .Name("sluice_model_cold_start_seconds")
+                .Help("--model-load-on-demand: from the arrival of a request that waited for "
+                      "its model to load to its answer")
+                .Register(r)),
+        model_memory(
+            prometheus::BuildGauge()
+                .Name("sluice_model_memory_bytes")
+                .Help("Memory a ready version took at load, warm-up peak included, per device "
+                      "(cpu: resident set; cuda:N: device allocator)")
+                .Register(r)),
+        memory_budget(prometheus::BuildGauge()
+                          .Name("sluice_model_memory_budget_bytes")
+                          .Help("The models' memory budget per device")
+                          .Register(r)),
+        memory_resident(
+            prometheus::BuildGauge()
+                .Name("sluice_model_memory_resident_bytes")
+                .Help("What the ready models took at load, together, per budgeted device")
+                .Register(r)) {}
 
   Family<Counter>& succeeded;
   Family<Counter>& failed;
@@ -301,10 +483,10 @@ struct ServerMetrics::Families {
     Counter* insertions = nullptr;
     Counter* evictions = nullptr;
     Counter* too_large = nullptr;
-  } cache_series;  // created with the cache's first change
+  } cache_series;                             // created with the cache's first change
   std::map<std::string, double> energy_seen;  // per GPU uuid: the last NVML energy reading (J)
   std::vector<std::pair<Family<Gauge>*, Gauge*>> gpu_series;  // the GPU gauges of the last SetGpus
-  std::vector<Counter*> energy_series;                         // the energy counters of the last SetGpus
+  std::vector<Counter*> energy_series;  // the energy counters of the last SetGpus
 };
 
 namespace {
@@ -361,7 +543,9 @@ class ModelMetrics final : public StatsSink {
     nv_pending_.Increment();
   }
 
-  void OnStarted(int64_t requests) override { nv_pending_.Decrement(static_cast<double>(requests)); }
+  void OnStarted(int64_t requests) override {
+    nv_pending_.Decrement(static_cast<double>(requests));
+  }
 
   void OnPhases(const BatchPhases& phases) override {
     std::call_once(phases_once_, [this] {
@@ -376,7 +560,8 @@ class ModelMetrics final : public StatsSink {
       real_rows_ = &families_.batch_rows.Add(real);
       padding_rows_ = &families_.batch_rows.Add(padding);
     });
-    const Duration host[] = {phases.idle, phases.assembly, phases.execute, phases.scatter, phases.complete};
+    const Duration host[] = {phases.idle, phases.assembly, phases.execute, phases.scatter,
+                             phases.complete};
     for (size_t i = 0; i < std::size(host); ++i) phase_seconds_[i]->Increment(Seconds(host[i]));
     if (phases.device) {
       phase_seconds_[5]->Increment(Seconds(phases.device->to_device));
@@ -396,8 +581,8 @@ class ModelMetrics final : public StatsSink {
     output_seconds_.Observe(Seconds(output));
   }
 
-  void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output, Duration total,
-                 Protocol protocol) override {
+  void OnSuccess(int64_t rows, Duration queue, Duration input, Duration infer, Duration output,
+                 Duration total, Protocol protocol) override {
     const PerProtocol& series = per_protocol_[static_cast<int>(protocol)];
     pending_.Decrement();
     series.succeeded->Increment();
@@ -414,7 +599,8 @@ class ModelMetrics final : public StatsSink {
     nv_output_us_.Increment(Micros(output));
   }
 
-  void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran, Protocol protocol) override {
+  void OnFailure(FailureReason reason, Duration total, bool was_admitted, bool ran,
+                 Protocol protocol) override {
     if (was_admitted) pending_.Decrement();
     if (was_admitted && !ran) nv_pending_.Decrement();
     per_protocol_[static_cast<int>(protocol)].failed[static_cast<int>(reason)]->Increment();
@@ -434,10 +620,12 @@ class ModelMetrics final : public StatsSink {
     (run == ModelBackend::GraphRun::kReplayed ? graph_replays_ : graph_captures_)->Increment();
   }
 
-  void OnBatchCost(Duration oldest_wait, std::optional<Duration> predicted, Duration measured) override {
+  void OnBatchCost(Duration oldest_wait, std::optional<Duration> predicted,
+                   Duration measured) override {
     const TargetSeries& series = Target();
     series.oldest_wait->Observe(Seconds(oldest_wait));
-    if (predicted && *predicted > Duration::zero()) series.cost_ratio->Observe(Seconds(measured) / Seconds(*predicted));
+    if (predicted && *predicted > Duration::zero())
+      series.cost_ratio->Observe(Seconds(measured) / Seconds(*predicted));
   }
 
   // A hit is a success that did not run (Triton: no inference count, no compute time).
@@ -467,7 +655,9 @@ class ModelMetrics final : public StatsSink {
     cache.miss_us->Increment(Micros(took));
   }
 
-  void OnPriorityQueued(int level, Duration queued) override { Priority(level).queue_seconds->Observe(Seconds(queued)); }
+  void OnPriorityQueued(int level, Duration queued) override {
+    Priority(level).queue_seconds->Observe(Seconds(queued));
+  }
   void OnPriorityRefused(int level, FailureReason reason) override {
     Priority(level).refused[static_cast<int>(reason)]->Increment();
   }
@@ -492,7 +682,8 @@ class ModelMetrics final : public StatsSink {
       for (SequenceOutcome outcome : kAllSequenceOutcomes) {
         Labels with_outcome = labels_;
         with_outcome["outcome"] = SequenceOutcomeName(outcome);
-        sequences_.finished[static_cast<int>(outcome)] = &families_.sequences_finished.Add(with_outcome);
+        sequences_.finished[static_cast<int>(outcome)] =
+            &families_.sequences_finished.Add(with_outcome);
       }
     });
     return sequences_;
@@ -535,7 +726,8 @@ class ModelMetrics final : public StatsSink {
           target_.refusals[reason][when] = &families_.latency_refusals.Add(with);
         }
       }
-      target_.oldest_wait = &families_.batch_oldest_wait_seconds.Add(labels_, LatencyBucketsSeconds());
+      target_.oldest_wait =
+          &families_.batch_oldest_wait_seconds.Add(labels_, LatencyBucketsSeconds());
       target_.cost_ratio = &families_.batch_cost_ratio.Add(labels_, CostRatioBuckets());
     });
     return target_;
@@ -561,7 +753,8 @@ class ModelMetrics final : public StatsSink {
   }
 
   static const std::vector<double>& CostRatioBuckets() {
-    static const std::vector<double> buckets = {0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4};
+    static const std::vector<double> buckets = {0.25, 0.5,  0.67, 0.8, 0.9, 1.0,
+                                                1.1,  1.25, 1.5,  2,   4};
     return buckets;
   }
 
@@ -590,8 +783,8 @@ class ModelMetrics final : public StatsSink {
   // The batch cycle's series, made at the first batch (sluice_batch_phase_seconds_total in
   // kPhaseNames order, sluice_batch_rows_total).
   static constexpr size_t kPhases = 8;
-  static constexpr const char* kPhaseNames[kPhases] = {"idle",      "assembly", "execute", "scatter",
-                                                       "complete",  "to_device", "forward", "to_host"};
+  static constexpr const char* kPhaseNames[kPhases] = {
+      "idle", "assembly", "execute", "scatter", "complete", "to_device", "forward", "to_host"};
   std::once_flag phases_once_;
   std::array<Counter*, kPhases> phase_seconds_{};
   Counter* real_rows_ = nullptr;
@@ -624,11 +817,14 @@ ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
   // At zero from the start, so that a rate() over them is defined before the first span.
   spans_exported_ = &families_->trace_spans_exported.Add({});
   for (SpanDropReason reason : kAllSpanDropReasons) {
-    spans_dropped_[static_cast<size_t>(reason)] = &families_->trace_spans_dropped.Add({{"reason", SpanDropReasonName(reason)}});
+    spans_dropped_[static_cast<size_t>(reason)] =
+        &families_->trace_spans_dropped.Add({{"reason", SpanDropReasonName(reason)}});
   }
 }
 
-void ServerMetrics::OnSpansExported(uint64_t spans) { spans_exported_->Increment(static_cast<double>(spans)); }
+void ServerMetrics::OnSpansExported(uint64_t spans) {
+  spans_exported_->Increment(static_cast<double>(spans));
+}
 
 void ServerMetrics::OnSpansDropped(SpanDropReason reason, uint64_t spans) {
   spans_dropped_[static_cast<size_t>(reason)]->Increment(static_cast<double>(spans));
@@ -656,7 +852,8 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
   families_->load_seconds.Add(labels).Set(Seconds(load_time));
   families_->warmup_seconds.Add(labels).Set(Seconds(tuning.warmup_time));
   families_->warmup_pairs.Add(labels).Set(static_cast<double>(tuning.warmup.size()));
-  families_->shapes.Add(labels).Set(tuning.shapes_finite ? static_cast<double>(tuning.shape_count) : 0);
+  families_->shapes.Add(labels).Set(tuning.shapes_finite ? static_cast<double>(tuning.shape_count)
+                                                         : 0);
   Labels decision = labels;
   decision["reason"] = tuning.cudnn_reason;
   families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
@@ -675,7 +872,9 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
 
 void ServerMetrics::OnModelLoad(const std::string& model, const char* trigger, bool ok) {
   MutexLock lock(&mutex_);
-  families_->model_loads.Add({{"model", model}, {"trigger", trigger}, {"result", ok ? "ok" : "failed"}}).Increment();
+  families_->model_loads
+      .Add({{"model", model}, {"trigger", trigger}, {"result", ok ? "ok" : "failed"}})
+      .Increment();
 }
 
 void ServerMetrics::OnEviction(const std::string& model, bool young) {
@@ -686,7 +885,8 @@ void ServerMetrics::OnEviction(const std::string& model, bool young) {
 
 void ServerMetrics::OnColdStart(const std::string& model, Duration waited) {
   MutexLock lock(&mutex_);
-  families_->cold_start_seconds.Add({{"model", model}}, LatencyBucketsSeconds()).Observe(Seconds(waited));
+  families_->cold_start_seconds.Add({{"model", model}}, LatencyBucketsSeconds())
+      .Observe(Seconds(waited));
 }
 
 void ServerMetrics::OnVersionMemory(const std::string& model, int64_t version,
@@ -711,7 +911,8 @@ void ServerMetrics::OnBudget(const std::map<std::string, uint64_t>& budget,
   for (const auto& [device, bytes] : budget) {
     families_->memory_budget.Add({{"device", device}}).Set(static_cast<double>(bytes));
     auto used = resident.find(device);
-    families_->memory_resident.Add({{"device", device}}).Set(used == resident.end() ? 0 : static_cast<double>(used->second));
+    families_->memory_resident.Add({{"device", device}})
+        .Set(used == resident.end() ? 0 : static_cast<double>(used->second));
   }
 }
 
@@ -719,8 +920,9 @@ void ServerMetrics::OnResponseCacheChanged(const ResponseCacheStats& stats) {
   MutexLock lock(&mutex_);
   Families& f = *families_;
   if (f.cache_series.bytes == nullptr) {  // the first change: the cache's series from now on
-    f.cache_series = {&f.cache_bytes.Add({}),      &f.cache_used_bytes.Add({}),  &f.cache_limit_bytes.Add({}),
-                      &f.cache_entries.Add({}),    &f.cache_insertions.Add({}), &f.cache_evictions.Add({}),
+    f.cache_series = {&f.cache_bytes.Add({}),       &f.cache_used_bytes.Add({}),
+                      &f.cache_limit_bytes.Add({}), &f.cache_entries.Add({}),
+                      &f.cache_insertions.Add({}),  &f.cache_evictions.Add({}),
                       &f.cache_too_large.Add({})};
   }
   const Families::CacheSeries& series = f.cache_series;
@@ -740,8 +942,8 @@ void ServerMetrics::SetBuildInfo(const std::map<std::string, std::string>& label
   families_->build_info.Add(Labels(labels.begin(), labels.end())).Set(1);
 }
 
-void ServerMetrics::AddOperatorLibrary(const std::string& library, const std::string& path, const std::string& origin,
-                                       size_t operators) {
+void ServerMetrics::AddOperatorLibrary(const std::string& library, const std::string& path,
+                                       const std::string& origin, size_t operators) {
   MutexLock lock(&mutex_);
   families_->operator_library.Add({{"library", library}, {"path", path}, {"origin", origin}})
       .Set(static_cast<double>(operators));
@@ -763,7 +965,8 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
   };
   for (const GpuSample& gpu : samples) {
     const Labels nv = {{"gpu_uuid", gpu.uuid}};
-    const Labels ours = {{"gpu", std::to_string(gpu.index)}, {"gpu_uuid", gpu.uuid}, {"name", gpu.name}};
+    const Labels ours = {
+        {"gpu", std::to_string(gpu.index)}, {"gpu_uuid", gpu.uuid}, {"name", gpu.name}};
     set(f.nv_gpu_utilization, nv, gpu.utilization);
     set(f.nv_gpu_memory_total, nv, gpu.memory_total_bytes);
     set(f.nv_gpu_memory_used, nv, gpu.memory_used_bytes);
@@ -791,7 +994,8 @@ void ServerMetrics::SetGpus(const std::vector<GpuSample>& samples) {
     if (std::find(keep.begin(), keep.end(), old) == keep.end()) old.first->Remove(old.second);
   }
   for (Counter* old : f.energy_series) {
-    if (std::find(energy_kept.begin(), energy_kept.end(), old) == energy_kept.end()) f.nv_energy.Remove(old);
+    if (std::find(energy_kept.begin(), energy_kept.end(), old) == energy_kept.end())
+      f.nv_energy.Remove(old);
   }
   f.gpu_series = std::move(keep);
   f.energy_series = std::move(energy_kept);

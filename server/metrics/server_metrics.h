@@ -42,7 +42,7 @@ const std::vector<double>& BatchSizeBuckets();
 // One GPU's telemetry sample (see GpuTelemetry). An empty value is one NVML could not give (the
 // query is missing, not supported on this GPU, or failed): its series is absent, never 0.
 struct GpuSample {
-  int index = 0;     // the `gpu` label: CUDA's ordinal (cuda:N), or NVML's index without CUDA's view
+  int index = 0;  // the `gpu` label: CUDA's ordinal (cuda:N), or NVML's index without CUDA's view
   std::string uuid;  // "GPU-..." as nvidia-smi prints it
   std::string name;
   std::optional<double> utilization;  // 0..1, share of the last sample period a kernel ran
@@ -54,7 +54,9 @@ struct GpuSample {
   std::optional<double> energy_joules;  // since the driver loaded
 };
 
-class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, public TraceExportObserver {
+class ServerMetrics final : public ModelObserver,
+                            public ResponseCacheObserver,
+                            public TraceExportObserver {
  public:
   explicit ServerMetrics(std::shared_ptr<prometheus::Registry> registry);
   ~ServerMetrics() override;
@@ -62,21 +64,25 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
   // ModelObserver.
   std::shared_ptr<StatsSink> SinkFor(const std::string& model, int64_t version) override
       ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnState(const std::string& model, int64_t version, ModelState state) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnState(const std::string& model, int64_t version, ModelState state) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
   void OnReady(const ModelTuning& tuning, Duration load_time) override ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnModelLoad(const std::string& model, const char* trigger, bool ok) override ABSL_LOCKS_EXCLUDED(mutex_);
+  void OnModelLoad(const std::string& model, const char* trigger, bool ok) override
+      ABSL_LOCKS_EXCLUDED(mutex_);
   void OnEviction(const std::string& model, bool young) override ABSL_LOCKS_EXCLUDED(mutex_);
   void OnColdStart(const std::string& model, Duration waited) override ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnVersionMemory(const std::string& model, int64_t version, const std::map<std::string, uint64_t>& memory) override
+  void OnVersionMemory(const std::string& model, int64_t version,
+                       const std::map<std::string, uint64_t>& memory) override
       ABSL_LOCKS_EXCLUDED(mutex_);
-  void OnBudget(const std::map<std::string, uint64_t>& budget, const std::map<std::string, uint64_t>& resident) override
+  void OnBudget(const std::map<std::string, uint64_t>& budget,
+                const std::map<std::string, uint64_t>& resident) override
       ABSL_LOCKS_EXCLUDED(mutex_);
 
   // ResponseCacheObserver: the sluice_response_cache_* series (created with the cache).
   void OnResponseCacheChanged(const ResponseCacheStats& stats) override ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // TraceExportObserver: sluice_trace_spans_exported_total, sluice_trace_spans_dropped_total{reason}
-  // (lock-free: the series exist from the start).
+  // TraceExportObserver: sluice_trace_spans_exported_total,
+  // sluice_trace_spans_dropped_total{reason} (lock-free: the series exist from the start).
   void OnSpansExported(uint64_t spans) override;
   void OnSpansDropped(SpanDropReason reason, uint64_t spans) override;
 
@@ -84,8 +90,8 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
   void SetBuildInfo(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mutex_);
   // sluice_operator_library_operators{library,path,origin}: an operator library was loaded, and
   // registered `operators` operators (libraries are never unloaded).
-  void AddOperatorLibrary(const std::string& library, const std::string& path, const std::string& origin,
-                          size_t operators) ABSL_LOCKS_EXCLUDED(mutex_);
+  void AddOperatorLibrary(const std::string& library, const std::string& path,
+                          const std::string& origin, size_t operators) ABSL_LOCKS_EXCLUDED(mutex_);
   // Replaces the GPU series with `samples`: each GPU's series for each value it has. A GPU or a
   // value missing from `samples` loses its series (an empty vector exports no GPU series).
   void SetGpus(const std::vector<GpuSample>& samples) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -101,12 +107,14 @@ class ServerMetrics final : public ModelObserver, public ResponseCacheObserver, 
   std::unique_ptr<Families> families_ ABSL_PT_GUARDED_BY(mutex_);
   // Made in the constructor and never changed: Increment is thread-safe.
   prometheus::Counter* spans_exported_ = nullptr;
-  std::array<prometheus::Counter*, std::size(kAllSpanDropReasons)> spans_dropped_{};  // by SpanDropReason
+  std::array<prometheus::Counter*, std::size(kAllSpanDropReasons)>
+      spans_dropped_{};  // by SpanDropReason
   // The auto batch size series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
       ABSL_GUARDED_BY(mutex_);
   // The memory series of each (model, version), removed when it goes.
-  std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> memory_series_ ABSL_GUARDED_BY(mutex_);
+  std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> memory_series_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

@@ -23,7 +23,8 @@ class FirstErrorCollector final : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (error_.empty()) error_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    if (error_.empty())
+      error_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
   }
   const std::string& error() const { return error_; }
 
@@ -33,17 +34,28 @@ class FirstErrorCollector final : public google::protobuf::io::ErrorCollector {
 
 StatusOr<DataType> ConvertDataType(inference::DataType type, const std::string& where) {
   switch (type) {
-    case inference::TYPE_BOOL: return DataType::kBool;
-    case inference::TYPE_UINT8: return DataType::kUint8;
-    case inference::TYPE_INT8: return DataType::kInt8;
-    case inference::TYPE_INT16: return DataType::kInt16;
-    case inference::TYPE_INT32: return DataType::kInt32;
-    case inference::TYPE_INT64: return DataType::kInt64;
-    case inference::TYPE_FP16: return DataType::kFp16;
-    case inference::TYPE_BF16: return DataType::kBf16;
-    case inference::TYPE_FP32: return DataType::kFp32;
-    case inference::TYPE_FP64: return DataType::kFp64;
-    case inference::TYPE_STRING: return DataType::kBytes;
+    case inference::TYPE_BOOL:
+      return DataType::kBool;
+    case inference::TYPE_UINT8:
+      return DataType::kUint8;
+    case inference::TYPE_INT8:
+      return DataType::kInt8;
+    case inference::TYPE_INT16:
+      return DataType::kInt16;
+    case inference::TYPE_INT32:
+      return DataType::kInt32;
+    case inference::TYPE_INT64:
+      return DataType::kInt64;
+    case inference::TYPE_FP16:
+      return DataType::kFp16;
+    case inference::TYPE_BF16:
+      return DataType::kBf16;
+    case inference::TYPE_FP32:
+      return DataType::kFp32;
+    case inference::TYPE_FP64:
+      return DataType::kFp64;
+    case inference::TYPE_STRING:
+      return DataType::kBytes;
     case inference::TYPE_INVALID:
       return absl::InvalidArgumentError(absl::StrCat(where, ": data_type is missing"));
     default:
@@ -73,8 +85,9 @@ Status CheckStringShape(const google::protobuf::RepeatedField<int64_t>& dims, bo
                         const inference::ModelTensorReshape& reshape, const std::string& where) {
   if (dims.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": a TYPE_STRING tensor is a flat List[str] for the model; declare at most one dimension "
-               "(besides the batch), found dims ",
+        where,
+        ": a TYPE_STRING tensor is a flat List[str] for the model; declare at most one dimension "
+        "(besides the batch), found dims ",
         ShapeToString(Shape(dims.begin(), dims.end()))));
   }
   if (!has_reshape) return absl::OkStatus();
@@ -85,9 +98,10 @@ Status CheckStringShape(const google::protobuf::RepeatedField<int64_t>& dims, bo
   for (int64_t d : dims) from_count *= d;
   for (int64_t d : to) to_count *= d;
   if (to.size() > 1 || (fixed && from_count != to_count)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": reshape ", ShapeToString(to),
-                                                   " must keep the element count of dims and have at most one "
-                                                   "dimension"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": reshape ", ShapeToString(to),
+                     " must keep the element count of dims and have at most one "
+                     "dimension"));
   }
   return absl::OkStatus();
 }
@@ -96,7 +110,8 @@ StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
   const std::string where = absl::StrCat("input '", input.name(), "'");
   if (input.name().empty()) return absl::InvalidArgumentError("an input has no name");
   if (input.has_reshape() && input.data_type() != inference::TYPE_STRING) {
-    return absl::InvalidArgumentError(where + ": 'reshape' is not supported (except on TYPE_STRING)");
+    return absl::InvalidArgumentError(where +
+                                      ": 'reshape' is not supported (except on TYPE_STRING)");
   }
   if (input.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
@@ -113,7 +128,8 @@ StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
   SLUICE_ASSIGN_OR_RETURN(spec.dtype, ConvertDataType(input.data_type(), where));
   SLUICE_RETURN_IF_ERROR(CheckDims(input.dims(), where));
   if (spec.dtype == DataType::kBytes) {
-    SLUICE_RETURN_IF_ERROR(CheckStringShape(input.dims(), input.has_reshape(), input.reshape(), where));
+    SLUICE_RETURN_IF_ERROR(
+        CheckStringShape(input.dims(), input.has_reshape(), input.reshape(), where));
   }
   spec.dims.assign(input.dims().begin(), input.dims().end());
   return spec;
@@ -123,13 +139,15 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
   const std::string where = absl::StrCat("output '", output.name(), "'");
   if (output.name().empty()) return absl::InvalidArgumentError("an output has no name");
   if (output.has_reshape() && output.data_type() != inference::TYPE_STRING) {
-    return absl::InvalidArgumentError(where + ": 'reshape' is not supported (except on TYPE_STRING)");
+    return absl::InvalidArgumentError(where +
+                                      ": 'reshape' is not supported (except on TYPE_STRING)");
   }
   if (output.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
   if (!output.label_filename().empty()) {
-    return absl::InvalidArgumentError(where + ": 'label_filename' (classification) is not supported");
+    return absl::InvalidArgumentError(where +
+                                      ": 'label_filename' (classification) is not supported");
   }
   if (output.is_non_linear_format_io()) {
     return absl::InvalidArgumentError(where + ": 'is_non_linear_format_io' is not supported");
@@ -139,7 +157,8 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
   SLUICE_ASSIGN_OR_RETURN(spec.dtype, ConvertDataType(output.data_type(), where));
   SLUICE_RETURN_IF_ERROR(CheckDims(output.dims(), where));
   if (spec.dtype == DataType::kBytes) {
-    SLUICE_RETURN_IF_ERROR(CheckStringShape(output.dims(), output.has_reshape(), output.reshape(), where));
+    SLUICE_RETURN_IF_ERROR(
+        CheckStringShape(output.dims(), output.has_reshape(), output.reshape(), where));
   }
   spec.dims.assign(output.dims().begin(), output.dims().end());
   return spec;
@@ -152,7 +171,8 @@ Status RejectUnsupported(const inference::ModelConfig& config) {
   if (config.batch_input_size() > 0) fields.push_back("batch_input");
   if (config.batch_output_size() > 0) fields.push_back("batch_output");
   if (config.has_model_operations()) fields.push_back("model_operations");
-  if (config.model_transaction_policy().decoupled()) fields.push_back("model_transaction_policy.decoupled");
+  if (config.model_transaction_policy().decoupled())
+    fields.push_back("model_transaction_policy.decoupled");
   if (config.has_model_repository_agents()) fields.push_back("model_repository_agents");
   if (config.cc_model_filenames_size() > 0) fields.push_back("cc_model_filenames");
   if (config.optimization().has_execution_accelerators()) {
@@ -175,13 +195,19 @@ Status ConvertInstanceGroups(inference::ModelConfig* config, ModelSpec* spec) {
     const std::string where = absl::StrCat("instance_group '", group.name(), "'");
     InstanceGroupSpec out;
     switch (group.kind()) {
-      case inference::ModelInstanceGroup::KIND_AUTO: out.kind = InstanceKind::kAuto; break;
-      case inference::ModelInstanceGroup::KIND_GPU: out.kind = InstanceKind::kGpu; break;
-      case inference::ModelInstanceGroup::KIND_CPU: out.kind = InstanceKind::kCpu; break;
+      case inference::ModelInstanceGroup::KIND_AUTO:
+        out.kind = InstanceKind::kAuto;
+        break;
+      case inference::ModelInstanceGroup::KIND_GPU:
+        out.kind = InstanceKind::kGpu;
+        break;
+      case inference::ModelInstanceGroup::KIND_CPU:
+        out.kind = InstanceKind::kCpu;
+        break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": kind ", inference::ModelInstanceGroup::Kind_Name(group.kind()),
-            " is not supported (use KIND_GPU, KIND_CPU or KIND_AUTO)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": kind ", inference::ModelInstanceGroup::Kind_Name(group.kind()),
+                         " is not supported (use KIND_GPU, KIND_CPU or KIND_AUTO)"));
     }
     if (group.count() == 0) group.set_count(1);
     if (group.count() < 0 || group.count() > 64) {
@@ -191,11 +217,13 @@ Status ConvertInstanceGroups(inference::ModelConfig* config, ModelSpec* spec) {
     if (group.secondary_devices_size() > 0 || group.has_rate_limiter() || group.passive() ||
         group.profile_size() > 0 || !group.host_policy().empty()) {
       return absl::InvalidArgumentError(
-          where + ": secondary_devices, rate_limiter, passive, profile and host_policy are not "
-                  "supported");
+          where +
+          ": secondary_devices, rate_limiter, passive, profile and host_policy are not "
+          "supported");
     }
     for (int gpu : group.gpus()) {
-      if (gpu < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative GPU id ", gpu));
+      if (gpu < 0)
+        return absl::InvalidArgumentError(absl::StrCat(where, ": negative GPU id ", gpu));
     }
     out.count = group.count();
     out.gpus.assign(group.gpus().begin(), group.gpus().end());
@@ -235,8 +263,8 @@ StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& paramet
 QueuePolicySpec ConvertQueuePolicy(const inference::ModelQueuePolicy& policy) {
   QueuePolicySpec out;
   out.max_queue_size = policy.max_queue_size();
-  out.default_timeout_us =
-      static_cast<int64_t>(std::min<uint64_t>(policy.default_timeout_microseconds(), uint64_t{1} << 40));
+  out.default_timeout_us = static_cast<int64_t>(
+      std::min<uint64_t>(policy.default_timeout_microseconds(), uint64_t{1} << 40));
   out.allow_timeout_override = policy.allow_timeout_override();
   out.delay = policy.timeout_action() == inference::ModelQueuePolicy::DELAY;
   return out;
@@ -252,9 +280,9 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   out.enabled = true;
   for (int size : batching.preferred_batch_size()) {
     if (size < 1 || size > spec->max_batch_size) {
-      return absl::InvalidArgumentError(absl::StrCat("preferred_batch_size ", size,
-                                                     " is outside [1, max_batch_size=",
-                                                     spec->max_batch_size, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("preferred_batch_size ", size,
+                       " is outside [1, max_batch_size=", spec->max_batch_size, "]"));
     }
     out.preferred_batch_sizes.push_back(size);
   }
@@ -264,21 +292,23 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
       out.preferred_batch_sizes.end());
   constexpr int64_t kMaxDelayUs = 60'000'000;
   if (batching.max_queue_delay_microseconds() > static_cast<uint64_t>(kMaxDelayUs)) {
-    return absl::InvalidArgumentError("max_queue_delay_microseconds must be at most 60000000 (60 s)");
+    return absl::InvalidArgumentError(
+        "max_queue_delay_microseconds must be at most 60000000 (60 s)");
   }
   out.max_queue_delay_us = static_cast<int64_t>(batching.max_queue_delay_microseconds());
   out.default_policy = ConvertQueuePolicy(batching.default_queue_policy());
   if (batching.priority_levels() > static_cast<uint64_t>(kMaxPriorityLevels)) {
-    return absl::InvalidArgumentError(absl::StrCat("priority_levels must be at most ", kMaxPriorityLevels,
-                                                   ", found ", batching.priority_levels()));
+    return absl::InvalidArgumentError(absl::StrCat("priority_levels must be at most ",
+                                                   kMaxPriorityLevels, ", found ",
+                                                   batching.priority_levels()));
   }
   out.priority_levels = static_cast<int>(batching.priority_levels());
   if (out.priority_levels > 0) {
     if (batching.default_priority_level() < 1 ||
         batching.default_priority_level() > static_cast<uint64_t>(out.priority_levels)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "default_priority_level must be in [1, priority_levels=", out.priority_levels, "], found ",
-          batching.default_priority_level(), " (level 1 is the highest priority)"));
+          "default_priority_level must be in [1, priority_levels=", out.priority_levels,
+          "], found ", batching.default_priority_level(), " (level 1 is the highest priority)"));
     }
     out.default_priority_level = static_cast<int>(batching.default_priority_level());
     out.level_policies.assign(static_cast<size_t>(out.priority_levels), out.default_policy);
@@ -288,8 +318,9 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   for (const auto& [level, policy] : batching.priority_queue_policy()) {
     if (out.priority_levels == 0) break;
     if (level < 1 || level > static_cast<uint64_t>(out.priority_levels)) {
-      return absl::InvalidArgumentError(absl::StrCat("priority_queue_policy names level ", level,
-                                                     ", outside [1, priority_levels=", out.priority_levels, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("priority_queue_policy names level ", level,
+                       ", outside [1, priority_levels=", out.priority_levels, "]"));
     }
     out.level_policies[level - 1] = ConvertQueuePolicy(policy);
   }
@@ -305,29 +336,36 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
 }
 
 // START/END/READY: the values for off and on, from exactly one of the three *_false_true lists.
-Status ConvertControlValues(const inference::ModelSequenceBatching::Control& control, const std::string& where,
-                            SequenceControlSpec* out) {
+Status ConvertControlValues(const inference::ModelSequenceBatching::Control& control,
+                            const std::string& where, SequenceControlSpec* out) {
   const int lists = (control.int32_false_true_size() > 0) + (control.fp32_false_true_size() > 0) +
                     (control.bool_false_true_size() > 0);
   if (lists != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": give exactly one of int32_false_true, fp32_false_true or bool_false_true (two values: off, on)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": give exactly one of int32_false_true, fp32_false_true or bool_false_true "
+                     "(two values: off, on)"));
   }
   if (control.data_type() != inference::TYPE_INVALID) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": data_type is for CONTROL_SEQUENCE_CORRID only"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": data_type is for CONTROL_SEQUENCE_CORRID only"));
   }
   // The list given (int32, fp32 or bool values) and the type it makes the input.
   auto take = [&](DataType dtype, const auto& values) -> Status {
     if (values.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": the *_false_true list needs exactly two values "
-                                                     "(off, on), found ", values.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": the *_false_true list needs exactly two values "
+                       "(off, on), found ",
+                       values.size()));
     }
     out->dtype = dtype;
     out->false_value = static_cast<double>(values.Get(0));
     out->true_value = static_cast<double>(values.Get(1));
     return absl::OkStatus();
   };
-  if (control.int32_false_true_size() > 0) return take(DataType::kInt32, control.int32_false_true());
+  if (control.int32_false_true_size() > 0)
+    return take(DataType::kInt32, control.int32_false_true());
   if (control.fp32_false_true_size() > 0) return take(DataType::kFp32, control.fp32_false_true());
   return take(DataType::kBool, control.bool_false_true());
 }
@@ -339,41 +377,50 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
   const inference::ModelSequenceBatching& batching = config.sequence_batching();
   if (batching.has_oldest()) {
     return absl::InvalidArgumentError(
-        "sequence_batching strategy 'oldest' is not supported: Sluice implements the 'direct' strategy (each "
-        "sequence keeps one batch slot of one instance for its lifetime); use direct { } or leave the strategy out");
+        "sequence_batching strategy 'oldest' is not supported: Sluice implements the 'direct' "
+        "strategy (each "
+        "sequence keeps one batch slot of one instance for its lifetime); use direct { } or leave "
+        "the strategy out");
   }
   if (batching.state_size() > 0) {
     return absl::InvalidArgumentError(
-        "sequence_batching 'state' (implicit state) is not supported: keep each sequence's state inside the "
-        "model, keyed by its batch slot or by CONTROL_SEQUENCE_CORRID, and reset it on CONTROL_SEQUENCE_START");
+        "sequence_batching 'state' (implicit state) is not supported: keep each sequence's state "
+        "inside the "
+        "model, keyed by its batch slot or by CONTROL_SEQUENCE_CORRID, and reset it on "
+        "CONTROL_SEQUENCE_START");
   }
   if (batching.iterative_sequence()) {
     return absl::InvalidArgumentError(
-        "sequence_batching 'iterative_sequence' is not supported (it needs decoupled models, which Sluice does not "
+        "sequence_batching 'iterative_sequence' is not supported (it needs decoupled models, which "
+        "Sluice does not "
         "serve)");
   }
   if (spec->padding.enabled()) {
     return absl::InvalidArgumentError(
-        "sluice.buckets (padding buckets) cannot be combined with sequence_batching: a slot's rows must keep "
+        "sluice.buckets (padding buckets) cannot be combined with sequence_batching: a slot's rows "
+        "must keep "
         "the shapes the client sent");
   }
   SequenceBatchingSpec& out = spec->sequence_batching;
   out.enabled = true;
   constexpr uint64_t kMaxIdleUs = uint64_t{24} * 3600 * 1000000;
   if (batching.max_sequence_idle_microseconds() > kMaxIdleUs) {
-    return absl::InvalidArgumentError("max_sequence_idle_microseconds must be at most 86400000000 (one day)");
+    return absl::InvalidArgumentError(
+        "max_sequence_idle_microseconds must be at most 86400000000 (one day)");
   }
   if (batching.max_sequence_idle_microseconds() > 0) {
     out.max_sequence_idle_us = static_cast<int64_t>(batching.max_sequence_idle_microseconds());
   }
   const inference::ModelSequenceBatching::StrategyDirect& direct = batching.direct();
   if (direct.max_queue_delay_microseconds() > 60'000'000) {
-    return absl::InvalidArgumentError("direct.max_queue_delay_microseconds must be at most 60000000 (60 s)");
+    return absl::InvalidArgumentError(
+        "direct.max_queue_delay_microseconds must be at most 60000000 (60 s)");
   }
   out.max_queue_delay_us = static_cast<int64_t>(direct.max_queue_delay_microseconds());
   if (!(direct.minimum_slot_utilization() >= 0 && direct.minimum_slot_utilization() <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("direct.minimum_slot_utilization must be in [0, 1], found ",
-                                                   direct.minimum_slot_utilization()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct.minimum_slot_utilization must be in [0, 1], found ",
+                     direct.minimum_slot_utilization()));
   }
   out.minimum_slot_utilization = direct.minimum_slot_utilization();
 
@@ -382,13 +429,15 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
   bool kinds[4] = {false, false, false, false};
   for (const inference::ModelSequenceBatching::ControlInput& input : batching.control_input()) {
     const std::string where = absl::StrCat("sequence_batching control_input '", input.name(), "'");
-    if (input.name().empty()) return absl::InvalidArgumentError("a sequence_batching control_input needs a name");
+    if (input.name().empty())
+      return absl::InvalidArgumentError("a sequence_batching control_input needs a name");
     if (!names.insert(input.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": the name is already an input of the model"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the name is already an input of the model"));
     }
     if (input.control_size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": give exactly one control, found ",
-                                                     input.control_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": give exactly one control, found ", input.control_size()));
     }
     const inference::ModelSequenceBatching::Control& control = input.control(0);
     SequenceControlSpec parsed;
@@ -407,36 +456,50 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
         parsed.kind = SequenceControlKind::kCorrId;
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown control kind ", control.kind()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown control kind ", control.kind()));
     }
     bool& seen = kinds[static_cast<int>(parsed.kind)];
     if (seen) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", SequenceControlKindName(parsed.kind),
-                                                     " is given by two control inputs"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", SequenceControlKindName(parsed.kind), " is given by two control inputs"));
     }
     seen = true;
     if (parsed.kind == SequenceControlKind::kCorrId) {
-      if (control.int32_false_true_size() + control.fp32_false_true_size() + control.bool_false_true_size() > 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": CONTROL_SEQUENCE_CORRID takes a data_type, not *_false_true values"));
+      if (control.int32_false_true_size() + control.fp32_false_true_size() +
+              control.bool_false_true_size() >
+          0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": CONTROL_SEQUENCE_CORRID takes a data_type, not *_false_true values"));
       }
       switch (control.data_type()) {
-        case inference::TYPE_INT64: parsed.dtype = DataType::kInt64; break;
-        case inference::TYPE_INT32: parsed.dtype = DataType::kInt32; break;
-        case inference::TYPE_STRING: parsed.dtype = DataType::kBytes; break;
+        case inference::TYPE_INT64:
+          parsed.dtype = DataType::kInt64;
+          break;
+        case inference::TYPE_INT32:
+          parsed.dtype = DataType::kInt32;
+          break;
+        case inference::TYPE_STRING:
+          parsed.dtype = DataType::kBytes;
+          break;
         case inference::TYPE_UINT64:
         case inference::TYPE_UINT32:
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": CONTROL_SEQUENCE_CORRID data_type ", inference::DataType_Name(control.data_type()),
-              " has no LibTorch tensor type; use TYPE_INT64 (ids up to 2^63-1), TYPE_INT32 or TYPE_STRING"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": CONTROL_SEQUENCE_CORRID data_type ",
+                           inference::DataType_Name(control.data_type()),
+                           " has no LibTorch tensor type; use TYPE_INT64 (ids up to 2^63-1), "
+                           "TYPE_INT32 or TYPE_STRING"));
         default:
           return absl::InvalidArgumentError(absl::StrCat(
-              where, ": CONTROL_SEQUENCE_CORRID data_type must be TYPE_INT64, TYPE_INT32 or TYPE_STRING"));
+              where,
+              ": CONTROL_SEQUENCE_CORRID data_type must be TYPE_INT64, TYPE_INT32 or TYPE_STRING"));
       }
       if (parsed.dtype == DataType::kBytes && spec->format == ModelFormat::kAotInductor) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": a TYPE_STRING correlation id cannot reach an AOTInductor package (it takes tensors only); use "
-            "an integer type"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": a TYPE_STRING correlation id cannot reach an AOTInductor package (it "
+                         "takes tensors only); use "
+                         "an integer type"));
       }
       out.correlation_id_type = parsed.dtype;
     } else {
@@ -447,7 +510,8 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
     tensor.dtype = parsed.dtype;
     tensor.dims = {1};
     tensor.filled_by_server = true;
-    tensor.filled_with = absl::StrCat("the sequence batcher (", SequenceControlKindName(parsed.kind), ")");
+    tensor.filled_with =
+        absl::StrCat("the sequence batcher (", SequenceControlKindName(parsed.kind), ")");
     spec->inputs.push_back(std::move(tensor));
     out.controls.push_back(std::move(parsed));
   }
@@ -459,12 +523,14 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
 // here a path is refused when it is empty or climbs out with "..".
 Status ConvertOperatorLibraries(ModelSpec* spec) {
   auto check = [](const std::string& key, absl::string_view path) -> Status {
-    if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " names an empty path"));
+    if (path.empty())
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " names an empty path"));
     for (absl::string_view part : absl::StrSplit(path, '/')) {
       if (part == "..") {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", key, ": '", QuoteClientText(path),
-                                                       "' climbs out with '..'; name a path inside the model's "
-                                                       "directory or an --operator-library-dir"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", key, ": '", QuoteClientText(path),
+                         "' climbs out with '..'; name a path inside the model's "
+                         "directory or an --operator-library-dir"));
       }
     }
     return absl::OkStatus();
@@ -485,30 +551,44 @@ Status ConvertOperatorLibraries(ModelSpec* spec) {
 }
 
 // Every Sluice parameter; a misspelt sluice.* key is an error rather than silently ignored.
-constexpr const char* kSluiceParameters[] = {
-    "sluice.pad_batch_to_preferred", "sluice.max_shape_groups", "sluice.max_queued_bytes",
-    "sluice.buckets",                "sluice.bucket_dims",      "sluice.pad_value",
-    "sluice.lengths_input",          "sluice.warmup",           "sluice.warmup_runs",
-    "sluice.cudnn_benchmark",        "sluice.auto_batch_sizes",  "sluice.cuda_wait",
-    "sluice.run_on_receiving_thread", "sluice.run_on_receiving_thread_max_us", "sluice.latency_target_us",
-    "sluice.pinned",                 "sluice.cuda_graphs_max",   "sluice.operator_libraries"};
+constexpr const char* kSluiceParameters[] = {"sluice.pad_batch_to_preferred",
+                                             "sluice.max_shape_groups",
+                                             "sluice.max_queued_bytes",
+                                             "sluice.buckets",
+                                             "sluice.bucket_dims",
+                                             "sluice.pad_value",
+                                             "sluice.lengths_input",
+                                             "sluice.warmup",
+                                             "sluice.warmup_runs",
+                                             "sluice.cudnn_benchmark",
+                                             "sluice.auto_batch_sizes",
+                                             "sluice.cuda_wait",
+                                             "sluice.run_on_receiving_thread",
+                                             "sluice.run_on_receiving_thread_max_us",
+                                             "sluice.latency_target_us",
+                                             "sluice.pinned",
+                                             "sluice.cuda_graphs_max",
+                                             "sluice.operator_libraries"};
 
 // What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
 // answer loads, and these are ignored (measured again).
-constexpr const char* kSluiceReportedParameters[] = {kAutoBatchSizesChosenKey, kAutoBatchSizesRatesKey};
+constexpr const char* kSluiceReportedParameters[] = {kAutoBatchSizesChosenKey,
+                                                     kAutoBatchSizesRatesKey};
 
 Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
   for (const auto& parameter : parameters) {
     const std::string& key = parameter.first;
     if (!absl::StartsWith(key, "sluice.")) continue;
-    if (std::find(std::begin(kSluiceReportedParameters), std::end(kSluiceReportedParameters), key) !=
-        std::end(kSluiceReportedParameters)) {
+    if (std::find(std::begin(kSluiceReportedParameters), std::end(kSluiceReportedParameters),
+                  key) != std::end(kSluiceReportedParameters)) {
       continue;
     }
     if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
-                     [&](const char* known) { return key == known; }) == std::end(kSluiceParameters)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown parameter '", key, "' (Sluice knows: ",
-                                                     absl::StrJoin(kSluiceParameters, ", "), ")"));
+                     [&](const char* known) { return key == known; }) ==
+        std::end(kSluiceParameters)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown parameter '", key,
+                       "' (Sluice knows: ", absl::StrJoin(kSluiceParameters, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -521,17 +601,27 @@ bool Representable(DataType type, double value) {
     return std::isfinite(value) && value == std::trunc(value) && value >= low && value <= high;
   };
   switch (type) {
-    case DataType::kBool: return value == 0 || value == 1;
-    case DataType::kUint8: return integral_in(0, 255);
-    case DataType::kInt8: return integral_in(-128, 127);
-    case DataType::kInt16: return integral_in(-32768, 32767);
-    case DataType::kInt32: return integral_in(-2147483648.0, 2147483647.0);
-    case DataType::kInt64: return integral_in(-9223372036854775808.0, 9223372036854774784.0);
-    case DataType::kFp16: return !std::isfinite(value) || std::fabs(value) <= 65504;
+    case DataType::kBool:
+      return value == 0 || value == 1;
+    case DataType::kUint8:
+      return integral_in(0, 255);
+    case DataType::kInt8:
+      return integral_in(-128, 127);
+    case DataType::kInt16:
+      return integral_in(-32768, 32767);
+    case DataType::kInt32:
+      return integral_in(-2147483648.0, 2147483647.0);
+    case DataType::kInt64:
+      return integral_in(-9223372036854775808.0, 9223372036854774784.0);
+    case DataType::kFp16:
+      return !std::isfinite(value) || std::fabs(value) <= 65504;
     case DataType::kBf16:
-    case DataType::kFp32: return !std::isfinite(value) || std::fabs(value) <= 3.4028234663852886e38;
-    case DataType::kFp64: return true;
-    case DataType::kBytes: return false;  // strings are not padded (refused in ConvertPadding)
+    case DataType::kFp32:
+      return !std::isfinite(value) || std::fabs(value) <= 3.4028234663852886e38;
+    case DataType::kFp64:
+      return true;
+    case DataType::kBytes:
+      return false;  // strings are not padded (refused in ConvertPadding)
   }
   return false;
 }
@@ -562,7 +652,8 @@ Status ConvertPadding(ModelSpec* spec) {
         "padding needs both sluice.buckets (axis=sizes) and sluice.bucket_dims (tensor:dim=axis)");
   }
   PaddingSpec& padding = spec->padding;
-  for (absl::string_view item : absl::StrSplit(parameters.at("sluice.buckets"), ';', absl::SkipWhitespace())) {
+  for (absl::string_view item :
+       absl::StrSplit(parameters.at("sluice.buckets"), ';', absl::SkipWhitespace())) {
     std::vector<absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits('=', 1));
     BucketAxis axis;
     axis.name = std::string(absl::StripAsciiWhitespace(parts[0]));
@@ -573,33 +664,38 @@ Status ConvertPadding(ModelSpec* spec) {
     for (absl::string_view size_text : absl::StrSplit(parts[1], ',', absl::SkipWhitespace())) {
       int64_t size = 0;
       if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(size_text), &size) || size < 1) {
-        return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name,
-                                                       "': '", size_text, "' is not a positive size"));
+        return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name, "': '",
+                                                       size_text, "' is not a positive size"));
       }
       axis.sizes.push_back(size);
     }
     if (axis.sizes.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name, "' has no sizes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice.buckets: axis '", axis.name, "' has no sizes"));
     }
     std::sort(axis.sizes.begin(), axis.sizes.end());
     axis.sizes.erase(std::unique(axis.sizes.begin(), axis.sizes.end()), axis.sizes.end());
     for (const BucketAxis& other : padding.axes) {
       if (other.name == axis.name) {
-        return absl::InvalidArgumentError(absl::StrCat("sluice.buckets: axis '", axis.name, "' is given twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sluice.buckets: axis '", axis.name, "' is given twice"));
       }
     }
     padding.axes.push_back(std::move(axis));
   }
   if (padding.axes.empty()) return absl::InvalidArgumentError("sluice.buckets declares no axis");
   std::vector<bool> axis_has_input(padding.axes.size(), false);
-  for (absl::string_view item : absl::StrSplit(parameters.at("sluice.bucket_dims"), ',', absl::SkipWhitespace())) {
-    const std::string where = absl::StrCat("sluice.bucket_dims: '", absl::StripAsciiWhitespace(item), "'");
+  for (absl::string_view item :
+       absl::StrSplit(parameters.at("sluice.bucket_dims"), ',', absl::SkipWhitespace())) {
+    const std::string where =
+        absl::StrCat("sluice.bucket_dims: '", absl::StripAsciiWhitespace(item), "'");
     std::vector<absl::string_view> sides = absl::StrSplit(item, absl::MaxSplits('=', 1));
     const size_t colon = sides[0].rfind(':');
     int dim = 0;
     if (sides.size() != 2 || colon == absl::string_view::npos ||
         !absl::SimpleAtoi(sides[0].substr(colon + 1), &dim)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, " is not tensor:dim=axis (e.g. \"tokens:0=seq\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is not tensor:dim=axis (e.g. \"tokens:0=seq\")"));
     }
     BucketDim bucketed;
     bucketed.tensor = std::string(absl::StripAsciiWhitespace(sides[0].substr(0, colon)));
@@ -608,24 +704,29 @@ Status ConvertPadding(ModelSpec* spec) {
     auto axis = std::find_if(padding.axes.begin(), padding.axes.end(),
                              [&](const BucketAxis& a) { return a.name == axis_name; });
     if (axis == padding.axes.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": no axis '", axis_name, "' in sluice.buckets"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no axis '", axis_name, "' in sluice.buckets"));
     }
     bucketed.axis = static_cast<int>(axis - padding.axes.begin());
     TensorSpec* tensor = FindTensor(spec->inputs, bucketed.tensor);
     bucketed.is_input = tensor != nullptr;
     if (tensor == nullptr) tensor = FindTensor(spec->outputs, bucketed.tensor);
     if (tensor == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": no input or output '", bucketed.tensor, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no input or output '", bucketed.tensor, "'"));
     }
     if (tensor->dtype == DataType::kBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": '", bucketed.tensor, "' is TYPE_STRING; padding buckets pad fixed-size elements with "
-          "sluice.pad_value, and a List[str] has no such element (send the strings unpadded, or pad token ids)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": '", bucketed.tensor,
+                       "' is TYPE_STRING; padding buckets pad fixed-size elements with "
+                       "sluice.pad_value, and a List[str] has no such element (send the strings "
+                       "unpadded, or pad token ids)"));
     }
     if (dim < 0 || static_cast<size_t>(dim) >= tensor->dims.size() || tensor->dims[dim] != -1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": dimension ", dim, " of '", bucketed.tensor, "' must exist and be -1 in its dims ",
-          ShapeToString(tensor->dims), " (dimensions count from 0, the batch dimension not counted)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": dimension ", dim, " of '", bucketed.tensor,
+                       "' must exist and be -1 in its dims ", ShapeToString(tensor->dims),
+                       " (dimensions count from 0, the batch dimension not counted)"));
     }
     for (const BucketDim& other : padding.dims) {
       if (other.tensor == bucketed.tensor && other.dim == bucketed.dim) {
@@ -643,13 +744,16 @@ Status ConvertPadding(ModelSpec* spec) {
   }
   if (auto it = parameters.find("sluice.pad_value"); it != parameters.end()) {
     if (!absl::SimpleAtod(it->second, &padding.pad_value)) {
-      return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value must be a number, found '", it->second, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice.pad_value must be a number, found '", it->second, "'"));
     }
     for (const BucketDim& bucketed : padding.dims) {
-      const TensorSpec* input = bucketed.is_input ? FindTensor(spec->inputs, bucketed.tensor) : nullptr;
+      const TensorSpec* input =
+          bucketed.is_input ? FindTensor(spec->inputs, bucketed.tensor) : nullptr;
       if (input != nullptr && !Representable(input->dtype, padding.pad_value)) {
-        return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value ", it->second, " cannot be stored in input '",
-                                                       input->name, "' of type ", DataTypeName(input->dtype)));
+        return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value ", it->second,
+                                                       " cannot be stored in input '", input->name,
+                                                       "' of type ", DataTypeName(input->dtype)));
       }
     }
   }
@@ -661,7 +765,8 @@ Status ConvertPadding(ModelSpec* spec) {
         lengths->dims != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sluice.lengths_input must name an input of TYPE_INT32 or TYPE_INT64 with dims ",
-          ShapeToString(expected), " (one length per axis of sluice.buckets); found '", it->second, "'"));
+          ShapeToString(expected), " (one length per axis of sluice.buckets); found '", it->second,
+          "'"));
     }
     for (const BucketDim& bucketed : padding.dims) {
       if (bucketed.tensor == lengths->name) {
@@ -680,38 +785,46 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
   // which a model that parses its strings (int(s), a vocabulary lookup) may refuse, failing the
   // load of a model that would serve real requests. So a model with a string input warms its
   // shapes only when its config asks (sluice.warmup: "true"); model_warmup samples still run.
-  const bool takes_strings = std::any_of(spec->inputs.begin(), spec->inputs.end(),
-                                         [](const TensorSpec& input) {
-                                           return input.dtype == DataType::kBytes && !input.filled_by_server;
-                                         });
-  SLUICE_ASSIGN_OR_RETURN(spec->warmup, BoolParameterOr(spec->parameters, "sluice.warmup", !takes_strings));
-  SLUICE_ASSIGN_OR_RETURN(const int64_t runs, IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
+  const bool takes_strings =
+      std::any_of(spec->inputs.begin(), spec->inputs.end(), [](const TensorSpec& input) {
+        return input.dtype == DataType::kBytes && !input.filled_by_server;
+      });
+  SLUICE_ASSIGN_OR_RETURN(spec->warmup,
+                          BoolParameterOr(spec->parameters, "sluice.warmup", !takes_strings));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t runs,
+                          IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
   spec->warmup_runs = static_cast<int>(runs);
   if (auto it = spec->parameters.find("sluice.cudnn_benchmark"); it != spec->parameters.end()) {
     StatusOr<CudnnBenchmarkMode> mode = ParseCudnnBenchmarkMode(it->second);
     if (!mode.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter sluice.cudnn_benchmark ", mode.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter sluice.cudnn_benchmark ", mode.status().message()));
     }
     if (*mode != CudnnBenchmarkMode::kAuto) spec->cudnn_benchmark_override = *mode;
   }
   if (auto it = spec->parameters.find("sluice.cuda_wait"); it != spec->parameters.end()) {
     if (it->second != "spin" && it->second != "blocking") {
-      return absl::InvalidArgumentError(absl::StrCat("parameter sluice.cuda_wait is \"", it->second,
-                                                     "\": use \"spin\" (the default) or \"blocking\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter sluice.cuda_wait is \"", it->second,
+                       "\": use \"spin\" (the default) or \"blocking\""));
     }
     spec->cuda_blocking_wait = it->second == "blocking";
   }
   for (const inference::ModelWarmup& warmup : config.model_warmup()) {
     WarmupSampleSpec sample;
-    sample.name = warmup.name().empty() ? absl::StrCat("#", spec->warmup_samples.size()) : warmup.name();
+    sample.name =
+        warmup.name().empty() ? absl::StrCat("#", spec->warmup_samples.size()) : warmup.name();
     const std::string where = absl::StrCat("model_warmup '", sample.name, "'");
     if (spec->batches()) {
-      if (warmup.batch_size() < 1 || warmup.batch_size() > static_cast<uint32_t>(spec->max_batch_size)) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": batch_size must be in [1, max_batch_size=",
-                                                       spec->max_batch_size, "], found ", warmup.batch_size()));
+      if (warmup.batch_size() < 1 ||
+          warmup.batch_size() > static_cast<uint32_t>(spec->max_batch_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": batch_size must be in [1, max_batch_size=", spec->max_batch_size,
+                         "], found ", warmup.batch_size()));
       }
     } else if (warmup.batch_size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": batch_size must be 0 or 1 for a model "
+      return absl::InvalidArgumentError(absl::StrCat(where,
+                                                     ": batch_size must be 0 or 1 for a model "
                                                      "without max_batch_size"));
     }
     sample.batch_size = std::max<int>(1, static_cast<int>(warmup.batch_size()));
@@ -719,28 +832,37 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": count must be at most 1000"));
     }
     sample.count = std::max<int>(1, static_cast<int>(warmup.count()));
-    std::map<std::string, inference::ModelWarmup::Input> inputs(warmup.inputs().begin(), warmup.inputs().end());
+    std::map<std::string, inference::ModelWarmup::Input> inputs(warmup.inputs().begin(),
+                                                                warmup.inputs().end());
     for (const auto& [name, input] : inputs) {
       WarmupInputSpec out;
       out.name = name;
-      SLUICE_ASSIGN_OR_RETURN(out.dtype, ConvertDataType(input.data_type(), absl::StrCat(where, " input '", name, "'")));
+      SLUICE_ASSIGN_OR_RETURN(
+          out.dtype,
+          ConvertDataType(input.data_type(), absl::StrCat(where, " input '", name, "'")));
       for (int64_t dim : input.dims()) {
         if (dim < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(where, " input '", name, "': dims must be concrete, found ", dim));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, " input '", name, "': dims must be concrete, found ", dim));
         }
         out.dims.push_back(dim);
       }
       switch (input.input_data_type_case()) {
-        case inference::ModelWarmup::Input::kRandomData: out.source = WarmupInputSpec::Source::kRandom; break;
+        case inference::ModelWarmup::Input::kRandomData:
+          out.source = WarmupInputSpec::Source::kRandom;
+          break;
         case inference::ModelWarmup::Input::kInputDataFile:
           out.source = WarmupInputSpec::Source::kFile;
           out.file = input.input_data_file();
           if (out.file.empty() || out.file.find('/') != std::string::npos || out.file == "..") {
             return absl::InvalidArgumentError(absl::StrCat(
-                where, " input '", name, "': input_data_file must be a plain file name in the model's warmup/ folder"));
+                where, " input '", name,
+                "': input_data_file must be a plain file name in the model's warmup/ folder"));
           }
           break;
-        default: out.source = WarmupInputSpec::Source::kZero; break;
+        default:
+          out.source = WarmupInputSpec::Source::kZero;
+          break;
       }
       sample.inputs.push_back(std::move(out));
     }
@@ -767,12 +889,12 @@ StatusOr<inference::ModelConfig> ParseModelConfigText(const std::string& text,
 StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::ModelConfig* config) {
   if (config->name().empty()) config->set_name(model_name);
   if (config->name() != model_name) {
-    return absl::InvalidArgumentError(absl::StrCat("config name '", config->name(),
-                                                   "' differs from its directory name '",
-                                                   model_name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config name '", config->name(), "' differs from its directory name '", model_name, "'"));
   }
   const bool aoti = config->platform() == "torch_aoti";
-  const bool torch_platform = config->platform().empty() || config->platform() == "pytorch_libtorch" || aoti;
+  const bool torch_platform =
+      config->platform().empty() || config->platform() == "pytorch_libtorch" || aoti;
   const bool torch_backend = config->backend().empty() || config->backend() == "pytorch";
   if (!torch_platform || !torch_backend) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -802,7 +924,8 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   for (const inference::ModelInput& input : config->input()) {
     SLUICE_ASSIGN_OR_RETURN(TensorSpec tensor, ConvertInput(input));
     if (!names.insert(tensor.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", tensor.name, "' is declared twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", tensor.name, "' is declared twice"));
     }
     spec.inputs.push_back(std::move(tensor));
   }
@@ -810,7 +933,8 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   for (const inference::ModelOutput& output : config->output()) {
     SLUICE_ASSIGN_OR_RETURN(TensorSpec tensor, ConvertOutput(output));
     if (!names.insert(tensor.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("output '", tensor.name, "' is declared twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", tensor.name, "' is declared twice"));
     }
     spec.outputs.push_back(std::move(tensor));
   }
@@ -819,13 +943,15 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
       for (const TensorSpec& tensor : *tensors) {
         if (tensor.dtype != DataType::kBytes) continue;
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", tensor.name, "' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and "
+            "'", tensor.name,
+            "' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and "
             "returns tensors only; serve string models as TorchScript (List[str])"));
       }
     }
   }
   SLUICE_RETURN_IF_ERROR(ConvertInstanceGroups(config, &spec));
-  if (config->default_model_filename().empty()) config->set_default_model_filename(aoti ? "model.pt2" : "model.pt");
+  if (config->default_model_filename().empty())
+    config->set_default_model_filename(aoti ? "model.pt2" : "model.pt");
   spec.model_filename = config->default_model_filename();
   if (spec.model_filename.find('/') != std::string::npos || spec.model_filename == "..") {
     return absl::InvalidArgumentError("default_model_filename must be a plain file name");
@@ -834,38 +960,48 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   SLUICE_RETURN_IF_ERROR(CheckSluiceParameterNames(spec.parameters));
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
   // The byte cap holds for every scheduler (dynamic, sequence, and none: see Admission).
-  SLUICE_ASSIGN_OR_RETURN(const int64_t queued_bytes,
-                          IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
+  SLUICE_ASSIGN_OR_RETURN(
+      const int64_t queued_bytes,
+      IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
   spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
   SLUICE_ASSIGN_OR_RETURN(spec.pinned, BoolParameterOr(spec.parameters, "sluice.pinned", false));
   SLUICE_RETURN_IF_ERROR(ConvertOperatorLibraries(&spec));
   spec.cuda_graphs = config->optimization().cuda().graphs();
-  SLUICE_ASSIGN_OR_RETURN(const int64_t graphs_max, IntParameter(spec.parameters, "sluice.cuda_graphs_max", 16, 1, 1024));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t graphs_max,
+                          IntParameter(spec.parameters, "sluice.cuda_graphs_max", 16, 1, 1024));
   spec.cuda_graphs_max = static_cast<int>(graphs_max);
-  SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread,
-                          BoolParameterOr(spec.parameters, "sluice.run_on_receiving_thread", false));
+  SLUICE_ASSIGN_OR_RETURN(
+      spec.dynamic_batching.run_on_receiving_thread,
+      BoolParameterOr(spec.parameters, "sluice.run_on_receiving_thread", false));
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread_max_us,
                           IntParameter(spec.parameters, "sluice.run_on_receiving_thread_max_us",
                                        kRunOnReceivingThreadMaxUs, 1, 1000000));
-  SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.latency_target_us,
-                          IntParameter(spec.parameters, "sluice.latency_target_us", 0, 1, int64_t{3600} * 1000000));
+  SLUICE_ASSIGN_OR_RETURN(
+      spec.dynamic_batching.latency_target_us,
+      IntParameter(spec.parameters, "sluice.latency_target_us", 0, 1, int64_t{3600} * 1000000));
   if (spec.dynamic_batching.latency_target_us > 0 && config->has_sequence_batching()) {
     return absl::InvalidArgumentError(
-        "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's requests must run "
-        "in their sequence's order and slot, so the batcher cannot size batches or refuse requests for a target; "
+        "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's "
+        "requests must run "
+        "in their sequence's order and slot, so the batcher cannot size batches or refuse requests "
+        "for a target; "
         "remove the parameter");
   }
   const DynamicBatchingSpec& batching = spec.dynamic_batching;
   if (batching.latency_target_us > 0 && (batching.priority_levels > 0 || batching.AnyDelay())) {
     return absl::InvalidArgumentError(
-        "sluice.latency_target_us cannot be combined with priority_levels or timeout_action: DELAY yet: the "
-        "batcher plans each batch for its oldest request, and priorities put other requests first; remove one");
+        "sluice.latency_target_us cannot be combined with priority_levels or timeout_action: DELAY "
+        "yet: the "
+        "batcher plans each batch for its oldest request, and priorities put other requests first; "
+        "remove one");
   }
   spec.response_cache = config->response_cache().enable();
   if (spec.response_cache && config->has_sequence_batching()) {
     return absl::InvalidArgumentError(
-        "response_cache cannot be enabled with sequence_batching: a stateful model's answer depends on the "
-        "requests of its sequence before it, so a cached answer would be wrong; remove response_cache");
+        "response_cache cannot be enabled with sequence_batching: a stateful model's answer "
+        "depends on the "
+        "requests of its sequence before it, so a cached answer would be wrong; remove "
+        "response_cache");
   }
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
   SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));
@@ -890,13 +1026,15 @@ std::vector<int64_t> SelectVersions(const inference::ModelVersionPolicy& policy,
       std::vector<int64_t> chosen;
       for (int64_t version : available) {
         const auto& wanted = policy.specific().versions();
-        if (std::find(wanted.begin(), wanted.end(), version) != wanted.end()) chosen.push_back(version);
+        if (std::find(wanted.begin(), wanted.end(), version) != wanted.end())
+          chosen.push_back(version);
       }
       return chosen;
     }
     case inference::ModelVersionPolicy::kLatest:
     case inference::ModelVersionPolicy::POLICY_CHOICE_NOT_SET: {
-      const size_t keep = policy.has_latest() ? std::max<uint32_t>(1, policy.latest().num_versions()) : 1;
+      const size_t keep =
+          policy.has_latest() ? std::max<uint32_t>(1, policy.latest().num_versions()) : 1;
       if (available.size() > keep) available.erase(available.begin(), available.end() - keep);
       return available;
     }
@@ -910,7 +1048,8 @@ StatusOr<inference::ModelConfig> ParseModelConfigJson(const std::string& json) {
   options.ignore_unknown_fields = false;  // a misspelt field is an error, not a silent default
   const auto parsed = google::protobuf::util::JsonStringToMessage(json, &config, options);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("Invalid config override: ", std::string(parsed.message())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid config override: ", std::string(parsed.message())));
   }
   return config;
 }

@@ -38,7 +38,8 @@ StatusOr<inference::ModelConfig> ReadConfigFile(const fs::path& directory) {
 
 // The override's config, completed from config.pbtxt where Triton would complete it from the
 // model file (see ReadModelDirectory).
-StatusOr<inference::ModelConfig> OverrideConfig(const fs::path& directory, const std::string& json) {
+StatusOr<inference::ModelConfig> OverrideConfig(const fs::path& directory,
+                                                const std::string& json) {
   SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigJson(json));
   const bool needs_tensors = config.input_size() == 0 && config.output_size() == 0;
   const bool needs_runtime = config.platform().empty() && config.backend().empty();
@@ -66,13 +67,16 @@ Status CheckOverrideLibraries(const ModelSpec& spec, const ModelOverride& overri
   if (named.empty() || override.empty()) return absl::OkStatus();
   if (!override.files.empty()) {
     return absl::InvalidArgumentError(
-        "a model loaded with files sent in the request cannot name operator libraries (sluice.operator_libraries, "
-        "MODEL_INIT_LIBRARY): they would run the client's code in the server; put the model in the repository");
+        "a model loaded with files sent in the request cannot name operator libraries "
+        "(sluice.operator_libraries, "
+        "MODEL_INIT_LIBRARY): they would run the client's code in the server; put the model in the "
+        "repository");
   }
   for (const std::string& path : named) {
     if (!path.empty() && path.front() == '/') {
       return absl::InvalidArgumentError(absl::StrCat(
-          "a configuration override cannot name an operator library by absolute path ('", QuoteClientText(path),
+          "a configuration override cannot name an operator library by absolute path ('",
+          QuoteClientText(path),
           "'); name it relative to the model's directory or an --operator-library-dir"));
     }
   }
@@ -81,8 +85,9 @@ Status CheckOverrideLibraries(const ModelSpec& spec, const ModelOverride& overri
 
 Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
-                          override.config_json ? OverrideConfig(model->directory, *override.config_json)
-                                               : ReadConfigFile(model->directory));
+                          override.config_json
+                              ? OverrideConfig(model->directory, *override.config_json)
+                              : ReadConfigFile(model->directory));
   const StatusOr<ModelSpec> spec = BuildModelSpec(model->name, &config);
   // Kept even when the spec is refused: the ModelConfig RPC shows what was read.
   model->config = std::make_shared<const inference::ModelConfig>(std::move(config));
@@ -100,10 +105,12 @@ Status FillModel(RepositoryModel* model, const ModelOverride& override) {
     }
     on_disk[version] = entry.path();
   }
-  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", model->directory.string(), ": ", ec.message()));
+  if (ec)
+    return absl::NotFoundError(
+        absl::StrCat("cannot list ", model->directory.string(), ": ", ec.message()));
   if (on_disk.empty()) {
-    return absl::NotFoundError(absl::StrCat("no version directory (1/, 2/, ...) in ",
-                                            model->directory.string()));
+    return absl::NotFoundError(
+        absl::StrCat("no version directory (1/, 2/, ...) in ", model->directory.string()));
   }
   std::vector<int64_t> available;
   for (const auto& [version, path] : on_disk) available.push_back(version);
@@ -142,12 +149,14 @@ void RemoveTree(const fs::path& path) {
 std::string Fingerprint(const fs::path& directory) {
   std::vector<std::string> files;
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::recursive_directory_iterator it(directory, ec), end; !ec && it != end;
+       it.increment(ec)) {
     std::error_code file_ec;
     if (!it->is_regular_file(file_ec)) continue;
     const uintmax_t size = it->file_size(file_ec);
     const auto mtime = it->last_write_time(file_ec).time_since_epoch().count();
-    files.push_back(absl::StrCat(fs::relative(it->path(), directory, file_ec).string(), ":", size, ":", mtime));
+    files.push_back(
+        absl::StrCat(fs::relative(it->path(), directory, file_ec).string(), ":", size, ":", mtime));
   }
   std::sort(files.begin(), files.end());
   return absl::StrJoin(files, "\n");
@@ -155,12 +164,14 @@ std::string Fingerprint(const fs::path& directory) {
 
 }  // namespace
 
-RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override, const std::string& name) {
+RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override,
+                                   const std::string& name) {
   RepositoryModel model;
   model.name = name.empty() ? directory.filename().string() : name;
   model.directory = directory;
   model.fingerprint = Fingerprint(directory);
-  if (override.config_json) absl::StrAppend(&model.fingerprint, "\nconfig override:", *override.config_json);
+  if (override.config_json)
+    absl::StrAppend(&model.fingerprint, "\nconfig override:", *override.config_json);
   model.status = FillModel(&model, override);
   if (!model.status.ok()) model.spec = ModelSpec{};
   return model;
@@ -183,7 +194,8 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
     }
   }
   if (ec) {
-    return absl::NotFoundError(absl::StrCat("cannot list model repository '", root.string(), "': ", ec.message()));
+    return absl::NotFoundError(
+        absl::StrCat("cannot list model repository '", root.string(), "': ", ec.message()));
   }
   std::sort(directories.begin(), directories.end());
   std::vector<RepositoryModel> models;
@@ -191,16 +203,19 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
   return models;
 }
 
-StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, const ModelOverride& override) const {
+StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name,
+                                                     const ModelOverride& override) const {
   if (name.empty() || name.front() == '.' || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", QuoteClientText(name), "' is not a model name (a directory directly under the model repository, "
-        "not starting with '.')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", QuoteClientText(name),
+                     "' is not a model name (a directory directly under the model repository, "
+                     "not starting with '.')"));
   }
   if (!override.files.empty()) {
     if (files_ == nullptr) {
-      return absl::FailedPreconditionError("model files sent with a load are not accepted (--allow-load-files)");
+      return absl::FailedPreconditionError(
+          "model files sent with a load are not accepted (--allow-load-files)");
     }
     SLUICE_ASSIGN_OR_RETURN(const fs::path directory, files_->Write(name, override.files));
     RepositoryModel model = ReadModelDirectory(directory, override, name);
@@ -211,8 +226,9 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name, co
   std::error_code ec;
   if (!fs::is_directory(directory, ec)) {
     // The directory is the operator's root and the client's name: room for a long root.
-    return absl::NotFoundError(absl::StrCat("the model repository has no model '", QuoteClientText(name),
-                                            "' (no directory ", QuoteClientText(directory.string(), 1024), ")"));
+    return absl::NotFoundError(absl::StrCat("the model repository has no model '",
+                                            QuoteClientText(name), "' (no directory ",
+                                            QuoteClientText(directory.string(), 1024), ")"));
   }
   return ReadModelDirectory(directory, override);
 }
@@ -226,8 +242,9 @@ StatusOr<std::unique_ptr<LoadedFileStore>> LoadedFileStore::Create(Options optio
   std::error_code ec;
   fs::create_directories(options.root, ec);
   if (ec || !fs::is_directory(options.root)) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot create the directory for model files sent with loads '",
-                                                   options.root.string(), "'", ec ? ": " + ec.message() : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create the directory for model files sent with loads '",
+                     options.root.string(), "'", ec ? ": " + ec.message() : ""));
   }
   fs::permissions(options.root, fs::perms::owner_all, fs::perm_options::replace, ec);  // private
   return std::unique_ptr<LoadedFileStore>(new LoadedFileStore(std::move(options)));
@@ -235,16 +252,18 @@ StatusOr<std::unique_ptr<LoadedFileStore>> LoadedFileStore::Create(Options optio
 
 LoadedFileStore::~LoadedFileStore() { RemoveTree(options_.root); }
 
-StatusOr<fs::path> LoadedFileStore::Write(const std::string& name, const std::map<std::string, std::string>& files) {
+StatusOr<fs::path> LoadedFileStore::Write(const std::string& name,
+                                          const std::map<std::string, std::string>& files) {
   uint64_t bytes = 0;
   for (const auto& [path, contents] : files) bytes += contents.size();
   fs::path directory;
   {
     MutexLock lock(&mutex_);
     if (bytes > options_.disk_bytes || bytes_in_use_ > options_.disk_bytes - bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the model files sent with this load (", bytes, " bytes) do not fit beside those of the loads serving now (",
-          bytes_in_use_, " bytes) within --load-files-disk-bytes ", options_.disk_bytes));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the model files sent with this load (", bytes,
+                       " bytes) do not fit beside those of the loads serving now (", bytes_in_use_,
+                       " bytes) within --load-files-disk-bytes ", options_.disk_bytes));
     }
     directory = options_.root / absl::StrCat(name, ".", next_++);
     written_[directory] = Written{name, bytes};
@@ -252,7 +271,8 @@ StatusOr<fs::path> LoadedFileStore::Write(const std::string& name, const std::ma
   }
   auto fail = [&](const std::string& why) {
     Discard(directory);
-    return absl::InternalError(absl::StrCat("cannot write the model files sent with the load of '", name, "': ", why));
+    return absl::InternalError(
+        absl::StrCat("cannot write the model files sent with the load of '", name, "': ", why));
   };
   std::error_code ec;
   for (const auto& [relative, contents] : files) {

@@ -31,7 +31,8 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const std::filesystem
 // cannot tell (the inputs and outputs, the platform or backend), comes from config.pbtxt when the
 // override has none of it; everything else is the override's alone (or Sluice's default).
 // `name` empty: the directory's name.
-RepositoryModel ReadModelDirectory(const std::filesystem::path& directory, const ModelOverride& override = {},
+RepositoryModel ReadModelDirectory(const std::filesystem::path& directory,
+                                   const ModelOverride& override = {},
                                    const std::string& name = "");
 
 // Where the model files sent with loads go (--allow-load-files): a private directory, never the
@@ -41,8 +42,8 @@ RepositoryModel ReadModelDirectory(const std::filesystem::path& directory, const
 class LoadedFileStore {
  public:
   struct Options {
-    std::filesystem::path root;                 // --load-files-dir
-    uint64_t disk_bytes = 8ull << 30;           // --load-files-disk-bytes: all loads' files together
+    std::filesystem::path root;        // --load-files-dir
+    uint64_t disk_bytes = 8ull << 30;  // --load-files-disk-bytes: all loads' files together
   };
   // Creates (or empties) `root`. INVALID_ARGUMENT when it cannot.
   static StatusOr<std::unique_ptr<LoadedFileStore>> Create(Options options);
@@ -51,7 +52,8 @@ class LoadedFileStore {
   // Writes `files` into a new directory for `name` and returns it. RESOURCE_EXHAUSTED (with the
   // numbers) when they would take the store past disk_bytes; INTERNAL when writing fails. Nothing
   // is left behind on an error.
-  StatusOr<std::filesystem::path> Write(const std::string& name, const std::map<std::string, std::string>& files);
+  StatusOr<std::filesystem::path> Write(const std::string& name,
+                                        const std::map<std::string, std::string>& files);
   // Removes every directory written for `name` except `serving`.
   void Retain(const std::string& name, const std::filesystem::path& serving);
   // Removes the one directory `directory` (a load of it failed).
@@ -68,7 +70,8 @@ class LoadedFileStore {
     uint64_t bytes = 0;
   };
   // Forgets and deletes the directories `which` picks.
-  void Remove(absl::FunctionRef<bool(const std::filesystem::path&, const Written&)> which) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Remove(absl::FunctionRef<bool(const std::filesystem::path&, const Written&)> which)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   std::map<std::filesystem::path, Written> written_ ABSL_GUARDED_BY(mutex_);
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t next_ ABSL_GUARDED_BY(mutex_) = 1;
@@ -79,11 +82,14 @@ class DirectoryModelSource final : public ModelSource {
  public:
   explicit DirectoryModelSource(std::filesystem::path root, LoadedFileStore* files = nullptr)
       : root_(std::move(root)), files_(files) {}
-  StatusOr<std::vector<RepositoryModel>> Scan() const override { return ScanModelRepository(root_); }
+  StatusOr<std::vector<RepositoryModel>> Scan() const override {
+    return ScanModelRepository(root_);
+  }
   // With override.files, the model is those files (written to the store) and the override's
   // config, whether or not the repository has a directory `name`; FAILED_PRECONDITION without a
   // store.
-  StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const override;
+  StatusOr<RepositoryModel> Read(const std::string& name,
+                                 const ModelOverride& override) const override;
   void Retain(const std::string& name, const std::filesystem::path& serving) const override;
 
  private:

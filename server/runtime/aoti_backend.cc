@@ -35,7 +35,8 @@ Status CheckCompiled(const std::string& file) {
   });
   if (compiled) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      "the package holds no compiled library (exported with package_cpp_only?): the server does not compile "
+      "the package holds no compiled library (exported with package_cpp_only?): the server does "
+      "not compile "
       "packages; export it without package_cpp_only");
 }
 
@@ -43,7 +44,9 @@ class AotiBackend final : public TorchInstance {
  public:
   AotiBackend(const ModelSpec& spec, std::shared_ptr<LoadedPackage> package, at::Device device,
               std::shared_ptr<StreamRecycler> streams, std::vector<std::string> warnings)
-      : TorchInstance(spec, device, std::move(streams)), package_(std::move(package)), warnings_(std::move(warnings)) {}
+      : TorchInstance(spec, device, std::move(streams)),
+        package_(std::move(package)),
+        warnings_(std::move(warnings)) {}
 
   // No graph to rewrite: the cuDNN decision line says how packages take the flag
   // (DecideCudnnBenchmark).
@@ -54,7 +57,8 @@ class AotiBackend final : public TorchInstance {
   }
 
  private:
-  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> declared, const InferRequest& request) override {
+  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> declared,
+                                             const InferRequest& request) override {
     const AotiBinding& binding = package_->binding;
     // A batch below the package's smallest is padded with zero rows; their outputs are dropped.
     const int64_t padded_rows =
@@ -78,7 +82,8 @@ class AotiBackend final : public TorchInstance {
     outputs.reserve(spec().outputs.size());
     for (int index : binding.output_package_index) {
       if (static_cast<size_t>(index) >= flat.size()) {
-        return absl::InternalError(absl::StrCat("model '", spec().name, "' returned ", flat.size(), " tensors"));
+        return absl::InternalError(
+            absl::StrCat("model '", spec().name, "' returned ", flat.size(), " tensors"));
       }
       at::Tensor output = flat[index];
       if (padded_rows > 0 && output.dim() > 0 && output.size(0) == padded_rows) {
@@ -93,7 +98,8 @@ class AotiBackend final : public TorchInstance {
   const std::vector<std::string> warnings_;
 };
 
-std::map<std::string, std::string> Ordered(const std::unordered_map<std::string, std::string>& map) {
+std::map<std::string, std::string> Ordered(
+    const std::unordered_map<std::string, std::string>& map) {
   return std::map<std::string, std::string>(map.begin(), map.end());
 }
 
@@ -101,11 +107,9 @@ std::map<std::string, std::string> Ordered(const std::unordered_map<std::string,
 
 void EnableAotiInputChecks() { setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1); }
 
-StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const ModelSpec& spec,
-                                                                       const std::filesystem::path& file,
-                                                                       const Device& device, int count,
-                                                                       const AotiHost& host,
-                                                                       std::shared_ptr<StreamRecycler> streams) {
+StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(
+    const ModelSpec& spec, const std::filesystem::path& file, const Device& device, int count,
+    const AotiHost& host, std::shared_ptr<StreamRecycler> streams) {
   const std::string package_file = PackageFileFor(file.string(), device);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(package_file, ec)) {
@@ -119,30 +123,36 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const Mod
         SLUICE_RETURN_IF_ERROR(CheckCompiled(package_file));
         SLUICE_ASSIGN_OR_RETURN(
             AotiPackageInfo info,
-            ParseAotiMetadata(Ordered(torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(
-                package_file, "model"))));
+            ParseAotiMetadata(
+                Ordered(torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(
+                    package_file, "model"))));
         std::vector<std::string> warnings;
         // Before any of the package's code is loaded: a package for another CPU would crash here.
         SLUICE_RETURN_IF_ERROR(CheckPackageHost(info, device, host, &warnings));
         const std::string unpack_directory = AotiUnpackDirectory();
-        SLUICE_RETURN_IF_ERROR(CheckUnpackDirectory(unpack_directory, StatUnpackDirectory(unpack_directory)));
+        SLUICE_RETURN_IF_ERROR(
+            CheckUnpackDirectory(unpack_directory, StatUnpackDirectory(unpack_directory)));
         auto package = std::make_shared<LoadedPackage>();
         {
           MutexLock lock(&LoaderConstruction());
           package->loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
               package_file, "model", /*run_single_threaded=*/false, static_cast<size_t>(count),
-              device.cuda ? static_cast<c10::DeviceIndex>(device.index) : static_cast<c10::DeviceIndex>(-1));
+              device.cuda ? static_cast<c10::DeviceIndex>(device.index)
+                          : static_cast<c10::DeviceIndex>(-1));
         }
         const std::vector<std::string> call_spec = package->loader->get_call_spec();
-        if (call_spec.size() != 2) return absl::InternalError("the package's call spec has no in/out spec");
+        if (call_spec.size() != 2)
+          return absl::InternalError("the package's call spec has no in/out spec");
         SLUICE_ASSIGN_OR_RETURN(CallSpecSide in, ParseCallSpec(call_spec[0]));
         SLUICE_ASSIGN_OR_RETURN(CallSpecSide out, ParseCallSpec(call_spec[1]));
-        SLUICE_ASSIGN_OR_RETURN(package->binding,
-                                BindAotiPackage(info, in.leaves, in.keys, out.leaves, out.keys, spec, &warnings));
+        SLUICE_ASSIGN_OR_RETURN(
+            package->binding,
+            BindAotiPackage(info, in.leaves, in.keys, out.leaves, out.keys, spec, &warnings));
         const at::Device torch_device = ToTorchDevice(device);
         std::vector<std::unique_ptr<ModelBackend>> instances;
         for (int i = 0; i < count; ++i) {
-          instances.push_back(std::make_unique<AotiBackend>(spec, package, torch_device, streams, warnings));
+          instances.push_back(
+              std::make_unique<AotiBackend>(spec, package, torch_device, streams, warnings));
         }
         return instances;
       });

@@ -23,10 +23,8 @@ void EnableAotiInputChecks();
 // `count` runners (the weights are shared; each instance's run takes a free runner, on the
 // instance's own CUDA stream on a GPU). Loaders are built one at a time, process-wide.
 // `warnings` gets what serves but deserves a word.
-StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(const ModelSpec& spec,
-                                                                       const std::filesystem::path& file,
-                                                                       const Device& device, int count,
-                                                                       const AotiHost& host,
-                                                                       std::shared_ptr<StreamRecycler> streams);
+StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(
+    const ModelSpec& spec, const std::filesystem::path& file, const Device& device, int count,
+    const AotiHost& host, std::shared_ptr<StreamRecycler> streams);
 
 }  // namespace sluice

@@ -30,7 +30,8 @@ constexpr int64_t kSmallestDynamicSize = 2;
 
 StatusOr<Json> ParseJson(const std::string& text, const std::string& what) {
   Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", text));
+  if (value.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", text));
   return value;
 }
 
@@ -54,28 +55,34 @@ StatusOr<PackageDim> ParseDim(const Json& value, const std::string& what) {
       absl::StrCat(what, ": a dimension must be a size, [min, max] or null, found ", value.dump()));
 }
 
-StatusOr<std::vector<PackageTensor>> ParseTensors(const std::map<std::string, std::string>& metadata,
-                                                  const std::string& key) {
+StatusOr<std::vector<PackageTensor>> ParseTensors(
+    const std::map<std::string, std::string>& metadata, const std::string& key) {
   auto it = metadata.find(key);
-  if (it == metadata.end()) return absl::InvalidArgumentError(absl::StrCat("metadata has no ", key));
+  if (it == metadata.end())
+    return absl::InvalidArgumentError(absl::StrCat("metadata has no ", key));
   SLUICE_ASSIGN_OR_RETURN(Json list, ParseJson(it->second, key));
-  if (!list.is_array()) return absl::InvalidArgumentError(absl::StrCat(key, " must be a JSON list"));
+  if (!list.is_array())
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be a JSON list"));
   std::vector<PackageTensor> tensors;
   for (const Json& entry : list) {
     const std::string what = absl::StrCat(key, "[", tensors.size(), "]");
-    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() || !entry.contains("shape") ||
-        !entry["shape"].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " needs \"dtype\" and \"shape\": ", entry.dump()));
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
+        !entry.contains("shape") || !entry["shape"].is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " needs \"dtype\" and \"shape\": ", entry.dump()));
     }
     PackageTensor tensor;
-    if (entry.contains("name") && entry["name"].is_string()) tensor.name = entry["name"].get<std::string>();
+    if (entry.contains("name") && entry["name"].is_string())
+      tensor.name = entry["name"].get<std::string>();
     const std::string dtype = entry["dtype"].get<std::string>();
     std::optional<DataType> parsed = ParseDataTypeName(dtype);
-    if (!parsed) return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype '", dtype, "'"));
+    if (!parsed)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype '", dtype, "'"));
     tensor.dtype = *parsed;
     for (const Json& dim : entry["shape"]) {
       SLUICE_ASSIGN_OR_RETURN(PackageDim parsed_dim, ParseDim(dim, what));
-      if (parsed_dim.known && !parsed_dim.fixed()) parsed_dim.min = std::max<int64_t>(parsed_dim.min, kSmallestDynamicSize);
+      if (parsed_dim.known && !parsed_dim.fixed())
+        parsed_dim.min = std::max<int64_t>(parsed_dim.min, kSmallestDynamicSize);
       tensor.shape.push_back(parsed_dim);
     }
     tensors.push_back(std::move(tensor));
@@ -120,17 +127,21 @@ std::string DimText(const PackageDim& dim) {
 }
 
 std::string ShapeText(const std::vector<PackageDim>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ",", [](std::string* out, const PackageDim& dim) {
-                        out->append(DimText(dim));
-                      }), "]");
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(shape, ",",
+                    [](std::string* out, const PackageDim& dim) { out->append(DimText(dim)); }),
+      "]");
 }
 
 // Binds declared tensors to `count` package positions: by name, else suffix, else config order.
 StatusOr<std::vector<int>> BindPositions(const std::vector<TensorSpec>& declared, size_t count,
-                                         const std::vector<std::string>& names, const std::string& what) {
+                                         const std::vector<std::string>& names,
+                                         const std::string& what) {
   if (declared.size() != count) {
-    return absl::InvalidArgumentError(absl::StrCat("the package ", what == "input" ? "takes " : "returns ", count, " ",
-                                                   what, "(s) but config.pbtxt declares ", declared.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the package ", what == "input" ? "takes " : "returns ", count, " ", what,
+                     "(s) but config.pbtxt declares ", declared.size()));
   }
   std::vector<int> by_name;
   for (const TensorSpec& tensor : declared) {
@@ -150,24 +161,28 @@ Status CheckTensor(const ModelSpec& spec, const TensorSpec& declared, const Pack
   const std::string head = absl::StrCat(what, " '", declared.name, "'");
   if (package.dtype != declared.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(head, " is ", DataTypeName(declared.dtype),
-                                                   " in config.pbtxt but ", DataTypeName(package.dtype),
-                                                   " in the package"));
+                                                   " in config.pbtxt but ",
+                                                   DataTypeName(package.dtype), " in the package"));
   }
   const Shape expected = spec.FullShape(declared);
   if (expected.size() != package.shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(head, " has shape ", ShapeToString(expected),
-                                                   " in config.pbtxt (batch dimension included) but ",
-                                                   ShapeText(package.shape), " in the package"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(head, " has shape ", ShapeToString(expected),
+                     " in config.pbtxt (batch dimension included) but ", ShapeText(package.shape),
+                     " in the package"));
   }
   for (size_t d = spec.batches() ? 1 : 0; d < expected.size(); ++d) {
     const PackageDim& dim = package.shape[d];
     if (!dim.known) continue;
     const bool variable = expected[d] == -1;
-    const bool fits = !variable && expected[d] >= dim.min && (dim.max == -1 || expected[d] <= dim.max);
+    const bool fits =
+        !variable && expected[d] >= dim.min && (dim.max == -1 || expected[d] <= dim.max);
     if ((variable && dim.fixed()) || (!variable && !fits)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          head, " dimension ", d, " is ", variable ? std::string("variable (-1)") : absl::StrCat(expected[d]),
-          " in config.pbtxt but ", DimText(dim), " in the package (shape ", ShapeText(package.shape), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(head, " dimension ", d, " is ",
+                       variable ? std::string("variable (-1)") : absl::StrCat(expected[d]),
+                       " in config.pbtxt but ", DimText(dim), " in the package (shape ",
+                       ShapeText(package.shape), ")"));
     }
   }
   return absl::OkStatus();
@@ -178,35 +193,43 @@ Status CheckBatch(const AotiPackageInfo& package, const ModelSpec& spec, AotiBin
                   std::vector<std::string>* warnings) {
   if (!package.batched) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "config.pbtxt has max_batch_size ", spec.max_batch_size, " but the package was exported without a "
+        "config.pbtxt has max_batch_size ", spec.max_batch_size,
+        " but the package was exported without a "
         "batch dimension (sluice.batch null): set max_batch_size 0, or export with a batch Dim"));
   }
-  const std::string how = absl::StrCat("export with torch.export.Dim(\"batch\", min=1, max=", spec.max_batch_size,
-                                       ") on dimension 0 of every input and example inputs of batch 2 or more");
+  const std::string how =
+      absl::StrCat("export with torch.export.Dim(\"batch\", min=1, max=", spec.max_batch_size,
+                   ") on dimension 0 of every input and example inputs of batch 2 or more");
   if (package.batch_max == 1 && package.batch_min == 1) {
     if (spec.max_batch_size > 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the package was exported with its batch fixed to 1 but config.pbtxt has max_batch_size ",
           spec.max_batch_size, ": set max_batch_size 1 to serve it without batching, or ", how));
     }
-    warnings->push_back(absl::StrCat("the package was exported with its batch fixed to 1, so requests never "
-                                     "batch: ", how));
+    warnings->push_back(
+        absl::StrCat("the package was exported with its batch fixed to 1, so requests never "
+                     "batch: ",
+                     how));
   }
   if (package.batch_max != -1 && spec.max_batch_size > package.batch_max) {
-    return absl::InvalidArgumentError(absl::StrCat("config.pbtxt has max_batch_size ", spec.max_batch_size,
-                                                   " but the package's batch dimension ends at ", package.batch_max,
-                                                   ": lower max_batch_size, or ", how));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.pbtxt has max_batch_size ", spec.max_batch_size,
+                     " but the package's batch dimension ends at ", package.batch_max,
+                     ": lower max_batch_size, or ", how));
   }
   if (package.batch_min > 1) {
     if (package.batch_min > spec.max_batch_size) {
-      return absl::InvalidArgumentError(absl::StrCat("the package's smallest batch is ", package.batch_min,
-                                                     ", above max_batch_size ", spec.max_batch_size, ": ", how));
+      return absl::InvalidArgumentError(absl::StrCat("the package's smallest batch is ",
+                                                     package.batch_min, ", above max_batch_size ",
+                                                     spec.max_batch_size, ": ", how));
     }
     // Every dynamic batch starts at 2 (kSmallestDynamicSize): only a higher start deserves a word.
     binding->pad_batch_to = package.batch_min;
     if (package.batch_min > kSmallestDynamicSize) {
-      warnings->push_back(absl::StrCat("the package's smallest batch is ", package.batch_min, ": smaller batches are "
-                                       "padded to it (the padding rows are computed and dropped); ", how));
+      warnings->push_back(absl::StrCat("the package's smallest batch is ", package.batch_min,
+                                       ": smaller batches are "
+                                       "padded to it (the padding rows are computed and dropped); ",
+                                       how));
     }
   }
   return absl::OkStatus();
@@ -218,14 +241,15 @@ StatusOr<AotiPackageInfo> ParseAotiMetadata(const std::map<std::string, std::str
   AotiPackageInfo info;
   info.device_key = Get(metadata, "AOTI_DEVICE_KEY");
   info.machine = Get(metadata, "AOTI_MACHINE");
-  for (absl::string_view isa : absl::StrSplit(Get(metadata, "AOTI_CPU_ISA"), ' ', absl::SkipEmpty())) {
+  for (absl::string_view isa :
+       absl::StrSplit(Get(metadata, "AOTI_CPU_ISA"), ' ', absl::SkipEmpty())) {
     info.cpu_isa.push_back(absl::AsciiStrToUpper(isa));
   }
   info.compute_capability = Get(metadata, "AOTI_COMPUTE_CAPABILITY");
   if (!metadata.count("sluice.format")) return info;
   if (Get(metadata, "sluice.format") != "1") {
-    return absl::InvalidArgumentError(absl::StrCat("sluice.format '", Get(metadata, "sluice.format"),
-                                                   "' is not one this server reads (1)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sluice.format '", Get(metadata, "sluice.format"), "' is not one this server reads (1)"));
   }
   info.described = true;
   info.torch_version = Get(metadata, "sluice.torch_version");
@@ -233,7 +257,8 @@ StatusOr<AotiPackageInfo> ParseAotiMetadata(const std::map<std::string, std::str
   if (!batch.is_null()) {
     SLUICE_ASSIGN_OR_RETURN(PackageDim dim, ParseDim(batch, "sluice.batch"));
     if (!dim.known || dim.min < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("sluice.batch must be [min >= 1, max] or null: ", batch.dump()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice.batch must be [min >= 1, max] or null: ", batch.dump()));
     }
     info.batched = true;
     info.batch_min = dim.fixed() ? dim.min : std::max<int64_t>(dim.min, kSmallestDynamicSize);
@@ -261,7 +286,8 @@ std::set<std::string> ParseCpuFlags(const std::string& cpuinfo) {
   return {};
 }
 
-AotiHost ProbeAotiHost(std::string torch_version, std::map<int, std::string> gpu_compute_capabilities) {
+AotiHost ProbeAotiHost(std::string torch_version,
+                       std::map<int, std::string> gpu_compute_capabilities) {
   AotiHost host;
   host.torch_version = std::move(torch_version);
   host.gpu_compute_capabilities = std::move(gpu_compute_capabilities);
@@ -278,38 +304,43 @@ Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, co
                         std::vector<std::string>* warnings) {
   const std::string here = device.cuda ? "cuda" : "cpu";
   if (!package.device_key.empty() && package.device_key != here) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the package was compiled for ", package.device_key, " but this instance runs on ", device.ToString(),
-        ": export one with device ", here, " (model.", here, ".pt2 beside model.pt2 is chosen for ", here,
-        " instances), or set the instance_group kind to match"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the package was compiled for ", package.device_key,
+                     " but this instance runs on ", device.ToString(), ": export one with device ",
+                     here, " (model.", here, ".pt2 beside model.pt2 is chosen for ", here,
+                     " instances), or set the instance_group kind to match"));
   }
   if (!package.described || package.torch_version.empty()) {
     // Without the recipe's metadata the torch version is unknown; the loader finds out.
   } else if (MajorMinor(package.torch_version) != MajorMinor(host.torch_version)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the package was compiled by torch ", package.torch_version, " but this server runs LibTorch ",
-        host.torch_version, ": AOTInductor packages load only into the torch release that compiled them; "
-        "recompile it with torch ", MajorMinor(host.torch_version)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the package was compiled by torch ", package.torch_version,
+                     " but this server runs LibTorch ", host.torch_version,
+                     ": AOTInductor packages load only into the torch release that compiled them; "
+                     "recompile it with torch ",
+                     MajorMinor(host.torch_version)));
   }
   if (device.cuda) {
     auto it = host.gpu_compute_capabilities.find(device.index);
     if (!package.compute_capability.empty() && it != host.gpu_compute_capabilities.end() &&
         it->second != package.compute_capability) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the package was compiled for GPU architecture sm_", package.compute_capability, " but GPU ",
-          device.index, " is sm_", it->second, ": compile it on (or for) this GPU's architecture"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the package was compiled for GPU architecture sm_",
+                       package.compute_capability, " but GPU ", device.index, " is sm_", it->second,
+                       ": compile it on (or for) this GPU's architecture"));
     }
     return absl::OkStatus();
   }
   if (!package.machine.empty() && !host.machine.empty() && package.machine != host.machine) {
-    return absl::FailedPreconditionError(absl::StrCat("the package was compiled for ", package.machine,
-                                                      " but this host is ", host.machine));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the package was compiled for ", package.machine, " but this host is ", host.machine));
   }
   for (const std::string& isa : package.cpu_isa) {
     std::optional<std::vector<std::string>> flags = FlagsForIsa(isa);
     if (!flags) {
-      warnings->push_back(absl::StrCat("the package uses CPU instruction set ", isa,
-                                       ", which this server cannot check; it runs if the CPU has it"));
+      warnings->push_back(
+          absl::StrCat("the package uses CPU instruction set ", isa,
+                       ", which this server cannot check; it runs if the CPU has it"));
       continue;
     }
     std::vector<std::string> missing;
@@ -317,26 +348,30 @@ Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, co
       if (!host.cpu_flags.count(flag)) missing.push_back(flag);
     }
     if (!missing.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the package was compiled for CPU instruction set ", isa, " but this CPU lacks ",
-          absl::StrJoin(missing, ", "), " (running it would crash the server): compile it on a machine "
-          "like this one, or for a common instruction set (TORCHINDUCTOR_CPP_ISA / torch._inductor.config)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the package was compiled for CPU instruction set ", isa,
+                       " but this CPU lacks ", absl::StrJoin(missing, ", "),
+                       " (running it would crash the server): compile it on a machine "
+                       "like this one, or for a common instruction set (TORCHINDUCTOR_CPP_ISA / "
+                       "torch._inductor.config)"));
     }
   }
   return absl::OkStatus();
 }
 
 StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t package_inputs,
-                                      const std::vector<std::string>& input_keys, size_t package_outputs,
-                                      const std::vector<std::string>& output_keys, const ModelSpec& spec,
-                                      std::vector<std::string>* warnings) {
+                                      const std::vector<std::string>& input_keys,
+                                      size_t package_outputs,
+                                      const std::vector<std::string>& output_keys,
+                                      const ModelSpec& spec, std::vector<std::string>* warnings) {
   std::vector<std::string> input_names = input_keys;
   input_names.resize(package_inputs);
   if (package.described) {
     if (package.inputs.size() != package_inputs || package.outputs.size() != package_outputs) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the package's metadata lists ", package.inputs.size(), " input(s) and ", package.outputs.size(),
-          " output(s) but its call takes ", package_inputs, " and returns ", package_outputs));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the package's metadata lists ", package.inputs.size(), " input(s) and ",
+                       package.outputs.size(), " output(s) but its call takes ", package_inputs,
+                       " and returns ", package_outputs));
     }
     for (size_t i = 0; i < package_inputs; ++i) {
       if (input_names[i].empty()) input_names[i] = package.inputs[i].name;
@@ -353,9 +388,9 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
   if (returns_dict) {
     for (size_t i = 0; i < spec.outputs.size(); ++i) {
       if (output_names[output_positions[i]] != spec.outputs[i].name) {
-        return absl::InvalidArgumentError(absl::StrCat("the package returns a dict with keys ",
-                                                       absl::StrJoin(output_keys, ", "), " but config.pbtxt declares output '",
-                                                       spec.outputs[i].name, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the package returns a dict with keys ", absl::StrJoin(output_keys, ", "),
+                         " but config.pbtxt declares output '", spec.outputs[i].name, "'"));
       }
     }
   }
@@ -366,28 +401,31 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
     // Without the recipe's metadata the batch range is unknown; a dynamic batch starts at 2, so
     // lone requests are padded to 2 unless the model takes batches of 1 only.
     if (spec.batches() && spec.max_batch_size > 1) binding.pad_batch_to = kSmallestDynamicSize;
-    warnings->push_back("the package has no Sluice metadata (sluice.*): its inputs are checked only by warm-up; "
-                        "export it with models/sluice_export.py to have the config checked at load");
+    warnings->push_back(
+        "the package has no Sluice metadata (sluice.*): its inputs are checked only by warm-up; "
+        "export it with models/sluice_export.py to have the config checked at load");
     return binding;
   }
   if (!spec.batches()) {
     if (package.batched) {
       return absl::InvalidArgumentError(
-          "config.pbtxt has max_batch_size 0 (no batch dimension) but the package was exported with one "
+          "config.pbtxt has max_batch_size 0 (no batch dimension) but the package was exported "
+          "with one "
           "(sluice.batch): set max_batch_size, or export without a batch dimension");
     }
   } else {
     SLUICE_RETURN_IF_ERROR(CheckBatch(package, spec, &binding, warnings));
   }
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    SLUICE_RETURN_IF_ERROR(CheckTensor(spec, spec.inputs[i], package.inputs[input_positions[i]], "input"));
+    SLUICE_RETURN_IF_ERROR(
+        CheckTensor(spec, spec.inputs[i], package.inputs[input_positions[i]], "input"));
   }
   for (size_t i = 0; i < spec.outputs.size(); ++i) {
     const PackageTensor& output = package.outputs[output_positions[i]];
     if (output.dtype != spec.outputs[i].dtype) {
-      return absl::InvalidArgumentError(absl::StrCat("output '", spec.outputs[i].name, "' is ",
-                                                     DataTypeName(spec.outputs[i].dtype), " in config.pbtxt but ",
-                                                     DataTypeName(output.dtype), " in the package"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output '", spec.outputs[i].name, "' is ", DataTypeName(spec.outputs[i].dtype),
+          " in config.pbtxt but ", DataTypeName(output.dtype), " in the package"));
     }
   }
   return binding;
@@ -396,21 +434,23 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
 std::string PackageFileFor(const std::string& file, const Device& device) {
   const std::filesystem::path path(file);
   const std::filesystem::path specific =
-      path.parent_path() / absl::StrCat(path.stem().string(), device.cuda ? ".cuda" : ".cpu", path.extension().string());
+      path.parent_path() /
+      absl::StrCat(path.stem().string(), device.cuda ? ".cuda" : ".cpu", path.extension().string());
   std::error_code ec;
   return std::filesystem::is_regular_file(specific, ec) ? specific.string() : file;
 }
 
 StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
   SLUICE_ASSIGN_OR_RETURN(Json spec, ParseJson(treespec_json, "the call spec"));
-  // [protocol, node]; node: {"type": null | "builtins.tuple" | ..., "context": JSON text, "children_spec": [...]}
+  // [protocol, node]; node: {"type": null | "builtins.tuple" | ..., "context": JSON text,
+  // "children_spec": [...]}
   if (!spec.is_array() || spec.size() != 2 || !spec[1].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected call spec: ", treespec_json));
   }
   CallSpecSide side;
   // Appends the leaves under `node`; `key` names the node when a dict holds it.
-  std::function<Status(const Json&, const std::string&)> walk = [&](const Json& node,
-                                                                   const std::string& key) -> Status {
+  std::function<Status(const Json&, const std::string&)> walk =
+      [&](const Json& node, const std::string& key) -> Status {
     if (!node.is_object() || !node.contains("children_spec") || !node["children_spec"].is_array()) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected call spec node: ", node.dump()));
     }
@@ -421,7 +461,8 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
       return absl::OkStatus();
     }
     std::vector<std::string> child_keys(children.size());
-    const std::string type = node.value("type", Json()).is_string() ? node["type"].get<std::string>() : "";
+    const std::string type =
+        node.value("type", Json()).is_string() ? node["type"].get<std::string>() : "";
     const Json context = node.value("context", Json());
     if ((type == "builtins.dict" || type == "collections.OrderedDict") && context.is_string()) {
       Json keys = Json::parse(context.get<std::string>(), nullptr, false);
@@ -431,7 +472,8 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
         }
       }
     }
-    for (size_t i = 0; i < children.size(); ++i) SLUICE_RETURN_IF_ERROR(walk(children[i], child_keys[i]));
+    for (size_t i = 0; i < children.size(); ++i)
+      SLUICE_RETURN_IF_ERROR(walk(children[i], child_keys[i]));
     return absl::OkStatus();
   };
   SLUICE_RETURN_IF_ERROR(walk(spec[1], ""));
@@ -454,7 +496,7 @@ std::string AotiUnpackDirectory() {
 
 UnpackDirectoryState StatUnpackDirectory(const std::string& directory) {
   UnpackDirectoryState state;
-  struct statvfs info{};
+  struct statvfs info {};
   if (statvfs(directory.c_str(), &info) != 0) {
     state.exists = false;
     return state;
@@ -466,22 +508,28 @@ UnpackDirectoryState StatUnpackDirectory(const std::string& directory) {
 
 Status CheckUnpackDirectory(const std::string& directory, const UnpackDirectoryState& state) {
   constexpr const char* kHow =
-      "AOTInductor packages unpack their shared libraries into the temporary directory ($TMPDIR, else "
+      "AOTInductor packages unpack their shared libraries into the temporary directory ($TMPDIR, "
+      "else "
       "/tmp) and load them from there";
   if (!state.exists) {
-    return absl::FailedPreconditionError(absl::StrCat(kHow, ", and ", directory, " does not exist: create it, or set "
+    return absl::FailedPreconditionError(absl::StrCat(kHow, ", and ", directory,
+                                                      " does not exist: create it, or set "
                                                       "TMPDIR to a writable directory"));
   }
   if (state.read_only) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kHow, ", and ", directory, " is on a read-only file system: give it a writable mount (docker run "
-        "--read-only --tmpfs /tmp:exec; in Kubernetes an emptyDir volume), or set TMPDIR to a writable directory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(kHow, ", and ", directory,
+                     " is on a read-only file system: give it a writable mount (docker run "
+                     "--read-only --tmpfs /tmp:exec; in Kubernetes an emptyDir volume), or set "
+                     "TMPDIR to a writable directory"));
   }
   if (state.noexec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kHow, ", and ", directory, " is mounted noexec, so they cannot be loaded: mount it with exec (docker "
-        "run --tmpfs /tmp:exec; Docker's --tmpfs is noexec unless told otherwise), or set TMPDIR to a "
-        "directory that allows it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(kHow, ", and ", directory,
+                     " is mounted noexec, so they cannot be loaded: mount it with exec (docker "
+                     "run --tmpfs /tmp:exec; Docker's --tmpfs is noexec unless told otherwise), or "
+                     "set TMPDIR to a "
+                     "directory that allows it"));
   }
   return absl::OkStatus();
 }

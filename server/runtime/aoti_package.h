@@ -47,10 +47,10 @@ struct PackageTensor {
 
 struct AotiPackageInfo {
   // Written by inductor (empty when absent).
-  std::string device_key;          // "cpu" or "cuda"
-  std::string machine;             // "x86_64"
+  std::string device_key;            // "cpu" or "cuda"
+  std::string machine;               // "x86_64"
   std::vector<std::string> cpu_isa;  // {"AVX512", "AVX512_VNNI"}
-  std::string compute_capability;  // "90"
+  std::string compute_capability;    // "90"
   // Written by the export recipe; `described` is false when the package has none of it.
   bool described = false;
   std::string torch_version;
@@ -70,7 +70,8 @@ struct AotiHost {
   std::map<int, std::string> gpu_compute_capabilities;  // GPU index -> "90"
 };
 // Reads uname and /proc/cpuinfo; the torch version and GPUs come from the caller's probe.
-AotiHost ProbeAotiHost(std::string torch_version, std::map<int, std::string> gpu_compute_capabilities);
+AotiHost ProbeAotiHost(std::string torch_version,
+                       std::map<int, std::string> gpu_compute_capabilities);
 // The flags of one /proc/cpuinfo text (the first processor's "flags" or "Features" line).
 std::set<std::string> ParseCpuFlags(const std::string& cpuinfo);
 
@@ -98,9 +99,10 @@ struct AotiBinding {
 // INVALID_ARGUMENT naming the first mismatch; `warnings` gets what serves but deserves a word
 // (no metadata, a batch fixed to 1, a smallest batch above 1).
 StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t package_inputs,
-                                      const std::vector<std::string>& input_keys, size_t package_outputs,
-                                      const std::vector<std::string>& output_keys, const ModelSpec& spec,
-                                      std::vector<std::string>* warnings);
+                                      const std::vector<std::string>& input_keys,
+                                      size_t package_outputs,
+                                      const std::vector<std::string>& output_keys,
+                                      const ModelSpec& spec, std::vector<std::string>* warnings);
 
 // The package file for an instance on `device`: next to `file` (model.pt2), model.cuda.pt2 or
 // model.cpu.pt2 when it exists, else `file` itself.
@@ -114,7 +116,8 @@ std::string AotiUnpackDirectory();
 struct UnpackDirectoryState {
   bool exists = true;
   bool read_only = false;
-  bool noexec = false;  // dlopen of a library there fails: "failed to map segment from shared object"
+  bool noexec =
+      false;  // dlopen of a library there fails: "failed to map segment from shared object"
 };
 UnpackDirectoryState StatUnpackDirectory(const std::string& directory);
 

@@ -26,17 +26,22 @@ void CollectNodes(torch::jit::Block* block, std::vector<Node*>* nodes) {
 
 // Convolution operators of ATen: what a traced or scripted model can call.
 bool IsConvolution(const std::string& kind) {
-  static const std::set<std::string> kKinds = {
-      "aten::_convolution",    "aten::convolution",     "aten::conv1d",
-      "aten::conv2d",          "aten::conv3d",          "aten::conv_transpose1d",
-      "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::_convolution_mode",
-      "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::conv_tbc"};
+  static const std::set<std::string> kKinds = {"aten::_convolution",
+                                               "aten::convolution",
+                                               "aten::conv1d",
+                                               "aten::conv2d",
+                                               "aten::conv3d",
+                                               "aten::conv_transpose1d",
+                                               "aten::conv_transpose2d",
+                                               "aten::conv_transpose3d",
+                                               "aten::_convolution_mode",
+                                               "aten::cudnn_convolution",
+                                               "aten::cudnn_convolution_transpose",
+                                               "aten::conv_tbc"};
   return kKinds.count(kind) > 0;
 }
 
-bool IsIntList(const Value* value) {
-  return value->type()->kind() == c10::TypeKind::ListType;
-}
+bool IsIntList(const Value* value) { return value->type()->kind() == c10::TypeKind::ListType; }
 
 // The arguments of aten::_convolution that come from the node being replaced, in order:
 // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups.
@@ -47,18 +52,21 @@ std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph, int* spatial_
   *spatial_rank = 0;
   const std::string kind = node->kind().toQualString();
   auto in = [&](size_t i) { return node->input(i); };
-  if (kind == "aten::_convolution" && (node->inputs().size() == 13 || node->inputs().size() == 12)) {
+  if (kind == "aten::_convolution" &&
+      (node->inputs().size() == 13 || node->inputs().size() == 12)) {
     return {in(0), in(1), in(2), in(3), in(4), in(5), in(6), in(7), in(8)};
   }
   if (kind == "aten::convolution" && node->inputs().size() == 9) {
     return {in(0), in(1), in(2), in(3), in(4), in(5), in(6), in(7), in(8)};
   }
   for (int rank : {1, 2, 3}) {
-    if (kind == absl::StrCat("aten::conv", rank, "d") && node->inputs().size() == 7 && IsIntList(in(4))) {
+    if (kind == absl::StrCat("aten::conv", rank, "d") && node->inputs().size() == 7 &&
+        IsIntList(in(4))) {
       // conv{N}d(input, weight, bias, stride, padding, dilation, groups)
       *spatial_rank = rank;
       Value* output_padding = graph->insertConstant(c10::IValue(std::vector<int64_t>(rank, 0)));
-      return {in(0), in(1), in(2), in(3), in(4), in(5), graph->insertConstant(false), output_padding, in(6)};
+      return {in(0),          in(1), in(2), in(3), in(4), in(5), graph->insertConstant(false),
+              output_padding, in(6)};
     }
     if (kind == absl::StrCat("aten::conv_transpose", rank, "d") && node->inputs().size() == 8) {
       // conv_transpose{N}d(input, weight, bias, stride, padding, output_padding, groups, dilation)
@@ -71,7 +79,8 @@ std::vector<Value*> ConvolutionArguments(Node* node, Graph* graph, int* spatial_
 
 }  // namespace
 
-ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const ConvolutionFlags& flags) {
+ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module,
+                                      const ConvolutionFlags& flags) {
   ConvolutionTuning tuning;
   std::set<std::string> unsupported;
   for (torch::jit::Function* function : module._ivalue()->compilation_unit()->get_functions()) {
@@ -93,10 +102,12 @@ ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const Co
         unsupported.insert(string_padding ? kind + " with string padding" : kind);
         continue;
       }
-      for (bool flag : {flags.benchmark, flags.deterministic, flags.cudnn_enabled, flags.allow_tf32}) {
+      for (bool flag :
+           {flags.benchmark, flags.deterministic, flags.cudnn_enabled, flags.allow_tf32}) {
         arguments.push_back(graph->insertConstant(flag));  // fresh: never shared with another use
       }
-      Node* convolution = graph->create(c10::Symbol::fromQualString("aten::_convolution"), arguments, 1);
+      Node* convolution =
+          graph->create(c10::Symbol::fromQualString("aten::_convolution"), arguments, 1);
       convolution->output()->setType(node->output()->type());
       convolution->copyMetadata(node);
       if (spatial_rank == 0) {
@@ -126,10 +137,11 @@ ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const Co
     }
   }
   if (!unsupported.empty()) {
-    tuning.fallback = absl::StrCat(tuning.convolutions - tuning.rewritten, " convolution call(s) (",
-                                   absl::StrJoin(unsupported, ", "),
-                                   ") take no cuDNN flags in the graph; they follow LibTorch's global "
-                                   "benchmark flag");
+    tuning.fallback =
+        absl::StrCat(tuning.convolutions - tuning.rewritten, " convolution call(s) (",
+                     absl::StrJoin(unsupported, ", "),
+                     ") take no cuDNN flags in the graph; they follow LibTorch's global "
+                     "benchmark flag");
   }
   return tuning;
 }

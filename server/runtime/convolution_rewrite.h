@@ -28,6 +28,7 @@ struct ConvolutionFlags {
 // type, and free functions), including nested blocks. Must run before the module's first forward
 // (the executors cache optimised graphs). Constants are never mutated in place: constant pooling
 // may share one prim::Constant between a convolution's benchmark and another argument.
-ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module, const ConvolutionFlags& flags);
+ConvolutionTuning RewriteConvolutions(const torch::jit::Module& module,
+                                      const ConvolutionFlags& flags);
 
 }  // namespace sluice

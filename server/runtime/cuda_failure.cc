@@ -46,7 +46,9 @@ const CudaErrorCode* Find(int code) {
   return nullptr;
 }
 
-bool Contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+bool Contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
 
 // Messages of sticky errors, for when no code could be queried (a CPU instance whose model ran
 // CUDA work anyway). LibTorch says "CUDA error: <cudaGetErrorString>" for runtime calls and
@@ -59,9 +61,10 @@ bool StickyMessage(std::string_view message) {
   if (!cuda) return false;
   if (Contains(message, "EXECUTION_FAILED")) return true;
   for (std::string_view sticky :
-       {"illegal memory access", "an illegal memory access", "unspecified launch failure", "device-side assert",
-        "misaligned address", "illegal instruction", "uncorrectable ECC", "uncorrectable NVLink",
-        "launch timed out", "hardware stack error", "invalid program counter", "operation not supported on global/shared address space",
+       {"illegal memory access", "an illegal memory access", "unspecified launch failure",
+        "device-side assert", "misaligned address", "illegal instruction", "uncorrectable ECC",
+        "uncorrectable NVLink", "launch timed out", "hardware stack error",
+        "invalid program counter", "operation not supported on global/shared address space",
         "context is destroyed", "unknown error"}) {
     if (Contains(message, sticky)) return true;
   }
@@ -72,9 +75,9 @@ bool StickyMessage(std::string_view message) {
 bool OutOfMemoryMessage(std::string_view message) {
   // "CUDA error: out of memory": a raw cudaMalloc that failed (PYTORCH_NO_CUDA_MEMORY_CACHING=1,
   // or a library allocating around the caching allocator); the error is not sticky.
-  for (std::string_view marker : {"CUDA out of memory", "CUDA error: out of memory", "OutOfMemoryError",
-                                  "DefaultCPUAllocator: can't allocate memory",
-                                  "DefaultCPUAllocator: not enough memory"}) {
+  for (std::string_view marker :
+       {"CUDA out of memory", "CUDA error: out of memory", "OutOfMemoryError",
+        "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory"}) {
     if (Contains(message, marker)) return true;
   }
   return false;
@@ -93,8 +96,10 @@ std::string CudaErrorName(int code) {
 }
 
 ForwardFailureKind ClassifyForwardFailure(const ForwardFailure& failure) {
-  if (failure.cuda_error && IsStickyCudaError(*failure.cuda_error)) return ForwardFailureKind::kStickyCuda;
-  if (failure.allocator_out_of_memory || failure.out_of_memory_type || OutOfMemoryMessage(failure.message)) {
+  if (failure.cuda_error && IsStickyCudaError(*failure.cuda_error))
+    return ForwardFailureKind::kStickyCuda;
+  if (failure.allocator_out_of_memory || failure.out_of_memory_type ||
+      OutOfMemoryMessage(failure.message)) {
     return ForwardFailureKind::kOutOfMemory;
   }
   // A queried code that is not sticky overrules the text: the context still works.

@@ -14,11 +14,11 @@ namespace sluice {
 
 struct GpuInfo {
   int index = 0;
-  std::string name;             // "NVIDIA H200"
-  int major = 0, minor = 0;     // compute capability
+  std::string name;          // "NVIDIA H200"
+  int major = 0, minor = 0;  // compute capability
   uint64_t memory_bytes = 0;
-  std::string uuid;             // "GPU-8c6f...", as nvidia-smi prints it
-  std::string problem;          // non-empty: this GPU cannot run LibTorch's kernels, and why
+  std::string uuid;     // "GPU-8c6f...", as nvidia-smi prints it
+  std::string problem;  // non-empty: this GPU cannot run LibTorch's kernels, and why
 };
 
 struct RuntimeInfo {
@@ -38,9 +38,9 @@ struct RuntimeInfo {
   bool cudnn_benchmark = false;
   bool cudnn_deterministic = false;
   bool cudnn_allow_tf32 = false;
-  int intra_op_threads = 0;          // LibTorch's defaults for this process
+  int intra_op_threads = 0;  // LibTorch's defaults for this process
   int inter_op_threads = 0;
-  std::string problem;               // why CUDA is not usable; empty when it is
+  std::string problem;  // why CUDA is not usable; empty when it is
 };
 
 // What this process runs on. With `touch_gpus`, runs a tiny kernel and a tiny convolution on

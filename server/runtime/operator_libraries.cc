@@ -32,9 +32,11 @@ std::string LastWords(const std::string& err) {
     line = absl::StripAsciiWhitespace(line);
     // LibTorch's C++ backtraces ("frame #3: ...", "Exception raised from ...") say nothing to an
     // operator.
-    if (absl::StartsWith(line, "frame #") || absl::StartsWith(line, "Exception raised from")) continue;
+    if (absl::StartsWith(line, "frame #") || absl::StartsWith(line, "Exception raised from"))
+      continue;
     // The head of a line says what happened; LibTorch's tail says where it was registered.
-    lines.emplace_back(line.size() > 300 ? absl::StrCat(line.substr(0, 300), "...") : std::string(line));
+    lines.emplace_back(line.size() > 300 ? absl::StrCat(line.substr(0, 300), "...")
+                                         : std::string(line));
   }
   if (lines.size() > 3) lines.erase(lines.begin(), lines.end() - 3);
   return absl::StrJoin(lines, " / ");
@@ -71,7 +73,8 @@ OperatorLibraries::OperatorLibraries(Options options) : options_(std::move(optio
   }
 }
 
-StatusOr<fs::path> OperatorLibraries::Resolve(const std::string& written, const fs::path& model_dir) const {
+StatusOr<fs::path> OperatorLibraries::Resolve(const std::string& written,
+                                              const fs::path& model_dir) const {
   if (written.empty()) return absl::InvalidArgumentError("an operator library path is empty");
   if (written.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError("an operator library path holds a NUL character");
@@ -79,9 +82,10 @@ StatusOr<fs::path> OperatorLibraries::Resolve(const std::string& written, const 
   const fs::path asked(written);
   for (const fs::path& part : asked) {
     if (part == "..") {
-      return absl::InvalidArgumentError(absl::StrCat("operator library '", written,
-                                                     "': '..' is not allowed; name a path inside the model's "
-                                                     "directory or an --operator-library-dir"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("operator library '", written,
+                       "': '..' is not allowed; name a path inside the model's "
+                       "directory or an --operator-library-dir"));
     }
   }
   std::error_code ec;
@@ -101,15 +105,18 @@ StatusOr<fs::path> OperatorLibraries::Resolve(const std::string& written, const 
     if (!fs::exists(candidate, ec)) continue;
     const fs::path canonical = fs::canonical(candidate, ec);
     if (ec) continue;
-    const bool inside = std::any_of(roots.begin(), roots.end(), [&](const fs::path& root) { return Within(canonical, root); });
+    const bool inside = std::any_of(roots.begin(), roots.end(),
+                                    [&](const fs::path& root) { return Within(canonical, root); });
     if (!inside) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "operator library '", written, "' resolves to ", canonical.string(),
-          ", outside the model's directory and every --operator-library-dir; put it there or allow its directory "
-          "with --operator-library-dir"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("operator library '", written, "' resolves to ", canonical.string(),
+                       ", outside the model's directory and every --operator-library-dir; put it "
+                       "there or allow its directory "
+                       "with --operator-library-dir"));
     }
     if (!fs::is_regular_file(canonical, ec)) {
-      return absl::InvalidArgumentError(absl::StrCat("operator library '", written, "' is not a regular file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("operator library '", written, "' is not a regular file"));
     }
     return canonical;
   }
@@ -119,36 +126,43 @@ StatusOr<fs::path> OperatorLibraries::Resolve(const std::string& written, const 
                                           absl::StrJoin(looked, ", "), ")"));
 }
 
-StatusOr<OperatorLibrary> OperatorLibraries::LoadTrusted(const fs::path& path, const std::string& origin, bool probe) {
+StatusOr<OperatorLibrary> OperatorLibraries::LoadTrusted(const fs::path& path,
+                                                         const std::string& origin, bool probe) {
   std::error_code ec;
   const fs::path canonical = fs::canonical(path, ec);
   if (ec || !fs::is_regular_file(canonical, ec)) {
-    return absl::NotFoundError(absl::StrCat("operator library ", path.string(), " (", origin, ") does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("operator library ", path.string(), " (", origin, ") does not exist"));
   }
   return Load(canonical, origin, probe);
 }
 
-StatusOr<OperatorLibrary> OperatorLibraries::LoadForModel(const std::string& written, const fs::path& model_dir,
+StatusOr<OperatorLibrary> OperatorLibraries::LoadForModel(const std::string& written,
+                                                          const fs::path& model_dir,
                                                           const std::string& model) {
   SLUICE_ASSIGN_OR_RETURN(const fs::path canonical, Resolve(written, model_dir));
   return Load(canonical, absl::StrCat("model ", model), /*probe=*/true);
 }
 
-StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical, const std::string& origin, bool probe) {
+StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
+                                                  const std::string& origin, bool probe) {
   const auto started = std::chrono::steady_clock::now();
   struct stat st {};
   if (stat(canonical.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("operator library ", canonical.string(), " cannot be read"));
+    return absl::NotFoundError(
+        absl::StrCat("operator library ", canonical.string(), " cannot be read"));
   }
-  const FileIdentity identity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                              static_cast<uint64_t>(st.st_size),
-                              static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  const FileIdentity identity{
+      static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+      static_cast<uint64_t>(st.st_size),
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   MutexLock lock(&mutex_);
   for (const Loaded& loaded : loaded_) {
     if (loaded.library.path != canonical) continue;
     if (!(loaded.identity == identity)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "operator library ", canonical.string(), " changed on disk since it was loaded (", loaded.library.origin,
+          "operator library ", canonical.string(), " changed on disk since it was loaded (",
+          loaded.library.origin,
           "); a loaded library cannot be replaced: restart the server to use the new file"));
     }
     return loaded.library;
@@ -177,7 +191,8 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical, con
   if (handle == nullptr) {
     const char* error = dlerror();
     Status status = absl::FailedPreconditionError(
-        absl::StrCat("operator library ", canonical.string(), " does not load: ", error ? error : "unknown error"));
+        absl::StrCat("operator library ", canonical.string(),
+                     " does not load: ", error ? error : "unknown error"));
     refused_[canonical] = {identity, status};
     return status;
   }
@@ -186,26 +201,29 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical, con
   // libraries; both come out the same unless another thread registered operators meanwhile).
   const std::vector<std::string> after = RegisteredOperators();
   library.operators.clear();
-  std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(library.operators));
-  library.load_time =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
+  std::set_difference(after.begin(), after.end(), before.begin(), before.end(),
+                      std::back_inserter(library.operators));
+  library.load_time = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - started);
   loaded_.push_back(Loaded{library, identity, handle});
   refused_.erase(canonical);
   if (listener_) listener_(library);
   return library;
 }
 
-StatusOr<std::vector<std::string>> OperatorLibraries::Probe(const fs::path& path, const std::vector<std::string>& preload,
+StatusOr<std::vector<std::string>> OperatorLibraries::Probe(const fs::path& path,
+                                                            const std::vector<std::string>& preload,
                                                             bool* init_hook) const {
-  std::vector<std::string> argv = {options_.probe_program.empty() ? std::string("/proc/self/exe") : options_.probe_program,
-                                   kProbeArgument, path.string()};
+  std::vector<std::string> argv = {
+      options_.probe_program.empty() ? std::string("/proc/self/exe") : options_.probe_program,
+      kProbeArgument, path.string()};
   argv.insert(argv.end(), preload.begin(), preload.end());
   ChildOptions child;
   child.timeout = options_.probe_timeout;
   StatusOr<ChildOutcome> outcome = RunChildProcess(argv, child);
   if (!outcome.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("operator library ", path.string(), " could not be probed: ", outcome.status().message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operator library ", path.string(), " could not be probed: ", outcome.status().message()));
   }
   std::vector<std::string> operators;
   std::string error;
@@ -228,21 +246,26 @@ StatusOr<std::vector<std::string>> OperatorLibraries::Probe(const fs::path& path
   if (!error.empty()) {
     reason = error;
   } else if (outcome->timed_out) {
-    reason = absl::StrCat("loading it did not finish within ", options_.probe_timeout.count() / 1000.0, " s");
+    reason = absl::StrCat("loading it did not finish within ",
+                          options_.probe_timeout.count() / 1000.0, " s");
   } else {
     const std::string words = LastWords(outcome->err);
     reason = absl::StrCat("loading it in a child process ", outcome->Describe(),
                           words.empty() ? "" : absl::StrCat(": ", words));
     if (absl::StrContains(words, "TORCH_LIBRARY")) {
-      absl::StrAppend(&reason, " (an operator namespace it registers is already registered by LibTorch or a library "
-                               "loaded before it)");
+      absl::StrAppend(
+          &reason,
+          " (an operator namespace it registers is already registered by LibTorch or a library "
+          "loaded before it)");
     }
   }
-  return absl::FailedPreconditionError(absl::StrCat("operator library ", path.string(), " is refused: ", reason));
+  return absl::FailedPreconditionError(
+      absl::StrCat("operator library ", path.string(), " is refused: ", reason));
 }
 
 std::unique_ptr<ModelInitState> OperatorLibraries::CallInitHook(const OperatorLibrary& library,
-                                                                const fs::path& version_dir, int device_index) const {
+                                                                const fs::path& version_dir,
+                                                                int device_index) const {
   if (!library.init_hook) return nullptr;
   void* handle = nullptr;
   {
@@ -269,8 +292,8 @@ std::string FormatOperatorLibraries(const std::vector<OperatorLibrary>& librarie
   if (libraries.empty()) return "operator libraries: none\n";
   for (const OperatorLibrary& library : libraries) {
     const std::vector<std::string> namespaces = library.Namespaces();
-    absl::StrAppend(&report, "operator library: ", library.path.string(), " (", library.origin, "): ",
-                    library.operators.size(), " operators",
+    absl::StrAppend(&report, "operator library: ", library.path.string(), " (", library.origin,
+                    "): ", library.operators.size(), " operators",
                     namespaces.empty() ? "" : absl::StrCat(" in ", absl::StrJoin(namespaces, ", ")),
                     library.init_hook ? ", init hook" : "", "\n");
   }

@@ -108,31 +108,36 @@ class OperatorLibraries {
   // Loads a library the operator named (--operator-library, or the bundled ones with
   // `probe` false: they are built with the server). No directory restriction. NOT_FOUND for a
   // missing file; FAILED_PRECONDITION for a failed probe or load, with the reason.
-  StatusOr<OperatorLibrary> LoadTrusted(const std::filesystem::path& path, const std::string& origin, bool probe = true);
+  StatusOr<OperatorLibrary> LoadTrusted(const std::filesystem::path& path,
+                                        const std::string& origin, bool probe = true);
 
   // Resolves `written` (a relative path, or an absolute one, as the model's configuration names
   // it) against the model's directory and then each allowed directory, and loads it (see the
   // rules above). INVALID_ARGUMENT for a path with `..`, or one that resolves outside them;
   // NOT_FOUND when no directory has it (the message lists where it looked).
-  StatusOr<OperatorLibrary> LoadForModel(const std::string& written, const std::filesystem::path& model_dir,
+  StatusOr<OperatorLibrary> LoadForModel(const std::string& written,
+                                         const std::filesystem::path& model_dir,
                                          const std::string& model);
 
   // Calls `library`'s init hook for one instance (see the rules above). Null when it exports none.
-  std::unique_ptr<ModelInitState> CallInitHook(const OperatorLibrary& library, const std::filesystem::path& version_dir,
+  std::unique_ptr<ModelInitState> CallInitHook(const OperatorLibrary& library,
+                                               const std::filesystem::path& version_dir,
                                                int device_index) const;
 
   // Every library loaded, in load order.
   std::vector<OperatorLibrary> List() const;
 
   // The path `written` resolves to for a model in `model_dir` (exposed for tests).
-  StatusOr<std::filesystem::path> Resolve(const std::string& written, const std::filesystem::path& model_dir) const;
+  StatusOr<std::filesystem::path> Resolve(const std::string& written,
+                                          const std::filesystem::path& model_dir) const;
 
  private:
   struct FileIdentity {
     uint64_t device = 0, inode = 0, size = 0;
     int64_t mtime_ns = 0;
     bool operator==(const FileIdentity& other) const {
-      return device == other.device && inode == other.inode && size == other.size && mtime_ns == other.mtime_ns;
+      return device == other.device && inode == other.inode && size == other.size &&
+             mtime_ns == other.mtime_ns;
     }
   };
   struct Loaded {
@@ -140,10 +145,11 @@ class OperatorLibraries {
     FileIdentity identity;
     void* handle = nullptr;  // never closed
   };
-  StatusOr<OperatorLibrary> Load(const std::filesystem::path& canonical, const std::string& origin, bool probe)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<OperatorLibrary> Load(const std::filesystem::path& canonical, const std::string& origin,
+                                 bool probe) ABSL_LOCKS_EXCLUDED(mutex_);
   // Runs the probe of `path` after the loaded libraries; the operators it registers.
-  StatusOr<std::vector<std::string>> Probe(const std::filesystem::path& path, const std::vector<std::string>& preload,
+  StatusOr<std::vector<std::string>> Probe(const std::filesystem::path& path,
+                                           const std::vector<std::string>& preload,
                                            bool* init_hook) const;
 
   const Options options_;

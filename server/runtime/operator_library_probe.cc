@@ -26,7 +26,8 @@ std::vector<std::string> RegisteredOperators() {
 
 int RunOperatorLibraryProbe(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stdout, "error: usage: %s %s LIBRARY [ALREADY_LOADED...]\n", argv[0], kProbeArgument);
+    std::fprintf(stdout, "error: usage: %s %s LIBRARY [ALREADY_LOADED...]\n", argv[0],
+                 kProbeArgument);
     return 2;
   }
   // The libraries the server has loaded, in its order, so that a namespace the candidate takes
@@ -34,8 +35,8 @@ int RunOperatorLibraryProbe(int argc, char** argv) {
   for (int i = 3; i < argc; ++i) {
     if (dlopen(argv[i], RTLD_NOW | RTLD_LOCAL) == nullptr) {
       const char* error = dlerror();
-      std::fprintf(stdout, "error: the already loaded library %s does not load again: %s\n", argv[i],
-                   error ? error : "unknown error");
+      std::fprintf(stdout, "error: the already loaded library %s does not load again: %s\n",
+                   argv[i], error ? error : "unknown error");
       return 4;
     }
   }
@@ -48,9 +49,11 @@ int RunOperatorLibraryProbe(int argc, char** argv) {
   }
   const std::vector<std::string> after = RegisteredOperators();
   std::vector<std::string> added;
-  std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
+  std::set_difference(after.begin(), after.end(), before.begin(), before.end(),
+                      std::back_inserter(added));
   for (const std::string& name : added) std::fprintf(stdout, "operator %s\n", name.c_str());
-  std::fprintf(stdout, "init_hook %s\n", dlsym(handle, "triton_pytorch_model_init") != nullptr ? "yes" : "no");
+  std::fprintf(stdout, "init_hook %s\n",
+               dlsym(handle, "triton_pytorch_model_init") != nullptr ? "yes" : "no");
   std::fflush(stdout);
   return 0;
 }

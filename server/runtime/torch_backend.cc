@@ -44,9 +44,11 @@ class TorchScriptBackend final : public TorchInstance {
   ConvolutionTuning Tuning() const override { return tuning_; }
 
  private:
-  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs, const InferRequest&) override {
+  StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs,
+                                             const InferRequest&) override {
     std::vector<c10::IValue> arguments(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) arguments[input_positions_[i]] = std::move(inputs[i]);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      arguments[input_positions_[i]] = std::move(inputs[i]);
     return BindOutputs(module_.forward(std::move(arguments)));
   }
 
@@ -55,7 +57,8 @@ class TorchScriptBackend final : public TorchInstance {
   StatusOr<std::vector<c10::IValue>> BindOutputs(const c10::IValue& result) {
     const size_t declared = spec().outputs.size();
     std::vector<c10::IValue> bound(declared);
-    // A List[str] returned alone is the value of a single TYPE_STRING output, not a list of outputs.
+    // A List[str] returned alone is the value of a single TYPE_STRING output, not a list of
+    // outputs.
     const bool single_string_output = declared == 1 && spec().outputs[0].dtype == DataType::kBytes;
     if (result.isTensor() || (single_string_output && result.isList())) {
       if (declared != 1) {
@@ -72,8 +75,8 @@ class TorchScriptBackend final : public TorchInstance {
         const std::string& name = spec().outputs[i].name;
         auto it = dict.find(c10::IValue(name));
         if (it == dict.end()) {
-          return absl::InternalError(absl::StrCat("model '", spec().name,
-                                                  "' returned a dict without key '", name, "'"));
+          return absl::InternalError(
+              absl::StrCat("model '", spec().name, "' returned a dict without key '", name, "'"));
         }
         bound[i] = it->value();
       }
@@ -85,9 +88,9 @@ class TorchScriptBackend final : public TorchInstance {
     } else if (result.isList()) {
       elements = result.toList().vec();
     } else {
-      return absl::InternalError(absl::StrCat("model '", spec().name, "' returned a ",
-                                              result.tagKind(),
-                                              "; expected a tensor, a tuple/list or a dict of tensors"));
+      return absl::InternalError(
+          absl::StrCat("model '", spec().name, "' returned a ", result.tagKind(),
+                       "; expected a tensor, a tuple/list or a dict of tensors"));
     }
     std::vector<int> positions;
     if (auto by_suffix = PositionsBySuffix(spec().outputs, elements.size())) {
@@ -95,8 +98,9 @@ class TorchScriptBackend final : public TorchInstance {
     } else if (elements.size() >= declared) {
       for (size_t i = 0; i < declared; ++i) positions.push_back(static_cast<int>(i));
     } else {
-      return absl::InternalError(absl::StrCat("model '", spec().name, "' returned ", elements.size(),
-                                              " values but its config declares ", declared, " outputs"));
+      return absl::InternalError(absl::StrCat("model '", spec().name, "' returned ",
+                                              elements.size(), " values but its config declares ",
+                                              declared, " outputs"));
     }
     for (size_t i = 0; i < declared; ++i) {
       bound[i] = elements[positions[i]];
@@ -132,9 +136,9 @@ StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::M
   if (positions.size() != spec.inputs.size()) {
     std::optional<std::vector<int>> by_suffix = PositionsBySuffix(spec.inputs, arguments.size());
     if (!by_suffix) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot bind config inputs to forward(", absl::StrJoin(arguments, ", "),
-          "): name inputs after the forward arguments or INPUT__0, INPUT__1, ..."));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot bind config inputs to forward(", absl::StrJoin(arguments, ", "),
+                       "): name inputs after the forward arguments or INPUT__0, INPUT__1, ..."));
     }
     positions = *std::move(by_suffix);
   }
@@ -143,10 +147,13 @@ StatusOr<std::vector<int>> BindInputs(const ModelSpec& spec, const torch::jit::M
     const std::string& type = types[static_cast<size_t>(positions[i])];
     const bool strings = spec.inputs[i].dtype == DataType::kBytes;
     if (strings != (type == "List[str]")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input '", spec.inputs[i].name, "' is ", strings ? "TYPE_STRING" : DataTypeName(spec.inputs[i].dtype),
-          " in config.pbtxt, but forward() takes '", arguments[static_cast<size_t>(positions[i])], "' as ", type,
-          strings ? " (a TYPE_STRING input is passed as List[str])" : " (only TYPE_STRING inputs are passed as List[str])"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", spec.inputs[i].name, "' is ",
+                       strings ? "TYPE_STRING" : DataTypeName(spec.inputs[i].dtype),
+                       " in config.pbtxt, but forward() takes '",
+                       arguments[static_cast<size_t>(positions[i])], "' as ", type,
+                       strings ? " (a TYPE_STRING input is passed as List[str])"
+                               : " (only TYPE_STRING inputs are passed as List[str])"));
     }
   }
   return positions;
@@ -167,41 +174,47 @@ class TorchBackendFactory final : public BackendFactory {
     EnableAotiInputChecks();
   }
 
-  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
-                                                                     const std::filesystem::path& model_file,
-                                                                     const Device& device, int count) override {
-    SLUICE_ASSIGN_OR_RETURN(std::optional<OperatorLibrary> init_library, LoadModelLibraries(spec, model_file));
+  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(
+      const ModelSpec& spec, const std::filesystem::path& model_file, const Device& device,
+      int count) override {
+    SLUICE_ASSIGN_OR_RETURN(std::optional<OperatorLibrary> init_library,
+                            LoadModelLibraries(spec, model_file));
     // Triton's order: each instance's init hook runs before that instance loads.
     std::vector<std::unique_ptr<ModelInitState>> init_states(count);
     auto init = [&](int i) {
       if (init_library) {
-        init_states[i] = libraries_->CallInitHook(*init_library, model_file.parent_path(), device.cuda ? device.index : -1);
+        init_states[i] = libraries_->CallInitHook(*init_library, model_file.parent_path(),
+                                                  device.cuda ? device.index : -1);
       }
     };
     std::vector<std::unique_ptr<ModelBackend>> instances;
     if (spec.format == ModelFormat::kAotInductor) {
       for (int i = 0; i < count; ++i) init(i);
-      SLUICE_ASSIGN_OR_RETURN(instances, LoadAotiInstances(spec, model_file, device, count, aoti_host_, streams_));
+      SLUICE_ASSIGN_OR_RETURN(
+          instances, LoadAotiInstances(spec, model_file, device, count, aoti_host_, streams_));
     } else {
       for (int i = 0; i < count; ++i) {
         init(i);
-        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance, LoadTorchScript(spec, model_file, device));
+        SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance,
+                                LoadTorchScript(spec, model_file, device));
         instances.push_back(std::move(instance));
       }
     }
     for (size_t i = 0; i < instances.size(); ++i) {
-      if (init_states[i]) static_cast<TorchInstance&>(*instances[i]).HoldInitState(std::move(init_states[i]));
+      if (init_states[i])
+        static_cast<TorchInstance&>(*instances[i]).HoldInitState(std::move(init_states[i]));
     }
     return instances;
   }
 
   // The model's operator libraries, loaded (once per process) before its file; the init library
   // (MODEL_INIT_LIBRARY), if any, for its hook.
-  StatusOr<std::optional<OperatorLibrary>> LoadModelLibraries(const ModelSpec& spec,
-                                                              const std::filesystem::path& model_file) {
+  StatusOr<std::optional<OperatorLibrary>> LoadModelLibraries(
+      const ModelSpec& spec, const std::filesystem::path& model_file) {
     if (spec.operator_libraries.empty() && spec.init_library.empty()) return std::nullopt;
     if (libraries_ == nullptr) {
-      return absl::FailedPreconditionError("the model names operator libraries, and this runtime loads none");
+      return absl::FailedPreconditionError(
+          "the model names operator libraries, and this runtime loads none");
     }
     // <model>/<version>/<file>
     const std::filesystem::path model_dir = model_file.parent_path().parent_path();
@@ -209,27 +222,31 @@ class TorchBackendFactory final : public BackendFactory {
       SLUICE_RETURN_IF_ERROR(libraries_->LoadForModel(library, model_dir, spec.name).status());
     }
     if (spec.init_library.empty()) return std::nullopt;
-    SLUICE_ASSIGN_OR_RETURN(OperatorLibrary init, libraries_->LoadForModel(spec.init_library, model_dir, spec.name));
+    SLUICE_ASSIGN_OR_RETURN(OperatorLibrary init,
+                            libraries_->LoadForModel(spec.init_library, model_dir, spec.name));
     return init;
   }
 
-  StatusOr<std::unique_ptr<ModelBackend>> LoadTorchScript(const ModelSpec& spec, const std::filesystem::path& model_file,
+  StatusOr<std::unique_ptr<ModelBackend>> LoadTorchScript(const ModelSpec& spec,
+                                                          const std::filesystem::path& model_file,
                                                           const Device& device) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(model_file, ec)) {
-      return absl::NotFoundError(absl::StrCat("model file ", model_file.string(), " does not exist"));
+      return absl::NotFoundError(
+          absl::StrCat("model file ", model_file.string(), " does not exist"));
     }
     const torch::Device torch_device = ToTorchDevice(device);
-    return CatchTorch(absl::StrCat("cannot load ", model_file.string()),
-                      [&]() -> StatusOr<std::unique_ptr<ModelBackend>> {
-                        torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);
-                        module.eval();
-                        SLUICE_ASSIGN_OR_RETURN(std::vector<int> positions, BindInputs(spec, module));
-                        ConvolutionTuning tuning = TuneConvolutions(spec, module, torch_device);
-                        return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
-                            spec, std::move(module), torch_device, std::move(positions), std::move(tuning),
-                            streams_));
-                      });
+    return CatchTorch(
+        absl::StrCat("cannot load ", model_file.string()),
+        [&]() -> StatusOr<std::unique_ptr<ModelBackend>> {
+          torch::jit::Module module = torch::jit::load(model_file.string(), torch_device);
+          module.eval();
+          SLUICE_ASSIGN_OR_RETURN(std::vector<int> positions, BindInputs(spec, module));
+          ConvolutionTuning tuning = TuneConvolutions(spec, module, torch_device);
+          return std::unique_ptr<ModelBackend>(std::make_unique<TorchScriptBackend>(
+              spec, std::move(module), torch_device, std::move(positions), std::move(tuning),
+              streams_));
+        });
   }
 
   bool CudaUsable() const override { return info_.cuda_usable; }
@@ -248,9 +265,12 @@ class TorchBackendFactory final : public BackendFactory {
     if (!device.cuda) return ReadProcessMemory();
     if (!info_.cuda_usable) return {};
     try {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device.index));
-      const auto& allocated = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-      return MemoryReading{static_cast<uint64_t>(allocated.current), static_cast<uint64_t>(allocated.peak)};
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+          static_cast<c10::DeviceIndex>(device.index));
+      const auto& allocated =
+          stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      return MemoryReading{static_cast<uint64_t>(allocated.current),
+                           static_cast<uint64_t>(allocated.peak)};
     } catch (const std::exception&) {
       return {};
     }
@@ -276,7 +296,8 @@ class TorchBackendFactory final : public BackendFactory {
  private:
   const std::shared_ptr<StreamRecycler> streams_ = std::make_shared<StreamRecycler>();
   ConvolutionTuning TuneConvolutions(const ModelSpec& spec, const torch::jit::Module& module,
-                                     const torch::Device& device) ABSL_LOCKS_EXCLUDED(global_flag_mutex_) {
+                                     const torch::Device& device)
+      ABSL_LOCKS_EXCLUDED(global_flag_mutex_) {
     at::Context& context = at::globalContext();
     ConvolutionFlags flags;
     flags.benchmark = spec.cudnn_benchmark;
@@ -325,10 +346,13 @@ void ConfigureCudnn(const CudnnSettings& settings) {
   torch::jit::getNumProfiledRuns() = 1;
 }
 
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info, OperatorLibraries* libraries) {
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info,
+                                                        OperatorLibraries* libraries) {
   return std::make_unique<TorchBackendFactory>(info, libraries);
 }
 
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory() { return MakeTorchBackendFactory(ProbeRuntime()); }
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory() {
+  return MakeTorchBackendFactory(ProbeRuntime());
+}
 
 }  // namespace sluice

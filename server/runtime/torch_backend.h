@@ -31,14 +31,14 @@ void ConfigureCudnn(const CudnnSettings& settings);
 // (bound by key). Every convolution is rewritten to carry the model's cuDNN benchmark decision
 // (ModelSpec::cudnn_benchmark) and the process's cuDNN flags (see convolution_rewrite.h); where
 // that is impossible the model claims LibTorch's global flag (the first such model wins; the
-// conflict is reported in ModelBackend::Tuning). Forward runs under c10::InferenceMode; LibTorch exceptions become statuses that
-// keep the torch message (truncated).
-// The operator libraries a model names (ModelSpec::operator_libraries, init_library) are loaded
-// through `libraries` before the model's file, and an init library's hook is called for each
-// instance before it loads (see operator_libraries.h); with `libraries` null such a model is
-// refused.
-// `info` is what ProbeRuntime found (pass it when you already probed, as the server does).
-std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info, OperatorLibraries* libraries = nullptr);
+// conflict is reported in ModelBackend::Tuning). Forward runs under c10::InferenceMode; LibTorch
+// exceptions become statuses that keep the torch message (truncated). The operator libraries a
+// model names (ModelSpec::operator_libraries, init_library) are loaded through `libraries` before
+// the model's file, and an init library's hook is called for each instance before it loads (see
+// operator_libraries.h); with `libraries` null such a model is refused. `info` is what ProbeRuntime
+// found (pass it when you already probed, as the server does).
+std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info,
+                                                        OperatorLibraries* libraries = nullptr);
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory();
 
 }  // namespace sluice

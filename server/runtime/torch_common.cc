@@ -45,7 +45,8 @@ std::optional<int64_t> OutOfMemoryCount(c10::DeviceIndex device) {
 int QueryCudaError(const c10::cuda::CUDAStream& stream) {
   const cudaError_t on_stream = cudaStreamQuery(stream.stream());
   const cudaError_t last = cudaGetLastError();
-  if (on_stream != cudaSuccess && on_stream != cudaErrorNotReady) return static_cast<int>(on_stream);
+  if (on_stream != cudaSuccess && on_stream != cudaErrorNotReady)
+    return static_cast<int>(on_stream);
   return static_cast<int>(last);
 }
 
@@ -53,23 +54,35 @@ int QueryCudaError(const c10::cuda::CUDAStream& stream) {
 
 at::ScalarType ToScalarType(DataType type) {
   switch (type) {
-    case DataType::kBool: return at::kBool;
-    case DataType::kUint8: return at::kByte;
-    case DataType::kInt8: return at::kChar;
-    case DataType::kInt16: return at::kShort;
-    case DataType::kInt32: return at::kInt;
-    case DataType::kInt64: return at::kLong;
-    case DataType::kFp16: return at::kHalf;
-    case DataType::kBf16: return at::kBFloat16;
-    case DataType::kFp32: return at::kFloat;
-    case DataType::kFp64: return at::kDouble;
-    case DataType::kBytes: break;  // List[str]: no tensor holds it
+    case DataType::kBool:
+      return at::kBool;
+    case DataType::kUint8:
+      return at::kByte;
+    case DataType::kInt8:
+      return at::kChar;
+    case DataType::kInt16:
+      return at::kShort;
+    case DataType::kInt32:
+      return at::kInt;
+    case DataType::kInt64:
+      return at::kLong;
+    case DataType::kFp16:
+      return at::kHalf;
+    case DataType::kBf16:
+      return at::kBFloat16;
+    case DataType::kFp32:
+      return at::kFloat;
+    case DataType::kFp64:
+      return at::kDouble;
+    case DataType::kBytes:
+      break;  // List[str]: no tensor holds it
   }
   return at::kFloat;
 }
 
 at::Device ToTorchDevice(const Device& device) {
-  return device.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index)) : at::Device(at::kCPU);
+  return device.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                     : at::Device(at::kCPU);
 }
 
 std::optional<DataType> FromScalarType(at::ScalarType type) {
@@ -88,7 +101,8 @@ void ApplyIntraOpThreads(int threads) {
 }
 
 PinnedStagingBuffer::PinnedStagingBuffer(size_t bytes)
-    : tensor_(at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))) {}
+    : tensor_(at::empty({static_cast<int64_t>(bytes)},
+                        at::TensorOptions().dtype(at::kByte).pinned_memory(true))) {}
 
 c10::cuda::CUDAStream StreamRecycler::Take(c10::DeviceIndex device) {
   MutexLock lock(&mutex_);
@@ -140,13 +154,15 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     if (declared[i].dtype == DataType::kBytes) {
       strings.resize(declared.size());
       string_shapes.resize(declared.size());
-      SLUICE_ASSIGN_OR_RETURN(string_shapes[i], SerializeStrings(declared[i], outputs[i], request, &strings[i]));
+      SLUICE_ASSIGN_OR_RETURN(string_shapes[i],
+                              SerializeStrings(declared[i], outputs[i], request, &strings[i]));
       continue;
     }
     if (!outputs[i].isTensor()) {
-      return absl::InternalError(absl::StrCat("model '", spec_->name, "' returned a ", outputs[i].tagKind(),
-                                              " for output '", declared[i].name, "', not a tensor (config.pbtxt declares ",
-                                              DataTypeName(declared[i].dtype), ")"));
+      return absl::InternalError(
+          absl::StrCat("model '", spec_->name, "' returned a ", outputs[i].tagKind(),
+                       " for output '", declared[i].name, "', not a tensor (config.pbtxt declares ",
+                       DataTypeName(declared[i].dtype), ")"));
     }
     const at::Tensor& value = outputs[i].toTensor();
     SLUICE_RETURN_IF_ERROR(Check(declared[i], value, request));
@@ -167,7 +183,8 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
       output.byte_size = strings[i].size();
       output.memory = MemoryType::kCpu;
     } else {
-      output.shape.assign(outputs[i].toTensor().sizes().begin(), outputs[i].toTensor().sizes().end());
+      output.shape.assign(outputs[i].toTensor().sizes().begin(),
+                          outputs[i].toTensor().sizes().end());
       output.data = static_cast<const char*>(host[i].data_ptr());
       output.byte_size = host[i].nbytes();
       output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
@@ -195,26 +212,31 @@ at::Tensor OutputDelivery::ToHost(size_t index, const at::Tensor& value) {
   at::Tensor& pinned = pinned_outputs_[index];
   const int64_t bytes = static_cast<int64_t>(value.nbytes());
   if (!pinned.defined() || pinned.numel() < bytes) {
-    pinned = at::empty({std::max<int64_t>(bytes, 64)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    pinned = at::empty({std::max<int64_t>(bytes, 64)},
+                       at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   }
   at::Tensor view = pinned.narrow(0, 0, bytes).view(value.scalar_type()).view(value.sizes());
   view.copy_(value, /*non_blocking=*/true);
   return view;
 }
 
-StatusOr<Shape> OutputDelivery::SerializeStrings(const TensorSpec& declared, const c10::IValue& value,
-                                                 const InferRequest& request, std::string* bytes) const {
+StatusOr<Shape> OutputDelivery::SerializeStrings(const TensorSpec& declared,
+                                                 const c10::IValue& value,
+                                                 const InferRequest& request,
+                                                 std::string* bytes) const {
   const std::string& model = spec_->name;
   auto not_strings = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("model '", model, "' returned ", what, " for output '", declared.name,
-                                            "', which config.pbtxt declares TYPE_STRING: return a List[str]"));
+    return absl::InternalError(
+        absl::StrCat("model '", model, "' returned ", what, " for output '", declared.name,
+                     "', which config.pbtxt declares TYPE_STRING: return a List[str]"));
   };
   if (!value.isList()) return not_strings(absl::StrCat("a ", value.tagKind()));
   const c10::List<c10::IValue> list = value.toList();
   size_t total = 0;
   for (size_t i = 0; i < list.size(); ++i) {
     const c10::IValue element = list.get(i);
-    if (!element.isString()) return not_strings(absl::StrCat("a list holding a ", element.tagKind()));
+    if (!element.isString())
+      return not_strings(absl::StrCat("a list holding a ", element.tagKind()));
     total += kBytesLengthSize + element.toStringRef().size();
   }
   bytes->reserve(total);
@@ -234,20 +256,23 @@ StatusOr<Shape> OutputDelivery::SerializeStrings(const TensorSpec& declared, con
   }
   if (!fits) {
     return absl::InternalError(absl::StrCat(
-        "model '", model, "' returned ", count, " strings for output '", declared.name, "', but config.pbtxt declares ",
-        ShapeToString(spec_->FullShape(declared)),
-        spec_->batches() ? absl::StrCat(" with batch size ", rows, " (the list is split evenly over the rows)") : ""));
+        "model '", model, "' returned ", count, " strings for output '", declared.name,
+        "', but config.pbtxt declares ", ShapeToString(spec_->FullShape(declared)),
+        spec_->batches()
+            ? absl::StrCat(" with batch size ", rows, " (the list is split evenly over the rows)")
+            : ""));
   }
   return shape;
 }
 
-Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const {
+Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value,
+                             const InferRequest& request) const {
   const std::string& model = spec_->name;
   std::optional<DataType> dtype = FromScalarType(value.scalar_type());
   if (!dtype || *dtype != declared.dtype) {
-    return absl::InternalError(absl::StrCat("model '", model, "' produced ", c10::toString(value.scalar_type()),
-                                            " for output '", declared.name, "', but config.pbtxt declares ",
-                                            DataTypeName(declared.dtype)));
+    return absl::InternalError(absl::StrCat(
+        "model '", model, "' produced ", c10::toString(value.scalar_type()), " for output '",
+        declared.name, "', but config.pbtxt declares ", DataTypeName(declared.dtype)));
   }
   Shape shape(value.sizes().begin(), value.sizes().end());
   const Shape expected = spec_->FullShape(declared);
@@ -270,7 +295,8 @@ namespace {
 // A BYTES input (validated, or assembled from validated requests) as the one flat List[str] a
 // TorchScript model takes: every element of every row, in order, padding rows as empty strings.
 c10::IValue StringList(const TensorView& input) {
-  const std::vector<std::string_view> elements = SplitBytesTensor(std::string_view(input.data, input.byte_size));
+  const std::vector<std::string_view> elements =
+      SplitBytesTensor(std::string_view(input.data, input.byte_size));
   c10::List<std::string> list;
   list.reserve(elements.size());
   for (std::string_view element : elements) list.push_back(std::string(element));
@@ -335,17 +361,43 @@ class InspectableGraph final : public at::cuda::CUDAGraph {
 // the routing was found and ended, so never twice), and the generators' capturing state. Holds
 // GraphMutex exclusively. A stream that is still capturing afterwards cannot be trusted: graphs
 // are then off for the process.
-void AbandonCapture(InspectableGraph& graph, const c10::cuda::CUDAStream& stream, c10::MempoolId_t pool) {
+void AbandonCapture(InspectableGraph& graph, const c10::cuda::CUDAStream& stream,
+                    c10::MempoolId_t pool) {
   ForwardFailure ignored;
-  TryTorch([&] { graph.capture_end(); return 0; }, &ignored);
+  TryTorch(
+      [&] {
+        graph.capture_end();
+        return 0;
+      },
+      &ignored);
   if (!graph.capture_ended()) {
     const c10::DeviceIndex device = stream.device_index();
-    if (TryTorch([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); return 0; }, &ignored)) {
-      TryTorch([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); return 0; }, &ignored);
+    if (TryTorch(
+            [&] {
+              c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+              return 0;
+            },
+            &ignored)) {
+      TryTorch(
+          [&] {
+            c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+            return 0;
+          },
+          &ignored);
     }
     at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
-    if (TryTorch([&] { host->end_allocate_to_pool(pool); return 0; }, &ignored)) {
-      TryTorch([&] { host->release_pool(pool); return 0; }, &ignored);
+    if (TryTorch(
+            [&] {
+              host->end_allocate_to_pool(pool);
+              return 0;
+            },
+            &ignored)) {
+      TryTorch(
+          [&] {
+            host->release_pool(pool);
+            return 0;
+          },
+          &ignored);
     }
     graph.EndGeneratorCapture();
   }
@@ -355,7 +407,8 @@ void AbandonCapture(InspectableGraph& graph, const c10::cuda::CUDAStream& stream
   if (queried != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
     graphs_unusable.store(true);
     LogRuntimeWarning(
-        "event=cuda_graphs_off scope=process reason=\"a failed capture could not be ended on its stream: every model "
+        "event=cuda_graphs_off scope=process reason=\"a failed capture could not be ended on its "
+        "stream: every model "
         "runs without graphs until the server restarts\"");
   }
 }
@@ -383,7 +436,12 @@ struct TorchInstance::CapturedGraph {
     inputs.clear();
     std::unique_lock<std::shared_mutex> lock(GraphMutex());
     ForwardFailure ignored;
-    TryTorch([&] { graph->reset(); return 0; }, &ignored);  // CUDAGraph::reset: what may throw, caught
+    TryTorch(
+        [&] {
+          graph->reset();
+          return 0;
+        },
+        &ignored);  // CUDAGraph::reset: what may throw, caught
     graph.reset();  // the destructor unregisters it from the device's generator, under the lock too
   }
   std::unique_ptr<InspectableGraph> graph = std::make_unique<InspectableGraph>();
@@ -391,7 +449,8 @@ struct TorchInstance::CapturedGraph {
   std::vector<c10::IValue> outputs;  // static, config order: what a replay writes
 };
 
-TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<StreamRecycler> streams)
+TorchInstance::TorchInstance(ModelSpec spec, at::Device device,
+                             std::shared_ptr<StreamRecycler> streams)
     : spec_(std::move(spec)),
       device_(device),
       stream_(std::move(streams), device_),
@@ -400,16 +459,20 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device, std::shared_ptr<
       intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {
   if (!spec_.cuda_graphs) return;
   const auto strings = [](const std::vector<TensorSpec>& tensors) {
-    return std::any_of(tensors.begin(), tensors.end(), [](const TensorSpec& t) { return t.dtype == DataType::kBytes; });
+    return std::any_of(tensors.begin(), tensors.end(),
+                       [](const TensorSpec& t) { return t.dtype == DataType::kBytes; });
   };
   if (!device_.is_cuda()) {
     graphs_ignored_ = "optimization.cuda.graphs is ignored: the instance runs on the CPU";
   } else if (spec_.format == ModelFormat::kAotInductor) {
     graphs_ignored_ =
-        "optimization.cuda.graphs is ignored for AOTInductor packages: their runner records CUDA events on each run, "
+        "optimization.cuda.graphs is ignored for AOTInductor packages: their runner records CUDA "
+        "events on each run, "
         "which a capture cannot hold";
   } else if (strings(spec_.inputs) || strings(spec_.outputs)) {
-    graphs_ignored_ = "optimization.cuda.graphs is ignored: TYPE_STRING tensors live on the host, outside any graph";
+    graphs_ignored_ =
+        "optimization.cuda.graphs is ignored: TYPE_STRING tensors live on the host, outside any "
+        "graph";
   } else {
     graph_plan_ = std::make_unique<CudaGraphPlan>(spec_.cuda_graphs_max);
   }
@@ -510,8 +573,10 @@ void TorchInstance::TurnGraphsOff(const std::string& reason) {
                                  "\" (every shape of this instance runs without a graph)"));
 }
 
-Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets) {
-  if (!graph_plan_->off() && graphs_unusable.load()) TurnGraphsOff("graphs are off for the process (see above)");
+Status TorchInstance::RunWithGraphs(const InferRequest& batch,
+                                    absl::Span<const OutputTarget> targets) {
+  if (!graph_plan_->off() && graphs_unusable.load())
+    TurnGraphsOff("graphs are off for the process (see above)");
   const std::string key = ShapeKey(spec_, batch);
   const CudaGraphPlan::Action action = graph_plan_->Next(key);
   if (action == CudaGraphPlan::Action::kReplay) {
@@ -519,21 +584,25 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
     ForwardFailure failure;
     marks_.Set(PhaseMarks::kBegin);
     const bool replayed = TryTorch(
-        [&] {
-          for (const TensorView& view : batch.inputs) {
-            // The request's bytes stay alive and untouched until completion (InferRequest
-            // contract); from pinned staging memory the copy is asynchronous on the stream.
-            const at::Tensor host = at::from_blob(const_cast<char*>(view.data), view.shape,
-                                                  at::TensorOptions().dtype(ToScalarType(view.dtype)));
-            captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(host, /*non_blocking=*/true);
-          }
-          marks_.Set(PhaseMarks::kInputsQueued);
-          std::shared_lock<std::shared_mutex> lock(GraphMutex());
-          captured.graph->replay();
-          marks_.Set(PhaseMarks::kForwardQueued);
-          return 0;
-        },
-        &failure).has_value();
+                              [&] {
+                                for (const TensorView& view : batch.inputs) {
+                                  // The request's bytes stay alive and untouched until completion
+                                  // (InferRequest contract); from pinned staging memory the copy is
+                                  // asynchronous on the stream.
+                                  const at::Tensor host = at::from_blob(
+                                      const_cast<char*>(view.data), view.shape,
+                                      at::TensorOptions().dtype(ToScalarType(view.dtype)));
+                                  captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(
+                                      host, /*non_blocking=*/true);
+                                }
+                                marks_.Set(PhaseMarks::kInputsQueued);
+                                std::shared_lock<std::shared_mutex> lock(GraphMutex());
+                                captured.graph->replay();
+                                marks_.Set(PhaseMarks::kForwardQueued);
+                                return 0;
+                              },
+                              &failure)
+                              .has_value();
     if (replayed) {
       graph_plan_->Replayed();
       last_graph_run_ = GraphRun::kReplayed;
@@ -543,7 +612,8 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
     // batch runs eagerly, and so does everything after it on this instance.
     (void)cudaGetLastError();
     marks_.Clear();
-    TurnGraphsOff(absl::StrCat("a replay of shape ", key, " failed: ", TruncateTorchMessage(failure.message)));
+    TurnGraphsOff(absl::StrCat("a replay of shape ", key,
+                               " failed: ", TruncateTorchMessage(failure.message)));
   } else if (action == CudaGraphPlan::Action::kCapture) {
     // Whatever throws before the capture is settled (an out of memory in the eager pass, say),
     // the shape's next pass captures instead: Execute turns the exception into this batch's error.
@@ -564,8 +634,9 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
       last_graph_run_ = GraphRun::kCaptured;
     } else if (!graph_plan_->off()) {
       graph_plan_->CaptureFailed(key);
-      LogRuntimeWarning(absl::StrCat("event=cuda_graph_failed model=", spec_.name, " shape=\"", key, "\" reason=\"",
-                                     captured.message(), "\" (this shape runs without a graph)"));
+      LogRuntimeWarning(absl::StrCat("event=cuda_graph_failed model=", spec_.name, " shape=\"", key,
+                                     "\" reason=\"", captured.message(),
+                                     "\" (this shape runs without a graph)"));
     }
     return delivery_.Deliver(*eager, batch, targets);
   }
@@ -578,7 +649,8 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch, absl::Span<const 
 }
 
 Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10::IValue>& inputs,
-                                   const std::vector<c10::IValue>& eager, const InferRequest& batch) {
+                                   const std::vector<c10::IValue>& eager,
+                                   const InferRequest& batch) {
   const auto started = std::chrono::steady_clock::now();
   // Declared before the lock's scope: a graph dropped here is destroyed after the lock is gone.
   auto captured = std::make_unique<CapturedGraph>();
@@ -590,7 +662,8 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
   stream_.get()->synchronize();  // the eager pass and the copies are done before the capture
   {
     std::unique_lock<std::shared_mutex> lock(GraphMutex());
-    if (graphs_unusable.load()) return absl::FailedPreconditionError("graphs are off for the process");
+    if (graphs_unusable.load())
+      return absl::FailedPreconditionError("graphs are off for the process");
     if (graph_pool_ == c10::MempoolId_t{0, 0}) graph_pool_ = at::cuda::graph_pool_handle();
     bool capturing = false;
     ForwardFailure failure;
@@ -610,8 +683,10 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
         &failure);
     if (!forward && capturing) AbandonCapture(*captured->graph, *stream_.get(), graph_pool_);
     if (!forward) {
-      graph_pool_ = {0, 0};  // that pool may have no graph left to hold it: the next capture takes a new one
-      return absl::FailedPreconditionError(absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
+      graph_pool_ = {
+          0, 0};  // that pool may have no graph left to hold it: the next capture takes a new one
+      return absl::FailedPreconditionError(
+          absl::StrCat("the capture failed: ", TruncateTorchMessage(failure.message)));
     }
     if (!forward->ok()) {
       graph_pool_ = {0, 0};
@@ -642,9 +717,9 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
           noise = std::max(noise, LargestDifference(*again, eager));
         }
         if (std::isfinite(noise) && difference <= 2 * noise) return absl::OkStatus();
-        return absl::AbortedError(absl::StrCat("the replay of shape ", key, " differs from the eager pass by ",
-                                               difference, ", more than twice what eager passes differ by (", noise,
-                                               ")"));
+        return absl::AbortedError(absl::StrCat(
+            "the replay of shape ", key, " differs from the eager pass by ", difference,
+            ", more than twice what eager passes differ by (", noise, ")"));
       },
       &check_failure);
   if (!checked || !checked->ok()) {
@@ -654,11 +729,12 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
       return absl::FailedPreconditionError(checked->message());
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "the check of its replay failed: ", checked ? std::string(checked->message())
-                                                    : TruncateTorchMessage(check_failure.message)));
+        "the check of its replay failed: ",
+        checked ? std::string(checked->message()) : TruncateTorchMessage(check_failure.message)));
   }
-  const int64_t capture_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+  const int64_t capture_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - started)
+                                 .count();
   graph_plan_->Captured(key, capture_us);
   graphs_[key] = std::move(captured);
   LogRuntimeInfo(absl::StrCat("event=cuda_graph_captured model=", spec_.name, " shape=\"", key,
@@ -666,7 +742,9 @@ Status TorchInstance::CaptureGraph(const std::string& key, const std::vector<c10
   return absl::OkStatus();
 }
 
-std::unique_lock<std::shared_mutex> WaitForGraphCaptures() { return std::unique_lock<std::shared_mutex>(GraphMutex()); }
+std::unique_lock<std::shared_mutex> WaitForGraphCaptures() {
+  return std::unique_lock<std::shared_mutex>(GraphMutex());
+}
 
 std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {
   if (!device_.is_cuda()) return ModelBackend::AllocateStaging(bytes);

@@ -95,7 +95,8 @@ class StreamRecycler {
 
  private:
   Mutex mutex_;
-  std::unordered_map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> free_ ABSL_GUARDED_BY(mutex_);
+  std::unordered_map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> free_
+      ABSL_GUARDED_BY(mutex_);
 };
 
 // A GPU instance's CUDA stream, taken from the recycler and given back (after synchronising) when
@@ -130,7 +131,7 @@ class PhaseMarks {
   c10::cuda::CUDAStream* const stream_;
   std::array<std::optional<at::cuda::CUDAEvent>, kMarks> events_;  // GPU, made at the first mark
   std::array<std::chrono::steady_clock::time_point, kMarks> times_{};  // CPU
-  unsigned marked_ = 0;  // a bit per mark
+  unsigned marked_ = 0;                                                // a bit per mark
 };
 
 // Checks a forward pass's outputs against the config, brings the ones some target asked for to
@@ -151,11 +152,12 @@ class OutputDelivery {
                  absl::Span<const OutputTarget> targets);
 
  private:
-  Status Check(const TensorSpec& declared, const at::Tensor& value, const InferRequest& request) const;
+  Status Check(const TensorSpec& declared, const at::Tensor& value,
+               const InferRequest& request) const;
   // A List[str] output serialized into `bytes`; returns its shape (the batch's rows first when
   // the model batches, then the declared dims with -1 resolved).
-  StatusOr<Shape> SerializeStrings(const TensorSpec& declared, const c10::IValue& value, const InferRequest& request,
-                                   std::string* bytes) const;
+  StatusOr<Shape> SerializeStrings(const TensorSpec& declared, const c10::IValue& value,
+                                   const InferRequest& request, std::string* bytes) const;
   // Output `index` in contiguous host memory. CPU: the tensor itself when it is contiguous (the
   // sink copy is then the only one). GPU: an asynchronous copy into this instance's pinned buffer
   // for that output (reused, grown when a larger batch needs it); the caller synchronises.
@@ -166,7 +168,7 @@ class OutputDelivery {
   const ModelSpec* const spec_;
   c10::cuda::CUDAStream* const stream_;
   PhaseMarks* const marks_;
-  std::vector<at::Tensor> pinned_outputs_;  // GPU: per declared output, bytes
+  std::vector<at::Tensor> pinned_outputs_;   // GPU: per declared output, bytes
   std::optional<at::cuda::CUDAEvent> done_;  // GPU with sluice.cuda_wait "blocking"
 };
 
@@ -208,7 +210,8 @@ class TorchInstance : public ModelBackend {
   // for a TYPE_STRING input. Returns one value per declared output, config order (see
   // OutputDelivery::Deliver). Must not synchronise with the host when graphs are on (a capture
   // that does fails, and that shape runs eagerly).
-  virtual StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs, const InferRequest& batch) = 0;
+  virtual StatusOr<std::vector<c10::IValue>> Forward(std::vector<c10::IValue> inputs,
+                                                     const InferRequest& batch) = 0;
 
   const ModelSpec& spec() const { return spec_; }
   const at::Device& device() const { return device_; }
@@ -236,10 +239,10 @@ class TorchInstance : public ModelBackend {
   const ModelSpec spec_;
   const at::Device device_;
   InstanceStream stream_;
-  PhaseMarks marks_;            // worker thread only
-  OutputDelivery delivery_;     // worker thread only
+  PhaseMarks marks_;                         // worker thread only
+  OutputDelivery delivery_;                  // worker thread only
   std::optional<DevicePhases> last_phases_;  // of the last Execute that delivered
-  const int intra_op_threads_;  // CPU instances only (0: LibTorch's default)
+  const int intra_op_threads_;               // CPU instances only (0: LibTorch's default)
   std::string graphs_ignored_;  // why the config's graphs are not used here; empty otherwise
   // Graphs: null unless they are on for this instance. Declared after stream_, so the graphs and
   // their pool go before the stream is handed back. Worker thread only.

@@ -80,7 +80,8 @@ class Socket {
 };
 
 int MillisecondsLeft(TimePoint deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::max<int64_t>(0, left));
 }
 
@@ -105,12 +106,14 @@ Status Resolve(const OtlpUrl& url, ResolvedAddresses* resolved) {
   addrinfo* found = nullptr;
   const std::string port = std::to_string(url.port);
   if (int error = getaddrinfo(url.host.c_str(), port.c_str(), &hints, &found); error != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", url.host, ": ", gai_strerror(error)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", url.host, ": ", gai_strerror(error)));
   }
   resolved->addresses.clear();
   for (addrinfo* each = found; each != nullptr; each = each->ai_next) {
     resolved->addresses.push_back(
-        {each->ai_family, std::string(reinterpret_cast<const char*>(each->ai_addr), each->ai_addrlen)});
+        {each->ai_family,
+         std::string(reinterpret_cast<const char*>(each->ai_addr), each->ai_addrlen)});
   }
   freeaddrinfo(found);
   return absl::OkStatus();
@@ -134,7 +137,8 @@ StatusOr<int> Connect(const OtlpUrl& url, const ResolvedAddresses& resolved, Tim
     }
     close(fd);
   }
-  return absl::UnavailableError(absl::StrCat("cannot connect to ", url.host, ":", url.port, ": ", last));
+  return absl::UnavailableError(
+      absl::StrCat("cannot connect to ", url.host, ":", url.port, ": ", last));
 }
 
 // The length of the UTF-8 sequence at `text[at]`, or 0 when it is not a valid one (overlong
@@ -169,9 +173,12 @@ size_t Utf8SequenceLength(absl::string_view text, size_t at) {
 
 const char* SpanDropReasonName(SpanDropReason reason) {
   switch (reason) {
-    case SpanDropReason::kQueueFull: return "queue_full";
-    case SpanDropReason::kExportFailed: return "export_failed";
-    case SpanDropReason::kShutdown: return "shutdown";
+    case SpanDropReason::kQueueFull:
+      return "queue_full";
+    case SpanDropReason::kExportFailed:
+      return "export_failed";
+    case SpanDropReason::kShutdown:
+      return "shutdown";
   }
   return "unknown";
 }
@@ -202,13 +209,15 @@ std::string OtlpUrl::ToString() const {
 
 StatusOr<OtlpUrl> ParseOtlpUrl(const std::string& url) {
   auto bad = [&url](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("OpenTelemetry url '", url, "' ", why, " (expected http://host[:port]/path, e.g. ",
-                     kDefaultOtlpUrl, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("OpenTelemetry url '", url, "' ", why,
+                                                   " (expected http://host[:port]/path, e.g. ",
+                                                   kDefaultOtlpUrl, ")"));
   };
   if (absl::StartsWithIgnoreCase(url, "https://")) {
-    return bad("uses https: Sluice exports spans over plain HTTP; run an OpenTelemetry collector beside the server "
-               "(localhost or a sidecar) and let it forward over TLS");
+    return bad(
+        "uses https: Sluice exports spans over plain HTTP; run an OpenTelemetry collector beside "
+        "the server "
+        "(localhost or a sidecar) and let it forward over TLS");
   }
   if (!absl::StartsWithIgnoreCase(url, "http://")) return bad("is not an http:// URL");
   absl::string_view rest = absl::string_view(url).substr(7);
@@ -231,13 +240,15 @@ StatusOr<OtlpUrl> ParseOtlpUrl(const std::string& url) {
     const size_t colon = authority.rfind(':');
     parsed.host = std::string(authority.substr(0, colon));
     if (colon != absl::string_view::npos) port = authority.substr(colon + 1);
-    if (parsed.host.find(':') != std::string::npos) return bad("has an IPv6 address without brackets ([::1])");
+    if (parsed.host.find(':') != std::string::npos)
+      return bad("has an IPv6 address without brackets ([::1])");
   }
   if (parsed.host.empty()) return bad("has no host");
   if (!port.empty() || authority.find(':') != absl::string_view::npos) {
     int value = 0;
     const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
-    if (port.empty() || error != std::errc() || end != port.data() + port.size() || value < 1 || value > 65535) {
+    if (port.empty() || error != std::errc() || end != port.data() + port.size() || value < 1 ||
+        value > 65535) {
       return bad("has a port that is not 1-65535");
     }
     parsed.port = value;
@@ -255,7 +266,8 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
   for (const auto& [key, value] : resource) {
     otlp::KeyValue* attribute = resource_spans->mutable_resource()->add_attributes();
     SetUtf8(key, [&](const std::string& valid) { attribute->set_key(valid); });
-    SetUtf8(value, [&](const std::string& valid) { attribute->mutable_value()->set_string_value(valid); });
+    SetUtf8(value,
+            [&](const std::string& valid) { attribute->mutable_value()->set_string_value(valid); });
   }
   otlp::ScopeSpans* scope = resource_spans->add_scope_spans();
   scope->mutable_scope()->set_name("sluice");
@@ -272,7 +284,8 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
     if (span.parent_span_id != SpanId{}) flags |= span.kind == SpanKind::kServer ? 0x300u : 0x100u;
     out->set_flags(flags);
     SetUtf8(span.name, [&](const std::string& valid) { out->set_name(valid); });
-    out->set_kind(span.kind == SpanKind::kServer ? otlp::Span::SPAN_KIND_SERVER : otlp::Span::SPAN_KIND_INTERNAL);
+    out->set_kind(span.kind == SpanKind::kServer ? otlp::Span::SPAN_KIND_SERVER
+                                                 : otlp::Span::SPAN_KIND_INTERNAL);
     out->set_start_time_unix_nano(static_cast<uint64_t>(span.start_unix_ns));
     out->set_end_time_unix_nano(static_cast<uint64_t>(span.end_unix_ns));
     for (const SpanAttribute& attribute : span.attributes) {
@@ -289,14 +302,15 @@ std::string EncodeExportRequest(const std::vector<std::pair<std::string, std::st
     }
     if (span.error) {
       out->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      SetUtf8(span.status_message, [&](const std::string& valid) { out->mutable_status()->set_message(valid); });
+      SetUtf8(span.status_message,
+              [&](const std::string& valid) { out->mutable_status()->set_message(valid); });
     }
   }
   return request->SerializeAsString();
 }
 
-Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, const std::atomic<bool>* abandon,
-                ResolvedAddresses* resolved) {
+Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout,
+                const std::atomic<bool>* abandon, ResolvedAddresses* resolved) {
   ResolvedAddresses once;
   ResolvedAddresses& addresses = resolved != nullptr ? *resolved : once;
   if (addresses.addresses.empty()) SLUICE_RETURN_IF_ERROR(Resolve(url, &addresses));
@@ -309,10 +323,10 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, c
   Socket socket(*connected);
   const int fd = socket.fd();
   const bool v6 = url.host.find(':') != std::string::npos;
-  const std::string head =
-      absl::StrCat("POST ", url.path, " HTTP/1.1\r\nHost: ", v6 ? "[" : "", url.host, v6 ? "]" : "", ":", url.port,
-                   "\r\nContent-Type: application/x-protobuf\r\nContent-Length: ", body.size(),
-                   "\r\nUser-Agent: sluice/" SLUICE_VERSION "\r\nConnection: close\r\n\r\n");
+  const std::string head = absl::StrCat(
+      "POST ", url.path, " HTTP/1.1\r\nHost: ", v6 ? "[" : "", url.host, v6 ? "]" : "", ":",
+      url.port, "\r\nContent-Type: application/x-protobuf\r\nContent-Length: ", body.size(),
+      "\r\nUser-Agent: sluice/" SLUICE_VERSION "\r\nConnection: close\r\n\r\n");
   for (const std::string* part : {&head, &body}) {
     size_t sent = 0;
     while (sent < part->size()) {
@@ -320,9 +334,11 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, c
       if (wrote > 0) {
         sent += static_cast<size_t>(wrote);
       } else if (wrote < 0 && (errno == EAGAIN || errno == EINTR)) {
-        if (!WaitFor(fd, POLLOUT, deadline, abandon)) return absl::UnavailableError("timed out sending to the collector");
+        if (!WaitFor(fd, POLLOUT, deadline, abandon))
+          return absl::UnavailableError("timed out sending to the collector");
       } else {
-        return absl::UnavailableError(absl::StrCat("sending to the collector failed: ", std::strerror(errno)));
+        return absl::UnavailableError(
+            absl::StrCat("sending to the collector failed: ", std::strerror(errno)));
       }
     }
   }
@@ -338,17 +354,20 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, c
     } else if (got == 0) {
       break;
     } else if (errno != EAGAIN && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("reading the collector's answer failed: ", std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("reading the collector's answer failed: ", std::strerror(errno)));
     }
   }
   const std::string line = answer.substr(0, answer.find("\r\n"));
   // "HTTP/1.1 200 OK"
   const size_t space = line.find(' ');
   if (!absl::StartsWith(line, "HTTP/") || space == std::string::npos || line.size() < space + 4) {
-    return absl::UnavailableError(absl::StrCat("the collector's answer is not HTTP: '", line.substr(0, 80), "'"));
+    return absl::UnavailableError(
+        absl::StrCat("the collector's answer is not HTTP: '", line.substr(0, 80), "'"));
   }
   if (line[space + 1] != '2') {
-    return absl::UnavailableError(absl::StrCat("the collector answered '", line.substr(space + 1, 80), "'"));
+    return absl::UnavailableError(
+        absl::StrCat("the collector answered '", line.substr(space + 1, 80), "'"));
   }
   return absl::OkStatus();
 }
@@ -356,20 +375,23 @@ Status PostOtlp(const OtlpUrl& url, const std::string& body, Duration timeout, c
 StatusOr<std::unique_ptr<OtlpHttpExporter>> OtlpHttpExporter::Create(Options options) {
   SLUICE_ASSIGN_OR_RETURN(OtlpUrl url, ParseOtlpUrl(options.url));
   if (options.max_queue_size < 1 || options.max_export_batch_size < 1) {
-    return absl::InvalidArgumentError("bsp_max_queue_size and bsp_max_export_batch_size must be at least 1");
+    return absl::InvalidArgumentError(
+        "bsp_max_queue_size and bsp_max_export_batch_size must be at least 1");
   }
   if (options.max_export_batch_size > options.max_queue_size) {
-    return absl::InvalidArgumentError(absl::StrCat("bsp_max_export_batch_size (", options.max_export_batch_size,
-                                                   ") must not exceed bsp_max_queue_size (", options.max_queue_size,
-                                                   ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bsp_max_export_batch_size (", options.max_export_batch_size,
+                     ") must not exceed bsp_max_queue_size (", options.max_queue_size, ")"));
   }
   if (options.schedule_delay <= Duration::zero() || options.schedule_delay > kMaxScheduleDelay) {
     return absl::InvalidArgumentError("bsp_schedule_delay must be 1 ms to one day");
   }
-  const bool named = std::any_of(options.resource.begin(), options.resource.end(),
-                                 [](const auto& attribute) { return attribute.first == "service.name"; });
+  const bool named =
+      std::any_of(options.resource.begin(), options.resource.end(),
+                  [](const auto& attribute) { return attribute.first == "service.name"; });
   if (!named) options.resource.insert(options.resource.begin(), {"service.name", "sluice"});
-  return std::unique_ptr<OtlpHttpExporter>(new OtlpHttpExporter(std::move(options), std::move(url)));
+  return std::unique_ptr<OtlpHttpExporter>(
+      new OtlpHttpExporter(std::move(options), std::move(url)));
 }
 
 OtlpHttpExporter::OtlpHttpExporter(Options options, OtlpUrl url)
@@ -413,8 +435,10 @@ void OtlpHttpExporter::Drop(SpanDropReason reason, uint64_t spans) {
 }
 
 void OtlpHttpExporter::Send(std::vector<SpanData> spans, Duration timeout) {
-  const Status sent = PostOtlp(url_, EncodeExportRequest(options_.resource, spans), timeout, &abandon_, &resolved_);
-  if (!sent.ok()) resolved_.addresses.clear();  // looked up again next time: the collector may have moved
+  const Status sent =
+      PostOtlp(url_, EncodeExportRequest(options_.resource, spans), timeout, &abandon_, &resolved_);
+  if (!sent.ok())
+    resolved_.addresses.clear();  // looked up again next time: the collector may have moved
   if (sent.ok()) {
     exported_ += spans.size();
     if (options_.observer != nullptr) options_.observer->OnSpansExported(spans.size());
@@ -425,8 +449,8 @@ void OtlpHttpExporter::Send(std::vector<SpanData> spans, Duration timeout) {
   const TimePoint now = Clock::now();
   if (last_failure_log_ == TimePoint{} || now - last_failure_log_ >= kFailureLogInterval) {
     last_failure_log_ = now;
-    spdlog::warn("event=trace_export_failed url={} spans={} dropped_total={} reason=\"{}\"", url_.ToString(),
-                 spans.size(), dropped_.load(), sent.message());
+    spdlog::warn("event=trace_export_failed url={} spans={} dropped_total={} reason=\"{}\"",
+                 url_.ToString(), spans.size(), dropped_.load(), sent.message());
   }
 }
 
@@ -442,11 +466,12 @@ void OtlpHttpExporter::Loop() {
     // Full batches at once; a partial one when the delay has passed (or at the end).
     while (queue_.size() >= options_.max_export_batch_size || (due && !queue_.empty())) {
       const size_t take = std::min(queue_.size(), options_.max_export_batch_size);
-      std::vector<SpanData> batch(std::make_move_iterator(queue_.begin()),
-                                  std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(take)));
+      std::vector<SpanData> batch(
+          std::make_move_iterator(queue_.begin()),
+          std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(take)));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(take));
-      const Duration timeout =
-          last ? std::min(options_.export_timeout, stop_by_ - Clock::now()) : options_.export_timeout;
+      const Duration timeout = last ? std::min(options_.export_timeout, stop_by_ - Clock::now())
+                                    : options_.export_timeout;
       lock.Unlock();
       if (timeout <= Duration::zero() || abandon_.load()) {
         Drop(SpanDropReason::kShutdown, batch.size());  // stopping, and out of time

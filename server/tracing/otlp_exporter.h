@@ -26,7 +26,8 @@
 
 namespace sluice {
 
-inline constexpr char kDefaultOtlpUrl[] = "http://localhost:4318/v1/traces";  // Triton's default too
+inline constexpr char kDefaultOtlpUrl[] =
+    "http://localhost:4318/v1/traces";                                 // Triton's default too
 inline constexpr Duration kMaxScheduleDelay = std::chrono::hours(24);  // bsp_schedule_delay's bound
 
 // Why spans were not exported.
@@ -35,8 +36,8 @@ enum class SpanDropReason {
   kExportFailed,  // the POST failed (no connection, a timeout, the collector refused them)
   kShutdown,      // finished after the exporter stopped, or still queued when its time ran out
 };
-inline constexpr SpanDropReason kAllSpanDropReasons[] = {SpanDropReason::kQueueFull, SpanDropReason::kExportFailed,
-                                                         SpanDropReason::kShutdown};
+inline constexpr SpanDropReason kAllSpanDropReasons[] = {
+    SpanDropReason::kQueueFull, SpanDropReason::kExportFailed, SpanDropReason::kShutdown};
 const char* SpanDropReasonName(SpanDropReason reason);  // "queue_full", "export_failed", "shutdown"
 
 // Told of every export outcome (the Prometheus metrics). Thread-safe and cheap.
@@ -92,11 +93,13 @@ class OtlpHttpExporter final : public SpanSink {
     std::string url = kDefaultOtlpUrl;
     // Resource attributes (key, value); service.name=sluice is added unless given.
     std::vector<std::pair<std::string, std::string>> resource;
-    size_t max_queue_size = 2048;        // bsp_max_queue_size: spans waiting; beyond it they are dropped
-    Duration schedule_delay = std::chrono::milliseconds(5000);  // bsp_schedule_delay: the longest a span waits
-    size_t max_export_batch_size = 512;  // bsp_max_export_batch_size: spans per POST (<= max_queue_size)
+    size_t max_queue_size = 2048;  // bsp_max_queue_size: spans waiting; beyond it they are dropped
+    Duration schedule_delay =
+        std::chrono::milliseconds(5000);  // bsp_schedule_delay: the longest a span waits
+    size_t max_export_batch_size =
+        512;  // bsp_max_export_batch_size: spans per POST (<= max_queue_size)
     Duration export_timeout = std::chrono::seconds(10);  // one POST, connection included
-    TraceExportObserver* observer = nullptr;  // may be null; outlives the exporter
+    TraceExportObserver* observer = nullptr;             // may be null; outlives the exporter
   };
 
   // INVALID_ARGUMENT for a bad URL or bounds. Starts the export thread.

@@ -27,8 +27,9 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
     }
     const size_t split = text.find('=');
     if (split == absl::string_view::npos || split == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--trace-config '", entry,
-                                                     "' is not <setting>=<value> or opentelemetry,<setting>=<value>"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trace-config '", entry,
+                       "' is not <setting>=<value> or opentelemetry,<setting>=<value>"));
     }
     const std::string key(text.substr(0, split));
     const absl::string_view value = text.substr(split + 1);
@@ -36,7 +37,8 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
       if (key == "level") {
         StatusOr<TraceLevel> level = ParseTraceLevel(value);
         if (!level.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry, ": ", level.status().message()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("--trace-config ", entry, ": ", level.status().message()));
         }
         config.settings.level = *level;
       } else if (key == "rate") {
@@ -46,23 +48,26 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
       } else if (key == "mode") {
         if (value != "opentelemetry") {
           return absl::InvalidArgumentError(absl::StrCat(
-              "--trace-config ", entry, ": Sluice's only trace mode is opentelemetry (spans exported over "
+              "--trace-config ", entry,
+              ": Sluice's only trace mode is opentelemetry (spans exported over "
               "OTLP/HTTP); Triton's 'triton' mode (JSON trace files) is not supported"));
         }
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry,
-                                                       ": unknown setting; use level, rate, count or mode"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--trace-config ", entry, ": unknown setting; use level, rate, count or mode"));
       }
       continue;
     }
     if (section == "triton") {
-      return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry,
-                                                     ": Sluice writes no trace files (Triton's 'triton' mode); "
-                                                     "its traces go to an OpenTelemetry collector"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trace-config ", entry,
+                       ": Sluice writes no trace files (Triton's 'triton' mode); "
+                       "its traces go to an OpenTelemetry collector"));
     }
     if (section != "opentelemetry") {
-      return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry, ": unknown section '", section,
-                                                     "'; the exporter's settings are opentelemetry,<setting>=<value>"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trace-config ", entry, ": unknown section '", section,
+                       "'; the exporter's settings are opentelemetry,<setting>=<value>"));
     }
     OtlpHttpExporter::Options& exporter = config.exporter;
     if (key == "url") {
@@ -72,16 +77,20 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
       const size_t inner = value.find('=');
       if (inner == absl::string_view::npos || inner == 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--trace-config ", entry, ": a resource attribute is key=value, e.g. service.name=sluice"));
+            absl::StrCat("--trace-config ", entry,
+                         ": a resource attribute is key=value, e.g. service.name=sluice"));
       }
-      exporter.resource.emplace_back(std::string(value.substr(0, inner)), std::string(value.substr(inner + 1)));
+      exporter.resource.emplace_back(std::string(value.substr(0, inner)),
+                                     std::string(value.substr(inner + 1)));
     } else if (key == "bsp_max_queue_size") {
       SLUICE_ASSIGN_OR_RETURN(int64_t size, Integer(entry, value, 1));
       exporter.max_queue_size = static_cast<size_t>(size);
     } else if (key == "bsp_schedule_delay") {
       SLUICE_ASSIGN_OR_RETURN(int64_t delay, Integer(entry, value, 1));
-      if (delay > std::chrono::duration_cast<std::chrono::milliseconds>(kMaxScheduleDelay).count()) {
-        return absl::InvalidArgumentError(absl::StrCat("--trace-config ", entry, ": at most one day (86400000 ms)"));
+      if (delay >
+          std::chrono::duration_cast<std::chrono::milliseconds>(kMaxScheduleDelay).count()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--trace-config ", entry, ": at most one day (86400000 ms)"));
       }
       exporter.schedule_delay = std::chrono::milliseconds(delay);
     } else if (key == "bsp_max_export_batch_size") {
@@ -89,7 +98,8 @@ StatusOr<TraceConfig> ParseTraceConfig(const std::vector<std::string>& values) {
       exporter.max_export_batch_size = static_cast<size_t>(size);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--trace-config ", entry, ": unknown OpenTelemetry setting; use url, resource, "
+          absl::StrCat("--trace-config ", entry,
+                       ": unknown OpenTelemetry setting; use url, resource, "
                        "bsp_max_queue_size, bsp_schedule_delay or bsp_max_export_batch_size"));
     }
   }

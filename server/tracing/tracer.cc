@@ -17,8 +17,8 @@ const TimeSource& SteadyClock() {
 
 StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& text, int64_t minimum) {
   if (std::optional<int64_t> value = ParseTraceInteger(text, minimum)) return *value;
-  return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' must be an integer >= ", minimum,
-                                                 ", not '", QuoteClientText(text), "'"));
+  return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' must be an integer >= ",
+                                                 minimum, ", not '", QuoteClientText(text), "'"));
 }
 
 StatusOr<TraceLevel> ParseLevels(const std::vector<std::string>& values) {
@@ -35,14 +35,17 @@ const std::string& OneValue(const std::vector<std::string>& values) { return val
 
 }  // namespace
 
-const char* TraceLevelName(TraceLevel level) { return level == TraceLevel::kTimestamps ? "TIMESTAMPS" : "OFF"; }
+const char* TraceLevelName(TraceLevel level) {
+  return level == TraceLevel::kTimestamps ? "TIMESTAMPS" : "OFF";
+}
 
 StatusOr<TraceLevel> ParseTraceLevel(absl::string_view name) {
   if (name == "OFF") return TraceLevel::kOff;
   if (name == "TIMESTAMPS") return TraceLevel::kTimestamps;
   if (name == "TENSORS") {
     return absl::InvalidArgumentError(
-        "trace level TENSORS is not supported: Sluice traces timings (TIMESTAMPS), not tensor contents");
+        "trace level TENSORS is not supported: Sluice traces timings (TIMESTAMPS), not tensor "
+        "contents");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown trace level '", QuoteClientText(name), "'; use OFF or TIMESTAMPS"));
@@ -51,13 +54,15 @@ StatusOr<TraceLevel> ParseTraceLevel(absl::string_view name) {
 std::optional<int64_t> ParseTraceInteger(absl::string_view text, int64_t minimum) {
   int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum) return std::nullopt;
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < minimum)
+    return std::nullopt;
   return value;
 }
 
 Tracer::Tracer(Options options)
     : options_(std::move(options)),
-      unix_offset_(std::chrono::duration_cast<Duration>(std::chrono::system_clock::now().time_since_epoch()) -
+      unix_offset_(std::chrono::duration_cast<Duration>(
+                       std::chrono::system_clock::now().time_since_epoch()) -
                    Clock::now().time_since_epoch()),
       global_(options_.settings),
       global_remaining_(options_.settings.count) {
@@ -80,9 +85,9 @@ TraceSettings Tracer::Effective(const ModelSettings* model) const {
   return settings;
 }
 
-std::shared_ptr<RequestTrace> Tracer::Start(const std::string& model,
-                                            absl::FunctionRef<absl::string_view(const char*)> header,
-                                            std::string span_name) {
+std::shared_ptr<RequestTrace> Tracer::Start(
+    const std::string& model, absl::FunctionRef<absl::string_view(const char*)> header,
+    std::string span_name) {
   if (!active()) return nullptr;
   std::optional<SpanContext> parent = ParseTraceparent(header("traceparent"), header("tracestate"));
   // The caller decided not to record this trace: neither does Sluice (OpenTelemetry's
@@ -104,8 +109,8 @@ std::shared_ptr<RequestTrace> Tracer::Start(const std::string& model,
     }
   }
   const TimeSource& clock = options_.clock != nullptr ? *options_.clock : SteadyClock();
-  return std::make_shared<RequestTrace>(options_.sink, unix_offset_, std::move(parent), std::move(span_name),
-                                        clock.Now());
+  return std::make_shared<RequestTrace>(options_.sink, unix_offset_, std::move(parent),
+                                        std::move(span_name), clock.Now());
 }
 
 TraceSettingsMap Tracer::ToMap(const TraceSettings& settings) const {
@@ -125,9 +130,11 @@ TraceSettingsMap Tracer::Get(const std::string& model) const {
   return ToMap(settings);
 }
 
-StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceSettingsMap& update) {
+StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model,
+                                          const TraceSettingsMap& update) {
   // Checked in full before anything changes.
-  std::optional<std::optional<TraceLevel>> level;  // outer: the key was given; inner nullopt: cleared
+  std::optional<std::optional<TraceLevel>>
+      level;  // outer: the key was given; inner nullopt: cleared
   std::optional<std::optional<int64_t>> rate, count;
   for (const auto& [key, values] : update) {
     const bool clear = values.empty();
@@ -145,26 +152,30 @@ StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceS
         continue;
       }
       if (values.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("trace setting '", key, "' takes one value, not ",
-                                                       values.size(), " (",
-                                                       QuoteClientText(absl::StrJoin(values, ", ")), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("trace setting '", key, "' takes one value, not ", values.size(), " (",
+                         QuoteClientText(absl::StrJoin(values, ", ")), ")"));
       }
-      SLUICE_ASSIGN_OR_RETURN(int64_t parsed, ParseInteger(key, OneValue(values), key == "trace_rate" ? 1 : -1));
+      SLUICE_ASSIGN_OR_RETURN(int64_t parsed,
+                              ParseInteger(key, OneValue(values), key == "trace_rate" ? 1 : -1));
       target.emplace(parsed);
     } else if (key == "log_frequency") {
       // Triton's trace files roll over every log_frequency traces; Sluice writes no trace files.
       if (!clear && !(values.size() == 1 && OneValue(values) == "0")) {
         return absl::InvalidArgumentError(
-            "trace setting 'log_frequency' can only be 0: Sluice exports spans over OTLP and writes no trace files");
+            "trace setting 'log_frequency' can only be 0: Sluice exports spans over OTLP and "
+            "writes no trace files");
       }
     } else if (key == "trace_file" || key == "trace_mode") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "trace setting '", key, "' cannot be changed at run time: Sluice exports OpenTelemetry spans to the ",
+          "trace setting '", key,
+          "' cannot be changed at run time: Sluice exports OpenTelemetry spans to the ",
           "collector set at start-up (--trace-config opentelemetry,url=...)"));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown trace setting '", QuoteClientText(key),
-          "'; the settings are trace_level, trace_rate, trace_count, log_frequency and trace_mode"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown trace setting '",
+                                                     QuoteClientText(key),
+                                                     "'; the settings are trace_level, trace_rate, "
+                                                     "trace_count, log_frequency and trace_mode"));
     }
   }
   MutexLock lock(&mutex_);
@@ -188,7 +199,8 @@ StatusOr<TraceSettingsMap> Tracer::Update(const std::string& model, const TraceS
     }
     if (count) own.count = *count;
     if (made || count) own.remaining = Effective(&own).count;
-    if (!own.level && !own.rate && !own.count) models_.erase(entry);  // all cleared: the server's again
+    if (!own.level && !own.rate && !own.count)
+      models_.erase(entry);  // all cleared: the server's again
   }
   Recount();
   lock.Unlock();

@@ -62,8 +62,8 @@ using TraceSettingsMap = std::map<std::string, std::vector<std::string>>;
 class Tracer {
  public:
   struct Options {
-    TraceSettings settings;      // the server's, from --trace-config
-    SpanSink* sink = nullptr;    // required; outlives the tracer
+    TraceSettings settings;             // the server's, from --trace-config
+    SpanSink* sink = nullptr;           // required; outlives the tracer
     const TimeSource* clock = nullptr;  // null: the steady clock
   };
   explicit Tracer(Options options);
@@ -74,13 +74,15 @@ class Tracer {
   // A trace for a request to `model` that arrived through `protocol`, or null when it is not
   // sampled. `header(name)` is what the call carries for a lower-case header name ("" when
   // absent); read only when tracing is active. `span_name` names the request span.
-  std::shared_ptr<RequestTrace> Start(const std::string& model, absl::FunctionRef<absl::string_view(const char*)> header,
+  std::shared_ptr<RequestTrace> Start(const std::string& model,
+                                      absl::FunctionRef<absl::string_view(const char*)> header,
                                       std::string span_name) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // The settings API: `model` empty for the server's. Update applies `update` (all or nothing;
   // INVALID_ARGUMENT naming the key and value that are wrong) and returns the settings after it.
   TraceSettingsMap Get(const std::string& model) const ABSL_LOCKS_EXCLUDED(mutex_);
-  StatusOr<TraceSettingsMap> Update(const std::string& model, const TraceSettingsMap& update) ABSL_LOCKS_EXCLUDED(mutex_);
+  StatusOr<TraceSettingsMap> Update(const std::string& model, const TraceSettingsMap& update)
+      ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   // What a model set for itself; the rest follows the server's settings.

@@ -51,7 +51,8 @@ int ErrorFor(const char* query, void* device) {
     if (end == std::string::npos) end = all.size();
     const std::string entry = all.substr(begin, end - begin);
     for (const std::string& prefix : {on_every, on_this}) {
-      if (entry.compare(0, prefix.size(), prefix) == 0) return std::atoi(entry.c_str() + prefix.size());
+      if (entry.compare(0, prefix.size(), prefix) == 0)
+        return std::atoi(entry.c_str() + prefix.size());
     }
     begin = end + 1;
   }
@@ -84,7 +85,9 @@ int nvmlShutdown() {
   initialised = false;
   return kSuccess;
 }
-const char* nvmlErrorString(int result) { return result == kSuccess ? "Success" : "Fake NVML error"; }
+const char* nvmlErrorString(int result) {
+  return result == kSuccess ? "Success" : "Fake NVML error";
+}
 int nvmlDeviceGetCount_v2(unsigned int* count) {
   if (!initialised) return kUninitialized;
   *count = Count();

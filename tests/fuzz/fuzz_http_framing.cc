@@ -57,8 +57,9 @@ std::string Transcript(const std::string& bytes, size_t piece, size_t budget) {
         if (status.ok() && inflated.size() > (1 << 18)) abort();
         if (charged > budget) abort();
         const sluice::HttpRequestHead& head = reader.head();
-        absl::StrAppend(&transcript, head.method, " ", head.target, " 1.", head.minor_version, " keep-alive ",
-                        head.keep_alive, " body ", reader.body(), " headers ", head.headers.size(), "\n");
+        absl::StrAppend(&transcript, head.method, " ", head.target, " 1.", head.minor_version,
+                        " keep-alive ", head.keep_alive, " body ", reader.body(), " headers ",
+                        head.headers.size(), "\n");
         reader.Reset();
         continue;
       }

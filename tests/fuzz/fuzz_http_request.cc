@@ -1,8 +1,8 @@
 // Fuzzes what an HTTP client controls: an inference request body (JSON, or a JSON header of a
 // length the first bytes choose followed by binary tensor data), decoded, validated against a
 // model config (BYTES inputs included), and answered (every decoded input printed back as an
-// output, in JSON and as binary). Nothing may crash, trip a sanitizer, or allocate from a declared shape the body does
-// not back.
+// output, in JSON and as binary). Nothing may crash, trip a sanitizer, or allocate from a declared
+// shape the body does not back.
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -68,6 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     output.data.assign(input.data, input.byte_size);
   }
   size_t response_header = 0;
-  (void)sluice::InferResponseToJson("m", 1, parsed->request->id, *parsed, &outputs, &response_header);
+  (void)sluice::InferResponseToJson("m", 1, parsed->request->id, *parsed, &outputs,
+                                    &response_header);
   return 0;
 }

@@ -19,7 +19,8 @@ sluice::ModelSpec BatchedSpec() {
   sluice::ModelSpec spec;
   spec.name = "m";
   spec.max_batch_size = 8;
-  spec.inputs = {{"INPUT__0", sluice::DataType::kFp32, {3, -1}}, {"ids", sluice::DataType::kInt64, {-1}}};
+  spec.inputs = {{"INPUT__0", sluice::DataType::kFp32, {3, -1}},
+                 {"ids", sluice::DataType::kInt64, {-1}}};
   spec.outputs = {{"OUTPUT__0", sluice::DataType::kFp32, {-1}}};
   return spec;
 }
@@ -28,7 +29,8 @@ sluice::ModelSpec PaddedSpec() {
   sluice::ModelSpec spec;
   spec.name = "seq";
   spec.max_batch_size = 4;
-  spec.inputs = {{"tokens", sluice::DataType::kInt32, {-1, 2}}, {"mask", sluice::DataType::kBool, {-1}},
+  spec.inputs = {{"tokens", sluice::DataType::kInt32, {-1, 2}},
+                 {"mask", sluice::DataType::kBool, {-1}},
                  {"lengths", sluice::DataType::kInt64, {1}}};
   spec.inputs[2].filled_by_server = true;
   spec.outputs = {{"y", sluice::DataType::kInt32, {-1, 2}}};
@@ -61,18 +63,20 @@ sluice::ModelSpec StringSpec() {
 void EchoStrings(const sluice::InferRequest& request) {
   const sluice::TensorView& text = request.inputs.front();
   static const std::string kName = "text";
-  const sluice::HostOutput output{&kName, text.dtype, text.shape, text.data, text.byte_size,
-                                  sluice::MemoryType::kCpu};
+  const sluice::HostOutput output{&kName,    text.dtype,     text.shape,
+                                  text.data, text.byte_size, sluice::MemoryType::kCpu};
   sluice::TensorSink first, second;
   const int64_t rows = text.shape.front();
-  const sluice::OutputTarget targets[] = {{rows / 2, nullptr, &first}, {rows - rows / 2, nullptr, &second}};
+  const sluice::OutputTarget targets[] = {{rows / 2, nullptr, &first},
+                                          {rows - rows / 2, nullptr, &second}};
   (void)sluice::DeliverOutputs({&output, 1}, targets, /*batched=*/true);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const sluice::ModelSpec specs[] = {BatchedSpec(), PaddedSpec(), UnbatchedSpec(), StringSpec()};
+  static const sluice::ModelSpec specs[] = {BatchedSpec(), PaddedSpec(), UnbatchedSpec(),
+                                            StringSpec()};
   inference::ModelInferRequest proto;
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   auto request = sluice::InferRequestFromProto(proto);
@@ -88,8 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const sluice::TensorView& tokens = (*request)->inputs.front();
       sluice::TensorSink caller;
       sluice::UnpaddingSink sink(std::make_shared<const sluice::ModelSpec>(spec), *padded, &caller);
-      auto memory = sink.Allocate({kOutput, sluice::DataType::kInt32, tokens.shape, tokens.byte_size,
-                                   sluice::MemoryType::kCpu});
+      auto memory = sink.Allocate({kOutput, sluice::DataType::kInt32, tokens.shape,
+                                   tokens.byte_size, sluice::MemoryType::kCpu});
       if (memory.ok() && tokens.byte_size > 0) std::memcpy(*memory, tokens.data, tokens.byte_size);
       (void)sink.Finish();
     }

@@ -8,7 +8,8 @@
 #include "server/repository/model_config_parser.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto config = sluice::ParseModelConfigText(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+  auto config =
+      sluice::ParseModelConfigText(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
   if (!config.ok()) return 0;
   auto spec = sluice::BuildModelSpec("fuzz", &*config);
   if (!spec.ok()) return 0;

@@ -58,8 +58,9 @@ AotiPackageInfo Parsed(const std::map<std::string, std::string>& metadata) {
   return info.ok() ? *info : AotiPackageInfo{};
 }
 
-StatusOr<AotiBinding> Bind(const std::map<std::string, std::string>& metadata, const ModelSpec& spec,
-                           std::vector<std::string>* warnings, size_t inputs = 1, size_t outputs = 1) {
+StatusOr<AotiBinding> Bind(const std::map<std::string, std::string>& metadata,
+                           const ModelSpec& spec, std::vector<std::string>* warnings,
+                           size_t inputs = 1, size_t outputs = 1) {
   return BindAotiPackage(Parsed(metadata), inputs, std::vector<std::string>(inputs), outputs,
                          std::vector<std::string>(outputs), spec, warnings);
 }
@@ -84,7 +85,8 @@ TEST(AotiPackageTest, ParsesInductorAndRecipeMetadata) {
   EXPECT_THAT(ParseAotiMetadata(metadata).status().message(), HasSubstr("unknown dtype 'FP33'"));
   metadata = Metadata();
   metadata["sluice.batch"] = "[1,";
-  EXPECT_THAT(ParseAotiMetadata(metadata).status().message(), HasSubstr("sluice.batch is not valid JSON"));
+  EXPECT_THAT(ParseAotiMetadata(metadata).status().message(),
+              HasSubstr("sluice.batch is not valid JSON"));
   metadata = Metadata();
   metadata["sluice.format"] = "2";
   EXPECT_THAT(ParseAotiMetadata(metadata).status().message(), HasSubstr("sluice.format '2'"));
@@ -112,7 +114,8 @@ TEST(AotiPackageTest, HostChecksNameTheMismatch) {
   metadata = Metadata();
   metadata["sluice.torch_version"] = "2.10.0";
   status = CheckPackageHost(Parsed(metadata), Device{}, Host(), &warnings);
-  EXPECT_THAT(status.message(), HasSubstr("compiled by torch 2.10.0 but this server runs LibTorch 2.11.0+cu130"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("compiled by torch 2.10.0 but this server runs LibTorch 2.11.0+cu130"));
   metadata["sluice.torch_version"] = "2.11.1";  // a patch release loads
   EXPECT_TRUE(CheckPackageHost(Parsed(metadata), Device{}, Host(), &warnings).ok());
 
@@ -133,7 +136,8 @@ TEST(AotiPackageTest, HostChecksNameTheMismatch) {
   metadata = Metadata();
   metadata["AOTI_CPU_ISA"] = "VSX";
   EXPECT_TRUE(CheckPackageHost(Parsed(metadata), Device{}, Host(), &warnings).ok());
-  EXPECT_THAT(warnings, ElementsAre(HasSubstr("instruction set VSX, which this server cannot check")));
+  EXPECT_THAT(warnings,
+              ElementsAre(HasSubstr("instruction set VSX, which this server cannot check")));
 }
 
 TEST(AotiPackageTest, BindsAndChecksTheConfig) {
@@ -151,17 +155,24 @@ TEST(AotiPackageTest, BindsAndChecksTheConfig) {
   const std::vector<Case> cases = {
       {[](ModelSpec& spec, auto&) { spec.inputs[0].dtype = DataType::kFp16; },
        "input 'INPUT__0' is FP16 in config.pbtxt but FP32 in the package"},
-      {[](ModelSpec& spec, auto&) { spec.inputs[0].dims = {28, 28}; },
-       "has shape [-1,28,28] in config.pbtxt (batch dimension included) but [2..64,784] in the package"},
+      {[](ModelSpec& spec, auto&) {
+         spec.inputs[0].dims = {28, 28};
+       },
+       "has shape [-1,28,28] in config.pbtxt (batch dimension included) but [2..64,784] in the "
+       "package"},
       {[](ModelSpec& spec, auto&) { spec.inputs[0].dims = {-1}; },
        "dimension 1 is variable (-1) in config.pbtxt but 784 in the package"},
-      {[](ModelSpec& spec, auto&) { spec.inputs[0].dims = {100}; }, "dimension 1 is 100 in config.pbtxt but 784"},
+      {[](ModelSpec& spec, auto&) { spec.inputs[0].dims = {100}; },
+       "dimension 1 is 100 in config.pbtxt but 784"},
       {[](ModelSpec& spec, auto&) { spec.max_batch_size = 128; },
        "max_batch_size 128 but the package's batch dimension ends at 64"},
-      {[](ModelSpec& spec, auto&) { spec.max_batch_size = 0; }, "max_batch_size 0 (no batch dimension)"},
+      {[](ModelSpec& spec, auto&) { spec.max_batch_size = 0; },
+       "max_batch_size 0 (no batch dimension)"},
       {[](ModelSpec& spec, auto&) { spec.outputs[0].dtype = DataType::kFp64; },
        "output 'OUTPUT__0' is FP64 in config.pbtxt but FP32 in the package"},
-      {[](ModelSpec& spec, auto&) { spec.inputs.push_back({"INPUT__1", DataType::kFp32, {1}}); },
+      {[](ModelSpec& spec, auto&) {
+         spec.inputs.push_back({"INPUT__1", DataType::kFp32, {1}});
+       },
        "the package takes 1 input(s) but config.pbtxt declares 2"},
       {[](ModelSpec&, auto& metadata) { metadata["sluice.batch"] = "null"; },
        "exported without a batch dimension"},
@@ -203,7 +214,8 @@ TEST(AotiPackageTest, SmallBatchesAndUndescribedPackages) {
   EXPECT_EQ(binding->pad_batch_to, 1);  // batches of 1 only: nothing to pad to
   // Counts are checked even without metadata.
   binding = Bind({}, Spec(), &warnings, /*inputs=*/2);
-  EXPECT_THAT(binding.status().message(), HasSubstr("takes 2 input(s) but config.pbtxt declares 1"));
+  EXPECT_THAT(binding.status().message(),
+              HasSubstr("takes 2 input(s) but config.pbtxt declares 1"));
 }
 
 TEST(AotiPackageTest, InputsBindByNameThenSuffixThenOrder) {
@@ -228,7 +240,8 @@ TEST(AotiPackageTest, DictOutputsBindByKey) {
   ModelSpec spec = Spec(0);
   spec.outputs = {{"twice", DataType::kFp32, {2}}, {"total", DataType::kFp32, {2}}};
   std::vector<std::string> warnings;
-  auto binding = BindAotiPackage(AotiPackageInfo{}, 1, {""}, 2, {"total", "twice"}, spec, &warnings);
+  auto binding =
+      BindAotiPackage(AotiPackageInfo{}, 1, {""}, 2, {"total", "twice"}, spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(binding->output_package_index, ElementsAre(1, 0));
   spec.outputs[0].name = "thrice";
@@ -238,11 +251,13 @@ TEST(AotiPackageTest, DictOutputsBindByKey) {
 
 TEST(AotiPackageTest, CallSpecs) {
   // forward(x) -> tensor
-  auto in = ParseCallSpec(R"([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.tuple", "context": "null", "children_spec": [{"type": null, "context": null, "children_spec": []}]}, {"type": "builtins.dict", "context": "[]", "children_spec": []}]}])");
+  auto in = ParseCallSpec(
+      R"([1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.tuple", "context": "null", "children_spec": [{"type": null, "context": null, "children_spec": []}]}, {"type": "builtins.dict", "context": "[]", "children_spec": []}]}])");
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->leaves, 1u);
   EXPECT_THAT(in->keys, ElementsAre(""));
-  auto out = ParseCallSpec(R"([1, {"type": "builtins.dict", "context": "[\"sum\", \"twice\"]", "children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, "children_spec": []}]}])");
+  auto out = ParseCallSpec(
+      R"([1, {"type": "builtins.dict", "context": "[\"sum\", \"twice\"]", "children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, "children_spec": []}]}])");
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(out->keys, ElementsAre("sum", "twice"));
   EXPECT_THAT(ParseCallSpec("[1, 2]").status().message(), HasSubstr("unexpected call spec"));
@@ -250,9 +265,11 @@ TEST(AotiPackageTest, CallSpecs) {
 }
 
 TEST(AotiPackageTest, CpuFlagsAndPackageFiles) {
-  EXPECT_EQ(ParseCpuFlags("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n"),
+  EXPECT_EQ(ParseCpuFlags(
+                "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n"),
             (std::set<std::string>{"fpu", "sse", "avx2", "fma"}));
-  EXPECT_EQ(ParseCpuFlags("processor\t: 0\nFeatures\t: fp asimd sve\n"), (std::set<std::string>{"fp", "asimd", "sve"}));
+  EXPECT_EQ(ParseCpuFlags("processor\t: 0\nFeatures\t: fp asimd sve\n"),
+            (std::set<std::string>{"fp", "asimd", "sve"}));
 
   // Not std::filesystem::remove_all: libtorch.so exports its own copy of it, which crashes when
   // called from this binary (it calls through a null pointer in 2.11). unlink/rmdir instead.

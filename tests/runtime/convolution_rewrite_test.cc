@@ -24,7 +24,8 @@ struct ConvolutionNode {
 };
 
 // Every convolution call left in the module's graphs, with its constant arguments.
-std::vector<ConvolutionNode> Convolutions(const torch::jit::Module& module, std::vector<std::string>* others) {
+std::vector<ConvolutionNode> Convolutions(const torch::jit::Module& module,
+                                          std::vector<std::string>* others) {
   std::vector<ConvolutionNode> found;
   std::function<void(torch::jit::Block*, const std::string&)> walk = [&](torch::jit::Block* block,
                                                                          const std::string& name) {
@@ -176,7 +177,8 @@ TEST(ConvolutionRewriteTest, ScriptedConvolutionsAreRewrittenInEveryMethod) {
   ASSERT_EQ(convolutions.size(), 3u);
   for (const ConvolutionNode& conv : convolutions) EXPECT_TRUE(conv.constants[9].toBool());
   const torch::Tensor input = torch::randn({2, 3, 5, 5});
-  EXPECT_TRUE(torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()));
+  EXPECT_TRUE(
+      torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()));
 }
 
 TEST(ConvolutionRewriteTest, UnbatchedInputToAScriptedConvolutionStillWorks) {
@@ -187,9 +189,11 @@ def forward(self, x):
   torch::jit::Module original = torch::jit::load(path.string());
   torch::jit::Module model = torch::jit::load(path.string());
   EXPECT_EQ(RewriteConvolutions(model, ConvolutionFlags{}).rewritten, 1);
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 6, 6}, std::vector<int64_t>{2, 3, 6, 6}}) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{3, 6, 6}, std::vector<int64_t>{2, 3, 6, 6}}) {
     const torch::Tensor input = torch::randn(shape);
-    EXPECT_TRUE(torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()))
+    EXPECT_TRUE(
+        torch::allclose(original.forward({input}).toTensor(), model.forward({input}).toTensor()))
         << "input rank " << shape.size();
   }
 }
@@ -205,7 +209,8 @@ def forward(self, x):
   EXPECT_EQ(tuning.rewritten, 0);
   EXPECT_THAT(tuning.fallback, HasSubstr("aten::conv2d"));
   EXPECT_THAT(tuning.fallback, HasSubstr("global"));
-  EXPECT_EQ(model.forward({torch::ones({1, 1, 4, 4})}).toTensor().sizes(), (std::vector<int64_t>{1, 1, 4, 4}));
+  EXPECT_EQ(model.forward({torch::ones({1, 1, 4, 4})}).toTensor().sizes(),
+            (std::vector<int64_t>{1, 1, 4, 4}));
 }
 
 }  // namespace

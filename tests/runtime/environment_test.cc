@@ -23,7 +23,8 @@ RuntimeInfo HealthyGpuHost() {
   info.driver_version = "580.65.06";
   info.cuda_usable = true;
   info.cuda_device_count = 1;
-  info.gpus.push_back({0, "NVIDIA H200", 9, 0, uint64_t{141} << 30, "GPU-01234567-89ab-cdef-0123-456789abcdef", ""});
+  info.gpus.push_back({0, "NVIDIA H200", 9, 0, uint64_t{141} << 30,
+                       "GPU-01234567-89ab-cdef-0123-456789abcdef", ""});
   info.cudnn_version = "9.19.0";
   info.cudnn_loaded_version = "9.19.0";
   info.cudnn_allow_tf32 = true;
@@ -40,7 +41,8 @@ TEST(EnvironmentTest, HealthyHostHasNoProblems) {
   EXPECT_THAT(report, HasSubstr("cuda_built_with: 13.0\n"));
   EXPECT_THAT(report, HasSubstr("nvidia_driver: 580.65.06, supports CUDA 13.0\n"));
   EXPECT_THAT(report, HasSubstr("cudnn_loaded: 9.19.0\n"));
-  EXPECT_THAT(report, HasSubstr("gpu 0: NVIDIA H200, compute capability 9.0, 144384 MiB, GPU-01234567"));
+  EXPECT_THAT(report,
+              HasSubstr("gpu 0: NVIDIA H200, compute capability 9.0, 144384 MiB, GPU-01234567"));
   EXPECT_THAT(report, HasSubstr("cudnn_benchmark: auto"));
   EXPECT_THAT(report, HasSubstr("result: 1 GPU(s) usable"));
   EXPECT_THAT(report, ::testing::Not(HasSubstr("problem:")));
@@ -55,8 +57,9 @@ TEST(EnvironmentTest, DriverTooOldForTheCudaLibTorchWasBuiltFor) {
   info.gpus.clear();
   const std::vector<std::string> problems = EnvironmentProblems(info, false);
   ASSERT_FALSE(problems.empty());
-  EXPECT_THAT(problems[0], AllOf(HasSubstr("driver 550.54.15 supports CUDA up to 12.4"),
-                                 HasSubstr("built for CUDA 13.0"), HasSubstr("upgrade the driver")));
+  EXPECT_THAT(problems[0],
+              AllOf(HasSubstr("driver 550.54.15 supports CUDA up to 12.4"),
+                    HasSubstr("built for CUDA 13.0"), HasSubstr("upgrade the driver")));
   EXPECT_THAT(FormatEnvironment(info, "auto", DevicePolicy::kAuto),
               HasSubstr("result: no usable GPU; every model runs on the CPU"));
   EXPECT_THAT(FormatEnvironment(HealthyGpuHost(), "auto", DevicePolicy::kCpu),
@@ -66,7 +69,8 @@ TEST(EnvironmentTest, DriverTooOldForTheCudaLibTorchWasBuiltFor) {
 TEST(EnvironmentTest, OlderMinorDriverIsANoteAboutCompatibility) {
   RuntimeInfo info = HealthyGpuHost();
   info.cuda_build_version = "13.1";
-  EXPECT_THAT(EnvironmentProblems(info, false), ElementsAre(HasSubstr("minor-version compatibility")));
+  EXPECT_THAT(EnvironmentProblems(info, false),
+              ElementsAre(HasSubstr("minor-version compatibility")));
 }
 
 TEST(EnvironmentTest, NoDriverNoLibTorchCudaNoGpuVisible) {
@@ -75,8 +79,9 @@ TEST(EnvironmentTest, NoDriverNoLibTorchCudaNoGpuVisible) {
   info.cuda_build_version = "13.0";
   info.cudnn_version = info.cudnn_loaded_version = "9.19.0";
   EXPECT_THAT(EnvironmentProblems(info, false), ElementsAre(HasSubstr("No NVIDIA driver")));
-  EXPECT_THAT(EnvironmentProblems(info, true),
-              ElementsAre(HasSubstr("No NVIDIA driver"), HasSubstr("--device cuda asks for a GPU")));
+  EXPECT_THAT(
+      EnvironmentProblems(info, true),
+      ElementsAre(HasSubstr("No NVIDIA driver"), HasSubstr("--device cuda asks for a GPU")));
 
   info.driver_found = true;
   info.driver_cuda_version = "13.0";
@@ -108,15 +113,18 @@ TEST(EnvironmentTest, GpuWhoseComputeCapabilityIsNotCovered) {
 }
 
 TEST(EnvironmentTest, DriverVersionFromBothKernelModuleSpellings) {
-  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 "
-                                  "06:54:38 UTC 2025"),
-            "580.65.06");
+  EXPECT_EQ(
+      DriverVersionFromProc("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 "
+                            "06:54:38 UTC 2025"),
+      "580.65.06");
   // The open kernel module's line, as an H200 machine wrote it on 2026-12-04 (the report said
   // "driver for" before this was parsed by shape rather than position).
-  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
-                                  "Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Nov 20 2025"),
-            "580.159.04");
-  EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX aarch64 Kernel Module  570.86.15  Thu Jan 30"),
+  EXPECT_EQ(
+      DriverVersionFromProc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
+                            "Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Nov 20 2025"),
+      "580.159.04");
+  EXPECT_EQ(DriverVersionFromProc(
+                "NVRM version: NVIDIA UNIX aarch64 Kernel Module  570.86.15  Thu Jan 30"),
             "570.86.15");
   EXPECT_EQ(DriverVersionFromProc(""), "");
   EXPECT_EQ(DriverVersionFromProc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64"), "");

@@ -28,15 +28,18 @@ const char* const kServer = SLUICE_SERVER_BINARY;
 // Not std::filesystem::remove_all: libtorch.so exports its own copy, which crashes when called
 // from a binary that links it (see aoti_package_test.cc).
 void RemoveTree(const fs::path& root) {
-  nftw(root.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-       FTW_DEPTH | FTW_PHYS);
+  nftw(
+      root.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 class OperatorLibrariesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::temp_directory_path() / ("sluice_ops_test_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = fs::temp_directory_path() /
+            ("sluice_ops_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     RemoveTree(root_);
     for (const char* dir : {"model/ops", "allowed", "outside"}) fs::create_directories(root_ / dir);
   }
@@ -62,20 +65,26 @@ TEST_F(OperatorLibrariesTest, PathsResolveOnlyInsideTheModelAndAllowedDirectorie
   const fs::path real = fs::canonical(root_);
 
   EXPECT_EQ(*libraries.Resolve("ops/liba.so", model), real / "model/ops/liba.so");
-  EXPECT_EQ(*libraries.Resolve("libb.so", model), real / "allowed/libb.so");  // the model's directory first, then these
-  EXPECT_EQ(*libraries.Resolve((root_ / "allowed/libb.so").string(), model), real / "allowed/libb.so");
-  EXPECT_EQ(*libraries.Resolve("to_allowed.so", model), real / "allowed/libb.so");  // a link into an allowed place
+  EXPECT_EQ(*libraries.Resolve("libb.so", model),
+            real / "allowed/libb.so");  // the model's directory first, then these
+  EXPECT_EQ(*libraries.Resolve((root_ / "allowed/libb.so").string(), model),
+            real / "allowed/libb.so");
+  EXPECT_EQ(*libraries.Resolve("to_allowed.so", model),
+            real / "allowed/libb.so");  // a link into an allowed place
 
   auto outside = libraries.Resolve((root_ / "outside/libc.so").string(), model);
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(outside.status().message()), HasSubstr("outside the model's directory"));
-  EXPECT_EQ(libraries.Resolve("escape.so", model).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(libraries.Resolve("escape.so", model).status().code(),
+            absl::StatusCode::kInvalidArgument);
   auto climbing = libraries.Resolve("ops/../../outside/libc.so", model);
   EXPECT_THAT(std::string(climbing.status().message()), HasSubstr("'..' is not allowed"));
   auto missing = libraries.Resolve("libnone.so", model);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("allowed/libnone.so"));  // where it looked
-  EXPECT_EQ(libraries.Resolve("ops", model).status().code(), absl::StatusCode::kInvalidArgument);  // a directory
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("allowed/libnone.so"));  // where it looked
+  EXPECT_EQ(libraries.Resolve("ops", model).status().code(),
+            absl::StatusCode::kInvalidArgument);  // a directory
   EXPECT_EQ(libraries.Resolve("", model).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -120,8 +129,9 @@ TEST_F(OperatorLibrariesTest, ProbedLoadedOnceSharedRefusedAndRemembered) {
   EXPECT_EQ(libraries.List().size(), 1u);
 
   // A loaded file that changes on disk cannot be loaded again.
-  fs::last_write_time(root_ / "allowed/libsluice_test_ops.so",
-                      fs::last_write_time(root_ / "allowed/libsluice_test_ops.so") + std::chrono::hours(1));
+  fs::last_write_time(
+      root_ / "allowed/libsluice_test_ops.so",
+      fs::last_write_time(root_ / "allowed/libsluice_test_ops.so") + std::chrono::hours(1));
   auto changed = libraries.LoadForModel("libsluice_test_ops.so", model, "fourth");
   EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(changed.status().message()), HasSubstr("changed on disk"));
@@ -138,8 +148,9 @@ TEST_F(OperatorLibrariesTest, ProbedLoadedOnceSharedRefusedAndRemembered) {
   hooks << std::ifstream(log).rdbuf();
   EXPECT_EQ(hooks.str(), "init /models/m/1 0\nfini 0\n");
 
-  EXPECT_THAT(FormatOperatorLibraries(libraries.List()),
-              HasSubstr("libsluice_test_ops.so (model first): 1 operators in sluice_test, init hook\n"));
+  EXPECT_THAT(
+      FormatOperatorLibraries(libraries.List()),
+      HasSubstr("libsluice_test_ops.so (model first): 1 operators in sluice_test, init hook\n"));
   EXPECT_EQ(FormatOperatorLibraries({}), "operator libraries: none\n");
 }
 

@@ -33,8 +33,11 @@ ModelSpec ConvSpec() {
 std::unique_ptr<ConvRequest> MakeConvRequest() {
   auto conv = std::make_unique<ConvRequest>();
   conv->request.batch_size = 1;
-  conv->request.inputs = {{"INPUT__0", DataType::kFp32, {1, 1, 4, 4},
-                           reinterpret_cast<const char*>(conv->ones.data()), 64}};
+  conv->request.inputs = {{"INPUT__0",
+                           DataType::kFp32,
+                           {1, 1, 4, 4},
+                           reinterpret_cast<const char*>(conv->ones.data()),
+                           64}};
   return conv;
 }
 

@@ -41,7 +41,8 @@ TEST_F(TorchBackendGpuTest, BenchmarkOnConvolutionMatchesTheCpu) {
   auto factory = MakeTorchBackendFactory();
   ModelSpec spec = testing::ConvSpec();
   spec.cudnn_benchmark = true;
-  auto backend = factory->Load(spec, testing::SaveModule("conv_benchmark", testing::kConvSource), Device{true, 0});
+  auto backend = factory->Load(spec, testing::SaveModule("conv_benchmark", testing::kConvSource),
+                               Device{true, 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->Tuning().rewritten, 1);
   auto conv = testing::MakeConvRequest();
@@ -70,7 +71,8 @@ TEST_F(TorchBackendGpuTest, BenchmarkOnConvolutionMatchesTheCpu) {
 TEST_F(TorchBackendGpuTest, RunsOnCudaAndReturnsHostBytes) {
   auto factory = MakeTorchBackendFactory();
   ASSERT_TRUE(factory->CudaUsable());
-  auto backend = factory->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{true, 0});
+  auto backend = factory->Load(testing::ConvSpec(),
+                               testing::SaveModule("conv", testing::kConvSource), Device{true, 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto conv = testing::MakeConvRequest();
   auto response = testing::Run(**backend, conv->request);
@@ -107,7 +109,8 @@ void ExpectEachPassAnswersItsInput(ModelBackend& backend, int passes) {
 int64_t ReservedBytes(BackendFactory& factory) {
   factory.ReleaseCachedMemory();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
-  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  return stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .current;
 }
 
 TEST_F(TorchBackendGpuTest, CudaGraphsReplayTheNewInputsAndAnswerAsEagerDoes) {
@@ -152,12 +155,15 @@ TEST_F(TorchBackendGpuTest, AForwardPassThatSynchronisesRunsWithoutAGraphAndOthe
   auto factory = MakeTorchBackendFactory();
   ModelSpec spec = testing::ConvSpec();
   spec.cuda_graphs = true;
-  auto graphed = factory->Load(spec, testing::SaveModule("conv_graphed", testing::kConvSource), Device{true, 0});
+  auto graphed = factory->Load(spec, testing::SaveModule("conv_graphed", testing::kConvSource),
+                               Device{true, 0});
   ASSERT_TRUE(graphed.ok()) << graphed.status();
-  ExpectEachPassAnswersItsInput(**graphed, 4);  // captured on its third pass, replayed on its fourth
+  ExpectEachPassAnswersItsInput(**graphed,
+                                4);  // captured on its third pass, replayed on its fourth
   EXPECT_EQ((*graphed)->LastGraphRun(), ModelBackend::GraphRun::kReplayed);
 
-  auto syncing = factory->Load(spec, testing::SaveModule("conv_syncing", kSyncingConvSource), Device{true, 0});
+  auto syncing =
+      factory->Load(spec, testing::SaveModule("conv_syncing", kSyncingConvSource), Device{true, 0});
   ASSERT_TRUE(syncing.ok()) << syncing.status();
   ExpectEachPassAnswersItsInput(**syncing, 6);
   EXPECT_EQ((*syncing)->LastGraphRun(), ModelBackend::GraphRun::kNone);

@@ -41,14 +41,30 @@ std::string Encode(DataType type, const std::vector<double>& values) {
   auto put = [&](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   for (double v : values) {
     switch (type) {
-      case DataType::kBool: put(static_cast<uint8_t>(v != 0)); break;
-      case DataType::kUint8: put(static_cast<uint8_t>(v)); break;
-      case DataType::kInt8: put(static_cast<int8_t>(v)); break;
-      case DataType::kInt16: put(static_cast<int16_t>(v)); break;
-      case DataType::kInt32: put(static_cast<int32_t>(v)); break;
-      case DataType::kInt64: put(static_cast<int64_t>(v)); break;
-      case DataType::kFp32: put(static_cast<float>(v)); break;
-      case DataType::kFp64: put(v); break;
+      case DataType::kBool:
+        put(static_cast<uint8_t>(v != 0));
+        break;
+      case DataType::kUint8:
+        put(static_cast<uint8_t>(v));
+        break;
+      case DataType::kInt8:
+        put(static_cast<int8_t>(v));
+        break;
+      case DataType::kInt16:
+        put(static_cast<int16_t>(v));
+        break;
+      case DataType::kInt32:
+        put(static_cast<int32_t>(v));
+        break;
+      case DataType::kInt64:
+        put(static_cast<int64_t>(v));
+        break;
+      case DataType::kFp32:
+        put(static_cast<float>(v));
+        break;
+      case DataType::kFp64:
+        put(v);
+        break;
       case DataType::kBf16: {
         const float f = static_cast<float>(v);
         uint32_t bits;
@@ -68,7 +84,8 @@ std::string Encode(DataType type, const std::vector<double>& values) {
         put(bits);
         break;
       }
-      case DataType::kBytes: break;  // strings: see StringsInAndOut
+      case DataType::kBytes:
+        break;  // strings: see StringsInAndOut
     }
   }
   return out;
@@ -79,8 +96,8 @@ struct OwnedRequest {
   InferRequest request;
 };
 
-std::unique_ptr<OwnedRequest> MakeRequest(DataType type, const std::vector<double>& values, Shape shape,
-                                          std::string name = "INPUT__0") {
+std::unique_ptr<OwnedRequest> MakeRequest(DataType type, const std::vector<double>& values,
+                                          Shape shape, std::string name = "INPUT__0") {
   auto owned = std::make_unique<OwnedRequest>();
   owned->bytes = Encode(type, values);
   owned->request.model_name = "m";
@@ -107,7 +124,7 @@ TEST_F(TorchBackendTest, ProbeReportsVersions) {
 TEST_F(TorchBackendTest, EveryDatatypeRoundTrips) {
   const auto path = SaveModule("double", kDouble);
   for (DataType type : kAllDataTypes) {
-    if (type == DataType::kBool) continue;  // bool + bool is logical or: covered below
+    if (type == DataType::kBool) continue;   // bool + bool is logical or: covered below
     if (type == DataType::kBytes) continue;  // List[str]: covered below
     auto backend = factory_->Load(Spec(type, type), path, Device{});
     ASSERT_TRUE(backend.ok()) << backend.status();
@@ -165,7 +182,8 @@ def forward(self, values: Tensor, counts: Tensor) -> Dict[str, Tensor]:
   spec.outputs = {{"total", DataType::kFp32, {2}}, {"twice", DataType::kInt64, {2}}};
   auto backend = factory_->Load(spec, path, Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  std::string counts = Encode(DataType::kInt64, {1, 2}), values = Encode(DataType::kFp32, {0.5, 1.5});
+  std::string counts = Encode(DataType::kInt64, {1, 2}),
+              values = Encode(DataType::kFp32, {0.5, 1.5});
   InferRequest request;
   request.inputs = {{"counts", DataType::kInt64, {1, 2}, counts.data(), counts.size()},
                     {"values", DataType::kFp32, {1, 2}, values.data(), values.size()}};
@@ -228,7 +246,8 @@ def forward(self, INPUT__0):
 }
 
 TEST_F(TorchBackendTest, ConvolutionOnCpu) {
-  auto backend = factory_->Load(testing::ConvSpec(), testing::SaveModule("conv", testing::kConvSource), Device{});
+  auto backend = factory_->Load(testing::ConvSpec(),
+                                testing::SaveModule("conv", testing::kConvSource), Device{});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto conv = testing::MakeConvRequest();
   auto response = testing::Run(**backend, conv->request);
@@ -258,7 +277,8 @@ TEST_F(TorchBackendTest, IntraOpThreadsApplyToTheInstanceThread) {
 }
 
 TEST_F(TorchBackendTest, LoadFailures) {
-  auto missing = factory_->Load(Spec(DataType::kFp32, DataType::kFp32), "/nonexistent/model.pt", Device{});
+  auto missing =
+      factory_->Load(Spec(DataType::kFp32, DataType::kFp32), "/nonexistent/model.pt", Device{});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 
   const auto corrupt = std::filesystem::temp_directory_path() / "sluice_corrupt_model.pt";
@@ -272,12 +292,14 @@ TEST_F(TorchBackendTest, LoadFailures) {
   two_inputs.inputs.push_back({"INPUT__1", DataType::kFp32, {-1}});
   auto arity = factory_->Load(two_inputs, SaveModule("double", kDouble), Device{});
   EXPECT_EQ(arity.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(arity.status().message(), HasSubstr("forward() takes 1 input(s) (INPUT__0) but config.pbtxt declares 2"));
+  EXPECT_THAT(arity.status().message(),
+              HasSubstr("forward() takes 1 input(s) (INPUT__0) but config.pbtxt declares 2"));
 
   ModelSpec unbindable = Spec(DataType::kFp32, DataType::kFp32);
   unbindable.inputs[0].name = "image";
   auto names = factory_->Load(unbindable, SaveModule("double", kDouble), Device{});
-  EXPECT_THAT(names.status().message(), HasSubstr("cannot bind config inputs to forward(INPUT__0)"));
+  EXPECT_THAT(names.status().message(),
+              HasSubstr("cannot bind config inputs to forward(INPUT__0)"));
 }
 
 TEST_F(TorchBackendTest, ExceptionInForwardIsAStatusAndTheInstanceServesOn) {
@@ -356,7 +378,8 @@ TEST_F(TorchBackendTest, StringsInAndOut) {
   EXPECT_EQ(first.outputs()[0].data, Strings({"ab!"}));
   ASSERT_EQ(second.outputs().size(), 2u);
   EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 1));
-  EXPECT_EQ(second.outputs()[0].data, Encode(DataType::kInt64, {0, 3}));  // TorchScript's len counts bytes
+  EXPECT_EQ(second.outputs()[0].data,
+            Encode(DataType::kInt64, {0, 3}));  // TorchScript's len counts bytes
   EXPECT_THAT(second.outputs()[1].shape, ElementsAre(2, 1));
   EXPECT_EQ(second.outputs()[1].data, Strings({"!", "x\xc3\xa9!"}));
 }
@@ -367,13 +390,15 @@ TEST_F(TorchBackendTest, StringsAndTensorsCannotStandInForEachOther) {
   tensor_config.inputs[0].dtype = DataType::kFp32;
   auto loaded = factory_->Load(tensor_config, SaveModule("strings", kStringModel), Device{});
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(loaded.status().message(),
-              HasSubstr("input 'TEXT' is FP32 in config.pbtxt, but forward() takes 'TEXT' as List[str]"));
+  EXPECT_THAT(
+      loaded.status().message(),
+      HasSubstr("input 'TEXT' is FP32 in config.pbtxt, but forward() takes 'TEXT' as List[str]"));
   ModelSpec string_config = StringSpec();
   string_config.inputs[0].name = "INPUT__0";
   loaded = factory_->Load(string_config, SaveModule("double", kDouble), Device{});
   EXPECT_THAT(loaded.status().message(),
-              HasSubstr("input 'INPUT__0' is TYPE_STRING in config.pbtxt, but forward() takes 'INPUT__0' as Tensor"));
+              HasSubstr("input 'INPUT__0' is TYPE_STRING in config.pbtxt, but forward() takes "
+                        "'INPUT__0' as Tensor"));
 
   // At run time: what the model returns against the declared outputs.
   const std::string bytes = Strings({"a", "b"});
@@ -386,14 +411,19 @@ TEST_F(TorchBackendTest, StringsAndTensorsCannotStandInForEachOther) {
     const char* message;
   };
   for (const Case& c : std::vector<Case>{
-           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), torch.zeros(2, 1)\n",
-            "returned a Tensor for output 'SHOUT', which config.pbtxt declares TYPE_STRING: return a List[str]"},
+           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), "
+            "torch.zeros(2, 1)\n",
+            "returned a Tensor for output 'SHOUT', which config.pbtxt declares TYPE_STRING: return "
+            "a List[str]"},
            {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), [1, 2]\n",
             "returned a list holding a Int for output 'SHOUT'"},
-           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), TEXT + TEXT + TEXT\n",
-            "returned 6 strings for output 'SHOUT', but config.pbtxt declares [-1,1] with batch size 2"},
+           {"def forward(self, TEXT: List[str]):\n    return torch.tensor([[0], [0]]), TEXT + TEXT "
+            "+ TEXT\n",
+            "returned 6 strings for output 'SHOUT', but config.pbtxt declares [-1,1] with batch "
+            "size 2"},
            {"def forward(self, TEXT: List[str]):\n    return TEXT, TEXT\n",
-            "returned a GenericList for output 'LENGTH', not a tensor (config.pbtxt declares INT64)"},
+            "returned a GenericList for output 'LENGTH', not a tensor (config.pbtxt declares "
+            "INT64)"},
        }) {
     auto backend = factory_->Load(StringSpec(), SaveModule("wrong", c.source), Device{});
     ASSERT_TRUE(backend.ok()) << backend.status();
@@ -405,24 +435,30 @@ TEST_F(TorchBackendTest, StringsAndTensorsCannotStandInForEachOther) {
 
 TEST_F(TorchBackendTest, OutputsDisagreeingWithConfigAreErrors) {
   {
-    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
-                                  SaveModule("to_double", "def forward(self, INPUT__0):\n    return INPUT__0.double()\n"), Device{});
+    auto backend = factory_->Load(
+        Spec(DataType::kFp32, DataType::kFp32),
+        SaveModule("to_double", "def forward(self, INPUT__0):\n    return INPUT__0.double()\n"),
+        Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
-    EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),
-                HasSubstr("produced Double for output 'OUTPUT__0', but config.pbtxt declares FP32"));
+    EXPECT_THAT(
+        testing::Run(**backend, owned->request).status().message(),
+        HasSubstr("produced Double for output 'OUTPUT__0', but config.pbtxt declares FP32"));
   }
   {
-    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32, {-1}, {4}),
-                                  SaveModule("same", "def forward(self, INPUT__0):\n    return INPUT__0\n"), Device{});
+    auto backend = factory_->Load(
+        Spec(DataType::kFp32, DataType::kFp32, {-1}, {4}),
+        SaveModule("same", "def forward(self, INPUT__0):\n    return INPUT__0\n"), Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1, 2}, {1, 2});
-    EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),
-                HasSubstr("produced shape [1,2] for output 'OUTPUT__0', but config.pbtxt declares [-1,4]"));
+    EXPECT_THAT(
+        testing::Run(**backend, owned->request).status().message(),
+        HasSubstr("produced shape [1,2] for output 'OUTPUT__0', but config.pbtxt declares [-1,4]"));
   }
   {
-    auto backend = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
-                                  SaveModule("number", "def forward(self, INPUT__0):\n    return 3\n"), Device{});
+    auto backend = factory_->Load(
+        Spec(DataType::kFp32, DataType::kFp32),
+        SaveModule("number", "def forward(self, INPUT__0):\n    return 3\n"), Device{});
     ASSERT_TRUE(backend.ok());
     auto owned = MakeRequest(DataType::kFp32, {1}, {1, 1});
     EXPECT_THAT(testing::Run(**backend, owned->request).status().message(),

@@ -46,7 +46,8 @@ TEST(AdmissionTest, TheServerBudgetIsSharedAndGivenBackByReleaseMoveKeepsItAndDe
     Admission second({10, 1000, budget, 1});
     ASSERT_TRUE(first.Admit(0, 70, "a", Full).ok());
     const Status refused = second.Admit(0, 40, "b", Full);
-    EXPECT_THAT(refused.message(), HasSubstr("the server has 70 input bytes waiting (limit 100, --max-queued-bytes)"));
+    EXPECT_THAT(refused.message(),
+                HasSubstr("the server has 70 input bytes waiting (limit 100, --max-queued-bytes)"));
     EXPECT_EQ(second.requests(), 0u);  // a refusal counts nothing
     ASSERT_TRUE(second.Admit(0, 30, "b", Full).ok());
     EXPECT_EQ(budget->used(), 100u);

@@ -37,9 +37,10 @@ void* Counted(size_t bytes, size_t alignment) {
     g_trace.store(true);
   }
   if (bytes == 0) bytes = 1;
-  void* memory = alignment > alignof(std::max_align_t)
-                     ? std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment)
-                     : std::malloc(bytes);
+  void* memory =
+      alignment > alignof(std::max_align_t)
+          ? std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment)
+          : std::malloc(bytes);
   if (memory == nullptr) throw std::bad_alloc();
   return memory;
 }
@@ -48,7 +49,9 @@ void* Counted(size_t bytes, size_t alignment) {
 
 void* operator new(size_t bytes) { return Counted(bytes, 0); }
 void* operator new[](size_t bytes) { return Counted(bytes, 0); }
-void* operator new(size_t bytes, std::align_val_t alignment) { return Counted(bytes, static_cast<size_t>(alignment)); }
+void* operator new(size_t bytes, std::align_val_t alignment) {
+  return Counted(bytes, static_cast<size_t>(alignment));
+}
 void* operator new[](size_t bytes, std::align_val_t alignment) {
   return Counted(bytes, static_cast<size_t>(alignment));
 }
@@ -85,7 +88,8 @@ class CopyBackend final : public ModelBackend {
   Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) override {
     static const std::string kName = "y";
     const TensorView& x = batch.inputs.front();
-    const HostOutput outputs[] = {{&kName, x.dtype, x.shape, x.data, x.byte_size, MemoryType::kCpu}};
+    const HostOutput outputs[] = {
+        {&kName, x.dtype, x.shape, x.data, x.byte_size, MemoryType::kCpu}};
     return DeliverOutputs(outputs, targets, /*batched=*/true);
   }
 };

@@ -76,7 +76,8 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "m";
     request->batch_size = i + 1;
-    request->inputs.push_back({"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size()});
+    request->inputs.push_back(
+        {"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size()});
     PendingRequest pending{std::move(request), nullptr, nullptr, clock_.Now(), buffers[i].size()};
     ASSERT_TRUE(queue.Add(pending).ok());
   }
@@ -93,13 +94,15 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
   EXPECT_THAT(assembled.inputs[0].shape, ElementsAre(4, 1));
   const std::string_view staged(assembled.inputs[0].data, assembled.inputs[0].byte_size);
   ASSERT_TRUE(CheckBytesTensor("staged", staged, 4, true).ok());
-  EXPECT_THAT(SplitBytesTensor(staged), ElementsAre("a", "bbbb", "", ""));  // the padding row: empty
+  EXPECT_THAT(SplitBytesTensor(staged),
+              ElementsAre("a", "bbbb", "", ""));  // the padding row: empty
 
   // The batch's output splits back by rows, whatever each row's byte length.
   const std::string name = "out";
   std::string out;
   for (const char* element : {"x", "yyyyyy", "zz", "pad"}) AppendBytesElement(element, &out);
-  const HostOutput strings{&name, DataType::kBytes, {4, 1}, out.data(), out.size(), MemoryType::kCpu};
+  const HostOutput strings{&name,      DataType::kBytes, {4, 1},
+                           out.data(), out.size(),       MemoryType::kCpu};
   TensorSink first, second;
   const std::vector<OutputTarget> targets = {{1, nullptr, &first}, {2, nullptr, &second}};
   ASSERT_TRUE(DeliverOutputs({&strings, 1}, targets, /*batched=*/true).ok());
@@ -112,7 +115,8 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
 TEST_F(BatchAssemblyTest, DeliverRejectsOutputsWithoutBatchDimension) {
   const std::string name = "y";
   const std::string data(12, '\0');
-  const HostOutput wrong{&name, DataType::kFp32, {1, 3}, data.data(), data.size(), MemoryType::kCpu};
+  const HostOutput wrong{&name,       DataType::kFp32, {1, 3},
+                         data.data(), data.size(),     MemoryType::kCpu};
   TensorSink a, b;
   const std::vector<OutputTarget> targets = {{1, nullptr, &a}, {1, nullptr, &b}};
   EXPECT_THAT(DeliverOutputs({&wrong, 1}, targets, /*batched=*/true).message(),

@@ -22,8 +22,8 @@ TEST(BatchCostModelTest, SizesNeverMeasuredAreInterpolatedOrScaledTowardsTooLong
   BatchCostModel costs(1);
   costs.Seed(0, "g", 2, 200us);
   costs.Seed(0, "g", 6, 400us);
-  EXPECT_EQ(costs.Predict("g", 4, Pick::kSlowest), 300us);  // halfway
-  EXPECT_EQ(costs.Predict("g", 1, Pick::kSlowest), 200us);  // below the smallest: as much as it
+  EXPECT_EQ(costs.Predict("g", 4, Pick::kSlowest), 300us);   // halfway
+  EXPECT_EQ(costs.Predict("g", 1, Pick::kSlowest), 200us);   // below the smallest: as much as it
   EXPECT_EQ(costs.Predict("g", 12, Pick::kSlowest), 800us);  // beyond the largest: per row
 }
 
@@ -93,10 +93,10 @@ TEST(BatchCostModelTest, ThePlanShareNeverFallsBelowTwiceTheCostliestLoneRow) {
   for (int i = 0; i < 1000; ++i) costs.ObserveAnswer(2000us);
   EXPECT_EQ(costs.PlanShare(), kMinPlanShare);
   costs.Seed(0, "cheap", 1, 50us);
-  costs.Seed(0, "dear", 2, 300us);  // its smallest size measured stands for a lone row
-  costs.Seed(1, "dear", 1, 200us);  // the fastest instance counts
+  costs.Seed(0, "dear", 2, 300us);           // its smallest size measured stands for a lone row
+  costs.Seed(1, "dear", 1, 200us);           // the fastest instance counts
   EXPECT_DOUBLE_EQ(costs.PlanShare(), 0.4);  // 2 x 200 us of 1000
-  costs.Observe(1, "dear", 1, 700us);  // smoothed: 200 x 0.8 + 700 x 0.2 = 300 us
+  costs.Observe(1, "dear", 1, 700us);        // smoothed: 200 x 0.8 + 700 x 0.2 = 300 us
   EXPECT_DOUBLE_EQ(costs.PlanShare(), 0.6);
 }
 

@@ -27,7 +27,9 @@ inline Owned Make(int64_t rows, int64_t width, int32_t tag, TimePoint deadline =
   owned.request->id = std::to_string(tag);
   owned.request->batch_size = rows;
   owned.request->deadline = deadline;
-  owned.request->inputs.push_back({"x", DataType::kInt32, {rows, width},
+  owned.request->inputs.push_back({"x",
+                                   DataType::kInt32,
+                                   {rows, width},
                                    reinterpret_cast<const char*>(owned.data.data()),
                                    owned.data.size() * sizeof(int32_t)});
   return owned;
@@ -43,11 +45,13 @@ class BatchQueueFixture : public ::testing::Test {
     return options;
   }
 
-  // Adds a request; keeps its data alive for the test. `why` (may be null) and `busy`: BatchQueue::Add's.
+  // Adds a request; keeps its data alive for the test. `why` (may be null) and `busy`:
+  // BatchQueue::Add's.
   Status Add(BatchQueue& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline,
              EarlyRefusal* why = nullptr, int busy = -1) {
     Owned owned = Make(rows, width, next_tag_++, deadline);
-    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
+                           owned.data.size() * 4};
     data_.push_back(std::move(owned.data));
     return queue.Add(pending, why, busy);
   }

@@ -242,7 +242,7 @@ TEST_F(BatchQueueTest, PaddingToPreferredSizes) {
 TEST_F(BatchQueueTest, OneRequestPerBatchKeepsArrivalOrderAcrossShapes) {
   auto options = Options();
   options.one_request_per_batch = true;
-  options.max_groups = 1;  // never reached: every shape waits in the one queue
+  options.max_groups = 1;        // never reached: every shape waits in the one queue
   options.max_queue_delay = 1s;  // ignored: a lone request needs no company
   BatchQueue queue(options);
   ASSERT_TRUE(Add(queue, 2).ok());
@@ -266,7 +266,8 @@ class PriorityQueueTest : public testing::BatchQueueFixture {
     testing::Owned owned = Make(rows, width, next_tag_++);
     owned.request->priority_level = level;
     owned.request->delay_after = delay_after;
-    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
+                           owned.data.size() * 4};
     data_.push_back(std::move(owned.data));
     return queue.Add(pending);
   }
@@ -294,14 +295,15 @@ TEST_F(PriorityQueueTest, HigherLevelsGoFirstAndABatchMixesLevelsWhereTheyLeaveR
 // cap; the queued run moves up to a waiter's higher level and waits to the latest deadline.
 TEST_F(PriorityQueueTest, WaitersOutsideCountAtTheirLevelAndARescheduledRequestMovesUp) {
   BatchQueue queue(Levels({2, 8}));
-  ASSERT_TRUE(AddAt(queue, 1).ok());  // "1"
-  ASSERT_TRUE(AddAt(queue, 2).ok());  // "2"
+  ASSERT_TRUE(AddAt(queue, 1).ok());               // "1"
+  ASSERT_TRUE(AddAt(queue, 2).ok());               // "2"
   testing::Owned owned = Make(2, 2, next_tag_++);  // "3": level 2, until 50 us from now
   auto tag = std::make_shared<std::atomic<bool>>(false);
   owned.request->cancelled = tag;
   owned.request->priority_level = 2;
   owned.request->deadline = clock_.Now() + 50us;
-  PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), owned.data.size() * 4};
+  PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
+                         owned.data.size() * 4};
   data_.push_back(std::move(owned.data));
   ASSERT_TRUE(queue.Add(pending).ok());
 
@@ -365,16 +367,19 @@ TEST_F(PriorityQueueTest, EachLevelHasItsOwnRequestCapAndTheBytesAreCappedTogeth
   ASSERT_TRUE(AddAt(queue, 1, 1).ok());
   Status full = AddAt(queue, 1, 1);
   EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(full.message(), HasSubstr("has 1 requests waiting at priority level 1 (that level's max_queue_size)"));
+  EXPECT_THAT(
+      full.message(),
+      HasSubstr("has 1 requests waiting at priority level 1 (that level's max_queue_size)"));
   ASSERT_TRUE(AddAt(queue, 2, 1).ok());
   ASSERT_TRUE(AddAt(queue, 2, 2).ok());  // 4 rows: 32 bytes over both levels
-  EXPECT_EQ(queue.size(), 3u);  // every level's requests
+  EXPECT_EQ(queue.size(), 3u);           // every level's requests
   EXPECT_EQ(queue.bytes(), 32u);
   EXPECT_THAT(AddAt(queue, 2, 1).message(), HasSubstr("at priority level 2"));
   queue.TakeAll();
   ASSERT_TRUE(AddAt(queue, 1, 2).ok());
   ASSERT_TRUE(AddAt(queue, 2, 2).ok());
-  EXPECT_THAT(AddAt(queue, 2, 2).message(), HasSubstr("sluice.max_queued_bytes=40"));  // 48 > 40 together
+  EXPECT_THAT(AddAt(queue, 2, 2).message(),
+              HasSubstr("sluice.max_queued_bytes=40"));  // 48 > 40 together
   // A batch gives its requests' places back to their levels.
   clock_.Advance(100us);
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
@@ -388,9 +393,9 @@ TEST_F(PriorityQueueTest, ATimedOutDelayRequestWaitsBehindItsLevelButAheadOfLowe
   options.max_batch_size = 4;
   BatchQueue queue(options);
   ASSERT_TRUE(AddAt(queue, 1, 2, clock_.Now() + 10us).ok());  // "1": DELAY timeout in 10 us
-  ASSERT_TRUE(AddAt(queue, 2, 2).ok());                        // "2"
-  ASSERT_TRUE(AddAt(queue, 1, 2).ok());                        // "3"
-  queue.DelayOverdue(clock_.Now());  // nothing due: 1, 3, 2
+  ASSERT_TRUE(AddAt(queue, 2, 2).ok());                       // "2"
+  ASSERT_TRUE(AddAt(queue, 1, 2).ok());                       // "3"
+  queue.DelayOverdue(clock_.Now());                           // nothing due: 1, 3, 2
   clock_.Advance(10us);
   queue.DelayOverdue(clock_.Now());  // "1" goes behind "3", still ahead of level 2
   clock_.Advance(90us);
@@ -407,8 +412,8 @@ TEST_F(PriorityQueueTest, DelayWithoutLevelsPutsTimedOutRequestsLastInArrivalOrd
   BatchQueue queue(options);
   ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "1"
   ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "2"
-  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                       // "3"
-  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                       // "4"
+  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                      // "3"
+  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                      // "4"
   clock_.Advance(5us);
   queue.DelayOverdue(clock_.Now());
   clock_.Advance(95us);

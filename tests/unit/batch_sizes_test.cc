@@ -1,4 +1,5 @@
-// Batch sizes chosen by measurement (sluice.auto_batch_sizes): when the rule applies and what it keeps.
+// Batch sizes chosen by measurement (sluice.auto_batch_sizes): when the rule applies and what it
+// keeps.
 #include <string>
 #include <vector>
 
@@ -27,10 +28,12 @@ TEST(AutoBatchSizesTest, AppliesOnlyWithoutPreferredSizesToAFiniteWarmedSet) {
   EXPECT_EQ(AutoBatchSizesOffReason(spec, ComputeShapePlan(spec), false), "warm-up is off");
   ModelSpec other = spec;
   other.dynamic_batching.preferred_batch_sizes = {4};
-  EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), "preferred_batch_size is set");
+  EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true),
+            "preferred_batch_size is set");
   other = spec;
   other.dynamic_batching.auto_batch_sizes = false;
-  EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), "sluice.auto_batch_sizes is false");
+  EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true),
+            "sluice.auto_batch_sizes is false");
   other = spec;
   other.dynamic_batching.enabled = false;
   EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), "no dynamic_batching");
@@ -39,10 +42,12 @@ TEST(AutoBatchSizesTest, AppliesOnlyWithoutPreferredSizesToAFiniteWarmedSet) {
   EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), "max_batch_size is 1");
   other = spec;
   other.inputs[0].dims = {-1, 4};
-  EXPECT_THAT(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), HasSubstr("open-ended"));
+  EXPECT_THAT(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true),
+              HasSubstr("open-ended"));
 
   // Where it applies, every shape-plan request gets timed runs and its batch size; samples none.
-  spec.warmup_samples = {{"zeros", 1, 2, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kZero, ""}}}};
+  spec.warmup_samples = {
+      {"zeros", 1, 2, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kZero, ""}}}};
   auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
   ASSERT_TRUE(warmup.ok()) << warmup.status();
   ASSERT_EQ(warmup->size(), 9u);
@@ -67,8 +72,9 @@ WarmupPass Timed(int instance, int64_t batch_size, Duration median, std::string 
 
 TEST(AutoBatchSizesTest, KeepsASizeOnlyWhereItServesAtLeastNearlyTheBestRateBelow) {
   // Rows/s like a CPU conv net: rising to 4, a cliff from 5 to 7, back up at 8.
-  const std::vector<std::pair<int, Duration>> times = {
-      {1, 1000us}, {2, 1500us}, {3, 2000us}, {4, 2500us}, {5, 5000us}, {6, 5000us}, {7, 5000us}, {8, 2600us}};
+  const std::vector<std::pair<int, Duration>> times = {{1, 1000us}, {2, 1500us}, {3, 2000us},
+                                                       {4, 2500us}, {5, 5000us}, {6, 5000us},
+                                                       {7, 5000us}, {8, 2600us}};
   std::vector<WarmupPass> passes;
   for (const auto& [size, median] : times) passes.push_back(Timed(0, size, median));
   passes.push_back(WarmupPass{});  // a model_warmup sample: no batch size, no timing

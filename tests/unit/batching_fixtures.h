@@ -42,7 +42,8 @@ inline ModelSpec PaddedSpec() {
 }
 
 // Without dynamic_batching: one request per forward pass, on the steady clock.
-inline std::unique_ptr<DynamicBatcher> OneAtATime(const ModelSpec& spec, std::unique_ptr<ModelBackend> backend) {
+inline std::unique_ptr<DynamicBatcher> OneAtATime(const ModelSpec& spec,
+                                                  std::unique_ptr<ModelBackend> backend) {
   static SteadyTimeSource clock;
   std::vector<std::unique_ptr<ModelBackend>> instances;
   instances.push_back(std::move(backend));

@@ -1,4 +1,5 @@
-// When a model's requests may run on the thread that received them (sluice.run_on_receiving_thread).
+// When a model's requests may run on the thread that received them
+// (sluice.run_on_receiving_thread).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -38,8 +39,8 @@ TEST(CallerRunsTest, OffUnlessTheConfigAsks) {
 TEST(CallerRunsTest, OnWhenTheSlowestLoneRequestIsWithinTheBound) {
   // Two instances and two lone shapes (batch 0: a model without a batch dimension, or a
   // model_warmup sample); the batch-4 pass is not a lone request and does not count.
-  const CallerRunsChoice choice =
-      ChooseCallerRuns(Asking(500), {Pass(1, 120us), Pass(0, 0us, 480us), Pass(4, 900us), Pass(1, 130us)});
+  const CallerRunsChoice choice = ChooseCallerRuns(
+      Asking(500), {Pass(1, 120us), Pass(0, 0us, 480us), Pass(4, 900us), Pass(1, 130us)});
   EXPECT_TRUE(choice.asked);
   EXPECT_TRUE(choice.on) << choice.reason;
   EXPECT_EQ(choice.measured, Duration(480us));  // a pass without timed runs counts its last run

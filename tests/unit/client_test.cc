@@ -74,19 +74,22 @@ TEST_F(ClientTest, ServerErrorsKeepCodeAndMessage) {
 TEST_F(ClientTest, MalformedResponsesAreDataLoss) {
   inference::ModelInferResponse reply;
   reply.add_outputs()->set_datatype("FP32");
-  EXPECT_CALL(*stub_, ModelInfer(_, _, _)).WillOnce(DoAll(SetArgPointee<2>(reply), Return(grpc::Status::OK)));
+  EXPECT_CALL(*stub_, ModelInfer(_, _, _))
+      .WillOnce(DoAll(SetArgPointee<2>(reply), Return(grpc::Status::OK)));
   EXPECT_EQ(client_->Infer("m", {}).status().code(), absl::StatusCode::kDataLoss);
 
   reply.add_raw_output_contents("");
   reply.mutable_outputs(0)->set_datatype("WEIRD");
-  EXPECT_CALL(*stub_, ModelInfer(_, _, _)).WillOnce(DoAll(SetArgPointee<2>(reply), Return(grpc::Status::OK)));
+  EXPECT_CALL(*stub_, ModelInfer(_, _, _))
+      .WillOnce(DoAll(SetArgPointee<2>(reply), Return(grpc::Status::OK)));
   EXPECT_THAT(client_->Infer("m", {}).status().message(), HasSubstr("unknown datatype 'WEIRD'"));
 }
 
 TEST_F(ClientTest, HealthAndIndex) {
   inference::ServerReadyResponse ready;
   ready.set_ready(true);
-  EXPECT_CALL(*stub_, ServerReady(_, _, _)).WillOnce(DoAll(SetArgPointee<2>(ready), Return(grpc::Status::OK)));
+  EXPECT_CALL(*stub_, ServerReady(_, _, _))
+      .WillOnce(DoAll(SetArgPointee<2>(ready), Return(grpc::Status::OK)));
   EXPECT_TRUE(*client_->ServerReady());
   inference::RepositoryIndexRequest sent;
   EXPECT_CALL(*stub_, RepositoryIndex(_, _, _))

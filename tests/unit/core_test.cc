@@ -88,22 +88,22 @@ TEST(BytesTensorTest, EveryMalformedBufferIsRefusedWithItsReason) {
 }
 
 TEST(BytesTensorTest, Utf8IsStrict) {
-  for (const char* valid : {"", "plain", "\xc3\xa9", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf",
-                            "\xef\xbf\xbd", "\x7f"}) {
+  for (const char* valid : {"", "plain", "\xc3\xa9", "\xe4\xb8\xad", "\xf0\x9f\x98\x80",
+                            "\xf4\x8f\xbf\xbf", "\xef\xbf\xbd", "\x7f"}) {
     EXPECT_TRUE(IsValidUtf8(valid)) << valid;
   }
   struct Bad {
     std::string text;
     size_t offset;
   };
-  for (const Bad& bad : std::vector<Bad>{{"a\x80", 1},            // continuation byte alone
-                                         {"\xc0\xaf", 0},         // overlong '/'
-                                         {"\xc1\xbf", 0},         // overlong
-                                         {"\xe0\x80\xaf", 0},     // overlong 3-byte
-                                         {"\xed\xa0\x80", 0},     // UTF-16 surrogate
-                                         {"\xf0\x80\x80\xaf", 0}, // overlong 4-byte
-                                         {"\xf4\x90\x80\x80", 0}, // past U+10FFFF
-                                         {"\xf5\x80\x80\x80", 0}, // no such lead byte
+  for (const Bad& bad : std::vector<Bad>{{"a\x80", 1},             // continuation byte alone
+                                         {"\xc0\xaf", 0},          // overlong '/'
+                                         {"\xc1\xbf", 0},          // overlong
+                                         {"\xe0\x80\xaf", 0},      // overlong 3-byte
+                                         {"\xed\xa0\x80", 0},      // UTF-16 surrogate
+                                         {"\xf0\x80\x80\xaf", 0},  // overlong 4-byte
+                                         {"\xf4\x90\x80\x80", 0},  // past U+10FFFF
+                                         {"\xf5\x80\x80\x80", 0},  // no such lead byte
                                          {"ab\xe4\xb8", 2},        // truncated at the end
                                          {"\xe4\x41\x41", 0}}) {   // a continuation missing
     size_t offset = 99;
@@ -125,16 +125,20 @@ TEST(TensorTest, ElementCountRejectsNegativeAndOverflow) {
 TEST(PemTest, ReadsPemAndNamesTheFlagOnErrors) {
   const auto directory = std::filesystem::temp_directory_path() / "sluice_pem_test";
   std::filesystem::create_directories(directory);
-  std::ofstream(directory / "good.pem") << "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  std::ofstream(directory / "good.pem")
+      << "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
   std::ofstream(directory / "bad.pem") << "not a certificate";
   auto good = ReadPemFile((directory / "good.pem").string(), "--grpc-server-cert");
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_THAT(*good, ::testing::HasSubstr("BEGIN CERTIFICATE"));
-  EXPECT_THAT(ReadPemFile((directory / "bad.pem").string(), "--grpc-server-cert").status().message(),
-              ::testing::HasSubstr("--grpc-server-cert: " + (directory / "bad.pem").string() + " is not a PEM file"));
+  EXPECT_THAT(
+      ReadPemFile((directory / "bad.pem").string(), "--grpc-server-cert").status().message(),
+      ::testing::HasSubstr("--grpc-server-cert: " + (directory / "bad.pem").string() +
+                           " is not a PEM file"));
   EXPECT_THAT(ReadPemFile((directory / "none.pem").string(), "--grpc-root-cert").status().message(),
               ::testing::HasSubstr("--grpc-root-cert: cannot read"));
-  EXPECT_THAT(ReadPemFile("", "--grpc-server-key").status().message(), ::testing::HasSubstr("--grpc-server-key is required"));
+  EXPECT_THAT(ReadPemFile("", "--grpc-server-key").status().message(),
+              ::testing::HasSubstr("--grpc-server-key is required"));
   std::filesystem::remove_all(directory);
 }
 
@@ -163,7 +167,8 @@ TEST(CpuBudgetTest, TheSmallestLimitWinsAndAQuotaRoundsUp) {
 
 TEST(CpuListTest, TasksetsFormParsesSortedAndOnceEach) {
   EXPECT_EQ(ParseCpuList("0").value_or(std::vector<int>{}), (std::vector<int>{0}));
-  EXPECT_EQ(ParseCpuList("8, 0-3,2").value_or(std::vector<int>{}), (std::vector<int>{0, 1, 2, 3, 8}));
+  EXPECT_EQ(ParseCpuList("8, 0-3,2").value_or(std::vector<int>{}),
+            (std::vector<int>{0, 1, 2, 3, 8}));
   EXPECT_EQ(ParseCpuList("5-5").value_or(std::vector<int>{}), (std::vector<int>{5}));
   for (const char* bad : {"", "a", "-1", "3-1", "1-", "0,,1", "1024", "1-2-3"}) {
     EXPECT_FALSE(ParseCpuList(bad).ok()) << bad;
@@ -179,7 +184,8 @@ TEST(CpuListTest, TheModelsTakeTheirCpusAndTheFrontEndsTheRest) {
   EXPECT_EQ(split->front_ends, (std::vector<int>{1, 3}));
   // Every CPU for the models leaves the front ends nothing; a CPU the process may not use is no
   // CPU at all.
-  EXPECT_THAT(std::string(SplitCpus({0, 1}, {0, 1}).status().message()), HasSubstr("leave at least one"));
+  EXPECT_THAT(std::string(SplitCpus({0, 1}, {0, 1}).status().message()),
+              HasSubstr("leave at least one"));
   EXPECT_THAT(std::string(SplitCpus({1, 7}, {0, 1, 2}).status().message()),
               HasSubstr("CPU(s) 7 are not among the CPUs this process may use (0,1,2)"));
   EXPECT_FALSE(SplitCpus({}, {0, 1}).ok());
@@ -191,7 +197,8 @@ TEST(CpuListTest, FirstAndLastCountFromTheEndsOfTheCpusAllowed) {
   EXPECT_TRUE(last->list.empty());
   EXPECT_FALSE(last->empty());
   // A container's CPUs need not start at 0 nor be contiguous.
-  EXPECT_EQ(ChooseCpus(*last, {4, 5, 9, 12}).value_or(std::vector<int>{}), (std::vector<int>{9, 12}));
+  EXPECT_EQ(ChooseCpus(*last, {4, 5, 9, 12}).value_or(std::vector<int>{}),
+            (std::vector<int>{9, 12}));
   absl::StatusOr<CpuChoice> first = ParseCpuChoice(" first:1");
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(ChooseCpus(*first, {4, 5, 9, 12}).value_or(std::vector<int>{}), (std::vector<int>{4}));
@@ -200,13 +207,16 @@ TEST(CpuListTest, FirstAndLastCountFromTheEndsOfTheCpusAllowed) {
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(ChooseCpus(*list, {0, 1}).value_or(std::vector<int>{}), (std::vector<int>{1, 3}));
   // As many as the process may use leaves the front ends nothing.
-  EXPECT_THAT(std::string(ChooseCpus(*last, {7, 8}).status().message()),
-              HasSubstr("last:2 would give the models every CPU this process may use (7,8): leave at least one"));
-  for (const char* bad : {"last:", "last:0", "first:-1", "last:2x", "first:99999", "middle:1", "last:1,2", "LAST:2",
-                          "last :2"}) {
+  EXPECT_THAT(
+      std::string(ChooseCpus(*last, {7, 8}).status().message()),
+      HasSubstr(
+          "last:2 would give the models every CPU this process may use (7,8): leave at least one"));
+  for (const char* bad : {"last:", "last:0", "first:-1", "last:2x", "first:99999", "middle:1",
+                          "last:1,2", "LAST:2", "last :2"}) {
     EXPECT_FALSE(ParseCpuChoice(bad).ok()) << bad;
   }
-  EXPECT_THAT(std::string(ParseCpuChoice("first:99999").status().message()), HasSubstr("from 1 to 1024"));
+  EXPECT_THAT(std::string(ParseCpuChoice("first:99999").status().message()),
+              HasSubstr("from 1 to 1024"));
   EXPECT_THAT(std::string(ParseCpuChoice("LAST:2").status().message()),
               HasSubstr("is none of a CPU list (0-3,8), first:N or last:N"));
   // absl's number parsing: spaces around N and a plus sign are accepted.
@@ -230,7 +240,8 @@ TEST(CpuListTest, ASharedPoolUnderAQuotaIsNamed) {
 class CpuBudgetFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = std::filesystem::temp_directory_path() / ("sluice_cgroup_" + std::to_string(::getpid()));
+    root_ =
+        std::filesystem::temp_directory_path() / ("sluice_cgroup_" + std::to_string(::getpid()));
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_);
   }
@@ -343,8 +354,11 @@ class CountingConnection final : public AnswerConnection {
 
 class SinkOn final : public OutputSink {
  public:
-  explicit SinkOn(std::shared_ptr<AnswerConnection> connection) : connection_(std::move(connection)) {}
-  StatusOr<char*> Allocate(const OutputDescription&) override { return absl::InternalError("not written"); }
+  explicit SinkOn(std::shared_ptr<AnswerConnection> connection)
+      : connection_(std::move(connection)) {}
+  StatusOr<char*> Allocate(const OutputDescription&) override {
+    return absl::InternalError("not written");
+  }
   std::shared_ptr<AnswerConnection> Connection() override { return connection_; }
 
  private:
@@ -360,7 +374,8 @@ TEST(AnswerConnectionsTest, HoldsOnlyConnectionsTwoAnswersShareAndReleasesWhatIt
   EXPECT_EQ(plain.Connection(), nullptr);
   {
     AnswerConnections connections;
-    for (OutputSink* sink : std::initializer_list<OutputSink*>{&a, &c, &none, &d, &b, &e, &plain}) connections.Add(sink);
+    for (OutputSink* sink : std::initializer_list<OutputSink*>{&a, &c, &none, &d, &b, &e, &plain})
+      connections.Add(sink);
     EXPECT_EQ(connections.Hold(), 1u);  // `closed` was asked but could not be held
     EXPECT_EQ(shared->holds, 1);
     EXPECT_EQ(single->holds, 0);
@@ -416,8 +431,10 @@ class ValidationTest : public ::testing::Test {
   // A valid request with batch `batch`; byte sizes match shapes (data itself is not read).
   InferRequest Request(int64_t batch = 2) {
     InferRequest request;
-    request.inputs.push_back({"a", DataType::kFp32, {batch, 3}, buffer_, static_cast<size_t>(batch * 3 * 4)});
-    request.inputs.push_back({"b", DataType::kInt64, {batch, 5, 2}, buffer_, static_cast<size_t>(batch * 10 * 8)});
+    request.inputs.push_back(
+        {"a", DataType::kFp32, {batch, 3}, buffer_, static_cast<size_t>(batch * 3 * 4)});
+    request.inputs.push_back(
+        {"b", DataType::kInt64, {batch, 5, 2}, buffer_, static_cast<size_t>(batch * 10 * 8)});
     return request;
   }
 
@@ -441,20 +458,41 @@ TEST_F(ValidationTest, EachErrorNamesTheTensor) {
   };
   std::vector<Case> cases = {
       {"missing", [](InferRequest& r) { r.inputs.pop_back(); }, "missing input 'b'"},
-      {"extra", [](InferRequest& r) { r.inputs.push_back(r.inputs[0]); r.inputs.back().name = "c"; },
+      {"extra",
+       [](InferRequest& r) {
+         r.inputs.push_back(r.inputs[0]);
+         r.inputs.back().name = "c";
+       },
        "unexpected input 'c' for model 'm'; it takes: a, b"},
-      {"duplicate", [](InferRequest& r) { r.inputs.push_back(r.inputs[0]); }, "input 'a' is given more than once"},
+      {"duplicate", [](InferRequest& r) { r.inputs.push_back(r.inputs[0]); },
+       "input 'a' is given more than once"},
       {"dtype", [](InferRequest& r) { r.inputs[0].dtype = DataType::kFp64; },
        "input 'a' has datatype FP64, model 'm' expects FP32"},
-      {"rank", [](InferRequest& r) { r.inputs[0].shape = {2}; }, "rank 1 where the model takes rank 2"},
-      {"dims", [](InferRequest& r) { r.inputs[0].shape = {2, 4}; }, "dimension 1 is 4"},
-      {"bytes", [](InferRequest& r) { r.inputs[0].byte_size -= 1; }, "has 23 bytes of data, but shape [2,3] of FP32 needs 24"},
-      {"batch mismatch", [](InferRequest& r) { r.inputs[1].shape[0] = 1; r.inputs[1].byte_size = 80; },
+      {"rank", [](InferRequest& r) { r.inputs[0].shape = {2}; },
+       "rank 1 where the model takes rank 2"},
+      {"dims",
+       [](InferRequest& r) {
+         r.inputs[0].shape = {2, 4};
+       },
+       "dimension 1 is 4"},
+      {"bytes", [](InferRequest& r) { r.inputs[0].byte_size -= 1; },
+       "has 23 bytes of data, but shape [2,3] of FP32 needs 24"},
+      {"batch mismatch",
+       [](InferRequest& r) {
+         r.inputs[1].shape[0] = 1;
+         r.inputs[1].byte_size = 80;
+       },
        "inputs disagree on the batch dimension"},
-      {"batch too big", [this](InferRequest& r) { r = Request(5); }, "batch size 5 is outside [1, 4]"},
+      {"batch too big", [this](InferRequest& r) { r = Request(5); },
+       "batch size 5 is outside [1, 4]"},
       {"zero batch", [this](InferRequest& r) { r = Request(0); }, "batch size 0 is outside [1, 4]"},
-      {"unknown output", [](InferRequest& r) { r.requested_outputs = {"z"}; }, "unknown requested output 'z'"},
-      {"output twice", [](InferRequest& r) { r.requested_outputs = {"y", "y"}; }, "output 'y' is requested more than once"},
+      {"unknown output", [](InferRequest& r) { r.requested_outputs = {"z"}; },
+       "unknown requested output 'z'"},
+      {"output twice",
+       [](InferRequest& r) {
+         r.requested_outputs = {"y", "y"};
+       },
+       "output 'y' is requested more than once"},
   };
   for (const Case& c : cases) {
     InferRequest request = Request();
@@ -482,7 +520,8 @@ TEST_F(ValidationTest, StringInputsAreCheckedElementByElement) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("input 's': BYTES element 1 is not valid UTF-8"));
   request.inputs[0] = {"s", DataType::kFp32, {2, 1}, buffer_, 8};
-  EXPECT_THAT(ValidateRequest(spec_, &request).message(), HasSubstr("has datatype FP32, model 'm' expects BYTES"));
+  EXPECT_THAT(ValidateRequest(spec_, &request).message(),
+              HasSubstr("has datatype FP32, model 'm' expects BYTES"));
 }
 
 TEST_F(ValidationTest, ModelWithoutBatchingTakesExactShape) {
@@ -493,7 +532,8 @@ TEST_F(ValidationTest, ModelWithoutBatchingTakesExactShape) {
   ASSERT_TRUE(ValidateRequest(spec_, &request).ok());
   EXPECT_EQ(request.batch_size, 1);
   request.inputs[0].shape = {1, 2, 3};
-  EXPECT_THAT(ValidateRequest(spec_, &request).message(), HasSubstr("rank 3 where the model takes rank 2"));
+  EXPECT_THAT(ValidateRequest(spec_, &request).message(),
+              HasSubstr("rank 3 where the model takes rank 2"));
 }
 
 }  // namespace

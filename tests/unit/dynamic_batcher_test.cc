@@ -35,14 +35,18 @@ std::unique_ptr<InferRequest> Request(Call& call, int64_t rows, int64_t width, i
   auto request = std::make_unique<InferRequest>();
   request->model_name = "m";
   request->batch_size = rows;
-  request->inputs.push_back({"x", DataType::kInt32, {rows, width},
-                             reinterpret_cast<const char*>(call.data.data()), call.data.size() * 4});
+  request->inputs.push_back({"x",
+                             DataType::kInt32,
+                             {rows, width},
+                             reinterpret_cast<const char*>(call.data.data()),
+                             call.data.size() * 4});
   return request;
 }
 
 InferCompletion Answer(Call& call) {
   return [&call](Status status) {
-    if (call.answers.fetch_add(1) == 0) call.answer.set_value(testing::Collected(status, call.sink));
+    if (call.answers.fetch_add(1) == 0)
+      call.answer.set_value(testing::Collected(status, call.sink));
   };
 }
 
@@ -50,7 +54,8 @@ ModelSpec Spec() { return testing::EchoSpec(); }
 
 class DynamicBatcherTest : public ::testing::Test {
  protected:
-  std::unique_ptr<DynamicBatcher> Make(int instances = 1, Duration delay = 1s, std::vector<int> preferred = {}) {
+  std::unique_ptr<DynamicBatcher> Make(int instances = 1, Duration delay = 1s,
+                                       std::vector<int> preferred = {}) {
     std::vector<std::unique_ptr<ModelBackend>> backends;
     for (int i = 0; i < instances; ++i) {
       auto echo = std::make_unique<testing::EchoBackend>();
@@ -63,7 +68,9 @@ class DynamicBatcherTest : public ::testing::Test {
     options.queue.preferred_batch_sizes = std::move(preferred);
     options.clock = &clock_;
     options.stats = stats_;
-    options.on_fatal = [this](const Status& status) { fatal_.set_value(std::string(status.message())); };
+    options.on_fatal = [this](const Status& status) {
+      fatal_.set_value(std::string(status.message()));
+    };
     return *DynamicBatcher::Create(Spec(), std::move(backends), options);
   }
 
@@ -130,7 +137,8 @@ TEST_F(DynamicBatcherTest, DelayExpiryRunsOneBatchAndEachCallerGetsItsRows) {
   batcher->Enqueue(Request(c, 2, 2, 30), &c.sink, Answer(c));
   clock_.Advance(1s);
   batcher->Poke();
-  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(), rc = c.answer.get_future().get();
+  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(),
+       rc = c.answer.get_future().get();
   ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   EXPECT_EQ(ra->outputs[0].shape, (Shape{1, 2}));
   EXPECT_EQ(rb->outputs[0].shape, (Shape{3, 2}));
@@ -149,7 +157,8 @@ TEST_F(DynamicBatcherTest, ABatchSizeLadderLimitsTheBatchesFormed) {
   auto batcher = Make();
   batcher->SetBatchSizeLadder({1, 2});  // as sluice.auto_batch_sizes sets it after warm-up
   Call calls[5];
-  for (int i = 0; i < 5; ++i) batcher->Enqueue(Request(calls[i], 1, 2, i), &calls[i].sink, Answer(calls[i]));
+  for (int i = 0; i < 5; ++i)
+    batcher->Enqueue(Request(calls[i], 1, 2, i), &calls[i].sink, Answer(calls[i]));
   // Two rows are as full as the ladder goes: those batches run without waiting for the delay.
   ASSERT_TRUE(calls[3].answer.get_future().get().ok());
   clock_.Advance(1s);
@@ -161,9 +170,11 @@ TEST_F(DynamicBatcherTest, ABatchSizeLadderLimitsTheBatchesFormed) {
 TEST_F(DynamicBatcherTest, AThrowingBatchFailsOnlyItsOwnRequests) {
   auto batcher = Make();
   Call poisoned, same_group, other_group;
-  batcher->Enqueue(Request(poisoned, 1, 2, static_cast<int32_t>(0xEEEEEEEE)), &poisoned.sink, Answer(poisoned));
+  batcher->Enqueue(Request(poisoned, 1, 2, static_cast<int32_t>(0xEEEEEEEE)), &poisoned.sink,
+                   Answer(poisoned));
   batcher->Enqueue(Request(same_group, 1, 2, 5), &same_group.sink, Answer(same_group));
-  batcher->Enqueue(Request(other_group, 1, 3, 7), &other_group.sink, Answer(other_group));  // another shape
+  batcher->Enqueue(Request(other_group, 1, 3, 7), &other_group.sink,
+                   Answer(other_group));  // another shape
   clock_.Advance(1s);
   batcher->Poke();
   EXPECT_THAT(poisoned.answer.get_future().get().status().message(), HasSubstr("poisoned row"));
@@ -193,17 +204,22 @@ TEST_F(DynamicBatcherTest, DeadlineAndCancellationWhileQueuedNeverReachTheModel)
 
 TEST_F(DynamicBatcherTest, FatalErrorsAreReported) {
   std::vector<std::unique_ptr<ModelBackend>> backends;
-  backends.push_back(std::make_unique<testing::FakeBackend>([](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
-    return MarkFatal(absl::InternalError("CUDA error: an illegal memory access was encountered"));
-  }));
+  backends.push_back(std::make_unique<testing::FakeBackend>(
+      [](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
+        return MarkFatal(
+            absl::InternalError("CUDA error: an illegal memory access was encountered"));
+      }));
   DynamicBatcher::Options options;
   options.queue.max_batch_size = 8;
   options.clock = &clock_;
-  options.on_fatal = [this](const Status& status) { fatal_.set_value(std::string(status.message())); };
+  options.on_fatal = [this](const Status& status) {
+    fatal_.set_value(std::string(status.message()));
+  };
   auto batcher = *DynamicBatcher::Create(Spec(), std::move(backends), options);
   Call call;
   batcher->Enqueue(Request(call, 1, 2, 1), &call.sink, Answer(call));
-  EXPECT_THAT(call.answer.get_future().get().status().message(), HasSubstr("illegal memory access"));
+  EXPECT_THAT(call.answer.get_future().get().status().message(),
+              HasSubstr("illegal memory access"));
   EXPECT_THAT(fatal_.get_future().get(), HasSubstr("illegal memory access"));
 }
 
@@ -233,12 +249,14 @@ TEST_F(DynamicBatcherTest, ArrivalsWhileEveryInstanceIsBusyWakeTheBatcherOnlyFor
 
   model->CloseGate();
   Call first;
-  batcher->Enqueue(Request(first, 1, 2, 1), &first.sink, Answer(first));  // an instance idle: signals
-  model->WaitStarted(1);  // the only instance is busy
+  batcher->Enqueue(Request(first, 1, 2, 1), &first.sink,
+                   Answer(first));  // an instance idle: signals
+  model->WaitStarted(1);            // the only instance is busy
   const DynamicBatcher::BatcherWaits busy = WhenWaiting(*batcher);
   EXPECT_EQ(busy.arrival_signals, 1u);
   Call queued[5];
-  for (int i = 0; i < 5; ++i) batcher->Enqueue(Request(queued[i], 1, 2, 10 + i), &queued[i].sink, Answer(queued[i]));
+  for (int i = 0; i < 5; ++i)
+    batcher->Enqueue(Request(queued[i], 1, 2, 10 + i), &queued[i].sink, Answer(queued[i]));
   // Nothing the batcher could do: the instance going idle will wake it.
   EXPECT_EQ(batcher->Waits().arrival_signals, 1u);
 
@@ -304,7 +322,8 @@ TEST_F(DynamicBatcherTest, PreserveOrderingHoldsAnEarlyAnswerAndNeverARefusal) {
   batcher->Enqueue(Request(second, 1, 2, 2), &second.sink, noting(second, 2));
   while (running() < warmed + 2) std::this_thread::yield();
   batcher->Enqueue(Request(queued, 1, 2, 3), &queued.sink, noting(queued, 3));  // waits: both busy
-  batcher->Enqueue(Request(refused, 1, 2, 4), &refused.sink, noting(refused, 4));  // over the cap of 1
+  batcher->Enqueue(Request(refused, 1, 2, 4), &refused.sink,
+                   noting(refused, 4));  // over the cap of 1
   EXPECT_EQ(refused.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
   second_model->OpenGate();  // "2" ends first, then "3" runs there and ends: both are held
   auto second_answer = second.answer.get_future();
@@ -372,7 +391,8 @@ TEST_F(DynamicBatcherTest, WithCallerRunsALoneRequestRunsOnTheEnqueuingThreadAnd
   model.backend->WaitStarted(started + 1);
   auto request = Request(queued, 1, 2, 9);
   request->caller_may_run = true;
-  batcher->Enqueue(std::move(request), &queued.sink, Answer(queued));  // returns: it did not run here
+  batcher->Enqueue(std::move(request), &queued.sink,
+                   Answer(queued));  // returns: it did not run here
   model.backend->OpenGate();
   ASSERT_TRUE(busy.answer.get_future().get().ok());
   ASSERT_TRUE(queued.answer.get_future().get().ok());
@@ -389,7 +409,8 @@ TEST_F(DynamicBatcherTest, CallerRunsNeverSkipsTheQueueDelay) {
   request->caller_may_run = true;
   batcher->Enqueue(std::move(request), &call.sink, Answer(call));
   auto answer = call.answer.get_future();
-  EXPECT_EQ(answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);  // waits for company
+  EXPECT_EQ(answer.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout);  // waits for company
   clock_.Advance(1s);
   batcher->Poke();
   ASSERT_TRUE(answer.get().ok());
@@ -415,7 +436,8 @@ TEST_F(DynamicBatcherTest, StagingIsReusedAcrossManyBatches) {
     std::vector<std::unique_ptr<Call>> calls;
     for (int i = 0; i < 1 + round % 3; ++i) {
       calls.push_back(std::make_unique<Call>());
-      batcher->Enqueue(Request(*calls.back(), 1 + i, 4, round), &(*calls.back()).sink, Answer(*calls.back()));
+      batcher->Enqueue(Request(*calls.back(), 1 + i, 4, round), &(*calls.back()).sink,
+                       Answer(*calls.back()));
     }
     for (auto& call : calls) ASSERT_TRUE(call->answer.get_future().get().ok());
   }
@@ -447,7 +469,8 @@ TEST_F(DynamicBatcherTest, EachCallerGetsOnlyTheOutputsItAskedForWrittenOnce) {
   batcher->Enqueue(std::move(reversed), &c.sink, Answer(c));
   clock_.Advance(1s);
   batcher->Poke();
-  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(), rc = c.answer.get_future().get();
+  auto ra = a.answer.get_future().get(), rb = b.answer.get_future().get(),
+       rc = c.answer.get_future().get();
   ASSERT_TRUE(ra.ok() && rb.ok() && rc.ok());
   EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{6}));  // one forward pass for all three
   ASSERT_EQ(ra->outputs.size(), 1u);
@@ -470,8 +493,8 @@ TEST_F(DynamicBatcherTest, EachCallerGetsOnlyTheOutputsItAskedForWrittenOnce) {
 }
 
 // Without dynamic_batching: the same batcher, one request per forward pass.
-std::unique_ptr<DynamicBatcher> MakeUnbatched(std::unique_ptr<ModelBackend> backend, const TimeSource* clock,
-                                              size_t max_requests = 1024) {
+std::unique_ptr<DynamicBatcher> MakeUnbatched(std::unique_ptr<ModelBackend> backend,
+                                              const TimeSource* clock, size_t max_requests = 1024) {
   std::vector<std::unique_ptr<ModelBackend>> backends;
   backends.push_back(std::move(backend));
   DynamicBatcher::Options options;
@@ -495,8 +518,9 @@ TEST_F(DynamicBatcherTest, WithoutDynamicBatchingEachRequestRunsAloneWithItsOwnB
   auto rb = b.answer.get_future().get();
   ASSERT_TRUE(a.answer.get_future().get().ok() && rb.ok() && c.answer.get_future().get().ok());
   EXPECT_EQ(rb->outputs[0].shape, (Shape{1, 5}));
-  EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{4, 3, 1, 2}));  // warm-up, then arrival order, never merged
-  EXPECT_EQ(batcher->StagingAllocations(), 0u);  // a lone request runs on its own bytes
+  EXPECT_EQ(model->batch_sizes(),
+            (std::vector<int64_t>{4, 3, 1, 2}));  // warm-up, then arrival order, never merged
+  EXPECT_EQ(batcher->StagingAllocations(), 0u);   // a lone request runs on its own bytes
 }
 
 TEST_F(DynamicBatcherTest, WithoutDynamicBatchingQueueCapsAndExpiryApply) {
@@ -527,7 +551,9 @@ TEST_F(DynamicBatcherTest, WithoutDynamicBatchingQueueCapsAndExpiryApply) {
 // clock. Invariant: every request is answered exactly once, and a successful answer carries its
 // own data. N: SLUICE_STRESS_REQUESTS (default 1000).
 TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) {
-  const int per_thread = std::getenv("SLUICE_STRESS_REQUESTS") ? std::atoi(std::getenv("SLUICE_STRESS_REQUESTS")) : 1000;
+  const int per_thread = std::getenv("SLUICE_STRESS_REQUESTS")
+                             ? std::atoi(std::getenv("SLUICE_STRESS_REQUESTS"))
+                             : 1000;
   constexpr int kThreads = 64;
   SteadyTimeSource clock;
   std::vector<std::unique_ptr<ModelBackend>> backends;
@@ -563,8 +589,11 @@ TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) 
         auto request = std::make_unique<InferRequest>();
         request->model_name = "m";
         request->batch_size = rows;
-        request->inputs.push_back({"x", DataType::kInt32, {rows, width},
-                                   reinterpret_cast<const char*>(slot.data.data()), slot.data.size() * 4});
+        request->inputs.push_back({"x",
+                                   DataType::kInt32,
+                                   {rows, width},
+                                   reinterpret_cast<const char*>(slot.data.data()),
+                                   slot.data.size() * 4});
         const unsigned dice = rng() % 10;
         if (dice == 0) request->deadline = clock.Now();  // already due: must expire
         std::shared_ptr<std::atomic<bool>> cancel;
@@ -598,7 +627,8 @@ TEST(DynamicBatcherStressTest, EveryRequestAnsweredExactlyOnceWithItsOwnResult) 
   // Under ThreadSanitizer on two cores the whole run takes 110-125 s, so the bound is generous.
   const auto deadline = std::chrono::steady_clock::now() + 300s;
   for (Slot& slot : slots) {
-    while (slot.answers.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    while (slot.answers.load() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
   }
   batcher->Stop();
   size_t ok = 0, expired = 0, cancelled = 0;

@@ -20,13 +20,15 @@ namespace sluice::testing {
 
 // A one-request warm-up (Scheduler::WarmUp) of `rows` x `width` INT32 zeros in input `input`,
 // labelled "batch=<rows>"; the request owns its bytes.
-inline std::vector<WarmupRequest> ZeroWarmup(int64_t rows, int64_t width, const std::string& input = "x") {
+inline std::vector<WarmupRequest> ZeroWarmup(int64_t rows, int64_t width,
+                                             const std::string& input = "x") {
   std::vector<WarmupRequest> warmup(1);
   warmup[0].label = "batch=" + std::to_string(rows);
   warmup[0].request = std::make_unique<InferRequest>();
   warmup[0].request->batch_size = rows;
   auto zeros = std::make_unique<std::string>(static_cast<size_t>(rows * width * 4), '\0');
-  warmup[0].request->inputs.push_back({input, DataType::kInt32, {rows, width}, zeros->data(), zeros->size()});
+  warmup[0].request->inputs.push_back(
+      {input, DataType::kInt32, {rows, width}, zeros->data(), zeros->size()});
   warmup[0].request->owned_buffers.push_back(std::move(zeros));
   return warmup;
 }
@@ -58,7 +60,8 @@ inline StatusOr<Outputs> Collected(const Status& status, TensorSink& sink) {
 inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const OutputTarget> targets) {
   std::vector<HostOutput> host;
   for (const Tensor& tensor : outputs) {
-    host.push_back({&tensor.name, tensor.dtype, tensor.shape, tensor.data.data(), tensor.data.size(), MemoryType::kCpu});
+    host.push_back({&tensor.name, tensor.dtype, tensor.shape, tensor.data.data(),
+                    tensor.data.size(), MemoryType::kCpu});
   }
   return DeliverOutputs(host, targets, /*batched=*/targets.size() > 1);
 }
@@ -82,7 +85,8 @@ class FakeBackend final : public ModelBackend {
   std::optional<DevicePhases> LastPhases() const override { return phases; }
 
   Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
-    last_graph_run_ = next_graph_run_ < graph_runs.size() ? graph_runs[next_graph_run_++] : GraphRun::kNone;
+    last_graph_run_ =
+        next_graph_run_ < graph_runs.size() ? graph_runs[next_graph_run_++] : GraphRun::kNone;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       ++started_;
@@ -133,14 +137,15 @@ class FakeBackend final : public ModelBackend {
 class ThreadNotingEcho {
  public:
   std::unique_ptr<FakeBackend> Backend() {
-    return std::make_unique<FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        threads_.push_back(std::this_thread::get_id());
-      }
-      const TensorView& x = request.inputs[0];
-      return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
-    });
+    return std::make_unique<FakeBackend>(
+        [this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            threads_.push_back(std::this_thread::get_id());
+          }
+          const TensorView& x = request.inputs[0];
+          return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
+        });
   }
   std::vector<std::thread::id> Threads() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -190,11 +195,16 @@ class EchoBackend final : public ModelBackend {
       const size_t row_bytes = x.byte_size / static_cast<size_t>(request.batch_size);
       for (int64_t row = 0; row < request.batch_size; ++row) {
         int64_t sum = 0;
-        for (size_t k = 0; k < row_bytes; ++k) sum += static_cast<unsigned char>(x.data[row * row_bytes + k]);
+        for (size_t k = 0; k < row_bytes; ++k)
+          sum += static_cast<unsigned char>(x.data[row * row_bytes + k]);
         sums.push_back(sum);
       }
-      outputs.push_back({&sum_name, DataType::kInt64, {request.batch_size, 1},
-                         reinterpret_cast<const char*>(sums.data()), sums.size() * 8, MemoryType::kCpu});
+      outputs.push_back({&sum_name,
+                         DataType::kInt64,
+                         {request.batch_size, 1},
+                         reinterpret_cast<const char*>(sums.data()),
+                         sums.size() * 8,
+                         MemoryType::kCpu});
     }
     // Count what reaches the sinks: every Allocate is one copy of that many bytes.
     std::vector<CountingSink> counting;
@@ -242,15 +252,16 @@ class FakeBackendFactory final : public BackendFactory {
  public:
   explicit FakeBackendFactory(bool cuda = false, int gpus = 0) : cuda_(cuda), gpus_(gpus) {}
 
-  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(const ModelSpec& spec,
-                                                                     const std::filesystem::path& file,
-                                                                     const Device& device, int count) override {
+  StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(
+      const ModelSpec& spec, const std::filesystem::path& file, const Device& device,
+      int count) override {
     std::lock_guard<std::mutex> lock(mutex_);
     calls.push_back({device.ToString(), count});
     std::vector<std::unique_ptr<ModelBackend>> instances;
     for (int i = 0; i < count; ++i) {
       loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads});
-      for (const std::string& key : {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
+      for (const std::string& key :
+           {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
         auto failure = failures.find(key);
         if (failure != failures.end()) return absl::InternalError(failure->second);
       }
@@ -286,7 +297,9 @@ class FakeBackendFactory final : public BackendFactory {
     return {bytes, bytes};
   }
   bool ResetPeakMemory(const Device& /*device*/) override { return true; }
-  uint64_t DeviceMemoryBytes(const Device& device) override { return device.cuda ? uint64_t{80} << 30 : 0; }
+  uint64_t DeviceMemoryBytes(const Device& device) override {
+    return device.cuda ? uint64_t{80} << 30 : 0;
+  }
   size_t load_count() {
     std::lock_guard<std::mutex> lock(mutex_);
     return calls.size();
@@ -296,12 +309,12 @@ class FakeBackendFactory final : public BackendFactory {
     std::string model, file, device;
     int intra_op_threads = 0;
   };
-  std::vector<LoadCall> loads;                   // one per instance
+  std::vector<LoadCall> loads;                     // one per instance
   std::vector<std::pair<std::string, int>> calls;  // one per LoadInstances: device, count
-  std::map<std::string, std::string> failures;  // "model" or "model/version" -> load error
-  bool closed_gates = false;             // backends start with their gate closed
-  std::vector<std::string> warnings;     // what each backend's Warnings() says
-  std::vector<FakeBackend*> backends;    // every backend loaded (owned by the schedulers)
+  std::map<std::string, std::string> failures;     // "model" or "model/version" -> load error
+  bool closed_gates = false;                       // backends start with their gate closed
+  std::vector<std::string> warnings;               // what each backend's Warnings() says
+  std::vector<FakeBackend*> backends;              // every backend loaded (owned by the schedulers)
   std::map<std::string, uint64_t> instance_bytes;  // model -> the bytes each instance allocates
 
  private:

@@ -78,7 +78,8 @@ TEST(GrpcCodecTest, TypedContentsConvertPerDatatype) {
   }
   {
     auto proto = Typed("BOOL", {3});
-    for (bool v : {true, false, true}) proto.mutable_inputs(0)->mutable_contents()->add_bool_contents(v);
+    for (bool v : {true, false, true})
+      proto.mutable_inputs(0)->mutable_contents()->add_bool_contents(v);
     auto request = InferRequestFromProto(proto);
     ASSERT_TRUE(request.ok()) << request.status();
     EXPECT_THAT(Values<uint8_t>((*request)->inputs[0]), ElementsAre(1, 0, 1));
@@ -93,12 +94,14 @@ TEST(GrpcCodecTest, TypedContentsConvertPerDatatype) {
   {
     // bytes_contents: one element each, serialized as the raw form is (length, bytes).
     auto proto = Typed("BYTES", {3});
-    for (const char* v : {"ab", "", "\xc3\xa9"}) proto.mutable_inputs(0)->mutable_contents()->add_bytes_contents(v);
+    for (const char* v : {"ab", "", "\xc3\xa9"})
+      proto.mutable_inputs(0)->mutable_contents()->add_bytes_contents(v);
     auto request = InferRequestFromProto(proto);
     ASSERT_TRUE(request.ok()) << request.status();
     const TensorView& view = (*request)->inputs[0];
     EXPECT_EQ(view.dtype, DataType::kBytes);
-    EXPECT_EQ(std::string(view.data, view.byte_size), std::string("\x02\0\0\0ab\0\0\0\0\x02\0\0\0\xc3\xa9", 16));
+    EXPECT_EQ(std::string(view.data, view.byte_size),
+              std::string("\x02\0\0\0ab\0\0\0\0\x02\0\0\0\xc3\xa9", 16));
   }
   {
     auto proto = Typed("FP64", {2});
@@ -140,12 +143,15 @@ TEST(GrpcCodecTest, SequenceParametersAsTritonClientsSendThem) {
   EXPECT_EQ((*request)->parameters.sequence.id.number, 18446744073709551615u);
 
   parameters["sequence_id"].set_int64_param(-1);
-  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("'sequence_id' must not be negative"));
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(),
+              HasSubstr("'sequence_id' must not be negative"));
   parameters["sequence_id"].set_bool_param(true);
-  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("must be an integer or a string"));
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(),
+              HasSubstr("must be an integer or a string"));
   parameters["sequence_id"].set_int64_param(1);
   parameters["sequence_end"].set_int64_param(1);
-  EXPECT_THAT(InferRequestFromProto(proto).status().message(), HasSubstr("'sequence_end' must be a boolean"));
+  EXPECT_THAT(InferRequestFromProto(proto).status().message(),
+              HasSubstr("'sequence_end' must be a boolean"));
 }
 
 TEST(GrpcCodecTest, Errors) {
@@ -167,7 +173,8 @@ TEST(GrpcCodecTest, Errors) {
   {
     auto proto = Typed("BYTES", {1});
     proto.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
-    cases.push_back({"bytes in the wrong field", proto, "has values in a typed field that does not belong to it"});
+    cases.push_back({"bytes in the wrong field", proto,
+                     "has values in a typed field that does not belong to it"});
   }
   {
     auto proto = Typed("INT8", {1});
@@ -192,7 +199,8 @@ TEST(GrpcCodecTest, Errors) {
   {
     auto proto = Typed("FP32", {1});
     proto.mutable_inputs(0)->mutable_contents()->add_int_contents(1);
-    cases.push_back({"wrong field", proto, "has values in a typed field that does not belong to it"});
+    cases.push_back(
+        {"wrong field", proto, "has values in a typed field that does not belong to it"});
   }
   {
     auto proto = Typed("FP32", {2});
@@ -204,7 +212,8 @@ TEST(GrpcCodecTest, Errors) {
     proto.add_raw_input_contents(std::string(4, '\0'));
     proto.set_model_name("simple");
     cases.push_back({"mixed", proto,
-                     "contents field must not be specified when using raw_input_contents for 'x' for model 'simple'"});
+                     "contents field must not be specified when using raw_input_contents for 'x' "
+                     "for model 'simple'"});
   }
   {
     auto proto = Typed("FP32", {1});

@@ -22,7 +22,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values, const std::string& id = "") {
+inference::ModelInferRequest Request(const std::string& model, std::vector<int32_t> values,
+                                     const std::string& id = "") {
   inference::ModelInferRequest request;
   request.set_model_name(model);
   request.set_id(id);
@@ -31,7 +32,8 @@ inference::ModelInferRequest Request(const std::string& model, std::vector<int32
   input->set_datatype("INT32");
   input->add_shape(1);
   input->add_shape(static_cast<int64_t>(values.size()));
-  request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  request.add_raw_input_contents(
+      std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
   return request;
 }
 
@@ -43,13 +45,16 @@ class GrpcServiceTest : public ::testing::Test {
     auto echo = std::make_unique<testing::EchoBackend>(/*with_sum=*/true);
     auto gated = std::make_unique<testing::FakeBackend>();
     gated_ = gated.get();
-    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
+    lookup_.models["echo"] =
+        testing::MakeEchoModel("echo", std::move(echo), &clock_, /*with_sum=*/true);
     lookup_.models["gated"] = testing::MakeEchoModel("gated", std::move(gated), &clock_);
-    lookup_.models["roomy"] = testing::MakeEchoModel("roomy", std::make_unique<testing::EchoBackend>(/*with_sum=*/true), &clock_,
-                                        /*with_sum=*/true, /*max_queue=*/64);
+    lookup_.models["roomy"] = testing::MakeEchoModel(
+        "roomy", std::make_unique<testing::EchoBackend>(/*with_sum=*/true), &clock_,
+        /*with_sum=*/true, /*max_queue=*/64);
     auto roomy_gated = std::make_unique<testing::FakeBackend>();
     roomy_gated_ = roomy_gated.get();
-    lookup_.models["roomy_gated"] = testing::MakeEchoModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
+    lookup_.models["roomy_gated"] =
+        testing::MakeEchoModel("roomy_gated", std::move(roomy_gated), &clock_, false, 64);
     auto batching_gated = echo_.Backend();  // echoes x as y, batches included
     batching_gated_ = batching_gated.get();
     lookup_.models["batching_gated"] =
@@ -64,7 +69,8 @@ class GrpcServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials());
     stub_ = inference::GRPCInferenceService::NewStub(channel_);
   }
   void TearDown() override {
@@ -75,19 +81,22 @@ class GrpcServiceTest : public ::testing::Test {
     for (auto& [name, model] : lookup_.models) model->Stop();
   }
 
-  grpc::Status Infer(const inference::ModelInferRequest& request, inference::ModelInferResponse* response) {
+  grpc::Status Infer(const inference::ModelInferRequest& request,
+                     inference::ModelInferResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + 30s);
     return stub_->ModelInfer(&context, request, response);
   }
 
   // Sends `request` without waiting; the answer comes through the returned future.
-  std::future<grpc::Status> Start(const inference::ModelInferRequest& request, grpc::ClientContext* context) {
+  std::future<grpc::Status> Start(const inference::ModelInferRequest& request,
+                                  grpc::ClientContext* context) {
     auto done = std::make_shared<std::promise<grpc::Status>>();
     auto response = std::make_shared<inference::ModelInferResponse>();
     auto sent = std::make_shared<inference::ModelInferRequest>(request);
-    stub_->async()->ModelInfer(context, sent.get(), response.get(),
-                               [done, response, sent](grpc::Status status) { done->set_value(status); });
+    stub_->async()->ModelInfer(
+        context, sent.get(), response.get(),
+        [done, response, sent](grpc::Status status) { done->set_value(status); });
     return done->get_future();
   }
 
@@ -156,14 +165,17 @@ TEST_F(GrpcServiceTest, AnswersOfOneBatchOnOneConnectionAreWrittenWhileItIsHeld)
   std::vector<std::shared_ptr<inference::ModelInferResponse>> responses;
   for (int i = 0; i < kQueued; ++i) {
     auto response = std::make_shared<inference::ModelInferResponse>();
-    auto request = std::make_shared<inference::ModelInferRequest>(Request("batching_gated", {i, i}));
+    auto request =
+        std::make_shared<inference::ModelInferRequest>(Request("batching_gated", {i, i}));
     auto done = std::make_shared<std::promise<grpc::Status>>();
     answers.push_back(done->get_future());
     responses.push_back(response);
-    stub_->async()->ModelInfer(&contexts[i], request.get(), response.get(),
-                               [done, response, request](grpc::Status status) { done->set_value(status); });
+    stub_->async()->ModelInfer(
+        &contexts[i], request.get(), response.get(),
+        [done, response, request](grpc::Status status) { done->set_value(status); });
   }
-  ASSERT_TRUE(testing::Eventually([&] { return lookup_.models["batching_gated"]->in_flight() == 1 + kQueued; }));
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return lookup_.models["batching_gated"]->in_flight() == 1 + kQueued; }));
   EXPECT_EQ(service_->connections().holds(), 0);
   batching_gated_->OpenGate();
   ASSERT_TRUE(first.get().ok());
@@ -303,7 +315,8 @@ TEST_F(GrpcServiceTest, StreamStopsReadingAtItsInFlightBound) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + 30s);
   auto stream = stub_->ModelStreamInfer(&context);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(stream->Write(Request("roomy_gated", {i}, std::to_string(i))));
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(stream->Write(Request("roomy_gated", {i}, std::to_string(i))));
   ModelHandle& model = *lookup_.models["roomy_gated"];
   testing::Eventually([&] { return model.in_flight() >= kStreamBound; });
   std::this_thread::sleep_for(100ms);  // time for a (wrong) third read
@@ -355,8 +368,9 @@ TEST_F(GrpcServiceTest, BytesThatAreNoRequestAreInvalidAndTheServerServesOn) {
     grpc::Slice slice(garbage);
     grpc::ByteBuffer request(&slice, 1), response;
     std::promise<grpc::Status> done;
-    generic.UnaryCall(&context, "/inference.GRPCInferenceService/ModelInfer", grpc::StubOptions(), &request,
-                      &response, [&done](grpc::Status status) { done.set_value(status); });
+    generic.UnaryCall(&context, "/inference.GRPCInferenceService/ModelInfer", grpc::StubOptions(),
+                      &request, &response,
+                      [&done](grpc::Status status) { done.set_value(status); });
     const grpc::Status status = done.get_future().get();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(status.error_message(), HasSubstr("not a valid inference.ModelInferRequest"));

@@ -51,7 +51,9 @@ class Client {
   void ShutdownWrite() { shutdown(fd_, SHUT_WR); }
   bool connected() const { return connected_; }
 
-  void Send(const std::string& bytes) { ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
 
   // Reads one response (Content-Length framed), or notes that the connection closed.
   Reply Read(int timeout_ms = 5000) {
@@ -67,7 +69,8 @@ class Client {
         const size_t at = reply.headers.find("\r\ncontent-length: ");
         if (at != std::string::npos) {
           const size_t value = at + 18;
-          EXPECT_TRUE(absl::SimpleAtoi(reply.headers.substr(value, reply.headers.find("\r\n", value) - value), &length));
+          EXPECT_TRUE(absl::SimpleAtoi(
+              reply.headers.substr(value, reply.headers.find("\r\n", value) - value), &length));
         }
         if (buffer_.size() >= end + 4 + length) {
           reply.body = buffer_.substr(end + 4, length);
@@ -97,9 +100,10 @@ inline std::string Get(const std::string& path, const std::string& extra = "") {
   return "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + extra + "\r\n";
 }
 
-inline std::string Post(const std::string& path, const std::string& body, const std::string& extra = "") {
-  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(), "\r\n", extra, "\r\n",
-                      body);
+inline std::string Post(const std::string& path, const std::string& body,
+                        const std::string& extra = "") {
+  return absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                      "\r\n", extra, "\r\n", body);
 }
 
 // A loopback socket bound to a free port, listening while it lives: a port in use.

@@ -31,14 +31,18 @@ std::vector<T> Values(const TensorView& view) {
   return values;
 }
 
-StatusOr<JsonInferRequest> Parse(const std::string& body, std::optional<size_t> header = std::nullopt) {
+StatusOr<JsonInferRequest> Parse(const std::string& body,
+                                 std::optional<size_t> header = std::nullopt) {
   return InferRequestFromJson(body, header);
 }
 
 TEST(HttpCodecTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
-  for (const char* data : {"[1, 2.5, -3, 4, 5, 6]", "[[1, 2.5, -3], [4, 5, 6]]", "[[[1], [2.5], [-3]], [[4], [5], [6]]]"}) {
-    StatusOr<JsonInferRequest> parsed = Parse(std::string(R"({"id": "r1", "inputs": [{"name": "x", "shape": [2, 3],
-        "datatype": "FP32", "data": )") + data + "}]}");
+  for (const char* data : {"[1, 2.5, -3, 4, 5, 6]", "[[1, 2.5, -3], [4, 5, 6]]",
+                           "[[[1], [2.5], [-3]], [[4], [5], [6]]]"}) {
+    StatusOr<JsonInferRequest> parsed =
+        Parse(std::string(R"({"id": "r1", "inputs": [{"name": "x", "shape": [2, 3],
+        "datatype": "FP32", "data": )") +
+              data + "}]}");
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     const InferRequest& request = *parsed->request;
     EXPECT_EQ(request.id, "r1");
@@ -53,8 +57,8 @@ TEST(HttpCodecTest, FlatAndNestedDataBecomeTheSameRowMajorBytes) {
 
 TEST(HttpCodecTest, EveryJsonDatatypeConverts) {
   auto one = [](const std::string& datatype, const std::string& data) {
-    return Parse(R"({"inputs": [{"name": "x", "shape": [2], "datatype": ")" + datatype + R"(", "data": )" + data +
-                 "}]}");
+    return Parse(R"({"inputs": [{"name": "x", "shape": [2], "datatype": ")" + datatype +
+                 R"(", "data": )" + data + "}]}");
   };
   StatusOr<JsonInferRequest> b = one("BOOL", "[true, false]");
   ASSERT_TRUE(b.ok()) << b.status();
@@ -77,14 +81,16 @@ TEST(HttpCodecTest, EveryJsonDatatypeConverts) {
   StatusOr<JsonInferRequest> strings = one("BYTES", R"(["ab", "\u00e9"])");
   ASSERT_TRUE(strings.ok()) << strings.status();
   const TensorView& text = strings->request->inputs[0];
-  EXPECT_EQ(std::string(text.data, text.byte_size), std::string("\x02\0\0\0ab\x02\0\0\0\xc3\xa9", 12));
+  EXPECT_EQ(std::string(text.data, text.byte_size),
+            std::string("\x02\0\0\0ab\x02\0\0\0\xc3\xa9", 12));
   StatusOr<JsonInferRequest> f64 = one("FP64", "[0.1, NaN]");
   ASSERT_TRUE(f64.ok()) << f64.status();
   EXPECT_EQ(Values<double>(f64->request->inputs[0])[0], 0.1);
   EXPECT_TRUE(std::isnan(Values<double>(f64->request->inputs[0])[1]));
 
   // Out of range, wrong kinds, and the types JSON cannot carry.
-  for (const auto& [datatype, data, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
+  for (const auto& [datatype, data, words] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
            {"UINT8", "[0, 256]", "does not fit UINT8"},
            {"UINT8", "[-1, 0]", "does not fit UINT8"},
            {"INT8", "[128, 0]", "does not fit INT8"},
@@ -129,7 +135,8 @@ TEST(HttpCodecTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
   EXPECT_FALSE(parsed->Binary("z"));
 
   // binary_data_output sets the default for outputs that do not say.
-  StatusOr<JsonInferRequest> all = Parse(R"({"inputs": [], "parameters": {"binary_data_output": true},
+  StatusOr<JsonInferRequest> all =
+      Parse(R"({"inputs": [], "parameters": {"binary_data_output": true},
       "outputs": [{"name": "p"}, {"name": "q", "parameters": {"binary_data": false}}]})");
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_TRUE(all->Binary("p"));
@@ -138,8 +145,8 @@ TEST(HttpCodecTest, BinaryInputsAreViewsOfTheBodyAfterTheHeader) {
 }
 
 TEST(HttpCodecTest, SequenceParameters) {
-  StatusOr<JsonInferRequest> numbered =
-      Parse(R"({"inputs": [], "parameters": {"sequence_id": 18446744073709551615, "sequence_start": true}})");
+  StatusOr<JsonInferRequest> numbered = Parse(
+      R"({"inputs": [], "parameters": {"sequence_id": 18446744073709551615, "sequence_start": true}})");
   ASSERT_TRUE(numbered.ok()) << numbered.status();
   const SequenceControl& sequence = numbered->request->parameters.sequence;
   EXPECT_EQ(sequence.id.number, 18446744073709551615u);
@@ -169,59 +176,69 @@ TEST(HttpCodecTest, MalformedBodiesSayWhatIsWrong) {
       {"{\"inputs\": [", std::nullopt, "not valid JSON"},
       {"[1, 2]", std::nullopt, "not a JSON object"},
       {"{}", std::nullopt, "no 'inputs' array"},
-      {R"({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]})", std::nullopt, "no 'name'"},
-      {R"({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]})", std::nullopt, "no 'shape'"},
-      {R"({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]})", std::nullopt,
-       "non-negative integers"},
-      {R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]})", std::nullopt,
-       "has 2 values in 'data', but shape [3] needs 3"},
+      {R"({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]})", std::nullopt,
+       "no 'name'"},
+      {R"({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]})", std::nullopt,
+       "no 'shape'"},
+      {R"({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]})",
+       std::nullopt, "non-negative integers"},
+      {R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]})",
+       std::nullopt, "has 2 values in 'data', but shape [3] needs 3"},
       // Triton's rule and words: exactly one of data, binary_data_size, shared_memory_region.
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", std::nullopt,
-       "input 'x': Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+       "input 'x': Input must set only one of the following fields: 'data', 'binary_data_size' in "
+       "'parameters', "
        "'shared_memory_region' in 'parameters'. But no field is set"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
-          "parameters": {"binary_data_size": 4}}]})", std::nullopt, "But set 'data' 'binary_data_size'"},
+          "parameters": {"binary_data_size": 4}}]})",
+       std::nullopt, "But set 'data' 'binary_data_size'"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
-          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]})", std::nullopt,
-       "But set 'data' 'shared_memory_region'"},
+          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]})",
+       std::nullopt, "But set 'data' 'shared_memory_region'"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-          "parameters": {"shared_memory_region": "r"}}]})", std::nullopt, "without shared_memory_byte_size"},
+          "parameters": {"shared_memory_region": "r"}}]})",
+       std::nullopt, "without shared_memory_byte_size"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
-          "parameters": {"shared_memory_offset": 4}}]})", std::nullopt, "but no shared_memory_region"},
+          "parameters": {"shared_memory_offset": 4}}]})",
+       std::nullopt, "but no shared_memory_region"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-          "parameters": {"shared_memory_region": 7, "shared_memory_byte_size": 4}}]})", std::nullopt,
-       "shared_memory_region must be a region name"},
+          "parameters": {"shared_memory_region": 7, "shared_memory_byte_size": 4}}]})",
+       std::nullopt, "shared_memory_region must be a region name"},
       {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
-          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": -4}}]})", std::nullopt,
-       "shared_memory_byte_size must be a non-negative integer"},
+          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": -4}}]})",
+       std::nullopt, "shared_memory_byte_size must be a non-negative integer"},
       {R"({"inputs": [], "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r",
-          "shared_memory_byte_size": 4, "binary_data": true}}]})", std::nullopt,
-       "output 'y': Output can't set both 'shared_memory_region' and 'binary_data'"},
+          "shared_memory_byte_size": 4, "binary_data": true}}]})",
+       std::nullopt, "output 'y': Output can't set both 'shared_memory_region' and 'binary_data'"},
       {binary_header, std::nullopt, "no Inference-Header-Content-Length"},
       {binary_header + "1234", binary_header.size(), "only 4 bytes of binary data are left"},
       {binary_header + "123456789", binary_header.size(), "1 bytes after the JSON header"},
       {binary_header, binary_header.size() + 1, "Inference-Header-Content-Length is"},
-      {R"({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 3}}]})", std::nullopt,
-       "classification extension is not supported"},
+      {R"({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 3}}]})",
+       std::nullopt, "classification extension is not supported"},
       {R"({"inputs": [], "parameters": {"timeout": "soon"}})", std::nullopt, "'timeout' must be"},
-      {R"({"inputs": [], "parameters": {"binary_data_output": 1}})", std::nullopt, "must be true or false"},
+      {R"({"inputs": [], "parameters": {"binary_data_output": 1}})", std::nullopt,
+       "must be true or false"},
       {R"({"id": 5, "inputs": []})", std::nullopt, "'id' must be a string"},
       // A huge shape with one value: refused on the count, nothing allocated for the shape.
-      {R"({"inputs": [{"name": "x", "shape": [1000000000000], "datatype": "FP32", "data": [1]}]})", std::nullopt,
-       "has 1 values in 'data', but shape [1000000000000] needs 1000000000000"},
+      {R"({"inputs": [{"name": "x", "shape": [1000000000000], "datatype": "FP32", "data": [1]}]})",
+       std::nullopt, "has 1 values in 'data', but shape [1000000000000] needs 1000000000000"},
   };
   for (const auto& [body, header, words] : cases) {
     StatusOr<JsonInferRequest> parsed = Parse(body, header);
     ASSERT_FALSE(parsed.ok()) << body;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << body;
-    EXPECT_NE(parsed.status().message().find(words), std::string::npos) << parsed.status() << "\n" << body;
+    EXPECT_NE(parsed.status().message().find(words), std::string::npos) << parsed.status() << "\n"
+                                                                        << body;
   }
-  // Hostile nesting: refused, not a stack overflow (the parser is iterative, the flattening capped).
+  // Hostile nesting: refused, not a stack overflow (the parser is iterative, the flattening
+  // capped).
   std::string deep = R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": )";
   deep += std::string(100000, '[') + "1" + std::string(100000, ']') + "}]}";
   StatusOr<JsonInferRequest> nested = Parse(deep);
   ASSERT_FALSE(nested.ok());
-  EXPECT_NE(nested.status().message().find("nested more than"), std::string::npos) << nested.status();
+  EXPECT_NE(nested.status().message().find("nested more than"), std::string::npos)
+      << nested.status();
 }
 
 TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
@@ -240,14 +257,16 @@ TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   outputs[1].data.assign(4096 * 4, '\x7f');
   const char* binary_bytes = outputs[1].data.data();
   size_t header_length = 0;
-  std::vector<std::string> body = InferResponseToJson("m", 3, "id-1", request, &outputs, &header_length);
+  std::vector<std::string> body =
+      InferResponseToJson("m", 3, "id-1", request, &outputs, &header_length);
   ASSERT_EQ(body.size(), 2u);
   EXPECT_EQ(header_length, body[0].size());
   EXPECT_EQ(body[1].data(), binary_bytes);  // moved, not copied
-  EXPECT_EQ(body[0],
-            R"({"model_name":"m","model_version":"3","id":"id-1","outputs":[{"name":"json","datatype":"INT32",)"
-            R"("shape":[1,2],"data":[-5,7]},{"name":"bin","datatype":"FP32","shape":[4096],)"
-            R"("parameters":{"binary_data_size":16384}}]})");
+  EXPECT_EQ(
+      body[0],
+      R"({"model_name":"m","model_version":"3","id":"id-1","outputs":[{"name":"json","datatype":"INT32",)"
+      R"("shape":[1,2],"data":[-5,7]},{"name":"bin","datatype":"FP32","shape":[4096],)"
+      R"("parameters":{"binary_data_size":16384}}]})");
 
   // All JSON: no binary part, no header length, no id when the request had none.
   JsonInferRequest plain;
@@ -259,8 +278,10 @@ TEST(HttpCodecTest, ResponsePrintsJsonOutputsAndMovesBinaryOnes) {
   body = InferResponseToJson("m", 1, "", plain, &one, &header_length);
   ASSERT_EQ(body.size(), 1u);
   EXPECT_EQ(header_length, 0u);
-  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"b","datatype":"BOOL","shape":[2],)"
-                     R"("data":[true,false]}]})");
+  EXPECT_EQ(
+      body[0],
+      R"({"model_name":"m","model_version":"1","outputs":[{"name":"b","datatype":"BOOL","shape":[2],)"
+      R"("data":[true,false]}]})");
 }
 
 TEST(HttpCodecTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
@@ -277,20 +298,28 @@ TEST(HttpCodecTest, StringOutputsPrintAsJsonStringsOrGoBinary) {
   outputs[0].name = "json";
   outputs[1].name = "bin";
   size_t header_length = 0;
-  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &outputs, &header_length);
+  std::vector<std::string> body =
+      InferResponseToJson("m", 1, "", request, &outputs, &header_length);
   ASSERT_EQ(body.size(), 2u);
   EXPECT_EQ(body[1], serialized);  // binary: Triton's serialized form, as gRPC's raw contents
-  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"json","datatype":"BYTES",)"
-                     R"("shape":[3],"data":["ab","","q\"\n)" "\xc3\xa9" R"("]},{"name":"bin","datatype":"BYTES",)"
-                     R"("shape":[3],"parameters":{"binary_data_size":)" +
-                         std::to_string(serialized.size()) + "}}]}");
+  EXPECT_EQ(body[0],
+            R"({"model_name":"m","model_version":"1","outputs":[{"name":"json","datatype":"BYTES",)"
+            R"("shape":[3],"data":["ab","","q\"\n)"
+            "\xc3\xa9"
+            R"("]},{"name":"bin","datatype":"BYTES",)"
+            R"("shape":[3],"parameters":{"binary_data_size":)" +
+                std::to_string(serialized.size()) + "}}]}");
 }
 
 TEST(HttpCodecTest, Fp32ValuesRoundTripExactlyThroughJson) {
   std::mt19937 random(7);
-  std::vector<float> values = {0.1f, 1.0f / 3.0f, std::numeric_limits<float>::min(),
-                               std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
-                               -0.0f, 16777217.0f};
+  std::vector<float> values = {0.1f,
+                               1.0f / 3.0f,
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(),
+                               -0.0f,
+                               16777217.0f};
   std::uniform_int_distribution<uint32_t> bits;
   while (values.size() < 2000) {
     const uint32_t pattern = bits(random);
@@ -305,7 +334,8 @@ TEST(HttpCodecTest, Fp32ValuesRoundTripExactlyThroughJson) {
   outputs[0].shape = {static_cast<int64_t>(values.size())};
   outputs[0].data.assign(reinterpret_cast<const char*>(values.data()), values.size() * 4);
   size_t header_length = 0;
-  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &outputs, &header_length);
+  std::vector<std::string> body =
+      InferResponseToJson("m", 1, "", request, &outputs, &header_length);
   rapidjson::Document document;
   document.Parse(body[0].c_str());
   ASSERT_FALSE(document.HasParseError());
@@ -318,12 +348,14 @@ TEST(HttpCodecTest, Fp32ValuesRoundTripExactlyThroughJson) {
 
   // And the way in: the printed values parse into the same floats.
   const std::string in = R"({"inputs": [{"name": "x", "shape": [)" + std::to_string(values.size()) +
-                         R"(], "datatype": "FP32", "data": )" + [&] {
+                         R"(], "datatype": "FP32", "data": )" +
+                         [&] {
                            rapidjson::StringBuffer printed;
                            rapidjson::Writer<rapidjson::StringBuffer> writer(printed);
                            data.Accept(writer);
                            return std::string(printed.GetString());
-                         }() + "}]}";
+                         }() +
+                         "}]}";
   StatusOr<JsonInferRequest> parsed = Parse(in);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(std::memcmp(parsed->request->inputs[0].data, values.data(), values.size() * 4), 0);
@@ -338,9 +370,10 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   input->set_datatype("FP32");
   input->add_shape(-1);
   input->add_shape(784);
-  EXPECT_EQ(ProtoToJson(metadata),
-            R"({"name":"mlp","versions":["1"],"platform":"","inputs":[{"name":"INPUT__0","datatype":"FP32",)"
-            R"("shape":[-1,784]}],"outputs":[]})");
+  EXPECT_EQ(
+      ProtoToJson(metadata),
+      R"({"name":"mlp","versions":["1"],"platform":"","inputs":[{"name":"INPUT__0","datatype":"FP32",)"
+      R"("shape":[-1,784]}],"outputs":[]})");
 
   inference::ModelConfig config;
   config.set_name("m");
@@ -368,7 +401,8 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
   model->set_name("a");
   model->set_version("1");
   model->set_state("READY");
-  EXPECT_EQ(RepeatedProtoToJson(index, "models"), R"([{"name":"a","version":"1","state":"READY","reason":""}])");
+  EXPECT_EQ(RepeatedProtoToJson(index, "models"),
+            R"([{"name":"a","version":"1","state":"READY","reason":""}])");
   EXPECT_EQ(RepeatedProtoToJson(inference::RepositoryIndexResponse(), "models"), "[]");
   EXPECT_EQ(ErrorJson("a \"quoted\"\nline"), R"({"error":"a \"quoted\"\nline"})");
   // Health bodies as KServe's REST client reads them.
@@ -381,7 +415,8 @@ TEST(HttpCodecTest, ProtocolMessagesPrintAsTritonsHttpJson) {
 // message; the body must still be JSON a strict parser takes, and short.
 TEST(HttpCodecTest, AnErrorBodyIsValidJsonWhateverTheMessageHolds) {
   EXPECT_EQ(ErrorJson("unknown model 'a\xff\xfe'"), R"({"error":"unknown model 'a\\xFF\\xFE'"})");
-  const std::string long_message = "Request for unknown model: '" + std::string(20000, '\xff') + "' is not found";
+  const std::string long_message =
+      "Request for unknown model: '" + std::string(20000, '\xff') + "' is not found";
   const std::string body = ErrorJson(long_message);
   rapidjson::Document document;
   document.Parse<rapidjson::kParseValidateEncodingFlag>(body.data(), body.size());
@@ -394,8 +429,8 @@ TEST(HttpCodecTest, AnErrorBodyIsValidJsonWhateverTheMessageHolds) {
 
 TEST(HttpCodecTest, TraceSettingBodies) {
   EXPECT_TRUE(ParseTraceSettingsJson("")->empty());
-  StatusOr<TraceSettingsMap> update =
-      ParseTraceSettingsJson(R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "10", "trace_count": 5, "log_frequency": null})");
+  StatusOr<TraceSettingsMap> update = ParseTraceSettingsJson(
+      R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "10", "trace_count": 5, "log_frequency": null})");
   ASSERT_TRUE(update.ok()) << update.status();
   EXPECT_EQ((*update)["trace_level"], std::vector<std::string>{"TIMESTAMPS"});
   EXPECT_EQ((*update)["trace_rate"], std::vector<std::string>{"10"});
@@ -499,22 +534,27 @@ TEST(HttpCodecTest, InputsAndOutputsInSharedMemory) {
 
   // A slice past the region, an unknown region, and shared memory off: refused with the words.
   auto refused = [&](const std::string& parameters, SharedMemoryRefs* with) {
-    const std::string one = R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "parameters": )" +
-                            parameters + "}]}";
+    const std::string one =
+        R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "parameters": )" +
+        parameters + "}]}";
     StatusOr<JsonInferRequest> result = InferRequestFromJson(one, std::nullopt, with);
     EXPECT_FALSE(result.ok()) << parameters;
     return result.status();
   };
-  Status past = refused(R"({"shared_memory_region": "r", "shared_memory_byte_size": 12, "shared_memory_offset": 60})",
-                        &refs);
+  Status past = refused(
+      R"({"shared_memory_region": "r", "shared_memory_byte_size": 12, "shared_memory_offset": 60})",
+      &refs);
   EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(past.message().find("Invalid offset + byte size for shared memory region: 'r'"), std::string::npos)
+  EXPECT_NE(past.message().find("Invalid offset + byte size for shared memory region: 'r'"),
+            std::string::npos)
       << past;
-  Status unknown = refused(R"({"shared_memory_region": "q", "shared_memory_byte_size": 12})", &refs);
+  Status unknown =
+      refused(R"({"shared_memory_region": "q", "shared_memory_byte_size": 12})", &refs);
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(unknown.message(), "Unable to find shared memory region: 'q' (input 'x')");
   SharedMemoryRefs off(nullptr);
-  Status disabled = refused(R"({"shared_memory_region": "r", "shared_memory_byte_size": 12})", &off);
+  Status disabled =
+      refused(R"({"shared_memory_region": "r", "shared_memory_byte_size": 12})", &off);
   EXPECT_EQ(disabled.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(disabled.message().find("--allow-client-shm=true"), std::string::npos) << disabled;
 }
@@ -526,11 +566,13 @@ TEST(HttpCodecTest, SharedMemoryOutputsAreDescribedWithoutData) {
   HttpOutputSink sink;
   sink.Describe({"y", DataType::kFp16, {2, 2}, 8, MemoryType::kCpu});
   size_t header_length = 0;
-  std::vector<std::string> body = InferResponseToJson("m", 1, "", request, &sink.outputs(), &header_length);
+  std::vector<std::string> body =
+      InferResponseToJson("m", 1, "", request, &sink.outputs(), &header_length);
   ASSERT_EQ(body.size(), 1u);
   EXPECT_EQ(header_length, 0u);
-  EXPECT_EQ(body[0], R"({"model_name":"m","model_version":"1","outputs":[{"name":"y","datatype":"FP16",)"
-                     R"("shape":[2,2]}]})");
+  EXPECT_EQ(body[0],
+            R"({"model_name":"m","model_version":"1","outputs":[{"name":"y","datatype":"FP16",)"
+            R"("shape":[2,2]}]})");
 }
 
 TEST(HttpCodecTest, SharedMemoryControlBodies) {
@@ -549,7 +591,8 @@ TEST(HttpCodecTest, SharedMemoryControlBodies) {
       {R"({"key": "/k"})", "Shared memory register request has no 'byte_size' field"},
       {R"({"key": 3, "byte_size": 4})", "'key' must be a string"},
       {R"({"key": "/k", "byte_size": -4})", "'byte_size' must be a non-negative integer"},
-      {R"({"key": "/k", "byte_size": 4, "offset": "x"})", "'offset' must be a non-negative integer"},
+      {R"({"key": "/k", "byte_size": 4, "offset": "x"})",
+       "'offset' must be a non-negative integer"},
       {"", "not valid JSON"},
   };
   for (const auto& [body, words] : refused) {

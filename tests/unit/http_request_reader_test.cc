@@ -64,7 +64,8 @@ TEST_P(EveryStep, AGetAndAContentLengthPost) {
   EXPECT_EQ(get.method, "GET");
   EXPECT_EQ(get.target, "/v2/health/ready?x=1");
   EXPECT_TRUE(get.keep_alive);
-  Outcome post = Read("POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET", GetParam());
+  Outcome post =
+      Read("POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET", GetParam());
   ASSERT_EQ(post.event, HttpRequestReader::Event::kComplete) << post.error;
   EXPECT_EQ(post.body, "hello");
   EXPECT_EQ(post.left, 3u);  // the next request's bytes stay unread
@@ -99,7 +100,8 @@ class Refused : public ::testing::TestWithParam<Refusal> {};
 TEST_P(Refused, WithItsStatus) {
   for (size_t step : {size_t{0}, size_t{1}}) {
     Outcome outcome = Read(GetParam().bytes, step, HttpReaderLimits{1024, 8, 100});
-    EXPECT_EQ(outcome.event, HttpRequestReader::Event::kError) << GetParam().name << " step " << step;
+    EXPECT_EQ(outcome.event, HttpRequestReader::Event::kError)
+        << GetParam().name << " step " << step;
     EXPECT_EQ(outcome.code, GetParam().code) << GetParam().name << ": " << outcome.error;
     EXPECT_FALSE(outcome.error.empty());
   }
@@ -109,63 +111,96 @@ INSTANTIATE_TEST_SUITE_P(
     HttpRequestReaderTest, Refused,
     ::testing::Values(
         // Request smuggling: a body framed two ways is refused, never resolved.
-        Refusal{"ContentLengthTwice", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 2\r\n\r\nhello",
+        Refusal{"ContentLengthTwice",
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 2\r\n\r\nhello",
                 400},
-        Refusal{"ContentLengthTwiceEqual", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        Refusal{"ContentLengthTwiceEqual",
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
                 400},
-        Refusal{"ContentLengthList", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n", 400},
-        Refusal{"ContentLengthSigned", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n", 400},
-        Refusal{"ContentLengthAndChunked",
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+        Refusal{"ContentLengthList", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n",
+                400},
+        Refusal{"ContentLengthSigned", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
+                400},
+        Refusal{
+            "ContentLengthAndChunked",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400},
         Refusal{"ChunkedTwice",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: "
+                "chunked\r\n\r\n",
+                400},
         Refusal{"ChunkedOnHttp10", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
-        Refusal{"OtherTransferEncoding", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501},
+        Refusal{"OtherTransferEncoding",
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501},
         Refusal{"SpaceBeforeColon", "GET / HTTP/1.1\r\nHost: a\r\nContent-Length : 5\r\n\r\n", 400},
         Refusal{"ObsFold", "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n", 400},
         Refusal{"NoHostOnHttp11", "GET / HTTP/1.1\r\n\r\n", 400},
         Refusal{"HostTwice", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400},
         Refusal{"BareCr", "GET / HTTP/1.1\rHost: a\r\n\r\n", 400},
-        Refusal{"ControlInValue", std::string("GET / HTTP/1.1\r\nHost: a\r\nX: a\x01z\r\n\r\n"), 400},
-        Refusal{"NulInValue", std::string("GET / HTTP/1.1\r\nHost: a\r\nX: a") + '\0' + "z\r\n\r\n", 400},
+        Refusal{"ControlInValue", std::string("GET / HTTP/1.1\r\nHost: a\r\nX: a\x01z\r\n\r\n"),
+                400},
+        Refusal{"NulInValue", std::string("GET / HTTP/1.1\r\nHost: a\r\nX: a") + '\0' + "z\r\n\r\n",
+                400},
         Refusal{"MalformedRequestLine", "GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400},
         Refusal{"NoVersion", "GET /\r\nHost: a\r\n\r\n", 400},
         Refusal{"Http2", "GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505},
         // Chunk framing: a malformed size is a bad request, not a body too large.
-        Refusal{"ChunkSizeNotHex", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400},
-        Refusal{"ChunkSizeNegative", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", 400},
+        Refusal{"ChunkSizeNotHex",
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400},
+        Refusal{"ChunkSizeNegative",
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", 400},
         Refusal{"ChunkSizeHuge",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n", 400},
-        Refusal{"ChunkDataNotFollowedByCrlf",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n", 400},
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: "
+                "chunked\r\n\r\nffffffffffffffffff\r\n",
+                400},
+        Refusal{
+            "ChunkDataNotFollowedByCrlf",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+            400},
         // Inside a chunked body only CRLF ends a line: a lenient and a strict reader would
         // disagree on where the next chunk starts.
-        Refusal{"BareLfAfterChunkData",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\n0\r\n\r\n", 400},
-        Refusal{"BareLfEndsAChunkSize",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\nab\r\n0\r\n\r\n", 400},
+        Refusal{
+            "BareLfAfterChunkData",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\n0\r\n\r\n",
+            400},
+        Refusal{
+            "BareLfEndsAChunkSize",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\nab\r\n0\r\n\r\n",
+            400},
         Refusal{"BareLfEndsATrailer",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: v\n\r\n", 400},
-        Refusal{"ChunkSizeWithTrailingSpace",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2 \r\nab\r\n0\r\n\r\n", 400},
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: v\n\r\n",
+                400},
+        Refusal{
+            "ChunkSizeWithTrailingSpace",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2 \r\nab\r\n0\r\n\r\n",
+            400},
         // Only spaces and tabs surround a value: \v and \f are control bytes, not whitespace.
         Refusal{"VerticalTabBeforeChunked",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\x0b" "chunked\r\n\r\n0\r\n\r\n", 400},
-        Refusal{"FormFeedAfterContentLength", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\x0c\r\n\r\nx", 400},
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\x0b"
+                "chunked\r\n\r\n0\r\n\r\n",
+                400},
+        Refusal{"FormFeedAfterContentLength",
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\x0c\r\n\r\nx", 400},
         Refusal{"ChunkOverTheLimit",
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n50\r\n" + std::string(80, 'x') +
-                    "\r\n50\r\n",
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n50\r\n" +
+                    std::string(80, 'x') + "\r\n50\r\n",
                 413},
-        Refusal{"ContentLengthOverTheLimit", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n", 413},
-        Refusal{"HeadOverTheLimit", "GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(2000, 'a') + "\r\n\r\n", 431},
-        Refusal{"TooManyFields", "GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\nG: 1\r\nH: 1\r\n\r\n",
+        Refusal{"ContentLengthOverTheLimit",
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n", 413},
+        Refusal{"HeadOverTheLimit",
+                "GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(2000, 'a') + "\r\n\r\n", 431},
+        Refusal{"TooManyFields",
+                "GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\nG: "
+                "1\r\nH: 1\r\n\r\n",
                 431},
-        Refusal{"UnknownExpectation", "POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\n", 417}),
+        Refusal{"UnknownExpectation",
+                "POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\n", 417}),
     [](const ::testing::TestParamInfo<Refusal>& info) { return std::string(info.param.name); });
 
 TEST(HttpRequestReaderTest, ChunkExtensionsMayFollowSpacesAndTabs) {
   Outcome outcome = Read(
-      "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2 \t;x=1\r\nab\r\n0;y\r\n\r\n");
+      "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2 "
+      "\t;x=1\r\nab\r\n0;y\r\n\r\n");
   ASSERT_EQ(outcome.event, HttpRequestReader::Event::kComplete) << outcome.error;
   EXPECT_EQ(outcome.body, "ab");
 }
@@ -174,16 +209,20 @@ TEST(HttpRequestReaderTest, KeepAliveFollowsTheVersionAndConnection) {
   EXPECT_FALSE(Read("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").keep_alive);
   EXPECT_FALSE(Read("GET / HTTP/1.0\r\n\r\n").keep_alive);
   EXPECT_TRUE(Read("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
-  EXPECT_TRUE(Read("GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade, keep-alive\r\n\r\n").keep_alive);
+  EXPECT_TRUE(
+      Read("GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade, keep-alive\r\n\r\n").keep_alive);
 }
 
 TEST(HttpRequestReaderTest, ExpectContinueOnlyWithABody) {
-  EXPECT_TRUE(Read("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\nx").expect_continue);
+  EXPECT_TRUE(
+      Read("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\nx")
+          .expect_continue);
   EXPECT_FALSE(Read("GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n").expect_continue);
 }
 
 TEST(HttpRequestReaderTest, AbsoluteFormTargetsKeepTheirPath) {
-  EXPECT_EQ(Read("GET http://h:8000/v2/models?x HTTP/1.1\r\nHost: h\r\n\r\n").target, "/v2/models?x");
+  EXPECT_EQ(Read("GET http://h:8000/v2/models?x HTTP/1.1\r\nHost: h\r\n\r\n").target,
+            "/v2/models?x");
   EXPECT_EQ(Read("GET http://h HTTP/1.1\r\nHost: h\r\n\r\n").target, "/");
 }
 
@@ -220,7 +259,8 @@ TEST(HttpRequestReaderTest, StartedAndInBodyTellWhereARequestIs) {
   EXPECT_EQ(reader.Feed("G").event, HttpRequestReader::Event::kNeedMore);
   EXPECT_TRUE(reader.started());
   EXPECT_FALSE(reader.in_body());
-  EXPECT_EQ(reader.Feed("ET / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\n").event, HttpRequestReader::Event::kHead);
+  EXPECT_EQ(reader.Feed("ET / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\n").event,
+            HttpRequestReader::Event::kHead);
   EXPECT_TRUE(reader.in_body());
   EXPECT_EQ(reader.body_remaining(), 4u);
   EXPECT_EQ(reader.Feed("ab").event, HttpRequestReader::Event::kNeedMore);

@@ -70,26 +70,27 @@ class HttpServerTest : public ::testing::Test {
   std::unique_ptr<HttpServer> Start(HttpServerOptions options = {}) {
     options.address = "127.0.0.1";
     options.port = 0;
-    StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options, [this](HttpResponder responder) {
-      if (absl::StartsWith(responder->path(), "/drop")) return;  // a handler bug: no answer
-      if (absl::StartsWith(responder->path(), "/later")) {
-        responder->OnCancel([this] {
-          MutexLock lock(&mutex_);
-          ++cancels_;
-          changed_.SignalAll();
+    StatusOr<std::unique_ptr<HttpServer>> server =
+        HttpServer::Start(options, [this](HttpResponder responder) {
+          if (absl::StartsWith(responder->path(), "/drop")) return;  // a handler bug: no answer
+          if (absl::StartsWith(responder->path(), "/later")) {
+            responder->OnCancel([this] {
+              MutexLock lock(&mutex_);
+              ++cancels_;
+              changed_.SignalAll();
+            });
+            MutexLock lock(&mutex_);
+            parked_.push_back(std::move(responder));
+            changed_.SignalAll();
+            return;
+          }
+          HttpResponse response;
+          response.compress = !absl::StartsWith(responder->path(), "/plain");
+          response.headers.emplace_back("X-Path", responder->path());
+          response.body.push_back(responder->method() + " ");
+          response.body.push_back(std::string(responder->body()));
+          responder.Respond(std::move(response));
         });
-        MutexLock lock(&mutex_);
-        parked_.push_back(std::move(responder));
-        changed_.SignalAll();
-        return;
-      }
-      HttpResponse response;
-      response.compress = !absl::StartsWith(responder->path(), "/plain");
-      response.headers.emplace_back("X-Path", responder->path());
-      response.body.push_back(responder->method() + " ");
-      response.body.push_back(std::string(responder->body()));
-      responder.Respond(std::move(response));
-    });
     EXPECT_TRUE(server.ok()) << server.status();
     return *std::move(server);
   }
@@ -141,7 +142,9 @@ TEST_F(HttpServerTest, AnswersOnAKeepAliveConnectionWithPathAndBody) {
 TEST_F(HttpServerTest, ChunkedBodiesArriveWhole) {
   auto server = Start();
   Client client(server->port());
-  client.Send("POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+  client.Send(
+      "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n "
+      "world\r\n0\r\n\r\n");
   Reply reply = client.Read();
   EXPECT_EQ(reply.code, 200);
   EXPECT_EQ(reply.body, "POST hello world");
@@ -170,8 +173,9 @@ TEST_F(HttpServerTest, CompressedBodiesInflateAndResponsesCompressWhenAsked) {
   const std::string text(5000, 'z');
   for (int window_bits : {15 + 16, 15, -15}) {  // gzip, zlib ("deflate"), raw deflate
     Client client(server->port());
-    client.Send(Post("/z", Gzip(text, window_bits),
-                     absl::StrCat("Content-Encoding: ", window_bits == 15 + 16 ? "gzip" : "deflate", "\r\n")));
+    client.Send(Post(
+        "/z", Gzip(text, window_bits),
+        absl::StrCat("Content-Encoding: ", window_bits == 15 + 16 ? "gzip" : "deflate", "\r\n")));
     Reply reply = client.Read();
     EXPECT_EQ(reply.code, 200) << window_bits;
     EXPECT_EQ(reply.body, "POST " + text) << window_bits;
@@ -189,12 +193,14 @@ TEST_F(HttpServerTest, CompressedBodiesInflateAndResponsesCompressWhenAsked) {
   refused.Send(Post("/z", text, "Accept-Encoding: gzip;q=0\r\n"));
   Reply plain = refused.Read();
   EXPECT_FALSE(absl::StrContains(plain.headers, "content-encoding")) << plain.headers;
-  // An answer that may not be compressed goes out plain whatever the client accepts, small or large.
+  // An answer that may not be compressed goes out plain whatever the client accepts, small or
+  // large.
   for (size_t size : {size_t{5000}, size_t{100000}}) {
     Client asked(server->port());
     asked.Send(Post("/plain", std::string(size, 'p'), "Accept-Encoding: gzip, deflate\r\n"));
     Reply uncompressed = asked.Read();
-    EXPECT_FALSE(absl::StrContains(uncompressed.headers, "content-encoding")) << uncompressed.headers;
+    EXPECT_FALSE(absl::StrContains(uncompressed.headers, "content-encoding"))
+        << uncompressed.headers;
     EXPECT_EQ(uncompressed.body, "POST " + std::string(size, 'p'));
   }
   EXPECT_EQ(server->compressed_off_thread(), 0);
@@ -271,8 +277,8 @@ TEST_F(HttpServerTest, AcceptedConnectionsSendWithoutDelay) {
     socklen_t size = sizeof(local);
     int listening = 0;
     socklen_t flag_size = sizeof(listening);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &size) != 0 || local.sin_family != AF_INET ||
-        ntohs(local.sin_port) != server->port() ||
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &size) != 0 ||
+        local.sin_family != AF_INET || ntohs(local.sin_port) != server->port() ||
         getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_size) != 0 || listening) {
       continue;
     }
@@ -387,7 +393,9 @@ TEST_F(HttpServerTest, RequestsFramedTwoWaysAreRefusedNotSmuggled) {
   EXPECT_TRUE(absl::StrContains(refused.headers, "connection: close")) << refused.headers;
   EXPECT_TRUE(client.Read().closed);  // no second answer
   Client chunked(server->port());
-  chunked.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+  chunked.Send(
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n0\r\n\r\n");
   EXPECT_EQ(chunked.Read().code, 400);
   EXPECT_TRUE(chunked.Read().closed);
   Client after(server->port());
@@ -398,7 +406,8 @@ TEST_F(HttpServerTest, RequestsFramedTwoWaysAreRefusedNotSmuggled) {
 TEST_F(HttpServerTest, AMalformedChunkSizeIs400) {
   auto server = Start();
   Client client(server->port());
-  client.Send("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\nabc\r\n0\r\n\r\n");
+  client.Send(
+      "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\nabc\r\n0\r\n\r\n");
   Reply reply = client.Read();
   EXPECT_EQ(reply.code, 400);
   EXPECT_TRUE(absl::StrContains(reply.body, "chunk size")) << reply.body;
@@ -477,7 +486,8 @@ TEST_F(HttpServerTest, HalfSentBodiesShareOneBudgetAndPastIt503) {
   // Two bodies each within the budget, half sent, together past it: the second is refused.
   Client a(server->port());
   Client b(server->port());
-  a.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" + std::string(600000, 'a'));
+  a.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" +
+         std::string(600000, 'a'));
   testing::Eventually([&] { return server->buffered_bytes() >= 600000; });
   EXPECT_EQ(server->buffered_bytes(), 600000u);
   b.Send("POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n");
@@ -578,7 +588,7 @@ TEST_F(HttpServerTest, AResponderDroppedWithoutAnAnswerAnswers500AndTheServerGoe
   EXPECT_EQ(dropped.code, 500);
   EXPECT_NE(dropped.body.find("without an answer"), std::string::npos) << dropped.body;
   EXPECT_TRUE(server->WaitIdle(std::chrono::milliseconds(1000)));  // nothing leaked in flight
-  client.Send(Get("/next"));  // same connection
+  client.Send(Get("/next"));                                       // same connection
   EXPECT_EQ(client.Read().code, 200);
 }
 

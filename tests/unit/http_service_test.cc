@@ -16,23 +16,26 @@
 namespace sluice {
 namespace {
 
+using testing::Client;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::Client;
 using testing::Post;
 using testing::Reply;
 using namespace std::chrono_literals;
 
-const char kBody[] = R"({"id": "r-1", "inputs": [{"name": "x", "shape": [1, 3], "datatype": "INT32", "data": [4, 5, 6]}]})";
+const char kBody[] =
+    R"({"id": "r-1", "inputs": [{"name": "x", "shape": [1, 3], "datatype": "INT32", "data": [4, 5, 6]}]})";
 
 class HttpServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
-                                                    /*with_sum=*/false, /*max_queue=*/8);
+    lookup_.models["echo"] =
+        testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
+                               /*with_sum=*/false, /*max_queue=*/8);
     auto gated = std::make_unique<testing::FakeBackend>();
     gated_ = gated.get();
-    lookup_.models["gated"] = testing::MakeEchoModel("gated", std::move(gated), &clock_);  // one may wait
+    lookup_.models["gated"] =
+        testing::MakeEchoModel("gated", std::move(gated), &clock_);  // one may wait
     HttpService::Options options;
     options.lookup = &lookup_;
     options.tracer = &tracer_;
@@ -40,8 +43,9 @@ class HttpServiceTest : public ::testing::Test {
     HttpServerOptions server_options;
     server_options.address = "127.0.0.1";
     server_options.port = 0;
-    auto server = HttpServer::Start(server_options,
-                                    [this](HttpResponder responder) { service_->Handle(std::move(responder)); });
+    auto server = HttpServer::Start(server_options, [this](HttpResponder responder) {
+      service_->Handle(std::move(responder));
+    });
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -56,11 +60,14 @@ class HttpServiceTest : public ::testing::Test {
     client.Send(Post("/v2/models/" + model + "/infer", body, headers));
     return client.Read();
   }
-  uint64_t Failures(const std::string& model) { return lookup_.models[model]->Statistics().fail.count; }
+  uint64_t Failures(const std::string& model) {
+    return lookup_.models[model]->Statistics().fail.count;
+  }
 
   SteadyTimeSource clock_;
   testing::SpanRecorder spans_;
-  Tracer tracer_{Tracer::Options{TraceSettings{}, &spans_, nullptr}};  // level OFF until a test says
+  Tracer tracer_{
+      Tracer::Options{TraceSettings{}, &spans_, nullptr}};  // level OFF until a test says
   ModelManager manager_{{}, {}};
   testing::FakeLookup lookup_;
   testing::FakeBackend* gated_ = nullptr;
@@ -75,7 +82,8 @@ TEST_F(HttpServiceTest, JsonInferenceAnswersWithTheModelVersionIdAndOutputs) {
   EXPECT_THAT(reply.body, HasSubstr(R"("model_name":"echo")"));
   EXPECT_THAT(reply.body, HasSubstr(R"("model_version":"1")"));
   EXPECT_THAT(reply.body, HasSubstr(R"("id":"r-1")"));
-  EXPECT_THAT(reply.body, HasSubstr(R"("name":"y","datatype":"INT32","shape":[1,3],"data":[4,5,6])"));
+  EXPECT_THAT(reply.body,
+              HasSubstr(R"("name":"y","datatype":"INT32","shape":[1,3],"data":[4,5,6])"));
   EXPECT_EQ(lookup_.models["echo"]->Statistics().success.count, 1u);
 }
 
@@ -104,10 +112,11 @@ TEST_F(HttpServiceTest, OnlyInferenceAnswersAreCompressed) {
 // The status codes are Triton's (tritonclient reads only those); the bodies are what KServe's REST
 // client reads.
 TEST_F(HttpServiceTest, TraceSettingsTurnTracingOnAndATracedRequestContinuesTheCallersTrace) {
-  auto send = [&](const std::string& method, const std::string& path, const std::string& body = "") {
+  auto send = [&](const std::string& method, const std::string& path,
+                  const std::string& body = "") {
     Client client(server_->port());
-    client.Send(method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
-                "\r\n\r\n" + body);
+    client.Send(method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\n\r\n" + body);
     return client.Read();
   };
   Reply got = send("GET", "/v2/trace/setting");
@@ -121,9 +130,11 @@ TEST_F(HttpServiceTest, TraceSettingsTurnTracingOnAndATracedRequestContinuesTheC
   EXPECT_EQ(send("GET", "/v2/models/nowhere/trace/setting").code, 404);  // the repository lacks it
 
   // Untraced while the level is OFF.
-  const std::string parent = "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n";
+  const std::string parent =
+      "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n";
   EXPECT_EQ(Infer("echo", kBody, parent).code, 200);
-  Reply on = send("POST", "/v2/trace/setting", R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "1000"})");
+  Reply on =
+      send("POST", "/v2/trace/setting", R"({"trace_level": ["TIMESTAMPS"], "trace_rate": "1000"})");
   EXPECT_EQ(on.code, 200);
   EXPECT_THAT(on.body, HasSubstr(R"("trace_rate":"1000")"));
   EXPECT_EQ(Infer("echo", kBody, parent).code, 200);
@@ -139,8 +150,9 @@ TEST_F(HttpServiceTest, TraceSettingsTurnTracingOnAndATracedRequestContinuesTheC
 }
 
 TEST_F(HttpServiceTest, HealthAnswersCarryKServesBodies) {
-  for (const auto& [path, body] : {std::pair<std::string, std::string>{"/v2/health/live", R"({"live":true})"},
-                                   {"/v2/health/ready", R"({"ready":true})"}}) {
+  for (const auto& [path, body] :
+       {std::pair<std::string, std::string>{"/v2/health/live", R"({"live":true})"},
+        {"/v2/health/ready", R"({"ready":true})"}}) {
     Client client(server_->port());
     client.Send(testing::Get(path));
     const Reply reply = client.Read();
@@ -151,7 +163,8 @@ TEST_F(HttpServiceTest, HealthAnswersCarryKServesBodies) {
 }
 
 TEST_F(HttpServiceTest, ABinaryOutputComesAfterTheJsonHeader) {
-  const Reply reply = Infer("echo", R"({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}],
+  const Reply reply = Infer(
+      "echo", R"({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}],
                                        "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})");
   ASSERT_EQ(reply.code, 200) << reply.body;
   EXPECT_THAT(reply.headers, HasSubstr("content-type: application/octet-stream"));
@@ -170,11 +183,14 @@ TEST_F(HttpServiceTest, RefusalsGetTheirHttpCodeAndCountAsTheModelsRejections) {
     std::string body, headers, words;
   };
   const std::vector<Case> cases = {
-      {kBody, "Inference-Header-Content-Length: lots\r\n", "Inference-Header-Content-Length 'lots' is not a byte count"},
-      {R"({"inputs": [], "parameters": {"timeout": -1}})", "", "'timeout' must be a non-negative integer"},
+      {kBody, "Inference-Header-Content-Length: lots\r\n",
+       "Inference-Header-Content-Length 'lots' is not a byte count"},
+      {R"({"inputs": [], "parameters": {"timeout": -1}})", "",
+       "'timeout' must be a non-negative integer"},
       {"not json", "", ""},
       // The model's own check (ModelHandle::Submit), after decoding.
-      {R"({"inputs": [{"name": "z", "shape": [1, 1], "datatype": "INT32", "data": [1]}]})", "", "'z'"},
+      {R"({"inputs": [{"name": "z", "shape": [1, 1], "datatype": "INT32", "data": [1]}]})", "",
+       "'z'"},
   };
   uint64_t failures = 0;
   for (const Case& each : cases) {

@@ -35,8 +35,11 @@ class FakeCall final : public InferenceCall {
     if (!refusal_.ok()) return refusal_;
     auto request = std::make_unique<InferRequest>();
     request->id = id;
-    request->inputs.push_back(TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(values_.size())},
-                                         reinterpret_cast<const char*>(values_.data()), values_.size() * 4});
+    request->inputs.push_back(TensorView{"x",
+                                         DataType::kInt32,
+                                         {1, static_cast<int64_t>(values_.size())},
+                                         reinterpret_cast<const char*>(values_.data()),
+                                         values_.size() * 4});
     return request;
   }
   void Accepted(const InferRequest& request, const InFlightModel& model) override {
@@ -85,8 +88,9 @@ class FakeCall final : public InferenceCall {
 class InferencePathTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    lookup_.models["echo"] = testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
-                                                    /*with_sum=*/false, /*max_queue=*/8);
+    lookup_.models["echo"] =
+        testing::MakeEchoModel("echo", std::make_unique<testing::EchoBackend>(), &clock_,
+                               /*with_sum=*/false, /*max_queue=*/8);
   }
   void TearDown() override {
     for (auto& [name, model] : lookup_.models) model->Stop();
@@ -115,8 +119,9 @@ TEST_F(InferencePathTest, RunsDecodeAcceptSubmitAnswerInOrderAndStampsTheRequest
 }
 
 TEST_F(InferencePathTest, ALookupFailureIsAnsweredAsItIsWithoutDecoding) {
-  for (const auto& [name, code] : {std::pair<std::string, absl::StatusCode>{"nope", absl::StatusCode::kNotFound},
-                                   {"loading", absl::StatusCode::kUnavailable}}) {
+  for (const auto& [name, code] :
+       {std::pair<std::string, absl::StatusCode>{"nope", absl::StatusCode::kNotFound},
+        {"loading", absl::StatusCode::kUnavailable}}) {
     FakeCall call(name, {1});
     RunInference(lookup_, &call);
     EXPECT_EQ(call.Wait().code(), code) << name;
@@ -149,9 +154,10 @@ TEST_F(InferencePathTest, AnIdPastTheBoundIsRefusedLikeADecodeRefusalWithAShortM
   RunInference(lookup_, &over);
   const Status answer = over.Wait();
   EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(answer.message(), "the request id '" + std::string(64 - 18, 'i') +
-                                  "...(2097152 bytes)' is longer than the 1024 bytes this server takes; send a "
-                                  "shorter id (a UUID or a counter)");
+  EXPECT_EQ(answer.message(),
+            "the request id '" + std::string(64 - 18, 'i') +
+                "...(2097152 bytes)' is longer than the 1024 bytes this server takes; send a "
+                "shorter id (a UUID or a counter)");
   EXPECT_EQ(over.steps, (std::vector<std::string>{"decode echo", "answer"}));
   EXPECT_EQ(lookup_.models["echo"]->Statistics().fail.count, 1u);
 }
@@ -169,7 +175,8 @@ TEST_F(InferencePathTest, AModelLevelRefusalComesBackThroughTheSamePath) {
 class FakeLoads final : public OnDemandLoads {
  public:
   bool LoadsOnDemand(const std::string& name) const override { return name.rfind("later", 0) == 0; }
-  void Await(const std::string& name, TimePoint deadline, std::shared_ptr<std::atomic<bool>> /*cancelled*/,
+  void Await(const std::string& name, TimePoint deadline,
+             std::shared_ptr<std::atomic<bool>> /*cancelled*/,
              std::function<void(const Status&)> then) override {
     std::lock_guard<std::mutex> lock(mutex_);
     awaited.push_back(name);
@@ -207,14 +214,16 @@ TEST_F(InferencePathTest, ARequestForAModelThatLoadsOnDemandWaitsThenRunsAndCoun
   EXPECT_TRUE(call.steps.empty());  // nothing decoded, nothing answered: it waits
   {
     std::lock_guard<std::mutex> lock(lookup_.mutex);
-    lookup_.models["later"] = testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
-                                                     /*with_sum=*/false, /*max_queue=*/8);
+    lookup_.models["later"] =
+        testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
+                               /*with_sum=*/false, /*max_queue=*/8);
   }
   loads.Take()(absl::OkStatus());  // loaded: the request goes on from the lookup
   ASSERT_TRUE(call.Wait().ok());
   EXPECT_EQ(call.steps, (std::vector<std::string>{"decode later", "accepted version 1", "answer"}));
   EXPECT_EQ(call.Output(), (std::vector<int32_t>{7, 8}));
-  EXPECT_FALSE(call.caller_may_run);  // the thread that answered the wait never runs the model itself
+  EXPECT_FALSE(
+      call.caller_may_run);  // the thread that answered the wait never runs the model itself
   ASSERT_EQ(loads.cold_starts.size(), 1u);
   EXPECT_EQ(loads.cold_starts[0].first, "later");
   lookup_.models["later"]->Stop();
@@ -292,8 +301,9 @@ TEST_F(InferencePathTest, TheObserverIsToldOnceTheRequestIsHandedOnAndOnlyThen) 
   EXPECT_EQ(waited.told.load(), 0);
   {
     std::lock_guard<std::mutex> lock(lookup_.mutex);
-    lookup_.models["later"] = testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
-                                                     /*with_sum=*/false, /*max_queue=*/8);
+    lookup_.models["later"] =
+        testing::MakeEchoModel("later", std::make_unique<testing::EchoBackend>(), &clock_,
+                               /*with_sum=*/false, /*max_queue=*/8);
   }
   loads.Take()(absl::OkStatus());
   EXPECT_EQ(waited.told.load(), 1);
@@ -323,7 +333,8 @@ TEST_F(InferencePathTest, TheObserverIsToldOnceTheRequestIsHandedOnAndOnlyThen) 
 // ends resolve it, with its references handed to the path.
 class ShmCall final : public InferenceCall {
  public:
-  ShmCall(const SharedMemoryManager* registry, uint64_t byte_size) : refs_(registry), byte_size_(byte_size) {
+  ShmCall(const SharedMemoryManager* registry, uint64_t byte_size)
+      : refs_(registry), byte_size_(byte_size) {
     shared_memory_refs = &refs_;
   }
   const std::string& model_name() const override { return model_; }
@@ -334,7 +345,8 @@ class ShmCall final : public InferenceCall {
     auto request = std::make_unique<InferRequest>();
     request->inputs.push_back(
         TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(byte_size_ / 4)}, nullptr, 0});
-    SLUICE_RETURN_IF_ERROR(refs_.ResolveInput({"r", 0, byte_size_}, &request->inputs.back(), request.get()));
+    SLUICE_RETURN_IF_ERROR(
+        refs_.ResolveInput({"r", 0, byte_size_}, &request->inputs.back(), request.get()));
     request->shared_memory = refs_.used();
     return request;
   }
@@ -379,8 +391,9 @@ TEST_F(InferencePathTest, ARequestWhoseRegionIsTruncatedInFlightIsRefusedInstead
   RunInference(lookup_, &attacked);
   const Status answer = attacked.Wait();
   EXPECT_EQ(answer.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(answer.message().find("shared memory region 'r' was truncated while the request used it"),
-            absl::string_view::npos)
+  EXPECT_NE(
+      answer.message().find("shared memory region 'r' was truncated while the request used it"),
+      absl::string_view::npos)
       << answer;
   EXPECT_TRUE(registry.Regions("").value().empty());  // dropped by the check
 

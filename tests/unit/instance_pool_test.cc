@@ -32,8 +32,11 @@ struct Call {
     pending.request = std::make_unique<InferRequest>();
     pending.request->model_name = "m";
     pending.request->batch_size = rows;
-    pending.request->inputs.push_back(
-        {"x", DataType::kInt32, {rows, 2}, reinterpret_cast<const char*>(data.data()), data.size() * 4});
+    pending.request->inputs.push_back({"x",
+                                       DataType::kInt32,
+                                       {rows, 2},
+                                       reinterpret_cast<const char*>(data.data()),
+                                       data.size() * 4});
     pending.sink = sink_override != nullptr ? sink_override : &sink;
     pending.done = [this](Status status) { answer.set_value(testing::Collected(status, sink)); };
     return pending;
@@ -125,8 +128,9 @@ TEST(InstancePoolGraphsTest, CapturesCountAtWarmUpAndInServingReplaysOnlyInServi
   auto backend = std::make_unique<testing::FakeBackend>();
   // Warm-up's four runs: two eager, the capture, a replay; then served batches: a replay, an
   // eager pass, a capture of a new shape, a replay.
-  backend->graph_runs = {GraphRun::kNone,     GraphRun::kNone,     GraphRun::kCaptured, GraphRun::kReplayed,
-                         GraphRun::kReplayed, GraphRun::kNone,     GraphRun::kCaptured, GraphRun::kReplayed};
+  backend->graph_runs = {GraphRun::kNone,     GraphRun::kNone,     GraphRun::kCaptured,
+                         GraphRun::kReplayed, GraphRun::kReplayed, GraphRun::kNone,
+                         GraphRun::kCaptured, GraphRun::kReplayed};
   std::vector<std::unique_ptr<ModelBackend>> backends;
   backends.push_back(std::move(backend));
   auto sink = std::make_shared<GraphCountingSink>();
@@ -156,11 +160,13 @@ TEST(InstancePoolGraphsTest, CapturesCountAtWarmUpAndInServingReplaysOnlyInServi
 TEST_F(InstancePoolTest, NeedsInstancesAndAClock) {
   InstancePool::Options options;
   options.clock = &clock_;
-  EXPECT_EQ(InstancePool::Create(Spec(), {}, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InstancePool::Create(Spec(), {}, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
   std::vector<std::unique_ptr<ModelBackend>> backends;
   backends.push_back(std::make_unique<testing::EchoBackend>());
-  EXPECT_EQ(InstancePool::Create(Spec(), std::move(backends), InstancePool::Options{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      InstancePool::Create(Spec(), std::move(backends), InstancePool::Options{}).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
@@ -180,7 +186,7 @@ TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
   EXPECT_EQ(ra->outputs[0].shape, (Shape{1, 2}));
   EXPECT_EQ(rb->outputs[0].shape, (Shape{2, 2}));
   EXPECT_EQ(model->batch_sizes(), (std::vector<int64_t>{4}));  // padded
-  EXPECT_EQ(model->bytes_copied(), 8u + 16u);                   // each caller's rows, once
+  EXPECT_EQ(model->bytes_copied(), 8u + 16u);                  // each caller's rows, once
   pool->Stop();  // joins the worker: its idle notification has happened
   EXPECT_EQ(pool->idle(), 1);
   EXPECT_EQ(idle_calls_.load(), 1);
@@ -194,10 +200,11 @@ TEST_F(InstancePoolTest, RunsABatchAnswersEachRequestAndGoesIdleAgain) {
 // backend's execute and its device phases, the real and padded rows.
 TEST_F(InstancePoolTest, EachBatchRecordsItsCycle) {
   using std::chrono::milliseconds;
-  auto backend = std::make_unique<testing::FakeBackend>([this](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
-    clock_.Advance(milliseconds(3));  // the pass
-    return std::vector<Tensor>{{"y", DataType::kInt64, {1}, std::string(8, '\0')}};
-  });
+  auto backend = std::make_unique<testing::FakeBackend>(
+      [this](const InferRequest&) -> StatusOr<std::vector<Tensor>> {
+        clock_.Advance(milliseconds(3));  // the pass
+        return std::vector<Tensor>{{"y", DataType::kInt64, {1}, std::string(8, '\0')}};
+      });
   backend->phases = DevicePhases{milliseconds(1), milliseconds(1), milliseconds(1)};
   auto pool = Make(std::move(backend));
   for (int i = 0; i < 2; ++i) {
@@ -232,8 +239,10 @@ TEST_F(InstancePoolTest, ABatchWithTracedRequestsStampsThemAndExportsOneLinkedBa
   batch.requests.push_back(traced.Pending(1, 1));
   batch.requests.push_back(plain.Pending(1, 2));
   batch.requests.push_back(also_traced.Pending(2, 3));
-  auto first = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "a", clock_.Now());
-  auto second = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "b", clock_.Now());
+  auto first =
+      std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "a", clock_.Now());
+  auto second =
+      std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "b", clock_.Now());
   first->SetDevice("cpu");
   batch.requests[0].request->trace = first;
   batch.requests[0].enqueued = clock_.Now();
@@ -267,7 +276,8 @@ TEST_F(InstancePoolTest, DroppingATracedRequestStampsItsQueueTime) {
   testing::SpanRecorder sink;
   Call dropped;
   PendingRequest pending = dropped.Pending(1, 1);
-  auto trace = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "r", clock_.Now());
+  auto trace =
+      std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "r", clock_.Now());
   pending.request->trace = trace;
   pending.enqueued = clock_.Now();
   pool->Drop(pending, absl::DeadlineExceededError("expired"));
@@ -287,7 +297,8 @@ TEST_F(InstancePoolTest, ASinkThatRefusesFailsOnlyItsOwnRequest) {
   batch.requests.push_back(served.Pending(1, 2));
   batch.rows = batch.padded_rows = 2;
   pool->Run(std::move(batch));
-  EXPECT_THAT(refused.answer.get_future().get().status().message(), HasSubstr("output region is too small"));
+  EXPECT_THAT(refused.answer.get_future().get().status().message(),
+              HasSubstr("output region is too small"));
   auto ok = served.answer.get_future().get();
   ASSERT_TRUE(ok.ok()) << ok.status();
   std::vector<int32_t> values(2);
@@ -332,9 +343,12 @@ class LoggedConnection final : public AnswerConnection {
 // A caller's sink whose answer goes to `connection`; the outputs go to `inner`.
 class ConnectedSink final : public OutputSink {
  public:
-  ConnectedSink(OutputSink* inner, std::shared_ptr<AnswerConnection> connection, std::atomic<int>* asked)
+  ConnectedSink(OutputSink* inner, std::shared_ptr<AnswerConnection> connection,
+                std::atomic<int>* asked)
       : inner_(inner), connection_(std::move(connection)), asked_(asked) {}
-  StatusOr<char*> Allocate(const OutputDescription& output) override { return inner_->Allocate(output); }
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    return inner_->Allocate(output);
+  }
   std::shared_ptr<AnswerConnection> Connection() override {
     asked_->fetch_add(1);
     return connection_;
@@ -356,7 +370,8 @@ TEST_F(InstancePoolTest, AnswersToOneConnectionAreSentWhileItIsHeld) {
   auto shared = std::make_shared<LoggedConnection>("shared", &log);
   auto alone = std::make_shared<LoggedConnection>("alone", &log);
   Call calls[3];
-  ConnectedSink sinks[3] = {{&calls[0].sink, shared, &asked}, {&calls[1].sink, alone, &asked},
+  ConnectedSink sinks[3] = {{&calls[0].sink, shared, &asked},
+                            {&calls[1].sink, alone, &asked},
                             {&calls[2].sink, shared, &asked}};
   FormedBatch batch;
   for (int i = 0; i < 3; ++i) {
@@ -374,8 +389,8 @@ TEST_F(InstancePoolTest, AnswersToOneConnectionAreSentWhileItIsHeld) {
     ASSERT_TRUE(answer.ok()) << answer.status();
   }
   pool->Stop();  // joins the worker: the release after the last answer has happened
-  EXPECT_EQ(log.events(), (std::vector<std::string>{"hold shared", "answer 0", "answer 1", "answer 2",
-                                                    "release shared"}));
+  EXPECT_EQ(log.events(), (std::vector<std::string>{"hold shared", "answer 0", "answer 1",
+                                                    "answer 2", "release shared"}));
   EXPECT_EQ(asked.load(), 3);
 
   auto lone_pool = Make(std::make_unique<testing::EchoBackend>());

@@ -95,7 +95,8 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWait
   EXPECT_FALSE(plain.TakeReadyBatch(clock_.Now()).has_value());
 }
 
-TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileRowsKeepArriving) {
+TEST_F(LatencyTargetQueueTest,
+       WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileRowsKeepArriving) {
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();  // 2 rows: 120 us, 60 us a row; arrivals: one row per 20 us
   const TimePoint first = clock_.Now();
@@ -113,7 +114,8 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsFasterThanSmallBatchesServeTheGroupWa
 
 TEST_F(LatencyTargetQueueTest, AWaitingGroupStopsWhenOneMoreArrivalWouldMakeItsOldestLate) {
   BatchQueue queue(TargetOptions());
-  costs_->Seed(0, kGroup, 1, 600us);  // dear batches: 2 rows about 643 us (321 a row), 3 about 686 us
+  costs_->Seed(0, kGroup, 1,
+               600us);  // dear batches: 2 rows about 643 us (321 a row), 3 about 686 us
   costs_->Seed(0, kGroup, 8, 900us);
   const TimePoint first = clock_.Now();
   ASSERT_TRUE(Add(queue, 1).ok());
@@ -174,7 +176,8 @@ TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArriv
   EarlyRefusal why = EarlyRefusal::kNone;
   Status refused = Add(queue, 1, 2, kNoDeadline, &why);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(refused.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
+  EXPECT_THAT(refused.message(),
+              HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
   EXPECT_THAT(refused.message(), HasSubstr("about 1000 us of work is queued ahead of it"));
   EXPECT_EQ(why, EarlyRefusal::kTarget);
   EXPECT_EQ(queue.size(), 10u);
@@ -219,7 +222,7 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
   ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(850us);
   ASSERT_TRUE(Add(queue, 1).ok());
-  ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());  // a shape without costs
+  ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());     // a shape without costs
   EXPECT_EQ(queue.NextDeadline(), first + 1000us);  // the target is a deadline too
   EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
   clock_.Advance(100us);  // the first now needs until 1050 us
@@ -249,7 +252,8 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
 
 TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp) {
   BatchQueue queue(TargetOptions());
-  SeedWithOverhead();  // 110 us + 10 us a row: even 8 rows (22.5 us a row) serve slower than rows arrive
+  SeedWithOverhead();  // 110 us + 10 us a row: even 8 rows (22.5 us a row) serve slower than rows
+                       // arrive
   const TimePoint first = clock_.Now();
   AddRowsEvery(queue, 8, 20us);
   // Requests keep arriving (of a shape without costs, so that this group does not fill).
@@ -258,14 +262,16 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
     ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());
   }
   // The first has 120 us left (a batch of 2), the second 140 us (4 of 7 waiting), the third
-  // 160 us: a batch of all 6 left. Cutting for the first would serve 2 rows in 120 us while 6 arrive.
+  // 160 us: a batch of all 6 left. Cutting for the first would serve 2 rows in 120 us while 6
+  // arrive.
   std::vector<RefusedRequest> refused = queue.TakeOverloaded(clock_.Now());
   ASSERT_EQ(refused.size(), 2u);
   EXPECT_EQ(refused[0].pending.request->id, "1");
   EXPECT_EQ(refused[1].pending.request->id, "2");
   EXPECT_EQ(refused[0].status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused[0].status.message(), HasSubstr("is overloaded"));
-  EXPECT_THAT(refused[0].status.message(), HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
+  EXPECT_THAT(refused[0].status.message(),
+              HasSubstr("within its latency target of 1000 us (sluice.latency_target_us)"));
   EXPECT_THAT(refused[0].status.message(), HasSubstr("it waited 880 us"));
   EXPECT_EQ(refused[0].reason, EarlyRefusal::kTarget);
   EXPECT_EQ(queue.size(), 6u + 37u);
@@ -311,7 +317,7 @@ TEST_F(LatencyTargetQueueTest, WithoutOverloadTheOldestIsServedInABatchCutForIt)
   BatchQueue queue(TargetOptions());
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
-  AddRowsEvery(queue, 3, 200us);  // a row per 200 us: a lone row (110 us) keeps up
+  AddRowsEvery(queue, 3, 200us);                 // a row per 200 us: a lone row (110 us) keeps up
   clock_.Advance(first + 885us - clock_.Now());  // the first has 115 us left: a batch of its own
   EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
   auto batch = queue.TakeReadyBatch(clock_.Now());
@@ -357,14 +363,14 @@ TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatc
   SeedLinear();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);  // 800 us predicted: in time
-  clock_.Advance(800us);  // it ended
+  clock_.Advance(800us);                                   // it ended
   // The batches run three times slower than warm-up said.
   for (int i = 0; i < 30; ++i) {
     costs_->Observe(0, kGroup, 8, 2400us);
     costs_->Observe(0, kGroup, 1, 300us);
   }
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
-  EXPECT_FALSE(Add(queue, 1).ok());  // 900 us ahead + 300 us
+  EXPECT_FALSE(Add(queue, 1).ok());                        // 900 us ahead + 300 us
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 3);  // 300 us a row: three rows fit
 }
 
@@ -372,7 +378,8 @@ TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
   BatchQueue queue(TargetOptions());
   costs_->Seed(0, kGroup, 1, 2000us);  // twice the target: warm-up on a busy host, say
   EarlyRefusal why = EarlyRefusal::kNone;
-  ASSERT_TRUE(Add(queue, 1, 2, kNoDeadline, &why).ok());  // nothing ahead: refusing would leave nothing to correct the cost
+  ASSERT_TRUE(Add(queue, 1, 2, kNoDeadline, &why)
+                  .ok());  // nothing ahead: refusing would leave nothing to correct the cost
   EXPECT_EQ(why, EarlyRefusal::kNone);
   EXPECT_FALSE(Add(queue, 1).ok());  // behind it, 2000 us of work ahead
   // Queued, only a target already past refuses it: not an estimate longer than the target.
@@ -403,7 +410,8 @@ TEST_F(LatencyTargetQueueTest, ABatchThatEndedEarlyStopsCountingOnceItsInstanceI
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
   clock_.Advance(10us);
   EarlyRefusal why = EarlyRefusal::kNone;
-  EXPECT_FALSE(Add(queue, 1, 2, kNoDeadline, &why, /*busy=*/1).ok());  // still running: 790 + 200 + 100 us
+  EXPECT_FALSE(
+      Add(queue, 1, 2, kNoDeadline, &why, /*busy=*/1).ok());  // still running: 790 + 200 + 100 us
   EXPECT_EQ(why, EarlyRefusal::kTarget);
   // It ended early: its instance is idle, and only the two queued rows are ahead (200 + 100 us).
   EXPECT_TRUE(Add(queue, 1, 2, kNoDeadline, nullptr, /*busy=*/0).ok());
@@ -431,15 +439,16 @@ class LatencyTargetBatcherTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // Echoes "x" as "y", taking 100 us of the fake clock per row; held at its gate on demand.
-    auto model = std::make_unique<testing::FakeBackend>([this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-      {
-        std::lock_guard<std::mutex> lock(sizes_mutex_);
-        sizes_.push_back(request.batch_size);
-      }
-      clock_.Advance(100us * request.batch_size);
-      const TensorView& x = request.inputs[0];
-      return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
-    });
+    auto model = std::make_unique<testing::FakeBackend>(
+        [this](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+          {
+            std::lock_guard<std::mutex> lock(sizes_mutex_);
+            sizes_.push_back(request.batch_size);
+          }
+          clock_.Advance(100us * request.batch_size);
+          const TensorView& x = request.inputs[0];
+          return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
+        });
     model_ = model.get();
     std::vector<std::unique_ptr<ModelBackend>> backends;
     backends.push_back(std::move(model));
@@ -457,8 +466,10 @@ class LatencyTargetBatcherTest : public ::testing::Test {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "m";
     request->batch_size = 1;
-    request->inputs.push_back({"x", DataType::kInt32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
-    batcher_->Enqueue(std::move(request), &call.sink, [&call](Status status) { call.answer.set_value(status); });
+    request->inputs.push_back(
+        {"x", DataType::kInt32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+    batcher_->Enqueue(std::move(request), &call.sink,
+                      [&call](Status status) { call.answer.set_value(status); });
   }
 
   // The batch sizes the model ran, in order.

@@ -25,12 +25,11 @@ inline ModelOverride ConfigOverride(std::string json) {
   return override;
 }
 
-
 // INPUT__0 FP32 [2] -> OUTPUT__0 FP32 [2], max_batch_size 4, one KIND_AUTO instance, as the
 // repository would build it from a config.pbtxt with nothing else in it. `edit` changes the spec
 // as more config would (the parser's own tests cover the config side).
 inline RepositoryModel Model(const std::string& name, std::vector<int64_t> versions,
-                      const std::function<void(ModelSpec&)>& edit = nullptr) {
+                             const std::function<void(ModelSpec&)>& edit = nullptr) {
   RepositoryModel model;
   model.name = name;
   model.directory = "/repo/" + name;
@@ -80,7 +79,8 @@ class MemorySource final : public ModelSource {
     for (const auto& [name, model] : models_) models.push_back(model);
     return models;
   }
-  StatusOr<RepositoryModel> Read(const std::string& name, const ModelOverride& override) const override {
+  StatusOr<RepositoryModel> Read(const std::string& name,
+                                 const ModelOverride& override) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     last_override_ = override.config_json;
     auto it = models_.find(name);
@@ -105,10 +105,12 @@ inline std::future<StatusOr<Outputs>> Send(ModelHandle* model, const std::string
   auto request = std::make_unique<InferRequest>();
   request->model_name = model->spec().name;
   request->id = id;
-  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call->data.data()), 8});
+  request->inputs.push_back(
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call->data.data()), 8});
   auto answer = call->answer.get_future();
-  model->Submit(std::move(request), &call->sink,
-                [call](Status status) { call->answer.set_value(testing::Collected(status, call->sink)); });
+  model->Submit(std::move(request), &call->sink, [call](Status status) {
+    call->answer.set_value(testing::Collected(status, call->sink));
+  });
   return answer;
 }
 
@@ -125,8 +127,10 @@ inline std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>>
 
 // The manager's three parts wired as the server wires them.
 struct ManagerParts {
-  ManagerParts(std::vector<RepositoryModel> models, FakeBackendFactory* factory, VersionLoader::Options loader_options = {},
-          ModelControl::Options control_options = {}, ModelManager::Options manager_options = {})
+  ManagerParts(std::vector<RepositoryModel> models, FakeBackendFactory* factory,
+               VersionLoader::Options loader_options = {},
+               ModelControl::Options control_options = {},
+               ModelManager::Options manager_options = {})
       : loader(factory, std::move(loader_options)),
         manager(std::move(models), manager_options),
         control(&manager, &loader, std::move(control_options)) {}
@@ -136,7 +140,7 @@ struct ManagerParts {
 };
 
 inline ModelControl::Options Control(ModelControlMode mode, const ModelSource* source,
-                              std::vector<std::string> startup = {}) {
+                                     std::vector<std::string> startup = {}) {
   ModelControl::Options options;
   options.mode = mode;
   options.source = source;

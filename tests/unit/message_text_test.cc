@@ -18,8 +18,8 @@ std::string Repeat(absl::string_view piece, size_t times) {
 }
 
 TEST(QuoteClientTextTest, LeavesUsualNamesAsTheyAre) {
-  for (const std::string name : {"", "resnet50", "my-model_v2.onnx", "naïve café", "中文", "🙂 ok",
-                                 "quotes ' and \" and \\ stay", "INPUT__0"}) {
+  for (const std::string name : {"", "resnet50", "my-model_v2.onnx", "naïve café", "中文",
+                                 "🙂 ok", "quotes ' and \" and \\ stay", "INPUT__0"}) {
     EXPECT_EQ(QuoteClientText(name), name);
   }
 }
@@ -30,23 +30,31 @@ TEST(QuoteClientTextTest, ShowsControlsAsEscapes) {
   EXPECT_EQ(QuoteClientText(std::string("nul\0end", 7)), "nul\\x00end");
   EXPECT_EQ(QuoteClientText("\x1b[31mred"), "\\x1B[31mred");
   EXPECT_EQ(QuoteClientText("del\x7f"), "del\\x7F");
-  EXPECT_EQ(QuoteClientText("c1\xc2\x85"), "c1\\u0085");            // NEXT LINE
-  EXPECT_EQ(QuoteClientText("\xe2\x80\xae" "txt.exe"), "\\u202Etxt.exe");  // RIGHT-TO-LEFT OVERRIDE
-  EXPECT_EQ(QuoteClientText("a\xe2\x80\xa8" "b"), "a\\u2028b");     // LINE SEPARATOR
+  EXPECT_EQ(QuoteClientText("c1\xc2\x85"), "c1\\u0085");  // NEXT LINE
+  EXPECT_EQ(QuoteClientText("\xe2\x80\xae"
+                            "txt.exe"),
+            "\\u202Etxt.exe");  // RIGHT-TO-LEFT OVERRIDE
+  EXPECT_EQ(QuoteClientText("a\xe2\x80\xa8"
+                            "b"),
+            "a\\u2028b");                                                      // LINE SEPARATOR
   EXPECT_EQ(QuoteClientText("\xe2\x81\xa6x\xe2\x81\xa9"), "\\u2066x\\u2069");  // isolates
-  EXPECT_EQ(QuoteClientText("\xc2\xa0"), "\xc2\xa0");               // NO-BREAK SPACE is text
+  EXPECT_EQ(QuoteClientText("\xc2\xa0"), "\xc2\xa0");  // NO-BREAK SPACE is text
 }
 
 TEST(QuoteClientTextTest, ShowsEveryByteOfInvalidUtf8AsAnEscape) {
   EXPECT_EQ(QuoteClientText("\xff"), "\\xFF");
-  EXPECT_EQ(QuoteClientText("a\x80" "b"), "a\\x80b");                     // a lone continuation byte
-  EXPECT_EQ(QuoteClientText("\xe4\xb8" "a"), "\\xE4\\xB8a");              // a sequence cut short
-  EXPECT_EQ(QuoteClientText("\xe4\xb8"), "\\xE4\\xB8");                   // cut short by the end
-  EXPECT_EQ(QuoteClientText("\xc0\xaf"), "\\xC0\\xAF");                   // overlong '/'
-  EXPECT_EQ(QuoteClientText("\xe0\x80\xaf"), "\\xE0\\x80\\xAF");          // overlong, 3 bytes
-  EXPECT_EQ(QuoteClientText("\xed\xa0\x80"), "\\xED\\xA0\\x80");          // a UTF-16 surrogate
+  EXPECT_EQ(QuoteClientText("a\x80"
+                            "b"),
+            "a\\x80b");  // a lone continuation byte
+  EXPECT_EQ(QuoteClientText("\xe4\xb8"
+                            "a"),
+            "\\xE4\\xB8a");                                                // a sequence cut short
+  EXPECT_EQ(QuoteClientText("\xe4\xb8"), "\\xE4\\xB8");                    // cut short by the end
+  EXPECT_EQ(QuoteClientText("\xc0\xaf"), "\\xC0\\xAF");                    // overlong '/'
+  EXPECT_EQ(QuoteClientText("\xe0\x80\xaf"), "\\xE0\\x80\\xAF");           // overlong, 3 bytes
+  EXPECT_EQ(QuoteClientText("\xed\xa0\x80"), "\\xED\\xA0\\x80");           // a UTF-16 surrogate
   EXPECT_EQ(QuoteClientText("\xf4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");  // past U+10FFFF
-  EXPECT_EQ(QuoteClientText("\xf4\x8f\xbf\xbf"), "\xf4\x8f\xbf\xbf");     // U+10FFFF itself is valid
+  EXPECT_EQ(QuoteClientText("\xf4\x8f\xbf\xbf"), "\xf4\x8f\xbf\xbf");  // U+10FFFF itself is valid
 }
 
 TEST(QuoteClientTextTest, KeepsARenderingOfExactlyTheBoundWhole) {
@@ -107,9 +115,11 @@ TEST(QuoteClientTextTest, AnyBytesGiveShortValidUtf8) {
 }
 
 TEST(CapMessageTest, KeepsValidMessagesWithTheirLinesAsTheyAre) {
-  const std::string message = "the model raised:\n  File \"model.py\", line 3\n\tRuntimeError: naïve 🙂";
+  const std::string message =
+      "the model raised:\n  File \"model.py\", line 3\n\tRuntimeError: naïve 🙂";
   EXPECT_EQ(CapMessage(message), message);
-  EXPECT_EQ(CapMessage(std::string(kStatusMessageBytes, 'm')), std::string(kStatusMessageBytes, 'm'));
+  EXPECT_EQ(CapMessage(std::string(kStatusMessageBytes, 'm')),
+            std::string(kStatusMessageBytes, 'm'));
 }
 
 TEST(CapMessageTest, EscapesInvalidUtf8Only) {

@@ -74,7 +74,9 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   stats.RecordFailure(1ms, absl::CancelledError("gone"), /*ran=*/false, Protocol::kHttp);
   EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
   stats.RecordStarted(1);  // Triton's pending count drops when the request starts running
-  EXPECT_EQ(Value(Exposition(*registry_), R"(nv_inference_pending_request_count{model="m",version="1"})"), 0);
+  EXPECT_EQ(
+      Value(Exposition(*registry_), R"(nv_inference_pending_request_count{model="m",version="1"})"),
+      0);
   EXPECT_EQ(Value(Exposition(*registry_), R"(sluice_pending_requests{model="m",version="1"})"), 1);
   stats.RecordFailure(4ms, absl::InternalError("boom"), /*ran=*/true, Protocol::kGrpc);
   stats.RecordRejected(absl::UnavailableError("queue full"), Protocol::kGrpc);
@@ -97,8 +99,8 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   EXPECT_EQ(Value(text, "sluice_pending_requests" + labels), 0);
   EXPECT_EQ(Value(text, "nv_inference_pending_request_count" + labels), 0);
   auto failed = [&](const char* reason, const char* protocol) {
-    return Value(text, std::string(R"(sluice_requests_failed_total{model="m",protocol=")") + protocol +
-                           R"(",reason=")" + reason + R"(",version="1"})");
+    return Value(text, std::string(R"(sluice_requests_failed_total{model="m",protocol=")") +
+                           protocol + R"(",reason=")" + reason + R"(",version="1"})");
   };
   EXPECT_EQ(failed("timeout", "grpc"), 1);
   EXPECT_EQ(failed("cancelled", "http"), 1);
@@ -108,7 +110,8 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   EXPECT_EQ(failed("invalid_input", "grpc"), 1);
   EXPECT_EQ(failed("invalid_input", "http"), 1);
   auto nv_failed = [&](const char* reason) {
-    return Value(text, std::string(R"(nv_inference_request_failure{model="m",reason=")") + reason + R"(",version="1"})");
+    return Value(text, std::string(R"(nv_inference_request_failure{model="m",reason=")") + reason +
+                           R"(",version="1"})");
   };
   EXPECT_EQ(nv_failed("REJECTED"), 2);  // Triton counts queue timeouts as rejections
   EXPECT_EQ(nv_failed("CANCELED"), 1);
@@ -124,8 +127,10 @@ TEST_F(MetricsTest, RequestsFailuresAndBatchesAreCountedExactly) {
   auto bucket = [&](const std::string& name, const std::string& le) {
     return Value(text, name + R"(_bucket{model="m",version="1",le=")" + le + R"("})");
   };
-  auto per_protocol = [&](const std::string& name, const std::string& protocol, const std::string& le) {
-    return Value(text, name + R"(_bucket{model="m",protocol=")" + protocol + R"(",version="1",le=")" + le + R"("})");
+  auto per_protocol = [&](const std::string& name, const std::string& protocol,
+                          const std::string& le) {
+    return Value(text, name + R"(_bucket{model="m",protocol=")" + protocol +
+                           R"(",version="1",le=")" + le + R"("})");
   };
   EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "grpc", "0.0025"), 0);
   EXPECT_EQ(per_protocol("sluice_request_duration_seconds", "grpc", "0.005"), 1);
@@ -154,7 +159,8 @@ TEST_F(MetricsTest, SequencesAreCountedByOutcomeAndOnlyForModelsThatHaveThem) {
   const std::string text = Exposition(*registry_);
   EXPECT_EQ(Value(text, R"(sluice_sequences_active{model="acc",version="2"})"), 1);
   EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="ended",version="2"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="idle_expired",version="2"})"), 1);
+  EXPECT_EQ(
+      Value(text, R"(sluice_sequences_total{model="acc",outcome="idle_expired",version="2"})"), 1);
   EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="dropped",version="2"})"), 0);
   EXPECT_EQ(Value(text, R"(sluice_sequences_total{model="acc",outcome="cut",version="2"})"), 1);
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_sequences_active{model="plain")")));
@@ -168,17 +174,35 @@ TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATar
   stats.RecordEarlyRefusal(EarlyRefusal::kTarget, /*queued=*/false);
   stats.RecordEarlyRefusal(EarlyRefusal::kDeadline, /*queued=*/true);
   stats.RecordEarlyRefusal(EarlyRefusal::kNone, /*queued=*/true);  // not a refusal: ignored
-  stats.RecordBatchCost(std::chrono::microseconds(300), std::chrono::microseconds(1000), std::chrono::microseconds(1200));
-  stats.RecordBatchCost(std::chrono::microseconds(40), std::nullopt, std::chrono::microseconds(500));  // no prediction
+  stats.RecordBatchCost(std::chrono::microseconds(300), std::chrono::microseconds(1000),
+                        std::chrono::microseconds(1200));
+  stats.RecordBatchCost(std::chrono::microseconds(40), std::nullopt,
+                        std::chrono::microseconds(500));  // no prediction
   const std::string text = Exposition(*registry_);
-  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="arrival"})"), 2);
-  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="queued"})"), 0);
-  EXPECT_EQ(Value(text, R"(sluice_latency_refusals_total{model="fast",reason="deadline",version="3",when="queued"})"), 1);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="arrival"})"),
+      2);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_latency_refusals_total{model="fast",reason="target",version="3",when="queued"})"),
+      0);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_latency_refusals_total{model="fast",reason="deadline",version="3",when="queued"})"),
+      1);
   EXPECT_EQ(Value(text, R"(sluice_batch_oldest_wait_seconds_count{model="fast",version="3"})"), 2);
-  EXPECT_EQ(Value(text, R"(sluice_batch_oldest_wait_seconds_bucket{model="fast",version="3",le="0.00025"})"), 1);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_batch_oldest_wait_seconds_bucket{model="fast",version="3",le="0.00025"})"),
+      1);
   EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_count{model="fast",version="3"})"), 1);
   EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_bucket{model="fast",version="3",le="1.1"})"), 0);
-  EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_bucket{model="fast",version="3",le="1.25"})"), 1);
+  EXPECT_EQ(Value(text, R"(sluice_batch_cost_ratio_bucket{model="fast",version="3",le="1.25"})"),
+            1);
   const ModelStatsSnapshot snapshot = stats.Snapshot();
   EXPECT_EQ(snapshot.refused_for_target, 2u);
   EXPECT_EQ(snapshot.refused_for_deadline, 1u);
@@ -203,7 +227,8 @@ TEST_F(MetricsTest, CudaGraphCapturesAndReplaysOnlyForModelsWithGraphs) {
 
 TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   ModelStats stats(metrics_.SinkFor("m", 1));
-  EXPECT_THAT(Exposition(*registry_), Not(HasSubstr("sluice_batch_phase_seconds_total{")));  // from the first batch
+  EXPECT_THAT(Exposition(*registry_),
+              Not(HasSubstr("sluice_batch_phase_seconds_total{")));  // from the first batch
   BatchPhases phases;
   phases.idle = 5ms;
   phases.assembly = 1ms;
@@ -218,7 +243,8 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   stats.RecordPhases(phases);
   const std::string text = Exposition(*registry_);
   auto seconds = [&](const char* phase) {
-    return Value(text, std::string(R"(sluice_batch_phase_seconds_total{model="m",phase=")") + phase + R"(",version="1"})");
+    return Value(text, std::string(R"(sluice_batch_phase_seconds_total{model="m",phase=")") +
+                           phase + R"(",version="1"})");
   };
   EXPECT_DOUBLE_EQ(seconds("idle"), 0.010);
   EXPECT_DOUBLE_EQ(seconds("assembly"), 0.002);
@@ -247,12 +273,36 @@ TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {
   stats.RecordPriorityQueued(0, std::chrono::microseconds(10));  // no levels: nothing
   stats.RecordPriorityRefused(0, absl::UnavailableError("full"));
   const std::string text = Exposition(*registry_);
-  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_count{level="1",model="ranked",version="1"})"), 2);
-  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_bucket{level="1",model="ranked",version="1",le="0.00025"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_priority_queue_duration_seconds_count{level="3",model="ranked",version="1"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="3",model="ranked",reason="rejected",version="1"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="3",model="ranked",reason="timeout",version="1"})"), 2);
-  EXPECT_EQ(Value(text, R"(sluice_priority_refused_total{level="1",model="ranked",reason="timeout",version="1"})"), 0);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_queue_duration_seconds_count{level="1",model="ranked",version="1"})"),
+      2);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_queue_duration_seconds_bucket{level="1",model="ranked",version="1",le="0.00025"})"),
+      1);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_queue_duration_seconds_count{level="3",model="ranked",version="1"})"),
+      1);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_refused_total{level="3",model="ranked",reason="rejected",version="1"})"),
+      1);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_refused_total{level="3",model="ranked",reason="timeout",version="1"})"),
+      2);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_priority_refused_total{level="1",model="ranked",reason="timeout",version="1"})"),
+      0);
   EXPECT_THAT(text, Not(HasSubstr(R"(level="2")")));
   EXPECT_THAT(text, Not(HasSubstr(R"(level="0")")));
 }
@@ -285,8 +335,11 @@ TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {
   EXPECT_EQ(Value(text, R"(nv_inference_request_success{model="cached",version="2"})"), 2);
   EXPECT_EQ(Value(text, R"(nv_inference_request_duration_us{model="cached",version="2"})"), 80);
   EXPECT_EQ(Value(text, R"(nv_inference_count{model="cached",version="2"})"), 0);
-  EXPECT_EQ(Value(text, R"(sluice_requests_succeeded_total{model="cached",protocol="http",version="2"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_pending_requests{model="cached",version="2"})"), 0);  // never queued
+  EXPECT_EQ(
+      Value(text, R"(sluice_requests_succeeded_total{model="cached",protocol="http",version="2"})"),
+      1);
+  EXPECT_EQ(Value(text, R"(sluice_pending_requests{model="cached",version="2"})"),
+            0);  // never queued
   EXPECT_THAT(text, Not(HasSubstr(R"(nv_cache_num_hits_per_model{model="plain")")));
   EXPECT_THAT(text, Not(HasSubstr("sluice_response_cache_bytes")));  // no cache yet
   const ModelStatsSnapshot snapshot = stats.Snapshot();
@@ -329,9 +382,11 @@ TEST_F(MetricsTest, ResponseCacheHitsMissesAndTheCacheItself) {
   const Shape huge_shape = {static_cast<int64_t>(huge.size())};
   cache.Insert(cache.MakeKey(space, request), {{"y", DataType::kInt8, huge_shape, huge}});
   text = Exposition(*registry_);
-  EXPECT_EQ(Value(text, "sluice_response_cache_entries"), static_cast<double>(cache.Stats().entries));
+  EXPECT_EQ(Value(text, "sluice_response_cache_entries"),
+            static_cast<double>(cache.Stats().entries));
   EXPECT_EQ(Value(text, "sluice_response_cache_bytes"), 16 * page);
-  EXPECT_EQ(Value(text, "sluice_response_cache_used_bytes"), static_cast<double>(cache.Stats().entry_bytes));
+  EXPECT_EQ(Value(text, "sluice_response_cache_used_bytes"),
+            static_cast<double>(cache.Stats().entry_bytes));
   EXPECT_EQ(Value(text, "sluice_response_cache_insertions_total"), 40);
   EXPECT_EQ(Value(text, "sluice_response_cache_evictions_total"), 40 - cache.Stats().entries);
   EXPECT_EQ(Value(text, "sluice_response_cache_too_large_total"), 1);
@@ -374,17 +429,32 @@ TEST_F(MetricsTest, StatesTuningAndBuildInfo) {
   EXPECT_EQ(Value(text, R"(sluice_model_warmup_seconds{model="m",version="2"})"), 1.5);
   EXPECT_EQ(Value(text, R"(sluice_model_warmup_pairs{model="m",version="2"})"), 8);
   EXPECT_EQ(Value(text, R"(sluice_model_shapes{model="m",version="2"})"), 4);
-  EXPECT_EQ(Value(text, R"x(sluice_model_cudnn_benchmark{model="m",reason="fixed shapes (4 in the set)",version="2"})x"), 1);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"x(sluice_model_cudnn_benchmark{model="m",reason="fixed shapes (4 in the set)",version="2"})x"),
+      1);
   EXPECT_EQ(Value(text, R"(sluice_build_info{cudnn_loaded="9.19.0",libtorch="2.11.0"})"), 1);
-  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="1",model="m",version="2"})"), 1000);
-  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="4",model="m",version="2"})"), 3000);
-  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="2")"), std::string::npos);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_model_auto_batch_rows_per_second{batch_size="1",model="m",version="2"})"),
+      1000);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_model_auto_batch_rows_per_second{batch_size="4",model="m",version="2"})"),
+      3000);
+  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="2")"),
+            std::string::npos);
   // Loaded again with another choice: the old sizes' series go.
   tuning.batch_sizes.rates = {{1, 1100, true}, {2, 2000, true}, {4, 1500, false}};
   metrics_.OnReady(tuning, 2s);
   text = Exposition(*registry_);
-  EXPECT_EQ(Value(text, R"(sluice_model_auto_batch_rows_per_second{batch_size="2",model="m",version="2"})"), 2000);
-  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="4")"), std::string::npos);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_model_auto_batch_rows_per_second{batch_size="2",model="m",version="2"})"),
+      2000);
+  EXPECT_EQ(text.find(R"(sluice_model_auto_batch_rows_per_second{batch_size="4")"),
+            std::string::npos);
 }
 
 // Sets an environment variable for its scope: the fake NVML reads its switches at every call.
@@ -401,12 +471,14 @@ class ScopedEnv {
   const char* name_;
 };
 
-std::string FakeUuid(int index) { return "GPU-fa4e0000-0000-4000-8000-00000000000" + std::to_string(index); }
+std::string FakeUuid(int index) {
+  return "GPU-fa4e0000-0000-4000-8000-00000000000" + std::to_string(index);
+}
 // Triton's labels, and ours, of fake GPU `nvml_index` exported as `gpu`.
 std::string NvLabels(int nvml_index) { return R"({gpu_uuid=")" + FakeUuid(nvml_index) + R"("})"; }
 std::string OurLabels(int gpu, int nvml_index) {
-  return R"({gpu=")" + std::to_string(gpu) + R"(",gpu_uuid=")" + FakeUuid(nvml_index) + R"(",name="Fake GPU )" +
-         std::to_string(nvml_index) + R"("})";
+  return R"({gpu=")" + std::to_string(gpu) + R"(",gpu_uuid=")" + FakeUuid(nvml_index) +
+         R"(",name="Fake GPU )" + std::to_string(nvml_index) + R"("})";
 }
 
 constexpr double kGiB = 1 << 30;
@@ -431,7 +503,11 @@ TEST_F(MetricsTest, FakeNvmlFeedsTheGpuSeriesAndGoneGpusDisappear) {
   EXPECT_DOUBLE_EQ(Value(text, "nv_gpu_memory_used_bytes" + gpu1), 4.0 * (1 << 30));
   EXPECT_DOUBLE_EQ(Value(text, "nv_gpu_power_usage" + gpu0), 123.456);
   EXPECT_DOUBLE_EQ(Value(text, "nv_gpu_power_limit" + gpu0), 700);
-  EXPECT_DOUBLE_EQ(Value(text, R"(sluice_gpu_temperature_celsius{gpu="1",gpu_uuid="GPU-fa4e0000-0000-4000-8000-000000000001",name="Fake GPU 1"})"), 56);
+  EXPECT_DOUBLE_EQ(
+      Value(
+          text,
+          R"(sluice_gpu_temperature_celsius{gpu="1",gpu_uuid="GPU-fa4e0000-0000-4000-8000-000000000001",name="Fake GPU 1"})"),
+      56);
 
   // Energy is a counter from the first reading on (the fake's reading does not change).
   EXPECT_EQ(Value(text, "nv_energy_consumption" + gpu0), 0);
@@ -517,7 +593,8 @@ TEST_F(MetricsTest, MemoryComesFromTheV2QueryAndFallsBackToV1) {
   auto used = [&]() -> double {
     auto samples = (*nvml)->Sample();
     if (!samples.ok() || samples->size() != 1) return -2;
-    EXPECT_EQ((*samples)[0].memory_total_bytes.has_value(), (*samples)[0].memory_used_bytes.has_value());
+    EXPECT_EQ((*samples)[0].memory_total_bytes.has_value(),
+              (*samples)[0].memory_used_bytes.has_value());
     return (*samples)[0].memory_used_bytes.value_or(-1);
   };
   // v2 (the fake checks the struct's version field) leaves the driver's 512 MiB out; v1 counts it.
@@ -536,7 +613,8 @@ TEST_F(MetricsTest, ALibraryLackingOptionalEntryPointsStillLoadsAndARequiredOneI
   ScopedEnv gpus("FAKE_NVML_GPUS", "2");
   auto nvml = Nvml::Load(SLUICE_FAKE_NVML_PARTIAL);
   ASSERT_TRUE(nvml.ok()) << nvml.status();
-  EXPECT_THAT((*nvml)->missing(), ::testing::ElementsAre("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetPowerUsage"));
+  EXPECT_THAT((*nvml)->missing(),
+              ::testing::ElementsAre("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetPowerUsage"));
   auto samples = (*nvml)->Sample();
   ASSERT_TRUE(samples.ok()) << samples.status();
   ASSERT_EQ(samples->size(), 2u);
@@ -567,12 +645,14 @@ TEST(InCudaOrderTest, CudaUuidsReorderFilterAndRenumberTheGpus) {
     return out;
   };
   using Pairs = std::vector<std::pair<std::string, int>>;
-  EXPECT_EQ(uuids_and_indexes(InCudaOrder(samples, {})), (Pairs{{FakeUuid(0), 0}, {FakeUuid(1), 1}, {FakeUuid(2), 2}}));
+  EXPECT_EQ(uuids_and_indexes(InCudaOrder(samples, {})),
+            (Pairs{{FakeUuid(0), 0}, {FakeUuid(1), 1}, {FakeUuid(2), 2}}));
   EXPECT_EQ(uuids_and_indexes(InCudaOrder(samples, {FakeUuid(1)})), (Pairs{{FakeUuid(1), 0}}));
   EXPECT_EQ(uuids_and_indexes(InCudaOrder(samples, {FakeUuid(2), FakeUuid(0)})),
             (Pairs{{FakeUuid(2), 0}, {FakeUuid(0), 1}}));
   // A MIG instance matches no whole GPU: skipped, and the next device keeps its own ordinal.
-  EXPECT_EQ(uuids_and_indexes(InCudaOrder(samples, {"MIG-0a1b2c3d-0000-4000-8000-000000000000", FakeUuid(0)})),
+  EXPECT_EQ(uuids_and_indexes(
+                InCudaOrder(samples, {"MIG-0a1b2c3d-0000-4000-8000-000000000000", FakeUuid(0)})),
             (Pairs{{FakeUuid(0), 1}}));
 }
 
@@ -617,7 +697,8 @@ std::string HttpGet(int port, const std::string& path) {
   (void)!write(fd, request.data(), request.size());
   std::string response;
   char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;)
+    response.append(buffer, static_cast<size_t>(n));
   close(fd);
   return response;
 }

@@ -16,13 +16,13 @@
 namespace sluice {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::Broken;
 using testing::ConfigOverride;
 using testing::Control;
+using ::testing::ElementsAre;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
+using ::testing::HasSubstr;
 using testing::HoldTwoRequests;
 using testing::ManagerParts;
 using testing::MemorySource;
@@ -34,7 +34,8 @@ TEST(ModelControlTest, ParsesModes) {
   EXPECT_EQ(*ParseModelControlMode("explicit"), ModelControlMode::kExplicit);
   EXPECT_EQ(*ParseModelControlMode("poll"), ModelControlMode::kPoll);
   EXPECT_EQ(*ParseModelControlMode("none"), ModelControlMode::kNone);
-  EXPECT_THAT(ParseModelControlMode("sometimes").status().message(), HasSubstr("none, poll or explicit"));
+  EXPECT_THAT(ParseModelControlMode("sometimes").status().message(),
+              HasSubstr("none, poll or explicit"));
 }
 
 TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
@@ -42,7 +43,8 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"a"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"a"}));
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -84,7 +86,7 @@ TEST(ModelControlTest, ExplicitModeLoadsStartupModelsThenOnRequest) {
   EXPECT_EQ(index[0].version, "1");
   EXPECT_EQ(index[0].state, ModelState::kUnavailable);
   EXPECT_EQ(index[0].reason, "unloaded");
-  EXPECT_TRUE(manager.AllReady());  // an unloaded model is not asked for
+  EXPECT_TRUE(manager.AllReady());             // an unloaded model is not asked for
   EXPECT_TRUE(control.UnloadModel("a").ok());  // again: nothing to do
   EXPECT_EQ(control.UnloadModel("zzz").code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(control.LoadModel("a").ok());  // back again
@@ -97,7 +99,8 @@ TEST(ModelControlTest, StarLoadsEveryModelAndAFailedNewModelIsNotReady) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"*"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"*"}));
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -165,7 +168,8 @@ TEST_F(HeldVersionTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(first->outputs[0].data, "1");
   EXPECT_EQ(second->outputs[0].data, "2");
-  ASSERT_TRUE(clock_.AwaitWaiting(5));  // the drain still waits (the test holds version 1); both workers idle
+  ASSERT_TRUE(clock_.AwaitWaiting(
+      5));  // the drain still waits (the test holds version 1); both workers idle
   EXPECT_EQ(reload.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   held_ = StatusOr<InFlightModel>(absl::CancelledError("released"));
   ASSERT_TRUE(reload.get().ok());
@@ -175,7 +179,8 @@ TEST_F(HeldVersionTest, ReloadSwapsVersionsAndOldRequestsFinishOnTheOld) {
 
 TEST_F(HeldVersionTest, UnloadRefusesNewRequestsAtOnceAndWaitsForAdmittedOnes) {
   auto unload = std::async(std::launch::async, [&] { return parts_->control.UnloadModel("m"); });
-  ASSERT_TRUE(clock_.AwaitWaiting(2));  // the version's batcher (its worker is held), and the unload's drain
+  ASSERT_TRUE(clock_.AwaitWaiting(
+      2));  // the version's batcher (its worker is held), and the unload's drain
   EXPECT_EQ(parts_->manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(unload.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   backend_->OpenGate();
@@ -189,7 +194,8 @@ TEST(ModelControlTest, AFailedReloadKeepsTheOldVersionServing) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"m"}));
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -220,7 +226,8 @@ TEST(ModelControlTest, StopEndsADrainThatWouldWaitForever) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"m"}));
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -289,7 +296,8 @@ TEST(ModelControlTest, TheControlThreadLoadsAtStartThenRunsTasksInOrder) {
   FakeBackendFactory factory;
   MemorySource source;
   source.Put(Model("m", {1}), "v1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"m"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"m"}));
   std::promise<Status> loaded;
   parts.control.Start([&](const Status& status) { loaded.set_value(status); });
   ASSERT_TRUE(loaded.get_future().get().ok());
@@ -297,21 +305,31 @@ TEST(ModelControlTest, TheControlThreadLoadsAtStartThenRunsTasksInOrder) {
 
   std::vector<int> order;
   std::promise<void> both;
-  parts.control.Submit([&] { order.push_back(1); return parts.control.UnloadModel("m"); },
-                       [&](const Status& status) { EXPECT_TRUE(status.ok()); });
-  parts.control.Submit([&] { order.push_back(2); return absl::NotFoundError("second"); },
-                       [&](const Status& status) {
-                         EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
-                         both.set_value();
-                       });
+  parts.control.Submit(
+      [&] {
+        order.push_back(1);
+        return parts.control.UnloadModel("m");
+      },
+      [&](const Status& status) { EXPECT_TRUE(status.ok()); });
+  parts.control.Submit(
+      [&] {
+        order.push_back(2);
+        return absl::NotFoundError("second");
+      },
+      [&](const Status& status) {
+        EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+        both.set_value();
+      });
   both.get_future().get();
   EXPECT_THAT(order, ElementsAre(1, 2));
   EXPECT_EQ(parts.manager.Find("m", "").status().code(), absl::StatusCode::kUnavailable);
 
   parts.control.Stop();
   std::promise<Status> late;
-  parts.control.Submit([] { return absl::OkStatus(); }, [&](const Status& status) { late.set_value(status); });
-  EXPECT_EQ(late.get_future().get().code(), absl::StatusCode::kUnavailable);  // answered, never lost
+  parts.control.Submit([] { return absl::OkStatus(); },
+                       [&](const Status& status) { late.set_value(status); });
+  EXPECT_EQ(late.get_future().get().code(),
+            absl::StatusCode::kUnavailable);  // answered, never lost
 }
 
 TEST(ModelControlTest, StartMarksModelsAtOnceAndLoadsAheadOfEarlierTasks) {
@@ -320,10 +338,15 @@ TEST(ModelControlTest, StartMarksModelsAtOnceAndLoadsAheadOfEarlierTasks) {
   MemorySource source;
   source.Put(Model("a", {1}), "a1");
   source.Put(Model("b", {1}), "b1");
-  ManagerParts parts(*source.Scan(), &factory, {}, Control(ModelControlMode::kExplicit, &source, {"a"}));
+  ManagerParts parts(*source.Scan(), &factory, {},
+                     Control(ModelControlMode::kExplicit, &source, {"a"}));
   std::promise<bool> a_ready_when_task_ran;
-  parts.control.Submit([&] { a_ready_when_task_ran.set_value(parts.manager.Find("a", "").ok()); return absl::OkStatus(); },
-                       nullptr);
+  parts.control.Submit(
+      [&] {
+        a_ready_when_task_ran.set_value(parts.manager.Find("a", "").ok());
+        return absl::OkStatus();
+      },
+      nullptr);
   std::promise<Status> loaded;
   parts.control.Start([&](const Status& status) { loaded.set_value(status); });
 
@@ -347,7 +370,8 @@ TEST(ModelControlTest, TasksQueuedBeforeStartAreAnsweredWhenItNeverStarts) {
   FakeBackendFactory factory;
   ManagerParts parts(Models({Model("m", {1})}), &factory);
   std::promise<Status> answer;
-  parts.control.Submit([] { return absl::OkStatus(); }, [&](const Status& status) { answer.set_value(status); });
+  parts.control.Submit([] { return absl::OkStatus(); },
+                       [&](const Status& status) { answer.set_value(status); });
   parts.control.Stop();
   EXPECT_EQ(answer.get_future().get().code(), absl::StatusCode::kUnavailable);
 }
@@ -378,7 +402,7 @@ TEST(ModelControlTest, PollModeRescansOnItsOwnThread) {
   ASSERT_TRUE(clock.AwaitWaiting(1));
   EXPECT_TRUE(parts.manager.Find("b", "").ok());
   EXPECT_EQ(changes.load(), before + 1);
-  parts.control.Stop();  // ends polling and joins the thread
+  parts.control.Stop();            // ends polling and joins the thread
   EXPECT_EQ(clock.Waiting(), 0u);  // nothing waits for a poll any more
   source.Put(Model("c", {1}), "c1");
   clock.Advance(std::chrono::seconds(10));

@@ -16,13 +16,13 @@
 namespace sluice {
 namespace {
 
+using testing::Control;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
 using testing::ManagerParts;
+using testing::MemorySource;
 using testing::Model;
 using testing::Models;
-using testing::Control;
-using testing::MemorySource;
 using testing::Send;
 
 // A sink that refuses every output, as a shared-memory slice too small for it would.
@@ -38,7 +38,8 @@ Status SendRefused(ModelHandle* model) {
   std::vector<float> data(2, 1.0f);
   auto request = std::make_unique<InferRequest>();
   request->model_name = model->spec().name;
-  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+  request->inputs.push_back(
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
   RefusingSink refusing;
   std::promise<Status> answered;
   model->Submit(std::move(request), &refusing, [&](Status status) { answered.set_value(status); });
@@ -64,12 +65,15 @@ TEST(ModelHandleTest, ATracedRequestSaysHowTheResponseCacheAnsweredIt) {
     std::vector<float> data(2, 1.0f);
     auto request = std::make_unique<InferRequest>();
     request->model_name = "cached";
-    request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
-    auto trace = std::make_shared<RequestTrace>(&spans, Duration::zero(), std::nullopt, name, Clock::now());
+    request->inputs.push_back(
+        {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+    auto trace =
+        std::make_shared<RequestTrace>(&spans, Duration::zero(), std::nullopt, name, Clock::now());
     request->trace = trace;
     TensorSink sink;
     std::promise<Status> answered;
-    (*cached)->Submit(std::move(request), &sink, [&](Status status) { answered.set_value(status); });
+    (*cached)->Submit(std::move(request), &sink,
+                      [&](Status status) { answered.set_value(status); });
     const Status status = answered.get_future().get();
     trace->End(status, Clock::now());
     return status;
@@ -93,13 +97,15 @@ TEST(ModelHandleTest, ResponseCacheAnswersIdenticalRequestsWithoutRunning) {
   auto cache = std::make_shared<ResponseCache>(1 << 20);
   VersionLoader::Options options;
   options.response_cache = cache;
-  ManagerParts parts(Models({Model("cached", {1}, Cached()), Model("plain", {1})}), &factory, options);
+  ManagerParts parts(Models({Model("cached", {1}, Cached()), Model("plain", {1})}), &factory,
+                     options);
   ASSERT_TRUE(parts.control.LoadAll().ok());
   auto cached = parts.manager.Find("cached", "");
   auto plain = parts.manager.Find("plain", "");
   ASSERT_TRUE(cached.ok() && plain.ok());
   EXPECT_TRUE((*cached)->caches_responses());
-  EXPECT_FALSE((*plain)->caches_responses());  // the server's cache serves only models that enable it
+  EXPECT_FALSE(
+      (*plain)->caches_responses());  // the server's cache serves only models that enable it
   FakeBackend* backend = factory.backend(0);
   const int runs = backend->executed();
 
@@ -156,11 +162,12 @@ TEST(ModelHandleTest, IdenticalRequestsWhileOneRunsShareItsRunWithinTheQueueCaps
   FakeBackendFactory factory;
   VersionLoader::Options options;
   options.response_cache = std::make_shared<ResponseCache>(1 << 20);
-  ManagerParts parts(Models({Model("cached", {1}, [](ModelSpec& spec) {
-                       spec.response_cache = true;
-                       spec.dynamic_batching.enabled = true;
-                       spec.dynamic_batching.default_policy.max_queue_size = 1;
-                     })}),
+  ManagerParts parts(Models({Model("cached", {1},
+                                   [](ModelSpec& spec) {
+                                     spec.response_cache = true;
+                                     spec.dynamic_batching.enabled = true;
+                                     spec.dynamic_batching.default_policy.max_queue_size = 1;
+                                   })}),
                      &factory, options);
   ASSERT_TRUE(parts.control.LoadAll().ok());
   auto cached = parts.manager.Find("cached", "");
@@ -204,7 +211,8 @@ TEST(ModelHandleTest, AReloadedVersionStartsWithoutTheOldAnswers) {
   options.response_cache = cache;
   MemorySource source;
   source.Put(Model("cached", {1}, Cached()), "files-1");
-  ManagerParts parts(*source.Scan(), &factory, options, Control(ModelControlMode::kExplicit, &source, {"cached"}));
+  ManagerParts parts(*source.Scan(), &factory, options,
+                     Control(ModelControlMode::kExplicit, &source, {"cached"}));
   ASSERT_TRUE(parts.control.LoadAll().ok());
   {
     auto old_version = parts.manager.Find("cached", "");
@@ -226,11 +234,14 @@ TEST(ModelHandleTest, AReloadedVersionStartsWithoutTheOldAnswers) {
 
 TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   FakeBackendFactory factory;
-  ManagerParts parts(Models({Model("m", {1}, [](ModelSpec& spec) {
-    spec.dynamic_batching.enabled = true;
-    spec.dynamic_batching.default_policy.default_timeout_us = 60000000;
-    spec.dynamic_batching.default_policy.allow_timeout_override = true;
-  })}), &factory);
+  ManagerParts parts(
+      Models({Model("m", {1},
+                    [](ModelSpec& spec) {
+                      spec.dynamic_batching.enabled = true;
+                      spec.dynamic_batching.default_policy.default_timeout_us = 60000000;
+                      spec.dynamic_batching.default_policy.allow_timeout_override = true;
+                    })}),
+      &factory);
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -267,10 +278,13 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   auto quick = std::make_unique<InferRequest>();
   quick->model_name = "m";
   quick->parameters.timeout_us = 1000;
-  quick->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
-  (*model)->Submit(std::move(quick), &call.sink, [&](Status status) { call.answer.set_value(status); });
+  quick->inputs.push_back(
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+  (*model)->Submit(std::move(quick), &call.sink,
+                   [&](Status status) { call.answer.set_value(status); });
   auto answer = call.answer.get_future();
-  ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)), std::future_status::ready);  // not the 60 s default
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready);  // not the 60 s default
   EXPECT_EQ(answer.get().code(), absl::StatusCode::kDeadlineExceeded);
   backend->OpenGate();
   EXPECT_TRUE(running.get().ok());
@@ -281,13 +295,17 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
 class HeldSequences final : public SequenceScheduler {
  public:
   explicit HeldSequences(std::set<uint64_t> ids) : ids_(std::move(ids)) {}
-  void Enqueue(std::unique_ptr<InferRequest>, OutputSink*, InferCompletion done) override { done(absl::OkStatus()); }
+  void Enqueue(std::unique_ptr<InferRequest>, OutputSink*, InferCompletion done) override {
+    done(absl::OkStatus());
+  }
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest>, const std::atomic<bool>*) override {
     return WarmupReport{};
   }
   void SetBatchSizeLadder(std::vector<int>) override {}
   void Stop() override {}
-  bool HasSequence(const CorrelationId& id) const override { return !id.is_text && ids_.count(id.number) > 0; }
+  bool HasSequence(const CorrelationId& id) const override {
+    return !id.is_text && ids_.count(id.number) > 0;
+  }
   size_t ActiveSequences() const override { return ids_.size(); }
   bool WaitSequencesEnded(TimePoint) override { return false; }
   void EndSequences(const Status&) override {}
@@ -320,9 +338,11 @@ TEST(ModelHandleTest, ARequestContinuingASequenceGoesToTheVersionHoldingIt) {
   model->spec.sequence_batching.enabled = true;
   TwoVersions lookup;
   lookup.versions.push_back(std::make_shared<ModelHandle>(
-      model, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}), std::make_shared<ModelStats>(), &clock));
+      model, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}),
+      std::make_shared<ModelStats>(), &clock));
   lookup.versions.push_back(std::make_shared<ModelHandle>(
-      model, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{8}), std::make_shared<ModelStats>(), &clock));
+      model, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{8}),
+      std::make_shared<ModelStats>(), &clock));
   auto route = [&](uint64_t id, bool start, bool version_given) {
     InferRequest request;
     request.parameters.sequence = {{id, "", false}, start, false};
@@ -339,9 +359,11 @@ TEST(ModelHandleTest, ARequestContinuingASequenceGoesToTheVersionHoldingIt) {
   plain->name = "plain";
   TwoVersions stateless;
   stateless.versions.push_back(std::make_shared<ModelHandle>(
-      plain, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}), std::make_shared<ModelStats>(), &clock));
+      plain, 1, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{7}),
+      std::make_shared<ModelStats>(), &clock));
   stateless.versions.push_back(std::make_shared<ModelHandle>(
-      plain, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{}), std::make_shared<ModelStats>(), &clock));
+      plain, 2, "cpu", std::make_shared<HeldSequences>(std::set<uint64_t>{}),
+      std::make_shared<ModelStats>(), &clock));
   InferRequest request;
   request.parameters.sequence = {{7, "", false}, false, false};
   EXPECT_EQ(RouteSequence(stateless, *stateless.Find("plain", ""), request, false)->version(), 2);
@@ -358,8 +380,9 @@ TEST(ModelHandleTest, AVersionWithAnActiveSequenceOrARequestInFlightIsNeverRemov
   auto install = [&](std::set<uint64_t> sequences) {
     std::vector<LoadedVersion> loaded(1);
     loaded[0].version = 1;
-    loaded[0].handle = std::make_shared<ModelHandle>(model, 1, "cpu", std::make_shared<HeldSequences>(sequences),
-                                                     std::make_shared<ModelStats>(), &clock);
+    loaded[0].handle =
+        std::make_shared<ModelHandle>(model, 1, "cpu", std::make_shared<HeldSequences>(sequences),
+                                      std::make_shared<ModelStats>(), &clock);
     loaded[0].memory["cpu"] = 100;
     manager.Swap(model, &loaded);
   };
@@ -368,14 +391,16 @@ TEST(ModelHandleTest, AVersionWithAnActiveSequenceOrARequestInFlightIsNeverRemov
   ASSERT_EQ(resident.size(), 1u);
   EXPECT_TRUE(resident[0].busy);
   EXPECT_EQ(resident[0].memory.at("cpu"), 100u);
-  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(manager.Find("acc", "").ok());
 
   install({});  // no sequence, but a request in flight
   auto held = manager.Find("acc", "");
   ASSERT_TRUE(held.ok());
   EXPECT_TRUE(manager.Resident()[0].busy);
-  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager.RemoveIfIdle("acc", "room").status().code(),
+            absl::StatusCode::kFailedPrecondition);
   held = StatusOr<InFlightModel>(absl::CancelledError("answered"));
   EXPECT_FALSE(manager.Resident()[0].busy);
   auto removed = manager.RemoveIfIdle("acc", "unloaded to make room");
@@ -406,12 +431,14 @@ class HeldRequests final : public Scheduler {
 };
 
 // One row for testing::Model's INPUT__0, with `priority` and `timeout_us` as parameters.
-std::unique_ptr<InferRequest> Row(const std::vector<float>& data, uint64_t priority = 0, int64_t timeout_us = 0) {
+std::unique_ptr<InferRequest> Row(const std::vector<float>& data, uint64_t priority = 0,
+                                  int64_t timeout_us = 0) {
   auto request = std::make_unique<InferRequest>();
   request->model_name = "m";
   request->parameters.priority = priority;
   request->parameters.timeout_us = timeout_us;
-  request->inputs.push_back({"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+  request->inputs.push_back(
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
   return request;
 }
 
@@ -430,11 +457,13 @@ TEST(ModelHandleTest, SubmitSetsThePriorityLevelAndAppliesThatLevelsQueuePolicy)
     batching.level_policies[2].allow_timeout_override = true;
   }));
   auto held = std::make_shared<HeldRequests>();
-  auto handle = std::make_shared<ModelHandle>(model, 1, "cpu", held, std::make_shared<ModelStats>(), &clock);
+  auto handle =
+      std::make_shared<ModelHandle>(model, 1, "cpu", held, std::make_shared<ModelStats>(), &clock);
   const std::vector<float> data(2, 1.0f);
   TensorSink sink;
   const TimePoint now = clock.Now();
-  for (auto [priority, timeout] : std::vector<std::pair<uint64_t, int64_t>>{{1, 0}, {0, 0}, {9, 0}, {3, 300}, {1, 300}}) {
+  for (auto [priority, timeout] :
+       std::vector<std::pair<uint64_t, int64_t>>{{1, 0}, {0, 0}, {9, 0}, {3, 300}, {1, 300}}) {
     handle->Submit(Row(data, priority, timeout), &sink, [](Status) {});
   }
   ASSERT_EQ(held->requests.size(), 5u);
@@ -448,8 +477,10 @@ TEST(ModelHandleTest, SubmitSetsThePriorityLevelAndAppliesThatLevelsQueuePolicy)
     EXPECT_EQ(held->requests[i]->delay_after, now + std::chrono::microseconds(5000));
   }
   EXPECT_EQ(held->requests[3]->priority_level, 3);
-  EXPECT_EQ(held->requests[3]->deadline, now + std::chrono::microseconds(300));  // its level allows overrides
-  EXPECT_EQ(held->requests[4]->deadline, now + std::chrono::microseconds(1000));  // level 1 does not
+  EXPECT_EQ(held->requests[3]->deadline,
+            now + std::chrono::microseconds(300));  // its level allows overrides
+  EXPECT_EQ(held->requests[4]->deadline,
+            now + std::chrono::microseconds(1000));  // level 1 does not
   for (auto& done : held->completions) done(absl::OkStatus());
 }
 

@@ -15,21 +15,23 @@
 namespace sluice {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::Broken;
+using ::testing::ElementsAre;
 using testing::FakeBackendFactory;
 using testing::Groups;
+using ::testing::HasSubstr;
 using testing::ManagerParts;
 using testing::Model;
 using testing::Models;
 using testing::Send;
+using ::testing::StartsWith;
 
 TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   FakeBackendFactory factory;
   factory.failures["corrupt"] = "cannot load /repo/corrupt/1/model.pt: bad archive";
-  ManagerParts parts(Models({Model("good", {1}), Model("corrupt", {1}), Broken("badconfig", "line 1: oops")}), &factory);
+  ManagerParts parts(
+      Models({Model("good", {1}), Model("corrupt", {1}), Broken("badconfig", "line 1: oops")}),
+      &factory);
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   EXPECT_FALSE(manager.AllReady());  // before loading
@@ -51,8 +53,10 @@ TEST(ModelManagerTest, BrokenModelsAreUnavailableWhileOthersServe) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(bad.status().message(), HasSubstr("line 1: oops"));
   EXPECT_EQ(manager.Find("nope", "").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(manager.Find("nope", "").status().message(), "Request for unknown model: 'nope' is not found");
-  EXPECT_EQ(manager.FindModel("nope").status().message(), "Request for unknown model: 'nope' is not found");
+  EXPECT_EQ(manager.Find("nope", "").status().message(),
+            "Request for unknown model: 'nope' is not found");
+  EXPECT_EQ(manager.FindModel("nope").status().message(),
+            "Request for unknown model: 'nope' is not found");
 
   auto index = manager.Index();  // by name, as the repository scan sorts them
   ASSERT_EQ(index.size(), 3u);
@@ -120,18 +124,23 @@ TEST(ModelManagerTest, AModelWhoseWarmUpFailsIsUnavailable) {
   FakeBackendFactory factory;
   // A model_warmup sample whose data file does not exist.
   ManagerParts parts(
-      Models({Model("m", {1}, [](ModelSpec& spec) {
-        WarmupSampleSpec sample;
-        sample.name = "w";
-        sample.inputs.push_back({"INPUT__0", DataType::kFp32, {2}, WarmupInputSpec::Source::kFile, "none.bin"});
-        spec.warmup_samples.push_back(sample);
-      })}), &factory);
+      Models({Model(
+          "m", {1},
+          [](ModelSpec& spec) {
+            WarmupSampleSpec sample;
+            sample.name = "w";
+            sample.inputs.push_back(
+                {"INPUT__0", DataType::kFp32, {2}, WarmupInputSpec::Source::kFile, "none.bin"});
+            spec.warmup_samples.push_back(sample);
+          })}),
+      &factory);
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
   auto found = manager.Find("m", "");
   EXPECT_EQ(found.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(found.status().message(), HasSubstr("model_warmup 'w' input 'INPUT__0': cannot read"));
+  EXPECT_THAT(found.status().message(),
+              HasSubstr("model_warmup 'w' input 'INPUT__0': cannot read"));
 }
 
 TEST(ModelManagerTest, VersionResolution) {
@@ -160,7 +169,8 @@ TEST(ModelManagerTest, VersionResolution) {
 TEST(ModelManagerTest, InstancesPerGroupAndDevice) {
   FakeBackendFactory factory(/*cuda=*/true, /*gpus=*/2);
   ManagerParts parts(
-      Models({Model("m", {1}, Groups({{InstanceKind::kCpu, 2, {}}, {InstanceKind::kGpu, 1, {}}}))}), &factory);
+      Models({Model("m", {1}, Groups({{InstanceKind::kCpu, 2, {}}, {InstanceKind::kGpu, 1, {}}}))}),
+      &factory);
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
@@ -175,7 +185,8 @@ TEST(ModelManagerTest, CpuInstancesOfAllModelsShareTheCores) {
   FakeBackendFactory factory;
   ManagerParts parts(
       Models({Model("a", {1}, Groups({{InstanceKind::kCpu, 2, {}}})), Model("b", {1}),
-              Model("c", {1}, [](ModelSpec& spec) { spec.intra_op_threads = 3; })}), &factory);
+              Model("c", {1}, [](ModelSpec& spec) { spec.intra_op_threads = 3; })}),
+      &factory);
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -192,7 +203,8 @@ TEST(ModelManagerTest, GpuIdBeyondVisibleDevicesMakesModelUnavailable) {
   ModelManager& manager = parts.manager;
   ModelControl& control = parts.control;
   ASSERT_TRUE(control.LoadAll().ok());
-  EXPECT_THAT(manager.Find("m", "").status().message(), HasSubstr("asks for GPU 3 but 1 GPU(s) are visible"));
+  EXPECT_THAT(manager.Find("m", "").status().message(),
+              HasSubstr("asks for GPU 3 but 1 GPU(s) are visible"));
 }
 
 TEST(ModelManagerTest, DevicePolicies) {
@@ -201,23 +213,24 @@ TEST(ModelManagerTest, DevicePolicies) {
     VersionLoader::Options options;
     options.device_policy = DevicePolicy::kCuda;
     ManagerParts parts(Models({Model("m", {1})}), &factory, options);
-  ModelControl& control = parts.control;
+    ModelControl& control = parts.control;
     EXPECT_EQ(control.LoadAll().code(), absl::StatusCode::kFailedPrecondition);
   }
   {
     FakeBackendFactory factory(true, 1);
     VersionLoader::Options options;
     options.device_policy = DevicePolicy::kCpu;
-    ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {}}}))}), &factory, options);
-  ModelControl& control = parts.control;
+    ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {}}}))}), &factory,
+                       options);
+    ModelControl& control = parts.control;
     ASSERT_TRUE(control.LoadAll().ok());
     EXPECT_EQ(factory.loads.at(0).device, "cpu");
   }
   {
     FakeBackendFactory factory(false, 0);
     ManagerParts parts(Models({Model("m", {1}, Groups({{InstanceKind::kGpu, 1, {}}}))}), &factory);
-  ModelManager& manager = parts.manager;
-  ModelControl& control = parts.control;
+    ModelManager& manager = parts.manager;
+    ModelControl& control = parts.control;
     ASSERT_TRUE(control.LoadAll().ok());
     EXPECT_EQ(factory.loads.at(0).device, "cpu");  // auto falls back
     EXPECT_TRUE(manager.AllReady());

@@ -64,9 +64,12 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
   EXPECT_TRUE(check({{"unload_dependents", Kind::kBool, "true"}}, /*unload=*/true).ok());
 
   const std::vector<std::pair<std::vector<ControlParameter>, std::string>> refused = {
-      {{{"config", Kind::kBytes, "{}"}}, "Config parameter 'config' must have string type for its value"},
-      {{{"colour", Kind::kString, "red"}}, "Unrecognized load parameter 'colour' with type 'string'"},
-      {{{"unload_dependents", Kind::kBool, "true"}}, "Unrecognized load parameter 'unload_dependents'"},
+      {{{"config", Kind::kBytes, "{}"}},
+       "Config parameter 'config' must have string type for its value"},
+      {{{"colour", Kind::kString, "red"}},
+       "Unrecognized load parameter 'colour' with type 'string'"},
+      {{{"unload_dependents", Kind::kBool, "true"}},
+       "Unrecognized load parameter 'unload_dependents'"},
       {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "x"}},
        "model files sent with a load are not accepted"},
   };
@@ -85,24 +88,35 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
   auto with_files = [&](std::vector<ControlParameter> parameters) {
     return CheckModelControl(&files, "HTTP", "", "m", parameters, false);
   };
-  StatusOr<ModelOverride> accepted = with_files(
-      {{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "12345"}, {"file:1/a/b", Kind::kBytes, "x"}});
+  StatusOr<ModelOverride> accepted = with_files({{"config", Kind::kString, "{}"},
+                                                 {"file:1/model.pt", Kind::kBytes, "12345"},
+                                                 {"file:1/a/b", Kind::kBytes, "x"}});
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(accepted->files.size(), 2u);
   EXPECT_EQ(accepted->files.at("1/model.pt"), "12345");
   const std::string long_name(256, 'A');
   const std::vector<std::pair<std::vector<ControlParameter>, std::string>> bad_files = {
-      {{{"file:1/model.pt", Kind::kBytes, "x"}}, "Load parameter 'config' must be specified for model file override"},
-      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kString, "x"}}, "must have bytes type"},
-      {{{"config", Kind::kString, "{}"}, {"file:../m/1/model.pt", Kind::kBytes, "x"}}, "stay within the model directory"},
-      {{{"config", Kind::kString, "{}"}, {"file:1/../../x", Kind::kBytes, "x"}}, "stay within the model directory"},
-      {{{"config", Kind::kString, "{}"}, {"file:/etc/passwd", Kind::kBytes, "x"}}, "must be relative"},
-      {{{"config", Kind::kString, "{}"}, {"file:1//model.pt", Kind::kBytes, "x"}}, "no '', '.' or '..'"},
+      {{{"file:1/model.pt", Kind::kBytes, "x"}},
+       "Load parameter 'config' must be specified for model file override"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kString, "x"}},
+       "must have bytes type"},
+      {{{"config", Kind::kString, "{}"}, {"file:../m/1/model.pt", Kind::kBytes, "x"}},
+       "stay within the model directory"},
+      {{{"config", Kind::kString, "{}"}, {"file:1/../../x", Kind::kBytes, "x"}},
+       "stay within the model directory"},
+      {{{"config", Kind::kString, "{}"}, {"file:/etc/passwd", Kind::kBytes, "x"}},
+       "must be relative"},
+      {{{"config", Kind::kString, "{}"}, {"file:1//model.pt", Kind::kBytes, "x"}},
+       "no '', '.' or '..'"},
       {{{"config", Kind::kString, "{}"}, {"file:", Kind::kBytes, "x"}}, "no path after 'file:'"},
-      {{{"config", Kind::kString, "{}"}, {"file:" + long_name, Kind::kBytes, "x"}}, "longer than 255 bytes"},
-      {{{"config", Kind::kString, "{}"}, {"file:config.pbtxt", Kind::kBytes, "x"}}, "is the model's configuration"},
-      {{{"config", Kind::kString, "{}"}, {"file:1/model.pt", Kind::kBytes, "123456"}, {"file:2/model.pt",
-        Kind::kBytes, "123456"}}, "12 bytes, more than --load-files-max-bytes 10"},
+      {{{"config", Kind::kString, "{}"}, {"file:" + long_name, Kind::kBytes, "x"}},
+       "longer than 255 bytes"},
+      {{{"config", Kind::kString, "{}"}, {"file:config.pbtxt", Kind::kBytes, "x"}},
+       "is the model's configuration"},
+      {{{"config", Kind::kString, "{}"},
+        {"file:1/model.pt", Kind::kBytes, "123456"},
+        {"file:2/model.pt", Kind::kBytes, "123456"}},
+       "12 bytes, more than --load-files-max-bytes 10"},
   };
   for (const auto& [parameters, words] : bad_files) {
     StatusOr<ModelOverride> result = with_files(parameters);

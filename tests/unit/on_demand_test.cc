@@ -16,10 +16,10 @@ namespace sluice {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using testing::Control;
 using testing::FakeBackend;
 using testing::FakeBackendFactory;
+using ::testing::HasSubstr;
 using testing::ManagerParts;
 using testing::MemorySource;
 using testing::Model;
@@ -44,18 +44,21 @@ struct Answer {
 // Each instance takes 10 MiB of host memory; `budget_mib` 0: no budget.
 class OnDemandTest : public ::testing::Test {
  protected:
-  void Start(uint64_t budget_mib, std::vector<std::string> startup = {"a"}, Duration min_residency = Duration(0)) {
+  void Start(uint64_t budget_mib, std::vector<std::string> startup = {"a"},
+             Duration min_residency = Duration(0)) {
     for (const char* name : {"a", "b", "c", "d"}) {
       source_.Put(Model(name, {1}), std::string(name) + "1");
       factory_.instance_bytes[name] = 10 * kMiB;
     }
-    ModelControl::Options options = Control(ModelControlMode::kExplicit, &source_, std::move(startup));
+    ModelControl::Options options =
+        Control(ModelControlMode::kExplicit, &source_, std::move(startup));
     options.load_on_demand = true;
     options.eviction.min_residency = min_residency;
     options.room_wait = Duration(0);
     options.no_room_retry = Duration(0);
     if (budget_mib > 0) options.eviction.budget["cpu"] = budget_mib * kMiB;
-    parts_ = std::make_unique<ManagerParts>(*source_.Scan(), &factory_, VersionLoader::Options{}, options);
+    parts_ = std::make_unique<ManagerParts>(*source_.Scan(), &factory_, VersionLoader::Options{},
+                                            options);
     loads_ = std::make_unique<OnDemandLoader>(&parts_->control, OnDemandLoader::Options{});
     parts_->manager.SetOnDemand(loads_.get());
     std::promise<Status> started;
@@ -105,7 +108,12 @@ TEST_F(OnDemandTest, RequestsForAModelNotLoadedShareOneLoadAndFindItReady) {
 
   std::promise<void> release;  // the control thread held until all five wait
   std::shared_future<void> released = release.get_future().share();
-  control().Submit([released] { released.wait(); return absl::OkStatus(); }, nullptr);
+  control().Submit(
+      [released] {
+        released.wait();
+        return absl::OkStatus();
+      },
+      nullptr);
   std::vector<std::unique_ptr<Answer>> answers;
   for (int i = 0; i < 5; ++i) {
     answers.push_back(std::make_unique<Answer>());
@@ -125,7 +133,8 @@ TEST_F(OnDemandTest, RequestsForAModelNotLoadedShareOneLoadAndFindItReady) {
   EXPECT_EQ(LoadsOf("b"), 1u);
   // The memory each ready version took is in the index and the statistics.
   for (const ModelIndexEntry& entry : manager().Index()) {
-    if (entry.state == ModelState::kReady) EXPECT_EQ(entry.memory.at("cpu"), 10 * kMiB) << entry.name;
+    if (entry.state == ModelState::kReady)
+      EXPECT_EQ(entry.memory.at("cpu"), 10 * kMiB) << entry.name;
   }
   auto statistics = manager().Statistics("b", "");
   ASSERT_TRUE(statistics.ok());
@@ -138,14 +147,20 @@ TEST_F(OnDemandTest, AFailedLoadAnswersEveryWaiterWithItsReasonAndIsNotRetriedDu
   // The control thread held until both wait, so that they share the one load.
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  control().Submit([released] { released.wait(); return absl::OkStatus(); }, nullptr);
+  control().Submit(
+      [released] {
+        released.wait();
+        return absl::OkStatus();
+      },
+      nullptr);
   Answer first, second;
   loads_->Await("c", kNoDeadline, nullptr, first.Then());
   loads_->Await("c", kNoDeadline, nullptr, second.Then());
   release.set_value();
   for (Answer* answer : {&first, &second}) {
     const Status status = answer->Get();
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);  // the model's fault, not the request's
+    EXPECT_EQ(status.code(),
+              absl::StatusCode::kUnavailable);  // the model's fault, not the request's
     EXPECT_THAT(status.message(), HasSubstr("failed to load 'c' on demand"));
     EXPECT_THAT(status.message(), HasSubstr("bad archive"));
   }
@@ -171,7 +186,8 @@ TEST_F(OnDemandTest, AFailedLoadAnswersEveryWaiterWithItsReasonAndIsNotRetriedDu
 // Every model here loaded well within the (default) minimum residency of 10 s: the budget still
 // makes room for each request, unloading the idle model ready longest, and refuses nothing.
 TEST_F(OnDemandTest, YoungIdleModelsMakeRoomRatherThanARequestBeingRefused) {
-  Start(/*budget_mib=*/30, {"a"}, /*min_residency=*/std::chrono::seconds(10));  // a (pinned) + two more
+  Start(/*budget_mib=*/30, {"a"},
+        /*min_residency=*/std::chrono::seconds(10));  // a (pinned) + two more
   ASSERT_TRUE(Await("b").ok());
   std::this_thread::sleep_for(2ms);  // distinct ready times
   ASSERT_TRUE(Await("c").ok());
@@ -332,7 +348,8 @@ TEST(MemoryBudgetTest, InExplicitModeABudgetMakesRoomForExplicitLoadsAndKeepsThe
   auto c = parts.manager.Find("c", "");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(c.status().message(), HasSubstr("unloaded to make room for 'd'"));
-  EXPECT_FALSE(parts.control.LoadsOnDemand("c"));  // no loading on demand: RepositoryModelLoad brings it back
+  EXPECT_FALSE(parts.control.LoadsOnDemand(
+      "c"));  // no loading on demand: RepositoryModelLoad brings it back
   EXPECT_LE(ResidentBytes(parts.manager.Resident()).at("cpu"), 30 * kMiB);
   parts.control.Stop();
 }

@@ -28,13 +28,16 @@ using ::testing::HasSubstr;
 // (after `delay`). Keeps the bodies.
 class CollectorStub {
  public:
-  explicit CollectorStub(std::string status_line = "HTTP/1.1 200 OK", std::chrono::milliseconds delay = {})
+  explicit CollectorStub(std::string status_line = "HTTP/1.1 200 OK",
+                         std::chrono::milliseconds delay = {})
       : status_line_(std::move(status_line)), delay_(delay), thread_([this] { Serve(); }) {}
   ~CollectorStub() {
     stop_ = true;
     thread_.join();
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(listener_.port()) + "/v1/traces"; }
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(listener_.port()) + "/v1/traces";
+  }
 
   // Waits (up to 10 s) until `spans` spans have arrived; the requests so far.
   std::vector<otlp::ExportTraceServiceRequest> WaitForSpans(size_t spans) {
@@ -61,7 +64,8 @@ class CollectorStub {
         const ssize_t got = recv(client, buffer, sizeof(buffer), 0);
         if (got <= 0) break;
         data.append(buffer, static_cast<size_t>(got));
-        if (body_at == std::string::npos && (body_at = data.find("\r\n\r\n")) != std::string::npos) {
+        if (body_at == std::string::npos &&
+            (body_at = data.find("\r\n\r\n")) != std::string::npos) {
           body_at += 4;
           const size_t at = data.find("Content-Length: ");
           length = at == std::string::npos ? 0 : std::stoul(data.substr(at + 16));
@@ -79,7 +83,8 @@ class CollectorStub {
       head_ = data.substr(0, body_at);
       if (!parsed) continue;  // the tests of the answer post bodies that are no OTLP
       for (const auto& resource : request.resource_spans()) {
-        for (const auto& scope : resource.scope_spans()) spans_ += static_cast<size_t>(scope.spans_size());
+        for (const auto& scope : resource.scope_spans())
+          spans_ += static_cast<size_t>(scope.spans_size());
       }
       requests_.push_back(std::move(request));
       arrived_.notify_all();
@@ -119,9 +124,15 @@ class CountingObserver final : public TraceExportObserver {
   void OnSpansExported(uint64_t spans) override { exported += spans; }
   void OnSpansDropped(SpanDropReason reason, uint64_t spans) override {
     switch (reason) {
-      case SpanDropReason::kQueueFull: queue_full += spans; break;
-      case SpanDropReason::kExportFailed: export_failed += spans; break;
-      case SpanDropReason::kShutdown: shutdown += spans; break;
+      case SpanDropReason::kQueueFull:
+        queue_full += spans;
+        break;
+      case SpanDropReason::kExportFailed:
+        export_failed += spans;
+        break;
+      case SpanDropReason::kShutdown:
+        shutdown += spans;
+        break;
     }
   }
   std::atomic<uint64_t> exported{0}, queue_full{0}, export_failed{0}, shutdown{0};
@@ -141,8 +152,9 @@ TEST(OtlpUrlTest, ReadsHostPortAndPathAndRefusesTheRest) {
   ASSERT_TRUE(v6.ok());
   EXPECT_EQ(v6->host, "::1");
   EXPECT_EQ(v6->ToString(), "http://[::1]:4318/v1/traces");
-  for (const char* bad : {"https://c/v1/traces", "c:4318", "http://:4318/", "http://c:0/", "http://c:99999/",
-                          "http://c:x/", "http://user:pw@c/", "http://[::1/", "http://::1/"}) {
+  for (const char* bad :
+       {"https://c/v1/traces", "c:4318", "http://:4318/", "http://c:0/", "http://c:99999/",
+        "http://c:x/", "http://user:pw@c/", "http://[::1/", "http://::1/"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseOtlpUrl(bad).status())) << bad;
   }
   EXPECT_THAT(ParseOtlpUrl("https://c/").status().message(), HasSubstr("plain HTTP"));
@@ -164,7 +176,8 @@ TEST(OtlpEncodingTest, SpansDecodeWithTheirIdsTimesAttributesLinksAndStatus) {
   EXPECT_EQ(resource.scope_spans(0).scope().name(), "sluice");
   const otlp::Span& out = resource.scope_spans(0).spans(0);
   EXPECT_EQ(out.trace_id(), std::string(span.trace_id.begin(), span.trace_id.end()));
-  EXPECT_EQ(out.parent_span_id(), std::string(span.parent_span_id.begin(), span.parent_span_id.end()));
+  EXPECT_EQ(out.parent_span_id(),
+            std::string(span.parent_span_id.begin(), span.parent_span_id.end()));
   EXPECT_EQ(out.name(), "compute");
   EXPECT_EQ(out.kind(), otlp::Span::SPAN_KIND_INTERNAL);
   EXPECT_EQ(out.start_time_unix_nano(), 1000u);
@@ -182,12 +195,16 @@ TEST(OtlpEncodingTest, SpansDecodeWithTheirIdsTimesAttributesLinksAndStatus) {
 
 TEST(OtlpEncodingTest, InvalidUtf8IsReplacedSoThatStrictDecodersTakeTheBody) {
   EXPECT_EQ(ValidUtf8("plain"), "plain");
-  EXPECT_EQ(ValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
-  EXPECT_EQ(ValidUtf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(ValidUtf8("\xC3"), "\xEF\xBF\xBD");                          // cut short
-  EXPECT_EQ(ValidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");      // overlong
+  EXPECT_EQ(ValidUtf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(ValidUtf8("a\xFF"
+                      "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(ValidUtf8("\xC3"), "\xEF\xBF\xBD");                                  // cut short
+  EXPECT_EQ(ValidUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
   EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
-  EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80").substr(0, 3), "\xEF\xBF\xBD");  // past U+10FFFF
+  EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80").substr(0, 3), "\xEF\xBF\xBD");         // past U+10FFFF
   SpanData span = Span("m\xFF");
   span.status_message = "no model '\xFF'";
   const SpanData spans[] = {span};
@@ -199,7 +216,9 @@ TEST(OtlpEncodingTest, InvalidUtf8IsReplacedSoThatStrictDecodersTakeTheBody) {
 TEST(PostOtlpTest, PostsProtobufAndReadsTheCollectorsAnswer) {
   CollectorStub ok;
   const SpanData spans[] = {Span("a")};
-  ASSERT_TRUE(PostOtlp(*ParseOtlpUrl(ok.url()), EncodeExportRequest({}, spans), std::chrono::seconds(5)).ok());
+  ASSERT_TRUE(
+      PostOtlp(*ParseOtlpUrl(ok.url()), EncodeExportRequest({}, spans), std::chrono::seconds(5))
+          .ok());
   ok.WaitForSpans(1);
   EXPECT_THAT(ok.last_head(), HasSubstr("POST /v1/traces HTTP/1.1\r\n"));
   EXPECT_THAT(ok.last_head(), HasSubstr("Content-Type: application/x-protobuf\r\n"));
@@ -209,8 +228,8 @@ TEST(PostOtlpTest, PostsProtobufAndReadsTheCollectorsAnswer) {
   EXPECT_TRUE(absl::IsUnavailable(refused));
   EXPECT_THAT(refused.message(), HasSubstr("503 Service Unavailable"));
 
-  Status absent = PostOtlp(*ParseOtlpUrl("http://127.0.0.1:" + std::to_string(ClosedPort()) + "/"), "x",
-                           std::chrono::seconds(5));
+  Status absent = PostOtlp(*ParseOtlpUrl("http://127.0.0.1:" + std::to_string(ClosedPort()) + "/"),
+                           "x", std::chrono::seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(absent));
   EXPECT_THAT(absent.message(), HasSubstr("cannot connect"));
 
@@ -234,7 +253,8 @@ TEST(OtlpHttpExporterTest, AFullBatchGoesAtOnceAndTheRestAfterTheDelay) {
   ASSERT_EQ(requests.size(), 2u);  // 4 at once, then 1 after the delay
   EXPECT_EQ(requests[0].resource_spans(0).scope_spans(0).spans_size(), 4);
   EXPECT_EQ(requests[1].resource_spans(0).scope_spans(0).spans_size(), 1);
-  EXPECT_EQ(requests[0].resource_spans(0).resource().attributes(0).value().string_value(), "sluice");
+  EXPECT_EQ(requests[0].resource_spans(0).resource().attributes(0).value().string_value(),
+            "sluice");
   exporter.reset();  // its thread has counted the last post's answer
   EXPECT_EQ(observer.exported.load(), 5u);
   EXPECT_EQ(observer.queue_full + observer.export_failed + observer.shutdown, 0u);

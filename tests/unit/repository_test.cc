@@ -23,13 +23,22 @@ using ::testing::HasSubstr;
 
 constexpr char kMinimal[] = R"pb(
   platform: "pytorch_libtorch"
-  max_batch_size: 8
-  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
-  output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+  max_batch_size: 8 input
+  [ {
+    name: "INPUT__0"
+    data_type: TYPE_FP32
+    dims: [ 3, -1 ]
+  }] output
+  [ {
+    name: "OUTPUT__0"
+    data_type: TYPE_INT64
+    dims: [ 2 ]
+  }]
 )pb";
 
 StatusOr<ModelSpec> Build(const std::string& text, const std::string& name = "m") {
-  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config, ParseModelConfigText(text, "config.pbtxt"));
+  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
+                          ParseModelConfigText(text, "config.pbtxt"));
   return BuildModelSpec(name, &config);
 }
 
@@ -57,7 +66,8 @@ TEST(ModelConfigParserTest, ParsesAndFillsDefaults) {
 }
 
 TEST(ModelConfigParserTest, SyntaxErrorNamesSourceAndLine) {
-  auto config = ParseModelConfigText("max_batch_size: 4\ninput [ { name: \"x\" bogus: 1 } ]\n", "repo/m/config.pbtxt");
+  auto config = ParseModelConfigText("max_batch_size: 4\ninput [ { name: \"x\" bogus: 1 } ]\n",
+                                     "repo/m/config.pbtxt");
   ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(config.status().message(), HasSubstr("repo/m/config.pbtxt"));
   EXPECT_THAT(config.status().message(), HasSubstr("line 2"));
@@ -70,24 +80,76 @@ constexpr char kRealTritonSequenceConfig[] = R"pb(
   name: "seq"
   backend: "pytorch"
   max_batch_size: 16
-  version_policy: { specific: { versions: [ 1, 3 ] } }
-  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] format: FORMAT_NONE } ]
-  output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+  version_policy: { specific: { versions: [ 1, 3 ] } } input
+  [ {
+    name: "INPUT__0"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+    format: FORMAT_NONE
+  }] output
+  [ {
+    name: "OUTPUT__0"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+  }]
   sequence_batching {
     max_sequence_idle_microseconds: 5000000
-    oldest { max_candidate_sequences: 4 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
-    control_input [
-      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
-      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-    ]
-    state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ -1 ]
-              initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "init" } } ]
+    oldest {
+      max_candidate_sequences: 4
+      preferred_batch_size: [ 4 ]
+      max_queue_delay_microseconds: 100
+    } control_input
+    [ {
+      name: "START" control
+      [ {
+        kind: CONTROL_SEQUENCE_START
+        fp32_false_true: [ 0, 1 ]
+      }]
+    }
+      , {
+        name: "CORRID" control
+        [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }]
+      }] state
+    [ {
+      input_name: "INPUT_STATE"
+      output_name: "OUTPUT_STATE"
+      data_type: TYPE_FP32
+      dims: [ -1 ]
+      initial_state: {
+        data_type: TYPE_FP32
+        dims: [ 1 ]
+        zero_data: true
+        name: "init"
+      }
+    }]
+  } instance_group
+  [ {
+    count: 2
+    kind: KIND_GPU
+    gpus: [ 0 ]
+  }]
+  parameters: {
+    key: "INFERENCE_MODE"
+    value: { string_value: "true" }
+  } model_warmup
+  [ {
+    name: "w"
+    batch_size: 1
+    inputs {
+      key: "INPUT__0"
+      value: {
+        data_type: TYPE_FP32
+        dims: [ 1 ]
+        zero_data: true
+      }
+    }
+  }]
+  optimization {
+    cuda { graphs: true }
+    input_pinned_memory { enable: true }
+    execution_accelerators { gpu_execution_accelerator
+                             [ { name: "tensorrt" }] }
   }
-  instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
-  parameters: { key: "INFERENCE_MODE" value: { string_value: "true" } }
-  model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
-  optimization { cuda { graphs: true } input_pinned_memory { enable: true }
-                 execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }
   response_cache { enable: true }
   model_transaction_policy { decoupled: false }
 )pb";
@@ -104,9 +166,17 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
 TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   constexpr char kGraphs[] = R"pb(
     platform: "pytorch_libtorch"
-    max_batch_size: 8
-    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    max_batch_size: 8 input
+    [ {
+      name: "INPUT__0"
+      data_type: TYPE_FP32
+      dims: [ 4 ]
+    }] output
+    [ {
+      name: "OUTPUT__0"
+      data_type: TYPE_FP32
+      dims: [ 4 ]
+    }]
     optimization { cuda { graphs: true } }
   )pb";
   auto config = ParseModelConfigText(kGraphs, "g/config.pbtxt");
@@ -117,10 +187,11 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   EXPECT_EQ(spec->cuda_graphs_max, 16);
 
   const auto with_cap = [&](const char* cap) {
-    auto capped = ParseModelConfigText(
-        absl::StrCat(kGraphs, R"pb(parameters { key: "sluice.cuda_graphs_max" value { string_value: ")pb", cap,
-                     R"pb(" } })pb"),
-        "g/config.pbtxt");
+    auto capped =
+        ParseModelConfigText(absl::StrCat(kGraphs, R"pb(parameters { key: "sluice.cuda_graphs_max"
+                                                                     value { string_value: ")pb",
+                                          cap, R"pb(" } })pb"),
+                             "g/config.pbtxt");
     EXPECT_TRUE(capped.ok()) << capped.status();
     return BuildModelSpec("g", &*capped);
   };
@@ -132,11 +203,20 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.cuda_graphs_max"));
 
   auto off = ParseModelConfigText(R"pb(
-    platform: "pytorch_libtorch"
-    max_batch_size: 8
-    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-  )pb", "g/config.pbtxt");
+                                    platform: "pytorch_libtorch"
+                                    max_batch_size: 8 input
+                                    [ {
+                                      name: "INPUT__0"
+                                      data_type: TYPE_FP32
+                                      dims: [ 4 ]
+                                    }] output
+                                    [ {
+                                      name: "OUTPUT__0"
+                                      data_type: TYPE_FP32
+                                      dims: [ 4 ]
+                                    }]
+                                  )pb",
+                                  "g/config.pbtxt");
   ASSERT_TRUE(off.ok()) << off.status();
   spec = BuildModelSpec("g", &*off);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -145,18 +225,45 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
 
 // Triton's sequence_batching, direct strategy: control inputs become inputs the server fills.
 constexpr char kSequenceModel[] = R"pb(
-  max_batch_size: 4
-  input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-  output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  max_batch_size: 4 input
+  [ {
+    name: "INPUT"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+  }] output
+  [ {
+    name: "OUTPUT"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+  }]
   sequence_batching {
     max_sequence_idle_microseconds: 5000000
-    direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 }
-    control_input [
-      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
-      { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
-      { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 5, 7 ] } ] },
-      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
-    ]
+    direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 } control_input
+    [ {
+      name: "START" control
+      [ {
+        kind: CONTROL_SEQUENCE_START
+        fp32_false_true: [ 0, 1 ]
+      }]
+    }
+      , {
+        name: "END" control
+        [ {
+          kind: CONTROL_SEQUENCE_END
+          bool_false_true: [ false, true ]
+        }]
+      }
+      , {
+        name: "READY" control
+        [ {
+          kind: CONTROL_SEQUENCE_READY
+          int32_false_true: [ 5, 7 ]
+        }]
+      }
+      , {
+        name: "CORRID" control
+        [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING }]
+      }]
   }
 )pb";
 
@@ -185,47 +292,60 @@ TEST(ModelConfigParserTest, SequenceBatchingDirect) {
   EXPECT_THAT(spec->inputs[4].filled_with, HasSubstr("CONTROL_SEQUENCE_CORRID"));
   EXPECT_TRUE(spec->warmup);  // a string CORRID is the server's, not a string input of the client's
 
-  auto minimal = Build("max_batch_size: 0\n"
-                       "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-                       "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-                       "sequence_batching { }\n");
+  auto minimal = Build(
+      "max_batch_size: 0\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "sequence_batching { }\n");
   ASSERT_TRUE(minimal.ok()) << minimal.status();
   EXPECT_EQ(minimal->sequence_batching.max_sequence_idle_us, 1000000);  // Triton's default
   EXPECT_FALSE(minimal->sequence_batching.correlation_id_type.has_value());
 }
 
 TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
-  const std::string io = "max_batch_size: 4\n"
-                         "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
-                         "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n";
+  const std::string io =
+      "max_batch_size: 4\n"
+      "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+      "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n";
   auto control = [](const std::string& name, const std::string& body) {
     return "control_input [ { name: \"" + name + "\" control [ { " + body + " } ] } ]";
   };
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"sequence_batching { oldest { max_candidate_sequences: 4 } }", "strategy 'oldest' is not supported"},
-      {"sequence_batching { state [ { input_name: \"a\" output_name: \"b\" data_type: TYPE_FP32 dims: [ 1 ] } ] }",
+      {"sequence_batching { oldest { max_candidate_sequences: 4 } }",
+       "strategy 'oldest' is not supported"},
+      {"sequence_batching { state [ { input_name: \"a\" output_name: \"b\" data_type: TYPE_FP32 "
+       "dims: [ 1 ] } ] }",
        "'state' (implicit state) is not supported"},
       {"sequence_batching { iterative_sequence: true }", "'iterative_sequence' is not supported"},
-      {"sequence_batching { " + control("INPUT", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]") + " }",
+      {"sequence_batching { " +
+           control("INPUT", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]") + " }",
        "the name is already an input"},
-      {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ]") + " }",
+      {"sequence_batching { " +
+           control("S", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1, 2 ]") + " }",
        "needs exactly two values"},
       {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START") + " }",
        "give exactly one of int32_false_true"},
-      {"sequence_batching { " + control("S", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] "
-                                             "fp32_false_true: [ 0, 1 ]") + " }",
+      {"sequence_batching { " +
+           control("S",
+                   "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] "
+                   "fp32_false_true: [ 0, 1 ]") +
+           " }",
        "give exactly one of int32_false_true"},
-      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64") + " }",
+      {"sequence_batching { " +
+           control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64") + " }",
        "TYPE_UINT64 has no LibTorch tensor type; use TYPE_INT64"},
-      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32") + " }",
+      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32") +
+           " }",
        "must be TYPE_INT64, TYPE_INT32 or TYPE_STRING"},
-      {"sequence_batching { " + control("C", "kind: CONTROL_SEQUENCE_CORRID int32_false_true: [ 0, 1 ]") + " }",
+      {"sequence_batching { " +
+           control("C", "kind: CONTROL_SEQUENCE_CORRID int32_false_true: [ 0, 1 ]") + " }",
        "takes a data_type, not *_false_true values"},
       {"sequence_batching { control_input [ { name: \"A\" control [ { kind: CONTROL_SEQUENCE_READY "
        "int32_false_true: [ 0, 1 ] } ] }, { name: \"B\" control [ { kind: CONTROL_SEQUENCE_READY "
        "int32_false_true: [ 0, 1 ] } ] } ] }",
        "CONTROL_SEQUENCE_READY is given by two control inputs"},
-      {"sequence_batching { direct { minimum_slot_utilization: 1.5 } }", "minimum_slot_utilization must be in [0, 1]"},
+      {"sequence_batching { direct { minimum_slot_utilization: 1.5 } }",
+       "minimum_slot_utilization must be in [0, 1]"},
       {"sequence_batching { max_sequence_idle_microseconds: 100000000000 }", "at most 86400000000"},
   };
   for (const auto& [extra, message] : cases) {
@@ -238,7 +358,8 @@ TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
       "max_batch_size: 4\n"
       "input [ { name: \"INPUT\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
       "output [ { name: \"OUTPUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
-      "sequence_batching { } parameters { key: \"sluice.buckets\" value { string_value: \"n = 4\" } } "
+      "sequence_batching { } parameters { key: \"sluice.buckets\" value { string_value: \"n = 4\" "
+      "} } "
       "parameters { key: \"sluice.bucket_dims\" value { string_value: \"INPUT:0=n\" } }");
   ASSERT_FALSE(padded.ok());
   EXPECT_THAT(padded.status().message(), HasSubstr("cannot be combined with sequence_batching"));
@@ -251,15 +372,43 @@ TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
 }
 
 constexpr char kPaddedSequenceModel[] = R"pb(
-  max_batch_size: 8
-  input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] },
-          { name: "lengths" data_type: TYPE_INT32 dims: [ 1 ] } ]
-  output [ { name: "logits" data_type: TYPE_FP32 dims: [ -1, 4 ] },
-           { name: "pooled" data_type: TYPE_FP32 dims: [ 4 ] } ]
-  parameters { key: "sluice.buckets" value { string_value: "seq = 64, 16,32" } }
-  parameters { key: "sluice.bucket_dims" value { string_value: "tokens:0=seq, logits:0=seq" } }
-  parameters { key: "sluice.pad_value" value { string_value: "-1" } }
-  parameters { key: "sluice.lengths_input" value { string_value: "lengths" } }
+  max_batch_size: 8 input
+  [ {
+    name: "tokens"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }
+    , {
+      name: "lengths"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+    }] output
+  [ {
+    name: "logits"
+    data_type: TYPE_FP32
+    dims: [ -1, 4 ]
+  }
+    , {
+      name: "pooled"
+      data_type: TYPE_FP32
+      dims: [ 4 ]
+    }]
+  parameters {
+    key: "sluice.buckets"
+    value { string_value: "seq = 64, 16,32" }
+  }
+  parameters {
+    key: "sluice.bucket_dims"
+    value { string_value: "tokens:0=seq, logits:0=seq" }
+  }
+  parameters {
+    key: "sluice.pad_value"
+    value { string_value: "-1" }
+  }
+  parameters {
+    key: "sluice.lengths_input"
+    value { string_value: "lengths" }
+  }
 )pb";
 
 TEST(ModelConfigParserTest, PaddingBuckets) {
@@ -283,56 +432,112 @@ TEST(ModelConfigParserTest, PaddingBuckets) {
 
 TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
   const std::string base = R"pb(
-    max_batch_size: 8
-    input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1, 3 ] },
-            { name: "lengths" data_type: TYPE_FP32 dims: [ 1 ] } ]
-    output [ { name: "out" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    max_batch_size: 8 input
+    [ {
+      name: "tokens"
+      data_type: TYPE_INT64
+      dims: [ -1, 3 ]
+    }
+      , {
+        name: "lengths"
+        data_type: TYPE_FP32
+        dims: [ 1 ]
+      }] output
+    [ {
+      name: "out"
+      data_type: TYPE_FP32
+      dims: [ -1 ]
+    }]
   )pb";
-  auto with = [&](const std::string& parameters) {
-    return Build(base + parameters).status();
-  };
+  auto with = [&](const std::string& parameters) { return Build(base + parameters).status(); };
   auto param = [](const std::string& key, const std::string& value) {
     return "parameters { key: \"" + key + "\" value { string_value: \"" + value + "\" } }\n";
   };
   EXPECT_THAT(with(param("sluice.buckets", "seq=16")).message(), HasSubstr("needs both"));
   EXPECT_THAT(with(param("sluice.pad_value", "0")).message(), HasSubstr("needs sluice.buckets"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq=16,x") + param("sluice.bucket_dims", "tokens:0=seq")).message(),
-              HasSubstr("'x' is not a positive size"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq") + param("sluice.bucket_dims", "tokens:0=seq")).message(),
-              HasSubstr("is not axis=size"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:1=seq")).message(),
+  EXPECT_THAT(
+      with(param("sluice.buckets", "seq=16,x") + param("sluice.bucket_dims", "tokens:0=seq"))
+          .message(),
+      HasSubstr("'x' is not a positive size"));
+  EXPECT_THAT(
+      with(param("sluice.buckets", "seq") + param("sluice.bucket_dims", "tokens:0=seq")).message(),
+      HasSubstr("is not axis=size"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:1=seq"))
+                  .message(),
               HasSubstr("must exist and be -1"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "nope:0=seq")).message(),
-              HasSubstr("no input or output 'nope'"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=len")).message(),
+  EXPECT_THAT(
+      with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "nope:0=seq")).message(),
+      HasSubstr("no input or output 'nope'"));
+  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=len"))
+                  .message(),
               HasSubstr("no axis 'len'"));
-  EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "out:0=seq")).message(),
-              HasSubstr("no input dimension follows axis 'seq'"));
+  EXPECT_THAT(
+      with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "out:0=seq")).message(),
+      HasSubstr("no input dimension follows axis 'seq'"));
   EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
-                   param("sluice.lengths_input", "lengths")).message(),
+                   param("sluice.lengths_input", "lengths"))
+                  .message(),
               HasSubstr("TYPE_INT32 or TYPE_INT64"));
-  EXPECT_THAT(with(param("sluice.bucket", "seq=16")).message(), HasSubstr("unknown parameter 'sluice.bucket'"));
+  EXPECT_THAT(with(param("sluice.bucket", "seq=16")).message(),
+              HasSubstr("unknown parameter 'sluice.bucket'"));
   EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
-                   param("sluice.pad_value", "0.5")).message(),
+                   param("sluice.pad_value", "0.5"))
+                  .message(),
               HasSubstr("sluice.pad_value 0.5 cannot be stored in input 'tokens' of type INT64"));
   EXPECT_TRUE(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
-                   param("sluice.pad_value", "-1")).ok());
-  EXPECT_THAT(with(param("sluice.cudnn_benchmark", "maybe")).message(), HasSubstr("\"auto\", \"on\" or \"off\""));
+                   param("sluice.pad_value", "-1"))
+                  .ok());
+  EXPECT_THAT(with(param("sluice.cudnn_benchmark", "maybe")).message(),
+              HasSubstr("\"auto\", \"on\" or \"off\""));
   EXPECT_THAT(with(param("sluice.warmup_runs", "0")).message(), HasSubstr("sluice.warmup_runs"));
-  EXPECT_THAT(with(param("sluice.cuda_wait", "yield")).message(),
-              HasSubstr("sluice.cuda_wait is \"yield\": use \"spin\" (the default) or \"blocking\""));
+  EXPECT_THAT(
+      with(param("sluice.cuda_wait", "yield")).message(),
+      HasSubstr("sluice.cuda_wait is \"yield\": use \"spin\" (the default) or \"blocking\""));
 }
 
 TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    parameters { key: "sluice.warmup" value { string_value: "false" } }
-    parameters { key: "sluice.warmup_runs" value { string_value: "5" } }
-    parameters { key: "sluice.cudnn_benchmark" value { string_value: "off" } }
-    parameters { key: "sluice.cuda_wait" value { string_value: "blocking" } }
-    model_warmup [ { name: "zeros" batch_size: 2 count: 3
-                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 7 ] zero_data: true } } },
-                   { name: "file" batch_size: 1
-                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "x.bin" } } } ]
+    parameters {
+      key: "sluice.warmup"
+      value { string_value: "false" }
+    }
+    parameters {
+      key: "sluice.warmup_runs"
+      value { string_value: "5" }
+    }
+    parameters {
+      key: "sluice.cudnn_benchmark"
+      value { string_value: "off" }
+    }
+    parameters {
+      key: "sluice.cuda_wait"
+      value { string_value: "blocking" }
+    } model_warmup
+    [ {
+      name: "zeros"
+      batch_size: 2
+      count: 3
+      inputs {
+        key: "INPUT__0"
+        value: {
+          data_type: TYPE_FP32
+          dims: [ 3, 7 ]
+          zero_data: true
+        }
+      }
+    }
+      , {
+        name: "file"
+        batch_size: 1
+        inputs {
+          key: "INPUT__0"
+          value: {
+            data_type: TYPE_FP32
+            dims: [ 3, 1 ]
+            input_data_file: "x.bin"
+          }
+        }
+      }]
   )pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->warmup);
@@ -349,38 +554,90 @@ TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
   EXPECT_EQ(spec->warmup_samples[1].count, 1);
 
   auto too_big = Build(std::string(kMinimal) + R"pb(
-    model_warmup [ { name: "big" batch_size: 9
-                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] zero_data: true } } } ])pb");
-  EXPECT_THAT(too_big.status().message(), HasSubstr("model_warmup 'big': batch_size must be in [1, max_batch_size=8]"));
+    model_warmup
+    [ {
+      name: "big"
+      batch_size: 9
+      inputs {
+        key: "INPUT__0"
+        value: {
+          data_type: TYPE_FP32
+          dims: [ 3, 1 ]
+          zero_data: true
+        }
+      }
+    }])pb");
+  EXPECT_THAT(too_big.status().message(),
+              HasSubstr("model_warmup 'big': batch_size must be in [1, max_batch_size=8]"));
   auto escape = Build(std::string(kMinimal) + R"pb(
-    model_warmup [ { name: "up" batch_size: 1
-                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "../x" } } } ])pb");
+    model_warmup
+    [ {
+      name: "up"
+      batch_size: 1
+      inputs {
+        key: "INPUT__0"
+        value: {
+          data_type: TYPE_FP32
+          dims: [ 3, 1 ]
+          input_data_file: "../x"
+        }
+      }
+    }])pb");
   EXPECT_THAT(escape.status().message(), HasSubstr("plain file name"));
 }
 
 TEST(ModelConfigParserTest, EnsembleIsRejected) {
-  auto spec = Build(R"pb(platform: "ensemble" max_batch_size: 1
-                        input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                        output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                        ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
+  auto spec = Build(R"pb(platform: "ensemble"
+                         max_batch_size: 1 input
+                         [ {
+                           name: "a"
+                           data_type: TYPE_FP32
+                           dims: [ 1 ]
+                         }] output
+                         [ {
+                           name: "b"
+                           data_type: TYPE_FP32
+                           dims: [ 1 ]
+                         }]
+                         ensemble_scheduling { step
+                                               [ { model_name: "x" model_version: -1 }] })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("platform 'ensemble'"));
-  spec = Build(R"pb(max_batch_size: 1
-                   input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                   output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                   ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
-  EXPECT_THAT(spec.status().message(), HasSubstr("unsupported configuration field: ensemble_scheduling"));
+  spec = Build(R"pb(max_batch_size: 1 input
+                    [ {
+                      name: "a"
+                      data_type: TYPE_FP32
+                      dims: [ 1 ]
+                    }] output
+                    [ {
+                      name: "b"
+                      data_type: TYPE_FP32
+                      dims: [ 1 ]
+                    }]
+                    ensemble_scheduling { step
+                                          [ { model_name: "x" model_version: -1 }] })pb");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("unsupported configuration field: ensemble_scheduling"));
 }
 
 TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
-  const std::string io = R"pb(max_batch_size: 8
-                              input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  const std::string io = R"pb(max_batch_size: 8 input
+                              [ {
+                                name: "a"
+                                data_type: TYPE_FP32
+                                dims: [ 1 ]
+                              }] output
+                              [ {
+                                name: "b"
+                                data_type: TYPE_FP32
+                                dims: [ 1 ]
+                              }])pb";
   auto spec = Build("platform: \"torch_aoti\"\n" + io);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->format, ModelFormat::kAotInductor);
   EXPECT_EQ(spec->platform, "torch_aoti");
   EXPECT_EQ(spec->model_filename, "model.pt2");
-  spec = Build("platform: \"torch_aoti\" backend: \"pytorch\" default_model_filename: \"net.pt2\"\n" + io);
+  spec = Build(
+      "platform: \"torch_aoti\" backend: \"pytorch\" default_model_filename: \"net.pt2\"\n" + io);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->model_filename, "net.pt2");
   spec = Build(io);
@@ -392,18 +649,43 @@ TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
 TEST(ModelConfigParserTest, StringTensorsAreFlatListsOfStr) {
   // Triton's layout for a batched string input: dims [1] reshaped to [] (the model takes one
   // flat List[str]; the reshape changes nothing it sees, so it is accepted for strings).
-  auto spec = Build(R"pb(max_batch_size: 8
-                         input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } } ]
-                         output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] },
-                                  { name: "SCORE" data_type: TYPE_FP32 dims: [ 2 ] } ])pb");
+  auto spec = Build(R"pb(max_batch_size: 8 input
+                         [ {
+                           name: "TEXT"
+                           data_type: TYPE_STRING
+                           dims: [ 1 ]
+                           reshape: { shape: [] }
+                         }] output
+                         [ {
+                           name: "LABEL"
+                           data_type: TYPE_STRING
+                           dims: [ 1 ]
+                         }
+                           , {
+                             name: "SCORE"
+                             data_type: TYPE_FP32
+                             dims: [ 2 ]
+                           }])pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->inputs[0].dtype, DataType::kBytes);
   EXPECT_EQ(spec->inputs[0].dims, Shape({1}));
   EXPECT_EQ(spec->outputs[0].dtype, DataType::kBytes);
   EXPECT_FALSE(spec->warmup);  // shape warm-up feeds empty strings: only when asked for
-  spec = Build(R"pb(input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
-                    output [ { name: "LABEL" data_type: TYPE_STRING dims: [ -1 ] } ]
-                    parameters { key: "sluice.warmup" value { string_value: "true" } })pb");
+  spec = Build(R"pb(input
+                    [ {
+                      name: "TEXT"
+                      data_type: TYPE_STRING
+                      dims: [ -1 ]
+                    }] output
+                    [ {
+                      name: "LABEL"
+                      data_type: TYPE_STRING
+                      dims: [ -1 ]
+                    }]
+                    parameters {
+                      key: "sluice.warmup"
+                      value { string_value: "true" }
+                    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->warmup);
 
@@ -411,24 +693,76 @@ TEST(ModelConfigParserTest, StringTensorsAreFlatListsOfStr) {
     std::string config;
     std::string message;
   };
-  const std::string out = R"pb(output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  const std::string out = R"pb(output
+                               [ {
+                                 name: "b"
+                                 data_type: TYPE_FP32
+                                 dims: [ 1 ]
+                               }])pb";
   const std::vector<Case> cases = {
-      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 2, 3 ] } ])pb" + out,
-       "input 'a': a TYPE_STRING tensor is a flat List[str] for the model; declare at most one dimension"},
-      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2 ] } } ])pb" + out,
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_STRING
+              dims: [ 2, 3 ]
+            }])pb" +
+           out,
+       "input 'a': a TYPE_STRING tensor is a flat List[str] for the model; declare at most one "
+       "dimension"},
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_STRING
+              dims: [ 4 ]
+              reshape: { shape: [ 2 ] }
+            }])pb" +
+           out,
        "input 'a': reshape [2] must keep the element count of dims"},
-      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ])pb" + out,
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_STRING
+              dims: [ 4 ]
+              reshape: { shape: [ 2, 2 ] }
+            }])pb" +
+           out,
        "and have at most one dimension"},
-      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-            output [ { name: "b" data_type: TYPE_STRING dims: [ 1, 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }] output
+            [ {
+              name: "b"
+              data_type: TYPE_STRING
+              dims: [ 1, 1 ]
+            }])pb",
        "output 'b': a TYPE_STRING tensor is a flat List[str]"},
-      {R"pb(platform: "torch_aoti"
-            input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ])pb" + out,
-       "'a' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and returns tensors only"},
-      {R"pb(max_batch_size: 4
-            input [ { name: "a" data_type: TYPE_STRING dims: [ -1 ] } ])pb" + out +
-           R"pb(parameters { key: "sluice.buckets" value { string_value: "n=4,8" } }
-                parameters { key: "sluice.bucket_dims" value { string_value: "a:0=n" } })pb",
+      {R"pb(platform: "torch_aoti" input
+            [ {
+              name: "a"
+              data_type: TYPE_STRING
+              dims: [ 1 ]
+            }])pb" +
+           out,
+       "'a' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and returns "
+       "tensors only"},
+      {R"pb(max_batch_size: 4 input
+            [ {
+              name: "a"
+              data_type: TYPE_STRING
+              dims: [ -1 ]
+            }])pb" +
+           out +
+           R"pb(parameters {
+                  key: "sluice.buckets"
+                  value { string_value: "n=4,8" }
+                }
+                parameters {
+                  key: "sluice.bucket_dims"
+                  value { string_value: "a:0=n" }
+                })pb",
        "sluice.bucket_dims: 'a:0=n': 'a' is TYPE_STRING; padding buckets pad fixed-size elements"},
   };
   for (const Case& c : cases) {
@@ -443,31 +777,92 @@ TEST(ModelConfigParserTest, ValidationErrors) {
     std::string config;
     std::string message;
   };
-  const std::string io = R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
+  const std::string io = R"pb(input
+                              [ {
+                                name: "a"
+                                data_type: TYPE_FP32
+                                dims: [ 1 ]
+                              }] output
+                              [ {
+                                name: "b"
+                                data_type: TYPE_FP32
+                                dims: [ 1 ]
+                              }])pb";
   std::vector<Case> cases = {
       {"name: \"other\"\n" + io, "config name 'other' differs from its directory name 'm'"},
       {"platform: \"onnxruntime_onnx\"\n" + io, "Sluice serves TorchScript models"},
       {"max_batch_size: -1\n" + io, "max_batch_size must be >= 0"},
       {"max_batch_size: 1", "needs its inputs and outputs declared"},
-      {R"pb(input [ { name: "a" data_type: TYPE_UINT16 dims: [ 1 ] } ]
-            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_UINT16
+              dims: [ 1 ]
+            }] output
+            [ {
+              name: "b"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }])pb",
        "input 'a': data_type TYPE_UINT16 is not supported"},
-      {R"pb(input [ { name: "a" dims: [ 1 ] } ] output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              dims: [ 1 ]
+            }] output
+            [ {
+              name: "b"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }])pb",
        "input 'a': data_type is missing"},
-      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 0 ] } ]
-            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_FP32
+              dims: [ 0 ]
+            }] output
+            [ {
+              name: "b"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }])pb",
        "input 'a': dims must be positive or -1"},
-      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }
+              , {
+                name: "a"
+                data_type: TYPE_FP32
+                dims: [ 1 ]
+              }] output
+            [ {
+              name: "b"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }])pb",
        "input 'a' is declared twice"},
-      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
-            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+      {R"pb(input
+            [ {
+              name: "a"
+              data_type: TYPE_FP32
+              dims: [ 4 ]
+              reshape: { shape: [ 2, 2 ] }
+            }] output
+            [ {
+              name: "b"
+              data_type: TYPE_FP32
+              dims: [ 1 ]
+            }])pb",
        "input 'a': 'reshape' is not supported"},
       {io + "\ndynamic_batching { }", "dynamic_batching needs max_batch_size > 0"},
       {io + "\ninstance_group [ { kind: KIND_MODEL } ]", "kind KIND_MODEL is not supported"},
       {io + "\ninstance_group [ { count: 100 } ]", "count must be between 1 and 64"},
-      {io + "\ndefault_model_filename: \"../x.pt\"", "default_model_filename must be a plain file name"},
+      {io + "\ndefault_model_filename: \"../x.pt\"",
+       "default_model_filename must be a plain file name"},
   };
   for (const Case& c : cases) {
     auto spec = Build(c.config);
@@ -478,8 +873,16 @@ TEST(ModelConfigParserTest, ValidationErrors) {
 
 TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-      instance_group [ { kind: KIND_CPU count: 3 }, { kind: KIND_GPU gpus: [ 1, 2 ] } ]
-      parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "2" } })pb");
+    instance_group
+    [ { kind: KIND_CPU count: 3 }
+      , {
+        kind: KIND_GPU
+        gpus: [ 1, 2 ]
+      }]
+    parameters: {
+      key: "INTRA_OP_THREAD_COUNT"
+      value: { string_value: "2" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->instance_groups.size(), 2u);
   EXPECT_EQ(spec->instance_groups[0].kind, InstanceKind::kCpu);
@@ -493,14 +896,27 @@ TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
 
 TEST(ModelConfigParserTest, DynamicBatching) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching {
-        preferred_batch_size: [ 8, 2, 4, 4 ]
-        max_queue_delay_microseconds: 500
-        default_queue_policy { max_queue_size: 7 default_timeout_microseconds: 900 allow_timeout_override: true }
+    dynamic_batching {
+      preferred_batch_size: [ 8, 2, 4, 4 ]
+      max_queue_delay_microseconds: 500
+      default_queue_policy {
+        max_queue_size: 7
+        default_timeout_microseconds: 900
+        allow_timeout_override: true
       }
-      parameters: { key: "sluice.pad_batch_to_preferred" value: { string_value: "true" } }
-      parameters: { key: "sluice.max_shape_groups" value: { string_value: "3" } }
-      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "1000" } })pb");
+    }
+    parameters: {
+      key: "sluice.pad_batch_to_preferred"
+      value: { string_value: "true" }
+    }
+    parameters: {
+      key: "sluice.max_shape_groups"
+      value: { string_value: "3" }
+    }
+    parameters: {
+      key: "sluice.max_queued_bytes"
+      value: { string_value: "1000" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const DynamicBatchingSpec& batching = spec->dynamic_batching;
   EXPECT_TRUE(batching.enabled);
@@ -517,17 +933,21 @@ TEST(ModelConfigParserTest, DynamicBatching) {
 
 TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching {
-        priority_levels: 3
-        default_priority_level: 2
-        preserve_ordering: true
-        default_queue_policy { max_queue_size: 9 default_timeout_microseconds: 100 }
-        priority_queue_policy {
-          key: 1
-          value: { max_queue_size: 4 default_timeout_microseconds: 2000 allow_timeout_override: true
-                   timeout_action: DELAY }
+    dynamic_batching {
+      priority_levels: 3
+      default_priority_level: 2
+      preserve_ordering: true
+      default_queue_policy { max_queue_size: 9 default_timeout_microseconds: 100 }
+      priority_queue_policy {
+        key: 1
+        value: {
+          max_queue_size: 4
+          default_timeout_microseconds: 2000
+          allow_timeout_override: true
+          timeout_action: DELAY
         }
-      })pb");
+      }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const DynamicBatchingSpec& batching = spec->dynamic_batching;
   EXPECT_EQ(batching.priority_levels, 3);
@@ -551,24 +971,35 @@ TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
   EXPECT_EQ(batching.LevelOf(3), 3);
   EXPECT_EQ(batching.LevelOf(4), 2);
   // Without levels every request is at level 0, under the default policy.
-  auto plain = Build(std::string(kMinimal) + "dynamic_batching { default_queue_policy { timeout_action: DELAY } }");
+  auto plain = Build(std::string(kMinimal) +
+                     "dynamic_batching { default_queue_policy { timeout_action: DELAY } }");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->dynamic_batching.LevelOf(1), 0);
   EXPECT_TRUE(plain->dynamic_batching.PolicyOf(0).delay);
   // Without levels, the level fields mean nothing and are ignored, as Triton ignores them.
   auto ignored = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching { default_priority_level: 3 priority_queue_policy { key: 9 value: { timeout_action: DELAY } } })pb");
+    dynamic_batching {
+      default_priority_level: 3
+      priority_queue_policy {
+        key: 9
+        value: { timeout_action: DELAY }
+      }
+    })pb");
   ASSERT_TRUE(ignored.ok()) << ignored.status();
   EXPECT_EQ(ignored->dynamic_batching.priority_levels, 0);
   EXPECT_FALSE(ignored->dynamic_batching.AnyDelay());
   // With levels, every level has its own policy: the default one's DELAY counts only where a
   // level takes it.
   auto all_named = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching {
-        priority_levels: 1 default_priority_level: 1
-        default_queue_policy { timeout_action: DELAY }
-        priority_queue_policy { key: 1 value: { } }
-      })pb");
+    dynamic_batching {
+      priority_levels: 1
+      default_priority_level: 1
+      default_queue_policy { timeout_action: DELAY }
+      priority_queue_policy {
+        key: 1
+        value: {}
+      }
+    })pb");
   ASSERT_TRUE(all_named.ok()) << all_named.status();
   EXPECT_FALSE(all_named->dynamic_batching.AnyDelay());
 }
@@ -577,34 +1008,53 @@ TEST(ModelConfigParserTest, TheQueuedByteCapHoldsWithoutDynamicBatchingToo) {
   // One admission policy for every scheduler: the sequence batcher and the unbatched queue read
   // the same cap.
   auto spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "4096" } })pb");
+    parameters: {
+      key: "sluice.max_queued_bytes"
+      value: { string_value: "4096" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.enabled);
   EXPECT_EQ(spec->dynamic_batching.max_queued_bytes, 4096u);
   EXPECT_EQ(Build(std::string(kMinimal)).value().dynamic_batching.max_queued_bytes, 256u << 20);
   auto refused = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "0" } })pb");
+    parameters: {
+      key: "sluice.max_queued_bytes"
+      value: { string_value: "0" }
+    })pb");
   EXPECT_FALSE(refused.ok());
 }
 
 TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching { }
-      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "false" } })pb");
+    dynamic_batching {}
+    parameters: {
+      key: "sluice.auto_batch_sizes"
+      value: { string_value: "false" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.auto_batch_sizes);
   // A config written back from a ModelConfig answer carries the measured choice: it loads, and
   // the choice is measured again.
   spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching { }
-      parameters: { key: "sluice.auto_batch_sizes.chosen" value: { string_value: "1,2" } }
-      parameters: { key: "sluice.auto_batch_sizes.rows_per_second" value: { string_value: "1:10,2:30" } })pb");
+    dynamic_batching {}
+    parameters: {
+      key: "sluice.auto_batch_sizes.chosen"
+      value: { string_value: "1,2" }
+    }
+    parameters: {
+      key: "sluice.auto_batch_sizes.rows_per_second"
+      value: { string_value: "1:10,2:30" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->dynamic_batching.auto_batch_sizes);
   spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching { }
-      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "sometimes" } })pb");
-  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
+    dynamic_batching {}
+    parameters: {
+      key: "sluice.auto_batch_sizes"
+      value: { string_value: "sometimes" }
+    })pb");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
 }
 
 TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
@@ -613,18 +1063,31 @@ TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
   EXPECT_FALSE(spec->dynamic_batching.run_on_receiving_thread);  // off by default
   EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, kRunOnReceivingThreadMaxUs);
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "true" } }
-      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "120" } })pb");
+    parameters: {
+      key: "sluice.run_on_receiving_thread"
+      value: { string_value: "true" }
+    }
+    parameters: {
+      key: "sluice.run_on_receiving_thread_max_us"
+      value: { string_value: "120" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.enabled);
   EXPECT_TRUE(spec->dynamic_batching.run_on_receiving_thread);
   EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, 120);
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "0" } })pb");
+    parameters: {
+      key: "sluice.run_on_receiving_thread_max_us"
+      value: { string_value: "0" }
+    })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread_max_us"));
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "yes" } })pb");
-  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread must be \"true\" or \"false\""));
+    parameters: {
+      key: "sluice.run_on_receiving_thread"
+      value: { string_value: "yes" }
+    })pb");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("sluice.run_on_receiving_thread must be \"true\" or \"false\""));
 }
 
 TEST(ModelConfigParserTest, LatencyTarget) {
@@ -632,35 +1095,56 @@ TEST(ModelConfigParserTest, LatencyTarget) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 0);  // none by default
   spec = Build(std::string(kMinimal) + R"pb(
-      dynamic_batching { max_queue_delay_microseconds: 500 }
-      parameters: { key: "sluice.latency_target_us" value: { string_value: "20000" } })pb");
+    dynamic_batching { max_queue_delay_microseconds: 500 }
+    parameters: {
+      key: "sluice.latency_target_us"
+      value: { string_value: "20000" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 20000);
   EXPECT_EQ(spec->dynamic_batching.max_queue_delay_us, 500);  // kept, as the wait's upper bound
   // Without dynamic_batching too (each request its own batch: only refusals apply).
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.latency_target_us" value: { string_value: "1000" } })pb");
+    parameters: {
+      key: "sluice.latency_target_us"
+      value: { string_value: "1000" }
+    })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 1000);
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.latency_target_us" value: { string_value: "0" } })pb");
-  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us must be an integer in [1, "));
+    parameters: {
+      key: "sluice.latency_target_us"
+      value: { string_value: "0" }
+    })pb");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("sluice.latency_target_us must be an integer in [1, "));
   spec = Build(std::string(kMinimal) + R"pb(
-      parameters: { key: "sluice.latency_target_us" value: { string_value: "20ms" } })pb");
+    parameters: {
+      key: "sluice.latency_target_us"
+      value: { string_value: "20ms" }
+    })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("found '20ms'"));
   // A stateful model's requests run in their sequence's order and slot: refused, with why.
-  spec = Build("max_batch_size: 0\n"
-               "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "sequence_batching { }\n"
-               "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"1000\" } }\n");
-  EXPECT_THAT(spec.status().message(), HasSubstr("sluice.latency_target_us cannot be combined with sequence_batching"));
+  spec = Build(
+      "max_batch_size: 0\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "sequence_batching { }\n"
+      "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"1000\" } }\n");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("sluice.latency_target_us cannot be combined with sequence_batching"));
 }
 
 TEST(ModelConfigParserTest, OperatorLibraries) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    parameters { key: "sluice.operator_libraries" value { string_value: " ops/libdetect.so ,libshared.so" } }
-    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/ops/libinit.so" } }
+    parameters {
+      key: "sluice.operator_libraries"
+      value { string_value: " ops/libdetect.so ,libshared.so" }
+    }
+    parameters {
+      key: "MODEL_INIT_LIBRARY"
+      value { string_value: "/opt/ops/libinit.so" }
+    }
   )pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(spec->operator_libraries, ElementsAre("ops/libdetect.so", "libshared.so"));
@@ -668,12 +1152,17 @@ TEST(ModelConfigParserTest, OperatorLibraries) {
   EXPECT_TRUE(Build(kMinimal)->operator_libraries.empty());
 
   for (const char* bad : {"../libops.so", "ops/../../libops.so", "a.so,,b.so", ""}) {
-    auto refused = Build(std::string(kMinimal) + "parameters { key: \"sluice.operator_libraries\" value { string_value: \"" +
-                         bad + "\" } }");
+    auto refused =
+        Build(std::string(kMinimal) +
+              "parameters { key: \"sluice.operator_libraries\" value { string_value: \"" + bad +
+              "\" } }");
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   auto climbing = Build(std::string(kMinimal) + R"pb(
-    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "../other/libinit.so" } })pb");
+    parameters {
+      key: "MODEL_INIT_LIBRARY"
+      value { string_value: "../other/libinit.so" }
+    })pb");
   EXPECT_THAT(std::string(climbing.status().message()), HasSubstr("climbs out with '..'"));
 }
 
@@ -688,13 +1177,15 @@ TEST(ModelConfigParserTest, ResponseCache) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->response_cache);
   // A stateful model's answer depends on its sequence: a cached one would be wrong.
-  spec = Build("max_batch_size: 0\n"
-               "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
-               "sequence_batching { }\n"
-               "response_cache { enable: true }\n");
+  spec = Build(
+      "max_batch_size: 0\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+      "sequence_batching { }\n"
+      "response_cache { enable: true }\n");
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(spec.status().message(), HasSubstr("response_cache cannot be enabled with sequence_batching"));
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("response_cache cannot be enabled with sequence_batching"));
 }
 
 TEST(ModelConfigParserTest, DynamicBatchingErrors) {
@@ -703,22 +1194,30 @@ TEST(ModelConfigParserTest, DynamicBatchingErrors) {
     std::string extra, message;
   };
   std::vector<Case> cases = {
-      {"dynamic_batching { preferred_batch_size: [ 9 ] }", "preferred_batch_size 9 is outside [1, max_batch_size=8]"},
-      {"dynamic_batching { priority_levels: 2 }", "default_priority_level must be in [1, priority_levels=2], found 0"},
-      {"dynamic_batching { priority_levels: 2 default_priority_level: 3 }", "found 3 (level 1 is the highest"},
-      {"dynamic_batching { priority_levels: 65 default_priority_level: 1 }", "priority_levels must be at most 64"},
-      {"dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value: { } } }",
+      {"dynamic_batching { preferred_batch_size: [ 9 ] }",
+       "preferred_batch_size 9 is outside [1, max_batch_size=8]"},
+      {"dynamic_batching { priority_levels: 2 }",
+       "default_priority_level must be in [1, priority_levels=2], found 0"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+       "found 3 (level 1 is the highest"},
+      {"dynamic_batching { priority_levels: 65 default_priority_level: 1 }",
+       "priority_levels must be at most 64"},
+      {"dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { "
+       "key: 3 value: { } } }",
        "priority_queue_policy names level 3, outside [1, priority_levels=2]"},
       {"dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"
        "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"5000\" } }",
        "sluice.latency_target_us cannot be combined with priority_levels or timeout_action: DELAY"},
-      {"dynamic_batching { default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 } }\n"
+      {"dynamic_batching { default_queue_policy { timeout_action: DELAY "
+       "default_timeout_microseconds: 5 } }\n"
        "parameters: { key: \"sluice.latency_target_us\" value: { string_value: \"5000\" } }",
        "cannot be combined with priority_levels or timeout_action: DELAY"},
       {"dynamic_batching { max_queue_delay_microseconds: 100000000 }", "at most 60000000"},
-      {"dynamic_batching { }\nparameters: { key: \"sluice.max_shape_groups\" value: { string_value: \"0\" } }",
+      {"dynamic_batching { }\nparameters: { key: \"sluice.max_shape_groups\" value: { "
+       "string_value: \"0\" } }",
        "sluice.max_shape_groups must be an integer in [1, 4096]"},
-      {"dynamic_batching { }\nparameters: { key: \"sluice.pad_batch_to_preferred\" value: { string_value: \"yes\" } }",
+      {"dynamic_batching { }\nparameters: { key: \"sluice.pad_batch_to_preferred\" value: { "
+       "string_value: \"yes\" } }",
        "must be \"true\" or \"false\""},
       {"parameters: { key: \"INTRA_OP_THREAD_COUNT\" value: { string_value: \"many\" } }",
        "INTRA_OP_THREAD_COUNT must be an integer"},
@@ -764,7 +1263,8 @@ class RepositoryTest : public ::testing::Test {
 };
 
 TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
-  Write("good/config.pbtxt", std::string(kMinimal) + "version_policy: { latest: { num_versions: 2 } }");
+  Write("good/config.pbtxt",
+        std::string(kMinimal) + "version_policy: { latest: { num_versions: 2 } }");
   Write("good/1/model.pt", "x");
   Write("good/2/model.pt", "x");
   Write("good/10/model.pt", "x");
@@ -772,7 +1272,8 @@ TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
   Write("noconfig/1/model.pt", "x");
   Write("noversions/config.pbtxt", kMinimal);
   Write("badconfig/config.pbtxt", "max_batch_size: [");
-  Write("specific/config.pbtxt", std::string(kMinimal) + "version_policy: { specific: { versions: [ 1, 4 ] } }");
+  Write("specific/config.pbtxt",
+        std::string(kMinimal) + "version_policy: { specific: { versions: [ 1, 4 ] } }");
   Write("specific/1/model.pt", "x");
   Write(".hidden/config.pbtxt", kMinimal);
   Write("__pycache__/generate_models.cpython-311.pyc", "x");
@@ -794,7 +1295,8 @@ TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
   EXPECT_THAT(by_name["noconfig"].status.message(), HasSubstr("no config.pbtxt"));
   EXPECT_THAT(by_name["noversions"].status.message(), HasSubstr("no version directory"));
   EXPECT_THAT(by_name["badconfig"].status.message(), HasSubstr("not a valid model config"));
-  EXPECT_THAT(by_name["specific"].status.message(), HasSubstr("version(s) 4 which have no directory"));
+  EXPECT_THAT(by_name["specific"].status.message(),
+              HasSubstr("version(s) 4 which have no directory"));
 }
 
 TEST_F(RepositoryTest, MissingRootIsNotFound) {
@@ -825,7 +1327,8 @@ TEST_F(RepositoryTest, FingerprintChangesWithAnyFileAndSourceReadsOneModel) {
   EXPECT_EQ(model->versions.begin()->first, 2);
   EXPECT_EQ(source.Read("absent", {}).status().code(), absl::StatusCode::kNotFound);
   // A client-supplied name never leaves the repository.
-  for (const std::string& name : std::vector<std::string>{"", ".", "..", "../m", "m/1", ".hidden", std::string("m\0x", 3)}) {
+  for (const std::string& name :
+       std::vector<std::string>{"", ".", "..", "../m", "m/1", ".hidden", std::string("m\0x", 3)}) {
     EXPECT_EQ(source.Read(name, {}).status().code(), absl::StatusCode::kInvalidArgument) << name;
   }
   auto all = source.Scan();
@@ -840,7 +1343,8 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
   Write("m/1/model.pt", "x");
   DirectoryModelSource source(root_);
 
-  // Numbers may be quoted (Triton's example sends "16"); tensors and platform come from config.pbtxt.
+  // Numbers may be quoted (Triton's example sends "16"); tensors and platform come from
+  // config.pbtxt.
   auto overridden = source.Read("m", ConfigOverride(std::string(R"({"max_batch_size": "16"})")));
   ASSERT_TRUE(overridden.ok()) << overridden.status();
   ASSERT_TRUE(overridden->status.ok()) << overridden->status;
@@ -852,7 +1356,7 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
 
   // An override with its own tensors keeps them: nothing of config.pbtxt is merged in.
   auto own = source.Read("m", ConfigOverride(std::string(
-      R"({"platform": "pytorch_libtorch", "max_batch_size": 2,
+                                  R"({"platform": "pytorch_libtorch", "max_batch_size": 2,
           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]})")));
   ASSERT_TRUE(own.ok() && own->status.ok()) << own->status;
@@ -863,17 +1367,21 @@ TEST_F(RepositoryTest, ConfigOverrideReplacesTheConfigForOneRead) {
   EXPECT_EQ(source.Read("m", {})->spec.max_batch_size, 8);
 
   // A malformed override, or an unknown field: the model's status says why.
-  for (const std::string& bad : {std::string(R"("parameters": {"config": {{"max_batch_size": "16"}}})"),
-                                 std::string(R"({"max_batch_sise": 4})")}) {
+  for (const std::string& bad :
+       {std::string(R"("parameters": {"config": {{"max_batch_size": "16"}}})"),
+        std::string(R"({"max_batch_sise": 4})")}) {
     auto broken = source.Read("m", ConfigOverride(bad));
     ASSERT_TRUE(broken.ok());
     EXPECT_EQ(broken->status.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(broken->status.message()), ::testing::HasSubstr("Invalid config override")) << bad;
+    EXPECT_THAT(std::string(broken->status.message()),
+                ::testing::HasSubstr("Invalid config override"))
+        << bad;
   }
 }
 
 // Operator libraries come from the operator: an override may name one relative to the model's
-// directory (or an --operator-library-dir), not by absolute path; files sent with a load bring none.
+// directory (or an --operator-library-dir), not by absolute path; files sent with a load bring
+// none.
 TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
   Write("m/config.pbtxt", kMinimal);
   Write("m/1/model.pt", "x");
@@ -881,7 +1389,8 @@ TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
       "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
       "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}])";
   auto with = [&](const std::string& key, const std::string& path) {
-    return ConfigOverride("{" + tensors + R"(, "parameters": {")" + key + R"(": {"string_value": ")" + path + R"("}}})");
+    return ConfigOverride("{" + tensors + R"(, "parameters": {")" + key +
+                          R"(": {"string_value": ")" + path + R"("}}})");
   };
   DirectoryModelSource source(root_);
   auto relative = source.Read("m", with("sluice.operator_libraries", "ops/libdetect.so"));
@@ -891,12 +1400,15 @@ TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
     auto absolute = source.Read("m", with(key, "/tmp/libevil.so"));
     ASSERT_TRUE(absolute.ok());
     EXPECT_EQ(absolute->status.code(), absl::StatusCode::kInvalidArgument) << key;
-    EXPECT_THAT(std::string(absolute->status.message()), HasSubstr("cannot name an operator library by absolute path"));
+    EXPECT_THAT(std::string(absolute->status.message()),
+                HasSubstr("cannot name an operator library by absolute path"));
   }
   // The same absolute path in config.pbtxt on disk is the operator's word: the runtime decides
   // whether it lies in an allowed directory.
-  Write("m/config.pbtxt", std::string(kMinimal) +
-                              R"pb(parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/libinit.so" } })pb");
+  Write("m/config.pbtxt", std::string(kMinimal) + R"pb(parameters {
+                                                         key: "MODEL_INIT_LIBRARY"
+                                                         value { string_value: "/opt/libinit.so" }
+                                                       })pb");
   EXPECT_TRUE(source.Read("m", {})->status.ok());
 
   LoadedFileStore::Options options;
@@ -910,7 +1422,8 @@ TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
   auto sent = with_files.Read("fresh", load);
   ASSERT_TRUE(sent.ok()) << sent.status();
   EXPECT_EQ(sent->status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(sent->status.message()), HasSubstr("files sent in the request cannot name operator libraries"));
+  EXPECT_THAT(std::string(sent->status.message()),
+              HasSubstr("files sent in the request cannot name operator libraries"));
   store->reset();
   fs::remove_all(options.root);
 }
@@ -961,7 +1474,8 @@ TEST_F(RepositoryTest, LoadFilesGoToThePrivateStoreAndLeaveWhenNotServed) {
 
   // Files whose config does not load are removed at once; the serving load's stay.
   ModelOverride broken = load;
-  broken.config_json = R"({"max_batch_size": 2})";  // no tensors, and no config.pbtxt to complete from
+  broken.config_json =
+      R"({"max_batch_size": 2})";  // no tensors, and no config.pbtxt to complete from
   auto refused = source.Read("fresh", broken);
   ASSERT_TRUE(refused.ok());
   EXPECT_FALSE(refused->status.ok());

@@ -18,10 +18,10 @@ using ::testing::HasSubstr;
 
 struct Case {
   std::string key;
-  std::string json;                                         // the value as JSON
-  std::function<void(inference::InferParameter*)> proto;    // the same value as an InferParameter
-  std::string refusal;                                      // empty: accepted
-  std::function<void(const RequestParameters&)> check;      // what an accepted value sets
+  std::string json;                                       // the value as JSON
+  std::function<void(inference::InferParameter*)> proto;  // the same value as an InferParameter
+  std::string refusal;                                    // empty: accepted
+  std::function<void(const RequestParameters&)> check;    // what an accepted value sets
 };
 
 StatusOr<RequestParameters> ViaGrpc(const Case& each) {
@@ -33,7 +33,8 @@ StatusOr<RequestParameters> ViaGrpc(const Case& each) {
 }
 
 StatusOr<RequestParameters> ViaHttp(const Case& each) {
-  const std::string body = R"({"inputs": [], "parameters": {")" + each.key + R"(": )" + each.json + "}}";
+  const std::string body =
+      R"({"inputs": [], "parameters": {")" + each.key + R"(": )" + each.json + "}}";
   SLUICE_ASSIGN_OR_RETURN(JsonInferRequest parsed, InferRequestFromJson(body, std::nullopt));
   return parsed.request->parameters;
 }
@@ -46,30 +47,37 @@ TEST(RequestParametersTest, BothCodecsGiveTheSameAnswer) {
        [](const RequestParameters& r) { EXPECT_EQ(r.timeout_us, 0); }},
       // Silently ignored over gRPC before the codecs shared a reader, refused over HTTP.
       {"timeout", "-5", [](auto* p) { p->set_int64_param(-5); },
-       "the request parameter 'timeout' must be a non-negative integer (microseconds), found -5", nullptr},
+       "the request parameter 'timeout' must be a non-negative integer (microseconds), found -5",
+       nullptr},
       {"timeout", "\"soon\"", [](auto* p) { p->set_string_param("soon"); },
-       "'timeout' must be a non-negative integer (microseconds), found the string \"soon\"", nullptr},
-      {"timeout", "1.5", [](auto* p) { p->set_double_param(1.5); }, "'timeout' must be a non-negative integer",
+       "'timeout' must be a non-negative integer (microseconds), found the string \"soon\"",
        nullptr},
-      {"timeout", "true", [](auto* p) { p->set_bool_param(true); }, "'timeout' must be a non-negative integer",
-       nullptr},
+      {"timeout", "1.5", [](auto* p) { p->set_double_param(1.5); },
+       "'timeout' must be a non-negative integer", nullptr},
+      {"timeout", "true", [](auto* p) { p->set_bool_param(true); },
+       "'timeout' must be a non-negative integer", nullptr},
       {"timeout", "9223372036854775808", [](auto* p) { p->set_uint64_param(9223372036854775808u); },
-       "'timeout' must be a non-negative integer (microseconds), found 9223372036854775808", nullptr},
+       "'timeout' must be a non-negative integer (microseconds), found 9223372036854775808",
+       nullptr},
       {"priority", "2", [](auto* p) { p->set_uint64_param(2); }, "",
        [](const RequestParameters& r) { EXPECT_EQ(r.priority, 2u); }},
       {"priority", "3", [](auto* p) { p->set_int64_param(3); }, "",
        [](const RequestParameters& r) { EXPECT_EQ(r.priority, 3u); }},
       {"priority", "-1", [](auto* p) { p->set_int64_param(-1); },
-       "the request parameter 'priority' must be a non-negative integer (1 is the highest level", nullptr},
+       "the request parameter 'priority' must be a non-negative integer (1 is the highest level",
+       nullptr},
       {"priority", "\"high\"", [](auto* p) { p->set_string_param("high"); },
-       "'priority' must be a non-negative integer (1 is the highest level; 0: the model's default), found the "
-       "string \"high\"", nullptr},
+       "'priority' must be a non-negative integer (1 is the highest level; 0: the model's "
+       "default), found the "
+       "string \"high\"",
+       nullptr},
       {"sequence_id", "7", [](auto* p) { p->set_int64_param(7); }, "",
        [](const RequestParameters& r) {
          EXPECT_FALSE(r.sequence.id.is_text);
          EXPECT_EQ(r.sequence.id.number, 7u);
        }},
-      {"sequence_id", "18446744073709551615", [](auto* p) { p->set_uint64_param(18446744073709551615u); }, "",
+      {"sequence_id", "18446744073709551615",
+       [](auto* p) { p->set_uint64_param(18446744073709551615u); }, "",
        [](const RequestParameters& r) { EXPECT_EQ(r.sequence.id.number, 18446744073709551615u); }},
       {"sequence_id", "\"session-1\"", [](auto* p) { p->set_string_param("session-1"); }, "",
        [](const RequestParameters& r) {
@@ -128,7 +136,8 @@ TEST(RequestParametersTest, ReadsOnlyWhatTheRequestCarries) {
   EXPECT_EQ(parameters.timeout_us, 40);  // absent: kept
   EXPECT_TRUE(parameters.sequence.start);
   EXPECT_FALSE(parameters.sequence.end);
-  EXPECT_THAT(asked, ::testing::ElementsAre("timeout", "priority", "sequence_id", "sequence_start", "sequence_end"));
+  EXPECT_THAT(asked, ::testing::ElementsAre("timeout", "priority", "sequence_id", "sequence_start",
+                                            "sequence_end"));
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ TEST(TraceparentTest, ReadsVersion00AndKeepsTracestate) {
   EXPECT_EQ(context->trace_state, "congo=t61rcWkgMzE");
   EXPECT_EQ(FormatTraceparent(*context), kParent);
   // A later version may append fields; its first four are read.
-  EXPECT_TRUE(ParseTraceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra", "").has_value());
+  EXPECT_TRUE(ParseTraceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra", "")
+                  .has_value());
   // A tracestate over 512 characters is dropped, the context kept.
   auto long_state = ParseTraceparent(kParent, std::string(600, 'a'));
   ASSERT_TRUE(long_state.has_value());
@@ -42,13 +43,14 @@ TEST(TraceparentTest, ReadsVersion00AndKeepsTracestate) {
 }
 
 TEST(TraceparentTest, MalformedContextsAreIgnored) {
-  for (const char* bad : {"", "garbage", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-                          "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  // upper case
-                          "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  // zero trace id
-                          "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  // zero span id
-                          "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  // forbidden version
-                          "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-                          "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", "00-xyz-00f067aa0ba902b7-01"}) {
+  for (const char* bad :
+       {"", "garbage", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  // upper case
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  // zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  // zero span id
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  // forbidden version
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", "00-xyz-00f067aa0ba902b7-01"}) {
     EXPECT_FALSE(ParseTraceparent(bad, "").has_value()) << bad;
   }
 }
@@ -64,7 +66,8 @@ TEST(RequestTraceTest, ARequestThatRanBecomesNestedSpansUnderTheCallersSpan) {
   testing::SpanRecorder sink;
   const TimePoint t0 = TimePoint(std::chrono::seconds(100));
   auto parent = ParseTraceparent(kParent, "k=v");
-  RequestTrace trace(&sink, std::chrono::seconds(1000), parent, "inference.GRPCInferenceService/ModelInfer", t0);
+  RequestTrace trace(&sink, std::chrono::seconds(1000), parent,
+                     "inference.GRPCInferenceService/ModelInfer", t0);
   trace.AddAttribute("sluice.model", std::string("m"));
   trace.SetDevice("cpu");
   trace.Queued(t0 + std::chrono::microseconds(10));
@@ -95,7 +98,8 @@ TEST(RequestTraceTest, ARequestThatRanBecomesNestedSpansUnderTheCallersSpan) {
   EXPECT_EQ(Attribute(request, "sluice.model"), "m");
   EXPECT_EQ(Attribute(request, "sluice.status"), "OK");
 
-  const SpanData queue = sink.Named("queue"), compute = sink.Named("compute"), output = sink.Named("output");
+  const SpanData queue = sink.Named("queue"), compute = sink.Named("compute"),
+                 output = sink.Named("output");
   for (const SpanData* child : {&queue, &compute, &output}) {
     EXPECT_EQ(child->trace_id, parent->trace_id);
     EXPECT_EQ(child->parent_span_id, request.span_id);
@@ -157,9 +161,12 @@ TEST(RequestTraceTest, StampsAfterTheAnswerAreIgnored) {
   const TimePoint t0 = TimePoint(std::chrono::seconds(5));
   auto trace = std::make_shared<RequestTrace>(&sink, Duration::zero(), std::nullopt, "r", t0);
   trace->Queued(t0);
-  std::thread answer([&] { trace->End(absl::DeadlineExceededError("expired"), t0 + std::chrono::milliseconds(1)); });
+  std::thread answer([&] {
+    trace->End(absl::DeadlineExceededError("expired"), t0 + std::chrono::milliseconds(1));
+  });
   answer.join();
-  trace->Ran(t0 + std::chrono::milliseconds(2), t0 + std::chrono::milliseconds(3), SpanContext{NewTraceId(), NewSpanId(), 1, ""});
+  trace->Ran(t0 + std::chrono::milliseconds(2), t0 + std::chrono::milliseconds(3),
+             SpanContext{NewTraceId(), NewSpanId(), 1, ""});
   trace->End(absl::OkStatus(), t0 + std::chrono::milliseconds(4));
   std::vector<std::string> names;
   for (const SpanData& span : sink.spans()) names.push_back(span.name);

@@ -34,7 +34,8 @@ EvictionPolicy Budget(uint64_t mib, Duration min_residency = std::chrono::second
 const TimePoint kNow = kStart + std::chrono::seconds(100);
 
 TEST(ResidencyTest, NothingGoesWhenTheLoadFits) {
-  auto plan = PlanEviction({Resident("a", 10, 50), Resident("b", 10, 40)}, {{"cpu", 30 * kMiB}}, Budget(50), kNow);
+  auto plan = PlanEviction({Resident("a", 10, 50), Resident("b", 10, 40)}, {{"cpu", 30 * kMiB}},
+                           Budget(50), kNow);
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->empty());
   // Devices without a budget are not limited.
@@ -44,8 +45,8 @@ TEST(ResidencyTest, NothingGoesWhenTheLoadFits) {
 }
 
 TEST(ResidencyTest, TheLeastRecentlyUsedGoFirstAndOnlyAsManyAsNeeded) {
-  std::vector<ResidentModel> resident = {Resident("a", 10, 50), Resident("b", 10, 20), Resident("c", 10, 80),
-                                         Resident("d", 10, 30)};
+  std::vector<ResidentModel> resident = {Resident("a", 10, 50), Resident("b", 10, 20),
+                                         Resident("c", 10, 80), Resident("d", 10, 30)};
   // 40 of 50 used; 25 more needs 15 freed: b (used at 20 s) and d (30 s).
   auto plan = PlanEviction(resident, {{"cpu", 25 * kMiB}}, Budget(50), kNow);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -67,7 +68,8 @@ TEST(ResidencyTest, PinnedAndBusyModelsStayAndTheRefusalSaysWhy) {
   // 35 more: not enough can go, however old the models are.
   plan = PlanEviction(resident, {{"cpu", 35 * kMiB}}, Budget(50, Duration(0)), kNow);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(plan.status().message(), HasSubstr("needs 35.0 MiB on cpu and the budget of 50.0 MiB has 30.0 MiB"));
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("needs 35.0 MiB on cpu and the budget of 50.0 MiB has 30.0 MiB"));
   EXPECT_THAT(plan.status().message(), HasSubstr("pinned (pinned)"));
   EXPECT_THAT(plan.status().message(), HasSubstr("busy (requests in flight or active sequences)"));
   EXPECT_THAT(plan.status().message(), ::testing::Not(HasSubstr("old")));
@@ -76,9 +78,9 @@ TEST(ResidencyTest, PinnedAndBusyModelsStayAndTheRefusalSaysWhy) {
 // The minimum residency orders eviction and never refuses: models ready for less than it go only
 // when the older idle ones do not free enough, and then the youngest last, whatever their use.
 TEST(ResidencyTest, YoungIdleModelsGoOnlyAfterTheOlderOnesAndTheYoungestLast) {
-  std::vector<ResidentModel> resident = {Resident("young", 10, 99, /*ready_s=*/95),
-                                         Resident("youngest", 10, 80, /*ready_s=*/98),
-                                         Resident("older", 10, 97, /*ready_s=*/50), Resident("busy", 10, 1, 96)};
+  std::vector<ResidentModel> resident = {
+      Resident("young", 10, 99, /*ready_s=*/95), Resident("youngest", 10, 80, /*ready_s=*/98),
+      Resident("older", 10, 97, /*ready_s=*/50), Resident("busy", 10, 1, 96)};
   resident[3].busy = true;
   // 40 used of 50; 15 more: the older model goes although it was used after "youngest".
   auto plan = PlanEviction(resident, {{"cpu", 15 * kMiB}}, Budget(50), kNow);
@@ -120,7 +122,8 @@ TEST(ResidencyTest, OnlyModelsOnADeviceOverItsBudgetAreChosen) {
   EvictionPolicy policy;
   policy.budget = {{"cuda:0", 20 * kMiB}, {"cuda:1", 20 * kMiB}};
   policy.min_residency = Duration(0);
-  std::vector<ResidentModel> resident = {Resident("on1", 15, 1, 0, "cuda:1"), Resident("on0", 15, 2, 0, "cuda:0")};
+  std::vector<ResidentModel> resident = {Resident("on1", 15, 1, 0, "cuda:1"),
+                                         Resident("on0", 15, 2, 0, "cuda:0")};
   auto plan = PlanEviction(resident, {{"cuda:0", 10 * kMiB}}, policy, kNow);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(*plan, ElementsAre("on0"));  // "on1" is older but frees nothing on cuda:0
@@ -139,7 +142,8 @@ TEST(ResidencyTest, GpuLimitsParseInTritonsSpelling) {
   EXPECT_EQ(DescribeBytes(512), "0.5 KiB");
   EXPECT_EQ(DescribeBytes(3 * kMiB / 2), "1.5 MiB");
   EXPECT_EQ(DescribeBytes(uint64_t{5} << 30), "5.00 GiB");
-  EXPECT_EQ(DescribeDeviceBytes({{"cpu", kMiB}, {"cuda:0", 2 * kMiB}}), "cpu 1.0 MiB, cuda:0 2.0 MiB");
+  EXPECT_EQ(DescribeDeviceBytes({{"cpu", kMiB}, {"cuda:0", 2 * kMiB}}),
+            "cpu 1.0 MiB, cuda:0 2.0 MiB");
   EXPECT_EQ(DescribeDeviceBytes({}), "none");
 }
 

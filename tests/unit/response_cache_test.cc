@@ -32,7 +32,8 @@ struct Input {
 
 InferRequest Request(const std::vector<Input>& inputs, std::vector<std::string> outputs = {}) {
   InferRequest request;
-  for (const Input& input : inputs) request.AddOwnedInput(input.name, input.dtype, input.shape, input.bytes);
+  for (const Input& input : inputs)
+    request.AddOwnedInput(input.name, input.dtype, input.shape, input.bytes);
   request.requested_outputs = std::move(outputs);
   return request;
 }
@@ -43,7 +44,8 @@ std::string Int32s(std::vector<int32_t> values) {
 
 // One output "y" (INT8, its bytes' length) to insert: views of storage it keeps.
 struct Answer {
-  explicit Answer(std::string text) : bytes(std::move(text)), shape{static_cast<int64_t>(bytes.size())} {}
+  explicit Answer(std::string text)
+      : bytes(std::move(text)), shape{static_cast<int64_t>(bytes.size())} {}
   std::vector<OutputView> views() const { return {{"y", DataType::kInt8, shape, bytes}}; }
   std::string bytes;
   Shape shape;
@@ -68,39 +70,52 @@ class Recorder final : public ResponseCacheObserver {
 TEST(ResponseCacheTest, KeysCoverEveryPartOfTheRequestButNotTheOrderOfInputs) {
   ResponseCache cache(1 << 20);
   const uint64_t space = cache.OpenNamespace();
-  const InferRequest base = Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}});
+  const InferRequest base = Request(
+      {{"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}});
   const ResponseCache::Key key = cache.MakeKey(space, base);
   EXPECT_EQ(key.space, space);
   // The same inputs listed the other way round: the same request.
-  const InferRequest swapped =
-      Request({{"b", DataType::kInt32, {1}, Int32s({3})}, {"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}});
+  const InferRequest swapped = Request(
+      {{"b", DataType::kInt32, {1}, Int32s({3})}, {"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}});
   EXPECT_EQ(cache.MakeKey(space, swapped).bytes, key.bytes);
   EXPECT_EQ(cache.MakeKey(space, swapped).hash, key.hash);
 
   const std::vector<InferRequest> different = [&] {
     std::vector<InferRequest> requests;
-    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 9})}, {"b", DataType::kInt32, {1}, Int32s({3})}}));
-    requests.push_back(Request({{"a", DataType::kInt32, {2, 1}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}}));
-    requests.push_back(Request({{"a", DataType::kFp32, {1, 2}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}}));
-    requests.push_back(Request({{"c", DataType::kInt32, {1, 2}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}}));
-    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}, {"b", DataType::kInt32, {1}, Int32s({3})}}, {"y"}));
+    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 9})},
+                                {"b", DataType::kInt32, {1}, Int32s({3})}}));
+    requests.push_back(Request({{"a", DataType::kInt32, {2, 1}, Int32s({1, 2})},
+                                {"b", DataType::kInt32, {1}, Int32s({3})}}));
+    requests.push_back(Request({{"a", DataType::kFp32, {1, 2}, Int32s({1, 2})},
+                                {"b", DataType::kInt32, {1}, Int32s({3})}}));
+    requests.push_back(Request({{"c", DataType::kInt32, {1, 2}, Int32s({1, 2})},
+                                {"b", DataType::kInt32, {1}, Int32s({3})}}));
+    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2})},
+                                {"b", DataType::kInt32, {1}, Int32s({3})}},
+                               {"y"}));
     requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2})}}));
     // Bytes moved from one input to the next: length prefixes keep the two apart.
-    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2}) + Int32s({3})}, {"b", DataType::kInt32, {1}, ""}}));
+    requests.push_back(Request({{"a", DataType::kInt32, {1, 2}, Int32s({1, 2}) + Int32s({3})},
+                                {"b", DataType::kInt32, {1}, ""}}));
     return requests;
   }();
   for (size_t i = 0; i < different.size(); ++i) {
     EXPECT_NE(cache.MakeKey(space, different[i]).bytes, key.bytes) << "variant " << i;
   }
   // The requested outputs' order changes the answer's order: a different request.
-  EXPECT_NE(cache.MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"y", "z"})).bytes,
-            cache.MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"z", "y"})).bytes);
+  EXPECT_NE(
+      cache.MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"y", "z"})).bytes,
+      cache.MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"z", "y"})).bytes);
   // Naming every output in config order asks for what naming none does.
   const InferRequest none = Request({{"a", DataType::kInt32, {1}, Int32s({1})}});
   const InferRequest all = Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"y", "z"});
-  EXPECT_EQ(cache.MakeKey(space, all, {"y", "z"}).bytes, cache.MakeKey(space, none, {"y", "z"}).bytes);
+  EXPECT_EQ(cache.MakeKey(space, all, {"y", "z"}).bytes,
+            cache.MakeKey(space, none, {"y", "z"}).bytes);
   EXPECT_NE(cache.MakeKey(space, all).bytes, cache.MakeKey(space, none).bytes);
-  EXPECT_NE(cache.MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"z", "y"}), {"y", "z"}).bytes,
+  EXPECT_NE(cache
+                .MakeKey(space, Request({{"a", DataType::kInt32, {1}, Int32s({1})}}, {"z", "y"}),
+                         {"y", "z"})
+                .bytes,
             cache.MakeKey(space, none, {"y", "z"}).bytes);
   // Another version (namespace): never the same key.
   EXPECT_NE(cache.MakeKey(cache.OpenNamespace(), base).bytes, key.bytes);
@@ -109,9 +124,12 @@ TEST(ResponseCacheTest, KeysCoverEveryPartOfTheRequestButNotTheOrderOfInputs) {
 TEST(ResponseCacheTest, FindsWhatWasInsertedAndConfirmsOnTheWholeKey) {
   ResponseCache cache(1 << 20, &Colliding);
   const uint64_t space = cache.OpenNamespace();
-  const ResponseCache::Key one = cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({1})}}));
-  const ResponseCache::Key two = cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({2})}}));
-  const ResponseCache::Key three = cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({3})}}));
+  const ResponseCache::Key one =
+      cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({1})}}));
+  const ResponseCache::Key two =
+      cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({2})}}));
+  const ResponseCache::Key three =
+      cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({3})}}));
   ASSERT_EQ(one.hash, two.hash);  // the colliding hasher
   EXPECT_FALSE(cache.Find(one));
   EXPECT_TRUE(cache.Insert(one, Answer("one").views()));
@@ -125,7 +143,7 @@ TEST(ResponseCacheTest, FindsWhatWasInsertedAndConfirmsOnTheWholeKey) {
   const ResponseCacheStats stats = cache.Stats();
   EXPECT_EQ(stats.entries, 2u);
   EXPECT_EQ(stats.insertions, 2u);
-  EXPECT_EQ(stats.bytes, cache.segment_bytes());  // one segment mapped
+  EXPECT_EQ(stats.bytes, cache.segment_bytes());                          // one segment mapped
   EXPECT_GT(stats.entry_bytes, one.bytes.size() + two.bytes.size() + 6);  // keys and outputs count
 }
 
@@ -135,7 +153,9 @@ TEST(ResponseCacheTest, StaysWithinItsBoundOldestSegmentsOutFirst) {
   ResponseCache cache(16 * page, nullptr, &recorder);  // sixteen one-page segments
   ASSERT_EQ(cache.segment_bytes(), page);
   const uint64_t space = cache.OpenNamespace();
-  auto key = [&](int32_t i) { return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}})); };
+  auto key = [&](int32_t i) {
+    return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}}));
+  };
   const Answer answer(std::string(page / 4, 'a'));  // three entries a page
   for (int32_t i = 0; i < 200; ++i) ASSERT_TRUE(cache.Insert(key(i), answer.views()));
   for (const ResponseCacheStats& seen : recorder.seen) EXPECT_LE(seen.bytes, seen.byte_limit);
@@ -155,9 +175,12 @@ TEST(ResponseCacheTest, AnAnswerUsedSinceItWasWrittenGetsASecondChance) {
   const size_t page = cache_page();
   ResponseCache cache(4 * page);  // four one-page segments
   const uint64_t space = cache.OpenNamespace();
-  auto key = [&](int32_t i) { return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}})); };
+  auto key = [&](int32_t i) {
+    return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}}));
+  };
   const Answer answer(std::string(page / 4, 'a'));
-  for (int32_t i = 0; i < 3; ++i) ASSERT_TRUE(cache.Insert(key(i), answer.views()));  // the first segment
+  for (int32_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(cache.Insert(key(i), answer.views()));  // the first segment
   ASSERT_TRUE(cache.Find(key(1)));  // used: 1 survives its segment's eviction, 0 and 2 do not
   for (int32_t i = 3; i < 13; ++i) ASSERT_TRUE(cache.Insert(key(i), answer.views()));
   EXPECT_FALSE(cache.Find(key(0)));
@@ -171,7 +194,9 @@ TEST(ResponseCacheTest, AnEntryLargerThanASegmentGetsItsOwnAndOneLargerThanTheCa
   Recorder recorder;
   ResponseCache cache(16 * page, nullptr, &recorder);
   const uint64_t space = cache.OpenNamespace();
-  auto key = [&](int32_t i) { return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}})); };
+  auto key = [&](int32_t i) {
+    return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}}));
+  };
   const Answer large(std::string(3 * page, 'l'));
   ASSERT_TRUE(cache.Insert(key(1), large.views()));
   EXPECT_EQ(Read(cache.Find(key(1))), large.bytes);
@@ -182,8 +207,9 @@ TEST(ResponseCacheTest, AnEntryLargerThanASegmentGetsItsOwnAndOneLargerThanTheCa
   EXPECT_EQ(Read(cache.Find(key(1))), large.bytes);  // nothing was evicted for it
 
   ResponseCache tiny(page - 1);  // smaller than a page: holds nothing, says so
-  EXPECT_FALSE(tiny.Insert(tiny.MakeKey(tiny.OpenNamespace(), Request({{"x", DataType::kInt32, {1}, Int32s({1})}})),
-                           Answer("a").views()));
+  EXPECT_FALSE(tiny.Insert(
+      tiny.MakeKey(tiny.OpenNamespace(), Request({{"x", DataType::kInt32, {1}, Int32s({1})}})),
+      Answer("a").views()));
   EXPECT_EQ(tiny.Stats().too_large, 1u);
 }
 
@@ -191,7 +217,9 @@ TEST(ResponseCacheTest, AnEvictedAnswerStaysWholeForTheReaderThatHasIt) {
   const size_t page = cache_page();
   ResponseCache cache(2 * page);
   const uint64_t space = cache.OpenNamespace();
-  auto key = [&](int32_t i) { return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}})); };
+  auto key = [&](int32_t i) {
+    return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}}));
+  };
   const Answer first(std::string(page / 2, 'a'));
   ASSERT_TRUE(cache.Insert(key(0), first.views()));
   {
@@ -199,9 +227,10 @@ TEST(ResponseCacheTest, AnEvictedAnswerStaysWholeForTheReaderThatHasIt) {
     ASSERT_TRUE(held);
     // Enough to evict the held entry's segment twice over (it was used: its second chance ends
     // when the newest segment has no room for it).
-    for (int32_t i = 1; i < 20; ++i) cache.Insert(key(i), Answer(std::string(page / 2, 'b')).views());
+    for (int32_t i = 1; i < 20; ++i)
+      cache.Insert(key(i), Answer(std::string(page / 2, 'b')).views());
     EXPECT_FALSE(cache.Find(key(0)));
-    EXPECT_EQ(Read(held), first.bytes);  // its segment stays mapped for it
+    EXPECT_EQ(Read(held), first.bytes);        // its segment stays mapped for it
     EXPECT_LE(cache.Stats().bytes, 2 * page);  // and still counts
   }
   EXPECT_LE(cache.Stats().bytes, 2 * page);
@@ -214,7 +243,9 @@ TEST(ResponseCacheTest, AnInsertionThatCannotMakeRoomEvictsNothing) {
   Recorder recorder;
   ResponseCache cache(2 * page, nullptr, &recorder);  // two one-page segments
   const uint64_t space = cache.OpenNamespace();
-  auto key = [&](int32_t i) { return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}})); };
+  auto key = [&](int32_t i) {
+    return cache.MakeKey(space, Request({{"x", DataType::kInt32, {1}, Int32s({i})}}));
+  };
   const Answer answer(std::string(page * 2 / 3, 'a'));  // one a page
   ASSERT_TRUE(cache.Insert(key(0), answer.views()));
   ASSERT_TRUE(cache.Insert(key(1), answer.views()));
@@ -248,8 +279,9 @@ TEST(ResponseCacheTest, ClosingANamespaceDropsItsEntriesOnly) {
   // model's one share the second.
   const Answer answer(std::string(page / 4, 'a'));
   for (int32_t i = 0; i < 6; ++i) {
-    ASSERT_TRUE(cache.Insert(cache.MakeKey(old_version, Request({{"x", DataType::kInt32, {1}, Int32s({100 + i})}})),
-                             answer.views()));
+    ASSERT_TRUE(cache.Insert(
+        cache.MakeKey(old_version, Request({{"x", DataType::kInt32, {1}, Int32s({100 + i})}})),
+        answer.views()));
   }
   ASSERT_TRUE(cache.Insert(in_old, Answer("old").views()));
   ASSERT_TRUE(cache.Insert(in_other, Answer("other").views()));
@@ -280,7 +312,8 @@ TEST(ResponseCacheTest, RecordingSinkViewsWhatWasWrittenAndAHitReplaysIt) {
   ASSERT_TRUE(b.ok());
   std::memcpy(*b, "xyz", 3);
   ResponseCache cache(1 << 20);
-  const ResponseCache::Key key = cache.MakeKey(cache.OpenNamespace(), Request({{"x", DataType::kInt32, {1}, Int32s({1})}}));
+  const ResponseCache::Key key =
+      cache.MakeKey(cache.OpenNamespace(), Request({{"x", DataType::kInt32, {1}, Int32s({1})}}));
   ASSERT_TRUE(cache.Insert(key, recording.Outputs()));
 
   ResponseCache::Hit hit = cache.Find(key);
@@ -307,7 +340,8 @@ TEST(ResponseCacheTest, RecordingSinkViewsWhatWasWrittenAndAHitReplaysIt) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("output 'a' does not fit"));
   RecordingSink refused_recording(&refusing);
-  EXPECT_FALSE(refused_recording.Allocate({name_a, DataType::kInt32, shape, 8, MemoryType::kCpu}).ok());
+  EXPECT_FALSE(
+      refused_recording.Allocate({name_a, DataType::kInt32, shape, 8, MemoryType::kCpu}).ok());
   EXPECT_TRUE(refused_recording.Outputs().empty());
 }
 
@@ -315,7 +349,8 @@ TEST(ResponseCacheTest, RecordingSinkViewsWhatWasWrittenAndAHitReplaysIt) {
 // build): the bound holds throughout and every answer found is the one inserted for its key.
 TEST(ResponseCacheTest, ConcurrentUseKeepsAnswersWithTheirKeys) {
   const size_t page = cache_page();
-  ResponseCache cache(4 * page, &Colliding);  // small: segments are evicted, compacted and reused all the time
+  ResponseCache cache(
+      4 * page, &Colliding);  // small: segments are evicted, compacted and reused all the time
   const uint64_t space = cache.OpenNamespace();
   const uint64_t closing = cache.OpenNamespace();
   std::vector<std::thread> threads;
@@ -324,8 +359,8 @@ TEST(ResponseCacheTest, ConcurrentUseKeepsAnswersWithTheirKeys) {
     threads.emplace_back([&, t] {
       for (int32_t i = 0; i < 300; ++i) {
         const int32_t value = (i * 7 + t) % 50;
-        const ResponseCache::Key key = cache.MakeKey(t == 3 ? closing : space,
-                                                     Request({{"x", DataType::kInt32, {1}, Int32s({value})}}));
+        const ResponseCache::Key key = cache.MakeKey(
+            t == 3 ? closing : space, Request({{"x", DataType::kInt32, {1}, Int32s({value})}}));
         const std::string want = std::to_string(value) + std::string(page / 8, 'v');
         if (ResponseCache::Hit hit = cache.Find(key)) {
           if (Read(hit) != want) ++wrong;

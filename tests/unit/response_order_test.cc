@@ -26,7 +26,8 @@ TEST(ResponseOrderTest, ConcurrentFinishersDeliverEveryAnswerOnceInOrder) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = kRequests - 1 - t; i >= 0; i -= 4) completions[static_cast<size_t>(i)](absl::OkStatus());
+      for (int i = kRequests - 1 - t; i >= 0; i -= 4)
+        completions[static_cast<size_t>(i)](absl::OkStatus());
     });
   }
   for (std::thread& thread : threads) thread.join();

@@ -10,10 +10,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(RestrictedProtocolsTest, ParsesTritonSyntax) {
-  auto restriction = ParseProtocolRestriction("model-repository, model-config,statistics:Admin-Key=s3cr=t");
+  auto restriction =
+      ParseProtocolRestriction("model-repository, model-config,statistics:Admin-Key=s3cr=t");
   ASSERT_TRUE(restriction.ok()) << restriction.status();
-  EXPECT_THAT(restriction->groups, ElementsAre(ProtocolGroup::kModelRepository, ProtocolGroup::kModelConfig,
-                                               ProtocolGroup::kStatistics));
+  EXPECT_THAT(restriction->groups,
+              ElementsAre(ProtocolGroup::kModelRepository, ProtocolGroup::kModelConfig,
+                          ProtocolGroup::kStatistics));
   EXPECT_EQ(restriction->key, "admin-key");  // gRPC metadata keys are lower case
   EXPECT_EQ(restriction->value, "s3cr=t");
   auto shm = ParseProtocolRestriction("shared-memory:k=v");
@@ -26,29 +28,38 @@ TEST(RestrictedProtocolsTest, ParsesTritonSyntax) {
 }
 
 TEST(RestrictedProtocolsTest, BadValuesSayWhatIsWrong) {
-  EXPECT_THAT(ParseProtocolRestriction("model-config").status().message(), HasSubstr("missing ':' or '='"));
+  EXPECT_THAT(ParseProtocolRestriction("model-config").status().message(),
+              HasSubstr("missing ':' or '='"));
   EXPECT_THAT(ParseProtocolRestriction("logging:k=v").status().message(),
               HasSubstr("unknown protocol group 'logging'"));
   EXPECT_THAT(ParseProtocolRestriction("health:=v").status().message(), HasSubstr("not a header"));
-  EXPECT_THAT(ParseProtocolRestriction("health:key-bin=v").status().message(), HasSubstr("not a header"));
-  EXPECT_THAT(ParseProtocolRestriction("health:grpc-timeout=v").status().message(), HasSubstr("not a header"));
-  EXPECT_THAT(ParseProtocolRestriction("health:key=").status().message(), HasSubstr("empty header value"));
+  EXPECT_THAT(ParseProtocolRestriction("health:key-bin=v").status().message(),
+              HasSubstr("not a header"));
+  EXPECT_THAT(ParseProtocolRestriction("health:grpc-timeout=v").status().message(),
+              HasSubstr("not a header"));
+  EXPECT_THAT(ParseProtocolRestriction("health:key=").status().message(),
+              HasSubstr("empty header value"));
   auto a = ParseProtocolRestriction("statistics:a=1");
   auto b = ParseProtocolRestriction("inference,statistics:b=2");
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_THAT(CheckRestrictionsDistinct({*a, *b}).message(), HasSubstr("'statistics' is restricted twice"));
+  EXPECT_THAT(CheckRestrictionsDistinct({*a, *b}).message(),
+              HasSubstr("'statistics' is restricted twice"));
 }
 
 TEST(RestrictedProtocolsTest, AccessNeedsTheHeaderWithTheValue) {
-  std::vector<ProtocolRestriction> restrictions = {*ParseProtocolRestriction("model-config,statistics:admin-key=yes")};
+  std::vector<ProtocolRestriction> restrictions = {
+      *ParseProtocolRestriction("model-config,statistics:admin-key=yes")};
   std::multimap<grpc::string_ref, grpc::string_ref> none;
   std::multimap<grpc::string_ref, grpc::string_ref> right = {{"admin-key", "yes"}};
   std::multimap<grpc::string_ref, grpc::string_ref> wrong = {{"admin-key", "no"}, {"other", "yes"}};
-  EXPECT_TRUE(CheckProtocolAccess(restrictions, ProtocolGroup::kInference, none).ok());  // not restricted
+  EXPECT_TRUE(
+      CheckProtocolAccess(restrictions, ProtocolGroup::kInference, none).ok());  // not restricted
   EXPECT_TRUE(CheckProtocolAccess(restrictions, ProtocolGroup::kModelConfig, right).ok());
   Status missing = CheckProtocolAccess(restrictions, ProtocolGroup::kStatistics, none);
   EXPECT_EQ(missing.code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_THAT(missing.message(), HasSubstr("'statistics' protocol is restricted on this server: send the header 'admin-key'"));
+  EXPECT_THAT(
+      missing.message(),
+      HasSubstr("'statistics' protocol is restricted on this server: send the header 'admin-key'"));
   Status wrong_value = CheckProtocolAccess(restrictions, ProtocolGroup::kModelConfig, wrong);
   EXPECT_EQ(wrong_value.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(wrong_value.message(), ::testing::Not(HasSubstr("yes")));  // never echoes the secret

@@ -69,8 +69,9 @@ struct Execution {
 class SlotAccumulator {
  public:
   StatusOr<std::vector<Tensor>> Run(const InferRequest& batch) {
-    Execution seen{Values<int32_t>(batch, "READY"), Values<int32_t>(batch, "START"), Values<int32_t>(batch, "END"),
-                   Values<int32_t>(batch, "INPUT"), Values<int64_t>(batch, "CORRID")};
+    Execution seen{Values<int32_t>(batch, "READY"), Values<int32_t>(batch, "START"),
+                   Values<int32_t>(batch, "END"), Values<int32_t>(batch, "INPUT"),
+                   Values<int64_t>(batch, "CORRID")};
     std::vector<int32_t> out(static_cast<size_t>(batch.batch_size), 0);
     for (size_t row = 0; row < out.size(); ++row) {
       if (seen.ready[row] == 0) continue;
@@ -84,8 +85,11 @@ class SlotAccumulator {
       std::lock_guard<std::mutex> lock(mutex_);
       executions_.push_back(std::move(seen));
     }
-    return std::vector<Tensor>{{"OUTPUT", DataType::kInt32, {batch.batch_size, 1},
-                                std::string(reinterpret_cast<const char*>(out.data()), out.size() * 4)}};
+    return std::vector<Tensor>{
+        {"OUTPUT",
+         DataType::kInt32,
+         {batch.batch_size, 1},
+         std::string(reinterpret_cast<const char*>(out.data()), out.size() * 4)}};
   }
   std::vector<Execution> executions() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -106,16 +110,21 @@ struct Call {
   std::future<StatusOr<int32_t>> future = answer.get_future();
 
   StatusOr<int32_t> Get() {
-    if (future.wait_for(10s) != std::future_status::ready) return absl::DeadlineExceededError("no answer in 10 s");
+    if (future.wait_for(10s) != std::future_status::ready)
+      return absl::DeadlineExceededError("no answer in 10 s");
     return future.get();
   }
 };
 
-std::unique_ptr<InferRequest> Request(Call& call, CorrelationId id, bool start, bool end, int64_t rows = 1) {
+std::unique_ptr<InferRequest> Request(Call& call, CorrelationId id, bool start, bool end,
+                                      int64_t rows = 1) {
   auto request = std::make_unique<InferRequest>();
   request->model_name = "acc";
   request->batch_size = rows;
-  request->inputs.push_back({"INPUT", DataType::kInt32, {rows, 1}, reinterpret_cast<const char*>(&call.value),
+  request->inputs.push_back({"INPUT",
+                             DataType::kInt32,
+                             {rows, 1},
+                             reinterpret_cast<const char*>(&call.value),
                              4 * static_cast<size_t>(rows)});
   request->parameters.sequence = {std::move(id), start, end};
   return request;
@@ -125,13 +134,15 @@ CorrelationId Id(uint64_t number) { return {number, "", false}; }
 
 class SequenceBatcherTest : public ::testing::Test {
  protected:
-  std::unique_ptr<SequenceBatcher> Make(int instances = 1, ModelSpec spec = AccumulatorSpec(), size_t max_requests = 64,
-                                        const TimeSource* clock = nullptr,
-                                        const std::function<void(SequenceBatcher::Options&)>& tune = nullptr) {
+  std::unique_ptr<SequenceBatcher> Make(
+      int instances = 1, ModelSpec spec = AccumulatorSpec(), size_t max_requests = 64,
+      const TimeSource* clock = nullptr,
+      const std::function<void(SequenceBatcher::Options&)>& tune = nullptr) {
     std::vector<std::unique_ptr<ModelBackend>> backends;
     for (int i = 0; i < instances; ++i) {
       auto model = std::make_shared<SlotAccumulator>();
-      auto backend = std::make_unique<testing::FakeBackend>([model](const InferRequest& batch) { return model->Run(batch); });
+      auto backend = std::make_unique<testing::FakeBackend>(
+          [model](const InferRequest& batch) { return model->Run(batch); });
       accumulators_.push_back(model);
       models_.push_back(backend.get());
       backends.push_back(std::move(backend));
@@ -145,8 +156,8 @@ class SequenceBatcherTest : public ::testing::Test {
   }
 
   // Sends one request and waits for its answer.
-  StatusOr<int32_t> Send(SequenceBatcher& batcher, CorrelationId id, int32_t value, bool start = false,
-                         bool end = false) {
+  StatusOr<int32_t> Send(SequenceBatcher& batcher, CorrelationId id, int32_t value,
+                         bool start = false, bool end = false) {
     Call call;
     call.value = value;
     batcher.Enqueue(Request(call, std::move(id), start, end), &call.sink, Done(call));
@@ -167,7 +178,7 @@ class SequenceBatcherTest : public ::testing::Test {
 
   SteadyTimeSource real_clock_;
   std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
-  std::vector<testing::FakeBackend*> models_;                 // gates
+  std::vector<testing::FakeBackend*> models_;                   // gates
   std::vector<std::shared_ptr<SlotAccumulator>> accumulators_;  // what each instance saw
 };
 
@@ -182,7 +193,8 @@ TEST_F(SequenceBatcherTest, InterleavedSequencesEachGetTheirOwnRunningSum) {
       calls.push_back(std::make_unique<Call>());
       Call& call = *calls.back();
       call.value = (s + 1) * 100 + step;
-      batcher->Enqueue(Request(call, Id(1000 + s), step == 0, step == kSteps - 1), &call.sink, Done(call));
+      batcher->Enqueue(Request(call, Id(1000 + s), step == 0, step == kSteps - 1), &call.sink,
+                       Done(call));
     }
   }
   for (int step = 0; step < kSteps; ++step) {
@@ -198,7 +210,8 @@ TEST_F(SequenceBatcherTest, InterleavedSequencesEachGetTheirOwnRunningSum) {
   size_t most_rows = 0;
   for (const auto& model : accumulators_) {
     EXPECT_FALSE(model->executions().empty());
-    for (const Execution& execution : model->executions()) most_rows = std::max(most_rows, execution.ready.size());
+    for (const Execution& execution : model->executions())
+      most_rows = std::max(most_rows, execution.ready.size());
   }
   EXPECT_GT(most_rows, 1u);
   EXPECT_EQ(batcher->ActiveSequences(), 0u);
@@ -206,11 +219,11 @@ TEST_F(SequenceBatcherTest, InterleavedSequencesEachGetTheirOwnRunningSum) {
 
 TEST_F(SequenceBatcherTest, EmptySlotsBelowABusyOneAreFillerRowsWithReadyOff) {
   auto batcher = Make();
-  ASSERT_EQ(*Send(*batcher, Id(1), 5, /*start=*/true), 5);   // slot 0
-  ASSERT_EQ(*Send(*batcher, Id(2), 7, /*start=*/true), 7);   // slot 1
-  ASSERT_EQ(*Send(*batcher, Id(3), 9, /*start=*/true), 9);   // slot 2
+  ASSERT_EQ(*Send(*batcher, Id(1), 5, /*start=*/true), 5);       // slot 0
+  ASSERT_EQ(*Send(*batcher, Id(2), 7, /*start=*/true), 7);       // slot 1
+  ASSERT_EQ(*Send(*batcher, Id(3), 9, /*start=*/true), 9);       // slot 2
   ASSERT_EQ(*Send(*batcher, Id(1), 1, false, /*end=*/true), 6);  // slot 0 is free again
-  ASSERT_EQ(*Send(*batcher, Id(3), 1), 10);                       // alone, in row 2
+  ASSERT_EQ(*Send(*batcher, Id(3), 1), 10);                      // alone, in row 2
   const std::vector<Execution> executions = accumulators_[0]->executions();
   ASSERT_EQ(executions.size(), 5u);
   const Execution& second = executions[1];
@@ -250,7 +263,8 @@ TEST_F(SequenceBatcherTest, ControlValuesFollowTheConfigTypes) {
   EXPECT_THAT(Values<int32_t>(request, "R"), ElementsAre(9, 9));
   EXPECT_EQ(request.inputs[0].shape, (Shape{2, 1}));
   const TensorView& corrid = request.inputs[3];
-  EXPECT_EQ(std::string(corrid.data, corrid.byte_size), std::string("\x07\0\0\0user-42\x07\0\0\0user-42", 22));
+  EXPECT_EQ(std::string(corrid.data, corrid.byte_size),
+            std::string("\x07\0\0\0user-42\x07\0\0\0user-42", 22));
 
   InferRequest filler;  // a filler row or warm-up: every flag off, an empty id
   filler.batch_size = 1;
@@ -269,10 +283,13 @@ TEST_F(SequenceBatcherTest, BadRequestsAreRefusedByNameAndTheBatcherServesOn) {
     EXPECT_EQ(got.status().code(), code) << got.status();
     EXPECT_THAT(got.status().message(), HasSubstr(words));
   };
-  expect(Send(*batcher, Id(0), 1, true), absl::StatusCode::kInvalidArgument, "needs the parameter sequence_id");
+  expect(Send(*batcher, Id(0), 1, true), absl::StatusCode::kInvalidArgument,
+         "needs the parameter sequence_id");
   expect(Send(*batcher, {0, "text", true}, 1, true), absl::StatusCode::kInvalidArgument,
-         "takes integer sequence ids (CONTROL_SEQUENCE_CORRID is INT64); sequence_id 'text' is a string");
-  expect(Send(*batcher, Id(uint64_t{1} << 63), 1, true), absl::StatusCode::kInvalidArgument, "does not fit");
+         "takes integer sequence ids (CONTROL_SEQUENCE_CORRID is INT64); sequence_id 'text' is a "
+         "string");
+  expect(Send(*batcher, Id(uint64_t{1} << 63), 1, true), absl::StatusCode::kInvalidArgument,
+         "does not fit");
   expect(Send(*batcher, Id(5), 1), absl::StatusCode::kInvalidArgument,
          "sequence 5 of model 'acc' is not active: its first request must set sequence_start");
   {
@@ -294,7 +311,8 @@ TEST_F(SequenceBatcherTest, BadRequestsAreRefusedByNameAndTheBatcherServesOn) {
   models_[0]->WaitStarted(2);
   ending.value = 10;
   batcher->Enqueue(Request(ending, Id(6), false, true), &ending.sink, Done(ending));
-  expect(Send(*batcher, Id(6), 1), absl::StatusCode::kInvalidArgument, "already has its sequence_end request queued");
+  expect(Send(*batcher, Id(6), 1), absl::StatusCode::kInvalidArgument,
+         "already has its sequence_end request queued");
   models_[0]->OpenGate();
   EXPECT_EQ(*busy.Get(), 1);
   EXPECT_EQ(*ending.Get(), 11);
@@ -362,7 +380,8 @@ TEST_F(SequenceBatcherTest, TheModelsByteCapHoldsForAStatefulModel) {
   EXPECT_EQ(budget->used(), 0u);  // every admitted byte given back once it ran
 }
 
-TEST_F(SequenceBatcherTest, TheServerByteBudgetHoldsForAStatefulModelAndIsGivenBackWhenSequencesEnd) {
+TEST_F(SequenceBatcherTest,
+       TheServerByteBudgetHoldsForAStatefulModelAndIsGivenBackWhenSequencesEnd) {
   auto budget = std::make_shared<ByteBudget>(kRequestBytes + kRequestBytes / 2);
   auto batcher = Make(1, AccumulatorSpec(), 64, nullptr,
                       [&](SequenceBatcher::Options& options) { options.server_budget = budget; });
@@ -377,7 +396,8 @@ TEST_F(SequenceBatcherTest, TheServerByteBudgetHoldsForAStatefulModelAndIsGivenB
   batcher->Enqueue(Request(third, Id(2), true, false), &third.sink, Done(third));  // a new sequence
   StatusOr<int32_t> refused = third.Get();
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(refused.status().message(), HasSubstr("the server has 24 input bytes waiting (limit 36, --max-queued-bytes)"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the server has 24 input bytes waiting (limit 36, --max-queued-bytes)"));
   batcher->EndSequences(absl::UnavailableError("ended by the test"));
   EXPECT_EQ(second.Get().status().message(), "ended by the test");
   EXPECT_EQ(budget->used(), 0u);
@@ -399,8 +419,8 @@ TEST_F(SequenceBatcherTest, SequencesBeyondTheSlotsWaitForOneThenThePolicyRefuse
   StatusOr<int32_t> refused = fifth.Get();
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(refused.status().message(),
-              HasSubstr("has 2 requests of sequences waiting for one of its 2 sequence slots (max_queue_size 2)"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("has 2 requests of sequences waiting for one "
+                                                    "of its 2 sequence slots (max_queue_size 2)"));
   EXPECT_EQ(third.future.wait_for(50ms), std::future_status::timeout);  // waiting for a slot
   ASSERT_EQ(*Send(*batcher, Id(1), 1, false, true), 2);  // frees slot 0 for sequence 3
   EXPECT_EQ(*third.Get(), 30);
@@ -444,7 +464,8 @@ TEST_F(SequenceBatcherTest, AStartThatExpiresWhileWaitingForASlotDropsItsSequenc
   ASSERT_FALSE(expired.ok());
   EXPECT_EQ(expired.status().code(), absl::StatusCode::kDeadlineExceeded);
   ASSERT_FALSE(dropped.ok());
-  EXPECT_THAT(dropped.status().message(), HasSubstr("its sequence_start request expired before it ran"));
+  EXPECT_THAT(dropped.status().message(),
+              HasSubstr("its sequence_start request expired before it ran"));
   EXPECT_FALSE(batcher->HasSequence(Id(2)));
 }
 
@@ -462,7 +483,8 @@ TEST_F(SequenceBatcherTest, AStartTheModelFailsDropsItsSequenceSoThatItCanStartA
   StatusOr<int32_t> orphan = next.Get();
   ASSERT_FALSE(orphan.ok());
   EXPECT_EQ(orphan.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(orphan.status().message(), HasSubstr("its sequence_start request failed (poisoned row)"));
+  EXPECT_THAT(orphan.status().message(),
+              HasSubstr("its sequence_start request failed (poisoned row)"));
   EXPECT_FALSE(batcher->HasSequence(Id(9)));
   EXPECT_EQ(*Send(*batcher, Id(9), 4, true), 4);
   // A later request that fails leaves its sequence active.
@@ -476,7 +498,8 @@ TEST_F(SequenceBatcherTest, DrainWaitsForSequencesThenEndsThoseLeft) {
   ASSERT_EQ(*Send(*batcher, Id(1), 1, true), 1);
   ASSERT_EQ(*Send(*batcher, Id(2), 1, true), 1);
   // The drain waits on the batcher's clock until its deadline, then says sequences are left.
-  auto drained = std::async(std::launch::async, [&] { return batcher->WaitSequencesEnded(clock.Now() + 20ms); });
+  auto drained = std::async(std::launch::async,
+                            [&] { return batcher->WaitSequencesEnded(clock.Now() + 20ms); });
   ASSERT_TRUE(clock.AwaitWaiting(3));  // the drain, the batcher's thread and the worker
   EXPECT_EQ(drained.wait_for(0ms), std::future_status::timeout);
   clock.Advance(20ms);

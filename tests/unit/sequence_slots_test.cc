@@ -44,7 +44,8 @@ class SequenceSlotsTest : public ::testing::Test {
     PendingRequest pending;
     pending.request = std::make_unique<InferRequest>();
     pending.request->model_name = "acc";
-    pending.request->inputs.push_back({"INPUT", DataType::kInt32, {1, 1}, reinterpret_cast<const char*>(&value_), 4});
+    pending.request->inputs.push_back(
+        {"INPUT", DataType::kInt32, {1, 1}, reinterpret_cast<const char*>(&value_), 4});
     pending.request->parameters.sequence = {Id(id), start, end};
     pending.request->deadline = deadline;
     pending.bytes = 4;
@@ -60,7 +61,8 @@ class SequenceSlotsTest : public ::testing::Test {
     TimePoint ignored = kNoDeadline;
     return slots_->FormBatch(
         instance, now_, wake != nullptr ? wake : &ignored,
-        [this](std::shared_ptr<Sequence> sequence, bool start, InferCompletion done) -> InferCompletion {
+        [this](std::shared_ptr<Sequence> sequence, bool start,
+               InferCompletion done) -> InferCompletion {
           return [this, sequence, start, done = std::move(done)](Status status) mutable {
             std::deque<PendingRequest> orphans;
             slots_->Finished(sequence, start, status, now_, &orphans);
@@ -148,7 +150,8 @@ TEST_F(SequenceSlotsTest, AStartThatExpiresWhileWaitingDropsItsSequence) {
   slots_->Expire(now_, &expired);
   ASSERT_EQ(expired.size(), 2u);
   EXPECT_EQ(expired[0].second.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(expired[1].second.message(), HasSubstr("its sequence_start request expired before it ran"));
+  EXPECT_THAT(expired[1].second.message(),
+              HasSubstr("its sequence_start request expired before it ran"));
   EXPECT_FALSE(slots_->Has(Id(2)));
   EXPECT_EQ(slots_->queued(), 0u);
   running->requests[0].done(absl::OkStatus());
@@ -167,7 +170,8 @@ TEST_F(SequenceSlotsTest, AFailedStartDropsItsSequenceAndHandsBackWhatWasQueued)
   EXPECT_TRUE(Add("restart", 1, true).ok());  // it may start again
 }
 
-TEST_F(SequenceSlotsTest, RowsFollowSlotsWithFillersBelowTheHighestAndSequencesSpreadOverInstances) {
+TEST_F(SequenceSlotsTest,
+       RowsFollowSlotsWithFillersBelowTheHighestAndSequencesSpreadOverInstances) {
   Make(/*max_batch_size=*/2, /*instances=*/2);
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(Add("start", id, true).ok());
   slots_->AssignSlots();  // 1 -> instance 0 row 0, 2 -> instance 1 row 0, 3 -> instance 0 row 1

@@ -29,14 +29,16 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(config->load_files_disk_bytes, 8ull << 30);
   EXPECT_EQ(config->response_cache_bytes, 0u);  // no response cache unless asked for
   EXPECT_TRUE(config->coalesce_answers);
-  EXPECT_EQ(config->torchvision_ops, TorchvisionOps::kAuto);  // the bundled torchvision operators, when there
+  EXPECT_EQ(config->torchvision_ops,
+            TorchvisionOps::kAuto);  // the bundled torchvision operators, when there
   EXPECT_TRUE(config->operator_libraries.empty());
   EXPECT_TRUE(config->operator_library_dirs.empty());
 }
 
 TEST(ServerFlagsTest, OperatorLibraries) {
-  auto config = ParseServerFlags({"--operator-library", "/opt/ops/liba.so", "--operator-library", "libb.so",
-                                  "--operator-library-dir", "/tmp", "--torchvision-ops", "off"});
+  auto config =
+      ParseServerFlags({"--operator-library", "/opt/ops/liba.so", "--operator-library", "libb.so",
+                        "--operator-library-dir", "/tmp", "--torchvision-ops", "off"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->operator_libraries, (std::vector<std::string>{"/opt/ops/liba.so", "libb.so"}));
   EXPECT_EQ(config->operator_library_dirs, (std::vector<std::string>{"/tmp"}));
@@ -51,9 +53,10 @@ TEST(ServerFlagsTest, OperatorLibraries) {
 // Triton's spellings: --cache-config local,size=BYTES (either form of the flag) and the older
 // --response-cache-byte-size; anything else is refused with what to write instead.
 TEST(ServerFlagsTest, ResponseCacheConfig) {
-  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
-           {"--cache-config", "local,size=1048576"}, {"--cache-config=local,size=1048576"},
-           {"--response-cache-byte-size", "1048576"}}) {
+  for (const std::vector<std::string>& flags :
+       std::vector<std::vector<std::string>>{{"--cache-config", "local,size=1048576"},
+                                             {"--cache-config=local,size=1048576"},
+                                             {"--response-cache-byte-size", "1048576"}}) {
     auto config = ParseServerFlags(flags);
     ASSERT_TRUE(config.ok()) << config.status();
     EXPECT_EQ(config->response_cache_bytes, 1048576u) << flags[0];
@@ -66,13 +69,16 @@ TEST(ServerFlagsTest, ResponseCacheConfig) {
     std::string message;
   };
   for (const Case& each : std::vector<Case>{
-           {{"--cache-config", "redis,host=localhost"}, "cache 'redis' is not available; Sluice has the local cache only"},
-           {{"--cache-config", "local,size=0"}, "size must be a positive number of bytes, found '0'"},
+           {{"--cache-config", "redis,host=localhost"},
+            "cache 'redis' is not available; Sluice has the local cache only"},
+           {{"--cache-config", "local,size=0"},
+            "size must be a positive number of bytes, found '0'"},
            {{"--cache-config", "local,size=1MB"}, "found '1MB'"},
            {{"--cache-config", "local,size=99999999999999999999"}, "found '99999999999999999999'"},
            {{"--cache-config", "local"}, "the local cache takes one setting, size=BYTES"},
            {{"--cache-config", "local,bytes=10"}, "the local cache takes one setting, size=BYTES"},
-           {{"--cache-config", "local,size=10", "--response-cache-byte-size", "10"}, "both size the cache"},
+           {{"--cache-config", "local,size=10", "--response-cache-byte-size", "10"},
+            "both size the cache"},
        }) {
     auto config = ParseServerFlags(each.flags);
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << each.flags[1];
@@ -81,22 +87,25 @@ TEST(ServerFlagsTest, ResponseCacheConfig) {
 }
 
 TEST(ServerFlagsTest, LoadFilesOnlyInExplicitMode) {
-  auto config = ParseServerFlags({"--model-control-mode", "explicit", "--allow-load-files", "true", "--load-files-dir",
-                                  "/var/sluice/files", "--load-files-max-bytes", "1000", "--load-files-disk-bytes",
-                                  "5000"});
+  auto config = ParseServerFlags({"--model-control-mode", "explicit", "--allow-load-files", "true",
+                                  "--load-files-dir", "/var/sluice/files", "--load-files-max-bytes",
+                                  "1000", "--load-files-disk-bytes", "5000"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->allow_load_files);
   EXPECT_EQ(config->load_files_dir, "/var/sluice/files");
   EXPECT_EQ(config->load_files_max_bytes, 1000u);
   EXPECT_EQ(config->load_files_disk_bytes, 5000u);
   auto polling = ParseServerFlags({"--model-control-mode", "poll", "--allow-load-files", "true"});
-  EXPECT_THAT(std::string(polling.status().message()), HasSubstr("--allow-load-files needs --model-control-mode explicit"));
+  EXPECT_THAT(std::string(polling.status().message()),
+              HasSubstr("--allow-load-files needs --model-control-mode explicit"));
 }
 
 // Triton's name and form (--allow-client-shm=true) and the older --allow-shared-memory.
 TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
-  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
-           {"--allow-client-shm=true"}, {"--allow-client-shm", "true"}, {"--allow-shared-memory", "true"}}) {
+  for (const std::vector<std::string>& flags :
+       std::vector<std::vector<std::string>>{{"--allow-client-shm=true"},
+                                             {"--allow-client-shm", "true"},
+                                             {"--allow-shared-memory", "true"}}) {
     auto config = ParseServerFlags(flags);
     ASSERT_TRUE(config.ok()) << config.status();
     EXPECT_TRUE(config->allow_shared_memory) << flags[0];
@@ -104,7 +113,8 @@ TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
   auto off = ParseServerFlags({"--allow-shared-memory", "false"});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->allow_shared_memory);
-  EXPECT_TRUE(off->client_shm_keys.empty());  // no key may be registered until the operator names some
+  EXPECT_TRUE(
+      off->client_shm_keys.empty());  // no key may be registered until the operator names some
 }
 
 TEST(ServerFlagsTest, ClientSharedMemoryKeysAreCommaSeparatedPrefixes) {
@@ -115,7 +125,8 @@ TEST(ServerFlagsTest, ClientSharedMemoryKeysAreCommaSeparatedPrefixes) {
   ASSERT_TRUE(every.ok()) << every.status();
   EXPECT_EQ(every->client_shm_keys, (std::vector<std::string>{"*"}));
   for (const char* bad : {"sluice_", "/a/b", "/a,,/b", ""}) {
-    auto refused = ParseServerFlags({"--allow-client-shm=true", std::string("--client-shm-keys=") + bad});
+    auto refused =
+        ParseServerFlags({"--allow-client-shm=true", std::string("--client-shm-keys=") + bad});
     EXPECT_FALSE(refused.ok()) << bad;
     EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--client-shm-keys: ")) << bad;
   }
@@ -129,12 +140,37 @@ TEST(ServerFlagsTest, CoalescingAnswersCanBeTurnedOff) {
 }
 
 TEST(ServerFlagsTest, EveryKindOfFlagReachesTheConfig) {
-  auto config = ParseServerFlags(
-      {"--model-repository", "/models", "--model-control-mode", "explicit", "--load-model", "a", "--load-model", "b",
-       "--grpc-port", "0", "--grpc-address", "127.0.0.1", "--device", "cpu", "--cudnn-benchmark", "off",
-       "--grpc-restricted-protocol", "model-repository,statistics:admin-key=s3cret", "--grpc-restricted-protocol",
-       "inference:tenant=x", "--max-queued-bytes", "1024", "--shutdown-delay-seconds", "2.5",
-       "--grpc-max-connection-age-ms", "60000", "--grpc-use-ssl", "true", "--warmup", "false", "--print-env"});
+  auto config = ParseServerFlags({"--model-repository",
+                                  "/models",
+                                  "--model-control-mode",
+                                  "explicit",
+                                  "--load-model",
+                                  "a",
+                                  "--load-model",
+                                  "b",
+                                  "--grpc-port",
+                                  "0",
+                                  "--grpc-address",
+                                  "127.0.0.1",
+                                  "--device",
+                                  "cpu",
+                                  "--cudnn-benchmark",
+                                  "off",
+                                  "--grpc-restricted-protocol",
+                                  "model-repository,statistics:admin-key=s3cret",
+                                  "--grpc-restricted-protocol",
+                                  "inference:tenant=x",
+                                  "--max-queued-bytes",
+                                  "1024",
+                                  "--shutdown-delay-seconds",
+                                  "2.5",
+                                  "--grpc-max-connection-age-ms",
+                                  "60000",
+                                  "--grpc-use-ssl",
+                                  "true",
+                                  "--warmup",
+                                  "false",
+                                  "--print-env"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->model_repository, "/models");
   EXPECT_EQ(config->model_control_mode, ModelControlMode::kExplicit);
@@ -170,26 +206,40 @@ TEST(ServerFlagsTest, RefusesBadFlagsWithTheReason) {
       {{"--shutdown-grace-seconds", "-3"}, "--shutdown-grace-seconds"},
       {{"--grpc-http2-max-ping-strikes", "-2"}, "--grpc-http2-max-ping-strikes"},
       {{"--strict-readiness", "maybe"}, "--strict-readiness"},
-      {{"--model-cpus", "1-x"}, "--model-cpus: \"1-x\" in the CPU list \"1-x\" is not a CPU number"},
+      {{"--model-cpus", "1-x"},
+       "--model-cpus: \"1-x\" in the CPU list \"1-x\" is not a CPU number"},
       {{"--model-cpus", ""}, "--model-cpus"},
-      {{"--model-cpus", "last:0"}, "--model-cpus: \"last:0\" is not last:N with N a number of CPUs from 1 to 1024"},
+      {{"--model-cpus", "last:0"},
+       "--model-cpus: \"last:0\" is not last:N with N a number of CPUs from 1 to 1024"},
       {{"--model-cpus", "first:two"}, "--model-cpus: \"first:two\" is not first:N"},
       {{"--no-such-flag"}, "--no-such-flag"},
-      {{"--load-model", "a"}, "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in mode none every model loads)"},
-      {{"--model-control-mode", "poll", "--load-model", "a"}, "or poll with --model-load-on-demand"},
-      {{"--model-load-on-demand", "true"}, "--model-load-on-demand needs --model-control-mode explicit or poll"},
-      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:1.5"}, "expected <gpu>:<fraction>"},
-      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "x:0.5"}, "expected <gpu>:<fraction>"},
-      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0"}, "expected <gpu>:<fraction>"},
-      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:0.5", "--model-load-gpu-limit", "0:0.6"},
+      {{"--load-model", "a"},
+       "--load-model needs --model-control-mode explicit, or poll with --model-load-on-demand (in "
+       "mode none every model loads)"},
+      {{"--model-control-mode", "poll", "--load-model", "a"},
+       "or poll with --model-load-on-demand"},
+      {{"--model-load-on-demand", "true"},
+       "--model-load-on-demand needs --model-control-mode explicit or poll"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:1.5"},
+       "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "x:0.5"},
+       "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0"},
+       "expected <gpu>:<fraction>"},
+      {{"--model-control-mode", "explicit", "--model-load-gpu-limit", "0:0.5",
+        "--model-load-gpu-limit", "0:0.6"},
        "GPU 0 given twice"},
       {{"--model-load-host-limit", "1000"}, "would never load again"},
-      {{"--model-control-mode", "poll", "--model-load-gpu-limit", "0:0.5"}, "would never load again"},
-      {{"--model-control-mode", "explicit", "--model-load-wait-secs", "0"}, "--model-load-wait-secs"},
+      {{"--model-control-mode", "poll", "--model-load-gpu-limit", "0:0.5"},
+       "would never load again"},
+      {{"--model-control-mode", "explicit", "--model-load-wait-secs", "0"},
+       "--model-load-wait-secs"},
       {{"--model-control-mode", "poll", "--load-model", "a"}, "in mode poll"},
       {{"--grpc-restricted-protocol", "logging:key=value"}, "logging"},
       {{"--grpc-restricted-protocol", "inference"}, "inference"},
-      {{"--grpc-restricted-protocol", "inference:a=1", "--grpc-restricted-protocol", "inference:b=2"}, "inference"},
+      {{"--grpc-restricted-protocol", "inference:a=1", "--grpc-restricted-protocol",
+        "inference:b=2"},
+       "inference"},
       {{"--help"}, "help"},
   };
   for (const auto& [args, words] : cases) {
@@ -208,9 +258,10 @@ TEST(ServerFlagsTest, LoadOnDemandAndMemoryBudget) {
   EXPECT_EQ(defaults->min_residency_secs, 10);
   EXPECT_EQ(defaults->load_retry_secs, 10);
   EXPECT_EQ(defaults->load_wait_secs, 60);
-  auto config = ParseServerFlags({"--model-control-mode", "poll", "--model-load-on-demand", "true", "--load-model", "a",
-                                  "--model-load-gpu-limit", "1:0.25", "--model-load-gpu-limit", "0:1",
-                                  "--model-load-host-limit", "1048576", "--model-min-residency-secs", "0.5",
+  auto config = ParseServerFlags({"--model-control-mode", "poll", "--model-load-on-demand", "true",
+                                  "--load-model", "a", "--model-load-gpu-limit", "1:0.25",
+                                  "--model-load-gpu-limit", "0:1", "--model-load-host-limit",
+                                  "1048576", "--model-min-residency-secs", "0.5",
                                   "--model-load-retry-secs", "2", "--model-load-wait-secs", "5"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->load_on_demand);
@@ -225,8 +276,9 @@ TEST(ServerFlagsTest, LoadOnDemandAndMemoryBudget) {
 }
 
 TEST(ServerFlagsTest, TraceConfigFlags) {
-  auto config = ParseServerFlags({"--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1", "--trace-config",
-                                  "opentelemetry,url=http://127.0.0.1:4318/v1/traces"});
+  auto config =
+      ParseServerFlags({"--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+                        "--trace-config", "opentelemetry,url=http://127.0.0.1:4318/v1/traces"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->trace.settings.level, TraceLevel::kTimestamps);
   EXPECT_EQ(config->trace.settings.rate, 1);
@@ -234,7 +286,8 @@ TEST(ServerFlagsTest, TraceConfigFlags) {
   auto off = ParseServerFlags({});
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(off->trace.settings.level, TraceLevel::kOff);
-  auto refused = ParseServerFlags({"--trace-config", "opentelemetry,url=https://collector/v1/traces"});
+  auto refused =
+      ParseServerFlags({"--trace-config", "opentelemetry,url=https://collector/v1/traces"});
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("plain HTTP"));
 }
 
@@ -245,7 +298,8 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_TRUE(defaults->model_threads_first);
   EXPECT_FALSE(ParseServerFlags({"--model-threads-first", "false"})->model_threads_first);
   EXPECT_TRUE(defaults->model_cpus.empty());
-  EXPECT_EQ(ParseServerFlags({"--model-cpus", "2,0-1"})->model_cpus.list, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(ParseServerFlags({"--model-cpus", "2,0-1"})->model_cpus.list,
+            (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(ParseServerFlags({"--model-cpus", "last:3"})->model_cpus.last, 3);
   EXPECT_EQ(ParseServerFlags({"--model-cpus", "first:1"})->model_cpus.first, 1);
   EXPECT_EQ(defaults->http.port, 8000);
@@ -253,9 +307,10 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
   EXPECT_FALSE(defaults->http_plaintext_beside_tls);
 
-  auto config = ParseServerFlags({"--http-port", "0", "--http-address", "127.0.0.1", "--http-max-body-bytes", "4096",
-                                  "--http-max-connections", "10", "--http-timeout-ms", "250", "--http-restricted-api",
-                                  "model-config:admin-key=s3cret"});
+  auto config =
+      ParseServerFlags({"--http-port", "0", "--http-address", "127.0.0.1", "--http-max-body-bytes",
+                        "4096", "--http-max-connections", "10", "--http-timeout-ms", "250",
+                        "--http-restricted-api", "model-config:admin-key=s3cret"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->http.port, 0);
   EXPECT_EQ(config->http.address, "127.0.0.1");
@@ -282,7 +337,8 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
            {{"--allow-http", "maybe"}, "--allow-http"},
            {{"--http-port", "70000"}, "--http-port"},
            {{"--http-max-body-bytes", "0"}, "--http-max-body-bytes"},
-           {{"--http-restricted-api", "logging:k=v"}, "--http-restricted-api: unknown protocol group"},
+           {{"--http-restricted-api", "logging:k=v"},
+            "--http-restricted-api: unknown protocol group"},
            {{"--http-restricted-api", "health:a=b", "--http-restricted-api", "health:c=d"},
             "restricted twice (--http-restricted-api)"},
        }) {
@@ -293,15 +349,16 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
 }
 
 TEST(ServerFlagsTest, StartupModelsMustBeInTheRepository) {
-  auto config = ParseServerFlags({"--model-repository", "/models", "--model-control-mode", "explicit",
-                                  "--load-model", "a", "--load-model", "nope"});
+  auto config = ParseServerFlags({"--model-repository", "/models", "--model-control-mode",
+                                  "explicit", "--load-model", "a", "--load-model", "nope"});
   ASSERT_TRUE(config.ok()) << config.status();
   std::vector<RepositoryModel> models(2);
   models[0].name = "a";
   models[1].name = "b";
   Status status = CheckStartupModels(*config, models);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("--load-model nope: the repository /models has no such model"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("--load-model nope: the repository /models has no such model"));
   config->load_models = {"*"};
   EXPECT_TRUE(CheckStartupModels(*config, models).ok());
   config->load_models = {"b", "a"};
@@ -319,7 +376,8 @@ TEST(ServerFlagsTest, CommandLineExitCodes) {
   const char* bad[] = {"sluice-server", "--load-model", "a"};
   testing::internal::CaptureStderr();
   parsed = ParseCommandLine(3, bad);
-  EXPECT_THAT(testing::internal::GetCapturedStderr(), HasSubstr("--load-model needs --model-control-mode explicit"));
+  EXPECT_THAT(testing::internal::GetCapturedStderr(),
+              HasSubstr("--load-model needs --model-control-mode explicit"));
   ASSERT_TRUE(std::holds_alternative<int>(parsed));
   EXPECT_NE(std::get<int>(parsed), 0);
 

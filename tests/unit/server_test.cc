@@ -46,12 +46,13 @@ class ServerTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(repository_); }
 
   // The flags with loopback addresses and the given ports (0: any free one) added.
-  ServerConfig Config(int grpc_port, int http_port, int metrics_port, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--model-repository", repository_.string(),
-                                     "--grpc-address", "127.0.0.1", "--grpc-port", std::to_string(grpc_port),
-                                     "--http-address", "127.0.0.1", "--http-port", std::to_string(http_port),
-                                     "--metrics-address", "127.0.0.1", "--metrics-port", std::to_string(metrics_port),
-                                     "--device", "cpu"};
+  ServerConfig Config(int grpc_port, int http_port, int metrics_port,
+                      std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {
+        "--model-repository", repository_.string(),         "--grpc-address",    "127.0.0.1",
+        "--grpc-port",        std::to_string(grpc_port),    "--http-address",    "127.0.0.1",
+        "--http-port",        std::to_string(http_port),    "--metrics-address", "127.0.0.1",
+        "--metrics-port",     std::to_string(metrics_port), "--device",          "cpu"};
     args.insert(args.end(), extra.begin(), extra.end());
     StatusOr<ServerConfig> config = ParseServerFlags(args);
     EXPECT_TRUE(config.ok()) << config.status();

@@ -19,8 +19,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 using testing::FixedSpec;
-using testing::PaddedSpec;
 using testing::OneAtATime;
+using testing::PaddedSpec;
 using testing::ThreadRecordingEcho;
 
 // A request for PaddedSpec: `rows` rows of `length` positions, values 1, 2, 3, ...
@@ -34,8 +34,11 @@ SeqCall SeqRequest(int64_t rows, int64_t length) {
   call.request = std::make_unique<InferRequest>();
   call.request->model_name = "seq";
   call.request->batch_size = rows;
-  call.request->inputs.push_back({"x", DataType::kInt32, {rows, length, 2},
-                                  reinterpret_cast<const char*>(call.data.data()), call.data.size() * 4});
+  call.request->inputs.push_back({"x",
+                                  DataType::kInt32,
+                                  {rows, length, 2},
+                                  reinterpret_cast<const char*>(call.data.data()),
+                                  call.data.size() * 4});
   return call;
 }
 
@@ -56,7 +59,8 @@ TEST(ShapePaddingTest, PadsToTheNextBucketAndFillsLengths) {
   const TensorView& x = call.request->inputs[0];
   EXPECT_EQ(x.shape, (Shape{2, 4, 2}));
   // Row 0 keeps 1..6 then one padded position of -1s; row 1 keeps 7..12.
-  EXPECT_THAT(Ints(x.data, x.byte_size), ElementsAre(1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, 11, 12, -1, -1));
+  EXPECT_THAT(Ints(x.data, x.byte_size),
+              ElementsAre(1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, 11, 12, -1, -1));
   const TensorView& lengths = call.request->inputs[1];
   EXPECT_EQ(lengths.name, "lengths");
   EXPECT_EQ(lengths.shape, (Shape{2, 1}));
@@ -69,15 +73,17 @@ TEST(ShapePaddingTest, AboveTheLargestBucketIsRejected) {
   SeqCall call = SeqRequest(1, 9);
   auto padded = PadRequest(PaddedSpec(), call.request.get());
   EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(padded.status().message(),
-              HasSubstr("input 'x' dimension 1 is 9, above the largest bucket (8) of padded axis 'seq'"));
+  EXPECT_THAT(
+      padded.status().message(),
+      HasSubstr("input 'x' dimension 1 is 9, above the largest bucket (8) of padded axis 'seq'"));
 }
 
 TEST(ShapePaddingTest, AnEmptyPaddedAxisIsRejected) {
   SeqCall call = SeqRequest(1, 0);
   auto padded = PadRequest(PaddedSpec(), call.request.get());
   EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(padded.status().message(), HasSubstr("is 0; padded axis 'seq' needs at least one position"));
+  EXPECT_THAT(padded.status().message(),
+              HasSubstr("is 0; padded axis 'seq' needs at least one position"));
 }
 
 TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {
@@ -86,15 +92,18 @@ TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {
   spec.padding.dims.push_back({"mask", true, 0, 0});
   SeqCall call = SeqRequest(1, 3);
   std::vector<int32_t> mask(5, 1);
-  call.request->inputs.push_back({"mask", DataType::kInt32, {1, 5}, reinterpret_cast<const char*>(mask.data()), 20});
+  call.request->inputs.push_back(
+      {"mask", DataType::kInt32, {1, 5}, reinterpret_cast<const char*>(mask.data()), 20});
   auto padded = PadRequest(spec, call.request.get());
   EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(padded.status().message(), HasSubstr("inputs disagree on padded axis 'seq'"));
 }
 
 // Writes `bytes` as output `name` through `sink`, as a backend does.
-Status Write(OutputSink& sink, const std::string& name, const Shape& shape, const std::string& bytes) {
-  SLUICE_ASSIGN_OR_RETURN(char* memory, sink.Allocate({name, DataType::kInt32, shape, bytes.size(), MemoryType::kCpu}));
+Status Write(OutputSink& sink, const std::string& name, const Shape& shape,
+             const std::string& bytes) {
+  SLUICE_ASSIGN_OR_RETURN(
+      char* memory, sink.Allocate({name, DataType::kInt32, shape, bytes.size(), MemoryType::kCpu}));
   std::memcpy(memory, bytes.data(), bytes.size());
   return absl::OkStatus();
 }
@@ -115,14 +124,16 @@ TEST(ShapePaddingTest, UnpaddingSinkCutsOutputsBackAndChecksTheyFollowTheAxis) {
   ASSERT_TRUE(sink.Finish().ok());
   ASSERT_EQ(caller.outputs().size(), 2u);
   EXPECT_EQ(caller.outputs()[0].shape, (Shape{1, 3, 2}));
-  EXPECT_THAT(Ints(caller.outputs()[0].data.data(), caller.outputs()[0].data.size()), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(Ints(caller.outputs()[0].data.data(), caller.outputs()[0].data.size()),
+              ElementsAre(1, 2, 3, 4, 5, 6));
   EXPECT_EQ(caller.outputs()[1].name, "n");
   EXPECT_EQ(caller.outputs()[1].data, n);
 
   TensorSink direct_caller;
   UnpaddingSink direct(shared, padded, &direct_caller);
   ASSERT_TRUE(Write(direct, "n", {1, 1}, n).ok());
-  EXPECT_EQ(direct_caller.outputs().size(), 1u);  // nothing to cut: straight to the caller, one copy
+  EXPECT_EQ(direct_caller.outputs().size(),
+            1u);  // nothing to cut: straight to the caller, one copy
 
   TensorSink wrong_caller;
   UnpaddingSink wrong(shared, padded, &wrong_caller);
@@ -134,11 +145,13 @@ TEST(ShapePaddingTest, UnpaddingSinkCutsOutputsBackAndChecksTheyFollowTheAxis) {
 
 TEST(ShapePaddingTest, PaddingSchedulerServesTrueLengths) {
   const ModelSpec spec = PaddedSpec();
-  PaddingScheduler scheduler(spec, OneAtATime(spec, std::make_unique<ThreadRecordingEcho>()), nullptr);
+  PaddingScheduler scheduler(spec, OneAtATime(spec, std::make_unique<ThreadRecordingEcho>()),
+                             nullptr);
   SeqCall call = SeqRequest(2, 5);  // padded to 8, cut back to 5
   TensorSink sink;
   std::promise<Status> answer;
-  scheduler.Enqueue(std::move(call.request), &sink, [&](Status status) { answer.set_value(status); });
+  scheduler.Enqueue(std::move(call.request), &sink,
+                    [&](Status status) { answer.set_value(status); });
   const Status status = answer.get_future().get();
   ASSERT_TRUE(status.ok()) << status;
   ASSERT_EQ(sink.outputs().size(), 1u);
@@ -148,7 +161,8 @@ TEST(ShapePaddingTest, PaddingSchedulerServesTrueLengths) {
   SeqCall too_long = SeqRequest(1, 20);
   TensorSink unused;
   std::promise<Status> rejected;
-  scheduler.Enqueue(std::move(too_long.request), &unused, [&](Status status) { rejected.set_value(status); });
+  scheduler.Enqueue(std::move(too_long.request), &unused,
+                    [&](Status status) { rejected.set_value(status); });
   EXPECT_EQ(rejected.get_future().get().code(), absl::StatusCode::kInvalidArgument);
   scheduler.Stop();
 }

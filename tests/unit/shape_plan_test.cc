@@ -50,7 +50,8 @@ TEST(ShapePlanTest, AVariableDimWithoutBucketIsOpenEnded) {
   ShapePlan plan = ComputeShapePlan(spec);
   EXPECT_FALSE(plan.finite);
   EXPECT_TRUE(plan.shapes.empty());
-  EXPECT_THAT(plan.why_not, HasSubstr("input 'x' dimension 1 is variable (-1) and has no padding bucket"));
+  EXPECT_THAT(plan.why_not,
+              HasSubstr("input 'x' dimension 1 is variable (-1) and has no padding bucket"));
 }
 
 TEST(ShapePlanTest, BucketsMakeTheCrossProduct) {
@@ -94,14 +95,17 @@ TEST(CudnnBenchmarkDecisionTest, PerModelRule) {
     return DecideCudnnBenchmark(mode, spec, plan);
   };
   EXPECT_TRUE(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).benchmark);
-  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).reason, HasSubstr("fixed shapes (2 in the set)"));
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).reason,
+              HasSubstr("fixed shapes (2 in the set)"));
   EXPECT_FALSE(decide(CudnnBenchmarkMode::kAuto, open, open_plan).benchmark);
-  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, open, open_plan).reason, HasSubstr("variable shapes"));
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kAuto, open, open_plan).reason,
+              HasSubstr("variable shapes"));
   EXPECT_TRUE(decide(CudnnBenchmarkMode::kOn, open, open_plan).benchmark);
   EXPECT_FALSE(decide(CudnnBenchmarkMode::kOff, fixed, fixed_plan).benchmark);
   fixed.cudnn_benchmark_override = CudnnBenchmarkMode::kOff;  // the model's parameter wins
   EXPECT_FALSE(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).benchmark);
-  EXPECT_THAT(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).reason, HasSubstr("sluice.cudnn_benchmark=off"));
+  EXPECT_THAT(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).reason,
+              HasSubstr("sluice.cudnn_benchmark=off"));
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ using ::testing::HasSubstr;
 // A POSIX shared memory object of `size` bytes, unlinked at the end of the test.
 class ShmObject {
  public:
-  explicit ShmObject(size_t size) : key_("/sluice_test_" + std::to_string(getpid()) + "_" + std::to_string(next_++)) {
+  explicit ShmObject(size_t size)
+      : key_("/sluice_test_" + std::to_string(getpid()) + "_" + std::to_string(next_++)) {
     const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     EXPECT_GE(fd, 0) << std::strerror(errno);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
@@ -70,7 +71,8 @@ TEST(SharedMemoryTest, RegisterStatusUnregister) {
   ShmObject object(8192);
   SharedMemoryManager manager(TestKeys());
   ASSERT_TRUE(manager.Register("a", object.key(), 0, 4096).ok());
-  ASSERT_TRUE(manager.Register("b", object.key(), 5000, 100).ok());  // an offset that is not page-aligned
+  ASSERT_TRUE(
+      manager.Register("b", object.key(), 5000, 100).ok());  // an offset that is not page-aligned
   Status again = manager.Register("a", object.key(), 0, 16);
   EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(again.message(), HasSubstr("shared memory region 'a' already in manager"));
@@ -84,7 +86,8 @@ TEST(SharedMemoryTest, RegisterStatusUnregister) {
   EXPECT_EQ((*all)[1].byte_size, 100u);
   auto unknown = manager.Regions("nope");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(unknown.status().message(), HasSubstr("Unable to find system shared memory region: 'nope'"));
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("Unable to find system shared memory region: 'nope'"));
 
   // The region "b" is the object's bytes 5000..5099.
   std::memcpy(object.data() + 5000, "hello", 5);
@@ -111,14 +114,17 @@ TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {"", object.key(), 0, 16, "'region name' is necessary to register system shared memory region"},
+           {"", object.key(), 0, 16,
+            "'region name' is necessary to register system shared memory region"},
            {"r", "", 0, 16, "has no key"},
            {"r", object.key(), 0, 0, "byte_size 0"},
-           {"r", "/sluice_test_missing_object", 0, 16, "Unable to open shared memory region: '/sluice_test_missing_object'"},
-           {"r", object.key(), 0, 4097, "failed to register shared memory region 'r': invalid args (4097 bytes at offset 0 "
-                                        "run past the end of shared memory object"},
+           {"r", "/sluice_test_missing_object", 0, 16,
+            "Unable to open shared memory region: '/sluice_test_missing_object'"},
+           {"r", object.key(), 0, 4097,
+            "failed to register shared memory region 'r': invalid args (4097 bytes at offset 0 "
+            "run past the end of shared memory object"},
            {"r", object.key(), 4000, 97, "run past the end"},
-           {"r", object.key(), huge, 2, "run past the end"},   // offset + size wraps
+           {"r", object.key(), huge, 2, "run past the end"},  // offset + size wraps
            {"r", object.key(), 16, huge, "run past the end"},
        }) {
     const Status status = manager.Register(c.name, c.key, c.offset, c.byte_size);
@@ -130,7 +136,8 @@ TEST(SharedMemoryTest, RegistrationErrorsSayWhatIsWrong) {
   EXPECT_TRUE(region->Slice("x", 0, 64).ok());
   EXPECT_TRUE(region->Slice("x", 64, 0).ok());
   EXPECT_THAT(region->Slice("input 'x'", 60, 8).status().message(),
-              HasSubstr("Invalid offset + byte size for shared memory region: 'r' (input 'x': 8 bytes at offset 60 do "
+              HasSubstr("Invalid offset + byte size for shared memory region: 'r' (input 'x': 8 "
+                        "bytes at offset 60 do "
                         "not fit its 64 bytes)"));
   EXPECT_FALSE(region->Slice("x", huge, 2).ok());
   EXPECT_FALSE(region->Slice("x", 1, huge).ok());
@@ -144,12 +151,14 @@ TEST(SharedMemoryTest, AnUnregisteredRegionStaysMappedWhileARequestHoldsIt) {
   auto data = refs->Resolve("input 'x'", "r", 128, 4);
   ASSERT_TRUE(data.ok());
   manager.Unregister("r");
-  EXPECT_EQ(manager.Find("r").status().code(), absl::StatusCode::kNotFound);  // new requests cannot use it
+  EXPECT_EQ(manager.Find("r").status().code(),
+            absl::StatusCode::kNotFound);  // new requests cannot use it
   std::memcpy(*data, "late", 4);  // the request's view is still mapped (ASan would catch otherwise)
   EXPECT_EQ(std::string(object.data() + 128, 4), "late");
   refs.reset();  // the request is answered: now unmapped
   SharedMemoryRefs off(nullptr);
-  EXPECT_EQ(off.Resolve("input 'x'", "r", 0, 4).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(off.Resolve("input 'x'", "r", 0, 4).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   SharedMemoryRefs fresh(&manager);
   EXPECT_THAT(fresh.Resolve("input 'x'", "r", 0, 4).status().message(),
               HasSubstr("Unable to find shared memory region: 'r' (input 'x')"));
@@ -173,7 +182,8 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   (*shm_input->mutable_parameters())["shared_memory_region"].set_string_param("in");
   (*shm_input->mutable_parameters())["shared_memory_byte_size"].set_int64_param(12);
   (*shm_input->mutable_parameters())["shared_memory_offset"].set_int64_param(16);
-  auto* raw_input = proto.add_inputs();  // the one raw entry belongs to the input not in shared memory
+  auto* raw_input =
+      proto.add_inputs();  // the one raw entry belongs to the input not in shared memory
   raw_input->set_name("b");
   raw_input->set_datatype("INT64");
   raw_input->add_shape(1);
@@ -217,16 +227,19 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
     return InferRequestFromProto(changed, &scoped).status();
   };
   EXPECT_THAT(with("shared_memory_byte_size", [](auto& p) { p.set_int64_param(2000); }).message(),
-              HasSubstr("Invalid offset + byte size for shared memory region: 'in' (input 'a': 2000 bytes at offset 16"));
+              HasSubstr("Invalid offset + byte size for shared memory region: 'in' (input 'a': "
+                        "2000 bytes at offset 16"));
   EXPECT_THAT(with("shared_memory_region", [](auto& p) { p.set_string_param("nope"); }).message(),
               HasSubstr("Unable to find shared memory region: 'nope'"));
   EXPECT_THAT(with("shared_memory_offset", [](auto& p) { p.set_int64_param(-1); }).message(),
               HasSubstr("shared_memory_offset must be a non-negative integer"));
   inference::ModelInferRequest no_region = proto;
   no_region.mutable_inputs(0)->mutable_parameters()->erase("shared_memory_region");
-  EXPECT_THAT(InferRequestFromProto(no_region, &refs).status().message(),
-              HasSubstr("has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
-  EXPECT_EQ(InferRequestFromProto(proto, nullptr).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      InferRequestFromProto(no_region, &refs).status().message(),
+      HasSubstr("has shared_memory_byte_size or shared_memory_offset but no shared_memory_region"));
+  EXPECT_EQ(InferRequestFromProto(proto, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   inference::ModelInferRequest extra_raw = proto;
   extra_raw.add_raw_input_contents("x");
   EXPECT_THAT(InferRequestFromProto(extra_raw, &refs).status().message(),
@@ -235,7 +248,8 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   // An output into "out": described in the response with an empty raw entry, bytes in the region.
   inference::ModelInferResponse response;
   ResponseSink response_sink(&response);
-  SharedMemorySink sink(&response_sink, [&](const OutputDescription& output) { response_sink.Describe(output); });
+  SharedMemorySink sink(&response_sink,
+                        [&](const OutputDescription& output) { response_sink.Describe(output); });
   auto out = refs.Resolve("output 'y'", "out", 8, 16);
   ASSERT_TRUE(out.ok());
   sink.Add("y", {*out, 16});
@@ -245,7 +259,8 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   ASSERT_TRUE(y_memory.ok());
   std::memcpy(*y_memory, "written!", 8);
   EXPECT_EQ(std::string(object.data() + 1024 + 8, 8), "written!");
-  auto z_memory = sink.Allocate({z, DataType::kFp32, shape, 12, MemoryType::kCpu});  // not in shared memory
+  auto z_memory =
+      sink.Allocate({z, DataType::kFp32, shape, 12, MemoryType::kCpu});  // not in shared memory
   ASSERT_TRUE(z_memory.ok());
   ASSERT_EQ(response.outputs_size(), 2);
   EXPECT_EQ(response.outputs(0).name(), "y");
@@ -255,16 +270,19 @@ TEST(SharedMemoryTest, RequestsReadInputsFromAndWriteOutputsToRegions) {
   EXPECT_EQ(response.raw_output_contents(1).size(), 12u);
   auto too_big = sink.Allocate({y, DataType::kFp32, shape, 17, MemoryType::kCpu});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(too_big.status().message(), HasSubstr("output 'y' has 17 bytes, more than its shared memory slice"));
+  EXPECT_THAT(too_big.status().message(),
+              HasSubstr("output 'y' has 17 bytes, more than its shared memory slice"));
 }
 
 TEST(SharedMemoryTest, ControlCallsAnswerAsTriton) {
   const std::string disabled =
-      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
+      "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to "
+      "enable.";
   // Off (no registry): register and unregister, system and CUDA, refused; status answers, empty.
-  for (const Status& status : {RegisterSystemSharedMemory(nullptr, "r", "/k", 0, 8),
-                               UnregisterSystemSharedMemory(nullptr, ""), UnregisterSystemSharedMemory(nullptr, "r"),
-                               RegisterCudaSharedMemory(nullptr, "c"), UnregisterCudaSharedMemory(nullptr)}) {
+  for (const Status& status :
+       {RegisterSystemSharedMemory(nullptr, "r", "/k", 0, 8),
+        UnregisterSystemSharedMemory(nullptr, ""), UnregisterSystemSharedMemory(nullptr, "r"),
+        RegisterCudaSharedMemory(nullptr, "c"), UnregisterCudaSharedMemory(nullptr)}) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
     EXPECT_EQ(status.message(), disabled);
   }
@@ -286,7 +304,8 @@ TEST(SharedMemoryTest, ControlCallsAnswerAsTriton) {
   EXPECT_TRUE(UnregisterCudaSharedMemory(&manager).ok());
   const Status cuda_register = RegisterCudaSharedMemory(&manager, "c");
   EXPECT_EQ(cuda_register.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(cuda_register.message(), HasSubstr("failed to register CUDA shared memory region: 'c', GPUs not supported"));
+  EXPECT_THAT(cuda_register.message(),
+              HasSubstr("failed to register CUDA shared memory region: 'c', GPUs not supported"));
 }
 
 // A client shrinks its object to nothing while it is registered and a request reads and writes
@@ -314,9 +333,11 @@ TEST(SharedMemoryTest, ATruncatedObjectPoisonsItsRegionInsteadOfEndingTheProcess
 
   const Status intact = refs.CheckIntact();
   EXPECT_EQ(intact.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(intact.message(), HasSubstr("shared memory region 'r' was truncated while the request used it (key '" +
-                                          object.key() + "'"));
-  EXPECT_THAT(intact.message(), HasSubstr("recreate the object at its full size and register it again"));
+  EXPECT_THAT(intact.message(),
+              HasSubstr("shared memory region 'r' was truncated while the request used it (key '" +
+                        object.key() + "'"));
+  EXPECT_THAT(intact.message(),
+              HasSubstr("recreate the object at its full size and register it again"));
   // Dropped from the registry (by the lookup above): status lists nothing, the name is free again.
   EXPECT_EQ(manager.Find("r").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(manager.Regions("").value().empty());
@@ -333,20 +354,23 @@ TEST(SharedMemoryTest, FindRefusesARegionFoundTruncatedAndDropsIt) {
   ASSERT_TRUE(head.ok() && tail.ok());
 
   object.Truncate(4096);  // the tail's page is gone, the head's is not
-  std::memset(*tail, 1, 4096);  // an output written into the region: faults, then lands on zero pages
-  (*head)[0] = 'h';             // still the object's page
+  std::memset(*tail, 1,
+              4096);  // an output written into the region: faults, then lands on zero pages
+  (*head)[0] = 'h';   // still the object's page
   EXPECT_EQ(object.data()[0], 'h');
 
   const auto found = manager.Find("tail");
   EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(found.status().message(),
-              HasSubstr("shared memory region 'tail' was truncated while registered (key '" + object.key() + "'"));
+              HasSubstr("shared memory region 'tail' was truncated while registered (key '" +
+                        object.key() + "'"));
   EXPECT_EQ(manager.Find("tail").status().code(), absl::StatusCode::kNotFound);  // dropped
   EXPECT_TRUE(manager.Find("head").ok());
   auto listed = manager.Regions("");
   ASSERT_EQ(listed.value().size(), 1u);
   EXPECT_EQ(listed.value()[0].name, "head");
-  EXPECT_EQ(refs.CheckIntact().code(), absl::StatusCode::kInvalidArgument);  // this request used the tail
+  EXPECT_EQ(refs.CheckIntact().code(),
+            absl::StatusCode::kInvalidArgument);  // this request used the tail
 
   // The name is free again: the client recreates its object and registers it anew.
   object.Truncate(8192);
@@ -379,7 +403,8 @@ TEST(SharedMemoryTest, KeysMustBeOnePosixName) {
   const std::string with_nul = object.key() + std::string("\0/../other", 10);
   Status status = manager.Register("r", with_nul, 0, 64);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("is not a POSIX shared memory name: it holds a NUL byte"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("is not a POSIX shared memory name: it holds a NUL byte"));
   EXPECT_THAT(status.message(), HasSubstr("\\x00/../other"));  // shown escaped
   for (const auto& [key, problem] : std::vector<std::pair<std::string, std::string>>{
            {object.key().substr(1), "it must be '/' followed by a name"},
@@ -405,17 +430,20 @@ TEST(SharedMemoryTest, OnlyKeysTheOperatorAllowsAreRegistered) {
   SharedMemoryManager closed;
   Status status = closed.Register("r", object.key(), 0, 64);
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(status.message(), HasSubstr("shared memory key '" + object.key() + "' is not allowed"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("shared memory key '" + object.key() + "' is not allowed"));
   EXPECT_THAT(status.message(), HasSubstr("--client-shm-keys=<prefix>"));
-  EXPECT_EQ(RegisterSystemSharedMemory(&closed, "r", object.key(), 0, 64).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(RegisterSystemSharedMemory(&closed, "r", object.key(), 0, 64).code(),
+            absl::StatusCode::kPermissionDenied);
 
   SharedMemoryManager::Options options;
   options.key_prefixes = {"/client_", "/sluice_other_"};
   SharedMemoryManager elsewhere(options);
   status = elsewhere.Register("r", object.key(), 0, 64);
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(status.message(),
-              HasSubstr("accepts keys starting with '/client_', '/sluice_other_' (--client-shm-keys)"));
+  EXPECT_THAT(
+      status.message(),
+      HasSubstr("accepts keys starting with '/client_', '/sluice_other_' (--client-shm-keys)"));
   options.key_prefixes.push_back("/sluice_test_");
   SharedMemoryManager allowed(options);
   EXPECT_TRUE(allowed.Register("r", object.key(), 0, 64).ok());
@@ -423,7 +451,8 @@ TEST(SharedMemoryTest, OnlyKeysTheOperatorAllowsAreRegistered) {
   SharedMemoryManager every(options);
   EXPECT_TRUE(every.Register("r", object.key(), 0, 64).ok());
 
-  EXPECT_EQ(ParseClientShmKeyPrefixes("/sluice_,/client_").value(), (std::vector<std::string>{"/sluice_", "/client_"}));
+  EXPECT_EQ(ParseClientShmKeyPrefixes("/sluice_,/client_").value(),
+            (std::vector<std::string>{"/sluice_", "/client_"}));
   EXPECT_EQ(ParseClientShmKeyPrefixes("*").value(), (std::vector<std::string>{"*"}));
   EXPECT_EQ(ParseClientShmKeyPrefixes("/").value(), (std::vector<std::string>{"/"}));
   for (const char* bad : {"", "sluice_", "/a,", ",/a", "/a/b", "**", "/a,*x"}) {
@@ -445,7 +474,8 @@ TEST(SharedMemoryTest, TheProcessGuardsABoundedNumberOfRegions) {
     if (!refused.ok()) break;
     ++registered;
   }
-  EXPECT_EQ(registered, GuardedMapping::kMaxGuardedMappings);  // nothing else in this process holds one
+  EXPECT_EQ(registered,
+            GuardedMapping::kMaxGuardedMappings);  // nothing else in this process holds one
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.message(), HasSubstr("4096 shared memory regions are mapped already"));
   EXPECT_THAT(refused.message(), HasSubstr("unregister regions no longer in use"));

@@ -26,7 +26,8 @@ class HeldRuns final : public Scheduler {
     OutputSink* sink = nullptr;
     InferCompletion done;
   };
-  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done) override {
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+               InferCompletion done) override {
     if (refuse_runs) {
       done(absl::UnavailableError("queue full"));
       return;
@@ -34,7 +35,8 @@ class HeldRuns final : public Scheduler {
     runs.push_back({std::move(request), sink, std::move(done)});
   }
   Status AdmitWaiter(const InferRequest& request) override {
-    if (waiters >= waiter_cap) return absl::UnavailableError("model 'm' has too many requests waiting");
+    if (waiters >= waiter_cap)
+      return absl::UnavailableError("model 'm' has too many requests waiting");
     ++waiters;
     waiter_bytes += request.InputBytes();
     return absl::OkStatus();
@@ -43,7 +45,8 @@ class HeldRuns final : public Scheduler {
     --waiters;
     waiter_bytes -= bytes;
   }
-  bool Reschedule(const std::atomic<bool>* tag, int level, TimePoint deadline, TimePoint delay_after) override {
+  bool Reschedule(const std::atomic<bool>* tag, int level, TimePoint deadline,
+                  TimePoint delay_after) override {
     reschedules.push_back({tag, level, deadline, delay_after});
     return true;
   }
@@ -59,7 +62,8 @@ class HeldRuns final : public Scheduler {
     Run& run = runs.at(index);
     const std::string name = "y";
     const Shape shape = {static_cast<int64_t>(bytes.size())};
-    StatusOr<char*> memory = run.sink->Allocate({name, DataType::kUint8, shape, bytes.size(), MemoryType::kCpu});
+    StatusOr<char*> memory =
+        run.sink->Allocate({name, DataType::kUint8, shape, bytes.size(), MemoryType::kCpu});
     ASSERT_TRUE(memory.ok()) << memory.status();
     std::memcpy(*memory, bytes.data(), bytes.size());
     run.done(absl::OkStatus());
@@ -107,20 +111,24 @@ class SingleFlightTest : public ::testing::Test {
   ~SingleFlightTest() override { flights_->Stop(); }
 
   // Submits `caller`'s request (at `level`, until `deadline`) as ModelHandle does after a miss.
-  void Submit(Caller& caller, int level = 0, TimePoint deadline = kNoDeadline, bool shared_memory = false,
-              TimePoint delay_after = kNoDeadline) {
+  void Submit(Caller& caller, int level = 0, TimePoint deadline = kNoDeadline,
+              bool shared_memory = false, TimePoint delay_after = kNoDeadline) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "m";
-    request->inputs.push_back({"x", DataType::kUint8, {static_cast<int64_t>(caller.input.size())},
-                               caller.input.data(), caller.input.size()});
+    request->inputs.push_back({"x",
+                               DataType::kUint8,
+                               {static_cast<int64_t>(caller.input.size())},
+                               caller.input.data(),
+                               caller.input.size()});
     request->priority_level = level;
     request->deadline = deadline;
     request->delay_after = delay_after;
     request->cancelled = caller.cancelled;
     request->shared_memory = shared_memory;
     ResponseCache::Key key = cache_.MakeKey(space_, *request);
-    flights_->Submit(std::move(key), std::move(request), &caller.sink,
-                     [&caller](Status status) { caller.answer = std::move(status); }, Duration::zero());
+    flights_->Submit(
+        std::move(key), std::move(request), &caller.sink,
+        [&caller](Status status) { caller.answer = std::move(status); }, Duration::zero());
   }
   // Lets the flights' thread catch up with the clock or a Poke.
   void Settle() { ASSERT_TRUE(clock_.AwaitWaiting(1)); }
@@ -144,7 +152,8 @@ TEST_F(SingleFlightTest, IdenticalRequestsShareOneRunAndEachGetsItsAnswer) {
   ASSERT_EQ(scheduler_.runs.size(), 2u);  // one per distinct request
   EXPECT_EQ(flights_->flights(), 2u);
   EXPECT_EQ(flights_->waiters(), 4u);
-  EXPECT_EQ(scheduler_.waiters, 2u);  // the run counts for the first; the two that joined count here
+  EXPECT_EQ(scheduler_.waiters,
+            2u);  // the run counts for the first; the two that joined count here
   EXPECT_EQ(scheduler_.waiter_bytes, 16u);
   EXPECT_FALSE(first.answer || second.answer || third.answer);
 
@@ -167,7 +176,7 @@ TEST_F(SingleFlightTest, IdenticalRequestsShareOneRunAndEachGetsItsAnswer) {
   scheduler_.Answer(2, "again");
   EXPECT_EQ(later.Output(), "again");
   const ModelStatsSnapshot stats = stats_.Snapshot();
-  EXPECT_EQ(stats.success.count, 2u);  // the shared answers; the runs' own are the scheduler's
+  EXPECT_EQ(stats.success.count, 2u);     // the shared answers; the runs' own are the scheduler's
   EXPECT_EQ(stats.cache_miss.count, 3u);  // one per run
 }
 

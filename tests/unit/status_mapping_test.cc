@@ -40,14 +40,15 @@ TEST(StatusMappingTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
 // client would see RESOURCE_EXHAUSTED "received metadata size exceeds hard limit" instead.
 TEST(StatusMappingTest, TheGrpcMessageIsCappedToShortValidUtf8AndTheCodeKept) {
   const std::string long_name(20000, 'n');
-  const grpc::Status mapped =
-      ToGrpcStatus(absl::NotFoundError("Request for unknown model: '" + long_name + "' is not found"));
+  const grpc::Status mapped = ToGrpcStatus(
+      absl::NotFoundError("Request for unknown model: '" + long_name + "' is not found"));
   EXPECT_EQ(mapped.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(mapped.error_message().size(), kStatusMessageBytes);
   EXPECT_EQ(mapped.error_message().rfind("Request for unknown model: 'nnn", 0), 0u);
   EXPECT_EQ(mapped.error_message().substr(kStatusMessageBytes - 16), "...(20042 bytes)");
 
-  const grpc::Status invalid = ToGrpcStatus(absl::InvalidArgumentError("bad '\xff\xfe'\nnext line"));
+  const grpc::Status invalid =
+      ToGrpcStatus(absl::InvalidArgumentError("bad '\xff\xfe'\nnext line"));
   EXPECT_TRUE(IsValidUtf8(invalid.error_message()));
   EXPECT_EQ(invalid.error_message(), "bad '\\xFF\\xFE'\nnext line");
 }

@@ -139,7 +139,9 @@ TEST(StreamFlowOrderTest, TheNextReadWaitsUntilTheRequestReadIsSubmitted) {
 
 TEST(StreamFlowOrderTest, ARequestAnsweredWhileItIsSubmittedIsWrittenBeforeTheNextRead) {
   StreamFlow<FakeCall> flow(4);
-  auto next = [&](bool leaving) { return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); }); };
+  auto next = [&](bool leaving) {
+    return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); });
+  };
   next(false);
   FakeCall* call = flow.ReadDone(true);
   flow.Answered(call);  // answered inside its submission (e.g. refused at once)
@@ -158,13 +160,15 @@ TEST(StreamFlowOrderTest, ARequestAnsweredWhileItIsSubmittedIsWrittenBeforeTheNe
 
 TEST(StreamFlowOrderTest, AStreamThatBreaksWhileARequestIsSubmittedFinishesOnceItIsHandedOn) {
   StreamFlow<FakeCall> flow(4);
-  auto next = [&](bool leaving) { return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); }); };
+  auto next = [&](bool leaving) {
+    return flow.Next(leaving, [] { return std::make_unique<FakeCall>(); });
+  };
   next(false);
   FakeCall* first = flow.ReadDone(true);
   flow.Submitted();
   next(true);
   FakeCall* second = flow.ReadDone(true);  // being handed on (e.g. it waits for its model to load)
-  next(true);                              // the reader's reaction ends; the submission goes on elsewhere
+  next(true);  // the reader's reaction ends; the submission goes on elsewhere
   flow.Answered(first);
   auto plan = next(true);
   ASSERT_EQ(plan.write, first);
@@ -174,7 +178,7 @@ TEST(StreamFlowOrderTest, AStreamThatBreaksWhileARequestIsSubmittedFinishesOnceI
   plan = next(true);
   EXPECT_EQ(flow.in_flight(), 0);
   EXPECT_FALSE(plan.finish);  // Submitted is still to touch the reactor: it must not finish yet
-  flow.Enter();  // the submission's own reaction (StreamReactor::Submitted)
+  flow.Enter();               // the submission's own reaction (StreamReactor::Submitted)
   flow.Submitted();
   plan = next(true);
   EXPECT_EQ(plan.read, nullptr);  // broken: no more reads
@@ -184,7 +188,7 @@ TEST(StreamFlowOrderTest, AStreamThatBreaksWhileARequestIsSubmittedFinishesOnceI
 TEST_F(StreamFlowTest, AnActiveReactionHoldsTheFinish) {
   Next(false);
   flow_.ReadDone(false);
-  flow_.Enter();              // e.g. a cancellation poking the stream's models
+  flow_.Enter();                    // e.g. a cancellation poking the stream's models
   EXPECT_FALSE(Next(true).finish);  // the half-close's reaction ends; the cancellation's has not
   EXPECT_TRUE(Next(true).finish);
 }

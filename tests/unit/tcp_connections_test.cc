@@ -80,12 +80,14 @@ TEST(TcpConnectionsTest, PeerKeysReadGrpcsPeerStrings) {
   EXPECT_NE(PeerKey("ipv4:127.0.0.1:50123"), PeerKey("ipv4:127.0.0.1:50124"));
   EXPECT_NE(PeerKey("ipv4:127.0.0.1:50123"), PeerKey("ipv4:127.0.0.2:50123"));
   EXPECT_FALSE(PeerKey("ipv6:[::1]:50123").empty());
-  EXPECT_EQ(PeerKey("ipv6:[::1]:50123"), PeerKey("ipv6:%5B::1%5D:50123"));  // URI-escaped, newer gRPC
-  EXPECT_EQ(PeerKey("ipv6:[fe80::1%25eth0]:7"), PeerKey("ipv6:[fe80::1]:7"));  // the scope is not compared
+  EXPECT_EQ(PeerKey("ipv6:[::1]:50123"),
+            PeerKey("ipv6:%5B::1%5D:50123"));  // URI-escaped, newer gRPC
+  EXPECT_EQ(PeerKey("ipv6:[fe80::1%25eth0]:7"),
+            PeerKey("ipv6:[fe80::1]:7"));  // the scope is not compared
   EXPECT_NE(PeerKey("ipv6:[::1]:50123"), PeerKey("ipv4:127.0.0.1:50123"));
   for (const char* peer : {"unix:/tmp/socket", "", "ipv4:", "ipv4:127.0.0.1", "ipv4:127.0.0.1:port",
-                           "ipv4:127.0.0.1:70000", "ipv4:300.0.0.1:1", "ipv6:::1:5", "ipv6:[::1]", "ipv6:[zz]:1",
-                           "dns:localhost:1"}) {
+                           "ipv4:127.0.0.1:70000", "ipv4:300.0.0.1:1", "ipv6:::1:5", "ipv6:[::1]",
+                           "ipv6:[zz]:1", "dns:localhost:1"}) {
     EXPECT_TRUE(PeerKey(peer).empty()) << peer;
   }
 }
@@ -121,8 +123,10 @@ TEST(TcpConnectionsTest, WhatHeldWritesSendIsUnchangedAndLeavesOnRelease) {
   char buffer[16];
   const ssize_t early = recv(loopback.client, buffer, sizeof(buffer), MSG_DONTWAIT);
   // Held back, unless this thread stalled past the kernel's own limit on a cork (200 ms).
-  if (std::chrono::steady_clock::now() - written < std::chrono::milliseconds(150)) EXPECT_EQ(early, -1);
-  std::string received = early > 0 ? std::string(buffer, static_cast<size_t>(early)) : std::string();
+  if (std::chrono::steady_clock::now() - written < std::chrono::milliseconds(150))
+    EXPECT_EQ(early, -1);
+  std::string received =
+      early > 0 ? std::string(buffer, static_cast<size_t>(early)) : std::string();
   connection->Release();
   while (received.size() < 5) {
     const ssize_t n = recv(loopback.client, buffer, sizeof(buffer), 0);

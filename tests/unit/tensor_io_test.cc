@@ -15,7 +15,8 @@ using ::testing::HasSubstr;
 // A version 1.0 .npy file as numpy writes it.
 std::string Npy(const std::string& descr, const std::string& shape, const std::string& data,
                 const std::string& fortran = "False") {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::string file("\x93NUMPY\x01\x00", 8);
@@ -26,7 +27,8 @@ std::string Npy(const std::string& descr, const std::string& shape, const std::s
 
 TEST(TensorIoTest, ParsesNpy) {
   float values[6] = {0, 1, 2, 3, 4, 5.5f};
-  auto tensor = ParseNpy(Npy("<f4", "(2, 3)", std::string(reinterpret_cast<char*>(values), sizeof(values))), "x");
+  auto tensor = ParseNpy(
+      Npy("<f4", "(2, 3)", std::string(reinterpret_cast<char*>(values), sizeof(values))), "x");
   ASSERT_TRUE(tensor.ok()) << tensor.status();
   EXPECT_EQ(tensor->dtype, DataType::kFp32);
   EXPECT_THAT(tensor->shape, ElementsAre(2, 3));
@@ -43,8 +45,10 @@ TEST(TensorIoTest, NpyErrors) {
   EXPECT_THAT(ParseNpy("garbage!!!!!", "x").status().message(), HasSubstr("not a .npy file"));
   EXPECT_THAT(ParseNpy(Npy("<f4", "(2,)", std::string(4, '\0')), "x").status().message(),
               HasSubstr("holds 4 data bytes, its shape needs 8"));
-  EXPECT_THAT(ParseNpy(Npy(">f4", "(1,)", std::string(4, '\0')), "x").status().message(), HasSubstr("big-endian"));
-  EXPECT_THAT(ParseNpy(Npy("<c8", "(1,)", std::string(8, '\0')), "x").status().message(), HasSubstr("not supported"));
+  EXPECT_THAT(ParseNpy(Npy(">f4", "(1,)", std::string(4, '\0')), "x").status().message(),
+              HasSubstr("big-endian"));
+  EXPECT_THAT(ParseNpy(Npy("<c8", "(1,)", std::string(8, '\0')), "x").status().message(),
+              HasSubstr("not supported"));
   EXPECT_THAT(ParseNpy(Npy("<f4", "(1,)", std::string(4, '\0'), "True"), "x").status().message(),
               HasSubstr("Fortran"));
 }
@@ -59,7 +63,8 @@ TEST(TensorIoTest, RandomTensorsHaveTheirShapeAndRange) {
       for (std::string_view word : SplitBytesTensor(tensor->data)) {
         EXPECT_THAT(std::string(word), ::testing::MatchesRegex("[a-z]+"));
       }
-      EXPECT_THAT(PreviewValues(*tensor, 2), ::testing::MatchesRegex(R"(\["[a-z]+", "[a-z]+", \.\.\. \(10 values\)\])"));
+      EXPECT_THAT(PreviewValues(*tensor, 2),
+                  ::testing::MatchesRegex(R"(\["[a-z]+", "[a-z]+", \.\.\. \(10 values\)\])"));
       continue;
     }
     ASSERT_EQ(tensor->data.size(), 10 * ElementSize(type));

@@ -7,9 +7,9 @@
 namespace sluice {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
-using ::testing::ElementsAre;
 
 TEST(TraceConfigTest, DefaultsAreTritons) {
   auto config = ParseTraceConfig({});
@@ -24,17 +24,19 @@ TEST(TraceConfigTest, DefaultsAreTritons) {
 }
 
 TEST(TraceConfigTest, ReadsEverySetting) {
-  auto config = ParseTraceConfig({"mode=opentelemetry", "level=TIMESTAMPS", "rate=1", "count=100",
-                                  "opentelemetry,url=http://collector:4318/v1/traces",
-                                  "opentelemetry,resource=service.name=ranker", "opentelemetry,resource=env=prod=eu",
-                                  "opentelemetry,bsp_max_queue_size=64", "opentelemetry,bsp_schedule_delay=50",
-                                  "opentelemetry,bsp_max_export_batch_size=16"});
+  auto config = ParseTraceConfig(
+      {"mode=opentelemetry", "level=TIMESTAMPS", "rate=1", "count=100",
+       "opentelemetry,url=http://collector:4318/v1/traces",
+       "opentelemetry,resource=service.name=ranker", "opentelemetry,resource=env=prod=eu",
+       "opentelemetry,bsp_max_queue_size=64", "opentelemetry,bsp_schedule_delay=50",
+       "opentelemetry,bsp_max_export_batch_size=16"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->settings.level, TraceLevel::kTimestamps);
   EXPECT_EQ(config->settings.rate, 1);
   EXPECT_EQ(config->settings.count, 100);
   EXPECT_EQ(config->exporter.url, "http://collector:4318/v1/traces");
-  EXPECT_THAT(config->exporter.resource, ElementsAre(Pair("service.name", "ranker"), Pair("env", "prod=eu")));
+  EXPECT_THAT(config->exporter.resource,
+              ElementsAre(Pair("service.name", "ranker"), Pair("env", "prod=eu")));
   EXPECT_EQ(config->exporter.max_queue_size, 64u);
   EXPECT_EQ(config->exporter.schedule_delay, std::chrono::milliseconds(50));
   EXPECT_EQ(config->exporter.max_export_batch_size, 16u);
@@ -55,7 +57,8 @@ TEST(TraceConfigTest, BadValuesSayWhatIsWrong) {
       {{"jaeger,url=x"}, "unknown section 'jaeger'"},
       {{"verbose"}, "is not <setting>=<value>"},
       {{"opentelemetry,bsp_schedule_delay=86400001"}, "at most one day"},
-      {{"opentelemetry,bsp_max_queue_size=8", "opentelemetry,bsp_max_export_batch_size=9"}, "must not exceed"},
+      {{"opentelemetry,bsp_max_queue_size=8", "opentelemetry,bsp_max_export_batch_size=9"},
+       "must not exceed"},
   };
   for (const auto& [values, message] : cases) {
     auto config = ParseTraceConfig(values);

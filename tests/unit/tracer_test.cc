@@ -69,11 +69,15 @@ TEST_F(TracerTest, ACallerWithATraceContextIsTracedWhateverTheRateAndCount) {
   EXPECT_EQ(trace->parent()->trace_state, "vendor=1");
   // A caller that does not record its trace (sampled flag 0) gets no spans either.
   auto unsampled = [](const char* name) -> absl::string_view {
-    return std::string(name) == "traceparent" ? "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00" : "";
+    return std::string(name) == "traceparent"
+               ? "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+               : "";
   };
   EXPECT_EQ(tracer->Start("m", unsampled, "r"), nullptr);
   // A malformed traceparent is ignored: the request is sampled as any other (here: not at all).
-  auto bad = [](const char* name) -> absl::string_view { return std::string(name) == "traceparent" ? "00-zz" : ""; };
+  auto bad = [](const char* name) -> absl::string_view {
+    return std::string(name) == "traceparent" ? "00-zz" : "";
+  };
   EXPECT_EQ(tracer->Start("m", bad, "r"), nullptr);
 }
 
@@ -91,7 +95,8 @@ TEST_F(TracerTest, AModelsOwnSettingsOverrideTheServersAndClearingFallsBack) {
   ASSERT_TRUE(tracer->Update("m", {{"trace_count", {"1"}}}).ok());
   EXPECT_EQ(Sampled(*tracer, "m", 4), 1);
   // Clearing every setting it has: the server's again, and nothing is active.
-  ASSERT_TRUE(tracer->Update("m", {{"trace_level", {}}, {"trace_rate", {}}, {"trace_count", {}}}).ok());
+  ASSERT_TRUE(
+      tracer->Update("m", {{"trace_level", {}}, {"trace_rate", {}}, {"trace_count", {}}}).ok());
   EXPECT_EQ(tracer->Get("m")["trace_level"], std::vector<std::string>{"OFF"});
   EXPECT_FALSE(tracer->active());
   // The server's settings: changed, then cleared back to the start-up value.
@@ -108,8 +113,9 @@ TEST_F(TracerTest, AModelWithSettingsOfItsOwnKeepsItsOwnCounterAndCount) {
   ASSERT_TRUE(tracer->Update("m", {{"trace_rate", {"1"}}}).ok());
   EXPECT_EQ(Sampled(*tracer, "m", 10), 3);
   EXPECT_EQ(tracer->Get("m")["trace_count"], std::vector<std::string>{"0"});
-  EXPECT_EQ(tracer->Get("")["trace_count"], std::vector<std::string>{"3"});  // the server's untouched
-  EXPECT_EQ(Sampled(*tracer, "other", 10), 3);                              // 1 in 2, three times
+  EXPECT_EQ(tracer->Get("")["trace_count"],
+            std::vector<std::string>{"3"});     // the server's untouched
+  EXPECT_EQ(Sampled(*tracer, "other", 10), 3);  // 1 in 2, three times
   // Setting (or clearing) its count starts it again.
   ASSERT_TRUE(tracer->Update("m", {{"trace_count", {"2"}}}).ok());
   EXPECT_EQ(Sampled(*tracer, "m", 10), 2);

@@ -15,17 +15,19 @@ namespace sluice {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::FakeBackendFactory;
 using testing::Groups;
+using ::testing::HasSubstr;
 using testing::Model;
 using testing::Send;
 
 TEST(VersionLoaderTest, LoadsComposesAndWarmsUpOneVersion) {
   FakeBackendFactory factory;
   VersionLoader loader(&factory, {});
-  auto model = std::make_shared<const RepositoryModel>(Model("m", {1, 2}, Groups({{InstanceKind::kCpu, 2, {}}})));
-  EXPECT_EQ(loader.SplitCpuThreads({model}), std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / 4));
+  auto model = std::make_shared<const RepositoryModel>(
+      Model("m", {1, 2}, Groups({{InstanceKind::kCpu, 2, {}}})));
+  EXPECT_EQ(loader.SplitCpuThreads({model}),
+            std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / 4));
   LoadedVersion loaded = loader.Load(model, 2, nullptr);
   ASSERT_TRUE(loaded.status.ok()) << loaded.status;
   ASSERT_NE(loaded.handle, nullptr);
@@ -55,11 +57,15 @@ TEST(VersionLoaderTest, OneLoadPerDeviceAndTheRuntimesWarningsReachTheTuning) {
   VersionLoader loader(&factory, {});
   // Two groups on the CPU and one on both GPUs: the runtime is asked once per device, so that it
   // can share what instances on one device share (an AOTInductor package's weights).
-  auto model = std::make_shared<const RepositoryModel>(Model(
-      "m", {1}, Groups({{InstanceKind::kCpu, 2, {}}, {InstanceKind::kGpu, 1, {}}, {InstanceKind::kCpu, 1, {}}})));
+  auto model =
+      std::make_shared<const RepositoryModel>(Model("m", {1},
+                                                    Groups({{InstanceKind::kCpu, 2, {}},
+                                                            {InstanceKind::kGpu, 1, {}},
+                                                            {InstanceKind::kCpu, 1, {}}})));
   LoadedVersion loaded = loader.Load(model, 1, nullptr);
   ASSERT_TRUE(loaded.status.ok()) << loaded.status;
-  EXPECT_THAT(factory.calls, ElementsAre(std::make_pair(std::string("cpu"), 3), std::make_pair(std::string("cuda:0"), 1),
+  EXPECT_THAT(factory.calls, ElementsAre(std::make_pair(std::string("cpu"), 3),
+                                         std::make_pair(std::string("cuda:0"), 1),
                                          std::make_pair(std::string("cuda:1"), 1)));
   EXPECT_EQ(loaded.handle->device(), "cpu,cuda:0,cuda:1 x5");
   EXPECT_THAT(loaded.tuning.warnings, ElementsAre("lone requests are padded"));
@@ -70,7 +76,8 @@ TEST(VersionLoaderTest, DevicePolicyCuda) {
   FakeBackendFactory without_gpu(false, 0);
   VersionLoader::Options options;
   options.device_policy = DevicePolicy::kCuda;
-  EXPECT_EQ(VersionLoader(&without_gpu, options).CheckDevicePolicy().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(VersionLoader(&without_gpu, options).CheckDevicePolicy().code(),
+            absl::StatusCode::kFailedPrecondition);
   FakeBackendFactory with_gpu(true, 1);
   EXPECT_TRUE(VersionLoader(&with_gpu, options).CheckDevicePolicy().ok());
 }

@@ -23,8 +23,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 using testing::FixedSpec;
-using testing::PaddedSpec;
 using testing::OneAtATime;
+using testing::PaddedSpec;
 using testing::ThreadRecordingEcho;
 
 TEST(WarmupTest, EveryShapeRunsOnEveryInstanceOnItsOwnWorkerThread) {
@@ -62,8 +62,8 @@ TEST(WarmupTest, EveryShapeRunsOnEveryInstanceOnItsOwnWorkerThread) {
   EXPECT_EQ(pairs.size(), 3u * plan.shapes.size());
   std::set<std::thread::id> all_threads;
   for (ThreadRecordingEcho* echo : echoes) {
-    EXPECT_THAT(echo->shapes(), ElementsAre(Shape{2, 3}, Shape{2, 3}, Shape{2, 3}, Shape{4, 3}, Shape{4, 3},
-                                            Shape{4, 3}));
+    EXPECT_THAT(echo->shapes(), ElementsAre(Shape{2, 3}, Shape{2, 3}, Shape{2, 3}, Shape{4, 3},
+                                            Shape{4, 3}, Shape{4, 3}));
     ASSERT_EQ(echo->threads().size(), 1u);
     all_threads.insert(*echo->threads().begin());
   }
@@ -78,27 +78,34 @@ TEST(WarmupTest, AFailingShapeFailsWarmUpWithItsLabel) {
   ModelSpec spec = FixedSpec(2);
   auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
   ASSERT_TRUE(warmup.ok());
-  auto scheduler = OneAtATime(spec, std::make_unique<testing::FakeBackend>(
-                                        [](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
-                                          if (request.batch_size == 2) return absl::InternalError("shape mismatch in layer 3");
-                                          return std::vector<Tensor>{};
-                                        }));
+  auto scheduler =
+      OneAtATime(spec, std::make_unique<testing::FakeBackend>(
+                           [](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+                             if (request.batch_size == 2)
+                               return absl::InternalError("shape mismatch in layer 3");
+                             return std::vector<Tensor>{};
+                           }));
   auto report = scheduler->WarmUp(*std::move(warmup), nullptr);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(report.status().message(),
-              HasSubstr("warm-up batch=2 x[2,3,4] on instance 0 failed: shape mismatch in layer 3"));
+  EXPECT_THAT(
+      report.status().message(),
+      HasSubstr("warm-up batch=2 x[2,3,4] on instance 0 failed: shape mismatch in layer 3"));
 }
 
 TEST(WarmupTest, ModelWarmupSamplesAndWarmupSwitch) {
-  const std::filesystem::path directory = std::filesystem::temp_directory_path() / "sluice_warmup_test";
+  const std::filesystem::path directory =
+      std::filesystem::temp_directory_path() / "sluice_warmup_test";
   std::filesystem::create_directories(directory / "warmup");
   std::vector<float> values(2 * 3 * 4, 0.5f);
   std::ofstream(directory / "warmup" / "x.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+      .write(reinterpret_cast<const char*>(values.data()),
+             static_cast<std::streamsize>(values.size() * 4));
   ModelSpec spec = FixedSpec(2);
   spec.warmup = false;  // only the samples
-  WarmupSampleSpec file_sample{"file", 2, 4, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kFile, "x.bin"}}};
-  WarmupSampleSpec random_sample{"random", 1, 1, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kRandom, ""}}};
+  WarmupSampleSpec file_sample{
+      "file", 2, 4, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kFile, "x.bin"}}};
+  WarmupSampleSpec random_sample{
+      "random", 1, 1, {{"x", DataType::kFp32, {3, 4}, WarmupInputSpec::Source::kRandom, ""}}};
   spec.warmup_samples = {file_sample, random_sample};
   auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), directory);
   ASSERT_TRUE(warmup.ok()) << warmup.status();
@@ -136,7 +143,8 @@ TEST(WarmupTest, WithCudaGraphsEveryShapeIsCapturedAndReplayedOnceBeforeReady) {
     auto warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
     ASSERT_TRUE(warmup.ok()) << warmup.status();
     ASSERT_FALSE(warmup->empty());
-    for (const WarmupRequest& request : *warmup) EXPECT_EQ(request.runs, runs) << "sluice.warmup_runs " << asked;
+    for (const WarmupRequest& request : *warmup)
+      EXPECT_EQ(request.runs, runs) << "sluice.warmup_runs " << asked;
     spec.cuda_graphs = false;
     warmup = BuildWarmupRequests(spec, ComputeShapePlan(spec), "/nonexistent");
     ASSERT_TRUE(warmup.ok()) << warmup.status();
@@ -174,8 +182,8 @@ TEST(WarmupTest, TimedRunsGiveTheirMedian) {
 TEST(WarmupTest, TimedRunsComeAfterEveryWarmUpRunInRoundsAcrossTheRequests) {
   // a: 1 run + 2 timed; b: 2 runs + 2 timed; s (a model_warmup sample): 1 run, none timed.
   std::vector<WarmupRequest> requests;
-  for (const auto& [label, runs, timed] : std::vector<std::tuple<std::string, int, int>>{
-           {"a", 1, 2}, {"b", 2, 2}, {"s", 1, 0}}) {
+  for (const auto& [label, runs, timed] :
+       std::vector<std::tuple<std::string, int, int>>{{"a", 1, 2}, {"b", 2, 2}, {"s", 1, 0}}) {
     WarmupRequest warmup;
     warmup.label = label;
     warmup.request = std::make_unique<InferRequest>();
@@ -207,7 +215,8 @@ TEST(WarmupTest, TimedRunsComeAfterEveryWarmUpRunInRoundsAcrossTheRequests) {
     return absl::OkStatus();
   });
   EXPECT_EQ(passes.status().code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(passes.status().message(), HasSubstr("warm-up b on instance 3 failed: out of memory"));
+  EXPECT_THAT(passes.status().message(),
+              HasSubstr("warm-up b on instance 3 failed: out of memory"));
 }
 
 TEST(WarmupTest, TimedRunsGoOnWithinTheirBudgetUpToTheirCap) {

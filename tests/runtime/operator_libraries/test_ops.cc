@@ -27,7 +27,8 @@ TORCH_LIBRARY(sluice_test, m) { m.def("scale_add(Tensor x, float alpha) -> Tenso
 
 extern "C" {
 
-__attribute__((visibility("default"))) void* triton_pytorch_model_init(const char* version_dir, int device_index) {
+__attribute__((visibility("default"))) void* triton_pytorch_model_init(const char* version_dir,
+                                                                       int device_index) {
   Log("init %s %d\n", version_dir, device_index);
   return new int(device_index);
 }
