@@ -46,6 +46,7 @@ if [ "$PROFILE" = test ]; then
     prometheus  # the metrics tests scrape the server with a real Prometheus
     valgrind    # the metrics cost benchmark counts instructions with callgrind
     linux-perf  # benchmarks/request_path_profile.py samples the server with perf
+    clang-format  # the test command checks the C++ files' format (scripts/check_format.sh)
     "$CLANG_RT"  # libFuzzer and the sanitizer runtimes (scripts/fuzz.sh, ThreadSanitizer)
     llvm        # llvm-symbolizer: sanitizer reports name their frames, which the suppressions match
     "$NGINX" libnginx-mod-stream  # the load-balancer tests (L7 grpc_pass, L4 stream)
