@@ -142,9 +142,11 @@ def derive(side, echo, inproc):
     for rep, per_s in enumerate(side["mlp_c32_per_s"]):
         nearest = min(mlp, key=lambda b: abs(b - side["mlp_c32_batch"][rep]))
         per_row_us = 1e6 / mlp[nearest]["rows_per_s"]
-        side.setdefault("mlp_c32_cost_ratio", []).append((1e6 / per_s) / (echo["c32_cpu_us"][rep] + per_row_us))
+        # A window in which no call finished (a smoke run on a loaded machine) has no cost: NaN.
+        per_call_us = 1e6 / per_s if per_s > 0 else float("nan")
+        side.setdefault("mlp_c32_cost_ratio", []).append(per_call_us / (echo["c32_cpu_us"][rep] + per_row_us))
         weighted = weighted_per_row_us(mlp, side["mlp_c32_batches"][rep])
-        side.setdefault("mlp_c32_cost_ratio_weighted", []).append((1e6 / per_s) / (echo["c32_cpu_us"][rep] + weighted))
+        side.setdefault("mlp_c32_cost_ratio_weighted", []).append(per_call_us / (echo["c32_cpu_us"][rep] + weighted))
         side.setdefault("mlp_c1_overhead_us", []).append(
             side["mlp_c1_p50_us"][rep] - echo["c1_p50_us"][rep] - mlp[1]["p50_us"])
 

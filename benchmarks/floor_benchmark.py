@@ -203,6 +203,10 @@ class Load:
             # Calls in warm-up and window: at a fixed rate the rate's; closed loop, the window's
             # pace over both.
             sent = (rate or out["calls_per_s"]) * (self.warmup_s + out["seconds"])
+            if sent <= 0:
+                # No call finished in the window (a smoke run's tiny window on a loaded machine):
+                # nothing to divide by; the figures read as NaN rather than fail the run.
+                sent = float("nan")
             out["server_cpu_us_per_call"] = (after - before) / sent * 1e6
             totals, groups = per_call_counters(threads_before, threads_after, sent)
             out["server_voluntary_switches_per_call"] = totals["voluntary"]
