@@ -140,6 +140,16 @@ def test_torchvision_operators_need_no_configuration(served, scripted, protocol)
         np.testing.assert_allclose(answer, want.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_the_server_runs_them_without_python(served):
+    """torchvision's operators are in the server's address space, and no Python is."""
+    server, _, _ = served
+    with open(f"/proc/{server.process.pid}/maps") as f:
+        mapped = {line.split()[-1] for line in f if "/" in line}
+    names = {os.path.basename(path) for path in mapped}
+    assert "torchvision_ops.so" in names, sorted(names)
+    assert not [name for name in names if name.startswith(("libpython", "libtorch_python"))], sorted(names)
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_faster_rcnn_answers_as_torch(served, scripted, protocol):
     server, _, _ = served
