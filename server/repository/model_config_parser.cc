@@ -575,6 +575,22 @@ constexpr const char* kSluiceParameters[] = {"sluice.pad_batch_to_preferred",
 constexpr const char* kSluiceReportedParameters[] = {kAutoBatchSizesChosenKey,
                                                      kAutoBatchSizesRatesKey};
 
+// Levenshtein distance: insertions, deletions and substitutions of one character each.
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
 Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
   for (const auto& parameter : parameters) {
     const std::string& key = parameter.first;
@@ -586,9 +602,20 @@ Status CheckSluiceParameterNames(const std::map<std::string, std::string>& param
     if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
                      [&](const char* known) { return key == known; }) ==
         std::end(kSluiceParameters)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown parameter '", key,
-                       "' (Sluice knows: ", absl::StrJoin(kSluiceParameters, ", "), ")"));
+      // The nearest known name, when it is near enough to be a misspelling (a third of it).
+      const char* nearest = nullptr;
+      size_t best = key.size() / 3 + 1;
+      for (const char* known : kSluiceParameters) {
+        const size_t distance = EditDistance(key, known);
+        if (distance < best) {
+          best = distance;
+          nearest = known;
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown parameter '", QuoteClientText(key), "'",
+          nearest != nullptr ? absl::StrCat(": did you mean '", nearest, "'?") : std::string(),
+          " (Sluice knows: ", absl::StrJoin(kSluiceParameters, ", "), ")"));
     }
   }
   return absl::OkStatus();

@@ -20,6 +20,7 @@ ModelOverride ConfigOverride(std::string json) {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kMinimal[] = R"pb(
   platform: "pytorch_libtorch"
@@ -479,7 +480,13 @@ TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
                   .message(),
               HasSubstr("TYPE_INT32 or TYPE_INT64"));
   EXPECT_THAT(with(param("sluice.bucket", "seq=16")).message(),
-              HasSubstr("unknown parameter 'sluice.bucket'"));
+              HasSubstr("unknown parameter 'sluice.bucket': did you mean 'sluice.buckets'?"));
+  EXPECT_THAT(with(param("sluice.pad_batch_to_prefered", "true")).message(),
+              HasSubstr("did you mean 'sluice.pad_batch_to_preferred'?"));
+  // Nothing near: no guess, the whole list.
+  const std::string far = std::string(with(param("sluice.something_else_entirely", "1")).message());
+  EXPECT_THAT(far, Not(HasSubstr("did you mean")));
+  EXPECT_THAT(far, HasSubstr("Sluice knows: sluice.pad_batch_to_preferred"));
   EXPECT_THAT(with(param("sluice.buckets", "seq=16") + param("sluice.bucket_dims", "tokens:0=seq") +
                    param("sluice.pad_value", "0.5"))
                   .message(),
