@@ -1,6 +1,8 @@
 // sluice-server: serves the TorchScript models of a Triton-layout model repository over the
 // KServe v2 / Triton gRPC protocol. main() parses the command line (server_flags.h), probes the
-// runtime, starts the Server (server.h) and turns signals into its drain and shutdown.
+// runtime, loads the operator libraries every model gets, starts the Server (server.h) and turns
+// signals into its drain and shutdown; run as an operator library's probe, it is that and nothing
+// else.
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -92,13 +94,95 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
+// --print-env: the environment report, with the operator libraries and their problems before its
+// last line ("result: ..."). Exit status 0, or 1 when a start-up library failed.
+int PrintEnvironment(const sluice::ServerConfig& config, const sluice::RuntimeInfo& runtime,
+                     const sluice::OperatorLibraries& libraries,
+                     const absl::StatusOr<std::vector<std::string>>& library_notes) {
+  std::string report = sluice::FormatEnvironment(
+      runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
+  std::string libraries_report = sluice::FormatOperatorLibraries(libraries.List());
+  if (!library_notes.ok()) {
+    absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
+  }
+  for (const std::string& note : library_notes.value_or(std::vector<std::string>{})) {
+    absl::StrAppend(&libraries_report, "problem: ", note, "\n");
+  }
+  const size_t result = report.rfind("result: ");
+  report.insert(result == std::string::npos ? report.size() : result, libraries_report);
+  std::fputs(report.c_str(), stdout);
+  return library_notes.ok() ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+// The process's set-up as the log's first lines: the open files limit (raised), the CPU split,
+// the thread policy (`batch_policy`: SCHED_BATCH was taken, else why not in `batch_errno`).
+void LogProcessSetup(const sluice::ServerConfig& config, const ModelCpuSplit& cpu_split,
+                     bool batch_policy, int batch_errno) {
+  RaiseOpenFilesLimit();
+  if (!cpu_split.log.empty()) spdlog::info("event=cpu_split {}", cpu_split.log);
+  if (!cpu_split.shared.empty()) {
+    spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
+  }
+  if (!config.model_threads_first) return;
+  if (batch_policy) {
+    spdlog::info(
+        "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH; "
+        "SCHED_OTHER with a queue delay, latency target or delaying queue policy, and for "
+        "sequences\"");
+  } else {
+    spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"",
+                 strerror(batch_errno));
+  }
+}
+
+// From the first shutdown signal to the end: models still loading are abandoned, readiness goes
+// at once, the server serves on for --shutdown-delay-seconds (a second signal cuts it short),
+// then the calls in flight have --shutdown-grace-seconds. The exit status.
+int ServeUntilSignalled(sluice::Server& server, const sluice::ServerConfig& config,
+                        sigset_t* signals) {
+  int signal_number = 0;
+  sigwait(signals, &signal_number);
+  if (server.load_failed()) {
+    server.Shutdown(0);
+    return EXIT_FAILURE;
+  }
+  if (server.loading()) {
+    spdlog::info(
+        "event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
+        strsignal(signal_number));
+    server.AbandonLoading();
+    // Abandoning can race a start-up failure that was already on its way.
+    if (server.load_failed()) {
+      server.Shutdown(0);
+      return EXIT_FAILURE;
+    }
+  }
+  // Drain: not ready at once (probes and load balancers stop sending), still serving for the
+  // delay, then no new calls and the ones in flight finish within the grace period.
+  server.BeginDrain();
+  spdlog::info("event=draining signal={} delay_s={} grace_s={}", strsignal(signal_number),
+               config.shutdown_delay_seconds, config.shutdown_grace_seconds);
+  if (config.shutdown_delay_seconds > 0) {
+    const auto nanos = static_cast<long long>(config.shutdown_delay_seconds * 1e9);
+    timespec timeout{static_cast<time_t>(nanos / 1000000000),
+                     static_cast<long>(nanos % 1000000000)};
+    if (sigtimedwait(signals, nullptr, &timeout) > 0) {
+      spdlog::info("event=drain_delay_cut reason=\"second signal\"");
+    }
+  }
+  server.Shutdown(static_cast<int>(config.shutdown_grace_seconds * 1000));
+  spdlog::info("event=stopped");
+  return EXIT_SUCCESS;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // The child side of an operator library's probe (server/runtime/operator_libraries.h): load it
   // after the libraries the server has, say what it registered, exit.
-  if (argc >= 2 && std::string(argv[1]) == sluice::kProbeArgument)
+  if (argc >= 2 && std::string(argv[1]) == sluice::kProbeArgument) {
     return sluice::RunOperatorLibraryProbe(argc, argv);
+  }
   // gRPC's locks are absl::Mutex. Debian builds Abseil without NDEBUG, which leaves absl's
   // deadlock detection on: every lock and unlock updates a global lock-order graph, about 7 % of
   // a trivial request's CPU (docs/performance.md). Sluice's own locks are std::mutex, checked by
@@ -137,48 +221,19 @@ int main(int argc, char** argv) {
   library_options.allowed_dirs.assign(config.operator_library_dirs.begin(),
                                       config.operator_library_dirs.end());
   sluice::OperatorLibraries libraries(library_options);
-  absl::StatusOr<std::vector<std::string>> library_notes =
+  const absl::StatusOr<std::vector<std::string>> library_notes =
       sluice::LoadStartupOperatorLibraries(config, &libraries);
-  if (config.print_env) {
-    std::string report = sluice::FormatEnvironment(
-        runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
-    // The libraries and their problems go before the last line ("result: ...").
-    std::string libraries_report = sluice::FormatOperatorLibraries(libraries.List());
-    if (!library_notes.ok())
-      absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
-    for (const std::string& note : library_notes.value_or(std::vector<std::string>{})) {
-      absl::StrAppend(&libraries_report, "problem: ", note, "\n");
-    }
-    const size_t result = report.rfind("result: ");
-    report.insert(result == std::string::npos ? report.size() : result, libraries_report);
-    std::fputs(report.c_str(), stdout);
-    return library_notes.ok() ? EXIT_SUCCESS : EXIT_FAILURE;
-  }
+  if (config.print_env) return PrintEnvironment(config, runtime, libraries, library_notes);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %l %v");
   spdlog::set_level(spdlog::level::from_str(config.log_level));
-
-  RaiseOpenFilesLimit();
-  if (!cpu_split.log.empty()) spdlog::info("event=cpu_split {}", cpu_split.log);
-  if (!cpu_split.shared.empty())
-    spdlog::warn("event=model_cpus_shared reason=\"{}\"", cpu_split.shared);
-  if (config.model_threads_first) {
-    if (batch_policy) {
-      spdlog::info(
-          "event=thread_policy front_ends=SCHED_BATCH workers=SCHED_OTHER batchers=\"SCHED_BATCH; "
-          "SCHED_OTHER with a "
-          "queue delay, latency target or delaying queue policy, and for sequences\"");
-    } else {
-      spdlog::warn("event=thread_policy_refused reason=\"{}\" action=\"every thread SCHED_OTHER\"",
-                   strerror(batch_errno));
-    }
-  }
-
+  LogProcessSetup(config, cpu_split, batch_policy, batch_errno);
   if (!library_notes.ok()) {
     spdlog::critical("event=start_failed reason=\"{}\"", library_notes.status().message());
     return EXIT_FAILURE;
   }
-  for (const std::string& note : *library_notes)
+  for (const std::string& note : *library_notes) {
     spdlog::warn("event=operator_libraries problem=\"{}\"", note);
+  }
 
   // A start-up load that fails for every model wakes the sigwait below.
   auto server = sluice::Server::Start(config, runtime, &libraries, [] { kill(getpid(), SIGTERM); });
@@ -186,36 +241,5 @@ int main(int argc, char** argv) {
     spdlog::critical("event=start_failed reason=\"{}\"", server.status().message());
     return EXIT_FAILURE;
   }
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  if ((*server)->load_failed()) {
-    (*server)->Shutdown(0);
-    return EXIT_FAILURE;
-  }
-  if ((*server)->loading()) {
-    spdlog::info(
-        "event=shutdown_during_load signal={} action=\"abandoning the models still loading\"",
-        strsignal(signal_number));
-    (*server)->AbandonLoading();
-    // Abandoning can race a start-up failure that was already on its way.
-    if ((*server)->load_failed()) {
-      (*server)->Shutdown(0);
-      return EXIT_FAILURE;
-    }
-  }
-  // Drain: not ready at once (probes and load balancers stop sending), still serving for the
-  // delay, then no new calls and the ones in flight finish within the grace period.
-  (*server)->BeginDrain();
-  spdlog::info("event=draining signal={} delay_s={} grace_s={}", strsignal(signal_number),
-               config.shutdown_delay_seconds, config.shutdown_grace_seconds);
-  if (config.shutdown_delay_seconds > 0) {
-    const auto nanos = static_cast<long long>(config.shutdown_delay_seconds * 1e9);
-    timespec timeout{static_cast<time_t>(nanos / 1000000000),
-                     static_cast<long>(nanos % 1000000000)};
-    if (sigtimedwait(&signals, nullptr, &timeout) > 0)
-      spdlog::info("event=drain_delay_cut reason=\"second signal\"");
-  }
-  (*server)->Shutdown(static_cast<int>(config.shutdown_grace_seconds * 1000));
-  spdlog::info("event=stopped");
-  return EXIT_SUCCESS;
+  return ServeUntilSignalled(**server, config, &signals);
 }
