@@ -1,7 +1,8 @@
 // One error type across Sluice: absl::Status / absl::StatusOr (gRPC already depends on absl).
 // Codes carry meaning across modules: NOT_FOUND unknown model/version, INVALID_ARGUMENT bad
 // request, UNAVAILABLE model not ready or queue full, RESOURCE_EXHAUSTED out of memory, INTERNAL
-// model failure. server/frontend/status_mapping.h is the one place that turns them into gRPC codes.
+// model failure. server/grpc/grpc_status.h is the one place that turns them into gRPC
+// codes, server/http/http_status.h into HTTP status codes.
 #pragma once
 
 #include "absl/status/status.h"

@@ -122,16 +122,4 @@ Status CheckProtocolAccess(
   return absl::OkStatus();
 }
 
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions,
-                           ProtocolGroup group,
-                           const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
-  return CheckProtocolAccess(restrictions, group, [&metadata](const std::string& key) {
-    std::vector<absl::string_view> values;
-    auto [begin, end] = metadata.equal_range(grpc::string_ref(key));
-    for (auto it = begin; it != end; ++it)
-      values.emplace_back(it->second.data(), it->second.size());
-    return values;
-  });
-}
-
 }  // namespace sluice

@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/support/string_ref.h>
-
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 
@@ -45,13 +43,10 @@ StatusOr<ProtocolRestriction> ParseProtocolRestriction(const std::string& text);
 Status CheckRestrictionsDistinct(const std::vector<ProtocolRestriction>& restrictions,
                                  const std::string& flag = "--grpc-restricted-protocol");
 
-// OK when `group` is unrestricted or the call's metadata carries the header with the value;
-// UNAUTHENTICATED when the header is missing, PERMISSION_DENIED when its value is wrong.
-Status CheckProtocolAccess(const std::vector<ProtocolRestriction>& restrictions,
-                           ProtocolGroup group,
-                           const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
-// The same over any transport's headers: `values(key)` is what the call sent for header `key`
-// (lower case; the HTTP front end looks headers up case-insensitively).
+// OK when `group` is unrestricted or the call carries the header with the value; UNAUTHENTICATED
+// when the header is missing, PERMISSION_DENIED when its value is wrong. `values(key)` is what the
+// call sent for header `key` (lower case: gRPC metadata keys are; the HTTP front end looks
+// headers up case-insensitively).
 Status CheckProtocolAccess(
     const std::vector<ProtocolRestriction>& restrictions, ProtocolGroup group,
     absl::FunctionRef<std::vector<absl::string_view>(const std::string& key)> values);

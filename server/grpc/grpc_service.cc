@@ -10,7 +10,7 @@
 #include "server/core/message_text.h"
 #include "server/core/validation.h"
 #include "server/frontend/model_queries.h"
-#include "server/frontend/status_mapping.h"
+#include "server/grpc/grpc_status.h"
 #include "server/grpc/grpc_codec.h"
 #include "server/grpc/stream_flow.h"
 
@@ -323,7 +323,14 @@ grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
 
 Status GrpcService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {
   if (options_.restrictions.empty()) return absl::OkStatus();
-  return CheckProtocolAccess(options_.restrictions, group, context.client_metadata());
+  const auto& metadata = context.client_metadata();
+  return CheckProtocolAccess(options_.restrictions, group, [&metadata](const std::string& key) {
+    std::vector<absl::string_view> values;
+    auto [begin, end] = metadata.equal_range(grpc::string_ref(key));
+    for (auto it = begin; it != end; ++it)
+      values.emplace_back(it->second.data(), it->second.size());
+    return values;
+  });
 }
 
 grpc::ServerUnaryReactor* GrpcService::ServerLive(grpc::CallbackServerContext* context,

@@ -12,7 +12,7 @@
 #include "server/core/message_text.h"
 #include "server/frontend/inference_path.h"
 #include "server/frontend/model_queries.h"
-#include "server/frontend/status_mapping.h"
+#include "server/http/http_status.h"
 #include "server/http/http_codec.h"
 
 namespace sluice {

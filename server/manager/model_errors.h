@@ -13,7 +13,8 @@
 // The model name and a version as the client sent it are shown through QuoteClientText
 // (core/message_text.h): a usual name as it is, a long or odd one cut short and escaped.
 //
-// The front ends map the codes (NOT_FOUND: HTTP 404; UNAVAILABLE: 503), see status_mapping.h.
+// The front ends map the codes (NOT_FOUND: HTTP 404; UNAVAILABLE: 503), see grpc/grpc_status.h and
+// http/http_status.h.
 #pragma once
 
 #include <cstdint>

@@ -49,18 +49,27 @@ TEST(RestrictedProtocolsTest, BadValuesSayWhatIsWrong) {
 TEST(RestrictedProtocolsTest, AccessNeedsTheHeaderWithTheValue) {
   std::vector<ProtocolRestriction> restrictions = {
       *ParseProtocolRestriction("model-config,statistics:admin-key=yes")};
-  std::multimap<grpc::string_ref, grpc::string_ref> none;
-  std::multimap<grpc::string_ref, grpc::string_ref> right = {{"admin-key", "yes"}};
-  std::multimap<grpc::string_ref, grpc::string_ref> wrong = {{"admin-key", "no"}, {"other", "yes"}};
-  EXPECT_TRUE(
-      CheckProtocolAccess(restrictions, ProtocolGroup::kInference, none).ok());  // not restricted
-  EXPECT_TRUE(CheckProtocolAccess(restrictions, ProtocolGroup::kModelConfig, right).ok());
-  Status missing = CheckProtocolAccess(restrictions, ProtocolGroup::kStatistics, none);
+  // A call's headers, as a front end hands them over.
+  using Headers = std::multimap<std::string, std::string>;
+  auto check = [&](ProtocolGroup group, const Headers& headers) {
+    return CheckProtocolAccess(restrictions, group, [&headers](const std::string& key) {
+      std::vector<absl::string_view> values;
+      auto [begin, end] = headers.equal_range(key);
+      for (auto it = begin; it != end; ++it) values.emplace_back(it->second);
+      return values;
+    });
+  };
+  const Headers none;
+  const Headers right = {{"admin-key", "yes"}};
+  const Headers wrong = {{"admin-key", "no"}, {"other", "yes"}};
+  EXPECT_TRUE(check(ProtocolGroup::kInference, none).ok());  // not restricted
+  EXPECT_TRUE(check(ProtocolGroup::kModelConfig, right).ok());
+  Status missing = check(ProtocolGroup::kStatistics, none);
   EXPECT_EQ(missing.code(), absl::StatusCode::kUnauthenticated);
   EXPECT_THAT(
       missing.message(),
       HasSubstr("'statistics' protocol is restricted on this server: send the header 'admin-key'"));
-  Status wrong_value = CheckProtocolAccess(restrictions, ProtocolGroup::kModelConfig, wrong);
+  Status wrong_value = check(ProtocolGroup::kModelConfig, wrong);
   EXPECT_EQ(wrong_value.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(wrong_value.message(), ::testing::Not(HasSubstr("yes")));  // never echoes the secret
 }

@@ -2,12 +2,12 @@
 
 #include "server/core/bytes_tensor.h"
 #include "server/core/message_text.h"
-#include "server/frontend/status_mapping.h"
+#include "server/grpc/grpc_status.h"
 
 namespace sluice {
 namespace {
 
-TEST(StatusMappingTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
+TEST(GrpcStatusTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
   const std::pair<absl::StatusCode, grpc::StatusCode> pairs[] = {
       {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
       {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
@@ -38,7 +38,7 @@ TEST(StatusMappingTest, EveryCanonicalCodeMapsToItsGrpcTwin) {
 
 // gRPC sends the message in the trailing metadata: past the client's limit (8 KiB by default) the
 // client would see RESOURCE_EXHAUSTED "received metadata size exceeds hard limit" instead.
-TEST(StatusMappingTest, TheGrpcMessageIsCappedToShortValidUtf8AndTheCodeKept) {
+TEST(GrpcStatusTest, TheGrpcMessageIsCappedToShortValidUtf8AndTheCodeKept) {
   const std::string long_name(20000, 'n');
   const grpc::Status mapped = ToGrpcStatus(
       absl::NotFoundError("Request for unknown model: '" + long_name + "' is not found"));
@@ -51,29 +51,6 @@ TEST(StatusMappingTest, TheGrpcMessageIsCappedToShortValidUtf8AndTheCodeKept) {
       ToGrpcStatus(absl::InvalidArgumentError("bad '\xff\xfe'\nnext line"));
   EXPECT_TRUE(IsValidUtf8(invalid.error_message()));
   EXPECT_EQ(invalid.error_message(), "bad '\\xFF\\xFE'\nnext line");
-}
-
-TEST(StatusMappingTest, HttpCodesFollowTritonAndNameWhatTritonLumpsInto400) {
-  const std::pair<absl::StatusCode, int> pairs[] = {
-      {absl::StatusCode::kOk, 200},
-      {absl::StatusCode::kInternal, 500},
-      {absl::StatusCode::kUnknown, 500},
-      {absl::StatusCode::kNotFound, 404},
-      {absl::StatusCode::kUnavailable, 503},
-      {absl::StatusCode::kUnimplemented, 501},
-      {absl::StatusCode::kInvalidArgument, 400},
-      {absl::StatusCode::kFailedPrecondition, 400},
-      {absl::StatusCode::kAlreadyExists, 400},
-      {absl::StatusCode::kOutOfRange, 400},
-      {absl::StatusCode::kResourceExhausted, 429},
-      {absl::StatusCode::kDeadlineExceeded, 504},
-      {absl::StatusCode::kUnauthenticated, 401},
-      {absl::StatusCode::kPermissionDenied, 403},
-      {absl::StatusCode::kCancelled, 499},
-  };
-  for (const auto& [ours, code] : pairs) {
-    EXPECT_EQ(ToHttpStatusCode(Status(ours, "why")), code) << absl::StatusCodeToString(ours);
-  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "server/frontend/status_mapping.h"
+#include "server/grpc/grpc_status.h"
 
 #include "server/core/message_text.h"
 
@@ -62,34 +62,6 @@ grpc::Status ToGrpcStatus(const Status& status) {
       break;
   }
   return grpc::Status(code, CapMessage(status.message()));
-}
-
-int ToHttpStatusCode(const Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return 200;
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kUnknown:
-      return 500;
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    case absl::StatusCode::kUnimplemented:
-      return 501;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 504;
-    case absl::StatusCode::kUnauthenticated:
-      return 401;
-    case absl::StatusCode::kPermissionDenied:
-      return 403;
-    case absl::StatusCode::kCancelled:
-      return 499;
-    default:
-      return 400;
-  }
 }
 
 }  // namespace sluice

@@ -1,0 +1,17 @@
+// Sluice statuses as gRPC statuses: the one mapping the gRPC front end answers with.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "server/core/status.h"
+
+namespace sluice {
+
+// Same-named codes map one to one (absl and gRPC share the canonical code space). A non-canonical
+// code becomes UNKNOWN. The message is kept as CapMessage bounds it (message_text.h): at most
+// kStatusMessageBytes of valid UTF-8, whatever the status carries, since gRPC sends it in the
+// trailing metadata and a client refuses metadata over its limit (8 KiB by default) with
+// RESOURCE_EXHAUSTED instead of the status.
+grpc::Status ToGrpcStatus(const Status& status);
+
+}  // namespace sluice
