@@ -71,8 +71,10 @@ TEST(ChildProcessTest, TheChildInheritsNoBlockedOrIgnoredSignals) {
   sigaddset(&block, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &block, &previous);
   auto old_pipe = std::signal(SIGPIPE, SIG_IGN);
-  // /proc/self/status of the shell: SigBlk and SigIgn as hexadecimal masks.
-  StatusOr<ChildOutcome> outcome = Shell("grep -E '^Sig(Blk|Ign)' /proc/$$/status");
+  // The masks a program started by the child inherits through exec (grep reading its own
+  // /proc/self/status: SigBlk and SigIgn in hexadecimal). Not the shell's own status, read by
+  // another process: the shell blocks signals for a moment around each fork.
+  StatusOr<ChildOutcome> outcome = Shell("exec grep -E '^Sig(Blk|Ign)' /proc/self/status");
   std::signal(SIGPIPE, old_pipe);
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   ASSERT_TRUE(outcome.ok()) << outcome.status();
