@@ -24,17 +24,9 @@ using ::testing::Not;
 
 constexpr char kMinimal[] = R"pb(
   platform: "pytorch_libtorch"
-  max_batch_size: 8 input
-  [ {
-    name: "INPUT__0"
-    data_type: TYPE_FP32
-    dims: [ 3, -1 ]
-  }] output
-  [ {
-    name: "OUTPUT__0"
-    data_type: TYPE_INT64
-    dims: [ 2 ]
-  }]
+  max_batch_size: 8
+  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
+  output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
 )pb";
 
 StatusOr<ModelSpec> Build(const std::string& text, const std::string& name = "m") {
@@ -81,76 +73,24 @@ constexpr char kRealTritonSequenceConfig[] = R"pb(
   name: "seq"
   backend: "pytorch"
   max_batch_size: 16
-  version_policy: { specific: { versions: [ 1, 3 ] } } input
-  [ {
-    name: "INPUT__0"
-    data_type: TYPE_FP32
-    dims: [ 1 ]
-    format: FORMAT_NONE
-  }] output
-  [ {
-    name: "OUTPUT__0"
-    data_type: TYPE_FP32
-    dims: [ 1 ]
-  }]
+  version_policy: { specific: { versions: [ 1, 3 ] } }
+  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] format: FORMAT_NONE } ]
+  output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
   sequence_batching {
     max_sequence_idle_microseconds: 5000000
-    oldest {
-      max_candidate_sequences: 4
-      preferred_batch_size: [ 4 ]
-      max_queue_delay_microseconds: 100
-    } control_input
-    [ {
-      name: "START" control
-      [ {
-        kind: CONTROL_SEQUENCE_START
-        fp32_false_true: [ 0, 1 ]
-      }]
-    }
-      , {
-        name: "CORRID" control
-        [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }]
-      }] state
-    [ {
-      input_name: "INPUT_STATE"
-      output_name: "OUTPUT_STATE"
-      data_type: TYPE_FP32
-      dims: [ -1 ]
-      initial_state: {
-        data_type: TYPE_FP32
-        dims: [ 1 ]
-        zero_data: true
-        name: "init"
-      }
-    }]
-  } instance_group
-  [ {
-    count: 2
-    kind: KIND_GPU
-    gpus: [ 0 ]
-  }]
-  parameters: {
-    key: "INFERENCE_MODE"
-    value: { string_value: "true" }
-  } model_warmup
-  [ {
-    name: "w"
-    batch_size: 1
-    inputs {
-      key: "INPUT__0"
-      value: {
-        data_type: TYPE_FP32
-        dims: [ 1 ]
-        zero_data: true
-      }
-    }
-  }]
-  optimization {
-    cuda { graphs: true }
-    input_pinned_memory { enable: true }
-    execution_accelerators { gpu_execution_accelerator
-                             [ { name: "tensorrt" }] }
+    oldest { max_candidate_sequences: 4 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+    ]
+    state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ -1 ]
+              initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "init" } } ]
   }
+  instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+  parameters: { key: "INFERENCE_MODE" value: { string_value: "true" } }
+  model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
+  optimization { cuda { graphs: true } input_pinned_memory { enable: true }
+                 execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }
   response_cache { enable: true }
   model_transaction_policy { decoupled: false }
 )pb";
@@ -167,17 +107,9 @@ TEST(ModelConfigParserTest, RealTritonConfigParsesAndUnsupportedFieldsAreNamed) 
 TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   constexpr char kGraphs[] = R"pb(
     platform: "pytorch_libtorch"
-    max_batch_size: 8 input
-    [ {
-      name: "INPUT__0"
-      data_type: TYPE_FP32
-      dims: [ 4 ]
-    }] output
-    [ {
-      name: "OUTPUT__0"
-      data_type: TYPE_FP32
-      dims: [ 4 ]
-    }]
+    max_batch_size: 8
+    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
     optimization { cuda { graphs: true } }
   )pb";
   auto config = ParseModelConfigText(kGraphs, "g/config.pbtxt");
@@ -188,11 +120,11 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   EXPECT_EQ(spec->cuda_graphs_max, 16);
 
   const auto with_cap = [&](const char* cap) {
-    auto capped =
-        ParseModelConfigText(absl::StrCat(kGraphs, R"pb(parameters { key: "sluice.cuda_graphs_max"
-                                                                     value { string_value: ")pb",
-                                          cap, R"pb(" } })pb"),
-                             "g/config.pbtxt");
+    auto capped = ParseModelConfigText(
+        absl::StrCat(kGraphs,
+                     R"pb(parameters { key: "sluice.cuda_graphs_max" value { string_value: ")pb",
+                     cap, R"pb(" } })pb"),
+        "g/config.pbtxt");
     EXPECT_TRUE(capped.ok()) << capped.status();
     return BuildModelSpec("g", &*capped);
   };
@@ -204,19 +136,11 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.cuda_graphs_max"));
 
   auto off = ParseModelConfigText(R"pb(
-                                    platform: "pytorch_libtorch"
-                                    max_batch_size: 8 input
-                                    [ {
-                                      name: "INPUT__0"
-                                      data_type: TYPE_FP32
-                                      dims: [ 4 ]
-                                    }] output
-                                    [ {
-                                      name: "OUTPUT__0"
-                                      data_type: TYPE_FP32
-                                      dims: [ 4 ]
-                                    }]
-                                  )pb",
+    platform: "pytorch_libtorch"
+    max_batch_size: 8
+    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+  )pb",
                                   "g/config.pbtxt");
   ASSERT_TRUE(off.ok()) << off.status();
   spec = BuildModelSpec("g", &*off);
@@ -226,45 +150,18 @@ TEST(ModelConfigParserTest, CudaGraphsAndTheirCapPerInstance) {
 
 // Triton's sequence_batching, direct strategy: control inputs become inputs the server fills.
 constexpr char kSequenceModel[] = R"pb(
-  max_batch_size: 4 input
-  [ {
-    name: "INPUT"
-    data_type: TYPE_INT32
-    dims: [ 1 ]
-  }] output
-  [ {
-    name: "OUTPUT"
-    data_type: TYPE_INT32
-    dims: [ 1 ]
-  }]
+  max_batch_size: 4
+  input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
   sequence_batching {
     max_sequence_idle_microseconds: 5000000
-    direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 } control_input
-    [ {
-      name: "START" control
-      [ {
-        kind: CONTROL_SEQUENCE_START
-        fp32_false_true: [ 0, 1 ]
-      }]
-    }
-      , {
-        name: "END" control
-        [ {
-          kind: CONTROL_SEQUENCE_END
-          bool_false_true: [ false, true ]
-        }]
-      }
-      , {
-        name: "READY" control
-        [ {
-          kind: CONTROL_SEQUENCE_READY
-          int32_false_true: [ 5, 7 ]
-        }]
-      }
-      , {
-        name: "CORRID" control
-        [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING }]
-      }]
+    direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 }
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+      { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+      { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 5, 7 ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+    ]
   }
 )pb";
 
@@ -373,43 +270,15 @@ TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
 }
 
 constexpr char kPaddedSequenceModel[] = R"pb(
-  max_batch_size: 8 input
-  [ {
-    name: "tokens"
-    data_type: TYPE_INT64
-    dims: [ -1 ]
-  }
-    , {
-      name: "lengths"
-      data_type: TYPE_INT32
-      dims: [ 1 ]
-    }] output
-  [ {
-    name: "logits"
-    data_type: TYPE_FP32
-    dims: [ -1, 4 ]
-  }
-    , {
-      name: "pooled"
-      data_type: TYPE_FP32
-      dims: [ 4 ]
-    }]
-  parameters {
-    key: "sluice.buckets"
-    value { string_value: "seq = 64, 16,32" }
-  }
-  parameters {
-    key: "sluice.bucket_dims"
-    value { string_value: "tokens:0=seq, logits:0=seq" }
-  }
-  parameters {
-    key: "sluice.pad_value"
-    value { string_value: "-1" }
-  }
-  parameters {
-    key: "sluice.lengths_input"
-    value { string_value: "lengths" }
-  }
+  max_batch_size: 8
+  input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] },
+          { name: "lengths" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  output [ { name: "logits" data_type: TYPE_FP32 dims: [ -1, 4 ] },
+           { name: "pooled" data_type: TYPE_FP32 dims: [ 4 ] } ]
+  parameters { key: "sluice.buckets" value { string_value: "seq = 64, 16,32" } }
+  parameters { key: "sluice.bucket_dims" value { string_value: "tokens:0=seq, logits:0=seq" } }
+  parameters { key: "sluice.pad_value" value { string_value: "-1" } }
+  parameters { key: "sluice.lengths_input" value { string_value: "lengths" } }
 )pb";
 
 TEST(ModelConfigParserTest, PaddingBuckets) {
@@ -433,22 +302,10 @@ TEST(ModelConfigParserTest, PaddingBuckets) {
 
 TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
   const std::string base = R"pb(
-    max_batch_size: 8 input
-    [ {
-      name: "tokens"
-      data_type: TYPE_INT64
-      dims: [ -1, 3 ]
-    }
-      , {
-        name: "lengths"
-        data_type: TYPE_FP32
-        dims: [ 1 ]
-      }] output
-    [ {
-      name: "out"
-      data_type: TYPE_FP32
-      dims: [ -1 ]
-    }]
+    max_batch_size: 8
+    input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1, 3 ] },
+            { name: "lengths" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "out" data_type: TYPE_FP32 dims: [ -1 ] } ]
   )pb";
   auto with = [&](const std::string& parameters) { return Build(base + parameters).status(); };
   auto param = [](const std::string& key, const std::string& value) {
@@ -504,47 +361,14 @@ TEST(ModelConfigParserTest, PaddingErrorsSayWhatIsWrong) {
 
 TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    parameters {
-      key: "sluice.warmup"
-      value { string_value: "false" }
-    }
-    parameters {
-      key: "sluice.warmup_runs"
-      value { string_value: "5" }
-    }
-    parameters {
-      key: "sluice.cudnn_benchmark"
-      value { string_value: "off" }
-    }
-    parameters {
-      key: "sluice.cuda_wait"
-      value { string_value: "blocking" }
-    } model_warmup
-    [ {
-      name: "zeros"
-      batch_size: 2
-      count: 3
-      inputs {
-        key: "INPUT__0"
-        value: {
-          data_type: TYPE_FP32
-          dims: [ 3, 7 ]
-          zero_data: true
-        }
-      }
-    }
-      , {
-        name: "file"
-        batch_size: 1
-        inputs {
-          key: "INPUT__0"
-          value: {
-            data_type: TYPE_FP32
-            dims: [ 3, 1 ]
-            input_data_file: "x.bin"
-          }
-        }
-      }]
+    parameters { key: "sluice.warmup" value { string_value: "false" } }
+    parameters { key: "sluice.warmup_runs" value { string_value: "5" } }
+    parameters { key: "sluice.cudnn_benchmark" value { string_value: "off" } }
+    parameters { key: "sluice.cuda_wait" value { string_value: "blocking" } }
+    model_warmup [ { name: "zeros" batch_size: 2 count: 3
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 7 ] zero_data: true } } },
+                   { name: "file" batch_size: 1
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "x.bin" } } } ]
   )pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->warmup);
@@ -561,83 +385,34 @@ TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
   EXPECT_EQ(spec->warmup_samples[1].count, 1);
 
   auto too_big = Build(std::string(kMinimal) + R"pb(
-    model_warmup
-    [ {
-      name: "big"
-      batch_size: 9
-      inputs {
-        key: "INPUT__0"
-        value: {
-          data_type: TYPE_FP32
-          dims: [ 3, 1 ]
-          zero_data: true
-        }
-      }
-    }])pb");
+    model_warmup [ { name: "big" batch_size: 9
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] zero_data: true } } } ])pb");
   EXPECT_THAT(too_big.status().message(),
               HasSubstr("model_warmup 'big': batch_size must be in [1, max_batch_size=8]"));
   auto escape = Build(std::string(kMinimal) + R"pb(
-    model_warmup
-    [ {
-      name: "up"
-      batch_size: 1
-      inputs {
-        key: "INPUT__0"
-        value: {
-          data_type: TYPE_FP32
-          dims: [ 3, 1 ]
-          input_data_file: "../x"
-        }
-      }
-    }])pb");
+    model_warmup [ { name: "up" batch_size: 1
+                     inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "../x" } } } ])pb");
   EXPECT_THAT(escape.status().message(), HasSubstr("plain file name"));
 }
 
 TEST(ModelConfigParserTest, EnsembleIsRejected) {
-  auto spec = Build(R"pb(platform: "ensemble"
-                         max_batch_size: 1 input
-                         [ {
-                           name: "a"
-                           data_type: TYPE_FP32
-                           dims: [ 1 ]
-                         }] output
-                         [ {
-                           name: "b"
-                           data_type: TYPE_FP32
-                           dims: [ 1 ]
-                         }]
-                         ensemble_scheduling { step
-                                               [ { model_name: "x" model_version: -1 }] })pb");
+  auto spec = Build(R"pb(platform: "ensemble" max_batch_size: 1
+                        input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                        output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                        ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("platform 'ensemble'"));
-  spec = Build(R"pb(max_batch_size: 1 input
-                    [ {
-                      name: "a"
-                      data_type: TYPE_FP32
-                      dims: [ 1 ]
-                    }] output
-                    [ {
-                      name: "b"
-                      data_type: TYPE_FP32
-                      dims: [ 1 ]
-                    }]
-                    ensemble_scheduling { step
-                                          [ { model_name: "x" model_version: -1 }] })pb");
+  spec = Build(R"pb(max_batch_size: 1
+                   input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                   output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                   ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
   EXPECT_THAT(spec.status().message(),
               HasSubstr("unsupported configuration field: ensemble_scheduling"));
 }
 
 TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
-  const std::string io = R"pb(max_batch_size: 8 input
-                              [ {
-                                name: "a"
-                                data_type: TYPE_FP32
-                                dims: [ 1 ]
-                              }] output
-                              [ {
-                                name: "b"
-                                data_type: TYPE_FP32
-                                dims: [ 1 ]
-                              }])pb";
+  const std::string io = R"pb(max_batch_size: 8
+                              input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
   auto spec = Build("platform: \"torch_aoti\"\n" + io);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->format, ModelFormat::kAotInductor);
@@ -656,43 +431,18 @@ TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {
 TEST(ModelConfigParserTest, StringTensorsAreFlatListsOfStr) {
   // Triton's layout for a batched string input: dims [1] reshaped to [] (the model takes one
   // flat List[str]; the reshape changes nothing it sees, so it is accepted for strings).
-  auto spec = Build(R"pb(max_batch_size: 8 input
-                         [ {
-                           name: "TEXT"
-                           data_type: TYPE_STRING
-                           dims: [ 1 ]
-                           reshape: { shape: [] }
-                         }] output
-                         [ {
-                           name: "LABEL"
-                           data_type: TYPE_STRING
-                           dims: [ 1 ]
-                         }
-                           , {
-                             name: "SCORE"
-                             data_type: TYPE_FP32
-                             dims: [ 2 ]
-                           }])pb");
+  auto spec = Build(R"pb(max_batch_size: 8
+                         input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } } ]
+                         output [ { name: "LABEL" data_type: TYPE_STRING dims: [ 1 ] },
+                                  { name: "SCORE" data_type: TYPE_FP32 dims: [ 2 ] } ])pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->inputs[0].dtype, DataType::kBytes);
   EXPECT_EQ(spec->inputs[0].dims, Shape({1}));
   EXPECT_EQ(spec->outputs[0].dtype, DataType::kBytes);
   EXPECT_FALSE(spec->warmup);  // shape warm-up feeds empty strings: only when asked for
-  spec = Build(R"pb(input
-                    [ {
-                      name: "TEXT"
-                      data_type: TYPE_STRING
-                      dims: [ -1 ]
-                    }] output
-                    [ {
-                      name: "LABEL"
-                      data_type: TYPE_STRING
-                      dims: [ -1 ]
-                    }]
-                    parameters {
-                      key: "sluice.warmup"
-                      value { string_value: "true" }
-                    })pb");
+  spec = Build(R"pb(input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+                    output [ { name: "LABEL" data_type: TYPE_STRING dims: [ -1 ] } ]
+                    parameters { key: "sluice.warmup" value { string_value: "true" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->warmup);
 
@@ -700,76 +450,30 @@ TEST(ModelConfigParserTest, StringTensorsAreFlatListsOfStr) {
     std::string config;
     std::string message;
   };
-  const std::string out = R"pb(output
-                               [ {
-                                 name: "b"
-                                 data_type: TYPE_FP32
-                                 dims: [ 1 ]
-                               }])pb";
+  const std::string out = R"pb(output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
   const std::vector<Case> cases = {
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_STRING
-              dims: [ 2, 3 ]
-            }])pb" +
-           out,
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 2, 3 ] } ])pb" + out,
        "input 'a': a TYPE_STRING tensor is a flat List[str] for the model; declare at most one "
        "dimension"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_STRING
-              dims: [ 4 ]
-              reshape: { shape: [ 2 ] }
-            }])pb" +
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2 ] } } ])pb" +
            out,
        "input 'a': reshape [2] must keep the element count of dims"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_STRING
-              dims: [ 4 ]
-              reshape: { shape: [ 2, 2 ] }
-            }])pb" +
+      {R"pb(input [ { name: "a" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ])pb" +
            out,
        "and have at most one dimension"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }] output
-            [ {
-              name: "b"
-              data_type: TYPE_STRING
-              dims: [ 1, 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_STRING dims: [ 1, 1 ] } ])pb",
        "output 'b': a TYPE_STRING tensor is a flat List[str]"},
-      {R"pb(platform: "torch_aoti" input
-            [ {
-              name: "a"
-              data_type: TYPE_STRING
-              dims: [ 1 ]
-            }])pb" +
+      {R"pb(platform: "torch_aoti"
+            input [ { name: "a" data_type: TYPE_STRING dims: [ 1 ] } ])pb" +
            out,
        "'a' is TYPE_STRING, but an AOTInductor package (platform \"torch_aoti\") takes and returns "
        "tensors only"},
-      {R"pb(max_batch_size: 4 input
-            [ {
-              name: "a"
-              data_type: TYPE_STRING
-              dims: [ -1 ]
-            }])pb" +
+      {R"pb(max_batch_size: 4
+            input [ { name: "a" data_type: TYPE_STRING dims: [ -1 ] } ])pb" +
            out +
-           R"pb(parameters {
-                  key: "sluice.buckets"
-                  value { string_value: "n=4,8" }
-                }
-                parameters {
-                  key: "sluice.bucket_dims"
-                  value { string_value: "a:0=n" }
-                })pb",
+           R"pb(parameters { key: "sluice.buckets" value { string_value: "n=4,8" } }
+                parameters { key: "sluice.bucket_dims" value { string_value: "a:0=n" } })pb",
        "sluice.bucket_dims: 'a:0=n': 'a' is TYPE_STRING; padding buckets pad fixed-size elements"},
   };
   for (const Case& c : cases) {
@@ -784,86 +488,26 @@ TEST(ModelConfigParserTest, ValidationErrors) {
     std::string config;
     std::string message;
   };
-  const std::string io = R"pb(input
-                              [ {
-                                name: "a"
-                                data_type: TYPE_FP32
-                                dims: [ 1 ]
-                              }] output
-                              [ {
-                                name: "b"
-                                data_type: TYPE_FP32
-                                dims: [ 1 ]
-                              }])pb";
+  const std::string io = R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                              output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb";
   std::vector<Case> cases = {
       {"name: \"other\"\n" + io, "config name 'other' differs from its directory name 'm'"},
       {"platform: \"onnxruntime_onnx\"\n" + io, "Sluice serves TorchScript models"},
       {"max_batch_size: -1\n" + io, "max_batch_size must be >= 0"},
       {"max_batch_size: 1", "needs its inputs and outputs declared"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_UINT16
-              dims: [ 1 ]
-            }] output
-            [ {
-              name: "b"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" data_type: TYPE_UINT16 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a': data_type TYPE_UINT16 is not supported"},
-      {R"pb(input
-            [ {
-              name: "a"
-              dims: [ 1 ]
-            }] output
-            [ {
-              name: "b"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" dims: [ 1 ] } ] output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a': data_type is missing"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_FP32
-              dims: [ 0 ]
-            }] output
-            [ {
-              name: "b"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 0 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a': dims must be positive or -1"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }
-              , {
-                name: "a"
-                data_type: TYPE_FP32
-                dims: [ 1 ]
-              }] output
-            [ {
-              name: "b"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a' is declared twice"},
-      {R"pb(input
-            [ {
-              name: "a"
-              data_type: TYPE_FP32
-              dims: [ 4 ]
-              reshape: { shape: [ 2, 2 ] }
-            }] output
-            [ {
-              name: "b"
-              data_type: TYPE_FP32
-              dims: [ 1 ]
-            }])pb",
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a': 'reshape' is not supported"},
       {io + "\ndynamic_batching { }", "dynamic_batching needs max_batch_size > 0"},
       {io + "\ninstance_group [ { kind: KIND_MODEL } ]", "kind KIND_MODEL is not supported"},
@@ -880,16 +524,8 @@ TEST(ModelConfigParserTest, ValidationErrors) {
 
 TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    instance_group
-    [ { kind: KIND_CPU count: 3 }
-      , {
-        kind: KIND_GPU
-        gpus: [ 1, 2 ]
-      }]
-    parameters: {
-      key: "INTRA_OP_THREAD_COUNT"
-      value: { string_value: "2" }
-    })pb");
+      instance_group [ { kind: KIND_CPU count: 3 }, { kind: KIND_GPU gpus: [ 1, 2 ] } ]
+      parameters: { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "2" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->instance_groups.size(), 2u);
   EXPECT_EQ(spec->instance_groups[0].kind, InstanceKind::kCpu);
@@ -903,27 +539,14 @@ TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {
 
 TEST(ModelConfigParserTest, DynamicBatching) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {
-      preferred_batch_size: [ 8, 2, 4, 4 ]
-      max_queue_delay_microseconds: 500
-      default_queue_policy {
-        max_queue_size: 7
-        default_timeout_microseconds: 900
-        allow_timeout_override: true
+      dynamic_batching {
+        preferred_batch_size: [ 8, 2, 4, 4 ]
+        max_queue_delay_microseconds: 500
+        default_queue_policy { max_queue_size: 7 default_timeout_microseconds: 900 allow_timeout_override: true }
       }
-    }
-    parameters: {
-      key: "sluice.pad_batch_to_preferred"
-      value: { string_value: "true" }
-    }
-    parameters: {
-      key: "sluice.max_shape_groups"
-      value: { string_value: "3" }
-    }
-    parameters: {
-      key: "sluice.max_queued_bytes"
-      value: { string_value: "1000" }
-    })pb");
+      parameters: { key: "sluice.pad_batch_to_preferred" value: { string_value: "true" } }
+      parameters: { key: "sluice.max_shape_groups" value: { string_value: "3" } }
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "1000" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const DynamicBatchingSpec& batching = spec->dynamic_batching;
   EXPECT_TRUE(batching.enabled);
@@ -940,21 +563,17 @@ TEST(ModelConfigParserTest, DynamicBatching) {
 
 TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {
-      priority_levels: 3
-      default_priority_level: 2
-      preserve_ordering: true
-      default_queue_policy { max_queue_size: 9 default_timeout_microseconds: 100 }
-      priority_queue_policy {
-        key: 1
-        value: {
-          max_queue_size: 4
-          default_timeout_microseconds: 2000
-          allow_timeout_override: true
-          timeout_action: DELAY
+      dynamic_batching {
+        priority_levels: 3
+        default_priority_level: 2
+        preserve_ordering: true
+        default_queue_policy { max_queue_size: 9 default_timeout_microseconds: 100 }
+        priority_queue_policy {
+          key: 1
+          value: { max_queue_size: 4 default_timeout_microseconds: 2000 allow_timeout_override: true
+                   timeout_action: DELAY }
         }
-      }
-    })pb");
+      })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const DynamicBatchingSpec& batching = spec->dynamic_batching;
   EXPECT_EQ(batching.priority_levels, 3);
@@ -985,28 +604,18 @@ TEST(ModelConfigParserTest, PriorityLevelsAndQueuePolicies) {
   EXPECT_TRUE(plain->dynamic_batching.PolicyOf(0).delay);
   // Without levels, the level fields mean nothing and are ignored, as Triton ignores them.
   auto ignored = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {
-      default_priority_level: 3
-      priority_queue_policy {
-        key: 9
-        value: { timeout_action: DELAY }
-      }
-    })pb");
+      dynamic_batching { default_priority_level: 3 priority_queue_policy { key: 9 value: { timeout_action: DELAY } } })pb");
   ASSERT_TRUE(ignored.ok()) << ignored.status();
   EXPECT_EQ(ignored->dynamic_batching.priority_levels, 0);
   EXPECT_FALSE(ignored->dynamic_batching.AnyDelay());
   // With levels, every level has its own policy: the default one's DELAY counts only where a
   // level takes it.
   auto all_named = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {
-      priority_levels: 1
-      default_priority_level: 1
-      default_queue_policy { timeout_action: DELAY }
-      priority_queue_policy {
-        key: 1
-        value: {}
-      }
-    })pb");
+      dynamic_batching {
+        priority_levels: 1 default_priority_level: 1
+        default_queue_policy { timeout_action: DELAY }
+        priority_queue_policy { key: 1 value: { } }
+      })pb");
   ASSERT_TRUE(all_named.ok()) << all_named.status();
   EXPECT_FALSE(all_named->dynamic_batching.AnyDelay());
 }
@@ -1015,51 +624,33 @@ TEST(ModelConfigParserTest, TheQueuedByteCapHoldsWithoutDynamicBatchingToo) {
   // One admission policy for every scheduler: the sequence batcher and the unbatched queue read
   // the same cap.
   auto spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.max_queued_bytes"
-      value: { string_value: "4096" }
-    })pb");
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "4096" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.enabled);
   EXPECT_EQ(spec->dynamic_batching.max_queued_bytes, 4096u);
   EXPECT_EQ(Build(std::string(kMinimal)).value().dynamic_batching.max_queued_bytes, 256u << 20);
   auto refused = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.max_queued_bytes"
-      value: { string_value: "0" }
-    })pb");
+      parameters: { key: "sluice.max_queued_bytes" value: { string_value: "0" } })pb");
   EXPECT_FALSE(refused.ok());
 }
 
 TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {}
-    parameters: {
-      key: "sluice.auto_batch_sizes"
-      value: { string_value: "false" }
-    })pb");
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "false" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.auto_batch_sizes);
   // A config written back from a ModelConfig answer carries the measured choice: it loads, and
   // the choice is measured again.
   spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {}
-    parameters: {
-      key: "sluice.auto_batch_sizes.chosen"
-      value: { string_value: "1,2" }
-    }
-    parameters: {
-      key: "sluice.auto_batch_sizes.rows_per_second"
-      value: { string_value: "1:10,2:30" }
-    })pb");
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes.chosen" value: { string_value: "1,2" } }
+      parameters: { key: "sluice.auto_batch_sizes.rows_per_second" value: { string_value: "1:10,2:30" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->dynamic_batching.auto_batch_sizes);
   spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching {}
-    parameters: {
-      key: "sluice.auto_batch_sizes"
-      value: { string_value: "sometimes" }
-    })pb");
+      dynamic_batching { }
+      parameters: { key: "sluice.auto_batch_sizes" value: { string_value: "sometimes" } })pb");
   EXPECT_THAT(spec.status().message(),
               HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
 }
@@ -1070,29 +661,17 @@ TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
   EXPECT_FALSE(spec->dynamic_batching.run_on_receiving_thread);  // off by default
   EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, kRunOnReceivingThreadMaxUs);
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.run_on_receiving_thread"
-      value: { string_value: "true" }
-    }
-    parameters: {
-      key: "sluice.run_on_receiving_thread_max_us"
-      value: { string_value: "120" }
-    })pb");
+      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "true" } }
+      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "120" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_FALSE(spec->dynamic_batching.enabled);
   EXPECT_TRUE(spec->dynamic_batching.run_on_receiving_thread);
   EXPECT_EQ(spec->dynamic_batching.run_on_receiving_thread_max_us, 120);
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.run_on_receiving_thread_max_us"
-      value: { string_value: "0" }
-    })pb");
+      parameters: { key: "sluice.run_on_receiving_thread_max_us" value: { string_value: "0" } })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("sluice.run_on_receiving_thread_max_us"));
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.run_on_receiving_thread"
-      value: { string_value: "yes" }
-    })pb");
+      parameters: { key: "sluice.run_on_receiving_thread" value: { string_value: "yes" } })pb");
   EXPECT_THAT(spec.status().message(),
               HasSubstr("sluice.run_on_receiving_thread must be \"true\" or \"false\""));
 }
@@ -1102,34 +681,22 @@ TEST(ModelConfigParserTest, LatencyTarget) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 0);  // none by default
   spec = Build(std::string(kMinimal) + R"pb(
-    dynamic_batching { max_queue_delay_microseconds: 500 }
-    parameters: {
-      key: "sluice.latency_target_us"
-      value: { string_value: "20000" }
-    })pb");
+      dynamic_batching { max_queue_delay_microseconds: 500 }
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "20000" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 20000);
   EXPECT_EQ(spec->dynamic_batching.max_queue_delay_us, 500);  // kept, as the wait's upper bound
   // Without dynamic_batching too (each request its own batch: only refusals apply).
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.latency_target_us"
-      value: { string_value: "1000" }
-    })pb");
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "1000" } })pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->dynamic_batching.latency_target_us, 1000);
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.latency_target_us"
-      value: { string_value: "0" }
-    })pb");
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "0" } })pb");
   EXPECT_THAT(spec.status().message(),
               HasSubstr("sluice.latency_target_us must be an integer in [1, "));
   spec = Build(std::string(kMinimal) + R"pb(
-    parameters: {
-      key: "sluice.latency_target_us"
-      value: { string_value: "20ms" }
-    })pb");
+      parameters: { key: "sluice.latency_target_us" value: { string_value: "20ms" } })pb");
   EXPECT_THAT(spec.status().message(), HasSubstr("found '20ms'"));
   // A stateful model's requests run in their sequence's order and slot: refused, with why.
   spec = Build(
@@ -1144,14 +711,8 @@ TEST(ModelConfigParserTest, LatencyTarget) {
 
 TEST(ModelConfigParserTest, OperatorLibraries) {
   auto spec = Build(std::string(kMinimal) + R"pb(
-    parameters {
-      key: "sluice.operator_libraries"
-      value { string_value: " ops/libdetect.so ,libshared.so" }
-    }
-    parameters {
-      key: "MODEL_INIT_LIBRARY"
-      value { string_value: "/opt/ops/libinit.so" }
-    }
+    parameters { key: "sluice.operator_libraries" value { string_value: " ops/libdetect.so ,libshared.so" } }
+    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/ops/libinit.so" } }
   )pb");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(spec->operator_libraries, ElementsAre("ops/libdetect.so", "libshared.so"));
@@ -1166,10 +727,7 @@ TEST(ModelConfigParserTest, OperatorLibraries) {
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   auto climbing = Build(std::string(kMinimal) + R"pb(
-    parameters {
-      key: "MODEL_INIT_LIBRARY"
-      value { string_value: "../other/libinit.so" }
-    })pb");
+    parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "../other/libinit.so" } })pb");
   EXPECT_THAT(std::string(climbing.status().message()), HasSubstr("climbs out with '..'"));
 }
 
@@ -1412,10 +970,10 @@ TEST_F(RepositoryTest, OverridesCannotBringOperatorLibraries) {
   }
   // The same absolute path in config.pbtxt on disk is the operator's word: the runtime decides
   // whether it lies in an allowed directory.
-  Write("m/config.pbtxt", std::string(kMinimal) + R"pb(parameters {
-                                                         key: "MODEL_INIT_LIBRARY"
-                                                         value { string_value: "/opt/libinit.so" }
-                                                       })pb");
+  Write(
+      "m/config.pbtxt",
+      std::string(kMinimal) +
+          R"pb(parameters { key: "MODEL_INIT_LIBRARY" value { string_value: "/opt/libinit.so" } })pb");
   EXPECT_TRUE(source.Read("m", {})->status.ok());
 
   LoadedFileStore::Options options;
