@@ -177,12 +177,10 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
   if (probe) {
     std::vector<std::string> preload;
     for (const Loaded& loaded : loaded_) preload.push_back(loaded.library.path.string());
-    StatusOr<std::vector<std::string>> operators = Probe(canonical, preload, &library.init_hook);
-    if (!operators.ok()) {
-      refused_[canonical] = {identity, operators.status()};
-      return operators.status();
+    if (Status probed = Probe(canonical, preload); !probed.ok()) {
+      refused_[canonical] = {identity, probed};
+      return probed;
     }
-    library.operators = *std::move(operators);
   }
   // Never closed (RTLD_NODELETE says so to the loader too). RTLD_NOW: a missing symbol is an
   // error here, not a crash at the first call.
@@ -197,10 +195,7 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
     return status;
   }
   library.init_hook = dlsym(handle, kInitSymbol) != nullptr;
-  // What it registered here (the probe's list is what it registered there, after the same
-  // libraries; both come out the same unless another thread registered operators meanwhile).
   const std::vector<std::string> after = RegisteredOperators();
-  library.operators.clear();
   std::set_difference(after.begin(), after.end(), before.begin(), before.end(),
                       std::back_inserter(library.operators));
   library.load_time = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -211,9 +206,8 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
   return library;
 }
 
-StatusOr<std::vector<std::string>> OperatorLibraries::Probe(const fs::path& path,
-                                                            const std::vector<std::string>& preload,
-                                                            bool* init_hook) const {
+Status OperatorLibraries::Probe(const fs::path& path,
+                                const std::vector<std::string>& preload) const {
   std::vector<std::string> argv = {
       options_.probe_program.empty() ? std::string("/proc/self/exe") : options_.probe_program,
       kProbeArgument, path.string()};
@@ -225,23 +219,15 @@ StatusOr<std::vector<std::string>> OperatorLibraries::Probe(const fs::path& path
     return absl::FailedPreconditionError(absl::StrCat(
         "operator library ", path.string(), " could not be probed: ", outcome.status().message()));
   }
-  std::vector<std::string> operators;
+  // What the child registered is read again in this process once the library loads here; the
+  // child's last line ("init_hook ...") says it went through to the end.
   std::string error;
-  bool answered = false;
+  bool finished = false;
   for (absl::string_view line : absl::StrSplit(outcome->out, '\n', absl::SkipEmpty())) {
-    if (absl::ConsumePrefix(&line, "operator ")) {
-      operators.emplace_back(line);
-    } else if (absl::ConsumePrefix(&line, "error: ")) {
-      error = std::string(line);
-    } else if (absl::ConsumePrefix(&line, "init_hook ")) {
-      *init_hook = line == "yes";
-      answered = true;
-    }
+    if (absl::ConsumePrefix(&line, "error: ")) error = std::string(line);
+    if (absl::StartsWith(line, "init_hook ")) finished = true;
   }
-  if (outcome->succeeded() && answered) {
-    std::sort(operators.begin(), operators.end());
-    return operators;
-  }
+  if (outcome->succeeded() && finished) return absl::OkStatus();
   std::string reason;
   if (!error.empty()) {
     reason = error;

@@ -147,10 +147,9 @@ class OperatorLibraries {
   };
   StatusOr<OperatorLibrary> Load(const std::filesystem::path& canonical, const std::string& origin,
                                  bool probe) ABSL_LOCKS_EXCLUDED(mutex_);
-  // Runs the probe of `path` after the loaded libraries; the operators it registers.
-  StatusOr<std::vector<std::string>> Probe(const std::filesystem::path& path,
-                                           const std::vector<std::string>& preload,
-                                           bool* init_hook) const;
+  // Runs the probe of `path` after the `preload` libraries: OK when the child loaded it, else
+  // FAILED_PRECONDITION with what the child said.
+  Status Probe(const std::filesystem::path& path, const std::vector<std::string>& preload) const;
 
   const Options options_;
   std::vector<std::filesystem::path> allowed_canonical_;  // options_.allowed_dirs that exist
