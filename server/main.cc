@@ -94,13 +94,11 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
-// --print-env: the environment report, with the operator libraries and their problems before its
-// last line ("result: ..."). Exit status 0, or 1 when a start-up library failed.
+// --print-env: the environment report with the operator libraries and their problems. Exit
+// status 0, or 1 when a start-up library failed.
 int PrintEnvironment(const sluice::ServerConfig& config, const sluice::RuntimeInfo& runtime,
                      const sluice::OperatorLibraries& libraries,
                      const absl::StatusOr<std::vector<std::string>>& library_notes) {
-  std::string report = sluice::FormatEnvironment(
-      runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark), config.device);
   std::string libraries_report = sluice::FormatOperatorLibraries(libraries.List());
   if (!library_notes.ok()) {
     absl::StrAppend(&libraries_report, "problem: ", library_notes.status().message(), "\n");
@@ -108,9 +106,11 @@ int PrintEnvironment(const sluice::ServerConfig& config, const sluice::RuntimeIn
   for (const std::string& note : library_notes.value_or(std::vector<std::string>{})) {
     absl::StrAppend(&libraries_report, "problem: ", note, "\n");
   }
-  const size_t result = report.rfind("result: ");
-  report.insert(result == std::string::npos ? report.size() : result, libraries_report);
-  std::fputs(report.c_str(), stdout);
+  std::fputs(
+      sluice::FormatEnvironment(runtime, sluice::CudnnBenchmarkModeName(config.cudnn_benchmark),
+                                config.device, libraries_report)
+          .c_str(),
+      stdout);
   return library_notes.ok() ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

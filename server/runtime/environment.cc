@@ -260,7 +260,7 @@ std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_r
 }
 
 std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchmark_mode,
-                              DevicePolicy policy) {
+                              DevicePolicy policy, const std::string& more) {
   const bool gpu_required = policy == DevicePolicy::kCuda;
   auto or_none = [](const std::string& value, const char* none) {
     return value.empty() ? std::string(none) : value;
@@ -298,6 +298,7 @@ std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchm
   line("inter_op_threads", absl::StrCat(info.inter_op_threads));
   const std::vector<std::string> problems = EnvironmentProblems(info, gpu_required);
   for (const std::string& problem : problems) absl::StrAppend(&out, "problem: ", problem, "\n");
+  out += more;
   if (policy == DevicePolicy::kCpu) {
     line("result", "--device cpu: every model runs on the CPU");
   } else if (info.cuda_usable) {

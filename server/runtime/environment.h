@@ -69,9 +69,10 @@ std::string DriverVersionFromProc(const std::string& line);
 std::vector<std::string> EnvironmentProblems(const RuntimeInfo& info, bool gpu_required);
 
 // The report `sluice-server --print-env` prints: one "name: value" line per fact, then the
-// problems, then one line that says where models will run under `policy` (--device).
-// `benchmark_mode` is --cudnn-benchmark.
+// problems, then `more` (whole lines: the operator libraries and their problems), then one line
+// that says where models will run under `policy` (--device). `benchmark_mode` is
+// --cudnn-benchmark.
 std::string FormatEnvironment(const RuntimeInfo& info, const std::string& benchmark_mode,
-                              DevicePolicy policy);
+                              DevicePolicy policy, const std::string& more = "");
 
 }  // namespace sluice

@@ -64,6 +64,11 @@ TEST(EnvironmentTest, DriverTooOldForTheCudaLibTorchWasBuiltFor) {
               HasSubstr("result: no usable GPU; every model runs on the CPU"));
   EXPECT_THAT(FormatEnvironment(HealthyGpuHost(), "auto", DevicePolicy::kCpu),
               HasSubstr("result: --device cpu: every model runs on the CPU"));
+  // More lines (the operator libraries) go after the problems, before the result.
+  const std::string with_more =
+      FormatEnvironment(info, "auto", DevicePolicy::kAuto, "operator libraries: none\n");
+  EXPECT_THAT(with_more, HasSubstr("\noperator libraries: none\nresult: no usable GPU"));
+  EXPECT_LT(with_more.rfind("problem: "), with_more.find("operator libraries: none"));
 }
 
 TEST(EnvironmentTest, OlderMinorDriverIsANoteAboutCompatibility) {
