@@ -550,17 +550,8 @@ Status TorchInstance::Run(const InferRequest& batch, absl::Span<const OutputTarg
   last_graph_run_ = GraphRun::kNone;
   last_phases_.reset();
   marks_.Clear();
-  Status status;
-  if (graph_plan_ != nullptr) {
-    status = RunWithGraphs(batch, targets);
-  } else {
-    marks_.Set(PhaseMarks::kBegin);
-    std::vector<c10::IValue> inputs = DeclaredInputs(batch);
-    marks_.Set(PhaseMarks::kInputsQueued);
-    SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(std::move(inputs), batch));
-    marks_.Set(PhaseMarks::kForwardQueued);
-    status = delivery_.Deliver(outputs, batch, targets);
-  }
+  const Status status =
+      graph_plan_ != nullptr ? RunWithGraphs(batch, targets) : RunEagerly(batch, targets);
   // A capture pass mixes the eager pass with the capture: its marks say nothing of serving.
   if (status.ok() && last_graph_run_ != GraphRun::kCaptured) last_phases_ = marks_.Read();
   return status;
@@ -640,6 +631,11 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch,
     }
     return delivery_.Deliver(*eager, batch, targets);
   }
+  return RunEagerly(batch, targets);
+}
+
+Status TorchInstance::RunEagerly(const InferRequest& batch,
+                                 absl::Span<const OutputTarget> targets) {
   marks_.Set(PhaseMarks::kBegin);
   std::vector<c10::IValue> inputs = DeclaredInputs(batch);
   marks_.Set(PhaseMarks::kInputsQueued);

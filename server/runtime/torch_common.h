@@ -222,6 +222,8 @@ class TorchInstance : public ModelBackend {
 
   Status Run(const InferRequest& batch, absl::Span<const OutputTarget> targets);
   Status RunWithGraphs(const InferRequest& batch, absl::Span<const OutputTarget> targets);
+  // One pass without a graph: inputs, Forward, delivery, each boundary marked (marks_).
+  Status RunEagerly(const InferRequest& batch, absl::Span<const OutputTarget> targets);
   // Turns graphs off for this instance for good, with one log line.
   void TurnGraphsOff(const std::string& reason);
   // Captures `key` from `inputs` and checks one replay against `eager`; errors say why not
