@@ -277,11 +277,6 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   // The instance's idle time since its previous batch (warm-up before the first is not counted).
   const Duration idle =
       instance->last_end == TimePoint{} ? Duration::zero() : started - instance->last_end;
-  struct MarkEnd {
-    Instance* instance;
-    const TimeSource* clock;
-    ~MarkEnd() { instance->last_end = clock->Now(); }
-  } mark_end{instance, options_.clock};
   // A lone request that needs no padding runs on its own bytes: nothing to assemble.
   const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
   if (options_.stats) {
@@ -313,6 +308,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
   if (!status.ok()) {
     if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
     Fail(batch.requests, status, /*ran=*/true);
+    instance->last_end = options_.clock->Now();
     return;
   }
   const Duration input = assembled_at - started, infer = infer_done - assembled_at,
@@ -357,6 +353,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     }
     pending.done(refused);
   }
+  instance->last_end = options_.clock->Now();
   if (options_.stats) {
     BatchPhases phases;
     phases.idle = idle;
@@ -364,7 +361,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     phases.execute = infer;
     phases.device = instance->backend->LastPhases();
     phases.scatter = output;
-    phases.complete = options_.clock->Now() - delivered_at;
+    phases.complete = instance->last_end - delivered_at;
     phases.rows = batch.rows;
     phases.padded_rows = batch.padded_rows;
     options_.stats->RecordPhases(phases);
