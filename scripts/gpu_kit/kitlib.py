@@ -144,24 +144,6 @@ def cycle_report(after, before, executions):
     return report
 
 
-def thread_cpu(pid):
-    """CPU seconds (user + system) of each thread group of process `pid`, by thread name with its
-    trailing number dropped ("sluice-worker-0" -> "sluice-worker")."""
-    groups = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the thread ended meanwhile
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        group = re.sub(r"[-_.:]?\d+$", "", name) or name
-        groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return groups
-
-
 def chosen_batch_sizes(url, model):
     """The batch sizes warm-up chose for `model` (sluice.auto_batch_sizes), from its ModelConfig
     answer: {"sizes": "1,2,4", "rows_per_second": "1:900,2:1700,..."}, empty strings when the rule

@@ -20,6 +20,7 @@ import resource
 import shutil
 import threading
 
+import floor_benchmark as fb
 import kitlib
 
 WINDOW_MS = 1000  # perf_analyzer measures three windows: about 3 s per level
@@ -69,7 +70,7 @@ def body():
             sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
             before = kitlib.model_statistics(server.url, name)
             cycle_before = kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name)
-            cpu_before = kitlib.thread_cpu(server.process.pid)
+            cpu_before = fb.thread_counters(server.process.pid)
             client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             sampler.start()
             try:
@@ -80,14 +81,15 @@ def body():
                 stop.set()
                 sampler.join()
             client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu_after = kitlib.thread_cpu(server.process.pid)
+            cpu_after = fb.thread_counters(server.process.pid)
             delta = kitlib.statistics_delta(kitlib.model_statistics(server.url, name), before)
             cycle = kitlib.cycle_report(kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name), cycle_before,
                                         delta["executions"])
             executed = max(delta["batch_sizes"], key=delta["batch_sizes"].get) if delta["batch_sizes"] else 1
             nearest = min(ceiling, key=lambda b: (abs(b - executed), b))
-            server_cpu = {group: round(cpu_after.get(group, 0) - cpu_before.get(group, 0), 2) for group in cpu_after
-                          if cpu_after.get(group, 0) - cpu_before.get(group, 0) > 0.005}
+            # CPU seconds by the floor benchmark's thread groups (worker, batcher, gRPC and the rest).
+            _, groups = fb.per_call_counters(cpu_before, cpu_after, 1)
+            server_cpu = {group: round(counters["cpu_us"] / 1e6, 2) for group, counters in groups.items()}
             run.update({
                 "transport": transport,
                 "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
