@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.clock = options.clock;
   pool_options.stats = std::move(options.stats);
   pool_options.on_fatal = std::move(options.on_fatal);
-  pool_options.on_idle = [raw = batcher.get()](size_t, bool) { raw->Poke(); };
+  pool_options.on_idle = [raw = batcher.get()](size_t, bool) { raw->Wake(); };
   pool_options.batches = !options.queue.one_request_per_batch;
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   pool_options.costs = options.queue.costs;
@@ -43,7 +43,7 @@ DynamicBatcher::DynamicBatcher(Options options)
 
 DynamicBatcher::~DynamicBatcher() { Stop(); }
 
-bool DynamicBatcher::RunsLikeTheFrontEnds(const BatchQueue::Options& queue) {
+bool DynamicBatcher::RunsLikeTheFrontEnds(const BatchFormer::Options& queue) {
   return queue.max_queue_delay == Duration::zero() && queue.latency_target == Duration::zero() &&
          !queue.delays;
 }
@@ -117,6 +117,14 @@ void DynamicBatcher::TakePlaces(FormedBatch& batch) {
 }
 
 void DynamicBatcher::Poke() {
+  {
+    MutexLock lock(&mutex_);
+    queue_.NoteCancelled();
+  }
+  batcher_cv_.Signal();
+}
+
+void DynamicBatcher::Wake() {
   { MutexLock lock(&mutex_); }
   batcher_cv_.Signal();
 }
@@ -151,10 +159,8 @@ void DynamicBatcher::BatcherLoop() {
   while (!stopping_) {
     const TimePoint now = options_.clock->Now();
     std::vector<PendingRequest> expired = queue_.TakeExpired(now);
-    std::vector<RefusedRequest> hopeless = queue_.TakeHopeless(now);
     const bool idle = pool_->idle() > 0;
-    // About to form a batch: under overload the oldest may make way for a batch that keeps up.
-    if (idle && expired.empty() && hopeless.empty()) hopeless = queue_.TakeOverloaded(now);
+    std::vector<RefusedRequest> hopeless = queue_.TakeRefused(now, idle && expired.empty());
     if (!expired.empty() || !hopeless.empty()) {
       lock.Unlock();
       for (PendingRequest& pending : expired)

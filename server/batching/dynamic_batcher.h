@@ -1,6 +1,6 @@
 // Triton-style dynamic batching: requests for one model version wait in shape groups and run
 // together in one forward pass on whichever instance of its InstancePool is free. A model without
-// dynamic_batching uses the same batcher with one request per batch (BatchQueue's
+// dynamic_batching uses the same batcher with one request per batch (BatchFormer's
 // one_request_per_batch): the same queue caps, expiry timer and messages.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 
-#include "server/batching/batch_queue.h"
+#include "server/batching/batch_former.h"
 #include "server/batching/instance_pool.h"
 #include "server/batching/model_stats.h"
 #include "server/batching/response_order.h"
@@ -31,16 +31,16 @@ namespace sluice {
 // enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is
 // answered exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED
 // (caller gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error
-// (only the requests of the failing batch get it). With a latency target (BatchQueue::Options::
+// (only the requests of the failing batch get it). With a latency target (BatchFormer::Options::
 // latency_target) the batcher learns batch costs (warm-up seeds them, the pool corrects them),
 // and a request that cannot be answered in time is refused at arrival or while queued
-// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see BatchQueue). With
-// preserve_ordering, answers leave in the order the requests were taken into batches
+// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see LatencyTargetPolicy).
+// With preserve_ordering, answers leave in the order the requests were taken into batches
 // (ResponseOrder); requests answered without running leave at once.
 class DynamicBatcher final : public Scheduler {
  public:
   struct Options {
-    BatchQueue::Options queue;
+    BatchFormer::Options queue;
     const TimeSource* clock = nullptr;            // required; outlives the batcher
     std::shared_ptr<ModelStats> stats;            // may be null
     std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
@@ -54,7 +54,7 @@ class DynamicBatcher final : public Scheduler {
   // request of a burst, then no longer preempts the gRPC thread still delivering the rest; one with
   // such a timer must act on it at once, not at the scheduler's next tick (up to 4 ms at HZ=250).
   // Requests' own timeouts may be acted on up to a tick late on a busy CPU either way.
-  static bool RunsLikeTheFrontEnds(const BatchQueue::Options& queue);
+  static bool RunsLikeTheFrontEnds(const BatchFormer::Options& queue);
 
   static StatusOr<std::unique_ptr<DynamicBatcher>> Create(
       ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances, Options options);
@@ -70,8 +70,9 @@ class DynamicBatcher final : public Scheduler {
   }
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // Makes the batcher thread look at the queue now (the transport after a cancellation; the
-  // pool when an instance goes idle). Moving the clock needs none: the thread waits on it.
+  // A queued request may have been cancelled (the transport calls it after a cancellation): the
+  // batcher thread looks for cancelled requests and answers them now. Moving the clock needs no
+  // poke: the thread waits on it.
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
   Status AdmitWaiter(const InferRequest& request) override ABSL_LOCKS_EXCLUDED(mutex_);
   void ReleaseWaiter(int priority_level, size_t bytes) override ABSL_LOCKS_EXCLUDED(mutex_);
@@ -97,6 +98,8 @@ class DynamicBatcher final : public Scheduler {
  private:
   explicit DynamicBatcher(Options options);
   void BatcherLoop() ABSL_LOCKS_EXCLUDED(mutex_);
+  // Makes the batcher thread look at the queue now (an instance went idle).
+  void Wake() ABSL_LOCKS_EXCLUDED(mutex_);
   // preserve_ordering: gives each request of `batch` its place in line, in batch order.
   void TakePlaces(FormedBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
@@ -106,7 +109,7 @@ class DynamicBatcher final : public Scheduler {
 
   mutable Mutex mutex_;
   CondVar batcher_cv_;  // queue changed, an instance went idle, or stop
-  BatchQueue queue_ ABSL_GUARDED_BY(mutex_);
+  BatchFormer queue_ ABSL_GUARDED_BY(mutex_);
   // While the batcher thread waits: when it plans to look again (kNoDeadline: only when poked).
   // TimePoint::min() while it runs (it looks at the queue before it waits again).
   TimePoint batcher_wakes_at_ ABSL_GUARDED_BY(mutex_) = TimePoint::min();

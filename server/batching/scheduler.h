@@ -121,7 +121,7 @@ class Scheduler {
   // model whose lone request is cheap (see ChooseCallerRuns). A scheduler that cannot ignores it.
   virtual void SetCallerRuns(bool allowed) { (void)allowed; }
 
-  // The batch sizes to form from now on (ascending; see BatchQueue::SetBatchSizeLadder). Call it
+  // The batch sizes to form from now on (ascending; see BatchPolicy::SetBatchSizeLadder). Call it
   // before the scheduler takes traffic. A scheduler that forms no batches ignores it.
   virtual void SetBatchSizeLadder(std::vector<int> sizes) = 0;
 

@@ -59,7 +59,7 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
   }
   if (timeout_us > 0) {
     const TimePoint timeout = clock_->Now() + std::chrono::microseconds(timeout_us);
-    // DELAY: the timeout demotes the request instead of ending it (BatchQueue::DelayOverdue).
+    // DELAY: the timeout demotes the request instead of ending it (PriorityLevels::DelayOverdue).
     if (policy.delay) {
       request->delay_after = timeout;
     } else {

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "server/batching/batch_assembly.h"
-#include "server/batching/batch_queue.h"
+#include "server/batching/batch_former.h"
 #include "server/core/bytes_tensor.h"
-#include "tests/unit/batch_queue_fixture.h"
+#include "tests/unit/batch_former_fixture.h"
 #include "tests/unit/fakes.h"
 
 namespace sluice {
@@ -15,7 +15,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-class BatchAssemblyTest : public testing::BatchQueueFixture {};
+class BatchAssemblyTest : public testing::BatchFormerFixture {};
 using testing::Make;
 
 TEST_F(BatchAssemblyTest, AssembleAndDeliverRoundTripWithPadding) {
@@ -23,7 +23,7 @@ TEST_F(BatchAssemblyTest, AssembleAndDeliverRoundTripWithPadding) {
   options.preferred_batch_sizes = {4};
   options.pad_to_preferred = true;
   options.max_queue_delay = 0us;
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   ASSERT_TRUE(Add(queue, 1).ok());  // tag 1
   ASSERT_TRUE(Add(queue, 2).ok());  // tag 2
   auto batch = queue.TakeReadyBatch(clock_.Now());
@@ -65,7 +65,7 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
   options.preferred_batch_sizes = {4};
   options.pad_to_preferred = true;
   options.max_queue_delay = 0us;
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   // Two requests of [rows, 1] strings of different lengths (one group: the element count per
   // row is what must agree, not the bytes).
   std::vector<std::string> buffers(2);

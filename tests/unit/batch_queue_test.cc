@@ -1,11 +1,11 @@
-// The batching decisions (BatchQueue) with a fake clock: no threads, no sleeps.
+// The queue that keeps a batcher's waiting requests (BatchQueue), alone: ranks, groups, caps and
+// the ordered indexes that answer "when" without a walk. No policy, no threads.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "server/batching/batch_queue.h"
-#include "server/core/bytes_tensor.h"
-#include "tests/unit/batch_queue_fixture.h"
-#include "tests/unit/fakes.h"
+#include "tests/unit/batch_former_fixture.h"
 
 namespace sluice {
 namespace {
@@ -14,424 +14,152 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-class BatchQueueTest : public testing::BatchQueueFixture {};
-using testing::Make;
-
-TEST_F(BatchQueueTest, DelayExpiryFormsPartialBatch) {
-  BatchQueue queue(Options());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  ASSERT_TRUE(Add(queue, 2).ok());
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 100us);
-  EXPECT_EQ(queue.NextDeadline(), kNoDeadline);
-  clock_.Advance(99us);
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  clock_.Advance(1us);
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("1", "2"));
-  EXPECT_EQ(batch->rows, 3);
-  EXPECT_EQ(batch->padded_rows, 3);
-  EXPECT_EQ(queue.size(), 0u);
-  EXPECT_EQ(queue.bytes(), 0u);
-  EXPECT_EQ(queue.NextBatchTime(), kNoDeadline);
-}
-
-TEST_F(BatchQueueTest, MaxBatchSizeCutsAtOnce) {
-  BatchQueue queue(Options());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 3).ok());  // 9 rows > 8
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 6);  // the third does not fit: the batch is as full as it gets
-  EXPECT_EQ(queue.size(), 1u);
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // the rest waits for its delay
-  ASSERT_TRUE(Add(queue, 5).ok());
-  batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 8);  // exactly max
-}
-
-TEST_F(BatchQueueTest, PreferredSizeCutsBeforeTheDelay) {
-  auto options = Options();
-  options.preferred_batch_sizes = {2, 4};
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 1).ok());
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());  // 3 rows waiting: the prefix of 2 is preferred
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 2);
-  ASSERT_TRUE(Add(queue, 3).ok());  // 1 + 3 = 4, preferred
-  batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 4);
-}
-
-TEST_F(BatchQueueTest, ZeroDelayBatchesWhateverWaits) {
-  auto options = Options();
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 1).ok());
-  ASSERT_TRUE(Add(queue, 2).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 3);
-}
-
-TEST_F(BatchQueueTest, BatchSizeLadderCutsAtTheLargestSizeReached) {
-  auto options = Options();
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  queue.SetBatchSizeLadder({1, 2, 4});
-  for (int i = 0; i < 7; ++i) ASSERT_TRUE(Add(queue, 1).ok());
-  std::vector<int64_t> rows;
-  while (auto batch = queue.TakeReadyBatch(clock_.Now())) rows.push_back(batch->rows);
-  EXPECT_THAT(rows, ElementsAre(4, 2, 1));  // not 7: sizes 5-8 serve fewer rows per second
-
-  // Requests of several rows: the longest prefix within the size reached, at least one request.
-  ASSERT_TRUE(Add(queue, 3).ok());
-  ASSERT_TRUE(Add(queue, 3).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());  // 3 rows reach 2 only; the first runs alone
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 3);
-  ASSERT_TRUE(Add(queue, 1).ok());
-  batch = queue.TakeReadyBatch(clock_.Now());  // 3 + 1 = 4, a ladder size
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 4);
-  // A request larger than the ladder's largest size (within max_batch_size) runs, alone.
-  ASSERT_TRUE(Add(queue, 6).ok());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 6);
-  EXPECT_EQ(queue.size(), 1u);
-}
-
-TEST_F(BatchQueueTest, BatchSizeLadderLargestSizeIsFull) {
-  BatchQueue queue(Options());  // 100 us delay
-  queue.SetBatchSizeLadder({1, 2, 4});
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // 3 rows wait for company
-  ASSERT_TRUE(Add(queue, 1).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());  // 4 rows: as full as the ladder goes
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 4);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
-  clock_.Advance(100us);
-  batch = queue.TakeReadyBatch(clock_.Now());  // the delay passed: 3 rows reach 2
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_EQ(batch->rows, 2);
-}
-
-TEST_F(BatchQueueTest, ShapeGroupsDoNotDisturbEachOther) {
-  BatchQueue queue(Options());
-  ASSERT_TRUE(Add(queue, 1, /*width=*/2).ok());
-  clock_.Advance(50us);
-  ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());
-  ASSERT_TRUE(Add(queue, 1, /*width=*/2).ok());
-  EXPECT_EQ(queue.groups(), 2u);
-  clock_.Advance(50us);  // the width-2 group's oldest has waited 100us; the width-3 one 50us
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("1", "3"));  // a different shape never flushed it early
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());  // the other keeps its own timer
-  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 50us);
-  clock_.Advance(50us);
-  batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("2"));
-}
-
-TEST_F(BatchQueueTest, OldestReadyGroupGoesFirst) {
-  auto options = Options();
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 1, 5).ok());
-  clock_.Advance(1us);
-  ASSERT_TRUE(Add(queue, 1, 2).ok());
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("1"));
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("2"));
-}
-
-TEST_F(BatchQueueTest, CapsReject) {
-  auto options = Options();
-  options.max_requests = 2;
-  options.max_groups = 1;
-  options.max_bytes = 40;  // 5 rows of 2 INT32
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 1).ok());
-  Status groups = Add(queue, 1, /*width=*/3);
-  EXPECT_EQ(groups.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(groups.message(), HasSubstr("sluice.max_shape_groups"));
-  Status bytes = Add(queue, 5);
-  EXPECT_THAT(bytes.message(), HasSubstr("sluice.max_queued_bytes=40"));
-  ASSERT_TRUE(Add(queue, 2).ok());
-  Status requests = Add(queue, 1);
-  EXPECT_THAT(requests.message(), HasSubstr("max_queue_size"));
-  EXPECT_EQ(queue.size(), 2u);
-  EXPECT_EQ(queue.bytes(), 24u);
-}
-
-TEST_F(BatchQueueTest, ARequestOverTheByteCapWaitsOnlyAlone) {
-  auto options = Options();
-  options.max_bytes = 40;
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 6).ok());  // 48 bytes: nothing else waits, so it may
-  EXPECT_THAT(Add(queue, 1).message(), HasSubstr("sluice.max_queued_bytes=40"));
-  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now() + 1s).has_value());
-  EXPECT_TRUE(Add(queue, 1).ok());
-}
-
-TEST_F(BatchQueueTest, ServerWideByteBudgetIsSharedAndReleased) {
-  auto budget = std::make_shared<ByteBudget>(32);
-  auto options = Options();
-  options.server_budget = budget;
-  BatchQueue a(options), b(options);
-  ASSERT_TRUE(Add(a, 2).ok());  // 16 bytes
-  ASSERT_TRUE(Add(b, 2).ok());  // 32
-  Status full = Add(a, 1);
-  EXPECT_THAT(full.message(), HasSubstr("--max-queued-bytes"));
-  EXPECT_EQ(budget->used(), 32u);
-  clock_.Advance(100us);
-  ASSERT_TRUE(a.TakeReadyBatch(clock_.Now()).has_value());
-  EXPECT_EQ(budget->used(), 16u);
-  ASSERT_TRUE(Add(a, 1).ok());
-}
-
-TEST_F(BatchQueueTest, DeadlinesAndCancellationExpireQueuedRequests) {
-  BatchQueue queue(Options());
-  ASSERT_TRUE(Add(queue, 1, 2, clock_.Now() + 30us).ok());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  EXPECT_EQ(queue.NextDeadline(), clock_.Now() + 30us);
-  EXPECT_TRUE(queue.TakeExpired(clock_.Now()).empty());
-  clock_.Advance(30us);
-  auto expired = queue.TakeExpired(clock_.Now());
-  ASSERT_EQ(expired.size(), 1u);
-  EXPECT_EQ(expired[0].request->id, "1");
-  // Cancel "3" while it waits.
-  clock_.Advance(70us);
-  std::vector<std::string> left;
-  auto all = queue.TakeReadyBatch(clock_.Now());  // (consume to inspect, then re-add)
-  ASSERT_TRUE(all.has_value());
-  EXPECT_THAT(Ids(*all), ElementsAre("2", "3"));
-  all->requests[1].request->cancelled = std::make_shared<std::atomic<bool>>(true);
-  ASSERT_TRUE(queue.Add(all->requests[1]).ok());
-  expired = queue.TakeExpired(clock_.Now());
-  ASSERT_EQ(expired.size(), 1u);
-  EXPECT_TRUE(expired[0].request->IsCancelled());
-  EXPECT_EQ(queue.size(), 0u);
-}
-
-TEST_F(BatchQueueTest, PaddingToPreferredSizes) {
-  auto options = Options();
-  options.preferred_batch_sizes = {4};
-  options.pad_to_preferred = true;
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 3).ok());
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  EXPECT_EQ(batch->rows, 3);
-  EXPECT_EQ(batch->padded_rows, 4);
-  ASSERT_TRUE(Add(queue, 5).ok());
-  batch = queue.TakeReadyBatch(clock_.Now());
-  EXPECT_EQ(batch->padded_rows, 8);  // above every preferred size: max_batch_size
-}
-
-TEST_F(BatchQueueTest, OneRequestPerBatchKeepsArrivalOrderAcrossShapes) {
-  auto options = Options();
-  options.one_request_per_batch = true;
-  options.max_groups = 1;        // never reached: every shape waits in the one queue
-  options.max_queue_delay = 1s;  // ignored: a lone request needs no company
-  BatchQueue queue(options);
-  ASSERT_TRUE(Add(queue, 2).ok());
-  ASSERT_TRUE(Add(queue, 3, /*width=*/5).ok());
-  ASSERT_TRUE(Add(queue, 1).ok());
-  for (int64_t rows : {2, 3, 1}) {
-    auto batch = queue.TakeReadyBatch(clock_.Now());
-    ASSERT_TRUE(batch.has_value());
-    ASSERT_EQ(batch->requests.size(), 1u);
-    EXPECT_EQ(batch->rows, rows);
-    EXPECT_EQ(batch->padded_rows, rows);
-  }
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-}
-
-// Priorities: requests of a level and a DELAY deadline, added on the fake clock.
-class PriorityQueueTest : public testing::BatchQueueFixture {
+class BatchQueueTest : public ::testing::Test {
  protected:
-  Status AddAt(BatchQueue& queue, int level, int64_t rows = 2, TimePoint delay_after = kNoDeadline,
-               int64_t width = 2) {
-    testing::Owned owned = Make(rows, width, next_tag_++);
-    owned.request->priority_level = level;
-    owned.request->delay_after = delay_after;
-    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
-                           owned.data.size() * 4};
+  // Adds a one-row request with `rank` to group `key`, tagged with the next id.
+  Status Add(BatchQueue& queue, const std::string& key, int rank = 0,
+             TimePoint deadline = kNoDeadline, int share = 0,
+             TimePoint rank_changes_at = kNoDeadline) {
+    testing::Owned owned = testing::Make(1, 2, next_tag_++, deadline);
+    PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(), 8};
+    pending.rank = static_cast<int16_t>(rank);
+    pending.share = static_cast<int16_t>(share);
+    pending.request->delay_after = rank_changes_at;  // read by RankChangesAtDelay
     data_.push_back(std::move(owned.data));
-    return queue.Add(pending);
+    return queue.Add(pending, key, [](size_t waiting) {
+      return absl::UnavailableError(absl::StrCat(waiting, " wait"));
+    });
   }
-  BatchQueue::Options Levels(std::vector<size_t> caps) {
-    BatchQueue::Options options = Options();
-    options.level_max_requests = std::move(caps);
-    return options;
+  static std::vector<std::string> Ids(const BatchQueue& queue, const std::string& key) {
+    std::vector<std::string> ids;
+    for (const PendingRequest& pending : queue.groups().at(key).queue)
+      ids.push_back(pending.request->id);
+    return ids;
   }
+  // Options::rank_changes_at for the tests that change ranks: a request's delay_after while its
+  // rank is even.
+  static TimePoint RankChangesAtDelay(const PendingRequest& pending) {
+    return pending.rank % 2 == 0 ? pending.request->delay_after : kNoDeadline;
+  }
+  FakeTimeSource clock_;
+  int32_t next_tag_ = 1;
+  std::vector<std::vector<int32_t>> data_;
 };
 
-TEST_F(PriorityQueueTest, HigherLevelsGoFirstAndABatchMixesLevelsWhereTheyLeaveRoom) {
-  BatchQueue queue(Levels({8, 8, 8}));
-  for (int level : {3, 2, 1, 3, 1}) ASSERT_TRUE(AddAt(queue, level).ok());  // ids 1..5, 2 rows each
-  clock_.Advance(100us);
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  // Level 1 in arrival order, then level 2, then the oldest of level 3: 8 rows.
-  EXPECT_THAT(Ids(*batch), ElementsAre("3", "5", "2", "1"));
-  batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("4"));
-}
-
-// Single flight: requests waiting outside the queue for an identical one count in their level's
-// cap; the queued run moves up to a waiter's higher level and waits to the latest deadline.
-TEST_F(PriorityQueueTest, WaitersOutsideCountAtTheirLevelAndARescheduledRequestMovesUp) {
-  BatchQueue queue(Levels({2, 8}));
-  ASSERT_TRUE(AddAt(queue, 1).ok());               // "1"
-  ASSERT_TRUE(AddAt(queue, 2).ok());               // "2"
-  testing::Owned owned = Make(2, 2, next_tag_++);  // "3": level 2, until 50 us from now
-  auto tag = std::make_shared<std::atomic<bool>>(false);
-  owned.request->cancelled = tag;
-  owned.request->priority_level = 2;
-  owned.request->deadline = clock_.Now() + 50us;
-  PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
-                         owned.data.size() * 4};
-  data_.push_back(std::move(owned.data));
-  ASSERT_TRUE(queue.Add(pending).ok());
-
-  InferRequest outside;
-  outside.model_name = "m";
-  outside.priority_level = 2;
-  ASSERT_TRUE(queue.AdmitOutside(outside).ok());
-  EXPECT_EQ(queue.size(), 4u);
-
-  auto stranger = std::make_shared<std::atomic<bool>>(false);
-  EXPECT_FALSE(queue.Reschedule(stranger.get(), 1, kNoDeadline, kNoDeadline));
-  EXPECT_TRUE(queue.Reschedule(tag.get(), 1, clock_.Now() + 500us, kNoDeadline));
-  // "3" counts where it was admitted (level 2), not at the level it moved to: level 1 holds "1"
-  // and room for one more.
-  outside.priority_level = 1;
-  ASSERT_TRUE(queue.AdmitOutside(outside).ok());
-  const Status refused = queue.AdmitOutside(outside);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("priority level 1"));
-  EXPECT_EQ(queue.size(), 5u);
-  queue.ReleaseOutside(1, 0);
-  queue.ReleaseOutside(2, 0);
-  EXPECT_EQ(queue.size(), 3u);
-
-  clock_.Advance(100us);  // past "3"'s first deadline, not its new one
-  EXPECT_TRUE(queue.TakeExpired(clock_.Now()).empty());
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("1", "3", "2"));
-}
-
-TEST_F(PriorityQueueTest, TheDelayRunsFromTheOldestRequestWhateverItsLevel) {
-  BatchQueue queue(Levels({8, 8}));
-  ASSERT_TRUE(AddAt(queue, 2).ok());
-  clock_.Advance(60us);
-  ASSERT_TRUE(AddAt(queue, 1).ok());  // now first in line, but not the oldest
-  EXPECT_EQ(queue.NextBatchTime(), clock_.Now() + 40us);
-  clock_.Advance(39us);
-  EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
-  clock_.Advance(1us);
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("2", "1"));
-}
-
-TEST_F(PriorityQueueTest, AmongReadyGroupsTheHigherLevelGoesFirst) {
-  auto options = Levels({8, 8});
-  options.max_queue_delay = 0us;
-  BatchQueue queue(options);
-  ASSERT_TRUE(AddAt(queue, 2, 1, kNoDeadline, /*width=*/5).ok());  // older, lower level
-  clock_.Advance(1us);
-  ASSERT_TRUE(AddAt(queue, 1, 1).ok());
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("2"));
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("1"));
-}
-
-TEST_F(PriorityQueueTest, EachLevelHasItsOwnRequestCapAndTheBytesAreCappedTogether) {
-  auto options = Levels({1, 2});
-  options.max_bytes = 40;  // 5 rows of 2 INT32
-  BatchQueue queue(options);
-  ASSERT_TRUE(AddAt(queue, 1, 1).ok());
-  Status full = AddAt(queue, 1, 1);
-  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(
-      full.message(),
-      HasSubstr("has 1 requests waiting at priority level 1 (that level's max_queue_size)"));
-  ASSERT_TRUE(AddAt(queue, 2, 1).ok());
-  ASSERT_TRUE(AddAt(queue, 2, 2).ok());  // 4 rows: 32 bytes over both levels
-  EXPECT_EQ(queue.size(), 3u);           // every level's requests
-  EXPECT_EQ(queue.bytes(), 32u);
-  EXPECT_THAT(AddAt(queue, 2, 1).message(), HasSubstr("at priority level 2"));
-  queue.TakeAll();
-  ASSERT_TRUE(AddAt(queue, 1, 2).ok());
-  ASSERT_TRUE(AddAt(queue, 2, 2).ok());
-  EXPECT_THAT(AddAt(queue, 2, 2).message(),
-              HasSubstr("sluice.max_queued_bytes=40"));  // 48 > 40 together
-  // A batch gives its requests' places back to their levels.
-  clock_.Advance(100us);
-  ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
+TEST_F(BatchQueueTest, RequestsWaitByRankThenArrivalAndATakenBatchEmptiesItsGroup) {
+  BatchQueue queue(BatchQueue::Options{});
+  for (int rank : {4, 2, 4, 2, 0}) ASSERT_TRUE(Add(queue, "a", rank).ok());
+  EXPECT_THAT(Ids(queue, "a"), ElementsAre("5", "2", "4", "1", "3"));
+  EXPECT_EQ(queue.groups().at("a").rows, 5);
+  FormedBatch batch = queue.TakeFront("a", 3);
+  EXPECT_EQ(batch.rows, 3);
+  EXPECT_EQ(queue.size(), 2u);
+  EXPECT_EQ(queue.PopFront("a").request->id, "1");
+  EXPECT_EQ(queue.PopFront("a").request->id, "3");
+  EXPECT_EQ(queue.group_count(), 0u);
   EXPECT_EQ(queue.size(), 0u);
-  EXPECT_TRUE(AddAt(queue, 1, 1).ok());
+  EXPECT_EQ(queue.bytes(), 0u);
 }
 
-TEST_F(PriorityQueueTest, ATimedOutDelayRequestWaitsBehindItsLevelButAheadOfLowerOnes) {
-  auto options = Levels({8, 8});
-  options.delays = true;
-  options.max_batch_size = 4;
-  BatchQueue queue(options);
-  ASSERT_TRUE(AddAt(queue, 1, 2, clock_.Now() + 10us).ok());  // "1": DELAY timeout in 10 us
-  ASSERT_TRUE(AddAt(queue, 2, 2).ok());                       // "2"
-  ASSERT_TRUE(AddAt(queue, 1, 2).ok());                       // "3"
-  queue.DelayOverdue(clock_.Now());                           // nothing due: 1, 3, 2
-  clock_.Advance(10us);
-  queue.DelayOverdue(clock_.Now());  // "1" goes behind "3", still ahead of level 2
-  clock_.Advance(90us);
-  auto batch = queue.TakeReadyBatch(clock_.Now());
-  ASSERT_TRUE(batch.has_value());
-  EXPECT_THAT(Ids(*batch), ElementsAre("3", "1"));
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("2"));
+TEST_F(BatchQueueTest, TheEarliestDeadlineIsKeptAsRequestsComeAndGo) {
+  BatchQueue queue(BatchQueue::Options{});
+  const TimePoint t0 = clock_.Now();
+  ASSERT_TRUE(Add(queue, "a", 0, t0 + 30us).ok());  // "1"
+  ASSERT_TRUE(Add(queue, "b", 0, t0 + 10us).ok());  // "2"
+  ASSERT_TRUE(Add(queue, "a").ok());                // "3": none
+  EXPECT_EQ(queue.EarliestDeadline(), t0 + 10us);
+  queue.TakeFront("b", 1);
+  EXPECT_EQ(queue.EarliestDeadline(), t0 + 30us);
+  // A deadline that changes in place is indexed again.
+  ASSERT_TRUE(queue.ChangeOne([](const PendingRequest& p) { return p.request->id == "1"; },
+                              [&](PendingRequest& p) {
+                                p.request->deadline = t0 + 50us;
+                                return false;
+                              }));
+  EXPECT_EQ(queue.EarliestDeadline(), t0 + 50us);
+  EXPECT_THAT(Ids(queue, "a"), ElementsAre("1", "3"));  // kept its place
+  queue.TakeAll();
+  EXPECT_EQ(queue.EarliestDeadline(), kNoDeadline);
+  EXPECT_EQ(queue.size(), 0u);
 }
 
-TEST_F(PriorityQueueTest, DelayWithoutLevelsPutsTimedOutRequestsLastInArrivalOrder) {
-  auto options = Options();
-  options.delays = true;
-  options.max_batch_size = 4;
+TEST_F(BatchQueueTest, ExpiryLooksAtEveryRequestOnlyWhenADeadlineIsDueOrCancellationsAreAsked) {
+  BatchQueue queue(BatchQueue::Options{});
+  const TimePoint t0 = clock_.Now();
+  ASSERT_TRUE(Add(queue, "a", 0, t0 + 20us).ok());  // "1"
+  ASSERT_TRUE(Add(queue, "a").ok());                // "2": cancelled below
+  queue.groups().at("a").queue.back().request->cancelled =
+      std::make_shared<std::atomic<bool>>(true);
+  EXPECT_TRUE(queue.TakeExpired(t0, /*look_for_cancelled=*/false).empty());
+  std::vector<PendingRequest> expired = queue.TakeExpired(t0, /*look_for_cancelled=*/true);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].request->id, "2");
+  expired = queue.TakeExpired(t0 + 20us, /*look_for_cancelled=*/false);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].request->id, "1");
+  EXPECT_EQ(queue.EarliestDeadline(), kNoDeadline);
+  EXPECT_EQ(queue.group_count(), 0u);
+}
+
+TEST_F(BatchQueueTest, RerankChangesOnlyTheRequestsDueAndMovesThemBehindTheirNewRank) {
+  BatchQueue::Options options;
+  options.rank_changes_at = RankChangesAtDelay;
   BatchQueue queue(options);
-  ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "1"
-  ASSERT_TRUE(AddAt(queue, 0, 1, clock_.Now() + 5us).ok());  // "2"
-  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                      // "3"
-  ASSERT_TRUE(AddAt(queue, 0, 2).ok());                      // "4"
+  const TimePoint t0 = clock_.Now();
+  ASSERT_TRUE(Add(queue, "a", 2, kNoDeadline, 0, t0 + 10us).ok());  // "1"
+  ASSERT_TRUE(Add(queue, "a", 2, kNoDeadline, 0, t0 + 10us).ok());  // "2"
+  ASSERT_TRUE(Add(queue, "a", 2).ok());                             // "3"
+  ASSERT_TRUE(Add(queue, "a", 4).ok());                             // "4"
+  int changed = 0;
+  const auto demote = [&](PendingRequest& pending) {
+    ++changed;
+    pending.rank = 3;
+  };
+  queue.Rerank(t0 + 9us, demote);
+  EXPECT_EQ(changed, 0);
+  queue.Rerank(t0 + 10us, demote);
+  EXPECT_EQ(changed, 2);
+  EXPECT_THAT(Ids(queue, "a"), ElementsAre("3", "1", "2", "4"));
+  queue.Rerank(t0 + 1s, demote);  // none due any more
+  EXPECT_EQ(changed, 2);
+}
+
+TEST_F(BatchQueueTest, WithRanksTheOldestRequestIsFoundBehindYoungerOnes) {
+  BatchQueue::Options options;
+  options.index_arrivals = true;
+  BatchQueue queue(options);
+  const TimePoint t0 = clock_.Now();
+  ASSERT_TRUE(Add(queue, "a", 4).ok());
   clock_.Advance(5us);
-  queue.DelayOverdue(clock_.Now());
-  clock_.Advance(95us);
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("3", "4"));
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("1", "2"));
+  ASSERT_TRUE(Add(queue, "a", 2).ok());  // at the front, younger
+  EXPECT_EQ(queue.groups().at("a").queue.front().enqueued, t0 + 5us);
+  EXPECT_EQ(queue.Oldest(queue.groups().at("a")), t0);
+  queue.PopFront("a");
+  EXPECT_EQ(queue.Oldest(queue.groups().at("a")), t0);
 }
 
-TEST_F(PriorityQueueTest, ANewRequestDoesNotPassADelayedOneOfAHigherLevel) {
-  auto options = Levels({8, 8});
-  options.delays = true;
-  options.max_batch_size = 2;
+TEST_F(BatchQueueTest, GroupsAndSharesAreCapped) {
+  BatchQueue::Options options;
+  options.max_groups = 2;
+  options.share_max_requests = {1, 2};
   BatchQueue queue(options);
-  ASSERT_TRUE(AddAt(queue, 1, 1, clock_.Now() + 1us).ok());  // "1"
-  clock_.Advance(1us);
-  queue.DelayOverdue(clock_.Now());
-  ASSERT_TRUE(AddAt(queue, 2, 1).ok());  // "2": level 2, after level 1's delayed request
-  ASSERT_TRUE(AddAt(queue, 1, 1).ok());  // "3": level 1, ahead of both
-  EXPECT_THAT(Ids(*queue.TakeReadyBatch(clock_.Now())), ElementsAre("3", "1"));
+  ASSERT_TRUE(Add(queue, "a", 0, kNoDeadline, /*share=*/0).ok());
+  const Status full = Add(queue, "a", 0, kNoDeadline, /*share=*/0);
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(full.message(), HasSubstr("1 wait"));  // the caller's words
+  ASSERT_TRUE(Add(queue, "b", 0, kNoDeadline, /*share=*/1).ok());
+  const Status shapes = Add(queue, "c", 0, kNoDeadline, /*share=*/1);
+  EXPECT_EQ(shapes.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(shapes.message(), HasSubstr("sluice.max_shape_groups"));
+  EXPECT_EQ(queue.size(), 2u);
+  // Outside the queue, counted as if queued.
+  EXPECT_FALSE(
+      queue.AdmitOutside(0, 8, "m", [](size_t) { return absl::UnavailableError("x"); }).ok());
+  ASSERT_TRUE(
+      queue.AdmitOutside(1, 8, "m", [](size_t) { return absl::UnavailableError("x"); }).ok());
+  EXPECT_EQ(queue.size(), 3u);
+  queue.ReleaseOutside(1, 8);
+  EXPECT_EQ(queue.size(), 2u);
 }
 
 }  // namespace

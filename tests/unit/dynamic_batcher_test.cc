@@ -111,20 +111,20 @@ TEST_F(DynamicBatcherTest, ItsThreadsAreNamedForTopAndPerf) {
 // Which batchers run as the front ends do (SCHED_BATCH under --model-threads-first): only those
 // that form batches at once and keep no configured timer.
 TEST(DynamicBatcherPolicyTest, OnlyBatchersWithoutConfiguredTimersRunLikeTheFrontEnds) {
-  BatchQueue::Options at_once;
+  BatchFormer::Options at_once;
   at_once.max_batch_size = 8;
   EXPECT_TRUE(DynamicBatcher::RunsLikeTheFrontEnds(at_once));
   at_once.preferred_batch_sizes = {4, 8};  // preferred sizes without a delay: still at once
   at_once.one_request_per_batch = true;
   EXPECT_TRUE(DynamicBatcher::RunsLikeTheFrontEnds(at_once));
 
-  BatchQueue::Options delayed = at_once;
+  BatchFormer::Options delayed = at_once;
   delayed.max_queue_delay = 100us;
   EXPECT_FALSE(DynamicBatcher::RunsLikeTheFrontEnds(delayed));
-  BatchQueue::Options targeted = at_once;
+  BatchFormer::Options targeted = at_once;
   targeted.latency_target = 5ms;
   EXPECT_FALSE(DynamicBatcher::RunsLikeTheFrontEnds(targeted));
-  BatchQueue::Options delaying_policy = at_once;
+  BatchFormer::Options delaying_policy = at_once;
   delaying_policy.delays = true;
   EXPECT_FALSE(DynamicBatcher::RunsLikeTheFrontEnds(delaying_policy));
 }

@@ -1,4 +1,4 @@
-// Batching to a latency target (sluice.latency_target_us): BatchQueue's decisions with a fake
+// Batching to a latency target (sluice.latency_target_us): BatchFormer's decisions with a fake
 // clock and costs given by hand, then the threaded batcher learning costs from its workers.
 #include <future>
 #include <mutex>
@@ -6,9 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "server/batching/batch_queue.h"
+#include "server/batching/batch_former.h"
 #include "server/batching/dynamic_batcher.h"
-#include "tests/unit/batch_queue_fixture.h"
+#include "tests/unit/batch_former_fixture.h"
 #include "tests/unit/fakes.h"
 
 namespace sluice {
@@ -21,11 +21,11 @@ using Pick = BatchCostModel::Pick;
 
 constexpr char kGroup[] = "x[2,]";  // the fixture's requests: input "x", rows of 2 values
 
-class LatencyTargetQueueTest : public testing::BatchQueueFixture {
+class LatencyTargetQueueTest : public testing::BatchFormerFixture {
  protected:
   // Target 1 ms, one instance, no max_queue_delay unless a test sets one; the caller seeds costs.
-  BatchQueue::Options TargetOptions(int instances = 1) {
-    BatchQueue::Options options = Options();
+  BatchFormer::Options TargetOptions(int instances = 1) {
+    BatchFormer::Options options = Options();
     options.max_queue_delay = Duration::zero();
     options.latency_target = 1000us;
     options.costs = costs_ = std::make_shared<BatchCostModel>(instances);
@@ -44,7 +44,7 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
   }
   // The queue's waiting group is due at `stop` (NextBatchTime) and not a microsecond before, and
   // then forms a batch of `rows`. Advances the clock to `stop`.
-  void ExpectReadyExactlyAt(BatchQueue& queue, TimePoint stop, int64_t rows) {
+  void ExpectReadyExactlyAt(BatchFormer& queue, TimePoint stop, int64_t rows) {
     EXPECT_EQ(queue.NextBatchTime(), stop);
     clock_.Advance(stop - clock_.Now() - 1us);
     EXPECT_FALSE(queue.TakeReadyBatch(clock_.Now()).has_value());
@@ -54,7 +54,7 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
     EXPECT_EQ(batch->rows, rows);
   }
   // Adds `count` one-row requests `gap` apart (the clock ends at the last one's arrival).
-  void AddRowsEvery(BatchQueue& queue, int count, Duration gap) {
+  void AddRowsEvery(BatchFormer& queue, int count, Duration gap) {
     for (int i = 0; i < count; ++i) {
       if (i > 0) clock_.Advance(gap);
       ASSERT_TRUE(Add(queue, 1).ok()) << i;
@@ -64,7 +64,7 @@ class LatencyTargetQueueTest : public testing::BatchQueueFixture {
 };
 
 TEST_F(LatencyTargetQueueTest, ABatchIsCutSoThatItsOldestRequestAnswersInTime) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(500us);  // 500 us left: five rows at 100 us each
@@ -82,7 +82,7 @@ TEST_F(LatencyTargetQueueTest, ABatchIsCutSoThatItsOldestRequestAnswersInTime) {
 TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWaits) {
   auto options = TargetOptions();
   options.max_queue_delay = 100us;  // without the target the first request would wait this long
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   SeedWithOverhead();
   ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());  // no arrival rate yet: no waiting
@@ -90,14 +90,14 @@ TEST_F(LatencyTargetQueueTest, WithArrivalsSlowerThanALoneRequestRunsNothingWait
   ASSERT_TRUE(Add(queue, 1).ok());  // one row per 2 ms; a lone row is served in 110 us
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
 
-  BatchQueue plain(Options());  // the same delay, no target
+  BatchFormer plain(Options());  // the same delay, no target
   ASSERT_TRUE(Add(plain, 1).ok());
   EXPECT_FALSE(plain.TakeReadyBatch(clock_.Now()).has_value());
 }
 
 TEST_F(LatencyTargetQueueTest,
        WithArrivalsFasterThanSmallBatchesServeTheGroupWaitsWhileRowsKeepArriving) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();  // 2 rows: 120 us, 60 us a row; arrivals: one row per 20 us
   const TimePoint first = clock_.Now();
   ASSERT_TRUE(Add(queue, 1).ok());
@@ -113,7 +113,7 @@ TEST_F(LatencyTargetQueueTest,
 }
 
 TEST_F(LatencyTargetQueueTest, AWaitingGroupStopsWhenOneMoreArrivalWouldMakeItsOldestLate) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   costs_->Seed(0, kGroup, 1,
                600us);  // dear batches: 2 rows about 643 us (321 a row), 3 about 686 us
   costs_->Seed(0, kGroup, 8, 900us);
@@ -134,7 +134,7 @@ TEST_F(LatencyTargetQueueTest, AClosedLoopWhoseCallersAllWaitIsNotHeldUntilItsTa
   // runs. Rounds of four come 5 us apart, one round per 400 us. The smoothed rate says one more
   // row is due within tens of microseconds; before the silence bound the group then waited until
   // its oldest had nearly used its target.
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();  // 4 rows: 140 us, 35 us a row
   for (int round = 0; round < 3; ++round) {
     const TimePoint first = clock_.Now();
@@ -158,7 +158,7 @@ TEST_F(LatencyTargetQueueTest, AClosedLoopWhoseCallersAllWaitIsNotHeldUntilItsTa
 TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
   auto options = TargetOptions();
   options.max_queue_delay = 100us;
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
   AddRowsEvery(queue, 5, 20us);  // five rows take 30 us a row, still more than 20
@@ -169,7 +169,7 @@ TEST_F(LatencyTargetQueueTest, APositiveMaxQueueDelayBoundsTheWait) {
 }
 
 TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArrival) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   // The tenth finds 900 us of work ahead and needs 100 us itself: exactly in time.
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
@@ -184,14 +184,14 @@ TEST_F(LatencyTargetQueueTest, ARequestTheWorkAheadWouldMakeLateIsRefusedAtArriv
 }
 
 TEST_F(LatencyTargetQueueTest, TheWorkAheadIsSpreadOverTheInstances) {
-  BatchQueue queue(TargetOptions(/*instances=*/2));
+  BatchFormer queue(TargetOptions(/*instances=*/2));
   SeedLinear();  // instance 0 only; the other has not run the group and counts as unknown
   for (int i = 0; i < 19; ++i) ASSERT_TRUE(Add(queue, 1).ok()) << i;
   EXPECT_FALSE(Add(queue, 1).ok());  // 1900 us of work over two instances + 100 us > 1000 us
 }
 
 TEST_F(LatencyTargetQueueTest, ARequestWhoseOwnDeadlineComesFirstIsRefusedWithDeadlineExceeded) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EarlyRefusal why = EarlyRefusal::kNone;
@@ -205,7 +205,7 @@ TEST_F(LatencyTargetQueueTest, ARequestWhoseOwnDeadlineComesFirstIsRefusedWithDe
 TEST_F(LatencyTargetQueueTest, AShapeWithoutCostsIsBatchedAsWithoutATargetAndNeverRefused) {
   auto options = TargetOptions();
   options.max_queue_delay = 100us;
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   costs_->Seed(0, "x[3,]", 1, 1s);  // another shape's cost says nothing about this one
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);
@@ -216,7 +216,7 @@ TEST_F(LatencyTargetQueueTest, AShapeWithoutCostsIsBatchedAsWithoutATargetAndNev
 }
 
 TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQueue) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   const TimePoint first = clock_.Now();
   ASSERT_TRUE(Add(queue, 1).ok());
@@ -224,9 +224,9 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
   ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(Add(queue, 1, /*width=*/3).ok());     // a shape without costs
   EXPECT_EQ(queue.NextDeadline(), first + 1000us);  // the target is a deadline too
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(100us);  // the first now needs until 1050 us
-  std::vector<RefusedRequest> refused = queue.TakeHopeless(clock_.Now());
+  std::vector<RefusedRequest> refused = queue.TakeRefused(clock_.Now(), /*forming=*/false);
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0].pending.request->id, "1");
   EXPECT_EQ(refused[0].status.code(), absl::StatusCode::kUnavailable);
@@ -235,23 +235,23 @@ TEST_F(LatencyTargetQueueTest, RequestsThatCanNoLongerBeAnsweredInTimeLeaveTheQu
   EXPECT_EQ(queue.size(), 2u);
   EXPECT_EQ(queue.bytes(), 8u + 12u);
   clock_.Advance(800us);  // the second now needs until 1850 us: exactly its target
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(1us);
-  refused = queue.TakeHopeless(clock_.Now());
+  refused = queue.TakeRefused(clock_.Now(), /*forming=*/false);
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0].pending.request->id, "2");
   // Without a cost, only a target already past is certain.
   clock_.Advance(99us);  // the third's target, not past yet
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(1us);
-  refused = queue.TakeHopeless(clock_.Now());
+  refused = queue.TakeRefused(clock_.Now(), /*forming=*/false);
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0].pending.request->id, "3");
   EXPECT_EQ(queue.size(), 0u);
 }
 
 TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();  // 110 us + 10 us a row: even 8 rows (22.5 us a row) serve slower than rows
                        // arrive
   const TimePoint first = clock_.Now();
@@ -264,7 +264,7 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
   // The first has 120 us left (a batch of 2), the second 140 us (4 of 7 waiting), the third
   // 160 us: a batch of all 6 left. Cutting for the first would serve 2 rows in 120 us while 6
   // arrive.
-  std::vector<RefusedRequest> refused = queue.TakeOverloaded(clock_.Now());
+  std::vector<RefusedRequest> refused = queue.TakeRefused(clock_.Now(), /*forming=*/true);
   ASSERT_EQ(refused.size(), 2u);
   EXPECT_EQ(refused[0].pending.request->id, "1");
   EXPECT_EQ(refused[1].pending.request->id, "2");
@@ -284,19 +284,19 @@ TEST_F(LatencyTargetQueueTest, UnderOverloadTheOldestMakeWayForABatchThatKeepsUp
 TEST_F(LatencyTargetQueueTest, NothingIsShedOnceArrivalsHaveStopped) {
   // The same eight arrivals, then nothing: every caller waits (a closed loop), so no later
   // arrival needs the room shedding would make, whatever the rate of the burst said.
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
   AddRowsEvery(queue, 8, 20us);
   clock_.Advance(first + 880us - clock_.Now());
-  EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/true).empty());
   auto batch = queue.TakeReadyBatch(clock_.Now());  // cut so that the oldest answers in time
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("1", "2"));
 }
 
 TEST_F(LatencyTargetQueueTest, AnotherShapeArrivingDoesNotKeepAGroupWaiting) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();
   ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(20us);
@@ -314,26 +314,26 @@ TEST_F(LatencyTargetQueueTest, AnotherShapeArrivingDoesNotKeepAGroupWaiting) {
 }
 
 TEST_F(LatencyTargetQueueTest, WithoutOverloadTheOldestIsServedInABatchCutForIt) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedWithOverhead();
   const TimePoint first = clock_.Now();
   AddRowsEvery(queue, 3, 200us);                 // a row per 200 us: a lone row (110 us) keeps up
   clock_.Advance(first + 885us - clock_.Now());  // the first has 115 us left: a batch of its own
-  EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/true).empty());
   auto batch = queue.TakeReadyBatch(clock_.Now());
   ASSERT_TRUE(batch.has_value());
   EXPECT_THAT(Ids(*batch), ElementsAre("1"));
 }
 
 TEST_F(LatencyTargetQueueTest, NothingIsShedOnALoneRowCostBeyondTheTarget) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   ASSERT_TRUE(Add(queue, 1).ok());
   clock_.Advance(10us);
   ASSERT_TRUE(Add(queue, 1).ok());
   // Learned after they queued: twice the target, as warm-up on a busy host can say (see
   // AnIdleModelTakesARequestWhateverItsCostsSay). The oldest runs and corrects it.
   costs_->Seed(0, kGroup, 1, 2000us);
-  EXPECT_TRUE(queue.TakeOverloaded(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/true).empty());
   EXPECT_EQ(queue.size(), 2u);
   EXPECT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());
 }
@@ -341,7 +341,7 @@ TEST_F(LatencyTargetQueueTest, NothingIsShedOnALoneRowCostBeyondTheTarget) {
 TEST_F(LatencyTargetQueueTest, LateAnswersShrinkThePartOfTheTargetTheBatcherPlansWith) {
   auto options = TargetOptions();
   options.costs = costs_ = std::make_shared<BatchCostModel>(1, kBatchCostSmoothing, 1000us);
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   SeedLinear();
   const TimePoint first = clock_.Now();
   ASSERT_TRUE(Add(queue, 1).ok());
@@ -353,13 +353,14 @@ TEST_F(LatencyTargetQueueTest, LateAnswersShrinkThePartOfTheTargetTheBatcherPlan
   const TimePoint planned = first + std::chrono::duration_cast<Duration>(1000us * share);
   EXPECT_EQ(queue.NextDeadline(), planned);
   clock_.Advance(planned - clock_.Now() - 100us);  // exactly one row's time left of the plan
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(1us);
-  EXPECT_EQ(queue.TakeHopeless(clock_.Now()).size(), 1u);  // refused before the whole target passed
+  EXPECT_EQ(queue.TakeRefused(clock_.Now(), /*forming=*/false).size(),
+            1u);  // refused before the whole target passed
 }
 
 TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatchesFormed) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   EXPECT_EQ(queue.TakeReadyBatch(clock_.Now())->rows, 8);  // 800 us predicted: in time
@@ -375,7 +376,7 @@ TEST_F(LatencyTargetQueueTest, CostsThatTurnOutWrongAreCorrectedAndChangeTheBatc
 }
 
 TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   costs_->Seed(0, kGroup, 1, 2000us);  // twice the target: warm-up on a busy host, say
   EarlyRefusal why = EarlyRefusal::kNone;
   ASSERT_TRUE(Add(queue, 1, 2, kNoDeadline, &why)
@@ -383,15 +384,15 @@ TEST_F(LatencyTargetQueueTest, AnIdleModelTakesARequestWhateverItsCostsSay) {
   EXPECT_EQ(why, EarlyRefusal::kNone);
   EXPECT_FALSE(Add(queue, 1).ok());  // behind it, 2000 us of work ahead
   // Queued, only a target already past refuses it: not an estimate longer than the target.
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(1000us);
-  EXPECT_TRUE(queue.TakeHopeless(clock_.Now()).empty());
+  EXPECT_TRUE(queue.TakeRefused(clock_.Now(), /*forming=*/false).empty());
   clock_.Advance(1us);
-  EXPECT_EQ(queue.TakeHopeless(clock_.Now()).size(), 1u);
+  EXPECT_EQ(queue.TakeRefused(clock_.Now(), /*forming=*/false).size(), 1u);
 }
 
 TEST_F(LatencyTargetQueueTest, ABatchHandedOutCountsAsWorkAheadUntilItsPredictedEnd) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   auto batch = queue.TakeReadyBatch(clock_.Now());  // full: predicted to end in 800 us
@@ -403,7 +404,7 @@ TEST_F(LatencyTargetQueueTest, ABatchHandedOutCountsAsWorkAheadUntilItsPredicted
 }
 
 TEST_F(LatencyTargetQueueTest, ABatchThatEndedEarlyStopsCountingOnceItsInstanceIsIdle) {
-  BatchQueue queue(TargetOptions());
+  BatchFormer queue(TargetOptions());
   SeedLinear();
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(queue.TakeReadyBatch(clock_.Now()).has_value());  // predicted to end in 800 us
@@ -420,7 +421,7 @@ TEST_F(LatencyTargetQueueTest, ABatchThatEndedEarlyStopsCountingOnceItsInstanceI
 TEST_F(LatencyTargetQueueTest, WithoutDynamicBatchingOnlyRefusalsApply) {
   auto options = TargetOptions();
   options.one_request_per_batch = true;
-  BatchQueue queue(options);
+  BatchFormer queue(options);
   costs_->Seed(0, "", 1, 400us);  // one group, keyed "", each request its own batch
   ASSERT_TRUE(Add(queue, 1).ok());
   ASSERT_TRUE(Add(queue, 1).ok());

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/batching/batch_queue.h"
+#include "server/batching/batch_former.h"
 #include "server/core/clock.h"
 
 namespace sluice::testing {
@@ -35,19 +35,19 @@ inline Owned Make(int64_t rows, int64_t width, int32_t tag, TimePoint deadline =
   return owned;
 }
 
-// Requests added to a BatchQueue on a fake clock, their data kept alive for the test.
-class BatchQueueFixture : public ::testing::Test {
+// Requests added to a BatchFormer on a fake clock, their data kept alive for the test.
+class BatchFormerFixture : public ::testing::Test {
  protected:
-  BatchQueue::Options Options() {
-    BatchQueue::Options options;
+  BatchFormer::Options Options() {
+    BatchFormer::Options options;
     options.max_batch_size = 8;
     options.max_queue_delay = std::chrono::microseconds(100);
     return options;
   }
 
   // Adds a request; keeps its data alive for the test. `why` (may be null) and `busy`:
-  // BatchQueue::Add's.
-  Status Add(BatchQueue& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline,
+  // BatchFormer::Add's.
+  Status Add(BatchFormer& queue, int64_t rows, int64_t width = 2, TimePoint deadline = kNoDeadline,
              EarlyRefusal* why = nullptr, int busy = -1) {
     Owned owned = Make(rows, width, next_tag_++, deadline);
     PendingRequest pending{std::move(owned.request), nullptr, nullptr, clock_.Now(),
