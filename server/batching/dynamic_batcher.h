@@ -37,7 +37,7 @@ namespace sluice {
 // (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see LatencyTargetPolicy).
 // With preserve_ordering, answers leave in the order the requests were taken into batches
 // (ResponseOrder); requests answered without running leave at once.
-class DynamicBatcher final : public Scheduler {
+class DynamicBatcher final : public Scheduler, public QueueSharing {
  public:
   struct Options {
     BatchFormer::Options queue;

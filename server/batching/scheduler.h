@@ -77,35 +77,9 @@ class Scheduler {
   virtual void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
                        InferCompletion done) = 0;
 
-  // Asks the scheduler to look at its queue now (after a request was cancelled). Cheap.
-  virtual void Poke() {}
-
-  // Single flight (see SingleFlight): a request that waits for the answer of an identical one
-  // queued or running here counts against this scheduler's caps as if it were queued at its own
-  // priority level. AdmitWaiter counts `request` (its level and input bytes) or returns why not
-  // (UNAVAILABLE, in Enqueue's words); ReleaseWaiter gives back what it counted. A scheduler
-  // without caps admits every waiter.
-  virtual Status AdmitWaiter(const InferRequest& request) {
-    (void)request;
-    return absl::OkStatus();
-  }
-  virtual void ReleaseWaiter(int priority_level, size_t bytes) {
-    (void)priority_level;
-    (void)bytes;
-  }
-  // The request still queued whose `cancelled` flag is `tag` moves up to `priority_level` when
-  // that is higher than its own (a smaller number, above 0), waits until `deadline` when that is
-  // later than its own, and is delayed (timeout_action DELAY) only from `delay_after` when that is
-  // later than its own. Its count in the caps stays where it was admitted. False when no queued
-  // request has that flag (it runs, or was answered).
-  virtual bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
-                          TimePoint delay_after) {
-    (void)tag;
-    (void)priority_level;
-    (void)deadline;
-    (void)delay_after;
-    return false;
-  }
+  // A request queued here may have been cancelled (its `cancelled` flag was set): answer it now
+  // rather than when it would have run. Cheap.
+  virtual void Poke() = 0;
 
   // Runs every request `runs` times on every instance, each on that instance's own worker thread
   // (LibTorch keeps cuDNN's benchmark cache per thread) and through the path a request of that
@@ -118,8 +92,9 @@ class Scheduler {
   // From now on a request whose caller_may_run is set may run on the thread that enqueues it,
   // when it finds nothing queued before it and an instance idle (it would run at once anyway):
   // Enqueue then returns after the forward pass and the answer. Call it after warm-up, for a
-  // model whose lone request is cheap (see ChooseCallerRuns). A scheduler that cannot ignores it.
-  virtual void SetCallerRuns(bool allowed) { (void)allowed; }
+  // model whose lone request is cheap (see ChooseCallerRuns). A scheduler that cannot says so
+  // where it ignores it.
+  virtual void SetCallerRuns(bool allowed) = 0;
 
   // The batch sizes to form from now on (ascending; see BatchPolicy::SetBatchSizeLadder). Call it
   // before the scheduler takes traffic. A scheduler that forms no batches ignores it.
@@ -128,6 +103,27 @@ class Scheduler {
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.
   virtual void Stop() = 0;
+};
+
+// What single flight (manager/single_flight.h) needs of the queue its shared runs wait in: a
+// request that waits outside the queue for the answer of an identical one counts against the
+// queue's caps as if it were queued at its own priority level, and the queued run can be moved up.
+// DynamicBatcher is one; a decorator that keeps its inner scheduler's queue hands out the inner's.
+class QueueSharing {
+ public:
+  virtual ~QueueSharing() = default;
+  // Counts `request` (its level and input bytes) or returns why not (UNAVAILABLE, in
+  // Scheduler::Enqueue's words).
+  virtual Status AdmitWaiter(const InferRequest& request) = 0;
+  // Gives back what AdmitWaiter counted.
+  virtual void ReleaseWaiter(int priority_level, size_t bytes) = 0;
+  // The request still queued whose `cancelled` flag is `tag` moves up to `priority_level` when
+  // that is higher than its own (a smaller number, above 0), waits until `deadline` when that is
+  // later than its own, and is delayed (timeout_action DELAY) only from `delay_after` when that is
+  // later than its own. Its count in the caps stays where it was admitted. False when no queued
+  // request has that flag (it runs, or was answered).
+  virtual bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                          TimePoint delay_after) = 0;
 };
 
 // A scheduler of a stateful model (SequenceBatcher): what the manager needs of its sequences to

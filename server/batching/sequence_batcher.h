@@ -67,6 +67,9 @@ class SequenceBatcher final : public SequenceScheduler {
   void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
                InferCompletion done) override ABSL_LOCKS_EXCLUDED(mutex_);
   void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
+  // A sequence's requests run on its slot's instance, in the slot's order: never on the caller's
+  // thread. Ignored.
+  void SetCallerRuns(bool) override {}
   // Each warm-up request runs with its control inputs off (READY false): the model sees the
   // shapes without any sequence's state changing.
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,

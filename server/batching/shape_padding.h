@@ -51,7 +51,8 @@ class UnpaddingSink final : public OutputSink {
 };
 
 // The scheduler of a model with padding buckets: pads each request, hands it to `inner`, and
-// unpads its response. Thread-safe as `inner` is.
+// unpads its response. Thread-safe as `inner` is. A padded request keeps its cancellation flag
+// and its priority level: `inner`'s queue and caps are its (QueueSharing is the inner's).
 class PaddingScheduler final : public Scheduler {
  public:
   PaddingScheduler(ModelSpec spec, std::unique_ptr<Scheduler> inner,
@@ -60,22 +61,15 @@ class PaddingScheduler final : public Scheduler {
   void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
                InferCompletion done) override;
   void Poke() override { inner_->Poke(); }
-  // A padded request keeps its cancellation flag and its priority level: the inner scheduler's
-  // caps and queue are its.
-  Status AdmitWaiter(const InferRequest& request) override { return inner_->AdmitWaiter(request); }
-  void ReleaseWaiter(int priority_level, size_t bytes) override {
-    inner_->ReleaseWaiter(priority_level, bytes);
-  }
-  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
-                  TimePoint delay_after) override {
-    return inner_->Reschedule(tag, priority_level, deadline, delay_after);
-  }
   void Stop() override { inner_->Stop(); }
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
                                 const std::atomic<bool>* abandon) override;
   void SetBatchSizeLadder(std::vector<int> sizes) override {
     inner_->SetBatchSizeLadder(std::move(sizes));
   }
+  // Ignored: a padded model's requests are handed over to the batcher's thread, never run on the
+  // caller's (its padding copy is work enough for the front end).
+  void SetCallerRuns(bool) override {}
 
  private:
   const std::shared_ptr<const ModelSpec> spec_;  // shared with the completions in flight

@@ -1,7 +1,6 @@
 #include "server/manager/model_handle.h"
 
 #include <chrono>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
@@ -13,7 +12,7 @@ namespace sluice {
 ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version,
                          std::string device, std::shared_ptr<Scheduler> scheduler,
                          std::shared_ptr<ModelStats> stats, const TimeSource* clock,
-                         BatchSizeChoice batch_sizes, std::shared_ptr<ResponseCache> response_cache)
+                         BatchSizeChoice batch_sizes, bool caches_responses)
     : model_(std::move(model)),
       version_(version),
       device_(std::move(device)),
@@ -22,22 +21,7 @@ ModelHandle::ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t v
       stats_(std::move(stats)),
       clock_(clock),
       batch_sizes_(std::move(batch_sizes)),
-      cache_(std::move(response_cache)),
-      cache_space_(cache_ ? cache_->OpenNamespace() : 0) {
-  for (const TensorSpec& output : model_->spec.outputs) output_names_.push_back(output.name);
-  if (cache_ != nullptr) {
-    SingleFlight::Options options;
-    options.model = model_->name;
-    options.clock = clock_;
-    options.scheduler = scheduler_.get();
-    options.stats = stats_.get();
-    options.keep = [cache = cache_.get()](const ResponseCache::Key& key,
-                                          absl::Span<const OutputView> outputs) {
-      cache->Insert(key, outputs);
-    };
-    flights_ = std::make_unique<SingleFlight>(std::move(options));
-  }
-}
+      caches_responses_(caches_responses) {}
 
 ModelHandle::~ModelHandle() { Stop(); }
 
@@ -66,34 +50,7 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
       request->deadline = std::min(request->deadline, timeout);
     }
   }
-  if (cache_ != nullptr) return SubmitCached(std::move(request), sink, std::move(done));
   scheduler_->Enqueue(std::move(request), sink, std::move(done));
-}
-
-void ModelHandle::SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink,
-                               InferCompletion done) {
-  const TimePoint started = clock_->Now();
-  ResponseCache::Key key = cache_->MakeKey(cache_space_, *request, output_names_);
-  std::optional<Status> answered;  // set on a hit: the answer written (or the sink's refusal)
-  {
-    // Let go of the hit before answering: it pins its segment in memory until then.
-    if (ResponseCache::Hit hit = cache_->Find(key)) answered = hit.WriteTo(sink);
-  }
-  if (answered) {
-    if (!answered->ok()) {
-      done(Reject(*std::move(answered), request->protocol));
-      return;
-    }
-    stats_->RecordCacheHit(clock_->Now() - started, request->protocol);
-    if (request->trace) request->trace->AddAttribute("sluice.response_cache", std::string("hit"));
-    done(absl::OkStatus());
-    return;
-  }
-  // Run, or wait for the run of an identical request already queued or running. Every answer
-  // that runs is kept: the run reads its inputs from the key's copy and writes its outputs where
-  // no client can rewrite them (see SingleFlight), so shared-memory requests' answers are too.
-  flights_->Submit(std::move(key), std::move(request), sink, std::move(done),
-                   clock_->Now() - started);
 }
 
 Status ModelHandle::Reject(Status status, Protocol protocol) {
@@ -101,10 +58,7 @@ Status ModelHandle::Reject(Status status, Protocol protocol) {
   return status;
 }
 
-void ModelHandle::Poke() {
-  scheduler_->Poke();
-  if (flights_ != nullptr) flights_->Poke();
-}
+void ModelHandle::Poke() { scheduler_->Poke(); }
 
 InFlightModel ModelHandle::Acquire() {
   {
@@ -183,9 +137,7 @@ void ModelHandle::Stop() {
     in_flight_->stopped = true;
   }
   in_flight_->idle.SignalAll();
-  scheduler_->Stop();  // answers every flight's run, and so every waiter
-  if (flights_ != nullptr) flights_->Stop();
-  if (cache_ != nullptr) cache_->CloseNamespace(cache_space_);
+  scheduler_->Stop();
 }
 
 }  // namespace sluice

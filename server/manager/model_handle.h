@@ -20,8 +20,6 @@
 #include "server/core/mutex.h"
 #include "server/core/output_sink.h"
 #include "server/core/repository_model.h"
-#include "server/manager/response_cache.h"
-#include "server/manager/single_flight.h"
 
 namespace sluice {
 
@@ -58,12 +56,12 @@ class InFlightModel {
 // Thread-safe. Create it with std::make_shared (Acquire needs shared_from_this).
 class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
  public:
-  // `clock` outlives the handle; `stats` never null. `response_cache` (may be null): answers of
-  // this version are kept there, in a namespace of its own that Stop drops.
+  // `clock` outlives the handle; `stats` never null. `caches_responses`: `scheduler` is a
+  // CachingScheduler (the version's answers are cached).
   ModelHandle(std::shared_ptr<const RepositoryModel> model, int64_t version, std::string device,
               std::shared_ptr<Scheduler> scheduler, std::shared_ptr<ModelStats> stats,
               const TimeSource* clock, BatchSizeChoice batch_sizes = {},
-              std::shared_ptr<ResponseCache> response_cache = nullptr);
+              bool caches_responses = false);
   ~ModelHandle();
 
   const ModelSpec& spec() const { return model_->spec; }
@@ -80,11 +78,9 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // default_timeout_us; none when 0; under timeout_action DELAY the timeout sets delay_after
   // instead) and hands it to the scheduler, which writes the outputs into `sink` and calls `done`
   // exactly once (see Scheduler::Enqueue for the lifetimes). Never blocks on model work. With a
-  // response cache, a request whose answer is cached is answered here, at once, through `sink`
-  // (nothing queued, nothing run); one that misses waits for the run of an identical request
-  // already queued or running, or runs (SingleFlight), and a run's answer is kept when it succeeds.
-  // With preserve_ordering the scheduler orders the answers of requests that run (ResponseOrder);
-  // invalid requests and cache hits are answered here, at once.
+  // response cache the scheduler answers cache hits at once (CachingScheduler). With
+  // preserve_ordering the scheduler orders the answers of requests that run (ResponseOrder);
+  // invalid requests are answered here, at once.
   void Submit(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
 
   // Records a request that never became an InferRequest (the front end could not convert it) as
@@ -125,16 +121,13 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   void DrainSequences(Duration grace);
 
   // Whether this version's answers are cached.
-  bool caches_responses() const { return cache_ != nullptr; }
+  bool caches_responses() const { return caches_responses_; }
 
   // Stops the scheduler: queued requests are answered UNAVAILABLE, running ones finish, workers
-  // are joined; drops the version's cached answers. Wakes WaitIdle. Idempotent.
+  // are joined; the version's cached answers are dropped. Wakes WaitIdle. Idempotent.
   void Stop();
 
  private:
-  // Submit's last step for a version with a response cache: answer from it, or run and keep.
-  void SubmitCached(std::unique_ptr<InferRequest> request, OutputSink* sink, InferCompletion done);
-
   const std::shared_ptr<const RepositoryModel> model_;
   const int64_t version_;
   const std::string device_;
@@ -143,10 +136,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   const std::shared_ptr<ModelStats> stats_;
   const TimeSource* const clock_;
   const BatchSizeChoice batch_sizes_;
-  const std::shared_ptr<ResponseCache> cache_;  // null: answers are not cached
-  const uint64_t cache_space_;                  // this version's namespace in cache_
-  std::vector<std::string> output_names_;       // the model's outputs in config order (cache keys)
-  std::unique_ptr<SingleFlight> flights_;       // with cache_: identical requests share one run
+  const bool caches_responses_;
   std::atomic<Duration::rep> last_used_ns_{0};  // MarkUsed: the clock's ticks since its epoch
 
   // Shared with the references Acquire hands out, so that a reference can drop its hold on the

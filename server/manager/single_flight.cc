@@ -90,7 +90,7 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
     }
     if (found != table_.end()) {
       Flight& joined = *found->second;
-      Status admitted = options_.scheduler->AdmitWaiter(*request);
+      Status admitted = options_.queue->AdmitWaiter(*request);
       if (!admitted.ok()) {
         lock.Unlock();
         options_.stats->RecordRejected(admitted, waiter.protocol);
@@ -107,8 +107,8 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
       if (later) joined.deadline = waiter.deadline;
       if (later_delay) joined.delay_after = request->delay_after;
       if ((higher || later || later_delay) && joined.queued) {
-        options_.scheduler->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline,
-                                       joined.delay_after);
+        options_.queue->Reschedule(joined.run_cancelled.get(), joined.level, joined.deadline,
+                                   joined.delay_after);
       }
       // The timer looks at deadlines before the run's: this one's, or the one it just raised.
       const bool timer = waiter.deadline != kNoDeadline || later;
@@ -152,8 +152,8 @@ void SingleFlight::Submit(ResponseCache::Key key, std::unique_ptr<InferRequest> 
   flight->queued = true;
   if (flight->listed && (flight->level != level || flight->deadline != deadline ||
                          flight->delay_after != delay_after)) {
-    options_.scheduler->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline,
-                                   flight->delay_after);
+    options_.queue->Reschedule(flight->run_cancelled.get(), flight->level, flight->deadline,
+                               flight->delay_after);
   }
 }
 
@@ -176,7 +176,7 @@ void SingleFlight::Finish(const std::shared_ptr<Flight>& flight, FlightSink* sin
     // They leave the caps before they are answered: a caller that sends again at once is counted
     // anew, not twice.
     for (const Waiter& waiter : waiters) {
-      if (waiter.counted) options_.scheduler->ReleaseWaiter(waiter.level, waiter.bytes);
+      if (waiter.counted) options_.queue->ReleaseWaiter(waiter.level, waiter.bytes);
     }
   }
   const TimePoint now = options_.clock->Now();
@@ -220,7 +220,7 @@ SingleFlight::Waiter SingleFlight::RemoveLocked(Flight& flight, std::list<Waiter
   flight.waiters.erase(it);
   --waiting_;
   if (waiter.counted) {
-    options_.scheduler->ReleaseWaiter(waiter.level, waiter.bytes);
+    options_.queue->ReleaseWaiter(waiter.level, waiter.bytes);
     return waiter;
   }
   // The run stood for it; it now stands for another waiter, whose own count goes back. The one
@@ -228,7 +228,7 @@ SingleFlight::Waiter SingleFlight::RemoveLocked(Flight& flight, std::list<Waiter
   // cancelled and records it.
   for (Waiter& other : flight.waiters) {
     if (!other.counted) continue;
-    options_.scheduler->ReleaseWaiter(other.level, other.bytes);
+    options_.queue->ReleaseWaiter(other.level, other.bytes);
     other.counted = false;
     waiter.counted = true;
     break;

@@ -6,11 +6,12 @@
 // them). The run is a request of its own: it reads its inputs from the key (which holds a copy of
 // them), has its own cancellation flag, and so does not depend on any one waiter's caller:
 //  - Caps: every waiter counts against the scheduler's caps (count and bytes) at its own priority
-//    level, as if queued: the run counts for one of them, Scheduler::AdmitWaiter for the others.
+//    level, as if queued: the run counts for one of them, QueueSharing::AdmitWaiter for the others.
 //    A waiter the caps refuse is answered UNAVAILABLE, as Enqueue would answer it.
 //  - Deadlines: each waiter keeps its own. The run waits until the latest of them (raised with
-//    Scheduler::Reschedule as waiters join); a waiter whose deadline passes while the run has not
-//    answered is answered DEADLINE_EXCEEDED then, on this class's thread, and the others wait on.
+//    QueueSharing::Reschedule as waiters join); a waiter whose deadline passes while the run has
+//    not answered is answered DEADLINE_EXCEEDED then, on this class's thread, and the others wait
+//    on.
 //  - Priority: the run waits at the highest priority of its waiters (Reschedule moves it up).
 //  - Cancellation: a waiter whose caller goes away is answered CANCELLED at once (Poke); the run
 //    is cancelled only when every waiter has gone (the last one is answered by the run then:
@@ -58,8 +59,9 @@ class SingleFlight {
   struct Options {
     std::string model;                  // named in answers
     const TimeSource* clock = nullptr;  // required; outlives this
-    Scheduler* scheduler = nullptr;     // required; runs the flights, counts waiters; outlives this
-    ModelStats* stats = nullptr;        // required; outlives this
+    Scheduler* scheduler = nullptr;     // required; runs the flights; outlives this
+    QueueSharing* queue = nullptr;  // required; the queue `scheduler` holds runs in; outlives this
+    ModelStats* stats = nullptr;    // required; outlives this
     // Called with every run's outputs when it answered OK, before any waiter is answered, on the
     // thread that completes the run: the cache keeps them. `outputs` are valid during the call.
     absl::AnyInvocable<void(const ResponseCache::Key&, absl::Span<const OutputView>)> keep;

@@ -1,5 +1,7 @@
 #include "server/manager/version_loader.h"
 
+#include "server/manager/caching_scheduler.h"
+
 #include <malloc.h>
 
 #include <algorithm>
@@ -79,8 +81,9 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
     peak_reset.push_back(factory_->ResetPeakMemory(each));
     before.push_back(factory_->ReadMemory(each).current);
   }
+  QueueSharing* queue = nullptr;
   StatusOr<std::unique_ptr<Scheduler>> scheduler =
-      Compose(*model, version, stats, &device, &loaded.tuning, abandon);
+      Compose(*model, version, stats, &device, &loaded.tuning, &queue, abandon);
   loaded.load_time = std::chrono::steady_clock::now() - started;
   for (size_t i = 0; i < devices.size(); ++i) {
     const MemoryReading after = factory_->ReadMemory(devices[i]);
@@ -90,20 +93,29 @@ LoadedVersion VersionLoader::Load(const std::shared_ptr<const RepositoryModel>& 
     if (scheduler.ok() && peak > before[i]) loaded.memory[devices[i].ToString()] = peak - before[i];
   }
   if (scheduler.ok()) {
-    std::shared_ptr<ResponseCache> cache;
-    if (model->spec.response_cache && options_.response_cache == nullptr) {
+    std::unique_ptr<Scheduler> serving = *std::move(scheduler);
+    const bool cached = model->spec.response_cache && options_.response_cache != nullptr;
+    if (model->spec.response_cache && !cached) {
       spdlog::warn(
           "event=response_cache_off model={} version={} reason=\"config.pbtxt enables "
           "response_cache but "
           "the server has no cache (start it with --cache-config local,size=BYTES); requests run "
           "uncached\"",
           model->name, version);
-    } else if (model->spec.response_cache) {
-      cache = options_.response_cache;
+    } else if (cached) {
+      CachingScheduler::Options caching;
+      caching.model = model->name;
+      for (const TensorSpec& output : model->spec.outputs)
+        caching.output_names.push_back(output.name);
+      caching.clock = clock_;
+      caching.stats = stats;
+      caching.cache = options_.response_cache;
+      caching.queue = queue;  // the parser refuses a cache on a stateful model: never null here
+      serving = std::make_unique<CachingScheduler>(std::move(caching), std::move(serving));
     }
     loaded.handle = std::make_shared<ModelHandle>(
-        model, version, std::move(device), std::shared_ptr<Scheduler>(*std::move(scheduler)),
-        std::move(stats), clock_, loaded.tuning.batch_sizes, std::move(cache));
+        model, version, std::move(device), std::shared_ptr<Scheduler>(std::move(serving)),
+        std::move(stats), clock_, loaded.tuning.batch_sizes, cached);
   } else {
     loaded.status = scheduler.status();
   }
@@ -190,7 +202,9 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
 
 StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
     const RepositoryModel& model, int64_t version, std::shared_ptr<ModelStats> stats,
-    std::string* device, ModelTuning* tuning, const std::atomic<bool>* abandon) const {
+    std::string* device, ModelTuning* tuning, QueueSharing** queue,
+    const std::atomic<bool>* abandon) const {
+  *queue = nullptr;
   ModelSpec spec = model.spec;
   if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
   const ShapePlan plan = ComputeShapePlan(spec);
@@ -259,8 +273,10 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
     SLUICE_ASSIGN_OR_RETURN(
         scheduler, SequenceBatcher::Create(spec, std::move(instances), std::move(sequences)));
   } else {
-    SLUICE_ASSIGN_OR_RETURN(scheduler,
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<DynamicBatcher> dynamic,
                             DynamicBatcher::Create(spec, std::move(instances), std::move(batcher)));
+    *queue = dynamic.get();
+    scheduler = std::move(dynamic);
   }
   if (spec.padding.enabled()) {
     scheduler = std::make_unique<PaddingScheduler>(spec, std::move(scheduler), std::move(stats));

@@ -20,6 +20,7 @@
 #include "server/manager/model_events.h"
 #include "server/manager/model_handle.h"
 #include "server/manager/residency.h"
+#include "server/manager/response_cache.h"
 
 namespace sluice {
 
@@ -92,9 +93,12 @@ class VersionLoader {
   const Options& options() const { return options_; }
 
  private:
+  // The version's scheduler, warmed up; `*queue`: the queue it keeps requests in, for single
+  // flight (null for a stateful model's).
   StatusOr<std::unique_ptr<Scheduler>> Compose(const RepositoryModel& model, int64_t version,
                                                std::shared_ptr<ModelStats> stats,
                                                std::string* device, ModelTuning* tuning,
+                                               QueueSharing** queue,
                                                const std::atomic<bool>* abandon) const;
   // The devices one instance group goes on under the device policy; `fell_back` set when a GPU
   // group falls back to the CPU. INVALID_ARGUMENT for a GPU the process does not see.

@@ -302,6 +302,8 @@ class HeldSequences final : public SequenceScheduler {
     return WarmupReport{};
   }
   void SetBatchSizeLadder(std::vector<int>) override {}
+  void SetCallerRuns(bool) override {}
+  void Poke() override {}
   void Stop() override {}
   bool HasSequence(const CorrelationId& id) const override {
     return !id.is_text && ids_.count(id.number) > 0;
@@ -425,6 +427,8 @@ class HeldRequests final : public Scheduler {
     return WarmupReport{};
   }
   void SetBatchSizeLadder(std::vector<int>) override {}
+  void SetCallerRuns(bool) override {}
+  void Poke() override {}
   void Stop() override {}
   std::vector<std::unique_ptr<InferRequest>> requests;
   std::vector<InferCompletion> completions;

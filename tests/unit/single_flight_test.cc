@@ -19,7 +19,7 @@ namespace {
 using std::chrono::microseconds;
 
 // Keeps every request it is given; counts waiters against a cap; notes Reschedule and Poke.
-class HeldRuns final : public Scheduler {
+class HeldRuns final : public Scheduler, public QueueSharing {
  public:
   struct Run {
     std::unique_ptr<InferRequest> request;
@@ -55,6 +55,7 @@ class HeldRuns final : public Scheduler {
     return WarmupReport{};
   }
   void SetBatchSizeLadder(std::vector<int>) override {}
+  void SetCallerRuns(bool) override {}
   void Stop() override {}
 
   // Writes `bytes` as the run's one output "y" and answers it.
@@ -101,6 +102,7 @@ class SingleFlightTest : public ::testing::Test {
     options.model = "m";
     options.clock = &clock_;
     options.scheduler = &scheduler_;
+    options.queue = &scheduler_;
     options.stats = &stats_;
     options.keep = [this](const ResponseCache::Key&, absl::Span<const OutputView> outputs) {
       kept_.push_back(outputs.empty() ? "" : std::string(outputs[0].bytes));
