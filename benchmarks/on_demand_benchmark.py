@@ -343,7 +343,7 @@ def main():
                         help="--model-min-residency-secs for the server (default: the server's own)")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--json", default=os.path.join(ROOT, "docs", "on_demand_benchmark_cpu.json"))
+    parser.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "on_demand_benchmark_cpu.json"))
     args = parser.parse_args()
     if args.smoke:
         args.models, args.fit, args.rate, args.seconds = 4, 2, 20.0, 2.0

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Overload: drive sluice-server at about 10x what it can serve and check that it degrades the
-way the README says. Memory stays bounded, every rejection carries a documented status, the
+way docs/guide/batching.md says. Memory stays bounded, every rejection carries a documented status, the
 requests it accepts keep a bounded latency, and it keeps serving afterwards.
 
     .venv/bin/python benchmarks/overload_benchmark.py [--smoke] [--json out.json] [--factor 10] [--seconds 20]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof kit: everything a GPU machine without apt, PyPI or our build needs to prove the
-# whole GPU path in one command (see README, "GPU check").
+# whole GPU path in one command (see docs/guide/gpu.md, "GPU check").
 #
 #   scripts/gpu_kit.sh build     stage build/gpu-kit from a finished build (scripts/build.sh):
 #                                stripped binaries (libexec/, RUNPATH $ORIGIN/../lib), the

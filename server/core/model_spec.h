@@ -141,7 +141,7 @@ inline constexpr const char* kAutoBatchSizesRatesKey = "sluice.auto_batch_sizes.
 
 // Padding buckets: variable dimensions of inputs are padded up to the next bucket size so that a
 // model sees a finite set of shapes (config parameters sluice.buckets, sluice.bucket_dims,
-// sluice.pad_value, sluice.lengths_input; see README "Shape buckets").
+// sluice.pad_value, sluice.lengths_input; see docs/guide/gpu.md, "Padding buckets").
 struct BucketAxis {
   std::string name;            // "seq"
   std::vector<int64_t> sizes;  // ascending, distinct, positive

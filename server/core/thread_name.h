@@ -17,7 +17,7 @@ void NameThisThread(const std::string& name);
 // run as SCHED_BATCH: same share of the CPU as SCHED_OTHER, but a SCHED_BATCH thread that wakes
 // does not preempt the thread running on its CPU. On a busy CPU a request's arrival then waits
 // for the model's worker to finish or block instead of cutting its forward pass (and its cache)
-// in two; the arrivals of that time are read together (docs/performance.md: 3.5 -> 0.9 context
+// in two; the arrivals of that time are read together (docs/design/request-path-costs.md: 3.5 -> 0.9 context
 // switches per request at concurrency 32, one core). Threads that find idle CPUs are not
 // affected. False when the kernel refused (the reason logged by the caller from errno).
 bool RunThreadsFromHereAsBatch();
@@ -30,8 +30,8 @@ void RunThisThreadAsModelWork();
 // SCHED_BATCH for the calling thread when this process's front ends run SCHED_BATCH (after a
 // successful RunThreadsFromHereAsBatch; otherwise a no-op), whichever thread started it: what a
 // dynamic batcher that forms batches at once calls when it starts (DynamicBatcher::
-// RunsLikeTheFrontEnds says which do, and docs/performance.md "Batchers no longer preempt the
-// thread delivering a burst" why).
+// RunsLikeTheFrontEnds says which do, and docs/design/request-path-costs.md, "Scheduling
+// classes", why).
 void RunThisThreadAsFrontEnd();
 
 // Whether RunThreadsFromHereAsBatch has succeeded in this process.

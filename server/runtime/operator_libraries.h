@@ -1,7 +1,7 @@
 // Operator libraries: shared libraries that register TorchScript and AOTInductor operators
 // (TORCH_LIBRARY) and their kernels, loaded into the server before the models that call them.
 //
-// Rules (README "Operator libraries"):
+// Rules (docs/guide/model-repository.md, "Operator libraries and detection models"):
 //   - A library is process-global and never unloaded: unloading would deregister kernels that
 //     loaded graphs still call. A model that names a library already loaded shares it; a file
 //     that changed on disk since it was loaded is refused (restart to take the new one).

@@ -7,7 +7,7 @@ benchmark takes medians of three): goodput, answered p50/p99 and refusals per va
 issue 34's verdicts. On a machine with 6 CPUs or more the server gets 4 of them and the client a
 fifth, all kept out of idle (harness.bench.awake): as on a GPU host, gRPC's threads, the batcher and
 the worker that launches the kernels do not share one CPU (on the CPU machines they must, and the
-time a request waits there to be read is what kept c's p99 over the target, docs/batching.md);
+time a request waits there to be read is what kept c's p99 over the target, docs/guide/performance.md);
 with fewer, server and client on one CPU each. The echo and the in-process reference that set the
 target run on the server's first CPU either way.
 The CPU dry run: the benchmark's smoke mode (the MLP at 1x, tiny windows) on the CPU."""
