@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
   }
   // gRPC's locks are absl::Mutex. Debian builds Abseil without NDEBUG, which leaves absl's
   // deadlock detection on: every lock and unlock updates a global lock-order graph, about 7 % of
-  // a trivial request's CPU (docs/design/request-path-costs.md). Sluice's own locks are std::mutex, checked by
-  // clang's thread-safety analysis and ThreadSanitizer instead.
+  // a trivial request's CPU (docs/design/request-path-costs.md). Sluice's own locks are std::mutex,
+  // checked by clang's thread-safety analysis and ThreadSanitizer instead.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::variant<sluice::ServerConfig, int> parsed = sluice::ParseCommandLine(argc, argv);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;

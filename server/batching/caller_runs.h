@@ -1,8 +1,9 @@
 // Whether a model's requests may run on the thread that received them
 // (sluice.run_on_receiving_thread). A request that finds its queue empty and an instance idle is
 // run by the gRPC thread that received it instead of being handed to the batcher and a worker:
-// two thread wake-ups and hand-offs less (docs/design/request-path-costs.md). That thread reads no other call
-// while the model runs, so only a model whose lone request warm-up measured cheap may do it.
+// two thread wake-ups and hand-offs less (docs/design/request-path-costs.md). That thread reads no
+// other call while the model runs, so only a model whose lone request warm-up measured cheap may do
+// it.
 #pragma once
 
 #include <string>

@@ -17,9 +17,9 @@ void NameThisThread(const std::string& name);
 // run as SCHED_BATCH: same share of the CPU as SCHED_OTHER, but a SCHED_BATCH thread that wakes
 // does not preempt the thread running on its CPU. On a busy CPU a request's arrival then waits
 // for the model's worker to finish or block instead of cutting its forward pass (and its cache)
-// in two; the arrivals of that time are read together (docs/design/request-path-costs.md: 3.5 -> 0.9 context
-// switches per request at concurrency 32, one core). Threads that find idle CPUs are not
-// affected. False when the kernel refused (the reason logged by the caller from errno).
+// in two; the arrivals of that time are read together (docs/design/request-path-costs.md: 3.5 ->
+// 0.9 context switches per request at concurrency 32, one core). Threads that find idle CPUs are
+// not affected. False when the kernel refused (the reason logged by the caller from errno).
 bool RunThreadsFromHereAsBatch();
 
 // SCHED_OTHER for the calling thread: model workers, sequence batchers and the dynamic batchers

@@ -4,9 +4,9 @@
 //
 // The metadata comes from two writers. Inductor writes AOTI_DEVICE_KEY ("cpu" or "cuda"),
 // AOTI_MACHINE ("x86_64"), AOTI_CPU_ISA ("AVX512 AVX512_VNNI") and AOTI_COMPUTE_CAPABILITY
-// ("90") into every package. Sluice's export recipe (models/sluice_export.py, see docs/guide/model-repository.md)
-// adds what the 2.11 loader cannot tell: the version of torch that compiled it and each input's
-// and output's dtype and shape with the batch range, as JSON values:
+// ("90") into every package. Sluice's export recipe (models/sluice_export.py, see
+// docs/guide/model-repository.md) adds what the 2.11 loader cannot tell: the version of torch that
+// compiled it and each input's and output's dtype and shape with the batch range, as JSON values:
 //   sluice.format          "1"
 //   sluice.torch_version   "2.11.0+cu130"
 //   sluice.batch           [min, max] of the batch dimension (dimension 0 of every input and
