@@ -1,5 +1,7 @@
 #include "server/repository/model_config_parser.h"
 
+#include "server/repository/model_parameters.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -244,22 +246,6 @@ StatusOr<int64_t> IntParameter(const std::map<std::string, std::string>& paramet
   return value;
 }
 
-StatusOr<bool> BoolParameter(const std::map<std::string, std::string>& parameters,
-                             const std::string& key) {
-  auto it = parameters.find(key);
-  if (it == parameters.end()) return false;
-  if (it->second == "true") return true;
-  if (it->second == "false") return false;
-  return absl::InvalidArgumentError(
-      absl::StrCat("parameter ", key, " must be \"true\" or \"false\", found '", it->second, "'"));
-}
-
-StatusOr<bool> BoolParameterOr(const std::map<std::string, std::string>& parameters,
-                               const std::string& key, bool fallback) {
-  if (parameters.count(key) == 0) return fallback;
-  return BoolParameter(parameters, key);
-}
-
 QueuePolicySpec ConvertQueuePolicy(const inference::ModelQueuePolicy& policy) {
   QueuePolicySpec out;
   out.max_queue_size = policy.max_queue_size();
@@ -326,12 +312,12 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   }
   out.preserve_ordering = batching.preserve_ordering();
   SLUICE_ASSIGN_OR_RETURN(out.pad_to_preferred,
-                          BoolParameter(spec->parameters, "sluice.pad_batch_to_preferred"));
+                          ReadBool(spec->parameters, "sluice.pad_batch_to_preferred"));
   SLUICE_ASSIGN_OR_RETURN(const int64_t groups,
-                          IntParameter(spec->parameters, "sluice.max_shape_groups", 16, 1, 4096));
+                          ReadInt(spec->parameters, "sluice.max_shape_groups"));
   out.max_shape_groups = static_cast<int>(groups);
   SLUICE_ASSIGN_OR_RETURN(out.auto_batch_sizes,
-                          BoolParameterOr(spec->parameters, "sluice.auto_batch_sizes", true));
+                          ReadBool(spec->parameters, "sluice.auto_batch_sizes"));
   return absl::OkStatus();
 }
 
@@ -535,10 +521,10 @@ Status ConvertOperatorLibraries(ModelSpec* spec) {
     }
     return absl::OkStatus();
   };
-  if (auto it = spec->parameters.find("sluice.operator_libraries"); it != spec->parameters.end()) {
-    for (absl::string_view item : absl::StrSplit(it->second, ',')) {
+  if (const std::string* value = ReadText(spec->parameters, "sluice.operator_libraries")) {
+    for (absl::string_view item : absl::StrSplit(*value, ',')) {
       item = absl::StripAsciiWhitespace(item);
-      SLUICE_RETURN_IF_ERROR(check(it->first, item));
+      SLUICE_RETURN_IF_ERROR(check("sluice.operator_libraries", item));
       spec->operator_libraries.emplace_back(item);
     }
   }
@@ -546,77 +532,6 @@ Status ConvertOperatorLibraries(ModelSpec* spec) {
     const absl::string_view path = absl::StripAsciiWhitespace(it->second);
     SLUICE_RETURN_IF_ERROR(check(it->first, path));
     spec->init_library = std::string(path);
-  }
-  return absl::OkStatus();
-}
-
-// Every Sluice parameter; a misspelt sluice.* key is an error rather than silently ignored.
-constexpr const char* kSluiceParameters[] = {"sluice.pad_batch_to_preferred",
-                                             "sluice.max_shape_groups",
-                                             "sluice.max_queued_bytes",
-                                             "sluice.buckets",
-                                             "sluice.bucket_dims",
-                                             "sluice.pad_value",
-                                             "sluice.lengths_input",
-                                             "sluice.warmup",
-                                             "sluice.warmup_runs",
-                                             "sluice.cudnn_benchmark",
-                                             "sluice.auto_batch_sizes",
-                                             "sluice.cuda_wait",
-                                             "sluice.run_on_receiving_thread",
-                                             "sluice.run_on_receiving_thread_max_us",
-                                             "sluice.latency_target_us",
-                                             "sluice.pinned",
-                                             "sluice.cuda_graphs_max",
-                                             "sluice.operator_libraries"};
-
-// What the ModelConfig answer reports (AddBatchSizeChoice); a config written back from such an
-// answer loads, and these are ignored (measured again).
-constexpr const char* kSluiceReportedParameters[] = {kAutoBatchSizesChosenKey,
-                                                     kAutoBatchSizesRatesKey};
-
-// Levenshtein distance: insertions, deletions and substitutions of one character each.
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-Status CheckSluiceParameterNames(const std::map<std::string, std::string>& parameters) {
-  for (const auto& parameter : parameters) {
-    const std::string& key = parameter.first;
-    if (!absl::StartsWith(key, "sluice.")) continue;
-    if (std::find(std::begin(kSluiceReportedParameters), std::end(kSluiceReportedParameters),
-                  key) != std::end(kSluiceReportedParameters)) {
-      continue;
-    }
-    if (std::find_if(std::begin(kSluiceParameters), std::end(kSluiceParameters),
-                     [&](const char* known) { return key == known; }) ==
-        std::end(kSluiceParameters)) {
-      // The nearest known name, when it is near enough to be a misspelling (a third of it).
-      const char* nearest = nullptr;
-      size_t best = key.size() / 3 + 1;
-      for (const char* known : kSluiceParameters) {
-        const size_t distance = EditDistance(key, known);
-        if (distance < best) {
-          best = distance;
-          nearest = known;
-        }
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown parameter '", QuoteClientText(key), "'",
-          nearest != nullptr ? absl::StrCat(": did you mean '", nearest, "'?") : std::string(),
-          " (Sluice knows: ", absl::StrJoin(kSluiceParameters, ", "), ")"));
-    }
   }
   return absl::OkStatus();
 }
@@ -664,11 +579,15 @@ TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name)
 // sluice.pad_value, sluice.lengths_input.
 Status ConvertPadding(ModelSpec* spec) {
   const auto& parameters = spec->parameters;
-  const bool has_buckets = parameters.count("sluice.buckets") > 0;
-  const bool has_dims = parameters.count("sluice.bucket_dims") > 0;
+  const std::string* buckets = ReadText(parameters, "sluice.buckets");
+  const std::string* dims = ReadText(parameters, "sluice.bucket_dims");
+  const std::string* pad_value = ReadText(parameters, "sluice.pad_value");
+  const std::string* lengths_input = ReadText(parameters, "sluice.lengths_input");
+  const bool has_buckets = buckets != nullptr;
+  const bool has_dims = dims != nullptr;
   if (!has_buckets && !has_dims) {
     for (const char* key : {"sluice.pad_value", "sluice.lengths_input"}) {
-      if (parameters.count(key) > 0) {
+      if (ReadText(parameters, key) != nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("parameter ", key, " needs sluice.buckets"));
       }
     }
@@ -679,8 +598,7 @@ Status ConvertPadding(ModelSpec* spec) {
         "padding needs both sluice.buckets (axis=sizes) and sluice.bucket_dims (tensor:dim=axis)");
   }
   PaddingSpec& padding = spec->padding;
-  for (absl::string_view item :
-       absl::StrSplit(parameters.at("sluice.buckets"), ';', absl::SkipWhitespace())) {
+  for (absl::string_view item : absl::StrSplit(*buckets, ';', absl::SkipWhitespace())) {
     std::vector<absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits('=', 1));
     BucketAxis axis;
     axis.name = std::string(absl::StripAsciiWhitespace(parts[0]));
@@ -712,8 +630,7 @@ Status ConvertPadding(ModelSpec* spec) {
   }
   if (padding.axes.empty()) return absl::InvalidArgumentError("sluice.buckets declares no axis");
   std::vector<bool> axis_has_input(padding.axes.size(), false);
-  for (absl::string_view item :
-       absl::StrSplit(parameters.at("sluice.bucket_dims"), ',', absl::SkipWhitespace())) {
+  for (absl::string_view item : absl::StrSplit(*dims, ',', absl::SkipWhitespace())) {
     const std::string where =
         absl::StrCat("sluice.bucket_dims: '", absl::StripAsciiWhitespace(item), "'");
     std::vector<absl::string_view> sides = absl::StrSplit(item, absl::MaxSplits('=', 1));
@@ -769,31 +686,31 @@ Status ConvertPadding(ModelSpec* spec) {
           "sluice.bucket_dims: no input dimension follows axis '", padding.axes[axis].name, "'"));
     }
   }
-  if (auto it = parameters.find("sluice.pad_value"); it != parameters.end()) {
-    if (!absl::SimpleAtod(it->second, &padding.pad_value)) {
+  if (pad_value != nullptr) {
+    if (!absl::SimpleAtod(*pad_value, &padding.pad_value)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sluice.pad_value must be a number, found '", it->second, "'"));
+          absl::StrCat("sluice.pad_value must be a number, found '", *pad_value, "'"));
     }
     for (const BucketDim& bucketed : padding.dims) {
       const TensorSpec* input =
           bucketed.is_input ? FindTensor(spec->inputs, bucketed.tensor) : nullptr;
       if (input != nullptr && !Representable(input->dtype, padding.pad_value)) {
-        return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value ", it->second,
+        return absl::InvalidArgumentError(absl::StrCat("sluice.pad_value ", *pad_value,
                                                        " cannot be stored in input '", input->name,
                                                        "' of type ", DataTypeName(input->dtype)));
       }
     }
   }
-  if (auto it = parameters.find("sluice.lengths_input"); it != parameters.end()) {
-    TensorSpec* lengths = FindTensor(spec->inputs, it->second);
+  if (lengths_input != nullptr) {
+    TensorSpec* lengths = FindTensor(spec->inputs, *lengths_input);
     const Shape expected = {static_cast<int64_t>(padding.axes.size())};
     if (lengths == nullptr ||
         (lengths->dtype != DataType::kInt32 && lengths->dtype != DataType::kInt64) ||
         lengths->dims != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sluice.lengths_input must name an input of TYPE_INT32 or TYPE_INT64 with dims ",
-          ShapeToString(expected), " (one length per axis of sluice.buckets); found '", it->second,
-          "'"));
+          ShapeToString(expected), " (one length per axis of sluice.buckets); found '",
+          *lengths_input, "'"));
     }
     for (const BucketDim& bucketed : padding.dims) {
       if (bucketed.tensor == lengths->name) {
@@ -817,25 +734,24 @@ Status ConvertWarmup(const inference::ModelConfig& config, ModelSpec* spec) {
         return input.dtype == DataType::kBytes && !input.filled_by_server;
       });
   SLUICE_ASSIGN_OR_RETURN(spec->warmup,
-                          BoolParameterOr(spec->parameters, "sluice.warmup", !takes_strings));
-  SLUICE_ASSIGN_OR_RETURN(const int64_t runs,
-                          IntParameter(spec->parameters, "sluice.warmup_runs", 3, 1, 100));
+                          ReadBool(spec->parameters, "sluice.warmup", !takes_strings));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t runs, ReadInt(spec->parameters, "sluice.warmup_runs"));
   spec->warmup_runs = static_cast<int>(runs);
-  if (auto it = spec->parameters.find("sluice.cudnn_benchmark"); it != spec->parameters.end()) {
-    StatusOr<CudnnBenchmarkMode> mode = ParseCudnnBenchmarkMode(it->second);
+  if (const std::string* value = ReadText(spec->parameters, "sluice.cudnn_benchmark")) {
+    StatusOr<CudnnBenchmarkMode> mode = ParseCudnnBenchmarkMode(*value);
     if (!mode.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter sluice.cudnn_benchmark ", mode.status().message()));
     }
     if (*mode != CudnnBenchmarkMode::kAuto) spec->cudnn_benchmark_override = *mode;
   }
-  if (auto it = spec->parameters.find("sluice.cuda_wait"); it != spec->parameters.end()) {
-    if (it->second != "spin" && it->second != "blocking") {
+  if (const std::string* value = ReadText(spec->parameters, "sluice.cuda_wait")) {
+    if (*value != "spin" && *value != "blocking") {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter sluice.cuda_wait is \"", it->second,
+          absl::StrCat("parameter sluice.cuda_wait is \"", *value,
                        "\": use \"spin\" (the default) or \"blocking\""));
     }
-    spec->cuda_blocking_wait = it->second == "blocking";
+    spec->cuda_blocking_wait = *value == "blocking";
   }
   for (const inference::ModelWarmup& warmup : config.model_warmup()) {
     WarmupSampleSpec sample;
@@ -984,28 +900,24 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     return absl::InvalidArgumentError("default_model_filename must be a plain file name");
   }
   for (const auto& [key, value] : config->parameters()) spec.parameters[key] = value.string_value();
-  SLUICE_RETURN_IF_ERROR(CheckSluiceParameterNames(spec.parameters));
+  SLUICE_RETURN_IF_ERROR(CheckModelParameterNames(spec.parameters));
   SLUICE_RETURN_IF_ERROR(ConvertDynamicBatching(*config, &spec));
   // The byte cap holds for every scheduler (dynamic, sequence, and none: see Admission).
-  SLUICE_ASSIGN_OR_RETURN(
-      const int64_t queued_bytes,
-      IntParameter(spec.parameters, "sluice.max_queued_bytes", 256 << 20, 1, int64_t{1} << 40));
+  SLUICE_ASSIGN_OR_RETURN(const int64_t queued_bytes,
+                          ReadInt(spec.parameters, "sluice.max_queued_bytes"));
   spec.dynamic_batching.max_queued_bytes = static_cast<size_t>(queued_bytes);
-  SLUICE_ASSIGN_OR_RETURN(spec.pinned, BoolParameterOr(spec.parameters, "sluice.pinned", false));
+  SLUICE_ASSIGN_OR_RETURN(spec.pinned, ReadBool(spec.parameters, "sluice.pinned"));
   SLUICE_RETURN_IF_ERROR(ConvertOperatorLibraries(&spec));
   spec.cuda_graphs = config->optimization().cuda().graphs();
   SLUICE_ASSIGN_OR_RETURN(const int64_t graphs_max,
-                          IntParameter(spec.parameters, "sluice.cuda_graphs_max", 16, 1, 1024));
+                          ReadInt(spec.parameters, "sluice.cuda_graphs_max"));
   spec.cuda_graphs_max = static_cast<int>(graphs_max);
-  SLUICE_ASSIGN_OR_RETURN(
-      spec.dynamic_batching.run_on_receiving_thread,
-      BoolParameterOr(spec.parameters, "sluice.run_on_receiving_thread", false));
+  SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread,
+                          ReadBool(spec.parameters, "sluice.run_on_receiving_thread"));
   SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.run_on_receiving_thread_max_us,
-                          IntParameter(spec.parameters, "sluice.run_on_receiving_thread_max_us",
-                                       kRunOnReceivingThreadMaxUs, 1, 1000000));
-  SLUICE_ASSIGN_OR_RETURN(
-      spec.dynamic_batching.latency_target_us,
-      IntParameter(spec.parameters, "sluice.latency_target_us", 0, 1, int64_t{3600} * 1000000));
+                          ReadInt(spec.parameters, "sluice.run_on_receiving_thread_max_us"));
+  SLUICE_ASSIGN_OR_RETURN(spec.dynamic_batching.latency_target_us,
+                          ReadInt(spec.parameters, "sluice.latency_target_us"));
   if (spec.dynamic_batching.latency_target_us > 0 && config->has_sequence_batching()) {
     return absl::InvalidArgumentError(
         "sluice.latency_target_us cannot be combined with sequence_batching: a stateful model's "
