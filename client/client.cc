@@ -5,7 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "server/core/pem.h"
+#include "server/os/pem.h"
 
 namespace sluice {
 namespace {

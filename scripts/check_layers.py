@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Keeps server/'s layering strict: each folder includes only the folders below it (the allowed
-lists here), and no header or source file reaches itself through includes (no cycles).
+lists here), no header or source file reaches itself through includes (no cycles), and each
+folder's library links only the libraries of the folders it may include (CMake's link graph:
+target_link_libraries in server/<folder>/CMakeLists.txt), the generated protobuf messages only
+where a wire format is read, and gRPC only in grpc/.
 
     python3 scripts/check_layers.py [--root DIR]   # exit 1 and one line per problem
     python3 scripts/check_layers.py --self-test    # proves it catches both kinds of problem
 
-The layers follow the request path (see the house style guide): core at the bottom; repository,
+The layers follow the request path (see the house style guide): os (what Sluice asks of the
+operating system) and core at the bottom; repository,
 batching, runtime and tracing on it; the manager on batching; metrics beside the front ends; the shared
 front-end code (frontend/) below gRPC and HTTP, which never include each other; server.cc and
 main.cc at the top.
@@ -17,17 +21,28 @@ import sys
 import tempfile
 
 ALLOWED = {
-    "core": set(),
-    "repository": {"core"},
-    "batching": {"core"},
-    "runtime": {"core"},
-    "manager": {"core", "batching"},
-    "tracing": {"core"},
-    "metrics": {"core", "manager", "tracing"},
-    "frontend": {"core", "batching", "manager", "tracing"},
-    "grpc": {"core", "batching", "manager", "frontend", "tracing"},
-    "http": {"core", "batching", "manager", "frontend", "tracing"},
+    "os": set(),
+    "core": {"os"},
+    "repository": {"os", "core"},
+    "batching": {"os", "core"},
+    "runtime": {"os", "core"},
+    "manager": {"os", "core", "batching"},
+    "tracing": {"os", "core"},
+    "metrics": {"os", "core", "manager", "tracing"},
+    "frontend": {"os", "core", "batching", "manager", "tracing"},
+    "grpc": {"os", "core", "batching", "manager", "frontend", "tracing"},
+    "http": {"os", "core", "batching", "manager", "frontend", "tracing"},
 }
+# Libraries that are not a folder's: the generated messages (where a wire format or a
+# configuration is read) and their gRPC services; sluice_warnings is flags only.
+EXTRA_LINKS = {
+    "sluice_proto": {"repository", "tracing", "frontend", "grpc", "http"},
+    "sluice_proto_grpc": {"grpc"},
+    "sluice_warnings": set(ALLOWED),
+}
+# Libraries of gRPC itself: only grpc/ links them.
+GRPC_LINK = re.compile(r"\bgRPC::[\w+]+")
+LINKS = re.compile(r"target_link_libraries\(\s*(sluice_\w+)([^)]*)\)", re.S)
 TOP = ""  # server/*.cc, server/*.h: may include every folder
 INCLUDE = re.compile(r'^\s*#\s*include\s+"server/([^"]+)"', re.M)
 
@@ -80,7 +95,34 @@ def check(root):
     for node in sorted(files):
         if node not in state:
             visit(node, [])
+    problems += check_links(server)
     return problems, len(files)
+
+
+def check_links(server):
+    """The link graph: each folder's library links only what its includes may reach."""
+    problems = []
+    for folder in sorted(os.listdir(server)):
+        path = os.path.join(server, folder, "CMakeLists.txt")
+        if folder not in ALLOWED or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"#[^\n]*", "", f.read())
+        for target, arguments in LINKS.findall(text):
+            if target != f"sluice_{folder}":
+                continue
+            for linked in re.findall(r"\bsluice_\w+", arguments):
+                theirs = linked[len("sluice_"):]
+                if linked in EXTRA_LINKS:
+                    allowed = folder in EXTRA_LINKS[linked]
+                else:
+                    allowed = theirs == folder or theirs in ALLOWED[folder]
+                if not allowed:
+                    problems.append(f"server/{folder}/CMakeLists.txt: {target} links {linked}")
+            if folder != "grpc" and GRPC_LINK.search(arguments):
+                problems.append(f"server/{folder}/CMakeLists.txt: {target} links "
+                                f"{GRPC_LINK.search(arguments).group(0)}: only grpc/ links gRPC")
+    return problems
 
 
 def self_test():
@@ -97,9 +139,21 @@ def self_test():
         write("frontend/e.h", "frontend/d.h")  # a cycle
         write("core/f.h", "manager/g.h")       # upwards: not allowed
         write("manager/g.h")
+
+        def cmake(folder, text):
+            with open(os.path.join(root, "server", folder, "CMakeLists.txt"), "w") as f:
+                f.write(text)
+        cmake("http", "# a comment naming sluice_grpc is not a link\n"
+                      "target_link_libraries(sluice_http PUBLIC sluice_frontend sluice_proto_grpc\n"
+                      "                      PRIVATE gRPC::grpc++ sluice_warnings)\n")
+        cmake("manager", "target_link_libraries(sluice_manager PUBLIC sluice_core sluice_metrics)\n")
+        cmake("frontend", "target_link_libraries(sluice_frontend PUBLIC sluice_core sluice_proto)\n")
         problems, _ = check(root)
     expected = ["server/grpc/b.h includes server/http/c.h", "server/core/f.h includes server/manager/g.h",
-                "include cycle: server/frontend/d.h -> server/frontend/e.h -> server/frontend/d.h"]
+                "include cycle: server/frontend/d.h -> server/frontend/e.h -> server/frontend/d.h",
+                "server/http/CMakeLists.txt: sluice_http links sluice_proto_grpc",
+                "server/http/CMakeLists.txt: sluice_http links gRPC::grpc++",
+                "server/manager/CMakeLists.txt: sluice_manager links sluice_metrics"]
     missing = [each for each in expected if not any(problem.startswith(each) for problem in problems)]
     if missing or len(problems) != len(expected):
         print("self-test FAILED; expected:\n  " + "\n  ".join(expected) + "\ngot:\n  " + "\n  ".join(problems))

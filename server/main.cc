@@ -24,9 +24,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 #include "server/core/logging.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 #include "server/runtime/operator_libraries.h"
 #include "server/runtime/torch_backend.h"
 #include "server/server.h"

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 #include "server/core/logging.h"
 #include "server/runtime/torch_backend.h"
 

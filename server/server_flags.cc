@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 #include "server/frontend/shared_memory.h"
 #include "server/manager/residency.h"
 

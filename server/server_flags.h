@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 #include "server/core/device.h"
 #include "server/core/model_spec.h"
 #include "server/core/repository_model.h"

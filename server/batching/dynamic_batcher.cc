@@ -3,7 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 

@@ -12,7 +12,7 @@
 
 #include "server/batching/warmup.h"
 #include "server/core/logging.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 namespace {

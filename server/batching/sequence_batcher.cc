@@ -10,7 +10,7 @@
 #include "server/batching/batch_queue.h"
 #include "server/core/bytes_tensor.h"
 #include "server/core/logging.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 namespace {

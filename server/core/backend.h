@@ -15,7 +15,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/model_spec.h"
 #include "server/core/output_sink.h"
-#include "server/core/process_memory.h"
+#include "server/os/process_memory.h"
 #include "server/core/status.h"
 
 namespace sluice {

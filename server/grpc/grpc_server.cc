@@ -7,7 +7,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/pem.h"
+#include "server/os/pem.h"
 
 namespace sluice {
 

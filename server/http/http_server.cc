@@ -32,7 +32,7 @@
 
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 #include "server/http/http_codec.h"
 #include "server/http/http_compression.h"
 #include "server/http/http_request_reader.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "server/core/logging.h"
 #include "server/core/message_text.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 

@@ -40,6 +40,7 @@
 #include "server/core/mutex.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/manager/response_cache_events.h"
 #include "server/core/tensor.h"
 
 namespace sluice {
@@ -78,24 +79,6 @@ class RecordingSink final : public OutputSink {
   };
   OutputSink* const inner_;
   std::vector<Written> written_;
-};
-
-// What the cache holds and has done, for metrics and tests.
-struct ResponseCacheStats {
-  size_t byte_limit = 0;
-  size_t bytes = 0;        // mapped segments: never above byte_limit
-  size_t entry_bytes = 0;  // what the live entries take of them (keys, outputs, headers)
-  size_t entries = 0;
-  uint64_t insertions = 0;
-  uint64_t evictions = 0;  // entries dropped to make room (not those dropped with their version)
-  uint64_t too_large = 0;  // answers not kept because one alone would exceed the whole bound
-};
-
-// Told about every change of the cache's contents, under the cache's lock: keep it cheap.
-class ResponseCacheObserver {
- public:
-  virtual ~ResponseCacheObserver() = default;
-  virtual void OnResponseCacheChanged(const ResponseCacheStats& stats) = 0;
 };
 
 // Thread-safe.

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 

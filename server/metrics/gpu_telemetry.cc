@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/logging.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 namespace sluice {
 namespace {

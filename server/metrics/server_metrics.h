@@ -27,8 +27,8 @@
 #include "absl/base/thread_annotations.h"
 
 #include "server/core/mutex.h"
-#include "server/manager/model_manager.h"
-#include "server/manager/response_cache.h"
+#include "server/manager/model_events.h"
+#include "server/manager/response_cache_events.h"
 #include "server/tracing/otlp_exporter.h"
 
 namespace sluice {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
-#include "server/core/child_process.h"
+#include "server/os/child_process.h"
 
 namespace sluice {
 namespace fs = std::filesystem;

@@ -1,4 +1,5 @@
-#include "server/core/child_process.h"
+#include "server/os/child_process.h"
+#include "server/core/status.h"
 
 #include <csignal>
 #include <string>

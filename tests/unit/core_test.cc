@@ -14,13 +14,13 @@
 #include "absl/strings/escaping.h"
 
 #include "server/core/bytes_tensor.h"
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 #include "server/core/data_type.h"
 #include "server/core/device.h"
 #include "server/core/output_sink.h"
-#include "server/core/pem.h"
+#include "server/os/pem.h"
 #include "server/core/tensor.h"
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 #include "server/core/validation.h"
 
 namespace sluice {

@@ -19,6 +19,7 @@
 #include "server/metrics/gpu_telemetry.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/server_metrics.h"
+#include "server/manager/response_cache.h"
 
 namespace sluice {
 namespace {

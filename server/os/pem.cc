@@ -1,4 +1,4 @@
-#include "server/core/pem.h"
+#include "server/os/pem.h"
 
 #include <fstream>
 #include <sstream>
@@ -7,7 +7,7 @@
 
 namespace sluice {
 
-StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag) {
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is required"));
   std::ifstream file(path, std::ios::binary);
   if (!file) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read ", path));

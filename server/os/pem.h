@@ -3,12 +3,13 @@
 
 #include <string>
 
-#include "server/core/status.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace sluice {
 
 // The contents of `path`. INVALID_ARGUMENT naming `flag` when the file cannot be read, is empty, or
 // holds no PEM block ("-----BEGIN ...").
-StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag);
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag);
 
 }  // namespace sluice

@@ -1,4 +1,4 @@
-#include "server/core/cpu_budget.h"
+#include "server/os/cpu_budget.h"
 
 #include <sched.h>
 

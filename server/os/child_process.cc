@@ -1,4 +1,4 @@
-#include "server/core/child_process.h"
+#include "server/os/child_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -61,8 +61,8 @@ std::string ChildOutcome::Describe() const {
   return absl::StrCat("exited with status ", exit_code);
 }
 
-StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv,
-                                       const ChildOptions& options) {
+absl::StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv,
+                                             const ChildOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   int out_pipe[2];
   int err_pipe[2];

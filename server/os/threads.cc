@@ -1,4 +1,4 @@
-#include "server/core/thread_name.h"
+#include "server/os/threads.h"
 
 #include <pthread.h>
 #include <sched.h>

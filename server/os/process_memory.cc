@@ -1,4 +1,4 @@
-#include "server/core/process_memory.h"
+#include "server/os/process_memory.h"
 
 #include <fstream>
 #include <string>

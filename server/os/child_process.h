@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "server/core/status.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace sluice {
 
@@ -35,7 +36,7 @@ struct ChildOutcome {
 // returns how it ended. Safe to call from any thread of a multi-threaded process (posix_spawn; the
 // pipes are close-on-exec, so a concurrent spawn elsewhere does not keep them open). INTERNAL
 // when the child cannot be started (argv[0] is not executable: the reason is in the message).
-StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv,
-                                       const ChildOptions& options = {});
+absl::StatusOr<ChildOutcome> RunChildProcess(const std::vector<std::string>& argv,
+                                             const ChildOptions& options = {});
 
 }  // namespace sluice
