@@ -1,4 +1,4 @@
-// Test doubles for the backend seam.
+// Test doubles for the backend seam, and small helpers and data the unit tests share.
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 
 #include "server/batching/scheduler.h"
 #include "server/core/backend.h"
+#include "server/core/bytes_tensor.h"
 #include "server/core/request_trace.h"
 
 namespace sluice::testing {
@@ -65,6 +66,22 @@ inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const Outpu
   }
   return DeliverOutputs(host, targets, /*batched=*/targets.size() > 1);
 }
+
+// `elements` in the serialized form of a BYTES tensor (server/core/bytes_tensor.h).
+inline std::string Serialize(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const std::string& element : elements) AppendBytesElement(element, &out);
+  return out;
+}
+
+// The smallest model configuration the repository tests build on: INPUT__0 FP32 [3, -1] ->
+// OUTPUT__0 INT64 [2], max_batch_size 8.
+inline constexpr char kMinimal[] = R"pb(
+  platform: "pytorch_libtorch"
+  max_batch_size: 8
+  input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
+  output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+)pb";
 
 // Answers every request with one INT64 output "y" of shape [1] whose bytes are the request's id,
 // or with whatever `behaviour` returns (see Deliver). Can be held at a gate to keep a request in

@@ -1,5 +1,7 @@
-// Recording into the Prometheus registry (counts, failure reasons, histograms, states), the
-// NVML poller against a fake libnvidia-ml, and the /metrics endpoint.
+// Recording into the Prometheus registry (server/metrics/server_metrics.h: counts, failure
+// reasons, histograms, states), the NVML poller against a fake libnvidia-ml (gpu_telemetry.h), and
+// the /metrics endpoint (metrics_endpoint.h). The poller's and the endpoint's tests stay here: they
+// use this file's MetricsTest fixture and exposition helpers, which no shared test header holds.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
