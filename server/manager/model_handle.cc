@@ -1,5 +1,6 @@
 #include "server/manager/model_handle.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -63,7 +64,7 @@ void ModelHandle::Poke() { scheduler_->Poke(); }
 InFlightModel ModelHandle::Acquire() {
   {
     MutexLock lock(&in_flight_->mutex);
-    ++in_flight_->count;
+    in_flight_->peak = std::max(in_flight_->peak, ++in_flight_->count);
   }
   // The reference shares nothing with the manager's: its deleter keeps the handle alive until it
   // runs, then lets go of it before counting itself out, so that when WaitIdle returns the
@@ -83,6 +84,11 @@ void ModelHandle::InFlight::Release() {
 int64_t ModelHandle::in_flight() const {
   MutexLock lock(&in_flight_->mutex);
   return in_flight_->count;
+}
+
+int64_t ModelHandle::peak_in_flight() const {
+  MutexLock lock(&in_flight_->mutex);
+  return in_flight_->peak;
 }
 
 void ModelHandle::WaitIdle() {

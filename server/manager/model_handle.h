@@ -103,6 +103,8 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
   // hand these out, and a front end keeps one until the request it serves is answered.
   InFlightModel Acquire();
   int64_t in_flight() const;
+  // The most references from Acquire alive at once since the version loaded.
+  int64_t peak_in_flight() const;
 
   // Blocks until no reference from Acquire is alive, or Stop was called. Logs a line every 10 s
   // while it waits (model, version, what is still in flight).
@@ -146,6 +148,7 @@ class ModelHandle : public std::enable_shared_from_this<ModelHandle> {
     Mutex mutex;
     CondVar idle;
     int64_t count ABSL_GUARDED_BY(mutex) = 0;
+    int64_t peak ABSL_GUARDED_BY(mutex) = 0;
     bool stopped ABSL_GUARDED_BY(mutex) = false;
   };
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();

@@ -346,8 +346,16 @@ class FakeBackendFactory final : public BackendFactory {
 class SpanRecorder final : public SpanSink {
  public:
   void Export(SpanData span) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    spans_.push_back(std::move(span));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      spans_.push_back(std::move(span));
+    }
+    exported_.notify_all();
+  }
+  // Blocks until at least `count` spans were exported or `timeout` passed; true when they were.
+  bool AwaitSpans(size_t count, std::chrono::seconds timeout = std::chrono::seconds(10)) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return exported_.wait_for(lock, timeout, [&] { return spans_.size() >= count; });
   }
   std::vector<SpanData> spans() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -370,6 +378,7 @@ class SpanRecorder final : public SpanSink {
 
  private:
   mutable std::mutex mutex_;
+  mutable std::condition_variable exported_;
   std::vector<SpanData> spans_;
 };
 

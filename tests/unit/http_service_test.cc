@@ -139,7 +139,7 @@ TEST_F(HttpServiceTest, TraceSettingsTurnTracingOnAndATracedRequestContinuesTheC
   EXPECT_THAT(on.body, HasSubstr(R"("trace_rate":"1000")"));
   EXPECT_EQ(Infer("echo", kBody, parent).code, 200);
   // The spans are exported once the answer has been handed over: wait for them.
-  for (int i = 0; i < 500 && spans_.spans().size() < 5; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(spans_.AwaitSpans(5));
   ASSERT_EQ(spans_.spans().size(), 5u);  // request, queue, compute, output, and its batch's
   const SpanData request = spans_.Named("POST /v2/models/{model}/infer");
   EXPECT_EQ(HexOf(request.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");

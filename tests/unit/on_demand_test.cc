@@ -44,8 +44,10 @@ struct Answer {
 // Each instance takes 10 MiB of host memory; `budget_mib` 0: no budget.
 class OnDemandTest : public ::testing::Test {
  protected:
+  // With `clock` (null: the steady clock) every part reads and waits on it: the tests that need
+  // distinct ready and last-use times advance it instead of sleeping.
   void Start(uint64_t budget_mib, std::vector<std::string> startup = {"a"},
-             Duration min_residency = Duration(0)) {
+             Duration min_residency = Duration(0), const TimeSource* clock = nullptr) {
     for (const char* name : {"a", "b", "c", "d"}) {
       source_.Put(Model(name, {1}), std::string(name) + "1");
       factory_.instance_bytes[name] = 10 * kMiB;
@@ -57,9 +59,16 @@ class OnDemandTest : public ::testing::Test {
     options.room_wait = Duration(0);
     options.no_room_retry = Duration(0);
     if (budget_mib > 0) options.eviction.budget["cpu"] = budget_mib * kMiB;
-    parts_ = std::make_unique<ManagerParts>(*source_.Scan(), &factory_, VersionLoader::Options{},
-                                            options);
-    loads_ = std::make_unique<OnDemandLoader>(&parts_->control, OnDemandLoader::Options{});
+    options.clock = clock;
+    VersionLoader::Options loader;
+    loader.clock = clock;
+    ModelManager::Options manager;
+    manager.clock = clock;
+    parts_ = std::make_unique<ManagerParts>(*source_.Scan(), &factory_, std::move(loader), options,
+                                            manager);
+    OnDemandLoader::Options on_demand;
+    on_demand.clock = clock;
+    loads_ = std::make_unique<OnDemandLoader>(&parts_->control, on_demand);
     parts_->manager.SetOnDemand(loads_.get());
     std::promise<Status> started;
     parts_->control.Start([&](const Status& status) { started.set_value(status); });
@@ -92,6 +101,7 @@ class OnDemandTest : public ::testing::Test {
 
   FakeBackendFactory factory_;
   MemorySource source_;
+  FakeTimeSource fake_clock_;  // for Start's `clock`: outlives the parts that wait on it
   std::unique_ptr<ManagerParts> parts_;
   std::unique_ptr<OnDemandLoader> loads_;
 };
@@ -186,12 +196,13 @@ TEST_F(OnDemandTest, AFailedLoadAnswersEveryWaiterWithItsReasonAndIsNotRetriedDu
 // Every model here loaded well within the (default) minimum residency of 10 s: the budget still
 // makes room for each request, unloading the idle model ready longest, and refuses nothing.
 TEST_F(OnDemandTest, YoungIdleModelsMakeRoomRatherThanARequestBeingRefused) {
+  FakeTimeSource& clock = fake_clock_;
   Start(/*budget_mib=*/30, {"a"},
-        /*min_residency=*/std::chrono::seconds(10));  // a (pinned) + two more
+        /*min_residency=*/std::chrono::seconds(10), &clock);  // a (pinned) + two more
   ASSERT_TRUE(Await("b").ok());
-  std::this_thread::sleep_for(2ms);  // distinct ready times
+  clock.Advance(2ms);  // distinct ready times
   ASSERT_TRUE(Await("c").ok());
-  std::this_thread::sleep_for(2ms);
+  clock.Advance(2ms);
   {
     auto b = manager().Find("b", "");  // used after c, but ready longer: b goes
     ASSERT_TRUE(b.ok()) << b.status();
@@ -208,18 +219,19 @@ TEST_F(OnDemandTest, YoungIdleModelsMakeRoomRatherThanARequestBeingRefused) {
 }
 
 TEST_F(OnDemandTest, TheBudgetUnloadsTheLeastRecentlyUsedIdleModelAndNeverAPinnedOrBusyOne) {
-  Start(/*budget_mib=*/30);  // a (pinned) + two more
+  FakeTimeSource& clock = fake_clock_;
+  Start(/*budget_mib=*/30, {"a"}, Duration(0), &clock);  // a (pinned) + two more
   ASSERT_TRUE(Await("b").ok());
-  std::this_thread::sleep_for(2ms);  // distinct last-use times
+  clock.Advance(2ms);  // distinct last-use times
   ASSERT_TRUE(Await("c").ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c"}));
-  std::this_thread::sleep_for(2ms);
+  clock.Advance(2ms);
   {
     auto b = manager().Find("b", "");  // b is now used more recently than c
     ASSERT_TRUE(b.ok());
     (*b)->MarkUsed();
   }
-  std::this_thread::sleep_for(2ms);
+  clock.Advance(2ms);
   ASSERT_TRUE(Await("d").ok());  // 40 > 30: c goes
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "d"}));
   auto c = manager().Find("c", "");
@@ -330,12 +342,19 @@ TEST(MemoryBudgetTest, InExplicitModeABudgetMakesRoomForExplicitLoadsAndKeepsThe
   options.eviction.budget["cpu"] = 30 * kMiB;
   options.eviction.min_residency = Duration(0);
   options.room_wait = Duration(0);
-  ManagerParts parts(*source.Scan(), &factory, {}, options);
+  // Distinct ready and last-use times: one clock for every part, advanced by the test.
+  FakeTimeSource clock;
+  options.clock = &clock;
+  VersionLoader::Options loader;
+  loader.clock = &clock;
+  ModelManager::Options manager;
+  manager.clock = &clock;
+  ManagerParts parts(*source.Scan(), &factory, std::move(loader), options, manager);
   ASSERT_TRUE(parts.control.LoadAll().ok());
   ASSERT_TRUE(parts.control.LoadModel("b").ok());
-  std::this_thread::sleep_for(2ms);
+  clock.Advance(2ms);
   ASSERT_TRUE(parts.control.LoadModel("c").ok());
-  std::this_thread::sleep_for(2ms);
+  clock.Advance(2ms);
   {
     auto b = parts.manager.Find("b", "");  // b used after c: c is the least recently used
     ASSERT_TRUE(b.ok());

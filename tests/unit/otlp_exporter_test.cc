@@ -25,15 +25,24 @@ namespace {
 using ::testing::HasSubstr;
 
 // Accepts connections on 127.0.0.1, reads one HTTP request from each and answers `status_line`
-// (after `delay`). Keeps the bodies.
+// (with `hold`, only once Release is called: a collector slower than any timeout). Keeps the
+// bodies.
 class CollectorStub {
  public:
-  explicit CollectorStub(std::string status_line = "HTTP/1.1 200 OK",
-                         std::chrono::milliseconds delay = {})
-      : status_line_(std::move(status_line)), delay_(delay), thread_([this] { Serve(); }) {}
+  explicit CollectorStub(std::string status_line = "HTTP/1.1 200 OK", bool hold = false)
+      : status_line_(std::move(status_line)), held_(hold), thread_([this] { Serve(); }) {}
   ~CollectorStub() {
     stop_ = true;
+    Release();
     thread_.join();
+  }
+  // A held collector answers from now on.
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held_ = false;
+    }
+    released_.notify_all();
   }
   std::string url() const {
     return "http://127.0.0.1:" + std::to_string(listener_.port()) + "/v1/traces";
@@ -72,7 +81,10 @@ class CollectorStub {
         }
         if (body_at != std::string::npos && data.size() >= body_at + length) break;
       }
-      std::this_thread::sleep_for(delay_);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        released_.wait(lock, [&] { return !held_; });
+      }
       const std::string answer = status_line_ + "\r\nContent-Length: 0\r\n\r\n";
       send(client, answer.data(), answer.size(), MSG_NOSIGNAL);
       close(client);
@@ -92,11 +104,11 @@ class CollectorStub {
   }
 
   const std::string status_line_;
-  const std::chrono::milliseconds delay_;
+  bool held_;  // guarded by mutex_
   testing::TakenPort listener_;
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
-  std::condition_variable arrived_;
+  std::condition_variable arrived_, released_;
   std::vector<otlp::ExportTraceServiceRequest> requests_;
   size_t spans_ = 0;
   std::string head_;
@@ -233,9 +245,10 @@ TEST(PostOtlpTest, PostsProtobufAndReadsTheCollectorsAnswer) {
   EXPECT_TRUE(absl::IsUnavailable(absent));
   EXPECT_THAT(absent.message(), HasSubstr("cannot connect"));
 
-  CollectorStub slow("HTTP/1.1 200 OK", std::chrono::milliseconds(1500));
+  CollectorStub slow("HTTP/1.1 200 OK", /*hold=*/true);
   Status late = PostOtlp(*ParseOtlpUrl(slow.url()), "x", std::chrono::milliseconds(200));
   EXPECT_THAT(late.message(), HasSubstr("timed out"));
+  slow.Release();
 }
 
 TEST(OtlpHttpExporterTest, AFullBatchGoesAtOnceAndTheRestAfterTheDelay) {
@@ -302,7 +315,9 @@ TEST(OtlpHttpExporterTest, AHungCollectorHoldsShutdownForTheStopTimeOnly) {
   options.observer = &observer;
   auto exporter = *OtlpHttpExporter::Create(options);
   exporter->Export(Span("waits"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its post is under way now
+  // Its post is under way once its connection waits on the (never accepting) listener.
+  pollfd pending{hung.fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&pending, 1, 10000), 1);
   exporter->Stop(std::chrono::milliseconds(500));
   exporter->Export(Span("late"));  // after Stop: dropped as shutdown
   const auto started = std::chrono::steady_clock::now();

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 import kitlib
+from harness.server import lost_port_race
 
 # The image's HEALTHCHECK start period when its Dockerfile is not at hand (the kit carries no
 # docker/ folder): docker/Dockerfile says --start-period=120s.
@@ -70,8 +71,7 @@ def timed_start(root, model, deadline_s):
         finally:
             channel.close()
         log = server.log()
-        if server.process.poll() is not None and attempt == 0 and (
-                "cannot listen on" in log or "cannot serve metrics on" in log):
+        if server.process.poll() is not None and attempt == 0 and lost_port_race(log):
             server.stop()
             continue
         return server, times
