@@ -21,13 +21,26 @@ namespace sluice {
 enum class ModelState { kLoading, kReady, kUnavailable };
 const char* ModelStateName(ModelState state);  // "LOADING", "READY", "UNAVAILABLE"
 
+// One shape's median forward time with cuDNN benchmark mode off and on
+// (server/manager/cudnn_measurement.h).
+struct CudnnShapeTiming {
+  std::string label;  // the warm-up request's label ("batch=8 image[8,3,224,224]")
+  int64_t batch_size = 0;
+  Duration off{0};
+  Duration on{0};
+};
+
 // What the server did to make one version fast from its first request: the cuDNN benchmark
 // decision and the warm-up.
 struct ModelTuning {
   std::string name;
   int64_t version = 0;
   bool cudnn_benchmark = false;
-  std::string cudnn_reason;        // why (DecideCudnnBenchmark)
+  std::string cudnn_reason;  // why (DecideCudnnBenchmark, DecideFromMeasurement)
+  // Under the auto rule on a GPU: each shape's median forward with the mode off and on, and the
+  // time the measurement added to the load (zero when nothing was measured).
+  std::vector<CudnnShapeTiming> cudnn_timings;
+  Duration cudnn_measure_time{0};
   ConvolutionTuning convolutions;  // of the first instance (every instance loads the same graph)
   bool shapes_finite = false;
   size_t shape_count = 0;             // shapes in the plan (0 when not finite)

@@ -19,6 +19,7 @@
 #include "server/batching/shape_plan.h"
 #include "server/batching/warmup.h"
 #include "server/core/logging.h"
+#include "server/manager/cudnn_measurement.h"
 
 namespace sluice {
 
@@ -200,6 +201,25 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> VersionLoader::LoadInstance
   return instances;
 }
 
+StatusOr<CudnnBenchmarkDecision> VersionLoader::MeasureCudnn(
+    const ModelSpec& spec, const std::filesystem::path& file, const Device& device,
+    ModelBackend* off, const std::vector<WarmupRequest>& warmup, ModelTuning* tuning,
+    const std::atomic<bool>* abandon) const {
+  const auto started = std::chrono::steady_clock::now();
+  ModelSpec variant = spec;
+  variant.cudnn_benchmark = true;
+  SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> probe,
+                          factory_->LoadInstances(variant, file, device, 1));
+  if (probe.empty()) return absl::InternalError("the runtime loaded no probe instance");
+  StatusOr<CudnnMeasurement> measurement = MeasureCudnnBenchmark(
+      off, probe.front().get(), warmup, *clock_, options_.cudnn_measure_budget, abandon);
+  probe.clear();
+  if (!measurement.ok()) return measurement.status();
+  tuning->cudnn_timings = measurement->shapes;
+  tuning->cudnn_measure_time = std::chrono::steady_clock::now() - started;
+  return DecideFromMeasurement(*measurement);
+}
+
 StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
     const RepositoryModel& model, int64_t version, std::shared_ptr<ModelStats> stats,
     std::string* device, ModelTuning* tuning, QueueSharing** queue,
@@ -208,11 +228,7 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   ModelSpec spec = model.spec;
   if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
   const ShapePlan plan = ComputeShapePlan(spec);
-  const CudnnBenchmarkDecision decision =
-      DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
-  spec.cudnn_benchmark = decision.benchmark;
-  tuning->cudnn_benchmark = decision.benchmark;
-  tuning->cudnn_reason = decision.reason;
+  CudnnBenchmarkDecision decision = DecideCudnnBenchmark(options_.cudnn_benchmark, spec, plan);
   tuning->shapes_finite = plan.finite;
   tuning->shape_count = plan.shapes.size();
   // Built before the instances load, so that a bad model_warmup sample fails fast. --warmup
@@ -221,9 +237,35 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   if (options_.warmup) {
     SLUICE_ASSIGN_OR_RETURN(warmup, BuildWarmupRequests(spec, plan, model.directory));
   }
+  // The auto rule's "on" for fixed shapes is measured where it matters: TorchScript (whose graph
+  // carries the flag) on a GPU, with the warm-up's shapes to time. The instances load with the
+  // mode off; the first one is measured against a probe with it on.
+  const std::vector<Device> devices = DevicesOf(spec);
+  const bool measure = decision.benchmark && !warmup.empty() &&
+                       spec.format == ModelFormat::kTorchScript &&
+                       spec.cudnn_benchmark_override.value_or(options_.cudnn_benchmark) ==
+                           CudnnBenchmarkMode::kAuto &&
+                       !devices.empty() && devices.front().cuda;
+  spec.cudnn_benchmark = decision.benchmark && !measure;
   SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
                           LoadInstances(spec, model.versions.at(version), device));
   if (instances.empty()) return absl::InvalidArgumentError("instance_group places no instance");
+  // Without a convolution the mode changes nothing: the rule's answer stands, unmeasured.
+  if (measure && instances.front()->Tuning().rewritten > 0) {
+    SLUICE_ASSIGN_OR_RETURN(decision,
+                            MeasureCudnn(spec, model.versions.at(version), devices.front(),
+                                         instances.front().get(), warmup, tuning, abandon));
+    if (decision.benchmark) {
+      instances.clear();
+      factory_->ReleaseCachedMemory();
+      spec.cudnn_benchmark = true;
+      SLUICE_ASSIGN_OR_RETURN(instances, LoadInstances(spec, model.versions.at(version), device));
+      if (instances.empty()) return absl::InternalError("the reload placed no instance");
+    }
+  }
+  spec.cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_benchmark = decision.benchmark;
+  tuning->cudnn_reason = decision.reason;
   tuning->convolutions = instances.front()->Tuning();
   tuning->warnings = instances.front()->Warnings();
 
@@ -312,6 +354,12 @@ void VersionLoader::ReleaseCachedMemory() const {
   malloc_trim(0);
 }
 
+namespace {
+double Micros(Duration duration) {
+  return std::chrono::duration<double, std::micro>(duration).count();
+}
+}  // namespace
+
 void LogTuning(const ModelTuning& tuning) {
   const ConvolutionTuning& convolutions = tuning.convolutions;
   spdlog::info(
@@ -319,6 +367,18 @@ void LogTuning(const ModelTuning& tuning) {
       "rewritten={}",
       tuning.name, tuning.version, tuning.cudnn_benchmark ? "on" : "off", tuning.cudnn_reason,
       convolutions.convolutions, convolutions.rewritten);
+  for (const CudnnShapeTiming& shape : tuning.cudnn_timings) {
+    spdlog::info(
+        "event=cudnn_benchmark_measured model={} version={} shape=\"{}\" off_us={:.1f} "
+        "on_us={:.1f} speedup={:.2f}",
+        tuning.name, tuning.version, shape.label, Micros(shape.off), Micros(shape.on),
+        shape.on.count() > 0 ? static_cast<double>(shape.off.count()) / shape.on.count() : 0.0);
+  }
+  if (!tuning.cudnn_timings.empty()) {
+    spdlog::info(
+        "event=cudnn_benchmark_measure_time model={} version={} ms={}", tuning.name, tuning.version,
+        std::chrono::duration_cast<std::chrono::milliseconds>(tuning.cudnn_measure_time).count());
+  }
   if (!convolutions.fallback.empty()) {
     spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
                  tuning.version, convolutions.fallback);

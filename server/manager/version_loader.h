@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "server/core/device.h"
 #include "server/core/liveness.h"
 #include "server/core/repository_model.h"
+#include "server/manager/cudnn_measurement.h"
 #include "server/manager/model_events.h"
 #include "server/manager/model_handle.h"
 #include "server/manager/residency.h"
@@ -49,6 +51,10 @@ class VersionLoader {
         queued_bytes_budget;              // server-wide cap (--max-queued-bytes); may be null
     LivenessMonitor* liveness = nullptr;  // told about fatal device errors; may be null
     CudnnBenchmarkMode cudnn_benchmark = CudnnBenchmarkMode::kAuto;  // --cudnn-benchmark
+    // Under the auto rule, how long timing benchmark mode off against on may take per version
+    // before no further shape is added (server/manager/cudnn_measurement.h); the two probe loads
+    // come on top.
+    Duration cudnn_measure_budget = std::chrono::seconds(10);
     bool warmup = true;  // --warmup: false skips every model's warm-up (cold-start measurements)
     ModelObserver* observer = nullptr;  // where each version's statistics also go; may be null
     // The server's response cache (--cache-config); null: none, and a model that enables
@@ -105,6 +111,16 @@ class VersionLoader {
   StatusOr<std::vector<Device>> GroupDevices(const InstanceGroupSpec& group, bool* fell_back) const;
   StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadInstances(
       const ModelSpec& spec, const std::filesystem::path& file, std::string* device) const;
+  // The auto rule's "on" for a TorchScript model with fixed shapes on a GPU, checked by
+  // measurement: `off` (the first serving instance, loaded with benchmark mode off) against a
+  // probe instance with the mode on, loaded on `device` and released afterwards, over the shape
+  // plan's warm-up requests. The timings and the time spent go into `tuning`.
+  StatusOr<CudnnBenchmarkDecision> MeasureCudnn(const ModelSpec& spec,
+                                                const std::filesystem::path& file,
+                                                const Device& device, ModelBackend* off,
+                                                const std::vector<WarmupRequest>& warmup,
+                                                ModelTuning* tuning,
+                                                const std::atomic<bool>* abandon) const;
 
   BackendFactory* const factory_;
   const Options options_;

@@ -180,6 +180,13 @@ struct ServerMetrics::Families {
                 .Name("sluice_model_cudnn_benchmark")
                 .Help("1 when cuDNN benchmark mode is on for the version, with the reason")
                 .Register(r)),
+        cudnn_speedup(
+            prometheus::BuildGauge()
+                .Name("sluice_model_cudnn_benchmark_speedup")
+                .Help("Under the auto rule on a GPU: a shape's median forward time with cuDNN "
+                      "benchmark mode off divided by that with it on (above 1: the mode helps), "
+                      "as measured before the version reported ready")
+                .Register(r)),
         auto_batch_rows(
             prometheus::BuildGauge()
                 .Name("sluice_model_auto_batch_rows_per_second")
@@ -425,6 +432,7 @@ struct ServerMetrics::Families {
   Family<Gauge>& warmup_pairs;
   Family<Gauge>& shapes;
   Family<Gauge>& cudnn_benchmark;
+  Family<Gauge>& cudnn_speedup;
   Family<Gauge>& auto_batch_rows;
   Family<Histogram>& request_seconds;
   Family<Histogram>& queue_seconds;
@@ -857,6 +865,17 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
   Labels decision = labels;
   decision["reason"] = tuning.cudnn_reason;
   families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
+  std::vector<Gauge*>& speedups = cudnn_series_[{tuning.name, tuning.version}];
+  for (Gauge* old : speedups) families_->cudnn_speedup.Remove(old);
+  speedups.clear();
+  for (const CudnnShapeTiming& shape : tuning.cudnn_timings) {
+    if (shape.on.count() <= 0) continue;
+    Labels each = labels;
+    each["shape"] = shape.label;
+    Gauge& gauge = families_->cudnn_speedup.Add(each);
+    gauge.Set(static_cast<double>(shape.off.count()) / static_cast<double>(shape.on.count()));
+    speedups.push_back(&gauge);
+  }
   std::vector<Gauge*>& series = auto_batch_series_[{tuning.name, tuning.version}];
   for (Gauge* old : series) families_->auto_batch_rows.Remove(old);
   series.clear();

@@ -99,7 +99,14 @@ class FakeBackend final : public ModelBackend {
   GraphRun LastGraphRun() const override { return last_graph_run_; }
   // What LastPhases says after every Execute; set before handing it out.
   std::optional<DevicePhases> phases;
-  std::optional<DevicePhases> LastPhases() const override { return phases; }
+  // When set, LastPhases says {0, forward_time(request), 0} after each Execute instead.
+  std::function<Duration(const InferRequest&)> forward_time;
+  std::optional<DevicePhases> LastPhases() const override {
+    return forward_time ? last_forward_ : phases;
+  }
+  // What Tuning() says (the convolution rewrite's counts); set before handing it out.
+  ConvolutionTuning tuning;
+  ConvolutionTuning Tuning() const override { return tuning; }
 
   Status Execute(const InferRequest& request, absl::Span<const OutputTarget> targets) override {
     last_graph_run_ =
@@ -111,6 +118,7 @@ class FakeBackend final : public ModelBackend {
       gate_cv_.wait(lock, [this] { return open_; });
     }
     ++executed_;
+    if (forward_time) last_forward_ = DevicePhases{Duration(0), forward_time(request), Duration(0)};
     if (behaviour_) {
       SLUICE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, behaviour_(request));
       return Deliver(outputs, targets);
@@ -140,6 +148,7 @@ class FakeBackend final : public ModelBackend {
 
  private:
   GraphRun last_graph_run_ = GraphRun::kNone;  // the worker thread's, read right after Execute
+  std::optional<DevicePhases> last_forward_;   // likewise
   size_t next_graph_run_ = 0;
   Behaviour behaviour_;
   std::mutex mutex_;
@@ -276,7 +285,8 @@ class FakeBackendFactory final : public BackendFactory {
     calls.push_back({device.ToString(), count});
     std::vector<std::unique_ptr<ModelBackend>> instances;
     for (int i = 0; i < count; ++i) {
-      loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads});
+      loads.push_back({spec.name, file.string(), device.ToString(), spec.intra_op_threads,
+                       spec.cudnn_benchmark});
       for (const std::string& key :
            {spec.name, spec.name + "/" + file.parent_path().filename().string()}) {
         auto failure = failures.find(key);
@@ -288,6 +298,7 @@ class FakeBackendFactory final : public BackendFactory {
       auto backend = std::make_unique<FakeBackend>();
       if (closed_gates) backend->CloseGate();
       backend->warnings = warnings;
+      if (configure) configure(spec, device, backend.get());
       backends.push_back(backend.get());
       instances.push_back(std::move(backend));
     }
@@ -325,13 +336,17 @@ class FakeBackendFactory final : public BackendFactory {
   struct LoadCall {
     std::string model, file, device;
     int intra_op_threads = 0;
+    bool cudnn_benchmark = false;
   };
   std::vector<LoadCall> loads;                     // one per instance
   std::vector<std::pair<std::string, int>> calls;  // one per LoadInstances: device, count
   std::map<std::string, std::string> failures;     // "model" or "model/version" -> load error
   bool closed_gates = false;                       // backends start with their gate closed
   std::vector<std::string> warnings;               // what each backend's Warnings() says
-  std::vector<FakeBackend*> backends;              // every backend loaded (owned by the schedulers)
+  // Every backend loaded (owned by the schedulers; a probe the loader released is gone).
+  std::vector<FakeBackend*> backends;
+  // Called on every backend before it is handed out (under the factory's lock).
+  std::function<void(const ModelSpec&, const Device&, FakeBackend*)> configure;
   std::map<std::string, uint64_t> instance_bytes;  // model -> the bytes each instance allocates
 
  private:

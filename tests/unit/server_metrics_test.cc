@@ -431,5 +431,25 @@ TEST_F(MetricsTest, StatesTuningAndBuildInfo) {
             std::string::npos);
 }
 
+TEST_F(MetricsTest, CudnnSpeedupsPerMeasuredShapeReplacedOnReload) {
+  ModelTuning tuning;
+  tuning.name = "m";
+  tuning.version = 1;
+  tuning.cudnn_timings = {{"batch=1", 1, 1000us, 800us}, {"batch=4", 4, 3000us, 4000us}};
+  metrics_.OnReady(tuning, 1s);
+  std::string text = Exposition(*registry_);
+  EXPECT_DOUBLE_EQ(
+      Value(text, R"(sluice_model_cudnn_benchmark_speedup{model="m",shape="batch=1",version="1"})"),
+      1.25);
+  EXPECT_DOUBLE_EQ(
+      Value(text, R"(sluice_model_cudnn_benchmark_speedup{model="m",shape="batch=4",version="1"})"),
+      0.75);
+  // Loaded again, unmeasured (say, with --cudnn-benchmark on): no speedup series is left.
+  tuning.cudnn_timings.clear();
+  metrics_.OnReady(tuning, 1s);
+  text = Exposition(*registry_);
+  EXPECT_EQ(text.find("sluice_model_cudnn_benchmark_speedup{"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -72,6 +72,119 @@ TEST(VersionLoaderTest, OneLoadPerDeviceAndTheRuntimesWarningsReachTheTuning) {
   loaded.handle->Stop();
 }
 
+// Under the auto rule a TorchScript model with fixed shapes on a GPU is timed with cuDNN
+// benchmark mode off (its first serving instance) and on (a probe instance), and keeps the mode
+// only where it is at least 5 % faster: here the fake's forward reads the flag it was loaded with.
+struct CudnnCase {
+  Duration per_row_off, per_row_on;
+};
+
+class CudnnByMeasurementTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    factory_.configure = [this](const ModelSpec& spec, const Device& device,
+                                testing::FakeBackend* backend) {
+      if (!with_convolutions_) return;
+      backend->tuning.convolutions = backend->tuning.rewritten = 2;
+      const Duration per_row = spec.cudnn_benchmark ? per_row_on_ : per_row_off_;
+      backend->forward_time = [per_row](const InferRequest& request) {
+        return per_row * request.batch_size;
+      };
+    };
+  }
+
+  LoadedVersion Load(const std::function<void(ModelSpec&)>& edit = nullptr,
+                     VersionLoader::Options options = {}) {
+    // A loaded version's scheduler reads the loader's clock: every loader outlives the test.
+    loaders_.push_back(std::make_unique<VersionLoader>(&factory_, std::move(options)));
+    auto model = std::make_shared<const RepositoryModel>(Model("m", {1}, edit));
+    return loaders_.back()->Load(model, 1, nullptr);
+  }
+
+  std::vector<std::unique_ptr<VersionLoader>> loaders_;
+
+  testing::FakeBackendFactory factory_{/*cuda=*/true, /*gpus=*/1};
+  bool with_convolutions_ = true;
+  Duration per_row_off_ = std::chrono::microseconds(100);
+  Duration per_row_on_ = std::chrono::microseconds(80);
+};
+
+TEST_F(CudnnByMeasurementTest, FasterWithTheModeKeepsItAndReloadsWithIt) {
+  LoadedVersion loaded = Load();
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_TRUE(loaded.tuning.cudnn_benchmark);
+  EXPECT_THAT(loaded.tuning.cudnn_reason,
+              HasSubstr("measured: on 1.25x as fast as off over 4 of 4 shapes (kept)"));
+  ASSERT_EQ(loaded.tuning.cudnn_timings.size(), 4u);  // batch sizes 1 to 4
+  EXPECT_EQ(loaded.tuning.cudnn_timings[3].off, std::chrono::microseconds(400));
+  EXPECT_EQ(loaded.tuning.cudnn_timings[3].on, std::chrono::microseconds(320));
+  EXPECT_GT(loaded.tuning.cudnn_measure_time.count(), 0);
+  // The serving instance with the mode off, the probe with it on, then the serving one again.
+  ASSERT_EQ(factory_.loads.size(), 3u);
+  EXPECT_FALSE(factory_.loads[0].cudnn_benchmark);
+  EXPECT_TRUE(factory_.loads[1].cudnn_benchmark);
+  EXPECT_TRUE(factory_.loads[2].cudnn_benchmark);
+  EXPECT_EQ(loaded.handle->device(), "cuda:0 x1");
+  loaded.handle->Stop();
+}
+
+TEST_F(CudnnByMeasurementTest, SlowerOrMarginalWithTheModeKeepsTheInstancesLoadedWithout) {
+  per_row_on_ = std::chrono::microseconds(130);
+  LoadedVersion loaded = Load();
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_FALSE(loaded.tuning.cudnn_benchmark);
+  EXPECT_THAT(loaded.tuning.cudnn_reason, HasSubstr("0.77x"));
+  ASSERT_EQ(factory_.loads.size(), 2u);  // no reload: the serving instance already has it off
+  EXPECT_FALSE(factory_.loads[0].cudnn_benchmark);
+  loaded.handle->Stop();
+
+  per_row_on_ = std::chrono::microseconds(97);  // 3 % faster
+  loaded = Load();
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+  EXPECT_FALSE(loaded.tuning.cudnn_benchmark);
+  EXPECT_THAT(loaded.tuning.cudnn_reason, HasSubstr("not 5 % faster, so off"));
+  loaded.handle->Stop();
+}
+
+TEST_F(CudnnByMeasurementTest, NothingIsMeasuredWhereTheRuleOrTheOperatorDecides) {
+  auto expect_unmeasured = [&](const LoadedVersion& loaded, bool benchmark, const char* reason) {
+    ASSERT_TRUE(loaded.status.ok()) << loaded.status;
+    EXPECT_EQ(loaded.tuning.cudnn_benchmark, benchmark);
+    EXPECT_THAT(loaded.tuning.cudnn_reason, HasSubstr(reason));
+    EXPECT_TRUE(loaded.tuning.cudnn_timings.empty());
+    EXPECT_EQ(factory_.loads.size(), 1u);  // no probe
+    EXPECT_EQ(factory_.loads[0].cudnn_benchmark, benchmark);
+    loaded.handle->Stop();
+    factory_.loads.clear();
+  };
+  VersionLoader::Options on;
+  on.cudnn_benchmark = CudnnBenchmarkMode::kOn;
+  expect_unmeasured(Load(nullptr, on), true, "--cudnn-benchmark=on");
+  expect_unmeasured(
+      Load([](ModelSpec& spec) { spec.cudnn_benchmark_override = CudnnBenchmarkMode::kOff; }),
+      false, "sluice.cudnn_benchmark=off");
+  expect_unmeasured(Load(Groups({{InstanceKind::kCpu, 1, {}}})), true, "fixed shapes");
+  expect_unmeasured(Load([](ModelSpec& spec) { spec.inputs[0].dims = {-1}; }), false,
+                    "variable shapes");
+  VersionLoader::Options no_warmup;
+  no_warmup.warmup = false;
+  factory_.loads.clear();
+  LoadedVersion cold = Load(nullptr, no_warmup);
+  ASSERT_TRUE(cold.status.ok()) << cold.status;
+  EXPECT_TRUE(cold.tuning.cudnn_timings.empty());
+  cold.handle->Stop();
+  factory_.loads.clear();
+
+  // A graph without convolutions: the mode changes nothing, and no probe is loaded.
+  with_convolutions_ = false;
+  LoadedVersion plain = Load();
+  ASSERT_TRUE(plain.status.ok()) << plain.status;
+  EXPECT_THAT(plain.tuning.cudnn_reason, HasSubstr("fixed shapes"));
+  EXPECT_TRUE(plain.tuning.cudnn_timings.empty());
+  EXPECT_EQ(factory_.loads.size(), 1u);
+  plain.handle->Stop();
+}
+
 TEST(VersionLoaderTest, DevicePolicyCuda) {
   FakeBackendFactory without_gpu(false, 0);
   VersionLoader::Options options;
