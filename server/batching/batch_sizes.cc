@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,7 +17,8 @@ std::string AutoBatchSizesOffReason(const ModelSpec& spec, const ShapePlan& plan
   if (!batching.enabled) return "no dynamic_batching";
   if (spec.max_batch_size <= 1) return "max_batch_size is 1";
   if (!batching.auto_batch_sizes) return "sluice.auto_batch_sizes is false";
-  if (!batching.preferred_batch_sizes.empty()) return "preferred_batch_size is set";
+  if (!batching.preferred_batch_sizes.empty() && !batching.pad_to_preferred)
+    return "preferred_batch_size is set";
   if (!warmup || !spec.warmup) return "warm-up is off";
   if (!plan.finite) return absl::StrCat("the shape set is open-ended (", plan.why_not, ")");
   return "";
@@ -61,6 +63,36 @@ BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
     rate.kept = choice.sizes.empty() || rate.rows_per_second >= kBatchSizeKeepRatio * best;
     if (rate.kept) choice.sizes.push_back(rate.batch_size);
     best = std::max(best, rate.rows_per_second);
+    choice.rates.push_back(rate);
+  }
+  return choice;
+}
+
+BatchSizeChoice ChoosePaddedBatchSizes(const std::vector<WarmupPass>& passes,
+                                       const std::vector<int64_t>& padded_sizes) {
+  BatchSizeChoice measured = ChooseBatchSizes(passes);
+  if (!measured.measured) return measured;
+  BatchSizeChoice choice;
+  choice.measured = true;
+  std::map<int64_t, double> rate_of;  // padded size -> rows/s of full batches of it
+  for (const BatchSizeRate& rate : measured.rates) rate_of[rate.batch_size] = rate.rows_per_second;
+  double best = 0;
+  std::set<int64_t> kept_padded;
+  const int64_t largest = padded_sizes.empty() ? 0 : padded_sizes.back();
+  for (int64_t rows = 1; rows <= largest; ++rows) {
+    const auto padded = std::lower_bound(padded_sizes.begin(), padded_sizes.end(), rows);
+    const auto timed = rate_of.find(*padded);
+    if (timed == rate_of.end()) continue;  // a size warm-up did not time: never formed
+    // `rows` real rows run as a batch of *padded rows, which takes *padded / its rate.
+    const double rate = static_cast<double>(rows) * timed->second / static_cast<double>(*padded);
+    if (choice.sizes.empty() || rate >= kBatchSizeKeepRatio * best) {
+      choice.sizes.push_back(static_cast<int>(rows));
+      kept_padded.insert(*padded);
+    }
+    best = std::max(best, rate);
+  }
+  for (BatchSizeRate rate : measured.rates) {
+    rate.kept = kept_padded.count(rate.batch_size) > 0;
     choice.rates.push_back(rate);
   }
   return choice;

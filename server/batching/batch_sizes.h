@@ -3,7 +3,9 @@
 // more rows per second than every smaller size. On a CPU a larger batch is not always faster per
 // row (oneDNN picks other kernels by size, caches overflow), so a batcher that always takes what
 // is waiting can make a busy server slower than an idle one; on a GPU the rule mostly keeps every
-// size. An explicit preferred_batch_size always wins: the rule applies only without one.
+// size. An explicit preferred_batch_size wins: the rule applies only without one, or with padding
+// to the preferred sizes, where it decides how many real rows are worth padding up
+// (ChoosePaddedBatchSizes).
 #pragma once
 
 #include <chrono>
@@ -56,5 +58,16 @@ struct BatchSizeChoice {
 // is at least kBatchSizeKeepRatio x the best rate of the smaller sizes. Not measured (empty
 // sizes) when no pass has timed runs.
 BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes);
+
+// With padding to preferred sizes (sluice.pad_batch_to_preferred), warm-up times the padded sizes
+// `padded_sizes` (ascending: the preferred sizes and max_batch_size), and the choice is how many
+// real rows to take: `r` rows run as a batch of the smallest padded size P(r) >= r, at
+// r x rate(P(r)) / P(r) real rows/s. Row counts are kept by ChooseBatchSizes' rule over those
+// rates, and the batcher cuts a batch to the largest kept count the waiting rows reach: it pads
+// up where padding pays and leaves the rest for the next batch where a smaller size serves more
+// real rows per second (33 rows padded to 64 against 32 rows unpadded). `rates`: the padded
+// sizes', `kept` where some kept count pads to them.
+BatchSizeChoice ChoosePaddedBatchSizes(const std::vector<WarmupPass>& passes,
+                                       const std::vector<int64_t>& padded_sizes);
 
 }  // namespace sluice

@@ -335,7 +335,9 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   }
   const std::string auto_off = AutoBatchSizesOffReason(spec, plan, options_.warmup);
   if (auto_off.empty()) {
-    tuning->batch_sizes = ChooseBatchSizes(tuning->warmup);
+    tuning->batch_sizes = spec.dynamic_batching.pad_to_preferred
+                              ? ChoosePaddedBatchSizes(tuning->warmup, SchedulableBatchSizes(spec))
+                              : ChooseBatchSizes(tuning->warmup);
     if (tuning->batch_sizes.measured) scheduler->SetBatchSizeLadder(tuning->batch_sizes.sizes);
   } else {
     tuning->batch_sizes.off_reason = auto_off;

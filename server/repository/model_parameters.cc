@@ -31,7 +31,8 @@ constexpr ModelParameter kParameters[] = {
      "control](batching.md#admission-control))"},
     {"sluice.auto_batch_sizes", Kind::kBool, 1, 0, 0, "", "", "dynamic_batching",
      "choose the batch sizes the batcher forms by timing them at warm-up, where the model has no "
-     "`preferred_batch_size` ([Batch sizes by measurement](batching.md#batch-sizes-by-measurement)"
+     "`preferred_batch_size`, and with `sluice.pad_batch_to_preferred` how many real rows are "
+     "worth padding up ([Batch sizes by measurement](batching.md#batch-sizes-by-measurement)"
      "); the choice is answered in `ModelConfig` as `sluice.auto_batch_sizes.chosen` and "
      "`sluice.auto_batch_sizes.rows_per_second`"},
     {"sluice.run_on_receiving_thread", Kind::kBool, 0, 0, 0, "", "", "every stateless model",

@@ -219,14 +219,18 @@ def test_auto_batch_sizes_skip_the_sizes_that_serve_fewer_rows_per_second(client
     rates = dict(pair.split(":") for pair in found.group(2).split(","))
     assert sorted(int(size) for size in rates) == list(range(1, 9))
     assert max(float(rates[str(size)]) for size in range(5, 9)) < 0.5 * float(rates["4"]), found.group(0)
-    assert "event=auto_batch_sizes model=seq_padded version=1 off=\"preferred_batch_size is set\"" in log
+    # Padded to its one preferred size (4): every row count pads to 4, so more rows always serve
+    # more real rows per second and every count is kept.
+    assert re.search(r'event=auto_batch_sizes model=seq_padded version=1 sizes=1,2,3,4 rows_per_s="4:\d+"', log), log
     assert "event=auto_batch_sizes model=traced_convs version=1 off=\"no dynamic_batching\"" in log
 
     # The ModelConfig answer and the metrics say the same.
     parameters = client.get_model_config("cliff").config.parameters
     assert parameters["sluice.auto_batch_sizes.chosen"].string_value == "1,2,3,4"
     assert parameters["sluice.auto_batch_sizes.rows_per_second"].string_value == found.group(2)
-    assert "sluice.auto_batch_sizes.chosen" not in client.get_model_config("seq_padded").config.parameters
+    assert client.get_model_config("seq_padded").config.parameters["sluice.auto_batch_sizes.chosen"].string_value \
+        == "1,2,3,4"
+    assert "sluice.auto_batch_sizes.chosen" not in client.get_model_config("traced_convs").config.parameters
     text = warm_server.metrics_text()
     series = set(re.findall(r'sluice_model_auto_batch_rows_per_second\{batch_size="(\d+)",model="cliff"', text))
     assert series == {"1", "2", "3", "4"}, text

@@ -30,6 +30,8 @@ TEST(AutoBatchSizesTest, AppliesOnlyWithoutPreferredSizesToAFiniteWarmedSet) {
   other.dynamic_batching.preferred_batch_sizes = {4};
   EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true),
             "preferred_batch_size is set");
+  other.dynamic_batching.pad_to_preferred = true;  // then it decides what padding pays
+  EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true), "");
   other = spec;
   other.dynamic_batching.auto_batch_sizes = false;
   EXPECT_EQ(AutoBatchSizesOffReason(other, ComputeShapePlan(other), true),
@@ -91,6 +93,32 @@ TEST(AutoBatchSizesTest, KeepsASizeOnlyWhereItServesAtLeastNearlyTheBestRateBelo
   // Within 10 % of the best below is kept (timing noise); further below is not.
   passes = {Timed(0, 1, 1000us), Timed(0, 2, 2100us), Timed(0, 3, 3400us)};
   EXPECT_THAT(ChooseBatchSizes(passes).sizes, ElementsAre(1, 2));
+}
+
+// Padded sizes {1, 8, 32, 64} timed like the H200's ResNet-50 FP16: launch-bound up to 8 (2.6 ms),
+// then 1.0 ms + 94 us a row.
+TEST(AutoBatchSizesTest, WithPaddingARowCountIsKeptWherePaddingItUpPays) {
+  const std::vector<WarmupPass> passes = {Timed(0, 1, 2600us), Timed(0, 8, 2600us),
+                                          Timed(0, 32, 4008us), Timed(0, 64, 7016us)};
+  const BatchSizeChoice choice = ChoosePaddedBatchSizes(passes, {1, 8, 32, 64});
+  ASSERT_TRUE(choice.measured);
+  std::vector<int> expected;
+  // 1-8 rows pad to 8 (up to 3,077 rows/s); 9-11 padded to 32 serve under 0.9 x that (11 / 4.008
+  // ms = 2,745 < 2,769), 12-32 more; 33-50 padded to 64 under 0.9 x 32 rows at 32 (50 / 7.016 ms
+  // = 7,127 < 7,186), 51-64 enough. With 40 rows waiting the batcher takes 32.
+  for (int rows = 1; rows <= 64; ++rows) {
+    if (rows <= 8 || (rows >= 12 && rows <= 32) || rows >= 51) expected.push_back(rows);
+  }
+  EXPECT_EQ(choice.sizes, expected);
+  ASSERT_EQ(choice.rates.size(), 4u);
+  EXPECT_TRUE(choice.rates[3].kept);  // 51-64 pad to 64
+  EXPECT_EQ(choice.RatesText(), "1:385,8:3077,32:7984,64:9122");
+
+  // A size warm-up did not time is never formed; nothing timed: not measured.
+  const BatchSizeChoice partial =
+      ChoosePaddedBatchSizes({Timed(0, 1, 1ms), Timed(0, 8, 2ms)}, {1, 8, 32});
+  EXPECT_EQ(partial.sizes.back(), 8);
+  EXPECT_FALSE(ChoosePaddedBatchSizes({WarmupPass{}}, {1, 8}).measured);
 }
 
 TEST(AutoBatchSizesTest, ShapesOfASizeAddUpAndInstancesTakeTheMedian) {

@@ -33,6 +33,7 @@ TEST(WarmupTest, EveryShapeRunsOnEveryInstanceOnItsOwnWorkerThread) {
   spec.dynamic_batching.enabled = true;
   spec.dynamic_batching.pad_to_preferred = true;
   spec.dynamic_batching.preferred_batch_sizes = {2};
+  spec.dynamic_batching.auto_batch_sizes = false;  // only the warm-up runs, none timed
   const ShapePlan plan = ComputeShapePlan(spec);
   ASSERT_EQ(plan.shapes.size(), 2u);  // batch 2 and 4
   auto warmup = BuildWarmupRequests(spec, plan, "/nonexistent");
