@@ -38,8 +38,8 @@ struct PendingRequest {
   // it runs and is answered like the others but counts in no statistics.
   bool filler = false;
   // Where it waits in its group (lower first; arrival order among equals) and the admission share
-  // it counts in. Set by whoever queues it (PriorityLevels); the queue only keeps them. Narrow, so
-  // that an entry stays small: a larger one costs every queue more deque blocks.
+  // it counts in. Set by whoever queues it (the batcher's order); the queue only keeps them.
+  // Narrow, so that an entry stays small: a larger one costs every queue more deque blocks.
   int16_t rank = 0;
   int16_t share = 0;
 };
