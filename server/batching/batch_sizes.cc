@@ -32,6 +32,26 @@ std::string BatchSizeChoice::RatesText() const {
   });
 }
 
+namespace {
+
+// The keep rule over rates offered in ascending size: the first is kept, a later one when it is
+// at least kBatchSizeKeepRatio x the best rate offered before it.
+class KeepRule {
+ public:
+  bool Keep(double rate) {
+    const bool kept = first_ || rate >= kBatchSizeKeepRatio * best_;
+    first_ = false;
+    best_ = std::max(best_, rate);
+    return kept;
+  }
+
+ private:
+  bool first_ = true;
+  double best_ = 0;
+};
+
+}  // namespace
+
 BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
   struct Sum {
     double seconds = 0;
@@ -50,7 +70,7 @@ BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
     return choice;
   }
   choice.measured = true;
-  double best = 0;
+  KeepRule rule;
   for (const auto& [size, instances] : per_size) {
     std::vector<double> rates;
     for (const auto& [instance, sum] : instances)
@@ -60,9 +80,8 @@ BatchSizeChoice ChooseBatchSizes(const std::vector<WarmupPass>& passes) {
     BatchSizeRate rate;
     rate.batch_size = static_cast<int>(size);
     rate.rows_per_second = n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
-    rate.kept = choice.sizes.empty() || rate.rows_per_second >= kBatchSizeKeepRatio * best;
+    rate.kept = rule.Keep(rate.rows_per_second);
     if (rate.kept) choice.sizes.push_back(rate.batch_size);
-    best = std::max(best, rate.rows_per_second);
     choice.rates.push_back(rate);
   }
   return choice;
@@ -76,7 +95,7 @@ BatchSizeChoice ChoosePaddedBatchSizes(const std::vector<WarmupPass>& passes,
   choice.measured = true;
   std::map<int64_t, double> rate_of;  // padded size -> rows/s of full batches of it
   for (const BatchSizeRate& rate : measured.rates) rate_of[rate.batch_size] = rate.rows_per_second;
-  double best = 0;
+  KeepRule rule;
   std::set<int64_t> kept_padded;
   const int64_t largest = padded_sizes.empty() ? 0 : padded_sizes.back();
   for (int64_t rows = 1; rows <= largest; ++rows) {
@@ -85,11 +104,10 @@ BatchSizeChoice ChoosePaddedBatchSizes(const std::vector<WarmupPass>& passes,
     if (timed == rate_of.end()) continue;  // a size warm-up did not time: never formed
     // `rows` real rows run as a batch of *padded rows, which takes *padded / its rate.
     const double rate = static_cast<double>(rows) * timed->second / static_cast<double>(*padded);
-    if (choice.sizes.empty() || rate >= kBatchSizeKeepRatio * best) {
+    if (rule.Keep(rate)) {
       choice.sizes.push_back(static_cast<int>(rows));
       kept_padded.insert(*padded);
     }
-    best = std::max(best, rate);
   }
   for (BatchSizeRate rate : measured.rates) {
     rate.kept = kept_padded.count(rate.batch_size) > 0;

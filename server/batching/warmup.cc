@@ -140,6 +140,11 @@ InferRequest ViewOf(const InferRequest& request) {
   return view;
 }
 
+Duration MedianOf(std::vector<Duration> runs) {
+  std::nth_element(runs.begin(), runs.begin() + runs.size() / 2, runs.end());
+  return runs[runs.size() / 2];
+}
+
 StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     int instance, const std::vector<WarmupRequest>& requests, const std::atomic<bool>* abandon,
     const TimeSource& clock, const std::function<Status(const InferRequest&)>& run) {
@@ -190,10 +195,7 @@ StatusOr<std::vector<WarmupPass>> RunWarmupOnInstance(
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
-    std::vector<Duration>& runs = timed[i];
-    if (runs.empty()) continue;
-    std::nth_element(runs.begin(), runs.begin() + runs.size() / 2, runs.end());
-    passes[i].median_timed = runs[runs.size() / 2];
+    if (!timed[i].empty()) passes[i].median_timed = MedianOf(std::move(timed[i]));
   }
   return passes;
 }

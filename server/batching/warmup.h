@@ -33,6 +33,10 @@ StatusOr<std::vector<WarmupRequest>> BuildWarmupRequests(
 // A request viewing the same input bytes as `request` (not owning them).
 InferRequest ViewOf(const InferRequest& request);
 
+// The median of `runs` (the upper one of an even count), which must not be empty: the time a
+// shape takes, from repeated timed runs.
+Duration MedianOf(std::vector<Duration> runs);
+
 // Runs `requests` on one instance through `run` (the scheduler's execution path): each request's
 // `runs` in order, then the timed runs in rounds across the requests (WarmupRequest), timed on
 // `clock` (the scheduler's; the median of each request's timed runs goes to
