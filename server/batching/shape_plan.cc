@@ -120,7 +120,8 @@ CudnnBenchmarkDecision DecideCudnnBenchmark(CudnnBenchmarkMode server_mode, cons
       break;
   }
   if (plan.finite) {
-    return {true, absl::StrCat("fixed shapes (", plan.shapes.size(), " in the set)")};
+    return {true, absl::StrCat("fixed shapes (", plan.shapes.size(), " in the set)"),
+            /*measurable=*/true};
   }
   return {false, absl::StrCat("variable shapes: ", plan.why_not)};
 }

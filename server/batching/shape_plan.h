@@ -47,6 +47,9 @@ ShapePlan ComputeShapePlan(const ModelSpec& spec);
 struct CudnnBenchmarkDecision {
   bool benchmark = false;
   std::string reason;  // one phrase for the log and the metrics
+  // The auto rule's "on" for a TorchScript model's fixed shapes: a measurement on a GPU may
+  // overrule it (server/manager/cudnn_measurement.h). False where the operator decided.
+  bool measurable = false;
 };
 
 // auto: on for a finite shape set, off otherwise; on/off: as asked. The model's own

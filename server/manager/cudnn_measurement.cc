@@ -1,6 +1,6 @@
 #include "server/manager/cudnn_measurement.h"
 
-#include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,11 +10,6 @@
 namespace sluice {
 
 namespace {
-
-Duration Median(std::vector<Duration> runs) {
-  std::nth_element(runs.begin(), runs.begin() + runs.size() / 2, runs.end());
-  return runs[runs.size() / 2];
-}
 
 // Runs `request` once on `backend`, outputs discarded; the time it took (see
 // MeasureCudnnBenchmark). `device_timed` is cleared when the backend reports no phases.
@@ -45,9 +40,11 @@ CudnnBenchmarkDecision DecideFromMeasurement(const CudnnMeasurement& measurement
   }
   const double speedup = on.count() > 0 ? static_cast<double>(off.count()) / on.count() : 1.0;
   const bool keep = on.count() > 0 && on.count() <= (1.0 - kCudnnMinGain) * off.count();
-  return {keep, absl::StrFormat("measured: on %.2fx as fast as off over %d of %d shapes (%s)",
-                                speedup, measurement.shapes.size(), measurement.planned,
-                                keep ? "kept" : "not 5 % faster, so off")};
+  return {keep,
+          absl::StrFormat(
+              "measured: on %.2fx as fast as off over %d of %d shapes (%s)", speedup,
+              measurement.shapes.size(), measurement.planned,
+              keep ? "kept" : absl::StrFormat("not %.0f %% faster, so off", kCudnnMinGain * 100))};
 }
 
 StatusOr<CudnnMeasurement> MeasureCudnnBenchmark(ModelBackend* off, ModelBackend* on,
@@ -81,8 +78,8 @@ StatusOr<CudnnMeasurement> MeasureCudnnBenchmark(ModelBackend* off, ModelBackend
         if (run >= kCudnnUntimedRuns) times[mode].push_back(*time);
       }
     }
-    measurement.shapes.push_back(
-        {shape->label, shape->batch_size, Median(times[0]), Median(times[1])});
+    measurement.shapes.push_back({shape->label, shape->batch_size, MedianOf(std::move(times[0])),
+                                  MedianOf(std::move(times[1]))});
   }
   return measurement;
 }

@@ -28,6 +28,10 @@ struct CudnnShapeTiming {
   int64_t batch_size = 0;
   Duration off{0};
   Duration on{0};
+  // off / on: above 1 the mode helps; 0 when `on` is zero.
+  double speedup() const {
+    return on.count() > 0 ? static_cast<double>(off.count()) / static_cast<double>(on.count()) : 0;
+  }
 };
 
 // What the server did to make one version fast from its first request: the cuDNN benchmark
@@ -41,7 +45,8 @@ struct ModelTuning {
   // time the measurement added to the load (zero when nothing was measured).
   std::vector<CudnnShapeTiming> cudnn_timings;
   Duration cudnn_measure_time{0};
-  ConvolutionTuning convolutions;  // of the first instance (every instance loads the same graph)
+  bool cudnn_device_timed = false;  // the timings are CUDA events' (false: the host clock's)
+  ConvolutionTuning convolutions;   // of the first instance (every instance loads the same graph)
   bool shapes_finite = false;
   size_t shape_count = 0;             // shapes in the plan (0 when not finite)
   std::vector<WarmupPass> warmup;     // every (instance, shape) pair warmed, and the samples

@@ -216,6 +216,7 @@ StatusOr<CudnnBenchmarkDecision> VersionLoader::MeasureCudnn(
   probe.clear();
   if (!measurement.ok()) return measurement.status();
   tuning->cudnn_timings = measurement->shapes;
+  tuning->cudnn_device_timed = measurement->device_timed;
   tuning->cudnn_measure_time = std::chrono::steady_clock::now() - started;
   return DecideFromMeasurement(*measurement);
 }
@@ -240,12 +241,9 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   // The auto rule's "on" for fixed shapes is measured where it matters: TorchScript (whose graph
   // carries the flag) on a GPU, with the warm-up's shapes to time. The instances load with the
   // mode off; the first one is measured against a probe with it on.
-  const std::vector<Device> devices = DevicesOf(spec);
-  const bool measure = decision.benchmark && !warmup.empty() &&
-                       spec.format == ModelFormat::kTorchScript &&
-                       spec.cudnn_benchmark_override.value_or(options_.cudnn_benchmark) ==
-                           CudnnBenchmarkMode::kAuto &&
-                       !devices.empty() && devices.front().cuda;
+  std::vector<Device> devices;
+  if (decision.measurable && !warmup.empty()) devices = DevicesOf(spec);
+  const bool measure = !devices.empty() && devices.front().cuda;
   spec.cudnn_benchmark = decision.benchmark && !measure;
   SLUICE_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ModelBackend>> instances,
                           LoadInstances(spec, model.versions.at(version), device));
@@ -374,12 +372,14 @@ void LogTuning(const ModelTuning& tuning) {
         "event=cudnn_benchmark_measured model={} version={} shape=\"{}\" off_us={:.1f} "
         "on_us={:.1f} speedup={:.2f}",
         tuning.name, tuning.version, shape.label, Micros(shape.off), Micros(shape.on),
-        shape.on.count() > 0 ? static_cast<double>(shape.off.count()) / shape.on.count() : 0.0);
+        shape.speedup());
   }
   if (!tuning.cudnn_timings.empty()) {
     spdlog::info(
-        "event=cudnn_benchmark_measure_time model={} version={} ms={}", tuning.name, tuning.version,
-        std::chrono::duration_cast<std::chrono::milliseconds>(tuning.cudnn_measure_time).count());
+        "event=cudnn_benchmark_measure_time model={} version={} ms={} timed_by={}", tuning.name,
+        tuning.version,
+        std::chrono::duration_cast<std::chrono::milliseconds>(tuning.cudnn_measure_time).count(),
+        tuning.cudnn_device_timed ? "cuda_events" : "clock");
   }
   if (!convolutions.fallback.empty()) {
     spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,

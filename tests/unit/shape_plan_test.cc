@@ -102,6 +102,13 @@ TEST(CudnnBenchmarkDecisionTest, PerModelRule) {
               HasSubstr("variable shapes"));
   EXPECT_TRUE(decide(CudnnBenchmarkMode::kOn, open, open_plan).benchmark);
   EXPECT_FALSE(decide(CudnnBenchmarkMode::kOff, fixed, fixed_plan).benchmark);
+  // Only the rule's "on" may be overruled by timing it; the operator's choices stand.
+  EXPECT_TRUE(decide(CudnnBenchmarkMode::kAuto, fixed, fixed_plan).measurable);
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kAuto, open, open_plan).measurable);
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).measurable);
+  ModelSpec package = fixed;
+  package.format = ModelFormat::kAotInductor;
+  EXPECT_FALSE(decide(CudnnBenchmarkMode::kAuto, package, fixed_plan).measurable);
   fixed.cudnn_benchmark_override = CudnnBenchmarkMode::kOff;  // the model's parameter wins
   EXPECT_FALSE(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).benchmark);
   EXPECT_THAT(decide(CudnnBenchmarkMode::kOn, fixed, fixed_plan).reason,

@@ -119,6 +119,7 @@ TEST_F(CudnnByMeasurementTest, FasterWithTheModeKeepsItAndReloadsWithIt) {
   EXPECT_EQ(loaded.tuning.cudnn_timings[3].off, std::chrono::microseconds(400));
   EXPECT_EQ(loaded.tuning.cudnn_timings[3].on, std::chrono::microseconds(320));
   EXPECT_GT(loaded.tuning.cudnn_measure_time.count(), 0);
+  EXPECT_TRUE(loaded.tuning.cudnn_device_timed);  // the fakes report device phases
   // The serving instance with the mode off, the probe with it on, then the serving one again.
   ASSERT_EQ(factory_.loads.size(), 3u);
   EXPECT_FALSE(factory_.loads[0].cudnn_benchmark);
