@@ -818,6 +818,23 @@ Labels VersionLabels(const std::string& model, int64_t version) {
   return {{"model", model}, {"version", std::to_string(version)}};
 }
 
+// A version's series of `family` that one more label tells apart (a batch size, a shape, a
+// device), replaced as a whole when the version reports them again: `*series` holds the gauges
+// made last time; each of `values` becomes `base` + {key: its label} set to its value.
+void ReplaceSeries(Family<Gauge>& family, std::vector<Gauge*>* series, const Labels& base,
+                   const std::string& key,
+                   const std::vector<std::pair<std::string, double>>& values) {
+  for (Gauge* old : *series) family.Remove(old);
+  series->clear();
+  for (const auto& [label, value] : values) {
+    Labels labels = base;
+    labels[key] = label;
+    Gauge& gauge = family.Add(labels);
+    gauge.Set(value);
+    series->push_back(&gauge);
+  }
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -865,28 +882,18 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
   Labels decision = labels;
   decision["reason"] = tuning.cudnn_reason;
   families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
-  std::vector<Gauge*>& speedups = cudnn_series_[{tuning.name, tuning.version}];
-  for (Gauge* old : speedups) families_->cudnn_speedup.Remove(old);
-  speedups.clear();
+  std::vector<std::pair<std::string, double>> speedups;
   for (const CudnnShapeTiming& shape : tuning.cudnn_timings) {
-    if (shape.on.count() <= 0) continue;
-    Labels each = labels;
-    each["shape"] = shape.label;
-    Gauge& gauge = families_->cudnn_speedup.Add(each);
-    gauge.Set(static_cast<double>(shape.off.count()) / static_cast<double>(shape.on.count()));
-    speedups.push_back(&gauge);
+    if (shape.on.count() > 0) speedups.emplace_back(shape.label, shape.speedup());
   }
-  std::vector<Gauge*>& series = auto_batch_series_[{tuning.name, tuning.version}];
-  for (Gauge* old : series) families_->auto_batch_rows.Remove(old);
-  series.clear();
+  ReplaceSeries(families_->cudnn_speedup, &cudnn_series_[{tuning.name, tuning.version}], labels,
+                "shape", speedups);
+  std::vector<std::pair<std::string, double>> rates;
   for (const BatchSizeRate& rate : tuning.batch_sizes.rates) {
-    if (!rate.kept) continue;
-    Labels size = labels;
-    size["batch_size"] = std::to_string(rate.batch_size);
-    Gauge& gauge = families_->auto_batch_rows.Add(size);
-    gauge.Set(rate.rows_per_second);
-    series.push_back(&gauge);
+    if (rate.kept) rates.emplace_back(std::to_string(rate.batch_size), rate.rows_per_second);
   }
+  ReplaceSeries(families_->auto_batch_rows, &auto_batch_series_[{tuning.name, tuning.version}],
+                labels, "batch_size", rates);
 }
 
 void ServerMetrics::OnModelLoad(const std::string& model, const char* trigger, bool ok) {
@@ -911,16 +918,13 @@ void ServerMetrics::OnColdStart(const std::string& model, Duration waited) {
 void ServerMetrics::OnVersionMemory(const std::string& model, int64_t version,
                                     const std::map<std::string, uint64_t>& memory) {
   MutexLock lock(&mutex_);
-  std::vector<Gauge*>& series = memory_series_[{model, version}];
-  for (Gauge* old : series) families_->model_memory.Remove(old);
-  series.clear();
+  std::vector<std::pair<std::string, double>> bytes_by_device;
   for (const auto& [device, bytes] : memory) {
-    Labels labels = VersionLabels(model, version);
-    labels["device"] = device;
-    Gauge& gauge = families_->model_memory.Add(labels);
-    gauge.Set(static_cast<double>(bytes));
-    series.push_back(&gauge);
+    bytes_by_device.emplace_back(device, static_cast<double>(bytes));
   }
+  std::vector<Gauge*>& series = memory_series_[{model, version}];
+  ReplaceSeries(families_->model_memory, &series, VersionLabels(model, version), "device",
+                bytes_by_device);
   if (series.empty()) memory_series_.erase({model, version});
 }
 
