@@ -48,6 +48,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402
+from harness.process import cpu_seconds  # noqa: E402
 from harness.bench import model_stats, pinning, serve, write_json  # noqa: E402
 
 H200 = {"launch_us": 2600.0, "d0_us": 1000.0, "d1_us": 94.0, "gbps": 50.0}
@@ -116,12 +117,6 @@ def device_stats(url):
     finally:
         client.close()
     return dict(zip(STATS, (int(v) for v in values)))
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def level(url, pid, concurrency, transport, workdir, params, smoke, prefix):

@@ -42,13 +42,13 @@ int64_t Now() {
       .count();
 }
 
-void SpinUntil(int64_t until) {
-  while (Now() < until) {
-  }
-}
-
-void SleepUntil(int64_t until) {
-  if (Now() < until) {
+// Holds the calling thread until `until`: spinning (a real launch, or CUDA's spin wait) or
+// sleeping (CUDA's blocking wait, or a launch on a small machine).
+void WaitUntil(int64_t until, bool spin) {
+  if (spin) {
+    while (Now() < until) {
+    }
+  } else if (Now() < until) {
     std::this_thread::sleep_until(
         std::chrono::steady_clock::time_point(std::chrono::nanoseconds(until)));
   }
@@ -73,23 +73,13 @@ at::Tensor Launch(const at::Tensor& x, int64_t width, double launch_us, double d
   params.d1_us = d1_us;
   const int64_t rows = x.size(0);
   const int64_t start = Now();
-  const int64_t until = start + static_cast<int64_t>(launch_us * 1000);
-  if (spin) {
-    SpinUntil(until);
-  } else {
-    SleepUntil(until);
-  }
+  WaitUntil(start + static_cast<int64_t>(launch_us * 1000), spin);
   Device().Compute(&stream, rows, start, Now(), params);
   return at::zeros({rows, width}, x.options());
 }
 
 at::Tensor Sync(const at::Tensor& y, bool spin) {
-  const int64_t until = stream.last_end;
-  if (spin) {
-    SpinUntil(until);
-  } else {
-    SleepUntil(until);
-  }
+  WaitUntil(stream.last_end, spin);
   return y;
 }
 
