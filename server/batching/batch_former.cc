@@ -21,25 +21,25 @@ BatchQueue::Options QueueOptions(const BatchFormer::Options& options,
 }  // namespace
 
 std::unique_ptr<BatchPolicy> BatchFormer::MakePolicy(const Options& options) {
-  std::unique_ptr<DynamicBatchingPolicy> sizes;
-  if (!options.one_request_per_batch) {
+  std::unique_ptr<BatchPolicy> base;
+  if (options.one_request_per_batch) {
+    base = std::make_unique<OneRequestPerBatchPolicy>(options.max_queue_delay);
+  } else {
     DynamicBatchingPolicy::Options batching;
     batching.max_batch_size = options.max_batch_size;
     batching.preferred_batch_sizes = options.preferred_batch_sizes;
     batching.max_queue_delay = options.max_queue_delay;
     batching.pad_to_preferred = options.pad_to_preferred;
-    sizes = std::make_unique<DynamicBatchingPolicy>(std::move(batching));
+    base = std::make_unique<DynamicBatchingPolicy>(std::move(batching));
   }
   if (options.latency_target > Duration::zero() && options.costs != nullptr) {
     LatencyTargetPolicy::Options target;
     target.target = options.latency_target;
     target.costs = options.costs;
     target.instances = options.instances;
-    target.max_queue_delay = options.max_queue_delay;
-    return std::make_unique<LatencyTargetPolicy>(std::move(target), std::move(sizes));
+    return std::make_unique<LatencyTargetPolicy>(std::move(target), std::move(base));
   }
-  if (sizes != nullptr) return sizes;
-  return std::make_unique<OneRequestPerBatchPolicy>(options.max_queue_delay);
+  return base;
 }
 
 BatchFormer::BatchFormer(Options options)

@@ -113,13 +113,17 @@ void BatchQueue::EraseGroup(Groups::iterator group) {
   if (!spare_group_) spare_group_ = std::move(node);
 }
 
-PendingRequest BatchQueue::PopFront(const std::string& key) {
-  const auto it = groups_.find(key);
-  Group& group = it->second;
+PendingRequest BatchQueue::TakeOne(Group& group) {
   PendingRequest front = std::move(group.queue.front());
   group.queue.pop_front();
   Unindex(group, front);
-  if (group.queue.empty()) EraseGroup(it);
+  return front;
+}
+
+PendingRequest BatchQueue::PopFront(const std::string& key) {
+  const auto it = groups_.find(key);
+  PendingRequest front = TakeOne(it->second);
+  if (it->second.queue.empty()) EraseGroup(it);
   return front;
 }
 
@@ -129,9 +133,7 @@ FormedBatch BatchQueue::TakeFront(const std::string& key, size_t count) {
   FormedBatch batch;
   batch.requests.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    PendingRequest front = std::move(group.queue.front());
-    group.queue.pop_front();
-    Unindex(group, front);
+    PendingRequest front = TakeOne(group);
     batch.rows += front.request->batch_size;
     batch.requests.push_back(std::move(front));
   }
@@ -140,14 +142,10 @@ FormedBatch BatchQueue::TakeFront(const std::string& key, size_t count) {
 }
 
 std::vector<PendingRequest> BatchQueue::TakeExpired(TimePoint now, bool look_for_cancelled) {
-  std::vector<PendingRequest> expired;
-  if (!look_for_cancelled && EarliestDeadline() > now) return expired;
-  TakeWhere([&](const std::string&, PendingRequest& pending) {
-    if (pending.request->deadline > now && !pending.request->IsCancelled()) return false;
-    expired.push_back(std::move(pending));
-    return true;
+  if (!look_for_cancelled && EarliestDeadline() > now) return {};
+  return TakeWhere([&](const std::string&, const PendingRequest& pending) {
+    return pending.request->deadline <= now || pending.request->IsCancelled();
   });
-  return expired;
 }
 
 std::vector<PendingRequest> BatchQueue::TakeAll() {

@@ -110,10 +110,11 @@ class BatchQueue {
   // Takes the first request of the group `key` out.
   PendingRequest PopFront(const std::string& key);
 
-  // Removes every waiting request for which `take(group key, pending)` returns true (it may move
-  // the request out first), keeping the caps, the group rows and the indexes right.
+  // Takes out every waiting request for which `take(group key, const pending&)` returns true,
+  // keeping the caps, the group rows and the indexes right; returns them in the order `take` saw
+  // them.
   template <typename Take>
-  void TakeWhere(Take take);
+  std::vector<PendingRequest> TakeWhere(Take take);
 
   // The requests whose deadline is at or before `now`, and, when `look_for_cancelled`, the
   // cancelled ones (that takes a look at every request; the deadlines alone do not).
@@ -159,6 +160,8 @@ class BatchQueue {
   void Insert(Group& group, PendingRequest pending);
   // Forgets `pending`'s entries in the indexes and the caps (it leaves the queue).
   void Unindex(Group& group, const PendingRequest& pending);
+  // Moves `group`'s first request out and unindexes it (the group may be left empty).
+  PendingRequest TakeOne(Group& group);
   void IndexTimes(Group& group, const PendingRequest& pending);
   void UnindexTimes(Group& group, const PendingRequest& pending);
   // Removes an emptied group, keeping its map node (key, deque and their memory) for the next
@@ -175,26 +178,17 @@ class BatchQueue {
 };
 
 template <typename Take>
-void BatchQueue::TakeWhere(Take take) {
+std::vector<PendingRequest> BatchQueue::TakeWhere(Take take) {
+  std::vector<PendingRequest> taken;
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& group = it->second;
     for (auto entry = group.queue.begin(); entry != group.queue.end();) {
-      // Indexed by its values before `take` may move it out.
-      const int64_t rows = entry->request->batch_size;
-      const size_t bytes = entry->bytes;
-      const int share = entry->share;
-      const TimePoint deadline = entry->request->deadline;
-      const TimePoint changes_at = RankChangesAt(*entry);
-      const TimePoint enqueued = entry->enqueued;
-      if (!take(it->first, *entry)) {
+      if (!take(it->first, static_cast<const PendingRequest&>(*entry))) {
         ++entry;
         continue;
       }
-      admission_.Release(share, bytes);
-      group.rows -= rows;
-      if (deadline != kNoDeadline) deadlines_.erase(deadlines_.find(deadline));
-      if (changes_at != kNoDeadline) rank_changes_.erase(rank_changes_.find(changes_at));
-      if (options_.index_arrivals) group.arrivals.erase(group.arrivals.find(enqueued));
+      Unindex(group, *entry);
+      taken.push_back(std::move(*entry));
       entry = group.queue.erase(entry);
     }
     if (group.queue.empty()) {
@@ -203,6 +197,7 @@ void BatchQueue::TakeWhere(Take take) {
       ++it;
     }
   }
+  return taken;
 }
 
 template <typename Change>

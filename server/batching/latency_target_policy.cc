@@ -15,15 +15,10 @@ int64_t Micros(Duration duration) {
 
 }  // namespace
 
-LatencyTargetPolicy::LatencyTargetPolicy(Options options,
-                                         std::unique_ptr<DynamicBatchingPolicy> sizes)
-    : options_(std::move(options)), sizes_(sizes.get()) {
-  if (sizes != nullptr) {
-    base_ = std::move(sizes);
-  } else {
-    base_ = std::make_unique<OneRequestPerBatchPolicy>(options_.max_queue_delay);
-  }
-}
+LatencyTargetPolicy::LatencyTargetPolicy(Options options, std::unique_ptr<BatchPolicy> base)
+    : options_(std::move(options)),
+      base_(std::move(base)),
+      sizes_(dynamic_cast<DynamicBatchingPolicy*>(base_.get())) {}
 
 void LatencyTargetPolicy::Arrived(TimePoint at, int64_t rows) {
   // Callers read the clock before they take the batcher's lock, so arrivals can reach here a
@@ -126,7 +121,9 @@ std::vector<RefusedRequest> LatencyTargetPolicy::TakeRefused(BatchQueue& queue, 
 std::vector<RefusedRequest> LatencyTargetPolicy::TakeHopeless(BatchQueue& queue,
                                                               TimePoint now) const {
   std::vector<RefusedRequest> refused;
-  queue.TakeWhere([&](const std::string& key, PendingRequest& pending) {
+  // Each refusal is written as its request is chosen; the requests come out in that order.
+  std::vector<PendingRequest> taken = queue.TakeWhere([&](const std::string& key,
+                                                          const PendingRequest& pending) {
     const InferRequest& request = *pending.request;
     const std::optional<Duration> own = options_.costs->Predict(key, PaddedRows(request.batch_size),
                                                                 BatchCostModel::Pick::kFastest);
@@ -155,10 +152,10 @@ std::vector<RefusedRequest> LatencyTargetPolicy::TakeHopeless(BatchQueue& queue,
                   Micros(options_.target), " us (sluice.latency_target_us) after it waited ",
                   Micros(now - pending.enqueued),
                   " us; it was refused without running: retry later, or add instances"));
-    out.pending = std::move(pending);
     refused.push_back(std::move(out));
     return true;
   });
+  for (size_t i = 0; i < taken.size(); ++i) refused[i].pending = std::move(taken[i]);
   return refused;
 }
 
@@ -262,7 +259,7 @@ size_t LatencyTargetPolicy::ReadyPrefix(const BatchQueue& queue, const std::stri
       prefix.preferred = std::min(prefix.preferred, prefix.fitting);
     }
     // The target decides the wait; a positive max_queue_delay bounds it.
-    const bool bounded = options_.max_queue_delay > Duration::zero() && prefix.waited;
+    const bool bounded = sizes_->max_queue_delay() > Duration::zero() && prefix.waited;
     prefix.waited = bounded || !wait;
   }
   return sizes_->Decide(group, prefix);
@@ -327,7 +324,7 @@ TimePoint LatencyTargetPolicy::ReadyAt(const BatchQueue& queue, const std::strin
   if (sizes_ == nullptr) return ready;
   const std::optional<TimePoint> stop = StopWaitingAt(key, group);
   if (!stop) return ready;
-  return options_.max_queue_delay > Duration::zero() ? std::min(ready, *stop) : *stop;
+  return sizes_->max_queue_delay() > Duration::zero() ? std::min(ready, *stop) : *stop;
 }
 
 TimePoint LatencyTargetPolicy::EarliestAnswerBy(const BatchQueue& queue) const {

@@ -40,10 +40,10 @@ class LatencyTargetPolicy final : public BatchPolicy {
     Duration target{0};                     // > 0
     std::shared_ptr<BatchCostModel> costs;  // required; shared with the instance pool
     int instances = 1;                      // instances the queue feeds (work ahead is spread)
-    Duration max_queue_delay{0};            // a positive one bounds the wait
   };
-  // `sizes`: the model's dynamic batching; null for a model without (one request per batch).
-  LatencyTargetPolicy(Options options, std::unique_ptr<DynamicBatchingPolicy> sizes);
+  // `base`: the model's own policy, DynamicBatchingPolicy (whose positive max_queue_delay bounds
+  // the wait) or OneRequestPerBatchPolicy for a model without dynamic batching.
+  LatencyTargetPolicy(Options options, std::unique_ptr<BatchPolicy> base);
 
   // Removes and returns, with their answers, the requests that can no longer be answered in time
   // even in a batch of their own started now (their target passed, or now + their own predicted
@@ -120,8 +120,8 @@ class LatencyTargetPolicy final : public BatchPolicy {
   int64_t Largest() const { return sizes_ != nullptr ? sizes_->Largest() : 1; }
 
   const Options options_;
-  std::unique_ptr<BatchPolicy> base_;   // the model's own policy
-  DynamicBatchingPolicy* const sizes_;  // base_ when it batches; null for one per batch
+  const std::unique_ptr<BatchPolicy> base_;  // the model's own policy
+  DynamicBatchingPolicy* const sizes_;       // base_ when it batches; null for one per batch
   // The smoothed time between arrivals per row, over every shape (us; < 0: fewer than two arrivals
   // yet), and the last arrival.
   double gap_us_per_row_ = -1;
