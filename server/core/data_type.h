@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +45,10 @@ inline bool HasFixedSize(DataType type) { return type != DataType::kBytes; }
 
 // The supported protocol names, comma-separated, for error messages.
 const char* SupportedDataTypeNames();
+
+// An FP16 / BF16 element's value (every half and bfloat16 value is exact as a float).
+float HalfToFloat(uint16_t half);
+float Bfloat16ToFloat(uint16_t bfloat16);
 
 // One element of `type` holding `value` (converted as a C++ cast would; FP16 and BF16 rounded to
 // nearest even), as the little-endian bytes the wire and the runtime use. BYTES: one element

@@ -66,6 +66,13 @@ struct RequestParameters {
   SequenceControl sequence;
 };
 
+// One output the caller asked for as its top classes instead of the tensor (Triton's
+// classification extension: the output parameter "classification" = count > 0).
+struct ClassificationRequest {
+  std::string output;  // a requested output's name
+  int64_t count = 0;   // classes per batch row (fewer when a row has fewer elements)
+};
+
 // Ownership: `inputs` view bytes that belong either to the caller's transport message (which the
 // caller keeps alive until the request's completion has run) or to `owned_buffers` (typed
 // contents converted into raw bytes). Moving an InferRequest keeps the views valid: the buffers'
@@ -78,6 +85,10 @@ struct InferRequest {
   std::vector<TensorView> inputs;
   std::vector<std::string> requested_outputs;  // empty: every output, in config order
   std::vector<std::unique_ptr<std::string>> owned_buffers;
+  // Requested outputs answered as "<score>:<index>[:<label>]" strings (frontend/classification.h);
+  // each names an entry of requested_outputs. The model still computes, and the response cache
+  // still keeps, the tensor: the classes are made from it on the way back to the caller.
+  std::vector<ClassificationRequest> classifications;
 
   // Batch size of this request: the first dimension of its inputs when the model batches, else 1.
   int64_t batch_size = 1;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +26,11 @@ struct TensorSpec {
   // it. `filled_with` says with what, for the error a client that sends it gets.
   bool filled_by_server = false;
   std::string filled_with{};
+  // An output's label_filename (relative to the model's directory; empty: none) and, once the
+  // repository has read that file, its lines: label i names class index i (Triton's
+  // classification labels). Shared: a spec is copied per version.
+  std::string label_filename{};
+  std::shared_ptr<const std::vector<std::string>> labels{};
 };
 
 // Binding declared tensors to a model's positional arguments or returned values (Triton's

@@ -1,5 +1,6 @@
 #include "server/core/validation.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/container/inlined_vector.h"
@@ -144,6 +145,41 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
           absl::StrCat("output '", output, "' is requested more than once"));
     }
     requested[index] = true;
+  }
+  absl::InlinedVector<bool, 16> classified(spec.outputs.size(), false);
+  for (const ClassificationRequest& classification : request->classifications) {
+    const TensorSpec* declared = FindSpec(spec.outputs, classification.output);
+    const bool listed =
+        std::find(request->requested_outputs.begin(), request->requested_outputs.end(),
+                  classification.output) != request->requested_outputs.end();
+    if (declared == nullptr || !listed) {
+      return absl::InvalidArgumentError(absl::StrCat("classification of output '",
+                                                     QuoteClientText(classification.output),
+                                                     "', which the request does not ask for"));
+    }
+    if (classification.count < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", classification.output, "': the class count must be at least 1"));
+    }
+    const size_t index = static_cast<size_t>(declared - spec.outputs.data());
+    if (classified[index]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", classification.output, "' is classified more than once"));
+    }
+    classified[index] = true;
+    if (Status classifiable = CheckClassifiable(declared->dtype); !classifiable.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", classification.output, "': ", classifiable.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status CheckClassifiable(DataType dtype) {
+  if (dtype == DataType::kBool || dtype == DataType::kBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("class result not available for output due to unsupported type '",
+                     DataTypeName(dtype), "'"));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/logging.h"
 #include "server/core/message_text.h"
+#include "server/frontend/classification.h"
 
 namespace sluice {
 
@@ -124,24 +125,33 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer,
   // completion owns an owned call: nothing here touches `call` after it.
   call->hold.Set(model.Another());
   OutputSink* sink = call->sink();
-  model->Submit(
-      std::move(request), sink, [owned = std::move(owned), &lookup, cold_since](Status status) {
-        InferenceCall* call = Get(owned);
-        if (call->shared_memory_refs != nullptr) {
-          if (Status intact = call->shared_memory_refs->CheckIntact(); !intact.ok())
-            status = std::move(intact);
-        }
-        if (!status.ok()) {
-          spdlog::debug("event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
+  // Outputs asked for as classes go through a sink that turns each into its classes on the way.
+  std::unique_ptr<ClassifyingSink> classifying;
+  if (!request->classifications.empty()) {
+    classifying = std::make_unique<ClassifyingSink>(sink, model->spec(), request->classifications);
+    sink = classifying.get();
+  }
+  model->Submit(std::move(request), sink,
+                [owned = std::move(owned), classifying = std::move(classifying), &lookup,
+                 cold_since](Status status) {
+                  InferenceCall* call = Get(owned);
+                  if (status.ok() && classifying != nullptr) status = classifying->Finish();
+                  if (call->shared_memory_refs != nullptr) {
+                    if (Status intact = call->shared_memory_refs->CheckIntact(); !intact.ok())
+                      status = std::move(intact);
+                  }
+                  if (!status.ok()) {
+                    spdlog::debug(
+                        "event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
                         ProtocolName(call->protocol), call->model_name(), call->request_id(),
                         status.message());
-        } else if (cold_since != TimePoint{}) {
-          if (OnDemandLoads* loads = lookup.on_demand())
-            loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
-        }
-        call->hold.Release();
-        Answer(call, status);
-      });
+                  } else if (cold_since != TimePoint{}) {
+                    if (OnDemandLoads* loads = lookup.on_demand())
+                      loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);
+                  }
+                  call->hold.Release();
+                  Answer(call, status);
+                });
   return Handed::kNow;
 }
 

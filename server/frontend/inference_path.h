@@ -12,8 +12,10 @@
 //   4. stamp model name, protocol, deadline and cancellation flag on the request, and tell the
 //      call the version that will answer (Accepted: a response header, a cancellation hook)
 //   5. hold the version in flight (ModelHold) and submit (ModelHandle::Submit: validation, queue
-//      timeout, scheduling)
-//   6. on the answer: a request whose shared memory regions were truncated while it was in flight
+//      timeout, scheduling); outputs asked for as classes go through a ClassifyingSink around
+//      the call's sink (classification.h)
+//   6. on the answer: the classified outputs are handed on (ClassifyingSink::Finish); a request
+//   whose shared memory regions were truncated while it was in flight
 //      (InferenceCall::shared_memory_refs) is answered INVALID_ARGUMENT instead; log a failure
 //      (debug), release the hold, then Answer; a traced request's spans end when Answer has
 //      returned (core/request_trace.h)

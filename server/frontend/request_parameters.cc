@@ -98,4 +98,27 @@ Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters
   return ReadBool(find, "sequence_end", &parameters->sequence.end);
 }
 
+Status ReadOutputParameters(ParameterFinder find, const std::string& output,
+                            InferRequest* request) {
+  const std::optional<ParameterValue> classification = find("classification");
+  if (!classification) return absl::OkStatus();
+  const std::optional<int64_t> count = NonNegativeInt64(*classification);
+  if (!count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output '", QuoteClientText(output),
+        "': the parameter 'classification' must be a non-negative integer (the classes to answer "
+        "per batch row), found ",
+        Describe(*classification)));
+  }
+  if (*count == 0) return absl::OkStatus();
+  if (find("shared_memory_region")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output '", QuoteClientText(output),
+        "': classification cannot be written to shared memory; ask for the classes without "
+        "'shared_memory_region'"));
+  }
+  request->classifications.push_back({output, *count});
+  return absl::OkStatus();
+}
+
 }  // namespace sluice

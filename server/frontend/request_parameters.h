@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
@@ -45,5 +46,12 @@ using ParameterFinder = absl::FunctionRef<std::optional<ParameterValue>(absl::st
 
 // Reads the parameters of the table above into `*parameters` (the others keep their values).
 Status ReadRequestParameters(ParameterFinder find, RequestParameters* parameters);
+
+// Reads the parameters of requested output `output` that Sluice acts on beside the codec's own:
+// "classification" (Triton's classification extension), an integer >= 0, the classes per batch
+// row to answer instead of the tensor; 0 (as absent) asks for the tensor. A count above 0 is
+// added to request->classifications; one beside the output's shared_memory_region is refused (the
+// classes are written into the response, never into the client's region).
+Status ReadOutputParameters(ParameterFinder find, const std::string& output, InferRequest* request);
 
 }  // namespace sluice

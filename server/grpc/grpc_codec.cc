@@ -118,19 +118,25 @@ ParameterValue ValueOf(const inference::InferParameter& parameter) {
   return value;
 }
 
+using ParameterMap = google::protobuf::Map<std::string, inference::InferParameter>;
+
+// Looks parameters up in `parameters` for the shared readers (request_parameters.h); the finder
+// refers to the map, which outlives the read.
+auto FinderOf(const ParameterMap& parameters) {
+  return [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
+    auto found = parameters.find(std::string(key));
+    if (found == parameters.end()) return std::nullopt;
+    return ValueOf(found->second);
+  };
+}
+
 }  // namespace
 
 StatusOr<std::optional<SharedMemoryReference>> SharedMemoryReferenceOf(
     const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
     const std::string& what) {
   if (parameters.empty()) return std::nullopt;  // the common case: no lookups
-  return ReadSharedMemoryReference(
-      [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
-        auto it = parameters.find(std::string(key));
-        if (it == parameters.end()) return std::nullopt;
-        return ValueOf(it->second);
-      },
-      what);
+  return ReadSharedMemoryReference(FinderOf(parameters), what);
 }
 
 StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(
@@ -231,16 +237,15 @@ StatusOr<std::unique_ptr<InferRequest>> InferRequestFromProto(
     }
     request->inputs.push_back(std::move(view));
   }
-  for (const auto& output : proto.outputs()) request->requested_outputs.push_back(output.name());
+  for (const auto& output : proto.outputs()) {
+    request->requested_outputs.push_back(output.name());
+    if (output.parameters().empty()) continue;  // the common case: no lookups
+    SLUICE_RETURN_IF_ERROR(
+        ReadOutputParameters(FinderOf(output.parameters()), output.name(), request.get()));
+  }
   if (!proto.parameters().empty()) {  // the common request carries none: no lookups
-    const auto& parameters = proto.parameters();
-    SLUICE_RETURN_IF_ERROR(ReadRequestParameters(
-        [&parameters](absl::string_view key) -> std::optional<ParameterValue> {
-          auto found = parameters.find(std::string(key));
-          if (found == parameters.end()) return std::nullopt;
-          return ValueOf(found->second);
-        },
-        &request->parameters));
+    SLUICE_RETURN_IF_ERROR(
+        ReadRequestParameters(FinderOf(proto.parameters()), &request->parameters));
   }
   return request;
 }

@@ -541,11 +541,11 @@ StatusOr<JsonInferRequest> InferRequestFromJson(absl::string_view body,
       const std::string where = absl::StrCat("output '", QuoteClientText(requested.name), "'");
       const rapidjson::Value* output_parameters = Member(output, "parameters");
       SLUICE_RETURN_IF_ERROR(CheckParameters(output_parameters, where));
-      if (output_parameters != nullptr && Member(*output_parameters, "classification") != nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where,
-            ": the classification extension is not supported by Sluice; ask for the tensor"));
-      }
+      SLUICE_RETURN_IF_ERROR(ReadOutputParameters(
+          [output_parameters](absl::string_view key) {
+            return FindParameter(output_parameters, key);
+          },
+          requested.name, &request));
       SLUICE_ASSIGN_OR_RETURN(requested.binary, BoolParameter(output_parameters, "binary_data",
                                                               parsed.binary_default, where));
       SLUICE_ASSIGN_OR_RETURN(requested.shared_memory,

@@ -64,11 +64,16 @@ std::optional<std::string> PercentDecode(absl::string_view segment) {
   return decoded;
 }
 
-// FP16 and BF16 have no JSON form: an output of those types must be asked for as binary.
+// FP16 and BF16 have no JSON form: an output of those types must be asked for as binary (or as
+// its classes, which are strings).
 Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
+  const std::vector<ClassificationRequest>& classified = parsed.request->classifications;
   for (const TensorSpec& output : spec.outputs) {
     if (output.dtype != DataType::kFp16 && output.dtype != DataType::kBf16) continue;
     if (parsed.InSharedMemory(output.name)) continue;
+    if (std::any_of(classified.begin(), classified.end(),
+                    [&](const ClassificationRequest& each) { return each.output == output.name; }))
+      continue;
     const bool requested =
         parsed.outputs.empty() ||
         std::any_of(parsed.outputs.begin(), parsed.outputs.end(),

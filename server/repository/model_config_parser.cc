@@ -148,8 +148,16 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
   if (!output.label_filename().empty()) {
-    return absl::InvalidArgumentError(where +
-                                      ": 'label_filename' (classification) is not supported");
+    // Read from the model's directory and shown to clients through their classes: never a path
+    // that leaves it.
+    const std::string& file = output.label_filename();
+    const std::vector<absl::string_view> parts = absl::StrSplit(file, '/');
+    if (file.front() == '/' || std::any_of(parts.begin(), parts.end(),
+                                           [](absl::string_view part) { return part == ".."; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": label_filename '", file,
+          "' must name a file inside the model's directory (a relative path without '..')"));
+    }
   }
   if (output.is_non_linear_format_io()) {
     return absl::InvalidArgumentError(where + ": 'is_non_linear_format_io' is not supported");
@@ -163,6 +171,7 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
         CheckStringShape(output.dims(), output.has_reshape(), output.reshape(), where));
   }
   spec.dims.assign(output.dims().begin(), output.dims().end());
+  spec.label_filename = output.label_filename();
   return spec;
 }
 

@@ -3,7 +3,9 @@
 #include <ftw.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -83,6 +85,32 @@ Status CheckOverrideLibraries(const ModelSpec& spec, const ModelOverride& overri
   return absl::OkStatus();
 }
 
+// Reads each output's label_filename (relative to the model's directory; the parser refused any
+// other path) into its labels: one label per line, a trailing '\r' dropped.
+Status ReadLabels(const fs::path& directory, ModelSpec* spec) {
+  for (TensorSpec& output : spec->outputs) {
+    if (output.label_filename.empty()) continue;
+    const fs::path path = directory / output.label_filename;
+    std::ifstream file(path);
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("output '", output.name,
+                                              "': cannot read its label_filename ", path.string(),
+                                              ": ", std::strerror(errno)));
+    }
+    auto labels = std::make_shared<std::vector<std::string>>();
+    for (std::string line; std::getline(file, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      labels->push_back(std::move(line));
+    }
+    if (file.bad()) {
+      return absl::DataLossError(
+          absl::StrCat("output '", output.name, "': reading ", path.string(), " failed"));
+    }
+    output.labels = std::move(labels);
+  }
+  return absl::OkStatus();
+}
+
 Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
                           override.config_json
@@ -94,6 +122,7 @@ Status FillModel(RepositoryModel* model, const ModelOverride& override) {
   SLUICE_RETURN_IF_ERROR(spec.status());
   model->spec = *spec;
   SLUICE_RETURN_IF_ERROR(CheckOverrideLibraries(model->spec, override));
+  SLUICE_RETURN_IF_ERROR(ReadLabels(model->directory, &model->spec));
 
   std::map<int64_t, fs::path> on_disk;
   std::error_code ec;

@@ -505,12 +505,33 @@ TEST(ModelConfigParserTest, ValidationErrors) {
       {io + "\ninstance_group [ { count: 100 } ]", "count must be between 1 and 64"},
       {io + "\ndefault_model_filename: \"../x.pt\"",
        "default_model_filename must be a plain file name"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "../x" } ])pb",
+       "output 'b': label_filename '../x' must name a file inside the model's directory"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "/etc/passwd" } ])pb",
+       "output 'b': label_filename '/etc/passwd' must name a file inside the model's directory"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "x/../../y" } ])pb",
+       "must name a file inside the model's directory (a relative path without '..')"},
   };
   for (const Case& c : cases) {
     auto spec = Build(c.config);
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.config;
     EXPECT_THAT(spec.status().message(), HasSubstr(c.message)) << c.config;
   }
+}
+
+TEST(ModelConfigParserTest, LabelFilenameIsKeptForTheRepositoryToRead) {
+  auto spec = Build(R"pb(max_batch_size: 4
+                         input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                         output [ { name: "b" data_type: TYPE_FP16 dims: [ 10 ]
+                                    label_filename: "labels/imagenet.txt" },
+                                  { name: "c" data_type: TYPE_FP32 dims: [ 1 ] } ])pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->outputs[0].label_filename, "labels/imagenet.txt");
+  EXPECT_EQ(spec->outputs[0].labels, nullptr);  // read by the repository, which knows the directory
+  EXPECT_TRUE(spec->outputs[1].label_filename.empty());
 }
 
 TEST(ModelConfigParserTest, InstanceGroupsAndParameters) {

@@ -85,6 +85,30 @@ TEST_F(RepositoryTest, ScansModelsVersionsAndBrokenOnes) {
               HasSubstr("version(s) 4 which have no directory"));
 }
 
+TEST_F(RepositoryTest, LabelFilesAreReadFromTheModelsDirectory) {
+  constexpr char kClassifier[] = R"pb(
+    platform: "pytorch_libtorch"
+    max_batch_size: 8
+    input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" } ]
+  )pb";
+  Write("classifier/config.pbtxt", kClassifier);
+  Write("classifier/labels.txt", "cat\r\ndog\n\neel");  // CRLF, an empty line, no final newline
+  Write("classifier/1/model.pt", "x");
+  RepositoryModel model = ReadModelDirectory(root_ / "classifier");
+  ASSERT_TRUE(model.status.ok()) << model.status;
+  ASSERT_NE(model.spec.outputs[0].labels, nullptr);
+  EXPECT_THAT(*model.spec.outputs[0].labels, ::testing::ElementsAre("cat", "dog", "", "eel"));
+
+  Write("unlabelled/config.pbtxt", kClassifier);
+  Write("unlabelled/1/model.pt", "x");
+  model = ReadModelDirectory(root_ / "unlabelled");
+  EXPECT_TRUE(absl::IsNotFound(model.status));
+  EXPECT_THAT(model.status.message(),
+              HasSubstr("output 'OUTPUT__0': cannot read its label_filename " +
+                        (root_ / "unlabelled" / "labels.txt").string() + ": No such file"));
+}
+
 TEST_F(RepositoryTest, MissingRootIsNotFound) {
   auto models = ScanModelRepository(root_ / "absent");
   EXPECT_EQ(models.status().code(), absl::StatusCode::kNotFound);

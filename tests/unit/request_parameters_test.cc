@@ -140,5 +140,76 @@ TEST(RequestParametersTest, ReadsOnlyWhatTheRequestCarries) {
                                             "sequence_end"));
 }
 
+// An output's "classification" parameter, the same over both codecs.
+struct OutputCase {
+  std::string json;                                       // the output's parameters, as JSON
+  std::function<void(inference::InferParameter*)> proto;  // its "classification" value
+  bool in_shared_memory = false;                          // shared_memory_region beside it
+  std::string refusal;                                    // empty: accepted
+  int64_t count = 0;                                      // accepted: the classes (0: the tensor)
+};
+
+StatusOr<std::vector<ClassificationRequest>> OutputViaGrpc(const OutputCase& each) {
+  inference::ModelInferRequest proto;
+  proto.set_model_name("m");
+  auto* output = proto.add_outputs();
+  output->set_name("PROBS");
+  each.proto(&(*output->mutable_parameters())["classification"]);
+  if (each.in_shared_memory)
+    (*output->mutable_parameters())["shared_memory_region"].set_string_param("r");
+  SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<InferRequest> request, InferRequestFromProto(proto));
+  return request->classifications;
+}
+
+StatusOr<std::vector<ClassificationRequest>> OutputViaHttp(const OutputCase& each) {
+  std::string parameters = R"("classification": )" + each.json;
+  if (each.in_shared_memory)
+    parameters += R"(, "shared_memory_region": "r", "shared_memory_byte_size": 16)";
+  const std::string body =
+      R"({"inputs": [], "outputs": [{"name": "PROBS", "parameters": {)" + parameters + "}}]}";
+  SLUICE_ASSIGN_OR_RETURN(JsonInferRequest parsed, InferRequestFromJson(body, std::nullopt));
+  return parsed.request->classifications;
+}
+
+TEST(RequestParametersTest, ClassificationIsReadTheSameByBothCodecs) {
+  const std::vector<OutputCase> cases = {
+      {"3", [](auto* p) { p->set_int64_param(3); }, false, "", 3},
+      {"2", [](auto* p) { p->set_uint64_param(2); }, false, "", 2},
+      {"0", [](auto* p) { p->set_int64_param(0); }, false, "", 0},  // the tensor, as absent
+      {"-1", [](auto* p) { p->set_int64_param(-1); }, false,
+       "output 'PROBS': the parameter 'classification' must be a non-negative integer (the "
+       "classes to answer per batch row), found -1",
+       0},
+      {"\"top\"", [](auto* p) { p->set_string_param("top"); }, false, "found the string \"top\"",
+       0},
+      {"3", [](auto* p) { p->set_int64_param(3); }, true,
+       "output 'PROBS': classification cannot be written to shared memory", 0},
+  };
+  for (const OutputCase& each : cases) {
+    SCOPED_TRACE(each.json + (each.in_shared_memory ? " in shared memory" : ""));
+    const StatusOr<std::vector<ClassificationRequest>> grpc = OutputViaGrpc(each);
+    const StatusOr<std::vector<ClassificationRequest>> http = OutputViaHttp(each);
+    if (each.refusal.empty()) {
+      ASSERT_TRUE(grpc.ok()) << grpc.status();
+      ASSERT_TRUE(http.ok()) << http.status();
+      for (const auto* classifications : {&*grpc, &*http}) {
+        if (each.count == 0) {
+          EXPECT_TRUE(classifications->empty());
+          continue;
+        }
+        ASSERT_EQ(classifications->size(), 1u);
+        EXPECT_EQ(classifications->front().output, "PROBS");
+        EXPECT_EQ(classifications->front().count, each.count);
+      }
+      continue;
+    }
+    ASSERT_FALSE(grpc.ok());
+    ASSERT_FALSE(http.ok());
+    EXPECT_EQ(grpc.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(grpc.status(), http.status());
+    EXPECT_THAT(grpc.status().message(), HasSubstr(each.refusal));
+  }
+}
+
 }  // namespace
 }  // namespace sluice

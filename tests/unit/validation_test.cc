@@ -135,5 +135,41 @@ TEST_F(ValidationTest, ModelWithoutBatchingTakesExactShape) {
               HasSubstr("rank 3 where the model takes rank 2"));
 }
 
+TEST_F(ValidationTest, ClassificationsNameRequestedOutputsOfAClassifiableType) {
+  spec_.outputs = {
+      {"y", DataType::kFp32, {3}}, {"flag", DataType::kBool, {1}}, {"text", DataType::kBytes, {1}}};
+  InferRequest request = Request();
+  request.requested_outputs = {"y"};
+  request.classifications = {{"y", 2}};
+  ASSERT_TRUE(ValidateRequest(spec_, &request).ok());
+
+  struct Case {
+    std::vector<std::string> requested;
+    std::vector<ClassificationRequest> classifications;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"y"}, {{"flag", 1}}, "classification of output 'flag', which the request does not ask for"},
+      {{"y"}, {{"nope", 1}}, "classification of output 'nope', which the request does not ask for"},
+      {{"y"}, {{"y", 0}}, "output 'y': the class count must be at least 1"},
+      {{"y"}, {{"y", 1}, {"y", 2}}, "output 'y' is classified more than once"},
+      {{"flag"},
+       {{"flag", 1}},
+       "output 'flag': class result not available for output due to unsupported type 'BOOL'"},
+      {{"text"},
+       {{"text", 1}},
+       "output 'text': class result not available for output due to unsupported type 'BYTES'"},
+  };
+  for (const Case& each : cases) {
+    SCOPED_TRACE(each.message);
+    InferRequest refused = Request();
+    refused.requested_outputs = each.requested;
+    refused.classifications = each.classifications;
+    const Status status = ValidateRequest(spec_, &refused);
+    EXPECT_TRUE(absl::IsInvalidArgument(status));
+    EXPECT_EQ(status.message(), each.message);
+  }
+}
+
 }  // namespace
 }  // namespace sluice
