@@ -62,6 +62,49 @@ std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>&
   return positions;
 }
 
+namespace {
+
+// `actual` (batch dimension first when `batched`, then `from`'s rank) with `to`'s dimensions: each
+// -1 of `to` takes the size at the next -1 of `from`, in order.
+Shape Transfer(const Shape& actual, const Shape& from, const Shape& to, bool batched) {
+  const size_t first = batched ? 1 : 0;
+  Shape shape;
+  shape.reserve(first + to.size());
+  if (batched && !actual.empty()) shape.push_back(actual.front());
+  size_t next = 0;  // the next position of `from` to look for a -1 at
+  for (int64_t dim : to) {
+    if (dim != -1) {
+      shape.push_back(dim);
+      continue;
+    }
+    while (next < from.size() && from[next] != -1) ++next;
+    const size_t at = first + next;
+    shape.push_back(next < from.size() && at < actual.size() ? actual[at] : -1);
+    ++next;
+  }
+  return shape;
+}
+
+}  // namespace
+
+Shape ModelSpec::ModelFullShape(const TensorSpec& tensor) const {
+  if (!tensor.reshape) return FullShape(tensor);
+  Shape shape;
+  if (batches()) shape.push_back(-1);
+  shape.insert(shape.end(), tensor.reshape->begin(), tensor.reshape->end());
+  return shape;
+}
+
+Shape ModelSpec::ToModelShape(const TensorSpec& tensor, const Shape& client) const {
+  if (!tensor.reshape) return client;
+  return Transfer(client, tensor.dims, *tensor.reshape, batches());
+}
+
+Shape ModelSpec::ToClientShape(const TensorSpec& tensor, const Shape& model) const {
+  if (!tensor.reshape) return model;
+  return Transfer(model, *tensor.reshape, tensor.dims, batches());
+}
+
 size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].name == name) return i;

@@ -31,6 +31,11 @@ struct TensorSpec {
   // classification labels). Shared: a spec is copied per version.
   std::string label_filename{};
   std::shared_ptr<const std::vector<std::string>> labels{};
+  // The config's `reshape`, when it differs from `dims`: the shape the model takes (an input) or
+  // makes (an output), without the batch dimension. Clients see `dims`; each -1 of `reshape`
+  // stands for the size at the matching -1 of `dims`, in order (as many on both sides). Unset for
+  // BYTES, whose List[str] is flat either way.
+  std::optional<Shape> reshape{};
 };
 
 // Binding declared tensors to a model's positional arguments or returned values (Triton's
@@ -281,6 +286,13 @@ struct ModelSpec {
   bool batches() const { return max_batch_size > 0; }
   // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.
   Shape FullShape(const TensorSpec& tensor) const;
+  // The same as the model sees it: `reshape` in place of `dims` when the tensor has one.
+  Shape ModelFullShape(const TensorSpec& tensor) const;
+  // A tensor's actual shape as the client has it (`client`: its batch dimension first when the
+  // model batches, then dims' rank) as the model takes it, and back (`model`: the batch dimension,
+  // then reshape's rank). The same shape when the tensor has no reshape.
+  Shape ToModelShape(const TensorSpec& tensor, const Shape& client) const;
+  Shape ToClientShape(const TensorSpec& tensor, const Shape& model) const;
 };
 
 inline Shape ModelSpec::FullShape(const TensorSpec& tensor) const {

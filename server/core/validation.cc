@@ -146,6 +146,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
     }
     requested[index] = true;
   }
+  if (request->classifications.empty()) return absl::OkStatus();  // the common request
   absl::InlinedVector<bool, 16> classified(spec.outputs.size(), false);
   for (const ClassificationRequest& classification : request->classifications) {
     const TensorSpec* declared = FindSpec(spec.outputs, classification.output);

@@ -78,11 +78,41 @@ Status CheckDims(const google::protobuf::RepeatedField<int64_t>& dims, const std
   return absl::OkStatus();
 }
 
+// A tensor's `reshape` (every type but TYPE_STRING): the shape the model takes or makes instead of
+// `dims` (Triton's ModelTensorReshape). Each -1 of the reshape takes the size at the matching -1
+// of dims, in order, so both have as many -1s and the same element count otherwise. The reshape
+// when it differs from dims, nullopt when it does not.
+StatusOr<std::optional<Shape>> ConvertReshape(const google::protobuf::RepeatedField<int64_t>& dims,
+                                              const inference::ModelTensorReshape& reshape,
+                                              const std::string& where) {
+  const Shape from(dims.begin(), dims.end());
+  const Shape to(reshape.shape().begin(), reshape.shape().end());
+  for (int64_t dim : to) {
+    if (dim != -1 && dim < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": reshape dims must be positive or -1 (any size), found ", dim));
+    }
+  }
+  auto variable = [](const Shape& shape) { return std::count(shape.begin(), shape.end(), -1); };
+  auto fixed_count = [](const Shape& shape) {
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim == -1 ? 1 : dim;
+    return count;
+  };
+  if (variable(from) != variable(to) || fixed_count(from) != fixed_count(to)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": reshape ", ShapeToString(to), " does not hold what dims ", ShapeToString(from),
+        " hold: both need the same element count and as many -1s (each -1 of the reshape takes "
+        "the size of the matching -1 of dims, in order)"));
+  }
+  if (from == to) return std::optional<Shape>();
+  return std::optional<Shape>(to);
+}
+
 // A string tensor reaches a TorchScript model as one flat List[str] (every element of every
 // request of the batch, in order), as in Triton's PyTorch backend. So at most one dimension
 // besides the batch, and a `reshape` (which Triton's string models use to drop a [1]) changes
-// nothing the model sees: it is accepted for strings when it keeps the element count, and refused
-// for every other type.
+// nothing the model sees: it is accepted for strings when it keeps the element count.
 Status CheckStringShape(const google::protobuf::RepeatedField<int64_t>& dims, bool has_reshape,
                         const inference::ModelTensorReshape& reshape, const std::string& where) {
   if (dims.size() > 1) {
@@ -111,10 +141,6 @@ Status CheckStringShape(const google::protobuf::RepeatedField<int64_t>& dims, bo
 StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
   const std::string where = absl::StrCat("input '", input.name(), "'");
   if (input.name().empty()) return absl::InvalidArgumentError("an input has no name");
-  if (input.has_reshape() && input.data_type() != inference::TYPE_STRING) {
-    return absl::InvalidArgumentError(where +
-                                      ": 'reshape' is not supported (except on TYPE_STRING)");
-  }
   if (input.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
@@ -134,16 +160,15 @@ StatusOr<TensorSpec> ConvertInput(const inference::ModelInput& input) {
         CheckStringShape(input.dims(), input.has_reshape(), input.reshape(), where));
   }
   spec.dims.assign(input.dims().begin(), input.dims().end());
+  if (input.has_reshape() && spec.dtype != DataType::kBytes) {
+    SLUICE_ASSIGN_OR_RETURN(spec.reshape, ConvertReshape(input.dims(), input.reshape(), where));
+  }
   return spec;
 }
 
 StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
   const std::string where = absl::StrCat("output '", output.name(), "'");
   if (output.name().empty()) return absl::InvalidArgumentError("an output has no name");
-  if (output.has_reshape() && output.data_type() != inference::TYPE_STRING) {
-    return absl::InvalidArgumentError(where +
-                                      ": 'reshape' is not supported (except on TYPE_STRING)");
-  }
   if (output.is_shape_tensor()) {
     return absl::InvalidArgumentError(where + ": 'is_shape_tensor' is not supported");
   }
@@ -171,6 +196,9 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
         CheckStringShape(output.dims(), output.has_reshape(), output.reshape(), where));
   }
   spec.dims.assign(output.dims().begin(), output.dims().end());
+  if (output.has_reshape() && spec.dtype != DataType::kBytes) {
+    SLUICE_ASSIGN_OR_RETURN(spec.reshape, ConvertReshape(output.dims(), output.reshape(), where));
+  }
   spec.label_filename = output.label_filename();
   return spec;
 }

@@ -185,6 +185,8 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     } else {
       output.shape.assign(outputs[i].toTensor().sizes().begin(),
                           outputs[i].toTensor().sizes().end());
+      // Clients see `dims` where the config reshapes the model's output.
+      if (declared[i].reshape) output.shape = spec_->ToClientShape(declared[i], output.shape);
       output.data = static_cast<const char*>(host[i].data_ptr());
       output.byte_size = host[i].nbytes();
       output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
@@ -275,7 +277,7 @@ Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value
         declared.name, "', but config.pbtxt declares ", DataTypeName(declared.dtype)));
   }
   Shape shape(value.sizes().begin(), value.sizes().end());
-  const Shape expected = spec_->FullShape(declared);
+  const Shape expected = spec_->ModelFullShape(declared);
   bool matches = shape.size() == expected.size();
   for (size_t i = 0; matches && i < shape.size(); ++i) {
     matches = expected[i] == -1 || expected[i] == shape[i];
@@ -285,6 +287,7 @@ Status OutputDelivery::Check(const TensorSpec& declared, const at::Tensor& value
     return absl::InternalError(absl::StrCat(
         "model '", model, "' produced shape ", ShapeToString(shape), " for output '", declared.name,
         "', but config.pbtxt declares ", ShapeToString(expected),
+        declared.reshape ? " (its reshape)" : "",
         spec_->batches() ? absl::StrCat(" with batch size ", request.batch_size) : ""));
   }
   return absl::OkStatus();
@@ -456,7 +459,9 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device,
       stream_(std::move(streams), device_),
       marks_(stream_.get()),
       delivery_(&spec_, stream_.get(), &marks_),
-      intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads) {
+      intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads),
+      inputs_reshaped_(std::any_of(spec_.inputs.begin(), spec_.inputs.end(),
+                                   [](const TensorSpec& input) { return input.reshape; })) {
   if (!spec_.cuda_graphs) return;
   const auto strings = [](const std::vector<TensorSpec>& tensors) {
     return std::any_of(tensors.begin(), tensors.end(),
@@ -574,26 +579,30 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch,
     CapturedGraph& captured = *graphs_.at(key);
     ForwardFailure failure;
     marks_.Set(PhaseMarks::kBegin);
-    const bool replayed = TryTorch(
-                              [&] {
-                                for (const TensorView& view : batch.inputs) {
-                                  // The request's bytes stay alive and untouched until completion
-                                  // (InferRequest contract); from pinned staging memory the copy is
-                                  // asynchronous on the stream.
-                                  const at::Tensor host = at::from_blob(
-                                      const_cast<char*>(view.data), view.shape,
-                                      at::TensorOptions().dtype(ToScalarType(view.dtype)));
-                                  captured.inputs[DeclaredIndex(spec_.inputs, view.name)].copy_(
-                                      host, /*non_blocking=*/true);
-                                }
-                                marks_.Set(PhaseMarks::kInputsQueued);
-                                std::shared_lock<std::shared_mutex> lock(GraphMutex());
-                                captured.graph->replay();
-                                marks_.Set(PhaseMarks::kForwardQueued);
-                                return 0;
-                              },
-                              &failure)
-                              .has_value();
+    const bool replayed =
+        TryTorch(
+            [&] {
+              for (const TensorView& view : batch.inputs) {
+                // The request's bytes stay alive and untouched until completion
+                // (InferRequest contract); from pinned staging memory the copy is
+                // asynchronous on the stream.
+                const size_t index = DeclaredIndex(spec_.inputs, view.name);
+                Shape reshaped;  // the model's shape, where the config reshapes the input
+                if (inputs_reshaped_)
+                  reshaped = spec_.ToModelShape(spec_.inputs[index], view.shape);
+                const at::Tensor host = at::from_blob(
+                    const_cast<char*>(view.data), inputs_reshaped_ ? reshaped : view.shape,
+                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
+                captured.inputs[index].copy_(host, /*non_blocking=*/true);
+              }
+              marks_.Set(PhaseMarks::kInputsQueued);
+              std::shared_lock<std::shared_mutex> lock(GraphMutex());
+              captured.graph->replay();
+              marks_.Set(PhaseMarks::kForwardQueued);
+              return 0;
+            },
+            &failure)
+            .has_value();
     if (replayed) {
       graph_plan_->Replayed();
       last_graph_run_ = GraphRun::kReplayed;
@@ -749,8 +758,14 @@ std::unique_ptr<StagingBuffer> TorchInstance::AllocateStaging(size_t bytes) {
 
 at::Tensor TorchInstance::InputTensor(const TensorView& view) const {
   // The request's bytes stay alive and untouched until completion (InferRequest contract).
-  at::Tensor tensor = at::from_blob(const_cast<char*>(view.data), view.shape,
-                                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
+  // The model's shape: the client's unless the config reshapes this input (`dims` -> `reshape`).
+  Shape reshaped;
+  if (inputs_reshaped_) {
+    reshaped = spec_.ToModelShape(spec_.inputs[DeclaredIndex(spec_.inputs, view.name)], view.shape);
+  }
+  at::Tensor tensor =
+      at::from_blob(const_cast<char*>(view.data), inputs_reshaped_ ? reshaped : view.shape,
+                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
   if (device_.is_cuda()) tensor = tensor.to(device_, /*non_blocking=*/true);
   return tensor;
 }

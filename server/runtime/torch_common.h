@@ -245,6 +245,7 @@ class TorchInstance : public ModelBackend {
   OutputDelivery delivery_;                  // worker thread only
   std::optional<DevicePhases> last_phases_;  // of the last Execute that delivered
   const int intra_op_threads_;               // CPU instances only (0: LibTorch's default)
+  const bool inputs_reshaped_;               // some input has a config reshape
   std::string graphs_ignored_;  // why the config's graphs are not used here; empty otherwise
   // Graphs: null unless they are on for this instance. Declared after stream_, so the graphs and
   // their pool go before the stream is handed back. Worker thread only.

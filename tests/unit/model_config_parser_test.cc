@@ -497,9 +497,16 @@ TEST(ModelConfigParserTest, ValidationErrors) {
       {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
             output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
        "input 'a' is declared twice"},
-      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3, 2 ] } } ]
             output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
-       "input 'a': 'reshape' is not supported"},
+       "input 'a': reshape [3,2] does not hold what dims [4] hold: both need the same element "
+       "count and as many -1s"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ -1, 4 ] reshape: { shape: [ 4 ] } } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ])pb",
+       "input 'a': reshape [4] does not hold what dims [-1,4] hold"},
+      {R"pb(input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            output [ { name: "b" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 0, 4 ] } } ])pb",
+       "output 'b': reshape dims must be positive or -1 (any size), found 0"},
       {io + "\ndynamic_batching { }", "dynamic_batching needs max_batch_size > 0"},
       {io + "\ninstance_group [ { kind: KIND_MODEL } ]", "kind KIND_MODEL is not supported"},
       {io + "\ninstance_group [ { count: 100 } ]", "count must be between 1 and 64"},
@@ -520,6 +527,23 @@ TEST(ModelConfigParserTest, ValidationErrors) {
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.config;
     EXPECT_THAT(spec.status().message(), HasSubstr(c.message)) << c.config;
   }
+}
+
+TEST(ModelConfigParserTest, ReshapeOnEveryTypeIsKeptWhereItDiffersFromDims) {
+  auto spec = Build(R"pb(max_batch_size: 4
+                         input [ { name: "a" data_type: TYPE_INT8 dims: [ 1 ] reshape: { shape: [ ] } },
+                                 { name: "b" data_type: TYPE_FP16 dims: [ -1, 4 ]
+                                   reshape: { shape: [ 2, -1, 2 ] } },
+                                 { name: "c" data_type: TYPE_FP32 dims: [ 3 ] reshape: { shape: [ 3 ] } } ]
+                         output [ { name: "y" data_type: TYPE_BOOL dims: [ 2, 2 ]
+                                    reshape: { shape: [ 4 ] } } ])pb");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->inputs[0].reshape, Shape{});
+  EXPECT_EQ(spec->inputs[1].reshape, (Shape{2, -1, 2}));
+  EXPECT_FALSE(spec->inputs[2].reshape.has_value());  // the same as dims: nothing to do
+  EXPECT_EQ(spec->outputs[0].reshape, (Shape{4}));
+  EXPECT_EQ(spec->FullShape(spec->inputs[1]), (Shape{-1, -1, 4}));  // what clients see
+  EXPECT_EQ(spec->ModelFullShape(spec->inputs[1]), (Shape{-1, 2, -1, 2}));
 }
 
 TEST(ModelConfigParserTest, LabelFilenameIsKeptForTheRepositoryToRead) {

@@ -48,6 +48,28 @@ TEST(ModelSpecTest, DeclaredIndexFindsTheNameAndFallsBackToTheFirst) {
   EXPECT_EQ(DeclaredIndex(inputs, "absent"), 0u);  // requests are validated before
 }
 
+TEST(ModelSpecTest, ReshapeMovesTheBatchAndEachVariableSizeInOrder) {
+  ModelSpec spec;
+  spec.max_batch_size = 8;
+  TensorSpec scalar{"s", DataType::kFp32, {1}};
+  scalar.reshape = Shape{};
+  EXPECT_EQ(spec.ToModelShape(scalar, {5, 1}), (Shape{5}));
+  EXPECT_EQ(spec.ToClientShape(scalar, {5}), (Shape{5, 1}));
+
+  TensorSpec variable{"v", DataType::kFp32, {-1, 3, -1}};
+  variable.reshape = Shape{2, -1, -1, 3};
+  EXPECT_EQ(spec.ToModelShape(variable, {4, 7, 3, 9}), (Shape{4, 2, 7, 9, 3}));
+  EXPECT_EQ(spec.ToClientShape(variable, {4, 2, 7, 9, 3}), (Shape{4, 7, 3, 9}));
+
+  TensorSpec plain{"p", DataType::kFp32, {-1, 2}};  // no reshape: the shape itself
+  EXPECT_EQ(spec.ToModelShape(plain, {3, 6, 2}), (Shape{3, 6, 2}));
+  EXPECT_EQ(spec.ToClientShape(plain, {3, 6, 2}), (Shape{3, 6, 2}));
+
+  spec.max_batch_size = 0;  // no batch dimension to carry over
+  EXPECT_EQ(spec.ToModelShape(variable, {7, 3, 9}), (Shape{2, 7, 9, 3}));
+  EXPECT_EQ(spec.ModelFullShape(variable), (Shape{2, -1, -1, 3}));
+}
+
 TEST(ModelSpecTest, CudnnBenchmarkModesRoundTripAndAnUnknownOneIsNamed) {
   for (CudnnBenchmarkMode mode :
        {CudnnBenchmarkMode::kAuto, CudnnBenchmarkMode::kOn, CudnnBenchmarkMode::kOff}) {
