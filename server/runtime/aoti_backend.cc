@@ -145,9 +145,7 @@ StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(
           return absl::InternalError("the package's call spec has no in/out spec");
         SLUICE_ASSIGN_OR_RETURN(CallSpecSide in, ParseCallSpec(call_spec[0]));
         SLUICE_ASSIGN_OR_RETURN(CallSpecSide out, ParseCallSpec(call_spec[1]));
-        SLUICE_ASSIGN_OR_RETURN(
-            package->binding,
-            BindAotiPackage(info, in.leaves, in.keys, out.leaves, out.keys, spec, &warnings));
+        SLUICE_ASSIGN_OR_RETURN(package->binding, BindAotiPackage(info, in, out, spec, &warnings));
         const at::Device torch_device = ToTorchDevice(device);
         std::vector<std::unique_ptr<ModelBackend>> instances;
         for (int i = 0; i < count; ++i) {

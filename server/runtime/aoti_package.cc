@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -134,22 +135,31 @@ std::string ShapeText(const std::vector<PackageDim>& shape) {
       "]");
 }
 
-// Binds declared tensors to `count` package positions: by name, else suffix, else config order.
+// Each declared tensor's position among `names`, when every one is there; nullopt otherwise.
+std::optional<std::vector<int>> PositionsByName(const std::vector<TensorSpec>& declared,
+                                                const std::vector<std::string>& names) {
+  std::vector<int> by_name;
+  for (const TensorSpec& tensor : declared) {
+    auto it = std::find(names.begin(), names.end(), tensor.name);
+    if (tensor.name.empty() || it == names.end()) return std::nullopt;
+    by_name.push_back(static_cast<int>(it - names.begin()));
+  }
+  return by_name;
+}
+
+// Binds declared tensors to `count` package positions: by name (`names`, then Triton's call names
+// `call_names`), else suffix, else config order.
 StatusOr<std::vector<int>> BindPositions(const std::vector<TensorSpec>& declared, size_t count,
                                          const std::vector<std::string>& names,
+                                         const std::vector<std::string>& call_names,
                                          const std::string& what) {
   if (declared.size() != count) {
     return absl::InvalidArgumentError(
         absl::StrCat("the package ", what == "input" ? "takes " : "returns ", count, " ", what,
                      "(s) but config.pbtxt declares ", declared.size()));
   }
-  std::vector<int> by_name;
-  for (const TensorSpec& tensor : declared) {
-    auto it = std::find(names.begin(), names.end(), tensor.name);
-    if (tensor.name.empty() || it == names.end()) break;
-    by_name.push_back(static_cast<int>(it - names.begin()));
-  }
-  if (by_name.size() == declared.size()) return by_name;
+  if (auto by_name = PositionsByName(declared, names)) return *by_name;
+  if (auto by_call = PositionsByName(declared, call_names)) return *by_call;
   if (auto by_suffix = PositionsBySuffix(declared, count)) return *by_suffix;
   std::vector<int> in_order;
   for (size_t i = 0; i < declared.size(); ++i) in_order.push_back(static_cast<int>(i));
@@ -359,12 +369,13 @@ Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, co
   return absl::OkStatus();
 }
 
-StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t package_inputs,
-                                      const std::vector<std::string>& input_keys,
-                                      size_t package_outputs,
-                                      const std::vector<std::string>& output_keys,
-                                      const ModelSpec& spec, std::vector<std::string>* warnings) {
-  std::vector<std::string> input_names = input_keys;
+StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, const CallSpecSide& in,
+                                      const CallSpecSide& out, const ModelSpec& spec,
+                                      std::vector<std::string>* warnings) {
+  const size_t package_inputs = in.leaves;
+  const size_t package_outputs = out.leaves;
+  const std::vector<std::string>& output_keys = out.keys;
+  std::vector<std::string> input_names = in.keys;
   input_names.resize(package_inputs);
   if (package.described) {
     if (package.inputs.size() != package_inputs || package.outputs.size() != package_outputs) {
@@ -378,19 +389,32 @@ StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t pac
     }
   }
   SLUICE_ASSIGN_OR_RETURN(std::vector<int> input_positions,
-                          BindPositions(spec.inputs, package_inputs, input_names, "input"));
+                          BindPositions(spec.inputs, package_inputs, input_names,
+                                        TritonCallNames(in, /*inputs=*/true), "input"));
   std::vector<std::string> output_names = output_keys;
   output_names.resize(package_outputs);
   const bool returns_dict = std::any_of(output_keys.begin(), output_keys.end(),
                                         [](const std::string& key) { return !key.empty(); });
-  SLUICE_ASSIGN_OR_RETURN(std::vector<int> output_positions,
-                          BindPositions(spec.outputs, package_outputs, output_names, "output"));
+  const std::vector<std::string> output_call_names = TritonCallNames(out, /*inputs=*/false);
+  SLUICE_ASSIGN_OR_RETURN(
+      std::vector<int> output_positions,
+      BindPositions(spec.outputs, package_outputs, output_names, output_call_names, "output"));
   if (returns_dict) {
+    // A dict's values are named: by key, by call name or by ordinal, never bound by config order.
     for (size_t i = 0; i < spec.outputs.size(); ++i) {
-      if (output_names[output_positions[i]] != spec.outputs[i].name) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("the package returns a dict with keys ", absl::StrJoin(output_keys, ", "),
-                         " but config.pbtxt declares output '", spec.outputs[i].name, "'"));
+      const std::string& name = spec.outputs[i].name;
+      const size_t position = static_cast<size_t>(output_positions[i]);
+      const std::optional<int> ordinal = IndexSuffix(name);
+      if (output_names[position] != name && output_call_names[position] != name &&
+          !(ordinal && static_cast<size_t>(*ordinal) == position)) {
+        std::vector<std::string> keys;
+        for (const std::string& key : output_keys) {
+          if (!key.empty()) keys.push_back(key);
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the package returns a dict with keys ", absl::StrJoin(keys, ", "),
+            " (its outputs by Triton's names: ", absl::StrJoin(output_call_names, ", "),
+            ") but config.pbtxt declares output '", name, "'"));
       }
     }
   }
@@ -448,9 +472,10 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected call spec: ", treespec_json));
   }
   CallSpecSide side;
-  // Appends the leaves under `node`; `key` names the node when a dict holds it.
-  std::function<Status(const Json&, const std::string&)> walk =
-      [&](const Json& node, const std::string& key) -> Status {
+  // Appends the leaves under `node`; `key` names the node when a dict holds it, `path` is its
+  // place from the root.
+  std::function<Status(const Json&, const std::string&, const std::string&)> walk =
+      [&](const Json& node, const std::string& key, const std::string& path) -> Status {
     if (!node.is_object() || !node.contains("children_spec") || !node["children_spec"].is_array()) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected call spec node: ", node.dump()));
     }
@@ -458,6 +483,7 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
     if (node.value("type", Json()).is_null() && children.empty()) {
       ++side.leaves;
       side.keys.push_back(key);
+      side.paths.push_back(path);
       return absl::OkStatus();
     }
     std::vector<std::string> child_keys(children.size());
@@ -472,12 +498,32 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json) {
         }
       }
     }
-    for (size_t i = 0; i < children.size(); ++i)
-      SLUICE_RETURN_IF_ERROR(walk(children[i], child_keys[i]));
+    for (size_t i = 0; i < children.size(); ++i) {
+      const std::string accessor = child_keys[i].empty() ? absl::StrCat(i) : child_keys[i];
+      SLUICE_RETURN_IF_ERROR(
+          walk(children[i], child_keys[i], absl::StrCat(path, "[", accessor, "]")));
+    }
     return absl::OkStatus();
   };
-  SLUICE_RETURN_IF_ERROR(walk(spec[1], ""));
+  SLUICE_RETURN_IF_ERROR(walk(spec[1], "", ""));
   return side;
+}
+
+std::vector<std::string> TritonCallNames(const CallSpecSide& side, bool inputs) {
+  std::vector<std::string> names;
+  names.reserve(side.paths.size());
+  for (const std::string& path : side.paths) {
+    if (!inputs) {
+      names.push_back("RESULT" + path);
+    } else if (absl::StartsWith(path, "[0]")) {
+      names.push_back("ARGS" + path.substr(3));
+    } else if (absl::StartsWith(path, "[1]")) {
+      names.push_back("KWARGS" + path.substr(3));
+    } else {
+      names.push_back("");  // not the (args, kwargs) pair a call spec's input side is
+    }
+  }
+  return names;
 }
 
 }  // namespace sluice

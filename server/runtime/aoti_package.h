@@ -82,6 +82,24 @@ std::set<std::string> ParseCpuFlags(const std::string& cpuinfo);
 Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, const AotiHost& host,
                         std::vector<std::string>* warnings);
 
+// A package's call spec (torch.utils._pytree treespec JSON, AOTIModelPackageLoader::
+// get_call_spec): how many tensors it takes or returns, flat, the key of each where the
+// structure names them (keyword arguments; a returned dict), else "", and the path of each from
+// the root: "[i]" for an element of a tuple or list, "[key]" for a dict's value ("[0][2][keyA]";
+// "" for a root that is itself the one tensor).
+struct CallSpecSide {
+  size_t leaves = 0;
+  std::vector<std::string> keys;   // one per leaf
+  std::vector<std::string> paths;  // one per leaf
+};
+StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json);
+
+// The names Triton's PyTorch backend (26.05 and later) gives a package's flat inputs and outputs
+// by their place in the call: inputs "ARGS[i]..." (positional) and "KWARGS[name]..." (keyword;
+// the input side's root is the (args, kwargs) pair), outputs "RESULT" (one tensor), "RESULT[i]...",
+// "RESULT[key]...". One per leaf, in flat order.
+std::vector<std::string> TritonCallNames(const CallSpecSide& side, bool inputs);
+
 // How a package's flat inputs and outputs bind to the config's, once checked.
 struct AotiBinding {
   std::vector<int> input_package_index;   // per config input: the package input it is
@@ -89,20 +107,20 @@ struct AotiBinding {
   int64_t pad_batch_to = 1;  // the package's smallest batch: smaller batches are padded to it
 };
 
-// Binds and checks the config against the package. Inputs bind by name when every config input
-// names a package input (sluice.inputs, or the keyword arguments of the call), else by
-// `__<index>` suffix, else in config order. Outputs: `output_keys` are the dict keys of a
-// package that returns a dict (bound by key); else by suffix, else in config order. With the
+// Binds and checks the config against the package (`in` and `out`: its call spec). Inputs bind by
+// name when every config input names a package input (sluice.inputs, or the keyword arguments of
+// the call) or every one has its Triton call name (TritonCallNames: ARGS[0], KWARGS[mask]), else
+// by `__<index>` suffix (INPUT__0: the flat position, as Triton's ordinal names), else in config
+// order. Outputs: by the dict keys of a package that returns a dict, or by Triton call names
+// (RESULT[logits]), else by suffix, else in config order. With the
 // recipe's metadata every bound input's dtype, rank and fixed dimensions must match the config,
 // a config dimension the package fixes must not be variable, max_batch_size must not exceed the
 // exported maximum, and a model without a batch dimension must not be exported with one.
 // INVALID_ARGUMENT naming the first mismatch; `warnings` gets what serves but deserves a word
 // (no metadata, a batch fixed to 1, a smallest batch above 1).
-StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, size_t package_inputs,
-                                      const std::vector<std::string>& input_keys,
-                                      size_t package_outputs,
-                                      const std::vector<std::string>& output_keys,
-                                      const ModelSpec& spec, std::vector<std::string>* warnings);
+StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, const CallSpecSide& in,
+                                      const CallSpecSide& out, const ModelSpec& spec,
+                                      std::vector<std::string>* warnings);
 
 // The package file for an instance on `device`: next to `file` (model.pt2), model.cuda.pt2 or
 // model.cpu.pt2 when it exists, else `file` itself.
@@ -125,18 +143,5 @@ UnpackDirectoryState StatUnpackDirectory(const std::string& directory);
 // FAILED_PRECONDITION that says what to change. Containers meet both failures: a read-only root
 // file system without a writable /tmp, and Docker's `--tmpfs /tmp`, which mounts it noexec.
 Status CheckUnpackDirectory(const std::string& directory, const UnpackDirectoryState& state);
-
-}  // namespace sluice
-
-namespace sluice {
-
-// A package's call spec (torch.utils._pytree treespec JSON, AOTIModelPackageLoader::
-// get_call_spec): how many tensors it takes or returns, flat, and the key of each where the
-// structure names them (keyword arguments; a returned dict), else "".
-struct CallSpecSide {
-  size_t leaves = 0;
-  std::vector<std::string> keys;  // one per leaf
-};
-StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json);
 
 }  // namespace sluice

@@ -80,6 +80,10 @@ LIST_IO = (block("input", [("INPUT__0", "FP32", [3])])
 DICT_IO = (block("input", [("values", "FP32", [4]), ("counts", "INT64", [4])])
            + block("output", [("twice", "INT64", [4]), ("total", "FP32", [4])]))
 CPU = "instance_group [{ kind: KIND_CPU count: 2 }]\n"
+TRITON_CALL_IO = (block("input", [("ARGS[1]", "INT64", [4]), ("ARGS[0]", "FP32", [4])])
+                  + block("output", [("RESULT[twice]", "INT64", [4]), ("RESULT[total]", "FP32", [4])]))
+TRITON_ORDINAL_IO = (block("input", [("INPUT__0", "FP32", [4]), ("INPUT__1", "INT64", [4])])
+                     + block("output", [("OUTPUT__1", "INT64", [4]), ("OUTPUT__0", "FP32", [4])]))
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +95,10 @@ def repository(packages, tmp_path_factory):
     write(root, "list_min2", "max_batch_size: 8\n" + LIST_IO + CPU + "dynamic_batching { }\n",
           packages["list_min2"], filename="model.cpu.pt2")
     write(root, "dict_fixed1", "max_batch_size: 1\n" + DICT_IO + CPU, packages["dict_fixed1"])
+    # The same package as Triton 26.05+ (and AITune's repositories) name its tensors: by place in
+    # the call, declared in another order than the call's.
+    write(root, "call_names", "max_batch_size: 1\n" + TRITON_CALL_IO + CPU, packages["dict_fixed1"])
+    write(root, "ordinal_names", "max_batch_size: 1\n" + TRITON_ORDINAL_IO + CPU, packages["dict_fixed1"])
     # Shape buckets: lengths are padded up to 4, 8 or 16 and the outputs cut back.
     write(root, "sequence", "max_batch_size: 4\n"
           + block("input", [("tokens", "FP32", [-1, 2])]) + block("output", [("OUTPUT__0", "FP32", [-1, 2])])
@@ -220,6 +228,17 @@ def test_dict_outputs_bind_by_key_with_the_batch_fixed_to_one(client, server):
     assert "batch fixed to 1, so requests never batch" in server.log()
 
 
+def test_tritons_call_and_ordinal_names_bind_unchanged(client):
+    values = np.array([[0.5, 1.5, 2.5, 3.5]], dtype=np.float32)
+    counts = np.array([[1, 2, 3, 4]], dtype=np.int64)
+    result = infer(client, "call_names", {"ARGS[0]": ("FP32", values), "ARGS[1]": ("INT64", counts)})
+    np.testing.assert_array_equal(result.as_numpy("RESULT[total]"), values + counts)
+    np.testing.assert_array_equal(result.as_numpy("RESULT[twice]"), counts * 2)
+    result = infer(client, "ordinal_names", {"INPUT__0": ("FP32", values), "INPUT__1": ("INT64", counts)})
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), values + counts)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), counts * 2)
+
+
 def test_shape_buckets_pad_and_cut_back(client, server):
     rng = np.random.default_rng(2)
     for length in (1, 3, 4, 5, 11, 16):
@@ -240,7 +259,8 @@ def test_a_package_without_the_recipes_metadata_serves_lone_requests(client, ser
 
 def test_bad_packages_fail_to_load_with_the_reason_and_the_others_serve(client):
     index = {m.name: m for m in client.get_model_repository_index().models}
-    for name in ("every_dtype", "list_min2", "dict_fixed1", "sequence", "undescribed"):
+    for name in ("every_dtype", "list_min2", "dict_fixed1", "call_names", "ordinal_names", "sequence",
+                 "undescribed"):
         assert index[name].state == "READY", (name, index[name].reason)
     expected = {
         "bad_corrupt": "cannot load",

@@ -58,11 +58,23 @@ AotiPackageInfo Parsed(const std::map<std::string, std::string>& metadata) {
   return info.ok() ? *info : AotiPackageInfo{};
 }
 
+// A call spec side of `keys.size()` leaves with those keys, at `paths` (default: "[i]" each).
+CallSpecSide Side(std::vector<std::string> keys, std::vector<std::string> paths = {}) {
+  CallSpecSide side;
+  side.leaves = keys.size();
+  if (paths.empty()) {
+    for (size_t i = 0; i < keys.size(); ++i) paths.push_back("[" + std::to_string(i) + "]");
+  }
+  side.keys = std::move(keys);
+  side.paths = std::move(paths);
+  return side;
+}
+
 StatusOr<AotiBinding> Bind(const std::map<std::string, std::string>& metadata,
                            const ModelSpec& spec, std::vector<std::string>* warnings,
                            size_t inputs = 1, size_t outputs = 1) {
-  return BindAotiPackage(Parsed(metadata), inputs, std::vector<std::string>(inputs), outputs,
-                         std::vector<std::string>(outputs), spec, warnings);
+  return BindAotiPackage(Parsed(metadata), Side(std::vector<std::string>(inputs)),
+                         Side(std::vector<std::string>(outputs)), spec, warnings);
 }
 
 TEST(AotiPackageTest, ParsesInductorAndRecipeMetadata) {
@@ -223,15 +235,15 @@ TEST(AotiPackageTest, InputsBindByNameThenSuffixThenOrder) {
   spec.inputs = {{"b", DataType::kFp32, {2}}, {"a", DataType::kInt32, {2}}};
   std::vector<std::string> warnings;
   // Keyword arguments name the package's inputs.
-  auto binding = BindAotiPackage(AotiPackageInfo{}, 2, {"a", "b"}, 1, {""}, spec, &warnings);
+  auto binding = BindAotiPackage(AotiPackageInfo{}, Side({"a", "b"}), Side({""}), spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(binding->input_package_index, ElementsAre(1, 0));
   spec.inputs = {{"IN__1", DataType::kFp32, {2}}, {"IN__0", DataType::kInt32, {2}}};
-  binding = BindAotiPackage(AotiPackageInfo{}, 2, {"", ""}, 1, {""}, spec, &warnings);
+  binding = BindAotiPackage(AotiPackageInfo{}, Side({"", ""}), Side({""}), spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(binding->input_package_index, ElementsAre(1, 0));
   spec.inputs = {{"p", DataType::kFp32, {2}}, {"q", DataType::kInt32, {2}}};
-  binding = BindAotiPackage(AotiPackageInfo{}, 2, {"", ""}, 1, {""}, spec, &warnings);
+  binding = BindAotiPackage(AotiPackageInfo{}, Side({"", ""}), Side({""}), spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(binding->input_package_index, ElementsAre(0, 1));
 }
@@ -241,12 +253,50 @@ TEST(AotiPackageTest, DictOutputsBindByKey) {
   spec.outputs = {{"twice", DataType::kFp32, {2}}, {"total", DataType::kFp32, {2}}};
   std::vector<std::string> warnings;
   auto binding =
-      BindAotiPackage(AotiPackageInfo{}, 1, {""}, 2, {"total", "twice"}, spec, &warnings);
+      BindAotiPackage(AotiPackageInfo{}, Side({""}), Side({"total", "twice"}), spec, &warnings);
   ASSERT_TRUE(binding.ok()) << binding.status();
   EXPECT_THAT(binding->output_package_index, ElementsAre(1, 0));
   spec.outputs[0].name = "thrice";
-  binding = BindAotiPackage(AotiPackageInfo{}, 1, {""}, 2, {"total", "twice"}, spec, &warnings);
+  binding =
+      BindAotiPackage(AotiPackageInfo{}, Side({""}), Side({"total", "twice"}), spec, &warnings);
   EXPECT_THAT(binding.status().message(), HasSubstr("returns a dict with keys total, twice"));
+}
+
+TEST(AotiPackageTest, TritonsCallNamesBindInputsAndOutputs) {
+  // forward(hdata, vdata, options: dict, *, kwarg1) -> {"AAA": t, "ZZZ": t, "BBB": (t, t)}, as
+  // Triton's PyTorch backend names them: ARGS[...] / KWARGS[...] and RESULT[...].
+  const CallSpecSide in = Side({"", "", "keyA", "key2", "kwarg1"},
+                               {"[0][0]", "[0][1]", "[0][2][keyA]", "[0][2][key2]", "[1][kwarg1]"});
+  const CallSpecSide out = Side({"AAA", "ZZZ", "", ""}, {"[AAA]", "[ZZZ]", "[BBB][0]", "[BBB][1]"});
+  EXPECT_THAT(TritonCallNames(in, true), ElementsAre("ARGS[0]", "ARGS[1]", "ARGS[2][keyA]",
+                                                     "ARGS[2][key2]", "KWARGS[kwarg1]"));
+  EXPECT_THAT(TritonCallNames(out, false),
+              ElementsAre("RESULT[AAA]", "RESULT[ZZZ]", "RESULT[BBB][0]", "RESULT[BBB][1]"));
+  EXPECT_THAT(TritonCallNames(Side({""}, {""}), false), ElementsAre("RESULT"));
+
+  ModelSpec spec = Spec(0);
+  spec.inputs.clear();
+  for (const char* name :
+       {"KWARGS[kwarg1]", "ARGS[2][key2]", "ARGS[0]", "ARGS[1]", "ARGS[2][keyA]"})
+    spec.inputs.push_back({name, DataType::kFp32, {2}});
+  spec.outputs.clear();
+  // Listed in another order than the call's (as Triton's example sorts them by name).
+  for (const char* name : {"RESULT[AAA]", "RESULT[BBB][0]", "RESULT[BBB][1]", "RESULT[ZZZ]"})
+    spec.outputs.push_back({name, DataType::kFp32, {2}});
+  std::vector<std::string> warnings;
+  auto binding = BindAotiPackage(AotiPackageInfo{}, in, out, spec, &warnings);
+  ASSERT_TRUE(binding.ok()) << binding.status();
+  EXPECT_THAT(binding->input_package_index, ElementsAre(4, 3, 0, 1, 2));
+  EXPECT_THAT(binding->output_package_index, ElementsAre(0, 2, 3, 1));
+
+  // Triton's ordinal names are the flat positions.
+  spec.outputs = {{"OUTPUT__1", DataType::kFp32, {2}},
+                  {"OUTPUT__0", DataType::kFp32, {2}},
+                  {"OUTPUT__3", DataType::kFp32, {2}},
+                  {"OUTPUT__2", DataType::kFp32, {2}}};
+  binding = BindAotiPackage(AotiPackageInfo{}, in, out, spec, &warnings);
+  ASSERT_TRUE(binding.ok()) << binding.status();
+  EXPECT_THAT(binding->output_package_index, ElementsAre(1, 0, 3, 2));
 }
 
 TEST(AotiPackageTest, CallSpecs) {
@@ -260,6 +310,8 @@ TEST(AotiPackageTest, CallSpecs) {
       R"([1, {"type": "builtins.dict", "context": "[\"sum\", \"twice\"]", "children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, "children_spec": []}]}])");
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(out->keys, ElementsAre("sum", "twice"));
+  EXPECT_THAT(out->paths, ElementsAre("[sum]", "[twice]"));
+  EXPECT_THAT(in->paths, ElementsAre("[0][0]"));
   EXPECT_THAT(ParseCallSpec("[1, 2]").status().message(), HasSubstr("unexpected call spec"));
   EXPECT_THAT(ParseCallSpec("{").status().message(), HasSubstr("not valid JSON"));
 }
