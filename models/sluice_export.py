@@ -10,6 +10,11 @@ refused at load with a message naming the mismatch (server/runtime/aoti_package.
                    dynamic_shapes=({0: batch},))
 
 Example inputs need a batch of 2 or more: torch.export specialises a dimension of size 1 to 1.
+
+config_text writes the config.pbtxt that serves a module in either format from example inputs:
+
+    from sluice_export import config_text
+    open("models/mlp/config.pbtxt", "w").write(config_text(model.eval(), (torch.randn(2, 784),)))
 """
 import json
 import os
@@ -167,6 +172,53 @@ def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
             metadata[key] = json.dumps(tensors)
         path = torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=configs)
     return path
+
+
+def config_text(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+                platform: str = "pytorch_libtorch", max_batch_size: int = 8,
+                dynamic: Optional[Dict[int, Sequence[int]]] = None,
+                input_names: Optional[Sequence[str]] = None) -> str:
+    """The config.pbtxt that serves `module` as it answers `example_inputs`, for either format
+    (a TorchScript file cannot tell its tensors; a .pt2 exported with export_package can, but
+    writing the file shows what the server will serve). The module runs once on the examples: each
+    input and output gets its datatype and its dims after the batch dimension (dimension 0 when
+    max_batch_size > 0; 0: no batch dimension); `dynamic` maps an input's index to the dims (counted
+    after the batch) that vary, written -1, and an output dimension that follows one of them by
+    size is -1 too. Inputs are INPUT__<i> (or `input_names`, forward's argument names); outputs
+    OUTPUT__<i>, or a returned dict's keys. A tuple, list or dict of tensors is read flat. Give a
+    varying dimension an example size no fixed dimension has, so that outputs follow it by size."""
+    batched = max_batch_size > 0
+    with torch.no_grad():
+        result = module(*example_inputs)
+    if isinstance(result, dict):
+        outputs = list(result.items())
+    elif isinstance(result, (tuple, list)):
+        outputs = [(f"OUTPUT__{i}", value) for i, value in enumerate(result)]
+    else:
+        outputs = [("OUTPUT__0", result)]
+    varying = set()
+    for index, dims in (dynamic or {}).items():
+        shape = example_inputs[index].shape[1 if batched else 0:]
+        varying.update(int(shape[d]) for d in dims)
+
+    def block(kind, name, value, variable):
+        if value.dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {value.dtype} has no protocol datatype")
+        dims = list(value.shape[1 if batched else 0:])
+        shown = ["-1" if variable(d, size) else str(size) for d, size in enumerate(dims)]
+        return (f'  {{ name: "{name}" data_type: TYPE_{DTYPES[value.dtype]} '
+                f'dims: [ {", ".join(shown)} ] }}')
+
+    names = list(input_names) if input_names else [f"INPUT__{i}" for i in range(len(example_inputs))]
+    inputs = [block("input", names[i], value, lambda d, size, i=i: d in (dynamic or {}).get(i, ()))
+              for i, value in enumerate(example_inputs)]
+    outs = [block("output", name, value, lambda d, size: size in varying) for name, value in outputs]
+    text = f'platform: "{platform}"\nmax_batch_size: {max_batch_size}\n'
+    text += "input [\n" + ",\n".join(inputs) + "\n]\n"
+    text += "output [\n" + ",\n".join(outs) + "\n]\n"
+    if batched:
+        text += "dynamic_batching { }\n"
+    return text
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--probe":

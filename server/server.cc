@@ -118,8 +118,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config,
   server->factory_ = MakeTorchBackendFactory(runtime, libraries);
   VersionLoader::Options loader_options = LoaderOptions(config, &server->liveness_);
   SLUICE_RETURN_IF_ERROR(VersionLoader(server->factory_.get(), loader_options).CheckDevicePolicy());
+  if (config.auto_complete_config) server->describer_ = MakePackageDescriber();
   SLUICE_ASSIGN_OR_RETURN(std::vector<RepositoryModel> models,
-                          ScanModelRepository(config.model_repository));
+                          ScanModelRepository(config.model_repository, server->describer_.get()));
   spdlog::info("event=repository path={} models={} model_control_mode={}", config.model_repository,
                models.size(), ModelControlModeName(config.model_control_mode));
   SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
@@ -239,7 +240,8 @@ Status Server::StartMetrics(const ServerConfig& config, const RuntimeInfo& runti
 
 void Server::StartModelControl(const ServerConfig& config, std::vector<RepositoryModel> models,
                                const VersionLoader::Options& loader_options) {
-  source_ = std::make_unique<DirectoryModelSource>(config.model_repository, load_files_.get());
+  source_ = std::make_unique<DirectoryModelSource>(config.model_repository, load_files_.get(),
+                                                   describer_.get());
   loader_ = std::make_unique<VersionLoader>(factory_.get(), loader_options);
   ModelManager::Options manager_options;
   manager_options.observer = metrics_.get();

@@ -10,6 +10,7 @@
 
 #include "server/core/backend.h"
 #include "server/core/liveness.h"
+#include "server/core/model_description.h"
 #include "server/frontend/server_health.h"
 #include "server/grpc/grpc_server.h"
 #include "server/grpc/grpc_service.h"
@@ -101,6 +102,7 @@ class Server {
   std::unique_ptr<Tracer> tracer_;
   std::shared_ptr<ResponseCache> response_cache_;  // null without --cache-config; tells metrics_
   std::unique_ptr<LoadedFileStore> load_files_;    // null unless --allow-load-files
+  std::unique_ptr<ModelDescriber> describer_;      // null: --disable-auto-complete-config
   std::unique_ptr<DirectoryModelSource> source_;
   std::unique_ptr<VersionLoader> loader_;
   std::unique_ptr<ModelManager> manager_;

@@ -41,6 +41,10 @@ void AddServerFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "the server is up. A broken model never makes the server not live")
       ->capture_default_str()
       ->group("Server");
+  app.add_flag("--disable-auto-complete-config{false}", config.auto_complete_config,
+               "Do not fill in a model's inputs, outputs, max_batch_size and dynamic_batching from "
+               "its .pt2 package when config.pbtxt leaves them out or is missing (Triton's flag)")
+      ->group("Server");
   app.add_option("--log-level", config.log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str()

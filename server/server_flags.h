@@ -47,6 +47,7 @@ struct ServerConfig {
   int metrics_port = 8002;                             // --metrics-port (0: any free port)
   int metrics_interval_ms = 2000;                      // --metrics-interval-ms (NVML sampling)
   bool strict_readiness = true;                        // --strict-readiness
+  bool auto_complete_config = true;                    // false: --disable-auto-complete-config
   DevicePolicy device = DevicePolicy::kAuto;           // --device
   std::string log_level = "info";                      // --log-level
   size_t max_queue_size = 1024;                        // --max-queue-size (per model version)

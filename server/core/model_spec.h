@@ -49,6 +49,9 @@ std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>&
 // Index of `name` among `tensors` (0 when absent: requests are validated before they get there).
 size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
 
+// The config platform of AOTInductor packages (.pt2), Triton's name for them.
+inline constexpr char kTorchAotiPlatform[] = "torch_aoti";
+
 // Where an instance group asks to run (Triton's ModelInstanceGroup.Kind).
 enum class InstanceKind { kAuto, kGpu, kCpu };
 

@@ -872,7 +872,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
     return absl::InvalidArgumentError(absl::StrCat(
         "config name '", config->name(), "' differs from its directory name '", model_name, "'"));
   }
-  const bool aoti = config->platform() == "torch_aoti";
+  const bool aoti = config->platform() == kTorchAotiPlatform;
   const bool torch_platform =
       config->platform().empty() || config->platform() == "pytorch_libtorch" || aoti;
   const bool torch_backend = config->backend().empty() || config->backend() == "pytorch";

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "server/core/message_text.h"
 #include "server/repository/model_config_parser.h"
+#include "spdlog/spdlog.h"
 
 namespace sluice {
 namespace fs = std::filesystem;
@@ -111,11 +112,91 @@ Status ReadLabels(const fs::path& directory, ModelSpec* spec) {
   return absl::OkStatus();
 }
 
-Status FillModel(RepositoryModel* model, const ModelOverride& override) {
-  SLUICE_ASSIGN_OR_RETURN(inference::ModelConfig config,
-                          override.config_json
-                              ? OverrideConfig(model->directory, *override.config_json)
-                              : ReadConfigFile(model->directory));
+// The newest version directory of `directory` (empty: none).
+fs::path NewestVersion(const fs::path& directory) {
+  fs::path newest;
+  int64_t highest = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory, ec)) {
+    int64_t version = 0;
+    if (entry.is_directory() && absl::SimpleAtoi(entry.path().filename().string(), &version) &&
+        version > highest) {
+      highest = version;
+      newest = entry.path();
+    }
+  }
+  return newest;
+}
+
+// Triton's auto-complete for what a model file can tell: a configuration that names no inputs and
+// outputs (or no config.pbtxt at all) gets them, with the platform, max_batch_size and
+// dynamic_batching {}, from the newest version's model file. A TorchScript file cannot tell its
+// tensors: refused, saying what to write. Left as it is when there is no version or no model file
+// (the rest of FillModel names that).
+Status CompleteFromModelFile(const fs::path& directory, const ModelDescriber& describer,
+                             inference::ModelConfig* config) {
+  if (config->input_size() > 0 || config->output_size() > 0) return absl::OkStatus();
+  const fs::path version = NewestVersion(directory);
+  if (version.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::string file = config->default_model_filename();
+  if (file.empty()) {
+    const bool aoti = config->platform() == kTorchAotiPlatform ||
+                      (config->platform().empty() && config->backend().empty() &&
+                       fs::is_regular_file(version / "model.pt2", ec));
+    file = aoti ? "model.pt2" : "model.pt";
+  }
+  const fs::path path = version / file;
+  if (!fs::is_regular_file(path, ec)) return absl::OkStatus();
+  if (config->platform() != kTorchAotiPlatform && fs::path(file).extension() != ".pt2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the configuration names no inputs and outputs, and a TorchScript file (", file,
+        ") cannot tell their datatypes and shapes: declare them in config.pbtxt (input [ { name: "
+        "\"INPUT__0\" data_type: TYPE_FP32 dims: [ ... ] } ] and output [ ... ]), or let "
+        "models/sluice_export.py write config.pbtxt from example inputs"));
+  }
+  SLUICE_ASSIGN_OR_RETURN(const ModelDescription description, describer.Describe(path));
+  if (config->platform().empty() && config->backend().empty())
+    config->set_platform(description.platform);
+  if (description.batched && config->max_batch_size() == 0) {
+    config->set_max_batch_size(static_cast<int32_t>(
+        description.batch_max > 0 ? description.batch_max : kDefaultMaxBatchSize));
+  }
+  if (config->max_batch_size() > 0 && !config->has_dynamic_batching() &&
+      !config->has_sequence_batching()) {
+    config->mutable_dynamic_batching();
+  }
+  auto fill = [](const DescribedTensor& tensor, auto* out) {
+    out->set_name(tensor.name);
+    const std::string type = tensor.dtype == DataType::kBytes
+                                 ? std::string("TYPE_STRING")
+                                 : absl::StrCat("TYPE_", DataTypeName(tensor.dtype));
+    inference::DataType data_type = inference::TYPE_INVALID;
+    inference::DataType_Parse(type, &data_type);
+    out->set_data_type(data_type);
+    for (int64_t dim : tensor.dims) out->add_dims(dim);
+  };
+  for (const DescribedTensor& input : description.inputs) fill(input, config->add_input());
+  for (const DescribedTensor& output : description.outputs) fill(output, config->add_output());
+  spdlog::info("event=config_completed model={} file={} inputs={} outputs={} max_batch_size={}",
+               directory.filename().string(), path.string(), description.inputs.size(),
+               description.outputs.size(), config->max_batch_size());
+  return absl::OkStatus();
+}
+
+Status FillModel(RepositoryModel* model, const ModelOverride& override,
+                 const ModelDescriber* describer) {
+  StatusOr<inference::ModelConfig> read =
+      override.config_json ? OverrideConfig(model->directory, *override.config_json)
+                           : ReadConfigFile(model->directory);
+  // Without config.pbtxt a model file that tells its tensors is configured from them alone.
+  if (!read.ok() && absl::IsNotFound(read.status()) && describer != nullptr)
+    read = inference::ModelConfig();
+  SLUICE_RETURN_IF_ERROR(read.status());
+  inference::ModelConfig config = *std::move(read);
+  if (describer != nullptr) {
+    SLUICE_RETURN_IF_ERROR(CompleteFromModelFile(model->directory, *describer, &config));
+  }
   const StatusOr<ModelSpec> spec = BuildModelSpec(model->name, &config);
   // Kept even when the spec is refused: the ModelConfig RPC shows what was read.
   model->config = std::make_shared<const inference::ModelConfig>(std::move(config));
@@ -194,19 +275,20 @@ std::string Fingerprint(const fs::path& directory) {
 }  // namespace
 
 RepositoryModel ReadModelDirectory(const fs::path& directory, const ModelOverride& override,
-                                   const std::string& name) {
+                                   const std::string& name, const ModelDescriber* describer) {
   RepositoryModel model;
   model.name = name.empty() ? directory.filename().string() : name;
   model.directory = directory;
   model.fingerprint = Fingerprint(directory);
   if (override.config_json)
     absl::StrAppend(&model.fingerprint, "\nconfig override:", *override.config_json);
-  model.status = FillModel(&model, override);
+  model.status = FillModel(&model, override, describer);
   if (!model.status.ok()) model.spec = ModelSpec{};
   return model;
 }
 
-StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root) {
+StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root,
+                                                           const ModelDescriber* describer) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) {
     return absl::NotFoundError(absl::StrCat("model repository '", root.string(),
@@ -228,7 +310,8 @@ StatusOr<std::vector<RepositoryModel>> ScanModelRepository(const fs::path& root)
   }
   std::sort(directories.begin(), directories.end());
   std::vector<RepositoryModel> models;
-  for (const fs::path& directory : directories) models.push_back(ReadModelDirectory(directory));
+  for (const fs::path& directory : directories)
+    models.push_back(ReadModelDirectory(directory, {}, "", describer));
   return models;
 }
 
@@ -247,7 +330,7 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name,
           "model files sent with a load are not accepted (--allow-load-files)");
     }
     SLUICE_ASSIGN_OR_RETURN(const fs::path directory, files_->Write(name, override.files));
-    RepositoryModel model = ReadModelDirectory(directory, override, name);
+    RepositoryModel model = ReadModelDirectory(directory, override, name, describer_);
     if (!model.status.ok()) files_->Discard(directory);  // it will not be served
     return model;
   }
@@ -259,7 +342,7 @@ StatusOr<RepositoryModel> DirectoryModelSource::Read(const std::string& name,
                                             QuoteClientText(name), "' (no directory ",
                                             QuoteClientText(directory.string(), 1024), ")"));
   }
-  return ReadModelDirectory(directory, override);
+  return ReadModelDirectory(directory, override, "", describer_);
 }
 
 void DirectoryModelSource::Retain(const std::string& name, const fs::path& serving) const {

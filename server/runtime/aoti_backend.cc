@@ -105,6 +105,30 @@ std::map<std::string, std::string> Ordered(
 
 }  // namespace
 
+namespace {
+
+class PackageDescriber final : public ModelDescriber {
+ public:
+  StatusOr<ModelDescription> Describe(const std::filesystem::path& file) const override {
+    return CatchTorch(
+        absl::StrCat("cannot read ", file.string()), [&]() -> StatusOr<ModelDescription> {
+          SLUICE_RETURN_IF_ERROR(CheckCompiled(file.string()));
+          SLUICE_ASSIGN_OR_RETURN(
+              const AotiPackageInfo info,
+              ParseAotiMetadata(
+                  Ordered(torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(
+                      file.string(), "model"))));
+          return DescribePackage(info, file.filename().string());
+        });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelDescriber> MakePackageDescriber() {
+  return std::make_unique<PackageDescriber>();
+}
+
 void EnableAotiInputChecks() { setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1); }
 
 StatusOr<std::vector<std::unique_ptr<ModelBackend>>> LoadAotiInstances(

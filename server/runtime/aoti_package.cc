@@ -369,6 +369,37 @@ Status CheckPackageHost(const AotiPackageInfo& package, const Device& device, co
   return absl::OkStatus();
 }
 
+StatusOr<ModelDescription> DescribePackage(const AotiPackageInfo& package,
+                                           const std::string& file) {
+  if (!package.described) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        file,
+        " has no Sluice metadata (sluice.*), and LibTorch's loader cannot tell a package's "
+        "inputs and outputs: declare them in config.pbtxt, or export the model with "
+        "models/sluice_export.py"));
+  }
+  ModelDescription description;
+  description.platform = kTorchAotiPlatform;
+  description.batched = package.batched;
+  description.batch_max = package.batched ? package.batch_max : -1;
+  // Inputs by the recipe's names (forward's argument names, which bind by name); outputs by
+  // Triton's ordinal names (the recipe's are graph node names, "add_1").
+  auto convert = [&package](const std::vector<PackageTensor>& tensors, bool outputs) {
+    std::vector<DescribedTensor> described;
+    for (const PackageTensor& tensor : tensors) {
+      DescribedTensor out{
+          outputs ? absl::StrCat("OUTPUT__", described.size()) : tensor.name, tensor.dtype, {}};
+      for (size_t i = package.batched ? 1 : 0; i < tensor.shape.size(); ++i)
+        out.dims.push_back(tensor.shape[i].fixed() ? tensor.shape[i].min : -1);
+      described.push_back(std::move(out));
+    }
+    return described;
+  };
+  description.inputs = convert(package.inputs, false);
+  description.outputs = convert(package.outputs, true);
+  return description;
+}
+
 StatusOr<AotiBinding> BindAotiPackage(const AotiPackageInfo& package, const CallSpecSide& in,
                                       const CallSpecSide& out, const ModelSpec& spec,
                                       std::vector<std::string>* warnings) {

@@ -25,6 +25,7 @@
 
 #include "server/core/data_type.h"
 #include "server/core/device.h"
+#include "server/core/model_description.h"
 #include "server/core/model_spec.h"
 #include "server/core/status.h"
 
@@ -99,6 +100,12 @@ StatusOr<CallSpecSide> ParseCallSpec(const std::string& treespec_json);
 // the input side's root is the (args, kwargs) pair), outputs "RESULT" (one tensor), "RESULT[i]...",
 // "RESULT[key]...". One per leaf, in flat order.
 std::vector<std::string> TritonCallNames(const CallSpecSide& side, bool inputs);
+
+// What a package described by the export recipe's metadata serves, for completing a
+// configuration (core/model_description.h): each tensor's name, dtype and dims after the batch
+// (-1 where dynamic or unknown), the batch range. FAILED_PRECONDITION naming `file` and what to
+// do when the package has no such metadata.
+StatusOr<ModelDescription> DescribePackage(const AotiPackageInfo& package, const std::string& file);
 
 // How a package's flat inputs and outputs bind to the config's, once checked.
 struct AotiBinding {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "server/core/backend.h"
+#include "server/core/model_description.h"
 #include "server/runtime/environment.h"
 #include "server/runtime/operator_libraries.h"
 
@@ -40,5 +41,11 @@ void ConfigureCudnn(const CudnnSettings& settings);
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory(const RuntimeInfo& info,
                                                         OperatorLibraries* libraries = nullptr);
 std::unique_ptr<BackendFactory> MakeTorchBackendFactory();
+
+// Describes AOTInductor packages (.pt2) for Triton's auto-complete (core/model_description.h):
+// their inputs and outputs with the batch range, from the metadata Sluice's export recipe
+// (models/sluice_export.py) writes into them. A package without that metadata is
+// FAILED_PRECONDITION: LibTorch 2.11's loader cannot tell its tensors.
+std::unique_ptr<ModelDescriber> MakePackageDescriber();
 
 }  // namespace sluice

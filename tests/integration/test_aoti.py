@@ -37,9 +37,11 @@ def block(kind, tensors):
 
 
 def write(root, name, config, package, filename="model.pt2", edit=None):
+    """A model directory with `package` as version 1; `config` None: no config.pbtxt at all."""
     os.makedirs(os.path.join(root, name, "1"), exist_ok=True)
-    with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
-        f.write('platform: "torch_aoti"\n' + config)
+    if config is not None:
+        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+            f.write('platform: "torch_aoti"\n' + config)
     target = os.path.join(root, name, "1", filename)
     if edit is None:
         shutil.copyfile(package, target)
@@ -95,6 +97,10 @@ def repository(packages, tmp_path_factory):
     write(root, "list_min2", "max_batch_size: 8\n" + LIST_IO + CPU + "dynamic_batching { }\n",
           packages["list_min2"], filename="model.cpu.pt2")
     write(root, "dict_fixed1", "max_batch_size: 1\n" + DICT_IO + CPU, packages["dict_fixed1"])
+    # No config.pbtxt: completed from the package (inputs, outputs, max_batch_size, batching).
+    write(root, "no_config", None, packages["list_min2"])
+    # A config that names only the instances: the rest completed the same way.
+    write(root, "partial_config", CPU, packages["list_min2"])
     # The same package as Triton 26.05+ (and AITune's repositories) name its tensors: by place in
     # the call, declared in another order than the call's.
     write(root, "call_names", "max_batch_size: 1\n" + TRITON_CALL_IO + CPU, packages["dict_fixed1"])
@@ -121,6 +127,7 @@ def repository(packages, tmp_path_factory):
           packages["list_min2"])
     write(root, "bad_batch", "max_batch_size: 16\n" + LIST_IO + CPU, packages["list_min2"])
     write(root, "bad_fixed1", "max_batch_size: 4\n" + DICT_IO + CPU, packages["dict_fixed1"])
+    write(root, "bad_no_config", None, packages["list_min2"], edit=with_metadata(drop_sluice=True))
     write(root, "bad_missing", "max_batch_size: 8\n" + LIST_IO + CPU, packages["list_min2"],
           filename="other.pt2")
     return root
@@ -228,6 +235,22 @@ def test_dict_outputs_bind_by_key_with_the_batch_fixed_to_one(client, server):
     assert "batch fixed to 1, so requests never batch" in server.log()
 
 
+def test_a_package_without_a_config_is_configured_from_itself(client, packages):
+    for name in ("no_config", "partial_config"):
+        config = client.get_model_config(name).config
+        assert config.platform == "torch_aoti"
+        assert config.max_batch_size == 8  # the exported batch Dim's upper bound
+        assert config.HasField("dynamic_batching")
+        assert [(i.name, list(i.dims)) for i in config.input] == [("x", [3])]
+        assert [(o.name, list(o.dims)) for o in config.output] == [("OUTPUT__0", [3]), ("OUTPUT__1", [1])]
+    assert client.get_model_config("partial_config").config.instance_group[0].count == 2
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    result = infer(client, "no_config", {"x": ("FP32", x)})
+    expected = python_outputs(packages["list_min2"], [torch.from_numpy(x)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), expected[0].numpy())
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), expected[1].numpy())
+
+
 def test_tritons_call_and_ordinal_names_bind_unchanged(client):
     values = np.array([[0.5, 1.5, 2.5, 3.5]], dtype=np.float32)
     counts = np.array([[1, 2, 3, 4]], dtype=np.int64)
@@ -259,8 +282,8 @@ def test_a_package_without_the_recipes_metadata_serves_lone_requests(client, ser
 
 def test_bad_packages_fail_to_load_with_the_reason_and_the_others_serve(client):
     index = {m.name: m for m in client.get_model_repository_index().models}
-    for name in ("every_dtype", "list_min2", "dict_fixed1", "call_names", "ordinal_names", "sequence",
-                 "undescribed"):
+    for name in ("every_dtype", "list_min2", "dict_fixed1", "call_names", "ordinal_names", "no_config",
+                 "partial_config", "sequence", "undescribed"):
         assert index[name].state == "READY", (name, index[name].reason)
     expected = {
         "bad_corrupt": "cannot load",
@@ -270,6 +293,7 @@ def test_bad_packages_fail_to_load_with_the_reason_and_the_others_serve(client):
         "bad_dtype": "input 'INPUT__0' is FP64 in config.pbtxt but FP32 in the package",
         "bad_batch": "max_batch_size 16 but the package's batch dimension ends at 8",
         "bad_fixed1": "batch fixed to 1 but config.pbtxt has max_batch_size 4",
+        "bad_no_config": "model.pt2 has no Sluice metadata (sluice.*), and LibTorch's loader cannot tell",
         "bad_missing": "1/model.pt2 does not exist (nor model.cpu.pt2 beside it)",
     }
     for name, reason in expected.items():

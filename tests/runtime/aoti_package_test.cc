@@ -299,6 +299,37 @@ TEST(AotiPackageTest, TritonsCallNamesBindInputsAndOutputs) {
   EXPECT_THAT(binding->output_package_index, ElementsAre(1, 0, 3, 2));
 }
 
+TEST(AotiPackageTest, ADescribedPackageTellsWhatAConfigNeeds) {
+  std::map<std::string, std::string> metadata = Metadata();
+  metadata["sluice.inputs"] =
+      R"([{"name": "x", "dtype": "FP16", "shape": [[1, 64], [2, null], 8]}])";
+  StatusOr<ModelDescription> description = DescribePackage(Parsed(metadata), "model.pt2");
+  ASSERT_TRUE(description.ok()) << description.status();
+  EXPECT_EQ(description->platform, "torch_aoti");
+  EXPECT_TRUE(description->batched);
+  EXPECT_EQ(description->batch_max, 64);
+  ASSERT_EQ(description->inputs.size(), 1u);
+  EXPECT_EQ(description->inputs[0].name, "x");  // forward's argument: binds by name
+  EXPECT_EQ(description->inputs[0].dtype, DataType::kFp16);
+  EXPECT_EQ(description->inputs[0].dims, (Shape{-1, 8}));  // after the batch; dynamic is -1
+  EXPECT_EQ(description->outputs[0].name, "OUTPUT__0");    // not the graph node's name
+  EXPECT_EQ(description->outputs[0].dims, (Shape{10}));
+
+  metadata["sluice.batch"] = "null";
+  metadata["sluice.inputs"] = R"([{"name": "x", "dtype": "FP32", "shape": [784]}])";
+  metadata["sluice.outputs"] = R"([{"name": "y", "dtype": "FP32", "shape": [10]}])";
+  description = DescribePackage(Parsed(metadata), "model.pt2");
+  ASSERT_TRUE(description.ok()) << description.status();
+  EXPECT_FALSE(description->batched);
+  EXPECT_EQ(description->inputs[0].dims, (Shape{784}));
+
+  const StatusOr<ModelDescription> undescribed = DescribePackage(AotiPackageInfo{}, "model.pt2");
+  EXPECT_TRUE(absl::IsFailedPrecondition(undescribed.status()));
+  EXPECT_THAT(undescribed.status().message(),
+              HasSubstr("model.pt2 has no Sluice metadata (sluice.*), and LibTorch's loader "
+                        "cannot tell a package's inputs and outputs"));
+}
+
 TEST(AotiPackageTest, CallSpecs) {
   // forward(x) -> tensor
   auto in = ParseCallSpec(

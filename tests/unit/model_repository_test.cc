@@ -109,6 +109,98 @@ TEST_F(RepositoryTest, LabelFilesAreReadFromTheModelsDirectory) {
                         (root_ / "unlabelled" / "labels.txt").string() + ": No such file"));
 }
 
+// Describes every file as a batched package with one input and one output, or refuses.
+class FakeDescriber final : public ModelDescriber {
+ public:
+  StatusOr<ModelDescription> Describe(const fs::path& file) const override {
+    described.push_back(file.filename().string());
+    if (!refusal.ok()) return refusal;
+    ModelDescription description;
+    description.platform = kTorchAotiPlatform;
+    description.batched = batch_max != 0;
+    description.batch_max = batch_max;
+    description.inputs = {{"x", DataType::kFp16, {3, -1}}};
+    description.outputs = {{"OUTPUT__0", DataType::kInt64, {2}}};
+    return description;
+  }
+  int64_t batch_max = 16;  // 0: not batched; -1: unbounded
+  Status refusal;
+  mutable std::vector<std::string> described;
+};
+
+TEST_F(RepositoryTest, APackageWithoutConfigIsConfiguredFromItsDescription) {
+  Write("pkg/1/model.pt2", "x");
+  Write("pkg/3/model.pt2", "x");  // the newest version describes the model
+  FakeDescriber describer;
+  RepositoryModel model = ReadModelDirectory(root_ / "pkg", {}, "", &describer);
+  ASSERT_TRUE(model.status.ok()) << model.status;
+  EXPECT_EQ(describer.described, std::vector<std::string>{"model.pt2"});
+  EXPECT_EQ(model.config->platform(), "torch_aoti");
+  EXPECT_EQ(model.config->max_batch_size(), 16);
+  EXPECT_TRUE(model.config->has_dynamic_batching());
+  ASSERT_EQ(model.config->input_size(), 1);
+  EXPECT_EQ(model.config->input(0).name(), "x");
+  EXPECT_EQ(model.config->input(0).data_type(), inference::TYPE_FP16);
+  EXPECT_EQ(std::vector<int64_t>(model.config->input(0).dims().begin(),
+                                 model.config->input(0).dims().end()),
+            (std::vector<int64_t>{3, -1}));
+  EXPECT_EQ(model.config->output(0).data_type(), inference::TYPE_INT64);
+  EXPECT_EQ(model.spec.max_batch_size, 16);
+  EXPECT_EQ(model.spec.inputs[0].dims, (Shape{3, -1}));
+
+  describer.batch_max = -1;  // unbounded: Triton's default-max-batch-size
+  model = ReadModelDirectory(root_ / "pkg", {}, "", &describer);
+  ASSERT_TRUE(model.status.ok()) << model.status;
+  EXPECT_EQ(model.config->max_batch_size(), kDefaultMaxBatchSize);
+
+  describer.batch_max = 0;  // no batch dimension: no batching
+  model = ReadModelDirectory(root_ / "pkg", {}, "", &describer);
+  ASSERT_TRUE(model.status.ok()) << model.status;
+  EXPECT_EQ(model.config->max_batch_size(), 0);
+  EXPECT_FALSE(model.config->has_dynamic_batching());
+
+  // Auto-complete off: a missing config.pbtxt is what it was.
+  model = ReadModelDirectory(root_ / "pkg");
+  EXPECT_THAT(model.status.message(), HasSubstr("no config.pbtxt"));
+}
+
+TEST_F(RepositoryTest, WhatTheConfigSaysStaysAndOnlyTheTensorsAreFilledIn) {
+  Write("pkg/config.pbtxt",
+        "max_batch_size: 2\nsequence_batching { }\n"
+        "instance_group [ { kind: KIND_CPU count: 3 } ]\n");
+  Write("pkg/1/model.pt2", "x");
+  FakeDescriber describer;
+  RepositoryModel model = ReadModelDirectory(root_ / "pkg", {}, "", &describer);
+  ASSERT_TRUE(model.status.ok()) << model.status;
+  EXPECT_EQ(model.config->max_batch_size(), 2);
+  EXPECT_FALSE(model.config->has_dynamic_batching());  // the sequence batcher schedules it
+  EXPECT_EQ(model.config->instance_group(0).count(), 3);
+  EXPECT_EQ(model.config->input_size(), 1);
+
+  // A config that declares its tensors is not completed (the package is not read).
+  Write("declared/config.pbtxt", std::string(kMinimal) + "platform: \"torch_aoti\"\n");
+  Write("declared/1/model.pt2", "x");
+  describer.described.clear();
+  model = ReadModelDirectory(root_ / "declared", {}, "", &describer);
+  EXPECT_TRUE(describer.described.empty());
+}
+
+TEST_F(RepositoryTest, ATorchScriptFileOrAnUndescribedPackageIsRefusedSayingWhatToDeclare) {
+  Write("ts/1/model.pt", "x");
+  FakeDescriber describer;
+  RepositoryModel model = ReadModelDirectory(root_ / "ts", {}, "", &describer);
+  EXPECT_TRUE(absl::IsInvalidArgument(model.status));
+  EXPECT_THAT(model.status.message(),
+              HasSubstr("a TorchScript file (model.pt) cannot tell their datatypes and shapes: "
+                        "declare them in config.pbtxt"));
+  EXPECT_TRUE(describer.described.empty());
+
+  Write("pkg/1/model.pt2", "x");
+  describer.refusal = absl::FailedPreconditionError("model.pt2 has no Sluice metadata");
+  model = ReadModelDirectory(root_ / "pkg", {}, "", &describer);
+  EXPECT_EQ(model.status, describer.refusal);
+}
+
 TEST_F(RepositoryTest, MissingRootIsNotFound) {
   auto models = ScanModelRepository(root_ / "absent");
   EXPECT_EQ(models.status().code(), absl::StatusCode::kNotFound);

@@ -33,6 +33,13 @@ TEST(ServerFlagsTest, DefaultsAreTheDocumentedOnes) {
             TorchvisionOps::kAuto);  // the bundled torchvision operators, when there
   EXPECT_TRUE(config->operator_libraries.empty());
   EXPECT_TRUE(config->operator_library_dirs.empty());
+  EXPECT_TRUE(config->auto_complete_config);  // on, as Triton's
+}
+
+TEST(ServerFlagsTest, AutoCompleteConfigTurnsOffWithTritonsFlag) {
+  auto config = ParseServerFlags({"--disable-auto-complete-config"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->auto_complete_config);
 }
 
 TEST(ServerFlagsTest, OperatorLibraries) {
