@@ -879,9 +879,9 @@ void ServerMetrics::OnReady(const ModelTuning& tuning, Duration load_time) {
   families_->warmup_pairs.Add(labels).Set(static_cast<double>(tuning.warmup.size()));
   families_->shapes.Add(labels).Set(tuning.shapes_finite ? static_cast<double>(tuning.shape_count)
                                                          : 0);
-  Labels decision = labels;
-  decision["reason"] = tuning.cudnn_reason;
-  families_->cudnn_benchmark.Add(decision).Set(tuning.cudnn_benchmark ? 1 : 0);
+  // One decision series per version: a reload with another reason replaces it.
+  ReplaceSeries(families_->cudnn_benchmark, &cudnn_decision_series_[{tuning.name, tuning.version}],
+                labels, "reason", {{tuning.cudnn_reason, tuning.cudnn_benchmark ? 1.0 : 0.0}});
   std::vector<std::pair<std::string, double>> speedups;
   for (const CudnnShapeTiming& shape : tuning.cudnn_timings) {
     if (shape.on.count() > 0) speedups.emplace_back(shape.label, shape.speedup());

@@ -112,6 +112,10 @@ class ServerMetrics final : public ModelObserver,
   // The auto batch size series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> auto_batch_series_
       ABSL_GUARDED_BY(mutex_);
+  // The cuDNN benchmark decision series of each (model, version) (one, labelled with its reason),
+  // replaced when it loads again.
+  std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> cudnn_decision_series_
+      ABSL_GUARDED_BY(mutex_);
   // The cuDNN benchmark speedup series of each (model, version), replaced when it loads again.
   std::map<std::pair<std::string, int64_t>, std::vector<prometheus::Gauge*>> cudnn_series_
       ABSL_GUARDED_BY(mutex_);

@@ -451,5 +451,24 @@ TEST_F(MetricsTest, CudnnSpeedupsPerMeasuredShapeReplacedOnReload) {
   EXPECT_EQ(text.find("sluice_model_cudnn_benchmark_speedup{"), std::string::npos);
 }
 
+TEST_F(MetricsTest, TheCudnnDecisionIsOneSeriesPerVersionReplacedOnReload) {
+  ModelTuning tuning;
+  tuning.name = "m";
+  tuning.version = 1;
+  tuning.cudnn_benchmark = true;
+  tuning.cudnn_reason = "measured: on is faster";
+  metrics_.OnReady(tuning, 1s);
+  tuning.cudnn_benchmark = false;
+  tuning.cudnn_reason = "set off for this model";
+  metrics_.OnReady(tuning, 1s);
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(text.find("measured: on is faster"), std::string::npos);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(sluice_model_cudnn_benchmark{model="m",reason="set off for this model",version="1"})"),
+      0);
+}
+
 }  // namespace
 }  // namespace sluice
