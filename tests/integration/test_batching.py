@@ -507,10 +507,20 @@ def test_a_latency_target_refuses_at_once_what_it_cannot_answer_in_time(tmp_path
         costs = target["batch_costs"]
         assert costs and all(c["shape_group"] == "INPUT__0[4,]" and int(c["ns"]) > 0 for c in costs), costs
         assert sum(int(c.get("observations", 0)) for c in costs) > 0, costs  # corrected by the batches that ran
-        # Still serving: a lone request is answered.
+        # Still serving: a lone request is answered. On a loaded machine one lone request may still
+        # be refused by the target (its wait plus the predicted cost over 5 ms), so a few tries.
         inp = grpcclient.InferInput("INPUT__0", [1, 4], "FP32")
         inp.set_data_from_numpy(data[0])
-        np.testing.assert_allclose(client.infer("slow", [inp]).as_numpy("OUTPUT__0"), want[0], rtol=1e-4, atol=1e-5)
+        answer = None
+        for _ in range(20):
+            try:
+                answer = client.infer("slow", [inp]).as_numpy("OUTPUT__0")
+                break
+            except InferenceServerException as error:
+                assert "within its latency target" in error.message(), error
+                time.sleep(0.05)
+        assert answer is not None, "every lone request was refused"
+        np.testing.assert_allclose(answer, want[0], rtol=1e-4, atol=1e-5)
         assert time.monotonic() - sent < 60
     finally:
         client.close()
