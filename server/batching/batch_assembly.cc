@@ -36,6 +36,7 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
   assembled.model_version = first.model_version;
   assembled.batch_size = batch.padded_rows;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    if (spec.inputs[i].sequence_state) continue;  // the runtime fills it from its state store
     const TensorView* model_input = FindInput(first, spec.inputs[i].name);
     size_t total = 0;
     if (model_input->dtype == DataType::kBytes) {
@@ -69,6 +70,20 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
     view.data = staging;
     view.byte_size = total;
     assembled.inputs.push_back(std::move(view));
+  }
+  if (!spec.sequence_batching.states.empty()) {
+    assembled.state_rows.reserve(static_cast<size_t>(batch.padded_rows));
+    for (const PendingRequest& pending : batch.requests) {
+      const InferRequest& request = *pending.request;
+      if (!request.state_rows.empty()) {
+        assembled.state_rows.insert(assembled.state_rows.end(), request.state_rows.begin(),
+                                    request.state_rows.end());
+      } else {
+        assembled.state_rows.resize(
+            assembled.state_rows.size() + static_cast<size_t>(request.batch_size), StateRow{});
+      }
+    }
+    assembled.state_rows.resize(static_cast<size_t>(batch.padded_rows), StateRow{});
   }
   return assembled;
 }

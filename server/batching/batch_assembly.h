@@ -32,7 +32,8 @@ class StagingPool {
 };
 
 // Copies every request's inputs into `pool` (padding rows are zero) and returns the request the
-// model runs: the same inputs, `batch.padded_rows` rows, every output requested.
+// model runs: the same inputs, `batch.padded_rows` rows, every output requested; for a model with
+// implicit state, each row's StateRow (rows without one: no sequence).
 InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, StagingPool* pool);
 
 }  // namespace sluice

@@ -116,7 +116,7 @@ StatusOr<std::unique_ptr<SequenceBatcher>> SequenceBatcher::Create(
 SequenceBatcher::SequenceBatcher(ModelSpec spec, Options options, size_t instances)
     : spec_(std::move(spec)),
       options_(std::move(options)),
-      slots_per_instance_(std::max(1, spec_.max_batch_size)),
+      slots_per_instance_(spec_.sequence_batching.SlotsPerInstance(spec_.max_batch_size)),
       slots_(&spec_,
              SequenceSlots::Options{instances, slots_per_instance_,
                                     Admission::Options{options_.max_requests, options_.max_bytes,

@@ -1,15 +1,19 @@
-// Triton's sequence batcher, direct strategy, for stateful models (config sequence_batching).
+// Triton's sequence batcher for stateful models (config sequence_batching), direct and oldest
+// strategies.
 //
-// Every sequence (a correlation id, Triton's sequence_id parameter) is bound to one batch slot of
-// one instance from its sequence_start request to its sequence_end request, so that a model can
-// keep the sequence's state per slot (or per CONTROL_SEQUENCE_CORRID). Each execution of an
-// instance carries at most one request per slot, in that slot's row: the batch has as many rows
-// as the highest slot that has a request, plus one; slots below it without a request get a filler
-// row (zeros, READY off). The server fills the control inputs of every row (START, END, READY,
-// CORRID, with the values the config gives). A sequence's requests run one at a time, in arrival
-// order. A sequence that sends nothing for max_sequence_idle_microseconds is ended and its slot
-// freed; a new sequence finds a free slot or waits for one (in arrival order), within the queue
-// cap.
+// Every sequence (a correlation id, Triton's sequence_id parameter) is bound to one slot of one
+// instance from its sequence_start request to its sequence_end request, so that a model can keep
+// the sequence's state per slot (or per CONTROL_SEQUENCE_CORRID), or the server keeps it (implicit
+// state: each request's StateRow names the slot; the runtime's store holds the state on the
+// instance's device). Direct: an instance has max_batch_size slots and each execution carries at
+// most one request per slot, in that slot's row: the batch has as many rows as the highest slot
+// that has a request, plus one; slots below it without a request get a filler row (zeros, READY
+// off). Oldest: an instance has max_candidate_sequences slots and each execution packs the oldest
+// requests of up to max_batch_size of them into rows (see SequenceSlots::FormBatch). The server
+// fills the control inputs of every row (START, END, READY, CORRID, with the values the config
+// gives). A sequence's requests run one at a time, in arrival order. A sequence that sends nothing
+// for max_sequence_idle_microseconds is ended and its slot freed; a new sequence finds a free slot
+// or waits for one (in arrival order), within the queue cap.
 #pragma once
 
 #include <chrono>
@@ -82,7 +86,7 @@ class SequenceBatcher final : public SequenceScheduler {
   bool WaitSequencesEnded(TimePoint deadline) override ABSL_LOCKS_EXCLUDED(mutex_);
   void EndSequences(const Status& why) override ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // Slots per instance: max_batch_size (1 for a model without a batch dimension).
+  // Slots per instance (SequenceBatchingSpec::SlotsPerInstance).
   int slots_per_instance() const { return slots_per_instance_; }
 
  private:

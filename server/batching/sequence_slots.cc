@@ -196,6 +196,26 @@ TimePoint SequenceSlots::Expire(TimePoint now,
   return next;
 }
 
+PendingRequest SequenceSlots::Take(std::shared_ptr<Sequence> sequence, WrapCompletion wrap) {
+  PendingRequest pending = std::move(sequence->pending.front());
+  sequence->pending.pop_front();
+  admission_.Release(kBoundShare, pending.bytes);
+  const SequenceControl& control = pending.request->parameters.sequence;
+  if (!spec_->sequence_batching.states.empty()) {
+    pending.request->state_rows.assign(1, StateRow{sequence->slot->row, control.start});
+  }
+  pending.done = wrap(sequence, control.start, std::move(pending.done));
+  if (control.end) {
+    // The slot is free for another sequence from now on; its start runs in a later execution
+    // of this instance (executions of one instance run in order).
+    sequence->phase = Sequence::Phase::kEnding;
+    Forget(sequence, SequenceOutcome::kEnded);
+  } else {
+    sequence->phase = Sequence::Phase::kRunning;
+  }
+  return pending;
+}
+
 std::optional<FormedBatch> SequenceSlots::FormBatch(
     size_t instance, TimePoint now, TimePoint* wake, WrapCompletion wrap,
     absl::FunctionRef<PendingRequest(const InferRequest&)> filler) {
@@ -207,66 +227,74 @@ std::optional<FormedBatch> SequenceSlots::FormBatch(
     return sequence != nullptr && !sequence->pending.empty() &&
            sequence->phase != Sequence::Phase::kRunning;
   };
-  const Sequence* oldest = nullptr;
-  for (const std::shared_ptr<Sequence>& sequence : rows) {
-    if (!ready(sequence)) continue;
-    if (oldest == nullptr ||
-        sequence->pending.front().enqueued < oldest->pending.front().enqueued) {
-      oldest = sequence.get();
-    }
+  auto arrived = [&](int slot) {
+    return rows[static_cast<size_t>(slot)]->pending.front().enqueued;
+  };
+  std::vector<int> candidates;  // slots with a request that may run
+  for (int slot = 0; slot < options_.slots_per_instance; ++slot) {
+    if (ready(rows[static_cast<size_t>(slot)])) candidates.push_back(slot);
   }
-  if (oldest == nullptr) return std::nullopt;
+  if (candidates.empty()) return std::nullopt;
+  const int oldest = *std::min_element(candidates.begin(), candidates.end(),
+                                       [&](int a, int b) { return arrived(a) < arrived(b); });
   // Rows of one execution share their non-batch shapes; slots whose next request has another
   // shape wait for the next execution.
   const bool batches = spec_->batches();
-  const std::string key =
-      batches ? BatchQueue::GroupKey(*oldest->pending.front().request) : std::string();
-  std::vector<int> chosen;
-  for (int row = 0; row < options_.slots_per_instance; ++row) {
-    const std::shared_ptr<Sequence>& sequence = rows[static_cast<size_t>(row)];
-    if (!ready(sequence)) continue;
-    if (batches && BatchQueue::GroupKey(*sequence->pending.front().request) != key) continue;
-    chosen.push_back(row);
+  if (batches) {
+    const std::string key =
+        BatchQueue::GroupKey(*rows[static_cast<size_t>(oldest)]->pending.front().request);
+    candidates.erase(
+        std::remove_if(candidates.begin(), candidates.end(),
+                       [&](int slot) {
+                         return BatchQueue::GroupKey(
+                                    *rows[static_cast<size_t>(slot)]->pending.front().request) !=
+                                key;
+                       }),
+        candidates.end());
   }
   const SequenceBatchingSpec& batching = spec_->sequence_batching;
+  const TimePoint due = arrived(oldest) + std::chrono::microseconds(batching.max_queue_delay_us);
+  FormedBatch batch;
+  if (batching.strategy == SequenceStrategy::kOldest) {
+    // Up to max_batch_size sequences, oldest request first, packed into rows.
+    const size_t most = batches ? static_cast<size_t>(spec_->max_batch_size) : 1;
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](int a, int b) { return arrived(a) < arrived(b); });
+    size_t wanted = most;  // the largest preferred size that fits, else max_batch_size
+    for (int size : batching.preferred_batch_sizes) {
+      if (static_cast<size_t>(size) <= most) wanted = static_cast<size_t>(size);
+    }
+    if (candidates.size() < wanted && batching.max_queue_delay_us > 0 && now < due) {
+      *wake = std::min(*wake, due);
+      return std::nullopt;
+    }
+    candidates.resize(std::min(candidates.size(), wanted));
+    for (int slot : candidates)
+      batch.requests.push_back(Take(rows[static_cast<size_t>(slot)], wrap));
+    batch.rows = batch.padded_rows = static_cast<int64_t>(batch.requests.size());
+    return batch;
+  }
   if (batching.max_queue_delay_us > 0) {
     const auto wanted = static_cast<size_t>(
         std::ceil(batching.minimum_slot_utilization * options_.slots_per_instance));
-    const TimePoint due =
-        oldest->pending.front().enqueued + std::chrono::microseconds(batching.max_queue_delay_us);
-    if (chosen.size() < wanted && now < due) {
+    if (candidates.size() < wanted && now < due) {
       *wake = std::min(*wake, due);
       return std::nullopt;
     }
   }
-  // Fillers take their shapes from a real row: its request object stays where it is when its
-  // owner moves into the batch.
+  // Direct: each slot's request in its slot's row. Fillers take their shapes from a real row: its
+  // request object stays where it is when its owner moves into the batch.
   const InferRequest* like =
-      rows[static_cast<size_t>(chosen.front())]->pending.front().request.get();
-  FormedBatch batch;
-  const int height = batches ? chosen.back() + 1 : 1;
+      rows[static_cast<size_t>(candidates.front())]->pending.front().request.get();
+  const int height = batches ? candidates.back() + 1 : 1;
   size_t next = 0;
   for (int row = 0; row < height; ++row) {
-    if (next == chosen.size() || chosen[next] != row) {
+    if (next == candidates.size() || candidates[next] != row) {
       batch.requests.push_back(filler(*like));
       continue;
     }
     ++next;
-    const std::shared_ptr<Sequence> sequence = rows[static_cast<size_t>(row)];
-    PendingRequest pending = std::move(sequence->pending.front());
-    sequence->pending.pop_front();
-    admission_.Release(kBoundShare, pending.bytes);
-    const SequenceControl& control = pending.request->parameters.sequence;
-    pending.done = wrap(sequence, control.start, std::move(pending.done));
-    if (control.end) {
-      // The slot is free for another sequence from now on; its start runs in a later execution
-      // of this instance (executions of one instance run in order).
-      sequence->phase = Sequence::Phase::kEnding;
-      Forget(sequence, SequenceOutcome::kEnded);
-    } else {
-      sequence->phase = Sequence::Phase::kRunning;
-    }
-    batch.requests.push_back(std::move(pending));
+    batch.requests.push_back(Take(rows[static_cast<size_t>(row)], wrap));
   }
   batch.rows = batch.padded_rows = height;
   return batch;

@@ -66,7 +66,7 @@ class SequenceSlots {
  public:
   struct Options {
     size_t instances = 1;
-    int slots_per_instance = 1;    // max_batch_size (1 for a model without a batch dimension)
+    int slots_per_instance = 1;    // SequenceBatchingSpec::SlotsPerInstance
     Admission::Options admission;  // the caps, per share: waiting for a slot / bound (the slots
                                    // set the shares)
     ModelStats* stats = nullptr;   // may be null: sequences started and how they finished
@@ -93,11 +93,14 @@ class SequenceSlots {
   // free slots (spreading sequences), its lowest free slot (keeping executions few rows tall).
   void AssignSlots();
 
-  // The next execution of idle instance `instance`, if one should run at `now`: at most one
-  // request per slot, in that slot's row, rows up to the highest slot with a request, fillers
-  // (`filler`) below it; rows share the oldest request's non-batch shapes. Else nullopt, with
-  // `*wake` lowered to when it may (direct strategy's delay). Taken requests run under `wrap`'s
-  // completion, which must call Finished.
+  // The next execution of idle instance `instance`, if one should run at `now`, at most one
+  // request per sequence, rows sharing the oldest request's non-batch shapes. Direct: each
+  // request in its slot's row, rows up to the highest slot with a request, fillers (`filler`)
+  // below it; with max_queue_delay it waits for minimum_slot_utilization. Oldest: the oldest
+  // requests of up to max_batch_size sequences, packed in age order; with max_queue_delay it waits
+  // for the largest preferred batch size (else max_batch_size), and then takes that many. Else
+  // nullopt, with `*wake` lowered to when it may. Taken requests run under `wrap`'s completion,
+  // which must call Finished; with implicit state each carries its StateRow (its slot, its start).
   std::optional<FormedBatch> FormBatch(
       size_t instance, TimePoint now, TimePoint* wake, WrapCompletion wrap,
       absl::FunctionRef<PendingRequest(const InferRequest& like)> filler);
@@ -124,6 +127,9 @@ class SequenceSlots {
   }
 
   Status Admit(const Sequence* sequence, size_t bytes);
+  // Takes the front request of bound `sequence` into an execution (FormBatch). By value: an end
+  // request frees the slot that held the caller's reference.
+  PendingRequest Take(std::shared_ptr<Sequence> sequence, WrapCompletion wrap);
   // Frees the slot of `sequence` (if it has one), forgets it, and counts how it finished.
   void Forget(const std::shared_ptr<Sequence>& sequence, SequenceOutcome outcome);
 

@@ -73,6 +73,13 @@ struct ClassificationRequest {
   int64_t count = 0;   // classes per batch row (fewer when a row has fewer elements)
 };
 
+// Where a row's implicit sequence state lives (a model with sequence_batching `state`): the slot
+// of its instance's state store that feeds the row's state inputs and keeps its state outputs.
+struct StateRow {
+  int32_t slot = -1;   // -1: no sequence (a filler or warm-up row): initial state in, none kept
+  bool start = false;  // the sequence's first request: initial state in, whatever the slot held
+};
+
 // Ownership: `inputs` view bytes that belong either to the caller's transport message (which the
 // caller keeps alive until the request's completion has run) or to `owned_buffers` (typed
 // contents converted into raw bytes). Moving an InferRequest keeps the views valid: the buffers'
@@ -92,6 +99,9 @@ struct InferRequest {
 
   // Batch size of this request: the first dimension of its inputs when the model batches, else 1.
   int64_t batch_size = 1;
+  // Set by the sequence batcher for a model with implicit state: one per row. Empty: every row is
+  // without a sequence (StateRow's default).
+  std::vector<StateRow> state_rows;
 
   // What the caller asked for besides tensors, protocol-neutral.
   RequestParameters parameters;

@@ -36,6 +36,13 @@ struct TensorSpec {
   // stands for the size at the matching -1 of `dims`, in order (as many on both sides). Unset for
   // BYTES, whose List[str] is flat either way.
   std::optional<Shape> reshape{};
+  // An output that carries a sequence's implicit state (SequenceStateSpec::output) without being
+  // listed in the config's `output`: the runtime keeps it for the sequence's next request;
+  // clients never see it (metadata, requested outputs, "every output").
+  bool state_only = false;
+  // An input the runtime fills from the sequence's kept state (SequenceStateSpec::input); it is
+  // filled_by_server too, and absent from requests and assembled batches.
+  bool sequence_state = false;
 };
 
 // Binding declared tensors to a model's positional arguments or returned values (Triton's
@@ -175,9 +182,9 @@ struct PaddingSpec {
   bool enabled() const { return !axes.empty(); }
 };
 
-// Triton's sequence_batching block with the direct strategy: every sequence (correlation id) is
-// bound to one batch slot of one instance for its lifetime, and each execution of an instance
-// carries at most one request per slot, in the slot's row (see server/batching/sequence_batcher.h).
+// Triton's sequence_batching block: every sequence (correlation id) is bound to one slot of one
+// instance for its lifetime; how slots share executions is the strategy (SequenceStrategy, and
+// server/batching/sequence_batcher.h).
 enum class SequenceControlKind { kStart, kEnd, kReady, kCorrId };
 const char* SequenceControlKindName(SequenceControlKind kind);  // "CONTROL_SEQUENCE_START", ...
 
@@ -191,18 +198,56 @@ struct SequenceControlSpec {
   double true_value = 1;              // ...and on
 };
 
+// One implicit state of a sequence model (Triton's sequence_batching `state`): the model takes
+// the sequence's state as input `input` and returns the next one as output `output`; the runtime
+// keeps it per sequence slot on the instance's device between requests (server/runtime/
+// sequence_state.h). A sequence's first request, and a row without a sequence (a filler, warm-up),
+// takes `initial`.
+struct SequenceStateSpec {
+  std::string input;   // in ModelSpec::inputs: filled_by_server, sequence_state
+  std::string output;  // in ModelSpec::outputs: state_only unless the config lists it in `output`
+  DataType dtype = DataType::kFp32;
+  Shape dims;  // without the batch dimension; fixed (no -1)
+  // initial_state data_file: a file in <model>/initial_state/ (row-major, dims' elements), read
+  // by the repository at load into `initial`. Empty, or zero_data: zeros.
+  std::string initial_file{};
+  std::shared_ptr<const std::string> initial{};
+};
+
+// How sequences share an instance's executions.
+//   kDirect  every sequence holds one batch slot (a row) of one instance; an execution carries at
+//            most one request per slot, in the slot's row (fillers below busy slots).
+//   kOldest  every sequence holds one of an instance's max_candidate_sequences candidate slots;
+//            an execution packs the oldest requests of up to max_batch_size candidate sequences
+//            (one each) into rows, in age order, with no fillers.
+enum class SequenceStrategy { kDirect, kOldest };
+
 struct SequenceBatchingSpec {
   bool enabled = false;  // a sequence_batching block is present
+  SequenceStrategy strategy = SequenceStrategy::kDirect;
+  // oldest: candidate sequences per instance, and the batch sizes it prefers (ascending; empty:
+  // max_batch_size). With max_queue_delay_us > 0 an execution waits that long for the largest
+  // preferred size (see SequenceSlots::FormBatch).
+  int max_candidate_sequences = 0;
+  std::vector<int> preferred_batch_sizes;
+  std::vector<SequenceStateSpec> states;
   // A sequence that sends nothing for this long is ended and its slot freed (Triton's default 1 s).
   int64_t max_sequence_idle_us = 1000000;
   // direct strategy: with fewer than minimum_slot_utilization of an instance's slots holding a
-  // request, an execution waits up to max_queue_delay_us for more.
+  // request, an execution waits up to max_queue_delay_us for more (oldest: see above).
   int64_t max_queue_delay_us = 0;
   float minimum_slot_utilization = 0;
   std::vector<SequenceControlSpec> controls;
   // The CORRID control's type: which correlation ids are accepted (numbers that fit for INT64 and
   // INT32, strings for STRING). Without a CORRID control, any id.
   std::optional<DataType> correlation_id_type;
+
+  // Sequence slots per instance: max_batch_size (at least 1) for direct, max_candidate_sequences
+  // for oldest. The runtime keeps that many rows of each state per instance.
+  int SlotsPerInstance(int max_batch_size) const {
+    return strategy == SequenceStrategy::kOldest ? max_candidate_sequences
+                                                 : (max_batch_size > 0 ? max_batch_size : 1);
+  }
 };
 
 // One sample of Triton's model_warmup block.

@@ -20,8 +20,10 @@ const TensorSpec* FindSpec(const std::vector<TensorSpec>& specs, const std::stri
 
 std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
   std::string names;
-  for (const TensorSpec& spec : specs)
+  for (const TensorSpec& spec : specs) {
+    if (spec.filled_by_server || spec.state_only) continue;  // not the client's
     absl::StrAppend(&names, names.empty() ? "" : ", ", spec.name);
+  }
   return names;
 }
 
@@ -134,7 +136,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   absl::InlinedVector<bool, 16> requested(spec.outputs.size(), false);
   for (const std::string& output : request->requested_outputs) {
     const TensorSpec* declared = FindSpec(spec.outputs, output);
-    if (declared == nullptr) {
+    if (declared == nullptr || declared->state_only) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown requested output '", QuoteClientText(output), "' for model '",
                        spec.name, "'; it has: ", ExpectedNames(spec.outputs)));

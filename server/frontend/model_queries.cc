@@ -238,7 +238,9 @@ void FillModelMetadata(const ModelSpec& spec, const std::vector<int64_t>& versio
   for (const TensorSpec& input : spec.inputs) {
     if (!input.filled_by_server) add(input, proto->mutable_inputs());  // clients do not send it
   }
-  for (const TensorSpec& output : spec.outputs) add(output, proto->mutable_outputs());
+  for (const TensorSpec& output : spec.outputs) {
+    if (!output.state_only) add(output, proto->mutable_outputs());  // the server keeps it
+  }
 }
 
 void FillModelStatistics(const std::string& name, int64_t version, const ModelStatsSnapshot& stats,

@@ -70,6 +70,7 @@ Status CheckJsonOutputs(const ModelSpec& spec, const JsonInferRequest& parsed) {
   const std::vector<ClassificationRequest>& classified = parsed.request->classifications;
   for (const TensorSpec& output : spec.outputs) {
     if (output.dtype != DataType::kFp16 && output.dtype != DataType::kBf16) continue;
+    if (output.state_only) continue;
     if (parsed.InSharedMemory(output.name)) continue;
     if (std::any_of(classified.begin(), classified.end(),
                     [&](const ClassificationRequest& each) { return each.output == output.name; }))

@@ -393,25 +393,169 @@ Status ConvertControlValues(const inference::ModelSequenceBatching::Control& con
   return take(DataType::kBool, control.bool_false_true());
 }
 
-// Triton's sequence_batching block, direct strategy. Control inputs join spec->inputs as inputs
-// the server fills (dims [1], after the declared ones).
+TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name) {
+  for (TensorSpec& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+// sequence_batching's oldest strategy.
+Status ConvertOldestStrategy(const inference::ModelSequenceBatching::StrategyOldest& oldest,
+                             const ModelSpec& spec, SequenceBatchingSpec* out) {
+  if (oldest.max_candidate_sequences() < 1 || oldest.max_candidate_sequences() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence_batching oldest.max_candidate_sequences must be in [1, 4096] (the sequences an "
+        "instance keeps at once, each in one slot), found ",
+        oldest.max_candidate_sequences()));
+  }
+  if (oldest.max_queue_delay_microseconds() > 60'000'000) {
+    return absl::InvalidArgumentError(
+        "oldest.max_queue_delay_microseconds must be at most 60000000 (60 s)");
+  }
+  const int most = std::max(1, spec.max_batch_size);
+  for (int size : oldest.preferred_batch_size()) {
+    if (size < 1 || size > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence_batching oldest.preferred_batch_size ", size, " must be in [1, ",
+                       most, "] (max_batch_size", spec.batches() ? "" : " 0: one row", ")"));
+    }
+  }
+  out->strategy = SequenceStrategy::kOldest;
+  out->max_candidate_sequences = oldest.max_candidate_sequences();
+  out->max_queue_delay_us = static_cast<int64_t>(oldest.max_queue_delay_microseconds());
+  out->preferred_batch_sizes.assign(oldest.preferred_batch_size().begin(),
+                                    oldest.preferred_batch_size().end());
+  std::sort(out->preferred_batch_sizes.begin(), out->preferred_batch_sizes.end());
+  return absl::OkStatus();
+}
+
+// sequence_batching's implicit state: each state's input joins spec->inputs (filled by the server
+// from the state it keeps), its output joins spec->outputs unless the config lists it already
+// (then clients may ask for it too). A TorchScript model binds outputs by index, so its states
+// and outputs follow Triton's `<name>__<index>` rule, in Triton's words.
+Status ConvertSequenceStates(const inference::ModelSequenceBatching& batching, ModelSpec* spec) {
+  SequenceBatchingSpec& out = spec->sequence_batching;
+  if (batching.state_size() == 0) return absl::OkStatus();
+  const bool by_index = spec->format == ModelFormat::kTorchScript;
+  auto naming = [&](const std::string& what, const std::string& name) -> Status {
+    if (!by_index || IndexSuffix(name)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", spec->name, "' is using sequence batching with state but ", what, " '", name,
+        "' does not follow the <name>__<index> naming convention (a TorchScript model's "
+        "outputs bind by index: name them OUTPUT__0, OUTPUT__1, ... in the order forward() "
+        "returns them, and each state after the argument or value it is)"));
+  };
+  for (const TensorSpec& output : spec->outputs)
+    SLUICE_RETURN_IF_ERROR(naming("output", output.name));
+  std::set<std::string> inputs, outputs;
+  for (const TensorSpec& input : spec->inputs) inputs.insert(input.name);
+  for (const inference::ModelSequenceBatching::State& state : batching.state()) {
+    const std::string where = absl::StrCat("sequence_batching state '", state.input_name(), "'");
+    if (state.input_name().empty() || state.output_name().empty()) {
+      return absl::InvalidArgumentError(
+          "a sequence_batching state needs input_name and output_name");
+    }
+    SLUICE_RETURN_IF_ERROR(naming("state", state.input_name()));
+    SLUICE_RETURN_IF_ERROR(naming("state", state.output_name()));
+    if (!inputs.insert(state.input_name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": input_name is already an input of the model (the server fills a state's "
+                       "input; clients do not send it)"));
+    }
+    if (!outputs.insert(state.output_name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": output_name '", state.output_name(), "' is another state's"));
+    }
+    SequenceStateSpec parsed;
+    parsed.input = state.input_name();
+    parsed.output = state.output_name();
+    SLUICE_ASSIGN_OR_RETURN(parsed.dtype, ConvertDataType(state.data_type(), where));
+    if (parsed.dtype == DataType::kBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": a state is a tensor the server keeps on the device; TYPE_STRING "
+                       "has none (use a numeric type)"));
+    }
+    if (state.dims_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": dims are missing"));
+    }
+    for (int64_t dim : state.dims()) {
+      if (dim < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": dims must be positive, found ", dim,
+            " (a state of variable size, use_growable_memory, is not supported: the server keeps "
+            "each state in a fixed row per sequence slot)"));
+      }
+    }
+    parsed.dims.assign(state.dims().begin(), state.dims().end());
+    if (state.initial_state_size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": give at most one initial_state, found ", state.initial_state_size()));
+    }
+    if (state.initial_state_size() == 1) {
+      const inference::ModelSequenceBatching::InitialState& initial = state.initial_state(0);
+      const std::string at = absl::StrCat(where, " initial_state '", initial.name(), "'");
+      SLUICE_ASSIGN_OR_RETURN(const DataType type, ConvertDataType(initial.data_type(), at));
+      const Shape dims(initial.dims().begin(), initial.dims().end());
+      if (type != parsed.dtype || dims != parsed.dims) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ": its data_type and dims (", DataTypeName(type), " [",
+                         absl::StrJoin(dims, ","), "]) must be the state's (",
+                         DataTypeName(parsed.dtype), " [", absl::StrJoin(parsed.dims, ","), "])"));
+      }
+      if (initial.state_data_case() ==
+          inference::ModelSequenceBatching::InitialState::STATE_DATA_NOT_SET) {
+        return absl::InvalidArgumentError(absl::StrCat(at, ": give zero_data: true or data_file"));
+      }
+      if (initial.has_data_file()) {
+        const std::string& file = initial.data_file();
+        bool climbs = file.empty() || file.front() == '/';
+        for (absl::string_view part : absl::StrSplit(file, '/')) climbs = climbs || part == "..";
+        if (climbs) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(at, ": data_file '", QuoteClientText(file),
+                           "' must name a file inside the model's initial_state/ directory"));
+        }
+        parsed.initial_file = file;
+      }
+    }
+    TensorSpec input;
+    input.name = parsed.input;
+    input.dtype = parsed.dtype;
+    input.dims = parsed.dims;
+    input.filled_by_server = true;
+    input.sequence_state = true;
+    input.filled_with = "the sequence batcher (the sequence's implicit state)";
+    spec->inputs.push_back(std::move(input));
+    TensorSpec* listed = FindTensor(spec->outputs, parsed.output);
+    if (listed != nullptr) {
+      if (listed->dtype != parsed.dtype || listed->dims != parsed.dims || listed->reshape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": output '", parsed.output, "' is listed in `output` as ",
+            DataTypeName(listed->dtype), " [", absl::StrJoin(listed->dims, ","),
+            "]; a state output listed there must have the state's data_type and dims (",
+            DataTypeName(parsed.dtype), " [", absl::StrJoin(parsed.dims, ","), "]), no reshape"));
+      }
+    } else {
+      TensorSpec output;
+      output.name = parsed.output;
+      output.dtype = parsed.dtype;
+      output.dims = parsed.dims;
+      output.state_only = true;
+      spec->outputs.push_back(std::move(output));
+    }
+    out.states.push_back(std::move(parsed));
+  }
+  return absl::OkStatus();
+}
+
+// Triton's sequence_batching block. Control inputs join spec->inputs as inputs the server fills
+// (dims [1], after the declared ones), then each state's input (ConvertSequenceStates).
 Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* spec) {
   if (!config.has_sequence_batching()) return absl::OkStatus();
   const inference::ModelSequenceBatching& batching = config.sequence_batching();
-  if (batching.has_oldest()) {
-    return absl::InvalidArgumentError(
-        "sequence_batching strategy 'oldest' is not supported: Sluice implements the 'direct' "
-        "strategy (each "
-        "sequence keeps one batch slot of one instance for its lifetime); use direct { } or leave "
-        "the strategy out");
-  }
-  if (batching.state_size() > 0) {
-    return absl::InvalidArgumentError(
-        "sequence_batching 'state' (implicit state) is not supported: keep each sequence's state "
-        "inside the "
-        "model, keyed by its batch slot or by CONTROL_SEQUENCE_CORRID, and reset it on "
-        "CONTROL_SEQUENCE_START");
-  }
   if (batching.iterative_sequence()) {
     return absl::InvalidArgumentError(
         "sequence_batching 'iterative_sequence' is not supported (it needs decoupled models, which "
@@ -434,18 +578,22 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
   if (batching.max_sequence_idle_microseconds() > 0) {
     out.max_sequence_idle_us = static_cast<int64_t>(batching.max_sequence_idle_microseconds());
   }
-  const inference::ModelSequenceBatching::StrategyDirect& direct = batching.direct();
-  if (direct.max_queue_delay_microseconds() > 60'000'000) {
-    return absl::InvalidArgumentError(
-        "direct.max_queue_delay_microseconds must be at most 60000000 (60 s)");
+  if (batching.has_oldest()) {
+    SLUICE_RETURN_IF_ERROR(ConvertOldestStrategy(batching.oldest(), *spec, &out));
+  } else {
+    const inference::ModelSequenceBatching::StrategyDirect& direct = batching.direct();
+    if (direct.max_queue_delay_microseconds() > 60'000'000) {
+      return absl::InvalidArgumentError(
+          "direct.max_queue_delay_microseconds must be at most 60000000 (60 s)");
+    }
+    out.max_queue_delay_us = static_cast<int64_t>(direct.max_queue_delay_microseconds());
+    if (!(direct.minimum_slot_utilization() >= 0 && direct.minimum_slot_utilization() <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("direct.minimum_slot_utilization must be in [0, 1], found ",
+                       direct.minimum_slot_utilization()));
+    }
+    out.minimum_slot_utilization = direct.minimum_slot_utilization();
   }
-  out.max_queue_delay_us = static_cast<int64_t>(direct.max_queue_delay_microseconds());
-  if (!(direct.minimum_slot_utilization() >= 0 && direct.minimum_slot_utilization() <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("direct.minimum_slot_utilization must be in [0, 1], found ",
-                     direct.minimum_slot_utilization()));
-  }
-  out.minimum_slot_utilization = direct.minimum_slot_utilization();
 
   std::set<std::string> names;
   for (const TensorSpec& input : spec->inputs) names.insert(input.name);
@@ -538,7 +686,7 @@ Status ConvertSequenceBatching(const inference::ModelConfig& config, ModelSpec* 
     spec->inputs.push_back(std::move(tensor));
     out.controls.push_back(std::move(parsed));
   }
-  return absl::OkStatus();
+  return ConvertSequenceStates(batching, spec);
 }
 
 // sluice.operator_libraries ("ops/libfoo.so, libbar.so") and Triton's MODEL_INIT_LIBRARY (one
@@ -603,13 +751,6 @@ bool Representable(DataType type, double value) {
       return false;  // strings are not padded (refused in ConvertPadding)
   }
   return false;
-}
-
-TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name) {
-  for (TensorSpec& tensor : tensors) {
-    if (tensor.name == name) return &tensor;
-  }
-  return nullptr;
 }
 
 // sluice.buckets "seq=16,32,64; h=224,448", sluice.bucket_dims "tokens:0=seq, logits:0=seq",

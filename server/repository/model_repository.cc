@@ -112,6 +112,34 @@ Status ReadLabels(const fs::path& directory, ModelSpec* spec) {
   return absl::OkStatus();
 }
 
+// Reads each sequence state's initial_state data_file (in the model's initial_state/ directory;
+// the parser refused any other path): exactly the state's bytes, row-major.
+Status ReadInitialStates(const fs::path& directory, ModelSpec* spec) {
+  for (SequenceStateSpec& state : spec->sequence_batching.states) {
+    if (state.initial_file.empty()) continue;
+    const fs::path path = directory / "initial_state" / state.initial_file;
+    std::ifstream file(path, std::ios::binary);
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("sequence_batching state '", state.input,
+                                              "': cannot read its initial_state data_file ",
+                                              path.string(), ": ", std::strerror(errno)));
+    }
+    std::ostringstream bytes;
+    bytes << file.rdbuf();
+    size_t expected = ElementSize(state.dtype);
+    for (int64_t dim : state.dims) expected *= static_cast<size_t>(dim);
+    std::string data = std::move(bytes).str();
+    if (data.size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence_batching state '", state.input, "': initial_state data_file ", path.string(),
+          " holds ", data.size(), " bytes; ", DataTypeName(state.dtype), " [",
+          absl::StrJoin(state.dims, ","), "] is ", expected, " (raw, row-major, no header)"));
+    }
+    state.initial = std::make_shared<const std::string>(std::move(data));
+  }
+  return absl::OkStatus();
+}
+
 // The newest version directory of `directory` (empty: none).
 fs::path NewestVersion(const fs::path& directory) {
   fs::path newest;
@@ -204,6 +232,7 @@ Status FillModel(RepositoryModel* model, const ModelOverride& override,
   model->spec = *spec;
   SLUICE_RETURN_IF_ERROR(CheckOverrideLibraries(model->spec, override));
   SLUICE_RETURN_IF_ERROR(ReadLabels(model->directory, &model->spec));
+  SLUICE_RETURN_IF_ERROR(ReadInitialStates(model->directory, &model->spec));
 
   std::map<int64_t, fs::path> on_disk;
   std::error_code ec;

@@ -145,6 +145,11 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     }
     for (const std::string& name : *target.requested) wanted[DeclaredIndex(declared, name)] = true;
   }
+  // A state output the config does not list is the server's (SequenceStateStore), never a
+  // client's.
+  for (size_t i = 0; i < declared.size(); ++i) {
+    if (declared[i].state_only) wanted[i] = false;
+  }
   std::vector<at::Tensor> host(declared.size());
   // Serialized List[str] outputs and their shapes; left empty (no allocation) without strings.
   std::vector<std::string> strings;
@@ -461,7 +466,8 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device,
       delivery_(&spec_, stream_.get(), &marks_),
       intra_op_threads_(device_.is_cuda() ? 0 : spec_.intra_op_threads),
       inputs_reshaped_(std::any_of(spec_.inputs.begin(), spec_.inputs.end(),
-                                   [](const TensorSpec& input) { return input.reshape; })) {
+                                   [](const TensorSpec& input) { return input.reshape; })),
+      states_(SequenceStateStore::Create(spec_, device_)) {
   if (!spec_.cuda_graphs) return;
   const auto strings = [](const std::vector<TensorSpec>& tensors) {
     return std::any_of(tensors.begin(), tensors.end(),
@@ -474,6 +480,10 @@ TorchInstance::TorchInstance(ModelSpec spec, at::Device device,
         "optimization.cuda.graphs is ignored for AOTInductor packages: their runner records CUDA "
         "events on each run, "
         "which a capture cannot hold";
+  } else if (states_ != nullptr) {
+    graphs_ignored_ =
+        "optimization.cuda.graphs is ignored for a model with implicit sequence state: each pass "
+        "gathers its rows' states by slot, which a replay of fixed addresses cannot follow";
   } else if (strings(spec_.inputs) || strings(spec_.outputs)) {
     graphs_ignored_ =
         "optimization.cuda.graphs is ignored: TYPE_STRING tensors live on the host, outside any "
@@ -647,8 +657,10 @@ Status TorchInstance::RunEagerly(const InferRequest& batch,
                                  absl::Span<const OutputTarget> targets) {
   marks_.Set(PhaseMarks::kBegin);
   std::vector<c10::IValue> inputs = DeclaredInputs(batch);
+  if (states_ != nullptr) states_->Gather(batch, &inputs);
   marks_.Set(PhaseMarks::kInputsQueued);
   SLUICE_ASSIGN_OR_RETURN(std::vector<c10::IValue> outputs, Forward(std::move(inputs), batch));
+  if (states_ != nullptr) SLUICE_RETURN_IF_ERROR(states_->Keep(batch, outputs));
   marks_.Set(PhaseMarks::kForwardQueued);
   return delivery_.Deliver(outputs, batch, targets);
 }

@@ -26,6 +26,7 @@
 #include "server/runtime/cuda_failure.h"
 #include "server/runtime/environment.h"
 #include "server/runtime/operator_libraries.h"
+#include "server/runtime/sequence_state.h"
 
 namespace sluice {
 
@@ -176,8 +177,9 @@ class OutputDelivery {
 // CUDA stream on a GPU (made current for the pass, so instances on one GPU overlap), its CPU
 // thread count on the CPU (the manager's split), inference mode, LibTorch exceptions as
 // statuses, pinned staging memory on a GPU, CUDA graphs where the config asks for them, and the
-// delivery of the outputs. Subclasses run the model (Forward). Thread-compatible, like every
-// ModelBackend.
+// delivery of the outputs, and the sequences' implicit state (SequenceStateStore: gathered into
+// the state inputs before Forward, the state outputs kept after it). Subclasses run the model
+// (Forward). Thread-compatible, like every ModelBackend.
 //
 // CUDA graphs (ModelSpec::cuda_graphs, on a GPU instance of a model without TYPE_STRING tensors):
 // CudaGraphPlan says per input shape whether a pass runs eagerly, captures or replays. A capture
@@ -246,6 +248,8 @@ class TorchInstance : public ModelBackend {
   std::optional<DevicePhases> last_phases_;  // of the last Execute that delivered
   const int intra_op_threads_;               // CPU instances only (0: LibTorch's default)
   const bool inputs_reshaped_;               // some input has a config reshape
+  // The sequences' implicit state (null unless the config keeps some). Worker thread only.
+  std::unique_ptr<SequenceStateStore> states_;
   std::string graphs_ignored_;  // why the config's graphs are not used here; empty otherwise
   // Graphs: null unless they are on for this instance. Declared after stream_, so the graphs and
   // their pool go before the stream is handed back. Worker thread only.

@@ -60,6 +60,33 @@ TEST_F(BatchAssemblyTest, AssembleAndDeliverRoundTripWithPadding) {
   EXPECT_EQ(pool.allocations(), 1u);  // 64 bytes (the minimum) hold max_batch_size rows here
 }
 
+TEST_F(BatchAssemblyTest, StateInputsAreLeftToTheRuntimeAndStateRowsFollowTheRows) {
+  auto options = Options();
+  options.preferred_batch_sizes = {4};
+  options.pad_to_preferred = true;
+  options.max_queue_delay = 0us;
+  BatchFormer queue(options);
+  ASSERT_TRUE(Add(queue, 1).ok());  // one row, with a sequence in slot 3
+  ASSERT_TRUE(Add(queue, 2).ok());  // two rows, without
+  auto batch = queue.TakeReadyBatch(clock_.Now());
+  ASSERT_EQ(batch->padded_rows, 4);
+  batch->requests[0].request->state_rows = {StateRow{3, true}};
+  ModelSpec spec;
+  spec.max_batch_size = 8;
+  TensorSpec state{"STATE__1", DataType::kFp32, {2}};
+  state.filled_by_server = state.sequence_state = true;
+  spec.inputs = {{"x", DataType::kInt32, {2}}, state};
+  spec.sequence_batching.states.push_back({"STATE__1", "STATE__1", DataType::kFp32, {2}});
+  testing::EchoBackend echo;
+  StagingPool pool(&echo);
+  InferRequest assembled = AssembleBatch(spec, *batch, &pool);
+  ASSERT_EQ(assembled.inputs.size(), 1u);  // the state is the runtime's to fill
+  ASSERT_EQ(assembled.state_rows.size(), 4u);
+  EXPECT_EQ(assembled.state_rows[0].slot, 3);
+  EXPECT_TRUE(assembled.state_rows[0].start);
+  for (size_t row = 1; row < 4; ++row) EXPECT_EQ(assembled.state_rows[row].slot, -1);
+}
+
 TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
   auto options = Options();
   options.preferred_batch_sizes = {4};

@@ -191,6 +191,90 @@ TEST(ModelConfigParserTest, SequenceBatchingDirect) {
   EXPECT_FALSE(minimal->sequence_batching.correlation_id_type.has_value());
 }
 
+// Implicit state: the state input is the server's to fill, the state output the server's to keep
+// unless `output` lists it; TorchScript names follow Triton's <name>__<index> rule.
+TEST(ModelConfigParserTest, SequenceStatesAndTheOldestStrategy) {
+  const std::string io =
+      "max_batch_size: 4\n"
+      "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n";
+  auto state = [](const std::string& input, const std::string& output, const std::string& extra) {
+    return "state [ { input_name: \"" + input + "\" output_name: \"" + output +
+           "\" data_type: TYPE_FP32 dims: [ 2, 3 ] " + extra + " } ]";
+  };
+  auto spec = Build(io +
+                    "sequence_batching { oldest { max_candidate_sequences: 6 preferred_batch_size: "
+                    "[ 4, 2 ] max_queue_delay_microseconds: 50 } " +
+                    state("STATE__1", "STATE__1",
+                          "initial_state [ { name: \"i\" data_type: TYPE_FP32 dims: [ 2, 3 ] "
+                          "data_file: \"sub/init.bin\" } ]") +
+                    " }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const SequenceBatchingSpec& batching = spec->sequence_batching;
+  EXPECT_EQ(batching.strategy, SequenceStrategy::kOldest);
+  EXPECT_EQ(batching.SlotsPerInstance(spec->max_batch_size), 6);
+  EXPECT_EQ(batching.preferred_batch_sizes, (std::vector<int>{2, 4}));
+  EXPECT_EQ(batching.max_queue_delay_us, 50);
+  ASSERT_EQ(batching.states.size(), 1u);
+  EXPECT_EQ(batching.states[0].dims, (Shape{2, 3}));
+  EXPECT_EQ(batching.states[0].initial_file, "sub/init.bin");
+  ASSERT_EQ(spec->inputs.size(), 2u);
+  EXPECT_TRUE(spec->inputs[1].filled_by_server);
+  EXPECT_TRUE(spec->inputs[1].sequence_state);
+  ASSERT_EQ(spec->outputs.size(), 2u);
+  EXPECT_TRUE(spec->outputs[1].state_only);  // not listed in `output`: the server's
+
+  // Listed in `output`, the state output is the client's too, with the state's type and dims.
+  const std::string listed =
+      "max_batch_size: 4\n"
+      "input [ { name: \"INPUT__0\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"OUTPUT__0\" data_type: TYPE_FP32 dims: [ 3 ] }, { name: \"S__1\" "
+      "data_type: TYPE_FP32 dims: [ 2, 3 ] } ]\n";
+  auto visible = Build(listed + "sequence_batching { " + state("S__1", "S__1", "") + " }");
+  ASSERT_TRUE(visible.ok()) << visible.status();
+  ASSERT_EQ(visible->outputs.size(), 2u);
+  EXPECT_FALSE(visible->outputs[1].state_only);
+  EXPECT_EQ(visible->sequence_batching.SlotsPerInstance(4), 4);  // direct: max_batch_size
+
+  // A .pt2 binds by name: no naming rule.
+  auto aoti = Build(
+      "platform: \"torch_aoti\"\nmax_batch_size: 4\n"
+      "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "sequence_batching { " +
+      state("state", "new_state", "") + " }");
+  ASSERT_TRUE(aoti.ok()) << aoti.status();
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {state("STATE", "STATE__1", ""),
+       "is using sequence batching with state but state 'STATE' does not follow the "
+       "<name>__<index> naming convention"},
+      {state("INPUT__0", "S__1", ""), "input_name is already an input of the model"},
+      {"state [ { input_name: \"S__1\" output_name: \"S__1\" data_type: TYPE_STRING dims: [ 1 ] } "
+       "]",
+       "TYPE_STRING has none"},
+      {"state [ { input_name: \"S__1\" output_name: \"S__1\" data_type: TYPE_FP32 dims: [ -1 ] } ]",
+       "a state of variable size, use_growable_memory, is not supported"},
+      {"state [ { input_name: \"S__1\" output_name: \"S__1\" data_type: TYPE_FP32 } ]",
+       "dims are missing"},
+      {state("S__1", "S__1",
+             "initial_state [ { data_type: TYPE_FP32 dims: [ 3, 2 ] zero_data: true } ]"),
+       "must be the state's (FP32 [2,3])"},
+      {state("S__1", "S__1", "initial_state [ { data_type: TYPE_FP32 dims: [ 2, 3 ] } ]"),
+       "give zero_data: true or data_file"},
+      {state("S__1", "S__1",
+             "initial_state [ { data_type: TYPE_FP32 dims: [ 2, 3 ] data_file: \"../x\" } ]"),
+       "must name a file inside the model's initial_state/ directory"},
+      {state("S__1", "OUTPUT__0", ""), "a state output listed there must have the state's"},
+  };
+  for (const auto& [extra, message] : refused) {
+    auto bad = Build(io + "sequence_batching { " + extra + " }");
+    ASSERT_FALSE(bad.ok()) << extra;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_THAT(bad.status().message(), HasSubstr(message)) << extra;
+  }
+}
+
 TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
   const std::string io =
       "max_batch_size: 4\n"
@@ -200,11 +284,13 @@ TEST(ModelConfigParserTest, SequenceBatchingErrorsSayWhatIsWrong) {
     return "control_input [ { name: \"" + name + "\" control [ { " + body + " } ] } ]";
   };
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"sequence_batching { oldest { max_candidate_sequences: 4 } }",
-       "strategy 'oldest' is not supported"},
-      {"sequence_batching { state [ { input_name: \"a\" output_name: \"b\" data_type: TYPE_FP32 "
-       "dims: [ 1 ] } ] }",
-       "'state' (implicit state) is not supported"},
+      {"sequence_batching { oldest { } }", "oldest.max_candidate_sequences must be in [1, 4096]"},
+      {"sequence_batching { oldest { max_candidate_sequences: 4 preferred_batch_size: [ 8 ] } }",
+       "oldest.preferred_batch_size 8 must be in [1, 4]"},
+      {"sequence_batching { state [ { input_name: \"a\" output_name: \"b__1\" data_type: "
+       "TYPE_FP32 dims: [ 1 ] } ] }",
+       "model 'm' is using sequence batching with state but output 'OUTPUT' does not follow the "
+       "<name>__<index> naming convention"},
       {"sequence_batching { iterative_sequence: true }", "'iterative_sequence' is not supported"},
       {"sequence_batching { " +
            control("INPUT", "kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]") + " }",

@@ -1,5 +1,6 @@
 // The sequence batcher's decisions without threads or real time: each sequence's phase through
-// its life, slots, fillers, expiry and the direct strategy's delay, all at given instants.
+// its life, slots, fillers, expiry, the direct strategy's delay, the oldest strategy's packing,
+// and the state rows a model with implicit state gets, all at given instants.
 #include "server/batching/sequence_slots.h"
 
 #include <gmock/gmock.h>
@@ -31,9 +32,22 @@ class SequenceSlotsTest : public ::testing::Test {
  protected:
   void Make(int max_batch_size, size_t instances = 1, size_t max_requests = 16) {
     spec_ = StatefulSpec(max_batch_size);
+    Rebuild(instances, max_requests);
+  }
+  // The oldest strategy with `candidates` slots per instance.
+  void MakeOldest(int max_batch_size, int candidates, std::vector<int> preferred = {},
+                  int64_t delay_us = 0) {
+    spec_ = StatefulSpec(max_batch_size);
+    spec_.sequence_batching.strategy = SequenceStrategy::kOldest;
+    spec_.sequence_batching.max_candidate_sequences = candidates;
+    spec_.sequence_batching.preferred_batch_sizes = std::move(preferred);
+    spec_.sequence_batching.max_queue_delay_us = delay_us;
+    Rebuild(1, 16);
+  }
+  void Rebuild(size_t instances, size_t max_requests) {
     SequenceSlots::Options options;
     options.instances = instances;
-    options.slots_per_instance = std::max(1, max_batch_size);
+    options.slots_per_instance = spec_.sequence_batching.SlotsPerInstance(spec_.max_batch_size);
     options.admission.max_requests = max_requests;
     slots_ = std::make_unique<SequenceSlots>(&spec_, options);
   }
@@ -222,6 +236,80 @@ TEST_F(SequenceSlotsTest, EndAllReturnsEveryQueuedRequestAndForgetsEverySequence
   EXPECT_EQ(slots_->active(), 0u);
   EXPECT_EQ(slots_->queued(), 0u);
   EXPECT_THAT(Add("b3", 2).message(), HasSubstr("is not active"));
+}
+
+TEST_F(SequenceSlotsTest, TheOldestStrategyPacksTheOldestRequestsOfSeveralSequences) {
+  MakeOldest(/*max_batch_size=*/2, /*candidates=*/4);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(Add("start", id, true).ok());
+    now_ += 1us;
+  }
+  slots_->AssignSlots();  // three candidate slots of four
+  std::optional<FormedBatch> batch = Form();
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->rows, 2);  // max_batch_size rows, no fillers
+  EXPECT_EQ(batch->requests[0].request->parameters.sequence.id.number, 1u);
+  EXPECT_EQ(batch->requests[1].request->parameters.sequence.id.number, 2u);
+  EXPECT_FALSE(batch->requests[0].filler || batch->requests[1].filler);
+  EXPECT_TRUE(batch->requests[0].request->state_rows.empty());  // no implicit state declared
+  // Sequence 1's next request is younger than sequence 3's start: 3 goes first.
+  for (PendingRequest& each : batch->requests) each.done(absl::OkStatus());
+  ASSERT_TRUE(Add("one-again", 1).ok());
+  batch = Form();
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->rows, 2);
+  EXPECT_EQ(batch->requests[0].request->parameters.sequence.id.number, 3u);
+  EXPECT_EQ(batch->requests[1].request->parameters.sequence.id.number, 1u);
+}
+
+TEST_F(SequenceSlotsTest, TheOldestStrategyWaitsForItsPreferredSizeUntilItsDelay) {
+  MakeOldest(/*max_batch_size=*/4, /*candidates=*/8, /*preferred=*/{2, 3}, /*delay_us=*/300);
+  ASSERT_TRUE(Add("one", 1, true).ok());
+  ASSERT_TRUE(Add("two", 2, true).ok());
+  slots_->AssignSlots();
+  TimePoint wake = kNoDeadline;
+  EXPECT_FALSE(Form(0, &wake));  // two of the three it prefers
+  EXPECT_EQ(wake, now_ + 300us);
+  ASSERT_TRUE(Add("three", 3, true).ok());
+  ASSERT_TRUE(Add("four", 4, true).ok());
+  slots_->AssignSlots();
+  std::optional<FormedBatch> batch = Form();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->rows, 3);  // the largest preferred size, not all four
+  for (PendingRequest& each : batch->requests) each.done(absl::OkStatus());
+  wake = kNoDeadline;
+  EXPECT_FALSE(Form(0, &wake));  // one left: it waits out its delay
+  now_ += 300us;
+  batch = Form();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->rows, 1);
+  EXPECT_EQ(batch->requests[0].request->parameters.sequence.id.number, 4u);
+}
+
+TEST_F(SequenceSlotsTest, WithImplicitStateEachRowNamesItsSlotAndWhetherItStarts) {
+  Make(/*max_batch_size=*/2);
+  spec_.sequence_batching.states.push_back({"STATE__1", "STATE__1", DataType::kFp32, {4}});
+  ASSERT_TRUE(Add("a", 1, true).ok());
+  ASSERT_TRUE(Add("b", 2, true).ok());
+  slots_->AssignSlots();
+  std::optional<FormedBatch> batch = Form();
+  ASSERT_TRUE(batch);
+  for (int row = 0; row < 2; ++row) {
+    const std::vector<StateRow>& rows =
+        batch->requests[static_cast<size_t>(row)].request->state_rows;
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].slot, row);
+    EXPECT_TRUE(rows[0].start);
+  }
+  for (PendingRequest& each : batch->requests) each.done(absl::OkStatus());
+  ASSERT_TRUE(Add("b-next", 2).ok());
+  batch = Form();
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->rows, 2);
+  EXPECT_TRUE(batch->requests[0].filler);
+  EXPECT_TRUE(batch->requests[0].request->state_rows.empty());  // a filler keeps no state
+  EXPECT_EQ(batch->requests[1].request->state_rows[0].slot, 1);
+  EXPECT_FALSE(batch->requests[1].request->state_rows[0].start);
 }
 
 }  // namespace
