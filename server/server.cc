@@ -242,10 +242,12 @@ void Server::StartModelControl(const ServerConfig& config, std::vector<Repositor
                                const VersionLoader::Options& loader_options) {
   source_ = std::make_unique<DirectoryModelSource>(config.model_repository, load_files_.get(),
                                                    describer_.get());
-  loader_ = std::make_unique<VersionLoader>(factory_.get(), loader_options);
   ModelManager::Options manager_options;
   manager_options.observer = metrics_.get();
   manager_ = std::make_unique<ModelManager>(std::move(models), manager_options);
+  VersionLoader::Options with_lookup = loader_options;
+  with_lookup.lookup = manager_.get();  // an ensemble's steps find their models there
+  loader_ = std::make_unique<VersionLoader>(factory_.get(), std::move(with_lookup));
   ModelControl::Options control_options;
   control_options.mode = config.model_control_mode;
   control_options.startup_models = config.load_models;

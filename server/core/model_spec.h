@@ -58,6 +58,8 @@ size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& 
 
 // The config platform of AOTInductor packages (.pt2), Triton's name for them.
 inline constexpr char kTorchAotiPlatform[] = "torch_aoti";
+// The config platform of ensembles (a pipeline of other models, ensemble_scheduling).
+inline constexpr char kEnsemblePlatform[] = "ensemble";
 
 // Where an instance group asks to run (Triton's ModelInstanceGroup.Kind).
 enum class InstanceKind { kAuto, kGpu, kCpu };
@@ -250,6 +252,26 @@ struct SequenceBatchingSpec {
   }
 };
 
+// One step of an ensemble (Triton's ensemble_scheduling.step): a request to another model whose
+// inputs are ensemble tensors and whose outputs become ensemble tensors.
+struct EnsembleStepSpec {
+  std::string model;     // model_name
+  int64_t version = -1;  // model_version; -1: the newest ready version
+  // (the step model's input, the ensemble tensor it reads), in the config's order
+  std::vector<std::pair<std::string, std::string>> inputs;
+  // (the step model's output, the ensemble tensor it writes), in the config's order
+  std::vector<std::pair<std::string, std::string>> outputs;
+};
+
+// platform "ensemble": its `inputs` and `outputs` (ModelSpec) are ensemble tensors; every other
+// tensor a step writes is internal. The parser checks what the configuration alone can tell (each
+// tensor written once, read only after it is written, no cycle, every output written); the
+// loader checks each step against its model (server/manager/ensemble_scheduler.h). Steps run as
+// soon as the tensors they read exist.
+struct EnsembleSpec {
+  std::vector<EnsembleStepSpec> steps;
+};
+
 // One sample of Triton's model_warmup block.
 struct WarmupInputSpec {
   std::string name;
@@ -290,6 +312,7 @@ struct ModelSpec {
   std::map<std::string, std::string> parameters;  // config `parameters`, string values
   DynamicBatchingSpec dynamic_batching;
   SequenceBatchingSpec sequence_batching;
+  EnsembleSpec ensemble;  // platform "ensemble": its steps (empty otherwise)
   // CPU threads each instance's forward pass may use (config parameter INTRA_OP_THREAD_COUNT,
   // as Triton's PyTorch backend). 0 in the config: VersionLoader divides the cores among the
   // CPU instances of all models; 0 reaching the runtime: LibTorch's own default.
@@ -332,6 +355,7 @@ struct ModelSpec {
   bool cudnn_benchmark = false;
 
   bool batches() const { return max_batch_size > 0; }
+  bool is_ensemble() const { return !ensemble.steps.empty(); }
   // Declared shape as clients see it: a leading -1 for the batch dimension when the model batches.
   Shape FullShape(const TensorSpec& tensor) const;
   // The same as the model sees it: `reshape` in place of `dims` when the tensor has one.

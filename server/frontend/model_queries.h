@@ -65,8 +65,9 @@ struct ControlParameter {
 // accepts load files, "file:<path>" entries (bytes; they require "config"; each path relative,
 // every component a plain name of at most 255 bytes, all of them within the per-load byte cap),
 // returned as the override; "file:" entries are refused otherwise, and anything else is
-// INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents (Sluice has
-// no ensembles: nothing depends on a model). `transport` ("gRPC", "HTTP") goes into the message.
+// INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents, which
+// changes nothing: unloading an ensemble leaves its step models loaded either way. `transport`
+// ("gRPC", "HTTP") goes into the message.
 StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
                                           const std::string& repository_name,
                                           const std::string& model_name,

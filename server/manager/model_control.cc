@@ -157,8 +157,11 @@ std::vector<std::shared_ptr<const RepositoryModel>> ModelControl::MarkStartupMod
           "not loaded (--model-control-mode explicit: load it with RepositoryModelLoad)");
     }
   }
-  // Every model shows LOADING before the first one loads.
+  // Every model shows LOADING before the first one loads. Ensembles load last: they are checked
+  // against their steps' models as those serve.
   for (const auto& model : wanted) manager_->BeginLoad(model);
+  std::stable_partition(wanted.begin(), wanted.end(),
+                        [](const auto& model) { return !model->spec.is_ensemble(); });
   return wanted;
 }
 
@@ -240,9 +243,10 @@ Status ModelControl::Install(const std::shared_ptr<const RepositoryModel>& model
           "event=model_ready model={} version={} device={} batching={} load_ms={} "
           "memory=\"{}\"{}{}",
           name, each.version, each.handle->device(),
-          model->spec.sequence_batching.enabled  ? "sequence"
-          : model->spec.dynamic_batching.enabled ? "dynamic"
-                                                 : "none",
+          model->spec.is_ensemble()               ? "ensemble"
+          : model->spec.sequence_batching.enabled ? "sequence"
+          : model->spec.dynamic_batching.enabled  ? "dynamic"
+                                                  : "none",
           std::chrono::duration_cast<std::chrono::milliseconds>(each.load_time).count(),
           DescribeDeviceBytes(each.memory), libraries_field, serving ? " reloaded=true" : "");
     } else {
@@ -303,6 +307,9 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     const bool served_before = !manager_->ReadyVersions(name).empty();
     auto model = std::make_shared<const RepositoryModel>(*std::move(read));
     status = Budgeted() && model->status.ok() ? MakeRoom(name, Expected(*model)) : absl::OkStatus();
+    if (status.ok() && model->status.ok() && model->spec.is_ensemble()) {
+      status = LoadComposingModels(*model);
+    }
     if (status.ok()) status = Install(model);
     // A reload that measures over the budget keeps serving (the old versions are gone already).
     if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/!served_before);
@@ -326,6 +333,24 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
   ReportBudget();
   NotifyChange();
   return status.ok() ? status : failed(status);
+}
+
+Status ModelControl::LoadComposingModels(const RepositoryModel& ensemble) {
+  std::set<std::string> done;
+  for (const EnsembleStepSpec& step : ensemble.spec.ensemble.steps) {
+    if (!done.insert(step.model).second || !manager_->ReadyVersions(step.model).empty()) continue;
+    StatusOr<RepositoryModel> read = options_.source->Read(step.model, ModelOverride{});
+    Status status = read.ok() ? Install(std::make_shared<const RepositoryModel>(*std::move(read)))
+                              : read.status();
+    if (options_.observer != nullptr)
+      options_.observer->OnModelLoad(step.model, "explicit", status.ok());
+    if (!status.ok()) {
+      return Status(status.code(), absl::StrCat("its step model '", step.model,
+                                                "' did not load: ", status.message()));
+    }
+    spdlog::info("event=model_load model={} for_ensemble={}", step.model, ensemble.name);
+  }
+  return absl::OkStatus();
 }
 
 Status ModelControl::UnloadModel(const std::string& name) {
@@ -387,6 +412,7 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
     status = read.ok() ? model->status : read.status();
     bool load_failed = !status.ok();  // the model's own failure (not the budget's): back off
     if (status.ok() && Budgeted()) status = MakeRoom(name, Expected(*model));
+    if (status.ok() && model->spec.is_ensemble()) status = LoadComposingModels(*model);
     if (status.ok()) {
       spdlog::info("event=model_load model={} trigger=on_demand", name);
       // Readiness never waits for a model loaded on demand.
@@ -580,6 +606,9 @@ Status ModelControl::PollRepository() {
       if (manager_->TriedFingerprint(model.name) == model.fingerprint) continue;
       changed.push_back(std::make_shared<const RepositoryModel>(std::move(model)));
     }
+    // Ensembles after the models their steps run.
+    std::stable_partition(changed.begin(), changed.end(),
+                          [](const auto& model) { return !model->spec.is_ensemble(); });
     for (const auto& model : changed) {
       if (stopping_) break;
       if (options_.load_on_demand && manager_->ReadyVersions(model->name).empty() &&

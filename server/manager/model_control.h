@@ -174,6 +174,10 @@ class ModelControl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
   // `wanted` false: readiness does not wait for the model (a load on demand).
+  // Loads each step model of `ensemble` that serves no version yet (explicit loads of an
+  // ensemble load its models first, as Triton's do). Control mutex held.
+  Status LoadComposingModels(const RepositoryModel& ensemble)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   Status Install(const std::shared_ptr<const RepositoryModel>& model, bool wanted = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Unload with control_mutex_ held; `forget` also removes the model from the index.

@@ -20,6 +20,7 @@
 #include "server/batching/warmup.h"
 #include "server/core/logging.h"
 #include "server/manager/cudnn_measurement.h"
+#include "server/manager/ensemble_scheduler.h"
 
 namespace sluice {
 
@@ -226,6 +227,20 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
     std::string* device, ModelTuning* tuning, QueueSharing** queue,
     const std::atomic<bool>* abandon) const {
   *queue = nullptr;
+  if (model.spec.is_ensemble()) {
+    // No instance of its own: its steps run on their models' (checked against them here).
+    if (options_.lookup == nullptr) {
+      return absl::FailedPreconditionError("this server loads no ensembles (no model table)");
+    }
+    *device = "ensemble";
+    EnsembleScheduler::Options ensemble;
+    ensemble.lookup = options_.lookup;
+    ensemble.clock = clock_;
+    ensemble.stats = std::move(stats);
+    SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<EnsembleScheduler> scheduler,
+                            EnsembleScheduler::Create(model.spec, std::move(ensemble)));
+    return std::unique_ptr<Scheduler>(std::move(scheduler));
+  }
   ModelSpec spec = model.spec;
   if (spec.intra_op_threads == 0) spec.intra_op_threads = default_intra_op_threads_;
   const ShapePlan plan = ComputeShapePlan(spec);

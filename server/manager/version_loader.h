@@ -68,6 +68,9 @@ class VersionLoader {
     // path, sluice.run_on_receiving_thread, would run them on gRPC's thread, on the front ends'
     // CPUs), so that path stays off.
     bool model_cpus_split = false;
+    // Where an ensemble's steps find their models (the server's ModelManager); null: ensembles
+    // do not load.
+    const ModelLookup* lookup = nullptr;
   };
 
   VersionLoader(BackendFactory* factory, Options options);

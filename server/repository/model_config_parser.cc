@@ -206,7 +206,6 @@ StatusOr<TensorSpec> ConvertOutput(const inference::ModelOutput& output) {
 // Top-level features outside what Sluice serves: each is rejected by its field name.
 Status RejectUnsupported(const inference::ModelConfig& config) {
   std::vector<std::string> fields;
-  if (config.has_ensemble_scheduling()) fields.push_back("ensemble_scheduling");
   if (config.batch_input_size() > 0) fields.push_back("batch_input");
   if (config.batch_output_size() > 0) fields.push_back("batch_output");
   if (config.has_model_operations()) fields.push_back("model_operations");
@@ -219,10 +218,11 @@ Status RejectUnsupported(const inference::ModelConfig& config) {
   }
   if (config.has_model_metrics()) fields.push_back("model_metrics");
   if (fields.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported configuration field", fields.size() > 1 ? "s" : "", ": ",
-      absl::StrJoin(fields, ", "), " (Sluice serves single TorchScript models; remove ",
-      fields.size() > 1 ? "these fields" : "this field", ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported configuration field", fields.size() > 1 ? "s" : "", ": ",
+                   absl::StrJoin(fields, ", "),
+                   " (Sluice serves TorchScript models, .pt2 packages and ensembles; remove ",
+                   fields.size() > 1 ? "these fields" : "this field", ")"));
 }
 
 Status ConvertInstanceGroups(inference::ModelConfig* config, ModelSpec* spec) {
@@ -398,6 +398,126 @@ TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name)
     if (tensor.name == name) return &tensor;
   }
   return nullptr;
+}
+
+// platform "ensemble": its steps, and what the configuration alone can tell about them. What
+// needs the steps' models (their tensors, datatypes and shapes) is checked when the ensemble loads.
+Status ConvertEnsemble(const inference::ModelConfig& config, ModelSpec* spec) {
+  const std::string where = absl::StrCat("ensemble '", spec->name, "'");
+  std::vector<std::string> refused;
+  if (config.has_dynamic_batching()) refused.push_back("dynamic_batching");
+  if (config.has_sequence_batching()) refused.push_back("sequence_batching");
+  if (config.response_cache().enable()) refused.push_back("response_cache");
+  if (config.model_warmup_size() > 0) refused.push_back("model_warmup");
+  if (config.optimization().cuda().graphs()) refused.push_back("optimization.cuda.graphs");
+  if (!refused.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", absl::StrJoin(refused, ", "),
+        " cannot be set on an ensemble (each step is batched, warmed up and run by its own model; "
+        "set them there)"));
+  }
+  const inference::ModelEnsembling& scheduling = config.ensemble_scheduling();
+  if (scheduling.step_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has no step in ensemble_scheduling"));
+  }
+  // Who writes each ensemble tensor: -1 for the ensemble's inputs (the request), else a step.
+  std::map<std::string, int> writer;
+  for (const TensorSpec& input : spec->inputs) writer[input.name] = -1;
+  auto describe = [&](int step) {
+    return step < 0 ? std::string("the ensemble's inputs")
+                    : absl::StrCat("step ", step + 1, " (model '",
+                                   scheduling.step(step).model_name(), "')");
+  };
+  EnsembleSpec& out = spec->ensemble;
+  for (int i = 0; i < scheduling.step_size(); ++i) {
+    const inference::ModelEnsembling::Step& step = scheduling.step(i);
+    if (step.model_name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": step ", i + 1, " has no model_name"));
+    }
+    if (step.model_name() == spec->name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": step ", i + 1, " names the ensemble itself"));
+    }
+    if (step.input_map_size() == 0 || step.output_map_size() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", describe(i),
+                       " needs an input_map and an output_map (which of its model's "
+                       "tensors read and write which ensemble tensors)"));
+    }
+    if (step.model_version() < -1 || step.model_version() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", describe(i),
+                                                     " has model_version ", step.model_version(),
+                                                     "; give a version (1, 2, ...) or -1 for the "
+                                                     "newest ready one"));
+    }
+    EnsembleStepSpec parsed;
+    parsed.model = step.model_name();
+    parsed.version = step.model_version();
+    // The maps are protobuf maps: sorted here so that the order (and so every message) is stable.
+    std::map<std::string, std::string> inputs(step.input_map().begin(), step.input_map().end());
+    std::map<std::string, std::string> outputs(step.output_map().begin(), step.output_map().end());
+    parsed.inputs.assign(inputs.begin(), inputs.end());
+    parsed.outputs.assign(outputs.begin(), outputs.end());
+    for (const auto& [model_output, tensor] : parsed.outputs) {
+      auto [it, fresh] = writer.emplace(tensor, i);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ensemble tensor '", tensor, "' is written by ", describe(it->second),
+            " and by ", describe(i), "; each ensemble tensor has one writer"));
+      }
+    }
+    out.steps.push_back(std::move(parsed));
+  }
+  // Every tensor a step reads is written; the steps run in an order where each reads only what
+  // was written before it (Kahn's order over the steps): else they form a cycle.
+  std::vector<int> waiting_on(out.steps.size(), 0);
+  std::vector<std::vector<int>> readers(out.steps.size());
+  for (size_t i = 0; i < out.steps.size(); ++i) {
+    std::set<int> producers;
+    for (const auto& [model_input, tensor] : out.steps[i].inputs) {
+      auto it = writer.find(tensor);
+      if (it == writer.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ", describe(static_cast<int>(i)), " reads '", tensor, "' (for its input '",
+            model_input, "'), which is neither an ensemble input nor written by any step"));
+      }
+      if (it->second >= 0) producers.insert(it->second);
+    }
+    waiting_on[i] = static_cast<int>(producers.size());
+    for (int producer : producers)
+      readers[static_cast<size_t>(producer)].push_back(static_cast<int>(i));
+  }
+  std::vector<int> ready;
+  for (size_t i = 0; i < out.steps.size(); ++i) {
+    if (waiting_on[i] == 0) ready.push_back(static_cast<int>(i));
+  }
+  size_t ordered = 0;
+  while (!ready.empty()) {
+    const int step = ready.back();
+    ready.pop_back();
+    ++ordered;
+    for (int reader : readers[static_cast<size_t>(step)]) {
+      if (--waiting_on[static_cast<size_t>(reader)] == 0) ready.push_back(reader);
+    }
+  }
+  if (ordered != out.steps.size()) {
+    std::vector<std::string> cycle;
+    for (size_t i = 0; i < out.steps.size(); ++i) {
+      if (waiting_on[i] > 0) cycle.push_back(describe(static_cast<int>(i)));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": its steps form a cycle (each waits for another's output): ",
+                     absl::StrJoin(cycle, ", ")));
+  }
+  for (const TensorSpec& output : spec->outputs) {
+    auto it = writer.find(output.name);
+    if (it == writer.end() || it->second < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": its output '", output.name, "' is not written by any step"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // sequence_batching's oldest strategy.
@@ -1014,17 +1134,24 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
         "config name '", config->name(), "' differs from its directory name '", model_name, "'"));
   }
   const bool aoti = config->platform() == kTorchAotiPlatform;
+  const bool ensemble = config->platform() == kEnsemblePlatform;
   const bool torch_platform =
       config->platform().empty() || config->platform() == "pytorch_libtorch" || aoti;
   const bool torch_backend = config->backend().empty() || config->backend() == "pytorch";
-  if (!torch_platform || !torch_backend) {
+  if (!(torch_platform || ensemble) || !torch_backend || (ensemble && !config->backend().empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "platform '", config->platform(), "' / backend '", config->backend(),
         "' is not supported: Sluice serves TorchScript models (platform: \"pytorch_libtorch\" "
-        "or backend: \"pytorch\") and AOTInductor packages (platform: \"torch_aoti\")"));
+        "or backend: \"pytorch\"), AOTInductor packages (platform: \"torch_aoti\") and "
+        "ensembles of them (platform: \"ensemble\", no backend)"));
+  }
+  if (ensemble != config->has_ensemble_scheduling()) {
+    return absl::InvalidArgumentError(
+        ensemble ? "platform \"ensemble\" needs an ensemble_scheduling block with its steps"
+                 : "ensemble_scheduling belongs to a model with platform: \"ensemble\"");
   }
   if (config->platform().empty()) config->set_platform("pytorch_libtorch");
-  if (config->backend().empty()) config->set_backend("pytorch");
+  if (config->backend().empty() && !ensemble) config->set_backend("pytorch");
   SLUICE_RETURN_IF_ERROR(RejectUnsupported(*config));
 
   ModelSpec spec;
@@ -1122,6 +1249,7 @@ StatusOr<ModelSpec> BuildModelSpec(const std::string& model_name, inference::Mod
   }
   SLUICE_RETURN_IF_ERROR(ConvertPadding(&spec));
   SLUICE_RETURN_IF_ERROR(ConvertSequenceBatching(*config, &spec));
+  if (ensemble) SLUICE_RETURN_IF_ERROR(ConvertEnsemble(*config, &spec));
   SLUICE_RETURN_IF_ERROR(ConvertWarmup(*config, &spec));
   SLUICE_ASSIGN_OR_RETURN(const int64_t threads,
                           IntParameter(spec.parameters, "INTRA_OP_THREAD_COUNT", 0, 0, 1024));

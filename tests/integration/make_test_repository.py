@@ -180,7 +180,7 @@ def main(root):
                 + tensor_block("output", "OUTPUT__0", "TYPE_FP32", [2]), Double())
     write_model(root, "unsupported_feature",
                 'platform: "pytorch_libtorch"\nmax_batch_size: 4\n' + good_io
-                + "sequence_batching { max_sequence_idle_microseconds: 5000000 oldest { } }\n", Double())
+                + "model_transaction_policy { decoupled: true }\n", Double())
 
 
 if __name__ == "__main__":

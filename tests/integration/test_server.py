@@ -137,7 +137,7 @@ def test_repository_index_reports_broken_models_with_reasons(triton):
         "broken_file": "cannot load",
         "missing_file": "does not exist",
         "wrong_arity": "forward() takes 1 input(s) (INPUT__0) but config.pbtxt declares 2",
-        "unsupported_feature": "sequence_batching strategy 'oldest' is not supported",
+        "unsupported_feature": "unsupported configuration field: model_transaction_policy.decoupled",
     }
     for name, reason in expected_reasons.items():
         entries = [m for (n, _), m in index.items() if n == name]

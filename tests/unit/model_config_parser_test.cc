@@ -191,6 +191,72 @@ TEST(ModelConfigParserTest, SequenceBatchingDirect) {
   EXPECT_FALSE(minimal->sequence_batching.correlation_id_type.has_value());
 }
 
+// platform "ensemble": the steps and what the configuration alone can tell about them.
+TEST(ModelConfigParserTest, EnsembleStepsAndTheirChecks) {
+  const std::string io =
+      "platform: \"ensemble\"\nmax_batch_size: 4\n"
+      "input [ { name: \"IN\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"OUT\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n";
+  auto step = [](const std::string& model, const std::string& in, const std::string& out) {
+    return "{ model_name: \"" + model + "\" model_version: -1 input_map { key: \"x\" value: \"" +
+           in + "\" } output_map { key: \"y\" value: \"" + out + "\" } }";
+  };
+  auto spec = Build(io + "ensemble_scheduling { step [ " + step("b", "mid", "OUT") + ", " +
+                    step("a", "IN", "mid") + " ] }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->is_ensemble());
+  ASSERT_EQ(spec->ensemble.steps.size(), 2u);
+  EXPECT_EQ(spec->ensemble.steps[0].model, "b");
+  EXPECT_EQ(spec->ensemble.steps[0].version, -1);
+  EXPECT_EQ(spec->ensemble.steps[0].inputs,
+            (std::vector<std::pair<std::string, std::string>>{{"x", "mid"}}));
+  EXPECT_EQ(spec->platform, "ensemble");
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"ensemble_scheduling { }", "has no step in ensemble_scheduling"},
+      {"ensemble_scheduling { step [ " + step("a", "IN", "OUT") + ", " + step("b", "IN", "OUT") +
+           " ] }",
+       "ensemble tensor 'OUT' is written by step 1 (model 'a') and by step 2 (model 'b')"},
+      {"ensemble_scheduling { step [ " + step("a", "IN", "IN") + " ] }",
+       "ensemble tensor 'IN' is written by the ensemble's inputs and by step 1"},
+      {"ensemble_scheduling { step [ " + step("a", "nothing", "OUT") + " ] }",
+       "step 1 (model 'a') reads 'nothing' (for its input 'x'), which is neither an ensemble "
+       "input nor written by any step"},
+      {"ensemble_scheduling { step [ " + step("a", "p", "q") + ", " + step("b", "q", "p") + ", " +
+           step("c", "IN", "OUT") + " ] }",
+       "its steps form a cycle (each waits for another's output): step 1 (model 'a'), step 2 "
+       "(model 'b')"},
+      {"ensemble_scheduling { step [ " + step("a", "IN", "mid") + " ] }",
+       "its output 'OUT' is not written by any step"},
+      {"ensemble_scheduling { step [ " + step("m", "IN", "OUT") + " ] }",
+       "step 1 names the ensemble itself"},
+      {"ensemble_scheduling { step [ { model_name: \"a\" input_map { key: \"x\" value: \"IN\" } "
+       "} ] }",
+       "needs an input_map and an output_map"},
+      {"response_cache { enable: true } ensemble_scheduling { step [ " + step("a", "IN", "OUT") +
+           " ] }",
+       "response_cache cannot be set on an ensemble"},
+  };
+  for (const auto& [extra, message] : refused) {
+    auto bad = Build(io + extra);
+    ASSERT_FALSE(bad.ok()) << extra;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_THAT(bad.status().message(), HasSubstr(message)) << extra;
+  }
+  auto no_steps = Build(
+      "platform: \"ensemble\"\n"
+      "input [ { name: \"IN\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"OUT\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n");
+  EXPECT_THAT(no_steps.status().message(), HasSubstr("needs an ensemble_scheduling block"));
+  auto misplaced = Build(
+      "input [ { name: \"IN\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "output [ { name: \"OUT\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n"
+      "ensemble_scheduling { step [ " +
+      step("a", "IN", "OUT") + " ] }");
+  EXPECT_THAT(misplaced.status().message(),
+              HasSubstr("ensemble_scheduling belongs to a model with platform: \"ensemble\""));
+}
+
 // Implicit state: the state input is the server's to fill, the state output the server's to keep
 // unless `output` lists it; TorchScript names follow Triton's <name>__<index> rule.
 TEST(ModelConfigParserTest, SequenceStatesAndTheOldestStrategy) {
@@ -470,20 +536,6 @@ TEST(ModelConfigParserTest, WarmupAndBenchmarkParameters) {
     model_warmup [ { name: "up" batch_size: 1
                      inputs { key: "INPUT__0" value: { data_type: TYPE_FP32 dims: [ 3, 1 ] input_data_file: "../x" } } } ])pb");
   EXPECT_THAT(escape.status().message(), HasSubstr("plain file name"));
-}
-
-TEST(ModelConfigParserTest, EnsembleIsRejected) {
-  auto spec = Build(R"pb(platform: "ensemble" max_batch_size: 1
-                        input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                        output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                        ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
-  EXPECT_THAT(spec.status().message(), HasSubstr("platform 'ensemble'"));
-  spec = Build(R"pb(max_batch_size: 1
-                   input [ { name: "a" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                   output [ { name: "b" data_type: TYPE_FP32 dims: [ 1 ] } ]
-                   ensemble_scheduling { step [ { model_name: "x" model_version: -1 } ] })pb");
-  EXPECT_THAT(spec.status().message(),
-              HasSubstr("unsupported configuration field: ensemble_scheduling"));
 }
 
 TEST(ModelConfigParserTest, TorchAotiPlatformTakesPackages) {

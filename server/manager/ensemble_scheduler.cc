@@ -1,0 +1,376 @@
+#include "server/manager/ensemble_scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace sluice {
+namespace {
+
+std::string DescribeStep(const ModelSpec& spec, size_t step) {
+  return absl::StrCat("ensemble '", spec.name, "' step ", step + 1, " (model '",
+                      spec.ensemble.steps[step].model, "')");
+}
+
+std::string VersionText(int64_t version) {
+  return version < 0 ? std::string() : std::to_string(version);
+}
+
+const TensorSpec* FindTensor(const std::vector<TensorSpec>& tensors, const std::string& name) {
+  for (const TensorSpec& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+// Two declared shapes (without the batch dimension) that some tensor can have both of.
+bool Compatible(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i] && a[i] != -1 && b[i] != -1) return false;
+  }
+  return true;
+}
+
+std::string Describe(DataType dtype, const Shape& dims) {
+  return absl::StrCat(DataTypeName(dtype), " [", absl::StrJoin(dims, ","), "]");
+}
+
+}  // namespace
+
+// One ensemble request in flight.
+struct EnsembleScheduler::Run {
+  std::unique_ptr<InferRequest> request;  // the ensemble's; its inputs view the caller's bytes
+  OutputSink* sink = nullptr;
+  InferCompletion done;
+  TimePoint started;
+  // The steps' own cancellation flag: set when the caller goes away or a step fails.
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::unique_ptr<TensorSink>> sinks;  // by step: its outputs, read in place
+
+  Mutex mutex;
+  // The ensemble tensors that exist: the request's inputs, then each answered step's outputs.
+  std::map<std::string, TensorView> tensors ABSL_GUARDED_BY(mutex);
+  std::vector<int> waiting ABSL_GUARDED_BY(mutex);          // by step: writers not answered yet
+  std::vector<InFlightModel> holds ABSL_GUARDED_BY(mutex);  // by step, while it is in flight
+  int in_flight ABSL_GUARDED_BY(mutex) = 0;                 // steps started, not answered
+  size_t answered ABSL_GUARDED_BY(mutex) = 0;               // steps answered OK
+  Status failure ABSL_GUARDED_BY(mutex);                    // the first step's failure
+  bool finished ABSL_GUARDED_BY(mutex) = false;
+};
+
+StatusOr<std::unique_ptr<EnsembleScheduler>> EnsembleScheduler::Create(ModelSpec spec,
+                                                                       Options options) {
+  if (options.lookup == nullptr || options.clock == nullptr) {
+    return absl::InvalidArgumentError("an ensemble scheduler needs a model lookup and a clock");
+  }
+  if (!spec.is_ensemble()) return absl::InvalidArgumentError("not an ensemble");
+  // What each ensemble tensor is: declared by the ensemble (inputs and outputs), or by the step
+  // model output that writes it.
+  struct Known {
+    DataType dtype;
+    Shape dims;
+    std::string from;
+  };
+  std::map<std::string, Known> known;
+  for (const TensorSpec& input : spec.inputs) {
+    known[input.name] = {input.dtype, input.dims, absl::StrCat("the ensemble's input")};
+  }
+  const std::vector<EnsembleStepSpec>& steps = spec.ensemble.steps;
+  // Writers first (the parser proved an order exists), so readers find what they read.
+  std::vector<const ModelSpec*> models(steps.size(), nullptr);
+  std::vector<InFlightModel> holds;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    StatusOr<InFlightModel> found =
+        options.lookup->Find(steps[i].model, VersionText(steps[i].version));
+    if (!found.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          DescribeStep(spec, i), " cannot be served: ", found.status().message(),
+          " (load the ensemble's models before it, or load it in explicit mode, which loads "
+          "them)"));
+    }
+    models[i] = &(*found)->spec();
+    holds.push_back(*std::move(found));  // keeps the spec alive while it is checked
+    const ModelSpec& model = *models[i];
+    if (model.is_ensemble()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DescribeStep(spec, i), " is an ensemble; a step runs a model"));
+    }
+    if (spec.batches() && model.max_batch_size < spec.max_batch_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DescribeStep(spec, i), " takes batches of at most ", model.max_batch_size,
+                       " (max_batch_size), less than the ensemble's ", spec.max_batch_size));
+    }
+    if (!spec.batches() && model.batches()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DescribeStep(spec, i), " batches (max_batch_size ", model.max_batch_size,
+          ") but the ensemble does not (max_batch_size 0): give the ensemble a max_batch_size"));
+    }
+    if (model.sequence_batching.enabled) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DescribeStep(spec, i), " is stateful (sequence_batching); an ensemble's steps are not"));
+    }
+    for (const auto& [model_output, tensor] : steps[i].outputs) {
+      const TensorSpec* declared = FindTensor(model.outputs, model_output);
+      if (declared == nullptr || declared->state_only) {
+        return absl::InvalidArgumentError(absl::StrCat(DescribeStep(spec, i), ": model '",
+                                                       model.name, "' has no output '",
+                                                       model_output, "'"));
+      }
+      known[tensor] = {declared->dtype, declared->dims,
+                       absl::StrCat("output '", model_output, "' of step ", i + 1)};
+    }
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const ModelSpec& model = *models[i];
+    for (const auto& [model_input, tensor] : steps[i].inputs) {
+      const TensorSpec* declared = FindTensor(model.inputs, model_input);
+      if (declared == nullptr || declared->filled_by_server) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            DescribeStep(spec, i), ": model '", model.name, "' has no input '", model_input, "'"));
+      }
+      const Known& from = known.at(tensor);
+      if (from.dtype != declared->dtype || !Compatible(from.dims, declared->dims)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(DescribeStep(spec, i), ": its input '", model_input, "' is ",
+                         Describe(declared->dtype, declared->dims), ", but ensemble tensor '",
+                         tensor, "' (", from.from, ") is ", Describe(from.dtype, from.dims)));
+      }
+    }
+    for (const TensorSpec& input : model.inputs) {
+      if (input.filled_by_server) continue;
+      const bool mapped = std::any_of(steps[i].inputs.begin(), steps[i].inputs.end(),
+                                      [&](const auto& each) { return each.first == input.name; });
+      if (!mapped) {
+        return absl::InvalidArgumentError(absl::StrCat(DescribeStep(spec, i),
+                                                       ": its model's input '", input.name,
+                                                       "' is not in the step's input_map"));
+      }
+    }
+  }
+  for (const TensorSpec& output : spec.outputs) {
+    const Known& from = known.at(output.name);
+    if (from.dtype != output.dtype || !Compatible(from.dims, output.dims)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ensemble '", spec.name, "': its output '", output.name, "' is declared ",
+                       Describe(output.dtype, output.dims), ", but ", from.from, " is ",
+                       Describe(from.dtype, from.dims)));
+    }
+  }
+  std::unique_ptr<EnsembleScheduler> scheduler(
+      new EnsembleScheduler(std::move(spec), std::move(options)));
+  return scheduler;
+}
+
+EnsembleScheduler::EnsembleScheduler(ModelSpec spec, Options options)
+    : spec_(std::move(spec)), options_(std::move(options)) {
+  const std::vector<EnsembleStepSpec>& steps = spec_.ensemble.steps;
+  std::map<std::string, size_t> writer;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (const auto& [model_output, tensor] : steps[i].outputs) writer[tensor] = i;
+  }
+  readers_.resize(steps.size());
+  producers_.assign(steps.size(), 0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::set<size_t> from;
+    for (const auto& [model_input, tensor] : steps[i].inputs) {
+      auto it = writer.find(tensor);
+      if (it != writer.end()) from.insert(it->second);
+    }
+    producers_[i] = static_cast<int>(from.size());
+    for (size_t producer : from) readers_[producer].push_back(i);
+  }
+}
+
+EnsembleScheduler::~EnsembleScheduler() { Stop(); }
+
+void EnsembleScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+                                InferCompletion done) {
+  {
+    MutexLock lock(&mutex_);
+    if (stopped_) {
+      lock.Unlock();
+      done(absl::UnavailableError(
+          absl::StrCat("ensemble '", spec_.name, "' is shutting down; the request did not run")));
+      return;
+    }
+  }
+  if (options_.stats) options_.stats->RecordAdmitted();
+  auto run = std::make_shared<Run>();
+  run->request = std::move(request);
+  run->sink = sink;
+  run->done = std::move(done);
+  run->started = options_.clock->Now();
+  const size_t steps = spec_.ensemble.steps.size();
+  for (size_t i = 0; i < steps; ++i) run->sinks.push_back(std::make_unique<TensorSink>());
+  std::vector<size_t> first;
+  {
+    MutexLock lock(&run->mutex);
+    for (const TensorView& input : run->request->inputs) run->tensors[input.name] = input;
+    run->waiting = producers_;
+    run->holds.resize(steps);
+    for (size_t i = 0; i < steps; ++i) {
+      if (producers_[i] == 0) first.push_back(i);
+    }
+  }
+  {
+    MutexLock lock(&mutex_);
+    live_.insert(run);
+  }
+  StartSteps(run, std::move(first));
+}
+
+void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<size_t> steps) {
+  for (size_t step : steps) {
+    const EnsembleStepSpec& spec = spec_.ensemble.steps[step];
+    auto request = std::make_unique<InferRequest>();
+    {
+      MutexLock lock(&run->mutex);
+      if (!run->failure.ok()) return;  // another step failed: start nothing more
+      ++run->in_flight;
+      request->model_name = spec.model;
+      request->id = run->request->id;
+      request->protocol = run->request->protocol;
+      request->deadline = run->request->deadline;
+      request->cancelled = run->cancelled;
+      request->parameters.priority = run->request->parameters.priority;
+      request->parameters.timeout_us = run->request->parameters.timeout_us;
+      for (const auto& [model_input, tensor] : spec.inputs) {
+        TensorView view = run->tensors.at(tensor);
+        view.name = model_input;
+        request->inputs.push_back(std::move(view));
+      }
+    }
+    for (const auto& [model_output, tensor] : spec.outputs)
+      request->requested_outputs.push_back(model_output);
+    StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, VersionText(spec.version));
+    if (!found.ok()) {
+      StepAnswered(run, step, found.status());
+      continue;
+    }
+    InFlightModel model = *std::move(found);
+    {
+      MutexLock lock(&run->mutex);
+      run->holds[step] = model.Another();
+    }
+    model->Submit(std::move(request), run->sinks[step].get(),
+                  [this, run, step](Status status) { StepAnswered(run, step, std::move(status)); });
+  }
+}
+
+void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status) {
+  std::vector<size_t> ready;
+  std::vector<InFlightModel> to_poke;
+  InFlightModel hold;  // dropped outside the lock: the last hold may wake an unload
+  bool finish = false;
+  Status answer;
+  {
+    MutexLock lock(&run->mutex);
+    hold = std::move(run->holds[step]);
+    --run->in_flight;
+    if (!status.ok() && run->failure.ok()) {
+      const std::string why =
+          run->request->IsCancelled()
+              ? std::string(status.message())
+              : absl::StrCat(DescribeStep(spec_, step), " failed: ", status.message());
+      run->failure = Status(status.code(), why);
+      // Steps still queued elsewhere are answered at once.
+      run->cancelled->store(true);
+      for (const InFlightModel& each : run->holds) {
+        if (each) to_poke.push_back(each.Another());
+      }
+    }
+    if (status.ok() && run->failure.ok()) {
+      ++run->answered;
+      const EnsembleStepSpec& spec = spec_.ensemble.steps[step];
+      for (const Tensor& output : run->sinks[step]->outputs()) {
+        for (const auto& [model_output, tensor] : spec.outputs) {
+          if (model_output != output.name) continue;
+          run->tensors[tensor] = TensorView{tensor, output.dtype, output.shape, output.data.data(),
+                                            output.data.size()};
+        }
+      }
+      for (size_t reader : readers_[step]) {
+        if (--run->waiting[reader] == 0) ready.push_back(reader);
+      }
+    }
+    const bool all = run->answered == spec_.ensemble.steps.size();
+    if (run->in_flight == 0 && ready.empty() && !run->finished && (all || !run->failure.ok())) {
+      run->finished = true;
+      finish = true;
+      answer = run->failure;
+    }
+  }
+  for (InFlightModel& each : to_poke) each->Poke();
+  if (!ready.empty()) StartSteps(run, std::move(ready));
+  if (finish) Finish(run, std::move(answer));
+}
+
+void EnsembleScheduler::Finish(const std::shared_ptr<Run>& run, Status status) {
+  // No step is in flight: the tensors are this thread's to read.
+  if (status.ok()) {
+    std::vector<const std::string*> wanted;
+    if (run->request->requested_outputs.empty()) {
+      for (const TensorSpec& output : spec_.outputs) wanted.push_back(&output.name);
+    } else {
+      for (const std::string& name : run->request->requested_outputs) wanted.push_back(&name);
+    }
+    MutexLock lock(&run->mutex);
+    for (const std::string* name : wanted) {
+      const TensorView& tensor = run->tensors.at(*name);
+      StatusOr<char*> to = run->sink->Allocate(
+          {*name, tensor.dtype, tensor.shape, tensor.byte_size, MemoryType::kCpu});
+      if (!to.ok()) {
+        status = to.status();
+        break;
+      }
+      if (tensor.byte_size > 0) std::memcpy(*to, tensor.data, tensor.byte_size);
+    }
+  }
+  const Duration took = options_.clock->Now() - run->started;
+  if (options_.stats) {
+    if (status.ok()) {
+      options_.stats->RecordSuccess(run->request->batch_size, Duration::zero(), Duration::zero(),
+                                    took, Duration::zero(), took, run->request->protocol);
+    } else {
+      options_.stats->RecordFailure(took, status, /*ran=*/true, run->request->protocol);
+    }
+  }
+  if (!status.ok()) {
+    spdlog::debug("event=ensemble_failed model={} request_id={} reason=\"{}\"", spec_.name,
+                  run->request->id, std::string(status.message()));
+  }
+  run->done(std::move(status));
+  MutexLock lock(&mutex_);
+  live_.erase(run);
+  if (live_.empty()) idle_.SignalAll();
+}
+
+void EnsembleScheduler::Poke() {
+  std::vector<InFlightModel> to_poke;
+  {
+    MutexLock lock(&mutex_);
+    for (const std::shared_ptr<Run>& run : live_) {
+      if (!run->request->IsCancelled()) continue;
+      run->cancelled->store(true);
+      MutexLock run_lock(&run->mutex);
+      for (const InFlightModel& each : run->holds) {
+        if (each) to_poke.push_back(each.Another());
+      }
+    }
+  }
+  for (InFlightModel& each : to_poke) each->Poke();
+}
+
+void EnsembleScheduler::Stop() {
+  MutexLock lock(&mutex_);
+  stopped_ = true;
+  while (!live_.empty()) idle_.Wait(&mutex_);
+}
+
+}  // namespace sluice

@@ -1,0 +1,87 @@
+// The scheduler of an ensemble (platform "ensemble", ensemble_scheduling): each request runs its
+// steps as requests to their models, through each model's ModelHandle::Submit (its validation,
+// queue timeout and batcher), so a step batches with that model's other traffic and with other
+// ensembles' steps. A step starts as soon as every ensemble tensor it reads exists (a DAG: fan-out
+// and fan-in); independent steps run at once.
+//
+// What a step's request carries from the ensemble's: its id, protocol, deadline, priority and
+// timeout parameters, and a cancellation flag of the ensemble request's own, set when the caller
+// goes away (Poke) or a step fails, so that steps still queued are answered at once. The first
+// step that fails answers the ensemble request with its status, the step named, once no step of
+// it is still in flight (they view the caller's bytes). A step's model is looked up when the step
+// starts: a composing model reloaded serves the next step; one unloaded answers UNAVAILABLE
+// naming it.
+//
+// Tensors between steps stay in host memory, in the answering step's sink: each step's outputs
+// are written once by its model and read in place by the steps after it; the ensemble's outputs
+// are copied once more, into the caller's sink.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+
+#include "server/batching/model_stats.h"
+#include "server/batching/scheduler.h"
+#include "server/core/clock.h"
+#include "server/core/model_spec.h"
+#include "server/core/mutex.h"
+#include "server/manager/model_handle.h"
+
+namespace sluice {
+
+// Thread-safe.
+class EnsembleScheduler final : public Scheduler {
+ public:
+  struct Options {
+    const ModelLookup* lookup = nullptr;  // where steps find their models; required, outlives this
+    const TimeSource* clock = nullptr;    // required, outlives this
+    std::shared_ptr<ModelStats> stats;    // the ensemble's own statistics; may be null
+  };
+
+  // Checks every step of `spec` against its model as served now: the model ready; each tensor
+  // the step maps among the model's inputs or outputs; every input the model needs mapped;
+  // datatypes equal and shapes compatible (-1 matches any size) between an ensemble tensor, its
+  // writer and its readers; a batching ensemble's steps batch, with a max_batch_size at least
+  // the ensemble's. UNAVAILABLE when a step's model is not ready, INVALID_ARGUMENT otherwise,
+  // naming the step.
+  static StatusOr<std::unique_ptr<EnsembleScheduler>> Create(ModelSpec spec, Options options);
+  ~EnsembleScheduler() override;
+
+  void Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
+               InferCompletion done) override ABSL_LOCKS_EXCLUDED(mutex_);
+  // Requests whose caller went away drop their queued steps.
+  void Poke() override ABSL_LOCKS_EXCLUDED(mutex_);
+  // Nothing to warm: each step's model warmed itself up.
+  StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest>, const std::atomic<bool>*) override {
+    return WarmupReport{};
+  }
+  void SetCallerRuns(bool) override {}  // steps run on their models' workers
+  void SetBatchSizeLadder(std::vector<int>) override {}
+  // Refuses new requests (UNAVAILABLE) and waits for those in flight to be answered.
+  void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  struct Run;
+  EnsembleScheduler(ModelSpec spec, Options options);
+  // Submits the steps of `run` in `steps` (whose inputs all exist).
+  void StartSteps(const std::shared_ptr<Run>& run, std::vector<size_t> steps);
+  void StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status);
+  // Answers the ensemble request (every step of it answered, or none left to start).
+  void Finish(const std::shared_ptr<Run>& run, Status status) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  const ModelSpec spec_;
+  const Options options_;
+  std::vector<std::vector<size_t>> readers_;  // by step: the steps that read one of its outputs
+  std::vector<int> producers_;                // by step: how many steps write what it reads
+
+  Mutex mutex_;
+  CondVar idle_;  // the last run ended
+  std::set<std::shared_ptr<Run>> live_ ABSL_GUARDED_BY(mutex_);
+  bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace sluice

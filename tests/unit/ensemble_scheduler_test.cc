@@ -1,0 +1,169 @@
+// The ensemble scheduler over real handles and batchers with fake backends: steps in order with
+// their tensors handed on, a failing step named, a cancelled request dropping its queued step,
+// and the load-time checks against the steps' models.
+#include "server/manager/ensemble_scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+
+#include "tests/unit/fakes.h"
+#include "tests/unit/handle_factory.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kPlusOne[] =
+    "max_batch_size: 8\n"
+    "input [ { name: \"x\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+    "output [ { name: \"y\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n"
+    "dynamic_batching { default_queue_policy { max_queue_size: 4 } }\n";
+
+// y = x + 1, element by element; fails when `fail` is set.
+std::unique_ptr<testing::FakeBackend> PlusOne(const std::atomic<bool>* fail = nullptr) {
+  return std::make_unique<testing::FakeBackend>(
+      [fail](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+        if (fail != nullptr && fail->load()) return absl::InternalError("the model broke");
+        const TensorView& x = request.inputs.front();
+        std::string bytes(x.data, x.byte_size);
+        for (size_t i = 0; i < bytes.size(); i += 4) {
+          int32_t value;
+          std::memcpy(&value, bytes.data() + i, 4);
+          ++value;
+          std::memcpy(bytes.data() + i, &value, 4);
+        }
+        return std::vector<Tensor>{{"y", DataType::kInt32, x.shape, std::move(bytes)}};
+      });
+}
+
+ModelSpec Chain(const std::string& second_input = "x") {
+  ModelSpec spec;
+  spec.name = "chain";
+  spec.max_batch_size = 8;
+  spec.inputs = {{"in", DataType::kInt32, {-1}}};
+  spec.outputs = {{"out", DataType::kInt32, {-1}}};
+  spec.ensemble.steps = {{"a", -1, {{"x", "in"}}, {{"y", "mid"}}},
+                         {"b", -1, {{second_input, "mid"}}, {{"y", "out"}}}};
+  return spec;
+}
+
+class EnsembleSchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_backend_ = PlusOne().release();
+    lookup_.models["a"] =
+        testing::MakeHandle("a", kPlusOne, std::unique_ptr<ModelBackend>(a_backend_), &clock_, 4);
+    lookup_.models["b"] = testing::MakeHandle("b", kPlusOne, PlusOne(&b_fails_), &clock_, 4);
+  }
+  void TearDown() override {
+    for (auto& [name, handle] : lookup_.models) handle->Stop();
+  }
+  std::unique_ptr<EnsembleScheduler> Make(ModelSpec spec) {
+    EnsembleScheduler::Options options;
+    options.lookup = &lookup_;
+    options.clock = &clock_;
+    auto made = EnsembleScheduler::Create(std::move(spec), options);
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? *std::move(made) : nullptr;
+  }
+  // Submits [1, 2, 3] and returns the answer; the outputs land in `sink`.
+  std::future<Status> Submit(EnsembleScheduler& ensemble, TensorSink* sink,
+                             std::shared_ptr<std::atomic<bool>> cancelled = nullptr) {
+    auto request = std::make_unique<InferRequest>();
+    request->model_name = "chain";
+    request->batch_size = 1;
+    request->inputs.push_back(
+        {"in", DataType::kInt32, {1, 3}, reinterpret_cast<const char*>(values_), 12});
+    request->cancelled = std::move(cancelled);
+    auto answer = std::make_shared<std::promise<Status>>();
+    std::future<Status> future = answer->get_future();
+    ensemble.Enqueue(std::move(request), sink,
+                     [answer](Status status) { answer->set_value(status); });
+    return future;
+  }
+
+  SteadyTimeSource clock_;
+  testing::FakeLookup lookup_;
+  testing::FakeBackend* a_backend_ = nullptr;
+  std::atomic<bool> b_fails_{false};
+  const int32_t values_[3] = {1, 2, 3};
+};
+
+TEST_F(EnsembleSchedulerTest, StepsRunInOrderAndHandTheirTensorsOn) {
+  auto ensemble = Make(Chain());
+  TensorSink sink;
+  ASSERT_TRUE(Submit(*ensemble, &sink).get().ok());
+  ASSERT_EQ(sink.outputs().size(), 1u);
+  const Tensor& out = sink.outputs()[0];
+  EXPECT_EQ(out.name, "out");
+  EXPECT_THAT(out.shape, ElementsAre(1, 3));
+  std::vector<int32_t> got(3);
+  std::memcpy(got.data(), out.data.data(), 12);
+  EXPECT_THAT(got, ElementsAre(3, 4, 5));  // two steps of +1
+  ensemble->Stop();
+}
+
+TEST_F(EnsembleSchedulerTest, AFailingStepFailsTheRequestNamingTheStep) {
+  auto ensemble = Make(Chain());
+  b_fails_ = true;
+  TensorSink sink;
+  Status status = Submit(*ensemble, &sink).get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("ensemble 'chain' step 2 (model 'b') failed: "));
+  EXPECT_THAT(status.message(), HasSubstr("the model broke"));
+  EXPECT_TRUE(sink.outputs().empty());
+  b_fails_ = false;
+  EXPECT_TRUE(Submit(*ensemble, &sink).get().ok());  // it serves on
+}
+
+TEST_F(EnsembleSchedulerTest, ACancelledRequestDropsItsQueuedStep) {
+  auto ensemble = Make(Chain());
+  a_backend_->CloseGate();
+  TensorSink first_sink, second_sink;
+  std::future<Status> first = Submit(*ensemble, &first_sink);  // runs step 1, held at the gate
+  a_backend_->WaitStarted(1);
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::future<Status> second = Submit(*ensemble, &second_sink, cancelled);  // queued behind it
+  cancelled->store(true);
+  ensemble->Poke();
+  Status dropped = second.get();  // answered while the first still runs
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kCancelled) << dropped;
+  a_backend_->OpenGate();
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_EQ(a_backend_->executed(), 1);
+}
+
+TEST_F(EnsembleSchedulerTest, CreateChecksEachStepAgainstItsModel) {
+  EnsembleScheduler::Options options;
+  options.lookup = &lookup_;
+  options.clock = &clock_;
+  auto unmapped = EnsembleScheduler::Create(Chain("z"), options);
+  EXPECT_EQ(unmapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unmapped.status().message(),
+              HasSubstr("step 2 (model 'b'): model 'b' has no input 'z'"));
+  ModelSpec unknown = Chain();
+  unknown.ensemble.steps[1].model = "loading";
+  auto not_ready = EnsembleScheduler::Create(unknown, options);
+  EXPECT_EQ(not_ready.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(not_ready.status().message(), HasSubstr("step 2 (model 'loading') cannot be served"));
+  ModelSpec mistyped = Chain();
+  mistyped.outputs[0].dtype = DataType::kFp32;
+  auto wrong = EnsembleScheduler::Create(mistyped, options);
+  EXPECT_THAT(
+      wrong.status().message(),
+      HasSubstr("its output 'out' is declared FP32 [-1], but output 'y' of step 2 is INT32 [-1]"));
+  ModelSpec too_big = Chain();
+  too_big.max_batch_size = 16;
+  EXPECT_THAT(
+      EnsembleScheduler::Create(too_big, options).status().message(),
+      HasSubstr("takes batches of at most 8 (max_batch_size), less than the ensemble's 16"));
+}
+
+}  // namespace
+}  // namespace sluice
