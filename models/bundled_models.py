@@ -42,6 +42,29 @@ class ConvNet(nn.Module):
         return self.classifier(torch.flatten(self.features(image), 1))
 
 
+class ImageNormaliser(nn.Module):
+    """The first step of the bundled convnet_pipeline ensemble: pixels as a camera gives them
+    (0..255, FP32 [3, 32, 32]) to what the convnet takes: scaled to [0, 1], then centred and scaled
+    by CIFAR-10's per-channel mean and standard deviation."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return (pixels / 255.0 - self.mean) / self.std
+
+
+class TopClasses(nn.Module):
+    """The last step of convnet_pipeline: the convnet's three likeliest classes per image, their
+    softmax scores and indices."""
+
+    def forward(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        scores, classes = torch.softmax(logits, dim=1).topk(3, dim=1)
+        return scores, classes
+
+
 class TextClassifier(nn.Module):
     """A character-level classifier of raw strings (TYPE_STRING in, List[str] for the model): the
     share of each string's characters in five classes, and the name of the largest ("empty" for an
@@ -113,6 +136,10 @@ def build(name):
         return torch.jit.script(TextClassifier().eval())
     if name == "accumulator":
         return torch.jit.script(Accumulator().eval())
+    if name == "image_normaliser":
+        return torch.jit.script(ImageNormaliser().eval())
+    if name == "top_classes":
+        return torch.jit.script(TopClasses().eval())
     if name == "convnet":
         with torch.no_grad():
             return torch.jit.trace(ConvNet().eval(), torch.zeros(1, 3, 32, 32))

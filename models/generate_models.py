@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes the bundled example models: TorchScript files (models/mlp/1/model.pt,
 models/convnet/1/model.pt, models/text_classifier/1/model.pt: strings in and out,
-models/accumulator/1/model.pt: a stateful model for the sequence batcher) and the mlp and
+models/accumulator/1/model.pt: a stateful model for the sequence batcher; image_normaliser and
+top_classes, the steps around convnet in the convnet_pipeline ensemble, whose version directory
+is made too) and the mlp and
 convnet networks as CPU AOTInductor packages with a dynamic batch (models/mlp_aoti/1/model.cpu.pt2,
 models/convnet_aoti/1/model.cpu.pt2). The networks are in models/bundled_models.py.
 
@@ -24,7 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from model_cache import cached, source_key  # noqa: E402
 
-MODELS = ("mlp", "convnet", "text_classifier", "accumulator", "mlp_aoti", "convnet_aoti")
+MODELS = ("mlp", "convnet", "text_classifier", "accumulator", "mlp_aoti", "convnet_aoti", "image_normaliser",
+          "top_classes")
+# Ensembles: a version directory and no file of their own (their steps are the models above).
+ENSEMBLES = ("convnet_pipeline",)
 CACHE = os.path.join(os.path.dirname(HERE), ".cache")
 
 
@@ -62,10 +67,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", default=HERE, help="model repository to write into")
     parser.add_argument("--force", action="store_true", help="build again and rewrite existing files")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+    parser.add_argument("--models", nargs="+", choices=MODELS + ENSEMBLES, default=list(MODELS + ENSEMBLES),
                         help="which models to write (default: all)")
     args = parser.parse_args()
     for name in args.models:
+        if name in ENSEMBLES:
+            os.makedirs(os.path.join(args.repository, name, "1"), exist_ok=True)
+            continue
         file_name = "model.cpu.pt2" if name.endswith("_aoti") else "model.pt"
         path = os.path.join(args.repository, name, "1", file_name)
         if os.path.exists(path) and not args.force and not name.endswith("_aoti"):

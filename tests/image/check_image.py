@@ -72,6 +72,13 @@ def tensor_cases(models):
                     result = torch.jit.load(os.path.join(directory, "model.pt")).eval()(*arguments)
             results = result if isinstance(result, (list, tuple)) else [result]
             cases.append((variant, inputs, {out: r.numpy() for out, r in zip(outputs, results)}))
+    # The bundled ensemble: its three step models run here in turn, from the image's files.
+    pixels = RNG.uniform(0, 255, (2, 3, 32, 32)).astype(np.float32)
+    with torch.inference_mode():
+        step = {name: torch.jit.load(os.path.join(models, name, "1", "model.pt")).eval()
+                for name in ("image_normaliser", "convnet", "top_classes")}
+        scores, classes = step["top_classes"](step["convnet"](step["image_normaliser"](torch.from_numpy(pixels))))
+    cases.append(("convnet_pipeline", {"pixels": pixels}, {"scores": scores.numpy(), "classes": classes.numpy()}))
     texts = ["a plainly good answer", "", "Sluice serves models", "ünïcödé text"]
     with torch.inference_mode():
         scores, labels = torch.jit.load(os.path.join(models, "text_classifier", "1", "model.pt"))(texts)
