@@ -34,7 +34,14 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
 StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name,
                                 const std::string& version) {
   SLUICE_RETURN_IF_ERROR(manager.FindModel(name).status());
-  return manager.Find(name, version).ok();
+  StatusOr<InFlightModel> found = manager.Find(name, version);
+  if (!found.ok()) return false;
+  // An ensemble is ready while every model its steps run is (as Triton's is).
+  for (const EnsembleStepSpec& step : (*found)->spec().ensemble.steps) {
+    const std::string wanted = step.version < 0 ? std::string() : std::to_string(step.version);
+    if (!manager.Find(step.model, wanted).ok()) return false;
+  }
+  return true;
 }
 
 StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer,

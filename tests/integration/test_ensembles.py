@@ -278,11 +278,13 @@ def test_explicit_mode_loads_the_steps_models_and_an_unloaded_one_is_named(tmp_p
         np.testing.assert_allclose(infer(client, grpcclient, "chain", x).as_numpy("OUTPUT"), by_hand(x)[0] * 2.0,
                                    rtol=1e-6)
         client.unload_model("double")
+        assert not client.is_model_ready("chain")  # a step's model is gone
         with pytest.raises(InferenceServerException) as error:
             infer(client, grpcclient, "chain", x)
         assert "ensemble 'chain' step 2 (model 'double') failed" in error.value.message()
         assert "StatusCode.UNAVAILABLE" in str(error.value.status())
         client.load_model("double")
+        assert client.is_model_ready("chain")
         np.testing.assert_allclose(infer(client, grpcclient, "chain", x).as_numpy("OUTPUT"), by_hand(x)[0] * 2.0,
                                    rtol=1e-6)
     finally:
