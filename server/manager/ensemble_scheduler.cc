@@ -191,16 +191,6 @@ EnsembleScheduler::~EnsembleScheduler() { Stop(); }
 
 void EnsembleScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
                                 InferCompletion done) {
-  {
-    MutexLock lock(&mutex_);
-    if (stopped_) {
-      lock.Unlock();
-      done(absl::UnavailableError(
-          absl::StrCat("ensemble '", spec_.name, "' is shutting down; the request did not run")));
-      return;
-    }
-  }
-  if (options_.stats) options_.stats->RecordAdmitted();
   auto run = std::make_shared<Run>();
   run->request = std::move(request);
   run->sink = sink;
@@ -219,9 +209,17 @@ void EnsembleScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSin
     }
   }
   {
+    // Checked and counted under one lock: Stop waits for every run it let in.
     MutexLock lock(&mutex_);
+    if (stopped_) {
+      lock.Unlock();
+      run->done(absl::UnavailableError(
+          absl::StrCat("ensemble '", spec_.name, "' is shutting down; the request did not run")));
+      return;
+    }
     live_.insert(run);
   }
+  if (options_.stats) options_.stats->RecordAdmitted();
   StartSteps(run, std::move(first));
 }
 

@@ -107,6 +107,10 @@ TEST_F(EnsembleSchedulerTest, StepsRunInOrderAndHandTheirTensorsOn) {
   std::memcpy(got.data(), out.data.data(), 12);
   EXPECT_THAT(got, ElementsAre(3, 4, 5));  // two steps of +1
   ensemble->Stop();
+  TensorSink late;
+  Status refused = Submit(*ensemble, &late).get();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("ensemble 'chain' is shutting down"));
 }
 
 TEST_F(EnsembleSchedulerTest, AFailingStepFailsTheRequestNamingTheStep) {
