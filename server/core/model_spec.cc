@@ -105,6 +105,18 @@ Shape ModelSpec::ToClientShape(const TensorSpec& tensor, const Shape& model) con
   return Transfer(model, *tensor.reshape, tensor.dims, batches());
 }
 
+const TensorSpec* FindTensor(const std::vector<TensorSpec>& tensors, const std::string& name) {
+  for (const TensorSpec& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, const std::string& name) {
+  return const_cast<TensorSpec*>(
+      FindTensor(static_cast<const std::vector<TensorSpec>&>(tensors), name));
+}
+
 size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].name == name) return i;

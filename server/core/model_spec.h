@@ -55,6 +55,9 @@ std::optional<std::vector<int>> PositionsBySuffix(const std::vector<TensorSpec>&
                                                   size_t count);
 // Index of `name` among `tensors` (0 when absent: requests are validated before they get there).
 size_t DeclaredIndex(const std::vector<TensorSpec>& tensors, const std::string& name);
+// The tensor named `name` among `tensors`, or null.
+const TensorSpec* FindTensor(const std::vector<TensorSpec>& tensors, const std::string& name);
+TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, const std::string& name);
 
 // The config platform of AOTInductor packages (.pt2), Triton's name for them.
 inline constexpr char kTorchAotiPlatform[] = "torch_aoti";
@@ -257,6 +260,8 @@ struct SequenceBatchingSpec {
 struct EnsembleStepSpec {
   std::string model;     // model_name
   int64_t version = -1;  // model_version; -1: the newest ready version
+  // The version as ModelLookup::Find takes it: empty for the newest ready one.
+  std::string VersionText() const { return version < 0 ? std::string() : std::to_string(version); }
   // (the step model's input, the ensemble tensor it reads), in the config's order
   std::vector<std::pair<std::string, std::string>> inputs;
   // (the step model's output, the ensemble tensor it writes), in the config's order

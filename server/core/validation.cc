@@ -11,13 +11,6 @@
 namespace sluice {
 namespace {
 
-const TensorSpec* FindSpec(const std::vector<TensorSpec>& specs, const std::string& name) {
-  for (const TensorSpec& spec : specs) {
-    if (spec.name == name) return &spec;
-  }
-  return nullptr;
-}
-
 std::string ExpectedNames(const std::vector<TensorSpec>& specs) {
   std::string names;
   for (const TensorSpec& spec : specs) {
@@ -59,7 +52,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   // runs for every request).
   absl::InlinedVector<bool, 16> seen(spec.inputs.size(), false);
   for (const TensorView& input : request->inputs) {
-    const TensorSpec* declared = FindSpec(spec.inputs, input.name);
+    const TensorSpec* declared = FindTensor(spec.inputs, input.name);
     if (declared == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("unexpected input '", QuoteClientText(input.name), "' for model '",
@@ -135,7 +128,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
 
   absl::InlinedVector<bool, 16> requested(spec.outputs.size(), false);
   for (const std::string& output : request->requested_outputs) {
-    const TensorSpec* declared = FindSpec(spec.outputs, output);
+    const TensorSpec* declared = FindTensor(spec.outputs, output);
     if (declared == nullptr || declared->state_only) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown requested output '", QuoteClientText(output), "' for model '",
@@ -151,7 +144,7 @@ Status ValidateRequest(const ModelSpec& spec, InferRequest* request) {
   if (request->classifications.empty()) return absl::OkStatus();  // the common request
   absl::InlinedVector<bool, 16> classified(spec.outputs.size(), false);
   for (const ClassificationRequest& classification : request->classifications) {
-    const TensorSpec* declared = FindSpec(spec.outputs, classification.output);
+    const TensorSpec* declared = FindTensor(spec.outputs, classification.output);
     const bool listed =
         std::find(request->requested_outputs.begin(), request->requested_outputs.end(),
                   classification.output) != request->requested_outputs.end();

@@ -38,8 +38,7 @@ StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& 
   if (!found.ok()) return false;
   // An ensemble is ready while every model its steps run is (as Triton's is).
   for (const EnsembleStepSpec& step : (*found)->spec().ensemble.steps) {
-    const std::string wanted = step.version < 0 ? std::string() : std::to_string(step.version);
-    if (!manager.Find(step.model, wanted).ok()) return false;
+    if (!manager.Find(step.model, step.VersionText()).ok()) return false;
   }
   return true;
 }

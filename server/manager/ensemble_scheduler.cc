@@ -17,17 +17,6 @@ std::string DescribeStep(const ModelSpec& spec, size_t step) {
                       spec.ensemble.steps[step].model, "')");
 }
 
-std::string VersionText(int64_t version) {
-  return version < 0 ? std::string() : std::to_string(version);
-}
-
-const TensorSpec* FindTensor(const std::vector<TensorSpec>& tensors, const std::string& name) {
-  for (const TensorSpec& tensor : tensors) {
-    if (tensor.name == name) return &tensor;
-  }
-  return nullptr;
-}
-
 // Two declared shapes (without the batch dimension) that some tensor can have both of.
 bool Compatible(const Shape& a, const Shape& b) {
   if (a.size() != b.size()) return false;
@@ -86,8 +75,7 @@ StatusOr<std::unique_ptr<EnsembleScheduler>> EnsembleScheduler::Create(ModelSpec
   std::vector<const ModelSpec*> models(steps.size(), nullptr);
   std::vector<InFlightModel> holds;
   for (size_t i = 0; i < steps.size(); ++i) {
-    StatusOr<InFlightModel> found =
-        options.lookup->Find(steps[i].model, VersionText(steps[i].version));
+    StatusOr<InFlightModel> found = options.lookup->Find(steps[i].model, steps[i].VersionText());
     if (!found.ok()) {
       return absl::UnavailableError(absl::StrCat(
           DescribeStep(spec, i), " cannot be served: ", found.status().message(),
@@ -246,7 +234,7 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
     }
     for (const auto& [model_output, tensor] : spec.outputs)
       request->requested_outputs.push_back(model_output);
-    StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, VersionText(spec.version));
+    StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, spec.VersionText());
     if (!found.ok()) {
       StepAnswered(run, step, found.status());
       continue;

@@ -393,13 +393,6 @@ Status ConvertControlValues(const inference::ModelSequenceBatching::Control& con
   return take(DataType::kBool, control.bool_false_true());
 }
 
-TensorSpec* FindTensor(std::vector<TensorSpec>& tensors, absl::string_view name) {
-  for (TensorSpec& tensor : tensors) {
-    if (tensor.name == name) return &tensor;
-  }
-  return nullptr;
-}
-
 // platform "ensemble": its steps, and what the configuration alone can tell about them. What
 // needs the steps' models (their tensors, datatypes and shapes) is checked when the ensemble loads.
 Status ConvertEnsemble(const inference::ModelConfig& config, ModelSpec* spec) {

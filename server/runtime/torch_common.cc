@@ -140,15 +140,12 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
   std::vector<bool> wanted(declared.size(), false);
   for (const OutputTarget& target : targets) {
     if (target.requested == nullptr || target.requested->empty()) {
-      wanted.assign(wanted.size(), true);
+      // Every output but a state output the config does not list: that one is the server's
+      // (SequenceStateStore), never a client's (validation refuses it by name).
+      for (size_t i = 0; i < declared.size(); ++i) wanted[i] = !declared[i].state_only;
       break;
     }
     for (const std::string& name : *target.requested) wanted[DeclaredIndex(declared, name)] = true;
-  }
-  // A state output the config does not list is the server's (SequenceStateStore), never a
-  // client's.
-  for (size_t i = 0; i < declared.size(); ++i) {
-    if (declared[i].state_only) wanted[i] = false;
   }
   std::vector<at::Tensor> host(declared.size());
   // Serialized List[str] outputs and their shapes; left empty (no allocation) without strings.

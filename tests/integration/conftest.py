@@ -100,6 +100,15 @@ def wait_models_loaded(server, timeout=60.0):
         client.close()
 
 
+def client_for(server, protocol):
+    """(a tritonclient client of `server` over `protocol`, "grpc" or "http", and its module)."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    if protocol == "grpc":
+        return grpcclient.InferenceServerClient(server.url), grpcclient
+    return httpclient.InferenceServerClient(server.http_url), httpclient
+
+
 def start_server(repository, tmp_path_factory, extra_args=(), ready=True, env=None, credentials=None):
     log = tmp_path_factory.mktemp("log") / "server.log"
     server = ServerProcess(repository, extra_args, log_path=str(log), env=env, credentials=credentials)

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server, wait_models_ready
+from conftest import client_for, start_server, wait_models_ready
 from make_test_repository import write_model
 
 
@@ -139,11 +138,6 @@ def data(batch=2, seed=0):
 def by_hand(x):
     n = (x - 1.0) * 0.5
     return n, n * 2.0 + n * n
-
-
-def client_for(server, protocol):
-    return (grpcclient.InferenceServerClient(server.url) if protocol == "grpc"
-            else httpclient.InferenceServerClient(server.http_url)), (grpcclient if protocol == "grpc" else httpclient)
 
 
 def infer(client, module, model, x, outputs=None, **kwargs):

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server, wait_models_ready
+from conftest import client_for, start_server, wait_models_ready
 from make_test_repository import write_model
 from state_packages import state_accumulator_package
 
@@ -95,9 +95,11 @@ def server(repository, tmp_path_factory):
     assert server.stop() == 0, server.log()
 
 
-def infer(client, module, model, sequence_id, v, start=False, end=False, shape=(1, 1), outputs=None):
-    data = module.InferInput("value" if model == "packaged_state" else "INPUT__0", list(shape), "INT32")
-    data.set_data_from_numpy(np.full(shape, v, dtype=np.int32))
+def infer(client, module, model, sequence_id, v, start=False, end=False, outputs=None):
+    """One row [[v]]: [1, 1] is a batch of one for the batched models and the whole tensor for
+    oldest_unbatched (dims [1, 1])."""
+    data = module.InferInput("value" if model == "packaged_state" else "INPUT__0", [1, 1], "INT32")
+    data.set_data_from_numpy(np.full((1, 1), v, dtype=np.int32))
     requested = [module.InferRequestedOutput(name) for name in outputs] if outputs else None
     result = client.infer(model, [data], outputs=requested, sequence_id=sequence_id,
                           sequence_start=start, sequence_end=end)
@@ -109,17 +111,14 @@ def infer(client, module, model, sequence_id, v, start=False, end=False, shape=(
 def test_tritons_sequence_example_traffic_answers_the_running_sums(server, model, protocol):
     """simple_*_sequence_sync_infer_client's traffic: two integer sequences and a UUID string one,
     each sent in full, one after the other."""
-    module = grpcclient if protocol == "grpc" else httpclient
-    client = module.InferenceServerClient(server.url if protocol == "grpc" else server.http_url)
-    shape = (1, 1)
+    client, module = client_for(server, protocol)
     values = [11, 7, 5, 3, 2, 0, 1]
     for sequence_id, sent in ((1000, [0] + values), (1001, [100] + [-v for v in values]),
                               (str(uuid.uuid4()), [20] + [-v for v in values])):
         total = 0
         for step, v in enumerate(sent):
             total += v
-            got, _ = infer(client, module, model, sequence_id, v, start=step == 0, end=step == len(sent) - 1,
-                           shape=shape)
+            got, _ = infer(client, module, model, sequence_id, v, start=step == 0, end=step == len(sent) - 1)
             assert got == total, (model, sequence_id, step)
     client.close()
 
@@ -131,10 +130,7 @@ def test_interleaved_sequences_keep_their_own_state(server, model):
     different sequences run together. Every answer is its own sequence's running sum."""
     def run_client(index):
         rng = random.Random(index)
-        grpc_side = index % 2 == 0
-        client = (grpcclient.InferenceServerClient(server.url) if grpc_side
-                  else httpclient.InferenceServerClient(server.http_url))
-        module = grpcclient if grpc_side else httpclient
+        client, module = client_for(server, "grpc" if index % 2 == 0 else "http")
         for sequence_id in (7000 + 2 * index, 7001 + 2 * index):
             total = 0
             for step in range(10):

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from conftest import CLIENT, ROOT, start_server, write_bundled
+from conftest import CLIENT, ROOT, client_for, start_server, write_bundled
 from make_test_repository import write_model
 
 sys.path.insert(0, os.path.join(ROOT, "models"))
@@ -123,10 +123,7 @@ def test_interleaved_sequences_from_many_clients_equal_the_reference_sums(server
     sequences. Interleaving within one client is the stream test's.)"""
     def run_client(index):
         rng = random.Random(index)
-        grpc_side = index % 2 == 0
-        client = (grpcclient.InferenceServerClient(server.url) if grpc_side
-                  else httpclient.InferenceServerClient(server.http_url))
-        module = grpcclient if grpc_side else httpclient
+        client, module = client_for(server, "grpc" if index % 2 == 0 else "http")
         ids = [5000 + 2 * index, 5001 + 2 * index]
         sums = {i: 0 for i in ids}
         values = {i: [rng.randint(-50, 100) for _ in range(12)] for i in ids}
