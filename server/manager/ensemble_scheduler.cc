@@ -353,6 +353,23 @@ void EnsembleScheduler::Poke() {
   for (InFlightModel& each : to_poke) each->Poke();
 }
 
+bool EnsembleScheduler::Reschedule(const std::atomic<bool>* tag, int priority_level,
+                                   TimePoint deadline, TimePoint) {
+  MutexLock lock(&mutex_);
+  for (const std::shared_ptr<Run>& run : live_) {
+    if (run->request->cancelled.get() != tag) continue;
+    MutexLock run_lock(&run->mutex);  // StartSteps reads them under it
+    InferRequest& request = *run->request;
+    if (deadline > request.deadline) request.deadline = deadline;
+    const uint64_t level = priority_level > 0 ? static_cast<uint64_t>(priority_level) : 0;
+    if (level > 0 && (request.parameters.priority == 0 || level < request.parameters.priority)) {
+      request.parameters.priority = level;
+    }
+    return true;
+  }
+  return false;
+}
+
 void EnsembleScheduler::Stop() {
   MutexLock lock(&mutex_);
   stopped_ = true;

@@ -34,7 +34,7 @@
 namespace sluice {
 
 // Thread-safe.
-class EnsembleScheduler final : public Scheduler {
+class EnsembleScheduler final : public Scheduler, public QueueSharing {
  public:
   struct Options {
     const ModelLookup* lookup = nullptr;  // where steps find their models; required, outlives this
@@ -63,6 +63,17 @@ class EnsembleScheduler final : public Scheduler {
   void SetBatchSizeLadder(std::vector<int>) override {}
   // Refuses new requests (UNAVAILABLE) and waits for those in flight to be answered.
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // QueueSharing, for the response cache's single flight (an ensemble with response_cache). An
+  // ensemble has no queue of its own: its steps wait in their models' queues, under those caps,
+  // so every waiter is admitted. Reschedule raises the deadline (the later one) and priority (the
+  // higher, a smaller level above 0) of the run whose flag is `tag` for the steps it has not
+  // started yet; a step already queued keeps what it was given. The DELAY timeout action is the
+  // step models' own: `delay_after` is not passed on. False when no run has that flag.
+  Status AdmitWaiter(const InferRequest&) override { return absl::OkStatus(); }
+  void ReleaseWaiter(int, size_t) override {}
+  bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
+                  TimePoint delay_after) override ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   struct Run;

@@ -239,6 +239,7 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
     ensemble.stats = std::move(stats);
     SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<EnsembleScheduler> scheduler,
                             EnsembleScheduler::Create(model.spec, std::move(ensemble)));
+    *queue = scheduler.get();  // the response cache's single flight shares it
     return std::unique_ptr<Scheduler>(std::move(scheduler));
   }
   ModelSpec spec = model.spec;

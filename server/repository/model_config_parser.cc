@@ -395,12 +395,13 @@ Status ConvertControlValues(const inference::ModelSequenceBatching::Control& con
 
 // platform "ensemble": its steps, and what the configuration alone can tell about them. What
 // needs the steps' models (their tensors, datatypes and shapes) is checked when the ensemble loads.
+// response_cache is the ensemble's own (its answers are cached whole); what batches, warms up or
+// runs belongs to the step models.
 Status ConvertEnsemble(const inference::ModelConfig& config, ModelSpec* spec) {
   const std::string where = absl::StrCat("ensemble '", spec->name, "'");
   std::vector<std::string> refused;
   if (config.has_dynamic_batching()) refused.push_back("dynamic_batching");
   if (config.has_sequence_batching()) refused.push_back("sequence_batching");
-  if (config.response_cache().enable()) refused.push_back("response_cache");
   if (config.model_warmup_size() > 0) refused.push_back("model_warmup");
   if (config.optimization().cuda().graphs()) refused.push_back("optimization.cuda.graphs");
   if (!refused.empty()) {

@@ -106,6 +106,9 @@ def repository(tmp_path_factory):
                                               ("refuse_negative", {"INPUT__0": "n"}, {"OUTPUT__0": "r"}),
                                               ("double", {"INPUT__0": "r"}, {"OUTPUT__0": "OUTPUT"})]))
     write_ensemble(root, "waits", ensemble([("slow", {"INPUT__0": "INPUT"}, {"OUTPUT__0": "OUTPUT"})]))
+    write_ensemble(root, "cached", DAG + "response_cache { enable: true }\n")
+    write_ensemble(root, "cached_slow", ensemble([("slow", {"INPUT__0": "INPUT"}, {"OUTPUT__0": "OUTPUT"})])
+                   + "response_cache { enable: true }\n")
     # Refused at load, each with its reason.
     write_ensemble(root, "unknown_model", ensemble([("nowhere", {"INPUT__0": "INPUT"}, {"OUTPUT__0": "OUTPUT"})]))
     write_ensemble(root, "unwritten", ensemble([("double", {"INPUT__0": "missing"}, {"OUTPUT__0": "OUTPUT"})]))
@@ -120,12 +123,13 @@ def repository(tmp_path_factory):
     return root
 
 
-GOOD = ["chain", "dag", "guarded", "waits", "normalise", "double", "square", "add", "refuse_negative", "slow"]
+GOOD = ["chain", "dag", "guarded", "waits", "cached", "cached_slow", "normalise", "double", "square", "add", "refuse_negative", "slow"]
 
 
 @pytest.fixture(scope="module")
 def server(repository, tmp_path_factory):
-    server = start_server(repository, tmp_path_factory, ["--device", "cpu", "--strict-readiness", "false"])
+    server = start_server(repository, tmp_path_factory,
+                          ["--device", "cpu", "--strict-readiness", "false", "--cache-config", "local,size=1048576"])
     wait_models_ready(server, GOOD)
     yield server
     assert server.stop() == 0, server.log()
@@ -237,6 +241,49 @@ def test_a_cancelled_request_drops_its_queued_step(server):
     time.sleep(3.5)  # past the slow model's batching delay
     after = client.get_inference_statistics("slow", as_json=True)["model_stats"][0]
     assert int(after.get("execution_count", 0)) == int(before.get("execution_count", 0))
+
+
+def inference_stats(client, model):
+    return client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_cached_ensemble_answers_a_repeat_without_running_its_steps(server, protocol):
+    client, module = client_for(server, protocol)
+    stats = grpcclient.InferenceServerClient(server.url)
+    x = data(3, seed=7 if protocol == "grpc" else 8)
+    n, combined = by_hand(x)
+    before = {m: inference_stats(stats, m) for m in ("cached", "normalise", "add")}
+    for _ in range(3):
+        result = infer(client, module, "cached", x)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT"), combined, rtol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("normalised"), n, rtol=1e-6)
+    after = {m: inference_stats(stats, m) for m in ("cached", "normalise", "add")}
+
+    def count(s, field):
+        return int(s["inference_stats"].get(field, {}).get("count", 0))
+
+    assert count(after["cached"], "cache_miss") - count(before["cached"], "cache_miss") == 1
+    assert count(after["cached"], "cache_hit") - count(before["cached"], "cache_hit") == 2
+    for model in ("normalise", "add"):  # the steps ran once, for the miss
+        assert int(after[model]["inference_count"]) - int(before[model].get("inference_count", 0)) == 3
+
+
+def test_identical_ensemble_requests_share_one_run(server):
+    """Eight identical requests while the first one's step waits in the slow model's queue: one
+    run of the steps, seven answers shared with it (the cache's single flight)."""
+    stats = grpcclient.InferenceServerClient(server.url)
+    slow_before = int(inference_stats(stats, "slow").get("inference_count", 0))
+    x = data(1, seed=11)
+
+    def one(_):
+        client = grpcclient.InferenceServerClient(server.url)
+        return infer(client, grpcclient, "cached_slow", x).as_numpy("OUTPUT")
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for got in pool.map(one, range(8)):
+            np.testing.assert_allclose(got, x * 2.0, rtol=1e-6)
+    assert int(inference_stats(stats, "slow")["inference_count"]) - slow_before == 1
 
 
 def test_each_load_time_check_refuses_its_ensemble(server):

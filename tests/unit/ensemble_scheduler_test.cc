@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <future>
+#include <thread>
 
 #include "tests/unit/fakes.h"
 #include "tests/unit/handle_factory.h"
@@ -74,13 +75,15 @@ class EnsembleSchedulerTest : public ::testing::Test {
   }
   // Submits [1, 2, 3] and returns the answer; the outputs land in `sink`.
   std::future<Status> Submit(EnsembleScheduler& ensemble, TensorSink* sink,
-                             std::shared_ptr<std::atomic<bool>> cancelled = nullptr) {
+                             std::shared_ptr<std::atomic<bool>> cancelled = nullptr,
+                             TimePoint deadline = kNoDeadline) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "chain";
     request->batch_size = 1;
     request->inputs.push_back(
         {"in", DataType::kInt32, {1, 3}, reinterpret_cast<const char*>(values_), 12});
     request->cancelled = std::move(cancelled);
+    request->deadline = deadline;
     auto answer = std::make_shared<std::promise<Status>>();
     std::future<Status> future = answer->get_future();
     ensemble.Enqueue(std::move(request), sink,
@@ -141,6 +144,35 @@ TEST_F(EnsembleSchedulerTest, ACancelledRequestDropsItsQueuedStep) {
   a_backend_->OpenGate();
   EXPECT_TRUE(first.get().ok());
   EXPECT_EQ(a_backend_->executed(), 1);
+}
+
+// The response cache's single flight raises a run's deadline as later waiters join: the steps
+// not started yet get the later one. Step 2 is submitted after the first deadline has passed.
+TEST_F(EnsembleSchedulerTest, RescheduleRaisesTheDeadlineOfStepsNotStartedYet) {
+  auto ensemble = Make(Chain());
+  QueueSharing& sharing = *ensemble;
+  EXPECT_TRUE(sharing.AdmitWaiter(InferRequest{}).ok());  // no queue of its own
+  auto soon = [this] { return clock_.Now() + std::chrono::milliseconds(100); };
+  auto run = [&](bool raise) {
+    a_backend_->CloseGate();
+    const int started = a_backend_->started();
+    auto tag = std::make_shared<std::atomic<bool>>(false);
+    TensorSink sink;
+    std::future<Status> answer = Submit(*ensemble, &sink, tag, soon());
+    a_backend_->WaitStarted(started + 1);  // step 1 runs, held at the gate
+    if (raise) {
+      EXPECT_TRUE(
+          sharing.Reschedule(tag.get(), 1, clock_.Now() + std::chrono::seconds(60), kNoDeadline));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the first deadline
+    a_backend_->OpenGate();
+    return answer.get();
+  };
+  const Status expired = run(/*raise=*/false);
+  EXPECT_EQ(expired.code(), absl::StatusCode::kDeadlineExceeded) << expired;
+  EXPECT_TRUE(run(/*raise=*/true).ok());
+  std::atomic<bool> nobody{false};
+  EXPECT_FALSE(sharing.Reschedule(&nobody, 1, kNoDeadline, kNoDeadline));  // no such run
 }
 
 TEST_F(EnsembleSchedulerTest, CreateChecksEachStepAgainstItsModel) {
