@@ -16,6 +16,21 @@ Status CheckRepositoryName(const std::string& repository_name) {
                    "'; Sluice serves one repository (leave repository_name empty)"));
 }
 
+// Why the ensemble `spec` cannot run now: its first step whose model serves no version the step
+// names. Empty when each one does, and for a model that is not an ensemble. (An ensemble is ready
+// while every model its steps run is, as Triton's is.)
+std::string UnservedStep(const ModelManager& manager, const ModelSpec& spec) {
+  for (size_t i = 0; i < spec.ensemble.steps.size(); ++i) {
+    const EnsembleStepSpec& step = spec.ensemble.steps[i];
+    StatusOr<InFlightModel> found = manager.Find(step.model, step.VersionText());
+    if (!found.ok()) {
+      return absl::StrCat("step ", i + 1, " (model '", step.model,
+                          "') cannot be served: ", found.status().message());
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 void AnswerServerMetadata(const std::string& version, bool system_shared_memory, bool trace,
@@ -26,6 +41,7 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
   response->add_extensions("model_configuration");
   response->add_extensions("statistics");
   response->add_extensions("model_repository");
+  response->add_extensions("model_repository(unload_dependents)");
   response->add_extensions("binary_tensor_data");
   if (system_shared_memory) response->add_extensions("system_shared_memory");
   if (trace) response->add_extensions("trace");
@@ -35,12 +51,7 @@ StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& 
                                 const std::string& version) {
   SLUICE_RETURN_IF_ERROR(manager.FindModel(name).status());
   StatusOr<InFlightModel> found = manager.Find(name, version);
-  if (!found.ok()) return false;
-  // An ensemble is ready while every model its steps run is (as Triton's is).
-  for (const EnsembleStepSpec& step : (*found)->spec().ensemble.steps) {
-    if (!manager.Find(step.model, step.VersionText()).ok()) return false;
-  }
-  return true;
+  return found.ok() && UnservedStep(manager, (*found)->spec()).empty();
 }
 
 StatusOr<TraceSettingsMap> AnswerTraceSettings(const ModelManager& manager, Tracer* tracer,
@@ -75,7 +86,20 @@ Status AnswerModelConfig(const ModelManager& manager, const std::string& name,
 Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name,
                              bool ready_only, inference::RepositoryIndexResponse* response) {
   SLUICE_RETURN_IF_ERROR(CheckRepositoryName(repository_name));
-  for (const ModelIndexEntry& entry : manager.Index()) {
+  for (ModelIndexEntry& entry : manager.Index()) {
+    if (entry.state == ModelState::kReady) {
+      // A ready ensemble with a step whose model does not serve is not ready (as the model-ready
+      // call says): listed UNAVAILABLE, with the step as the reason.
+      StatusOr<std::shared_ptr<const RepositoryModel>> found = manager.FindModel(entry.name);
+      if (found.ok() && (*found)->spec.is_ensemble()) {
+        StatusOr<InFlightModel> serving = manager.Find(entry.name, entry.version);
+        std::string why = serving.ok() ? UnservedStep(manager, (*serving)->spec()) : "";
+        if (!why.empty()) {
+          entry.state = ModelState::kUnavailable;
+          entry.reason = std::move(why);
+        }
+      }
+    }
     if (ready_only && entry.state != ModelState::kReady) continue;
     auto* model = response->add_models();
     model->set_name(entry.name);
@@ -143,11 +167,9 @@ Status CheckLoadFilePath(const std::string& key, const std::string& path) {
 
 }  // namespace
 
-StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
-                                          const std::string& repository_name,
-                                          const std::string& model_name,
-                                          const std::vector<ControlParameter>& parameters,
-                                          bool unload) {
+StatusOr<ControlRequest> CheckModelControl(
+    const ModelControl* control, const std::string& transport, const std::string& repository_name,
+    const std::string& model_name, const std::vector<ControlParameter>& parameters, bool unload) {
   // Load and unload work only in explicit mode (see ModelControlMode).
   const ModelControlMode mode = control != nullptr ? control->mode() : ModelControlMode::kNone;
   if (mode != ModelControlMode::kExplicit) {
@@ -169,11 +191,19 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
     }
     return "unknown";
   };
-  ModelOverride override;
+  ControlRequest request;
+  ModelOverride& override = request.override;
   uint64_t file_bytes = 0;
   for (const ControlParameter& parameter : parameters) {
     if (unload) {
-      if (parameter.key == "unload_dependents") continue;
+      if (parameter.key == "unload_dependents") {
+        if (parameter.kind != ControlParameter::Kind::kBool) {
+          return absl::InvalidArgumentError(
+              "Unload parameter 'unload_dependents' must have bool type for its value");
+        }
+        request.unload_dependents = parameter.value == "true";
+        continue;
+      }
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", QuoteClientText(parameter.key),
                        "' is not supported by unload (only unload_dependents)"));
@@ -220,7 +250,7 @@ StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std
     }
   }
   if (model_name.empty()) return absl::InvalidArgumentError("model_name is empty");
-  return override;
+  return request;
 }
 
 void AddBatchSizeChoice(const BatchSizeChoice& choice, inference::ModelConfig* config) {

@@ -24,7 +24,7 @@ void AnswerServerMetadata(const std::string& version, bool system_shared_memory,
                           inference::ServerMetadataResponse* response);
 
 // ModelReady: NOT_FOUND for a model the repository lacks; else whether `version` (empty: the
-// newest) is ready.
+// newest) is ready; an ensemble's, only while every model its steps run serves.
 StatusOr<bool> AnswerModelReady(const ModelManager& manager, const std::string& name,
                                 const std::string& version);
 
@@ -34,7 +34,8 @@ Status AnswerModelMetadata(const ModelManager& manager, const std::string& name,
 Status AnswerModelConfig(const ModelManager& manager, const std::string& name,
                          const std::string& version, inference::ModelConfigResponse* response);
 
-// RepositoryIndex: every model version the server knows (only the ready ones when `ready_only`).
+// RepositoryIndex: every model version the server knows (only the ready ones when `ready_only`);
+// an ensemble with a step whose model does not serve is UNAVAILABLE, that step the reason.
 // NOT_FOUND for a repository name other than "" (Sluice serves one repository).
 Status AnswerRepositoryIndex(const ModelManager& manager, const std::string& repository_name,
                              bool ready_only, inference::RepositoryIndexResponse* response);
@@ -65,14 +66,16 @@ struct ControlParameter {
 // accepts load files, "file:<path>" entries (bytes; they require "config"; each path relative,
 // every component a plain name of at most 255 bytes, all of them within the per-load byte cap),
 // returned as the override; "file:" entries are refused otherwise, and anything else is
-// INVALID_ARGUMENT ("Unrecognized load parameter"). Unload accepts unload_dependents, which
-// changes nothing: unloading an ensemble leaves its step models loaded either way. `transport`
-// ("gRPC", "HTTP") goes into the message.
-StatusOr<ModelOverride> CheckModelControl(const ModelControl* control, const std::string& transport,
-                                          const std::string& repository_name,
-                                          const std::string& model_name,
-                                          const std::vector<ControlParameter>& parameters,
-                                          bool unload);
+// INVALID_ARGUMENT ("Unrecognized load parameter"). Unload takes unload_dependents (a bool: also
+// unload the step models of an ensemble that nothing else runs, ModelControl::UnloadModel).
+// `transport` ("gRPC", "HTTP") goes into the message.
+struct ControlRequest {
+  ModelOverride override;          // a load's
+  bool unload_dependents = false;  // an unload's
+};
+StatusOr<ControlRequest> CheckModelControl(
+    const ModelControl* control, const std::string& transport, const std::string& repository_name,
+    const std::string& model_name, const std::vector<ControlParameter>& parameters, bool unload);
 
 // ModelMetadata for a model spec and its ready versions (shapes carry a leading -1 when the
 // model batches).

@@ -271,8 +271,8 @@ grpc::ServerUnaryReactor* GrpcService::RunControl(grpc::CallbackServerContext* c
 }
 
 template <typename Request>
-StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerContext& context,
-                                                  const Request& request) const {
+StatusOr<ControlRequest> GrpcService::CheckControl(const grpc::CallbackServerContext& context,
+                                                   const Request& request) const {
   SLUICE_RETURN_IF_ERROR(Allow(context, ProtocolGroup::kModelRepository));
   std::vector<ControlParameter> parameters;
   for (const auto& [key, value] : request.parameters()) {
@@ -281,6 +281,7 @@ StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerCont
     switch (value.parameter_choice_case()) {
       case inference::ModelRepositoryParameter::kBoolParam:
         parameter.kind = ControlParameter::Kind::kBool;
+        parameter.value = value.bool_param() ? "true" : "false";
         break;
       case inference::ModelRepositoryParameter::kInt64Param:
         parameter.kind = ControlParameter::Kind::kInt64;
@@ -303,21 +304,23 @@ StatusOr<ModelOverride> GrpcService::CheckControl(const grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcService::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  StatusOr<ModelOverride> override = CheckControl(*context, *request);
-  if (!override.ok()) return FinishNow(context, override.status());
-  return RunControl(context, [this, name = request->model_name(), override = *std::move(override)] {
-    return control_->LoadModel(name, override);
-  });
+  StatusOr<ControlRequest> checked = CheckControl(*context, *request);
+  if (!checked.ok()) return FinishNow(context, checked.status());
+  return RunControl(context,
+                    [this, name = request->model_name(), override = std::move(checked->override)] {
+                      return control_->LoadModel(name, override);
+                    });
 }
 
 grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  if (Status allowed = CheckControl(*context, *request).status(); !allowed.ok())
-    return FinishNow(context, allowed);
-  return RunControl(context, [this, name = request->model_name()] {
-    spdlog::info("event=model_unload_requested model={}", name);
-    return control_->UnloadModel(name);
+  StatusOr<ControlRequest> checked = CheckControl(*context, *request);
+  if (!checked.ok()) return FinishNow(context, checked.status());
+  return RunControl(context, [this, name = request->model_name(),
+                              dependents = checked->unload_dependents] {
+    spdlog::info("event=model_unload_requested model={} unload_dependents={}", name, dependents);
+    return control_->UnloadModel(name, dependents);
   });
 }
 

@@ -12,6 +12,7 @@
 #include "grpc_service.grpc.pb.h"
 #include "server/core/clock.h"
 #include "server/frontend/inference_path.h"
+#include "server/frontend/model_queries.h"
 #include "server/frontend/restricted_protocols.h"
 #include "server/frontend/server_health.h"
 #include "server/frontend/shared_memory.h"
@@ -198,8 +199,8 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.
   // (A load's config override comes back.)
   template <typename Request>
-  StatusOr<ModelOverride> CheckControl(const grpc::CallbackServerContext& context,
-                                       const Request& request) const;
+  StatusOr<ControlRequest> CheckControl(const grpc::CallbackServerContext& context,
+                                        const Request& request) const;
   // Runs `task` on the control thread and finishes the call with its status.
   grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context,
                                        std::function<Status()> task);

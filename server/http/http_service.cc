@@ -359,15 +359,16 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
   }
   StatusOr<std::vector<ControlParameter>> parameters = ParseControlRequest(exchange.body());
   if (!parameters.ok()) return RespondStatus(responder, parameters.status());
-  StatusOr<ModelOverride> checked =
+  StatusOr<ControlRequest> checked =
       CheckModelControl(control_, "HTTP", "", model, *parameters, unload);
   if (!checked.ok()) return RespondStatus(responder, checked.status());
   // Load and unload take seconds: the control thread runs them and answers.
   control_->Submit(
-      [this, model, unload, override = *std::move(checked)] {
-        if (!unload) return control_->LoadModel(model, override);
-        spdlog::info("event=model_unload_requested model={} protocol=http", model);
-        return control_->UnloadModel(model);
+      [this, model, unload, request = *std::move(checked)] {
+        if (!unload) return control_->LoadModel(model, request.override);
+        spdlog::info("event=model_unload_requested model={} protocol=http unload_dependents={}",
+                     model, request.unload_dependents);
+        return control_->UnloadModel(model, request.unload_dependents);
       },
       [answer = std::make_shared<HttpResponder>(std::move(responder))](const Status& status) {
         RespondStatus(*answer, status);

@@ -240,6 +240,7 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
       continue;
     }
     InFlightModel model = *std::move(found);
+    model->MarkUsed();  // the memory budget's least-recently-used order counts steps as uses
     {
       MutexLock lock(&run->mutex);
       run->holds[step] = model.Another();

@@ -308,11 +308,13 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
     auto model = std::make_shared<const RepositoryModel>(*std::move(read));
     status = Budgeted() && model->status.ok() ? MakeRoom(name, Expected(*model)) : absl::OkStatus();
     if (status.ok() && model->status.ok() && model->spec.is_ensemble()) {
-      status = LoadComposingModels(*model);
+      status = LoadComposingModels(*model, "explicit", /*wanted=*/true);
     }
     if (status.ok()) status = Install(model);
     // A reload that measures over the budget keeps serving (the old versions are gone already).
     if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/!served_before);
+    group_.clear();
+    group_ensemble_.clear();
     if (status.ok()) {
       MutexLock demand(&demand_mutex_);
       backoff_.RecordSuccess(name);
@@ -335,29 +337,74 @@ Status ModelControl::LoadModel(const std::string& name, const ModelOverride& ove
   return status.ok() ? status : failed(status);
 }
 
-Status ModelControl::LoadComposingModels(const RepositoryModel& ensemble) {
+Status ModelControl::LoadComposingModels(const RepositoryModel& ensemble, const char* trigger,
+                                         bool wanted) {
+  group_ensemble_ = ensemble.name;
+  group_.clear();
+  for (const EnsembleStepSpec& step : ensemble.spec.ensemble.steps) group_.insert(step.model);
   std::set<std::string> done;
   for (const EnsembleStepSpec& step : ensemble.spec.ensemble.steps) {
-    if (!done.insert(step.model).second || !manager_->ReadyVersions(step.model).empty()) continue;
-    StatusOr<RepositoryModel> read = options_.source->Read(step.model, ModelOverride{});
-    Status status = read.ok() ? Install(std::make_shared<const RepositoryModel>(*std::move(read)))
-                              : read.status();
-    if (options_.observer != nullptr)
-      options_.observer->OnModelLoad(step.model, "explicit", status.ok());
-    if (!status.ok()) {
-      return Status(status.code(), absl::StrCat("its step model '", step.model,
-                                                "' did not load: ", status.message()));
+    const std::string& name = step.model;
+    if (!done.insert(name).second || !manager_->ReadyVersions(name).empty()) continue;
+    spdlog::info("event=model_load model={} for_ensemble={} trigger={}", name, ensemble.name,
+                 trigger);
+    StatusOr<RepositoryModel> read = options_.source->Read(name, ModelOverride{});
+    Status status = read.status();
+    if (read.ok()) {
+      auto model = std::make_shared<const RepositoryModel>(*std::move(read));
+      if (Budgeted() && model->status.ok()) status = MakeRoom(name, Expected(*model));
+      if (status.ok()) status = Install(model, wanted);
+      if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/true);
+      if (status.ok()) {
+        serving_directory_[name] = model->directory;
+        options_.source->Retain(name, model->directory);
+      }
     }
-    spdlog::info("event=model_load model={} for_ensemble={}", step.model, ensemble.name);
+    if (options_.observer != nullptr) options_.observer->OnModelLoad(name, trigger, status.ok());
+    if (!status.ok()) {
+      return Status(status.code(),
+                    absl::StrCat("its step model '", name, "' did not load: ", status.message()));
+    }
   }
   return absl::OkStatus();
 }
 
-Status ModelControl::UnloadModel(const std::string& name) {
+std::vector<std::string> ModelControl::EnsemblesRunning(const std::string& model,
+                                                        const std::string& except) const {
+  std::vector<std::string> ensembles;
+  for (const std::shared_ptr<const RepositoryModel>& each : manager_->Models()) {
+    if (!each->spec.is_ensemble() || each->name == except) continue;
+    const std::vector<EnsembleStepSpec>& steps = each->spec.ensemble.steps;
+    const bool runs = std::any_of(steps.begin(), steps.end(), [&](const EnsembleStepSpec& step) {
+      return step.model == model;
+    });
+    if (runs && !manager_->ReadyVersions(each->name).empty()) ensembles.push_back(each->name);
+  }
+  return ensembles;
+}
+
+Status ModelControl::UnloadModel(const std::string& name, bool unload_dependents) {
   Status status;
   {
     MutexLock control(&control_mutex_);
+    // Chosen before the ensemble goes, which no longer counts as running them.
+    std::vector<std::string> dependents;
+    StatusOr<std::shared_ptr<const RepositoryModel>> found = manager_->FindModel(name);
+    if (unload_dependents && found.ok() && (*found)->spec.is_ensemble() &&
+        !manager_->ReadyVersions(name).empty()) {
+      for (const EnsembleStepSpec& step : (*found)->spec.ensemble.steps) {
+        const std::string& model = step.model;
+        if (std::find(dependents.begin(), dependents.end(), model) != dependents.end()) continue;
+        if (manager_->ReadyVersions(model).empty() || Pinned(model)) continue;
+        if (EnsemblesRunning(model, name).empty()) dependents.push_back(model);
+      }
+    }
     status = Unload(name, /*forget=*/false);
+    for (const std::string& model : dependents) {
+      if (!status.ok()) break;
+      spdlog::info("event=model_unload model={} with_ensemble={}", model, name);
+      status = Unload(model, /*forget=*/false);
+    }
     if (status.ok() && options_.load_on_demand) {
       MutexLock demand(&demand_mutex_);
       unloaded_explicitly_.insert(name);
@@ -412,7 +459,9 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
     status = read.ok() ? model->status : read.status();
     bool load_failed = !status.ok();  // the model's own failure (not the budget's): back off
     if (status.ok() && Budgeted()) status = MakeRoom(name, Expected(*model));
-    if (status.ok() && model->spec.is_ensemble()) status = LoadComposingModels(*model);
+    if (status.ok() && model->spec.is_ensemble()) {
+      status = LoadComposingModels(*model, "on_demand", /*wanted=*/false);
+    }
     if (status.ok()) {
       spdlog::info("event=model_load model={} trigger=on_demand", name);
       // Readiness never waits for a model loaded on demand.
@@ -427,6 +476,8 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
       }
     }
     if (status.ok() && Budgeted()) status = SettleBudget(name, /*may_unload=*/true);
+    group_.clear();
+    group_ensemble_.clear();
     if (status.ok()) {
       {
         MutexLock demand(&demand_mutex_);
@@ -465,7 +516,10 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
 
 std::vector<ResidentModel> ModelControl::Resident() const {
   std::vector<ResidentModel> resident = manager_->Resident();
-  for (ResidentModel& model : resident) model.pinned = Pinned(model.name);
+  for (ResidentModel& model : resident) {
+    model.pinned = Pinned(model.name);
+    if (group_.count(model.name) > 0) model.kept_for = group_ensemble_;
+  }
   return resident;
 }
 
@@ -537,6 +591,17 @@ Status ModelControl::MakeRoom(const std::string& name, const DeviceBytes& needed
         serving_directory_.erase(victim);
         options_.source->Retain(victim, {});
         if (options_.observer != nullptr) options_.observer->OnEviction(victim, young);
+        // An ensemble goes with a model it runs, so that its next load (on demand, or
+        // RepositoryModelLoad) loads them together again; it holds no memory of its own.
+        for (const std::string& ensemble : EnsemblesRunning(victim)) {
+          StatusOr<RetiredVersions> with = manager_->Remove(
+              ensemble, absl::StrCat("its step model '", victim, "' was ", reason), false);
+          if (!with.ok()) continue;
+          spdlog::info("event=model_evicted model={} with={} for={}", ensemble, victim, name);
+          Retire(ensemble, *std::move(with));
+          serving_directory_.erase(ensemble);
+          options_.source->Retain(ensemble, {});
+        }
       }
       if (all_gone) return absl::OkStatus();
     } else {

@@ -122,8 +122,10 @@ class ModelControl {
   // Unloads every version of `name`: lookups answer UNAVAILABLE ("unloaded") at once, and this
   // returns when every request already given one of its versions is answered, after stopping the
   // schedulers and releasing the instances. OK when nothing of it is loaded; NOT_FOUND when the
-  // manager does not know the model.
-  Status UnloadModel(const std::string& name);
+  // manager does not know the model. An ensemble's step models stay loaded unless
+  // `unload_dependents` (Triton's unload parameter): then each of them that no other loaded
+  // ensemble runs and that is not pinned is unloaded after it, as if unloaded on its own.
+  Status UnloadModel(const std::string& name, bool unload_dependents = false);
 
   // --model-load-on-demand: whether a request for `name` (not served now) should wait for it to
   // load (OnDemandLoads::LoadsOnDemand). Thread-safe, never waits for the control thread.
@@ -175,9 +177,14 @@ class ModelControl {
   // Loads every version of `model` and swaps them in (see LoadModel). control_mutex_ held.
   // `wanted` false: readiness does not wait for the model (a load on demand).
   // Loads each step model of `ensemble` that serves no version yet (explicit loads of an
-  // ensemble load its models first, as Triton's do). Control mutex held.
-  Status LoadComposingModels(const RepositoryModel& ensemble)
+  // ensemble load its models first, as Triton's do), each within the memory budget as a load of
+  // its own (MakeRoom, SettleBudget) that evicts none of the ensemble's other models. `trigger`
+  // ("explicit", "on_demand") is what the observer is told; `wanted` as for Install.
+  Status LoadComposingModels(const RepositoryModel& ensemble, const char* trigger, bool wanted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
+  // The loaded ensembles (other than `except`) whose steps run `model`.
+  std::vector<std::string> EnsemblesRunning(const std::string& model,
+                                            const std::string& except = {}) const;
   Status Install(const std::shared_ptr<const RepositoryModel>& model, bool wanted = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(control_mutex_);
   // Unload with control_mutex_ held; `forget` also removes the model from the index.
@@ -221,6 +228,10 @@ class ModelControl {
       ABSL_GUARDED_BY(control_mutex_);  // --load-model with load_on_demand
   std::map<std::string, DeviceBytes> measured_
       ABSL_GUARDED_BY(control_mutex_);  // the last load's memory
+  // While an ensemble loads: its name and the models its steps run, which no eviction for that
+  // load chooses (ResidentModel::kept_for).
+  std::string group_ensemble_ ABSL_GUARDED_BY(control_mutex_);
+  std::set<std::string> group_ ABSL_GUARDED_BY(control_mutex_);
 
   mutable Mutex demand_mutex_;  // read by front-end threads (LoadsOnDemand, CheckLoadOnDemand)
   std::set<std::string> unloaded_explicitly_ ABSL_GUARDED_BY(demand_mutex_);

@@ -320,6 +320,14 @@ def test_explicit_mode_loads_the_steps_models_and_an_unloaded_one_is_named(tmp_p
                                    rtol=1e-6)
         client.unload_model("double")
         assert not client.is_model_ready("chain")  # a step's model is gone
+        index = {m.name: m for m in client.get_model_repository_index().models}
+        assert index["chain"].state == "UNAVAILABLE", index["chain"]
+        assert "step 2 (model 'double') cannot be served" in index["chain"].reason
+        import json
+        import urllib.request
+        ready_only = urllib.request.urlopen(urllib.request.Request(
+            f"http://{server.http_url}/v2/repository/index", data=b'{"ready": true}', method="POST"))
+        assert "chain" not in {m["name"] for m in json.loads(ready_only.read())}
         with pytest.raises(InferenceServerException) as error:
             infer(client, grpcclient, "chain", x)
         assert "ensemble 'chain' step 2 (model 'double') failed" in error.value.message()
@@ -328,5 +336,18 @@ def test_explicit_mode_loads_the_steps_models_and_an_unloaded_one_is_named(tmp_p
         assert client.is_model_ready("chain")
         np.testing.assert_allclose(infer(client, grpcclient, "chain", x).as_numpy("OUTPUT"), by_hand(x)[0] * 2.0,
                                    rtol=1e-6)
+        # Unloading the ensemble leaves its models; with unload_dependents (gRPC and HTTP alike)
+        # they go too.
+        import tritonclient.http as httpclient
+        rest = httpclient.InferenceServerClient(server.http_url)
+        for unloader in (client, rest):
+            client.load_model("chain")
+            unloader.unload_model("chain")
+            assert client.is_model_ready("normalise") and client.is_model_ready("double")
+            client.load_model("chain")
+            unloader.unload_model("chain", unload_dependents=True)
+            assert not client.is_model_ready("chain")
+            assert not client.is_model_ready("normalise") and not client.is_model_ready("double")
+        assert "model_repository(unload_dependents)" in client.get_server_metadata().extensions
     finally:
         assert server.stop() == 0, server.log()

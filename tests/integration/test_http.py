@@ -70,7 +70,8 @@ def test_health_and_server_metadata(server, rest):
     metadata = rest.get_server_metadata()
     assert metadata["name"] == "sluice"
     assert metadata["extensions"] == [
-        "model_configuration", "statistics", "model_repository", "binary_tensor_data", "trace"]
+        "model_configuration", "statistics", "model_repository", "model_repository(unload_dependents)",
+        "binary_tensor_data", "trace"]
     # Triton's status codes (tritonclient reads only those), and the bodies KServe's REST client reads.
     for path, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
                        ("/v2/models/dtype_fp32/ready", {"name": "dtype_fp32", "ready": True})):

@@ -92,7 +92,8 @@ def test_live_ready_and_server_metadata(triton):
     assert metadata.name == "sluice"
     # No system_shared_memory: client shared memory is off unless --allow-client-shm=true.
     assert list(metadata.extensions) == [
-        "model_configuration", "statistics", "model_repository", "binary_tensor_data", "trace"]
+        "model_configuration", "statistics", "model_repository", "model_repository(unload_dependents)",
+        "binary_tensor_data", "trace"]
 
 
 def test_model_metadata_has_leading_batch_dimension(triton):

@@ -126,18 +126,39 @@ inline std::pair<std::future<StatusOr<Outputs>>, std::future<StatusOr<Outputs>>>
 }
 
 // The manager's three parts wired as the server wires them.
+// Ensembles find their step models in `manager` (unless loader_options names another lookup).
 struct ManagerParts {
   ManagerParts(std::vector<RepositoryModel> models, FakeBackendFactory* factory,
                VersionLoader::Options loader_options = {},
                ModelControl::Options control_options = {},
                ModelManager::Options manager_options = {})
-      : loader(factory, std::move(loader_options)),
-        manager(std::move(models), manager_options),
+      : manager(std::move(models), manager_options),
+        loader(factory, WithLookup(std::move(loader_options), &manager)),
         control(&manager, &loader, std::move(control_options)) {}
+  static VersionLoader::Options WithLookup(VersionLoader::Options options,
+                                           const ModelLookup* lookup) {
+    if (options.lookup == nullptr) options.lookup = lookup;
+    return options;
+  }
+  ModelManager manager;  // before the loader, which finds ensembles' models in it
   VersionLoader loader;
-  ModelManager manager;
   ModelControl control;
 };
+
+// An ensemble of `steps` models in a chain: INPUT__0 -> the first -> ... -> OUTPUT__0, each step
+// reading its model's INPUT__0 and writing its OUTPUT__0 (Model's tensors), one version.
+inline RepositoryModel Ensemble(const std::string& name, const std::vector<std::string>& steps) {
+  RepositoryModel model = Model(name, {1}, [&](ModelSpec& spec) {
+    spec.platform = kEnsemblePlatform;
+    spec.instance_groups.clear();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::string in = i == 0 ? "INPUT__0" : "t" + std::to_string(i);
+      const std::string out = i + 1 == steps.size() ? "OUTPUT__0" : "t" + std::to_string(i + 1);
+      spec.ensemble.steps.push_back({steps[i], -1, {{"INPUT__0", in}}, {{"OUTPUT__0", out}}});
+    }
+  });
+  return model;
+}
 
 inline ModelControl::Options Control(ModelControlMode mode, const ModelSource* source,
                                      std::vector<std::string> startup = {}) {

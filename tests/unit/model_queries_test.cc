@@ -55,13 +55,21 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
   auto check = [&](std::vector<ControlParameter> parameters, bool unload = false) {
     return CheckModelControl(&control, "gRPC", "", "m", parameters, unload);
   };
-  StatusOr<ModelOverride> plain = check({});
+  StatusOr<ControlRequest> plain = check({});
   ASSERT_TRUE(plain.ok());
-  EXPECT_TRUE(plain->empty());
-  StatusOr<ModelOverride> config = check({{"config", Kind::kString, R"({"max_batch_size": 16})"}});
+  EXPECT_TRUE(plain->override.empty());
+  StatusOr<ControlRequest> config = check({{"config", Kind::kString, R"({"max_batch_size": 16})"}});
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->config_json, std::optional<std::string>(R"({"max_batch_size": 16})"));
-  EXPECT_TRUE(check({{"unload_dependents", Kind::kBool, "true"}}, /*unload=*/true).ok());
+  EXPECT_EQ(config->override.config_json, std::optional<std::string>(R"({"max_batch_size": 16})"));
+  StatusOr<ControlRequest> dependents =
+      check({{"unload_dependents", Kind::kBool, "true"}}, /*unload=*/true);
+  ASSERT_TRUE(dependents.ok()) << dependents.status();
+  EXPECT_TRUE(dependents->unload_dependents);
+  EXPECT_FALSE(check({{"unload_dependents", Kind::kBool, "false"}}, true)->unload_dependents);
+  EXPECT_FALSE(check({}, /*unload=*/true)->unload_dependents);
+  EXPECT_THAT(
+      std::string(check({{"unload_dependents", Kind::kString, "yes"}}, true).status().message()),
+      ::testing::HasSubstr("'unload_dependents' must have bool type"));
 
   const std::vector<std::pair<std::vector<ControlParameter>, std::string>> refused = {
       {{{"config", Kind::kBytes, "{}"}},
@@ -74,7 +82,7 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
        "model files sent with a load are not accepted"},
   };
   for (const auto& [parameters, words] : refused) {
-    StatusOr<ModelOverride> result = check(parameters);
+    StatusOr<ControlRequest> result = check(parameters);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << words;
     EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr(words));
   }
@@ -88,12 +96,12 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
   auto with_files = [&](std::vector<ControlParameter> parameters) {
     return CheckModelControl(&files, "HTTP", "", "m", parameters, false);
   };
-  StatusOr<ModelOverride> accepted = with_files({{"config", Kind::kString, "{}"},
-                                                 {"file:1/model.pt", Kind::kBytes, "12345"},
-                                                 {"file:1/a/b", Kind::kBytes, "x"}});
+  StatusOr<ControlRequest> accepted = with_files({{"config", Kind::kString, "{}"},
+                                                  {"file:1/model.pt", Kind::kBytes, "12345"},
+                                                  {"file:1/a/b", Kind::kBytes, "x"}});
   ASSERT_TRUE(accepted.ok()) << accepted.status();
-  EXPECT_EQ(accepted->files.size(), 2u);
-  EXPECT_EQ(accepted->files.at("1/model.pt"), "12345");
+  EXPECT_EQ(accepted->override.files.size(), 2u);
+  EXPECT_EQ(accepted->override.files.at("1/model.pt"), "12345");
   const std::string long_name(256, 'A');
   const std::vector<std::pair<std::vector<ControlParameter>, std::string>> bad_files = {
       {{{"file:1/model.pt", Kind::kBytes, "x"}},
@@ -119,7 +127,7 @@ TEST(ModelQueriesTest, LoadAndUnloadParametersFollowTritonsRules) {
        "12 bytes, more than --load-files-max-bytes 10"},
   };
   for (const auto& [parameters, words] : bad_files) {
-    StatusOr<ModelOverride> result = with_files(parameters);
+    StatusOr<ControlRequest> result = with_files(parameters);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << words;
     EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr(words));
   }

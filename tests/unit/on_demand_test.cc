@@ -257,6 +257,55 @@ TEST_F(OnDemandTest, TheBudgetUnloadsTheLeastRecentlyUsedIdleModelAndNeverAPinne
   EXPECT_EQ(LoadsOf("c"), 2u);
 }
 
+// An ensemble and the models its steps run load together within the budget, none of them
+// evicting another; evicting a model an ensemble runs unloads the ensemble too, and its next
+// request loads them together again.
+TEST_F(OnDemandTest, AnEnsembleAndItsModelsLoadAndGoTogether) {
+  FakeTimeSource& clock = fake_clock_;
+  source_.Put(testing::Ensemble("e", {"b", "c"}), "e1");
+  Start(/*budget_mib=*/30, {"a"}, Duration(0), &clock);  // a (pinned) + two more
+  ASSERT_TRUE(Await("e").ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c", "e"}));
+  clock.Advance(2ms);
+  ASSERT_TRUE(Await("d").ok());  // b or c goes, and e with it
+  EXPECT_EQ(Ready().count("e"), 0u);
+  EXPECT_EQ(Ready().count("d"), 1u);
+  auto e = manager().Find("e", "");
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(e.status().message(), HasSubstr("was unloaded to make room for 'd'"));
+  EXPECT_TRUE(control().LoadsOnDemand("e"));
+  clock.Advance(2ms);
+  ASSERT_TRUE(Await("e").ok());  // d goes: the one of b and c still loaded stays for e
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c", "e"}));
+  EXPECT_LE(ResidentBytes(manager().Resident()).at("cpu"), 30 * kMiB);
+  // A step model that grew to 20 MiB finds no room beside a (pinned) and c, which e's load keeps;
+  // the refusal names the step and says why c stays.
+  factory_.instance_bytes["b"] = 20 * kMiB;
+  ASSERT_TRUE(control().UnloadModel("b").ok());
+  const Status refused = control().LoadModel("e");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("its step model 'b' did not load"));
+  EXPECT_THAT(refused.message(), HasSubstr("c (loads with 'e')"));
+}
+
+// unload_dependents unloads the models an ensemble runs that no other loaded ensemble runs and
+// that are not pinned; without it they stay.
+TEST_F(OnDemandTest, UnloadingAnEnsembleWithItsDependentsKeepsWhatOthersRun) {
+  source_.Put(testing::Ensemble("e", {"b", "c"}), "e1");
+  source_.Put(testing::Ensemble("f", {"c", "a"}), "f1");
+  Start(0, {"a"});
+  ASSERT_TRUE(control().LoadModel("e").ok());
+  ASSERT_TRUE(control().LoadModel("f").ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c", "e", "f"}));
+  ASSERT_TRUE(control().UnloadModel("e", /*unload_dependents=*/true).ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "c", "f"}));  // f runs c
+  ASSERT_TRUE(control().UnloadModel("f", /*unload_dependents=*/true).ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a"}));  // a is pinned
+  ASSERT_TRUE(control().LoadModel("e").ok());
+  ASSERT_TRUE(control().UnloadModel("e").ok());
+  EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c"}));
+}
+
 TEST_F(OnDemandTest, AModelLargerThanTheWholeBudgetIsRefusedAndUnloaded) {
   Start(/*budget_mib=*/30, {});
   factory_.instance_bytes["d"] = 50 * kMiB;
