@@ -106,14 +106,25 @@ TraceId NewTraceId() { return NewId<16>(); }
 SpanId NewSpanId() { return NewId<8>(); }
 
 RequestTrace::RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent,
-                           std::string name, TimePoint received)
+                           std::string name, TimePoint received, SpanKind kind)
     : sink_(sink),
       unix_offset_(unix_offset),
       parent_(std::move(parent)),
       name_(std::move(name)),
       received_(received),
+      kind_(kind),
       trace_id_(parent_ ? parent_->trace_id : NewTraceId()),
       span_id_(NewSpanId()) {}
+
+std::shared_ptr<RequestTrace> RequestTrace::StartChild(std::string name, TimePoint at) const {
+  SpanContext context;
+  context.trace_id = trace_id_;
+  context.span_id = span_id_;
+  context.flags = kSampledFlag;
+  if (parent_) context.trace_state = parent_->trace_state;
+  return std::make_shared<RequestTrace>(sink_, unix_offset_, std::move(context), std::move(name),
+                                        at, SpanKind::kInternal);
+}
 
 void RequestTrace::AddAttribute(std::string key,
                                 std::variant<std::string, int64_t, double, bool> value) {
@@ -180,7 +191,7 @@ void RequestTrace::End(const Status& status, TimePoint at) {
     request.trace_state = parent_->trace_state;
   }
   request.name = name_;
-  request.kind = SpanKind::kServer;
+  request.kind = kind_;
   request.start_unix_ns = UnixNs(received_);
   request.end_unix_ns = UnixNs(std::max(received_, at));
   request.attributes = std::move(attributes_);

@@ -11,7 +11,10 @@
 //                        linked to the batch span
 //     output   INTERNAL  the forward pass ended .. the answer was handed to the transport
 //                        (output copies and response serialisation)
-// and one span per executed batch that holds a traced request:
+// An ensemble's request has one more level: each step is a request of its own to the step's model,
+// traced as an INTERNAL span "ensemble step N" under the ensemble's request span (StartChild),
+// with its own queue, compute and output spans under it.
+// And one span per executed batch that holds a traced request:
 //   batch      INTERNAL  a root of its own trace, linked to the request span of every traced
 //                        request in it, with the batch's size, padding, instance and device.
 #pragma once
@@ -108,8 +111,14 @@ class RequestTrace {
   // `parent`: the caller's context (its span becomes the request span's parent), or nullopt for a
   // new trace. `unix_offset`: Unix time minus steady time, to export steady time points as Unix
   // nanoseconds. `name`: the request span's name ("inference.GRPCInferenceService/ModelInfer").
+  // `kind`: the request span's (SERVER for a caller's request).
   RequestTrace(SpanSink* sink, Duration unix_offset, std::optional<SpanContext> parent,
-               std::string name, TimePoint received);
+               std::string name, TimePoint received, SpanKind kind = SpanKind::kServer);
+
+  // A request this request makes of another model (an ensemble's step): its own trace, whose
+  // request span is an INTERNAL child of this one's, named `name`, from `at`; the stages stamp it
+  // like any request's, and whoever answers it Ends it.
+  std::shared_ptr<RequestTrace> StartChild(std::string name, TimePoint at) const;
 
   // Fixed at construction.
   const TraceId& trace_id() const { return trace_id_; }
@@ -144,6 +153,7 @@ class RequestTrace {
   const std::optional<SpanContext> parent_;
   const std::string name_;
   const TimePoint received_;
+  const SpanKind kind_;
   const TraceId trace_id_;
   const SpanId span_id_;
   mutable Mutex mutex_;

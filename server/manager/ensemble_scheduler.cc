@@ -47,9 +47,11 @@ struct EnsembleScheduler::Run {
   std::map<std::string, TensorView> tensors ABSL_GUARDED_BY(mutex);
   std::vector<int> waiting ABSL_GUARDED_BY(mutex);          // by step: writers not answered yet
   std::vector<InFlightModel> holds ABSL_GUARDED_BY(mutex);  // by step, while it is in flight
-  int in_flight ABSL_GUARDED_BY(mutex) = 0;                 // steps started, not answered
-  size_t answered ABSL_GUARDED_BY(mutex) = 0;               // steps answered OK
-  Status failure ABSL_GUARDED_BY(mutex);                    // the first step's failure
+  // By step, while it is in flight, when the ensemble's request is traced: the step's own.
+  std::vector<std::shared_ptr<RequestTrace>> traces ABSL_GUARDED_BY(mutex);
+  int in_flight ABSL_GUARDED_BY(mutex) = 0;    // steps started, not answered
+  size_t answered ABSL_GUARDED_BY(mutex) = 0;  // steps answered OK
+  Status failure ABSL_GUARDED_BY(mutex);       // the first step's failure
   bool finished ABSL_GUARDED_BY(mutex) = false;
 };
 
@@ -192,6 +194,7 @@ void EnsembleScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSin
     for (const TensorView& input : run->request->inputs) run->tensors[input.name] = input;
     run->waiting = producers_;
     run->holds.resize(steps);
+    run->traces.resize(steps);
     for (size_t i = 0; i < steps; ++i) {
       if (producers_[i] == 0) first.push_back(i);
     }
@@ -234,6 +237,16 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
     }
     for (const auto& [model_output, tensor] : spec.outputs)
       request->requested_outputs.push_back(model_output);
+    if (run->request->trace) {
+      request->trace =
+          run->request->trace->StartChild(absl::StrCat("ensemble step ", step + 1), Clock::now());
+      request->trace->AddAttribute("sluice.model", spec.model);
+      request->trace->AddAttribute("sluice.ensemble", spec_.name);
+      request->trace->AddAttribute("sluice.ensemble.step", static_cast<int64_t>(step + 1));
+      request->trace->AddAttribute("sluice.batch_size", run->request->batch_size);
+      MutexLock lock(&run->mutex);
+      run->traces[step] = request->trace;
+    }
     StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, spec.VersionText());
     if (!found.ok()) {
       StepAnswered(run, step, found.status());
@@ -241,6 +254,10 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
     }
     InFlightModel model = *std::move(found);
     model->MarkUsed();  // the memory budget's least-recently-used order counts steps as uses
+    if (request->trace) {
+      request->trace->AddAttribute("sluice.model_version", model->version());
+      request->trace->SetDevice(model->device());
+    }
     {
       MutexLock lock(&run->mutex);
       run->holds[step] = model.Another();
@@ -254,11 +271,13 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
   std::vector<size_t> ready;
   std::vector<InFlightModel> to_poke;
   InFlightModel hold;  // dropped outside the lock: the last hold may wake an unload
+  std::shared_ptr<RequestTrace> trace;
   bool finish = false;
   Status answer;
   {
     MutexLock lock(&run->mutex);
     hold = std::move(run->holds[step]);
+    trace = std::move(run->traces[step]);
     --run->in_flight;
     if (!status.ok() && run->failure.ok()) {
       const std::string why =
@@ -293,6 +312,7 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
       answer = run->failure;
     }
   }
+  if (trace) trace->End(status, Clock::now());  // before the ensemble's own span can end
   for (InFlightModel& each : to_poke) each->Poke();
   if (!ready.empty()) StartSteps(run, std::move(ready));
   if (finish) Finish(run, std::move(answer));

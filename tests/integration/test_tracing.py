@@ -404,3 +404,40 @@ def test_an_unreachable_collector_changes_nothing_for_clients(test_repository, t
         started = time.monotonic()
         assert server.stop() == 0, server.log()
     assert time.monotonic() - started < 15  # the last flush gives up after 2 s
+
+
+def test_an_ensembles_steps_are_spans_under_its_request(tmp_path_factory, collector, caller):
+    """An ensemble request traced over gRPC: each step is an INTERNAL span "ensemble step N" under
+    the request span, naming its model, with the model's queue, compute and output spans under
+    it; the second step starts after the first ended."""
+    from test_ensembles import CHAIN, data, write_composing, write_ensemble
+    root = tmp_path_factory.mktemp("traced_ensemble")
+    write_composing(root)
+    write_ensemble(root, "chain", CHAIN)
+    server = start_server(root, tmp_path_factory, tracing_args(
+        collector.url, "rate=1000000000", "opentelemetry,bsp_schedule_delay=100"))
+    try:
+        wait_models_loaded(server)
+        client = grpcclient.InferenceServerClient(server.url)
+        tensor = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+        tensor.set_data_from_numpy(data(1))
+        trace_id, span_id, _, _ = call_with_parent(
+            caller, lambda headers: client.infer("chain", [tensor], headers=headers))
+        name = "inference.GRPCInferenceService/ModelInfer"
+        spans = collector.wait_trace(trace_id, [name, "ensemble step 1", "ensemble step 2"])
+        by_name = {span.name: span for span in spans}
+        request = by_name[name]
+        assert request.parent_span_id.hex() == span_id and attributes(request)["sluice.model"] == "chain"
+        for number, model in ((1, "normalise"), (2, "double")):
+            step = by_name[f"ensemble step {number}"]
+            assert step.kind == KIND_INTERNAL and step.parent_span_id == request.span_id
+            assert attributes(step)["sluice.model"] == model
+            assert attributes(step)["sluice.ensemble.step"] == number
+            assert request.start_time_unix_nano <= step.start_time_unix_nano <= step.end_time_unix_nano
+            assert step.end_time_unix_nano <= request.end_time_unix_nano
+            stages = sorted(span.name for span in spans if span.parent_span_id == step.span_id)
+            assert stages == ["compute", "output", "queue"], stages
+        assert by_name["ensemble step 1"].end_time_unix_nano <= by_name["ensemble step 2"].start_time_unix_nano
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log()

@@ -76,7 +76,8 @@ class EnsembleSchedulerTest : public ::testing::Test {
   // Submits [1, 2, 3] and returns the answer; the outputs land in `sink`.
   std::future<Status> Submit(EnsembleScheduler& ensemble, TensorSink* sink,
                              std::shared_ptr<std::atomic<bool>> cancelled = nullptr,
-                             TimePoint deadline = kNoDeadline) {
+                             TimePoint deadline = kNoDeadline,
+                             std::shared_ptr<RequestTrace> trace = nullptr) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "chain";
     request->batch_size = 1;
@@ -84,6 +85,7 @@ class EnsembleSchedulerTest : public ::testing::Test {
         {"in", DataType::kInt32, {1, 3}, reinterpret_cast<const char*>(values_), 12});
     request->cancelled = std::move(cancelled);
     request->deadline = deadline;
+    request->trace = std::move(trace);
     auto answer = std::make_shared<std::promise<Status>>();
     std::future<Status> future = answer->get_future();
     ensemble.Enqueue(std::move(request), sink,
@@ -144,6 +146,50 @@ TEST_F(EnsembleSchedulerTest, ACancelledRequestDropsItsQueuedStep) {
   a_backend_->OpenGate();
   EXPECT_TRUE(first.get().ok());
   EXPECT_EQ(a_backend_->executed(), 1);
+}
+
+// A traced ensemble request: each step is a span of its own under the ensemble's request span,
+// with the step model's queue, compute and output spans under it; a failed step's span says why.
+TEST_F(EnsembleSchedulerTest, EachStepIsTracedUnderTheEnsemblesRequestSpan) {
+  auto ensemble = Make(Chain());
+  testing::SpanRecorder spans;
+  auto traced = [&] {
+    return std::make_shared<RequestTrace>(&spans, Duration(0), std::nullopt, "ModelInfer",
+                                          Clock::now());
+  };
+  auto trace = traced();
+  TensorSink sink;
+  ASSERT_TRUE(Submit(*ensemble, &sink, nullptr, kNoDeadline, trace).get().ok());
+  trace->End(absl::OkStatus(), Clock::now());
+  const SpanData request = spans.Named("ModelInfer");
+  EXPECT_EQ(request.kind, SpanKind::kServer);
+  for (const char* name : {"ensemble step 1", "ensemble step 2"}) {
+    const SpanData step = spans.Named(name);
+    EXPECT_EQ(step.trace_id, trace->trace_id()) << name;
+    EXPECT_EQ(step.parent_span_id, trace->span_id()) << name;
+    EXPECT_EQ(step.kind, SpanKind::kInternal);
+    EXPECT_FALSE(step.error);
+    EXPECT_GE(step.start_unix_ns, request.start_unix_ns);
+    EXPECT_LE(step.end_unix_ns, request.end_unix_ns);
+    std::vector<std::string> stages;
+    for (const SpanData& span : spans.spans()) {
+      if (span.parent_span_id == step.span_id && span.trace_id == step.trace_id)
+        stages.push_back(span.name);
+    }
+    EXPECT_THAT(stages, ::testing::UnorderedElementsAre("queue", "compute", "output")) << name;
+  }
+  EXPECT_LT(spans.Named("ensemble step 1").end_unix_ns,
+            spans.Named("ensemble step 2").start_unix_ns + 1);
+
+  testing::SpanRecorder failed_spans;
+  b_fails_ = true;
+  auto failing = std::make_shared<RequestTrace>(&failed_spans, Duration(0), std::nullopt,
+                                                "ModelInfer", Clock::now());
+  EXPECT_FALSE(Submit(*ensemble, &sink, nullptr, kNoDeadline, failing).get().ok());
+  const SpanData broke = failed_spans.Named("ensemble step 2");
+  EXPECT_TRUE(broke.error);
+  EXPECT_THAT(broke.status_message, HasSubstr("the model broke"));
+  b_fails_ = false;
 }
 
 // The response cache's single flight raises a run's deadline as later waiters join: the steps
