@@ -275,6 +275,9 @@ struct EnsembleStepSpec {
 // soon as the tensors they read exist.
 struct EnsembleSpec {
   std::vector<EnsembleStepSpec> steps;
+  // max_inflight_requests: at most this many requests of each step in its model at once, across
+  // all of the ensemble's requests (the others wait in the ensemble, in order); 0: no limit.
+  uint32_t max_inflight_requests = 0;
 };
 
 // One sample of Triton's model_warmup block.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -166,6 +167,9 @@ EnsembleScheduler::EnsembleScheduler(ModelSpec spec, Options options)
   }
   readers_.resize(steps.size());
   producers_.assign(steps.size(), 0);
+  MutexLock lock(&mutex_);
+  slots_taken_.assign(steps.size(), 0);
+  waiting_.resize(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
     std::set<size_t> from;
     for (const auto& [model_input, tensor] : steps[i].inputs) {
@@ -247,27 +251,90 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
       MutexLock lock(&run->mutex);
       run->traces[step] = request->trace;
     }
-    StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, spec.VersionText());
-    if (!found.ok()) {
-      StepAnswered(run, step, found.status());
-      continue;
+    // Under max_inflight_requests a step whose model has that many of the step's requests waits
+    // here, in order, for one of them to be answered (ReleaseSlot).
+    if (spec_.ensemble.max_inflight_requests > 0) {
+      MutexLock lock(&mutex_);
+      if (slots_taken_[step] >= spec_.ensemble.max_inflight_requests) {
+        waiting_[step].push_back({run, std::move(request)});
+        continue;
+      }
+      ++slots_taken_[step];
     }
-    InFlightModel model = *std::move(found);
-    model->MarkUsed();  // the memory budget's least-recently-used order counts steps as uses
-    if (request->trace) {
-      request->trace->AddAttribute("sluice.model_version", model->version());
-      request->trace->SetDevice(model->device());
-    }
-    {
-      MutexLock lock(&run->mutex);
-      run->holds[step] = model.Another();
-    }
-    model->Submit(std::move(request), run->sinks[step].get(),
-                  [this, run, step](Status status) { StepAnswered(run, step, std::move(status)); });
+    SubmitStep(run, step, std::move(request));
   }
 }
 
-void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status) {
+void EnsembleScheduler::SubmitStep(const std::shared_ptr<Run>& run, size_t step,
+                                   std::unique_ptr<InferRequest> request) {
+  const EnsembleStepSpec& spec = spec_.ensemble.steps[step];
+  StatusOr<InFlightModel> found = options_.lookup->Find(spec.model, spec.VersionText());
+  if (!found.ok()) {
+    StepAnswered(run, step, found.status());
+    return;
+  }
+  InFlightModel model = *std::move(found);
+  model->MarkUsed();  // the memory budget's least-recently-used order counts steps as uses
+  if (request->trace) {
+    request->trace->AddAttribute("sluice.model_version", model->version());
+    request->trace->SetDevice(model->device());
+  }
+  {
+    MutexLock lock(&run->mutex);
+    run->holds[step] = model.Another();
+  }
+  model->Submit(std::move(request), run->sinks[step].get(),
+                [this, run, step](Status status) { StepAnswered(run, step, std::move(status)); });
+}
+
+void EnsembleScheduler::ReleaseSlot(size_t step) {
+  std::vector<Waiting> dropped;
+  std::optional<Waiting> next;
+  {
+    MutexLock lock(&mutex_);
+    std::deque<Waiting>& queue = waiting_[step];
+    while (!queue.empty() && !next) {
+      Waiting front = std::move(queue.front());
+      queue.pop_front();
+      if (front.run->cancelled->load()) {
+        dropped.push_back(std::move(front));
+      } else {
+        next = std::move(front);  // the slot passes to it
+      }
+    }
+    if (!next) --slots_taken_[step];
+  }
+  for (Waiting& each : dropped) StepAnswered(each.run, step, DroppedWhileWaiting(), false);
+  if (next) SubmitStep(next->run, step, std::move(next->request));
+}
+
+void EnsembleScheduler::DropCancelledWaiting() {
+  std::vector<std::pair<size_t, Waiting>> dropped;
+  {
+    MutexLock lock(&mutex_);
+    for (size_t step = 0; step < waiting_.size(); ++step) {
+      std::deque<Waiting>& queue = waiting_[step];
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (it->run->cancelled->load()) {
+          dropped.emplace_back(step, std::move(*it));
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  for (auto& [step, each] : dropped) StepAnswered(each.run, step, DroppedWhileWaiting(), false);
+}
+
+Status EnsembleScheduler::DroppedWhileWaiting() {
+  return absl::CancelledError(
+      "the request was cancelled while a step waited for max_inflight_requests");
+}
+
+void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status,
+                                     bool held_slot) {
+  if (held_slot && spec_.ensemble.max_inflight_requests > 0) ReleaseSlot(step);
   std::vector<size_t> ready;
   std::vector<InFlightModel> to_poke;
   InFlightModel hold;  // dropped outside the lock: the last hold may wake an unload
@@ -314,6 +381,7 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
   }
   if (trace) trace->End(status, Clock::now());  // before the ensemble's own span can end
   for (InFlightModel& each : to_poke) each->Poke();
+  if (!to_poke.empty() && spec_.ensemble.max_inflight_requests > 0) DropCancelledWaiting();
   if (!ready.empty()) StartSteps(run, std::move(ready));
   if (finish) Finish(run, std::move(answer));
 }
@@ -372,6 +440,7 @@ void EnsembleScheduler::Poke() {
     }
   }
   for (InFlightModel& each : to_poke) each->Poke();
+  if (spec_.ensemble.max_inflight_requests > 0) DropCancelledWaiting();
 }
 
 bool EnsembleScheduler::Reschedule(const std::atomic<bool>* tag, int priority_level,

@@ -12,11 +12,18 @@
 // starts: a composing model reloaded serves the next step; one unloaded answers UNAVAILABLE
 // naming it.
 //
+// With max_inflight_requests (Triton's), at most that many requests of each step are in its model
+// at once, across all of the ensemble's requests; a step beyond that waits in the ensemble, in
+// order, until one of them is answered. No thread waits: the answer that frees a slot submits the
+// next. A waiting step whose request is cancelled (or whose run failed) is dropped; one whose
+// deadline passes is refused by its model's queue when it is submitted.
+//
 // Tensors between steps stay in host memory, in the answering step's sink: each step's outputs
 // are written once by its model and read in place by the steps after it; the ensemble's outputs
 // are copied once more, into the caller's sink.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
@@ -78,9 +85,28 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
  private:
   struct Run;
   EnsembleScheduler(ModelSpec spec, Options options);
-  // Submits the steps of `run` in `steps` (whose inputs all exist).
-  void StartSteps(const std::shared_ptr<Run>& run, std::vector<size_t> steps);
-  void StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status);
+  // A step's request waiting for a slot (max_inflight_requests).
+  struct Waiting {
+    std::shared_ptr<Run> run;
+    std::unique_ptr<InferRequest> request;
+  };
+  // Submits the steps of `run` in `steps` (whose inputs all exist), or queues those whose step
+  // has no slot free.
+  void StartSteps(const std::shared_ptr<Run>& run, std::vector<size_t> steps)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Hands `request` to the step's model (it holds a slot, when there are slots).
+  void SubmitStep(const std::shared_ptr<Run>& run, size_t step,
+                  std::unique_ptr<InferRequest> request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // `held_slot`: the step held one of max_inflight_requests' slots (false for a step dropped
+  // while it waited for one).
+  void StepAnswered(const std::shared_ptr<Run>& run, size_t step, Status status,
+                    bool held_slot = true) ABSL_LOCKS_EXCLUDED(mutex_);
+  // A slot of `step` is free: it passes to the first waiting request whose run goes on (those
+  // cancelled meanwhile are answered), or is given back.
+  void ReleaseSlot(size_t step) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Answers the waiting steps of runs cancelled (caller gone, a step failed).
+  void DropCancelledWaiting() ABSL_LOCKS_EXCLUDED(mutex_);
+  static Status DroppedWhileWaiting();
   // Answers the ensemble request (every step of it answered, or none left to start).
   void Finish(const std::shared_ptr<Run>& run, Status status) ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -93,6 +119,10 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
   CondVar idle_;  // the last run ended
   std::set<std::shared_ptr<Run>> live_ ABSL_GUARDED_BY(mutex_);
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
+  // max_inflight_requests, by step: the slots taken (requests in the step's model), and the
+  // requests waiting for one, in order.
+  std::vector<uint32_t> slots_taken_ ABSL_GUARDED_BY(mutex_);
+  std::vector<std::deque<Waiting>> waiting_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace sluice

@@ -423,6 +423,7 @@ Status ConvertEnsemble(const inference::ModelConfig& config, ModelSpec* spec) {
                                    scheduling.step(step).model_name(), "')");
   };
   EnsembleSpec& out = spec->ensemble;
+  out.max_inflight_requests = scheduling.max_inflight_requests();
   for (int i = 0; i < scheduling.step_size(); ++i) {
     const inference::ModelEnsembling::Step& step = scheduling.step(i);
     if (step.model_name().empty()) {

@@ -107,6 +107,8 @@ def repository(tmp_path_factory):
                                               ("double", {"INPUT__0": "r"}, {"OUTPUT__0": "OUTPUT"})]))
     write_ensemble(root, "waits", ensemble([("slow", {"INPUT__0": "INPUT"}, {"OUTPUT__0": "OUTPUT"})]))
     write_ensemble(root, "cached", DAG + "response_cache { enable: true }\n")
+    write_ensemble(root, "one_at_a_time", CHAIN.replace("ensemble_scheduling {\n",
+                                                        "ensemble_scheduling {\n  max_inflight_requests: 1\n"))
     write_ensemble(root, "cached_slow", ensemble([("slow", {"INPUT__0": "INPUT"}, {"OUTPUT__0": "OUTPUT"})])
                    + "response_cache { enable: true }\n")
     # Refused at load, each with its reason.
@@ -123,7 +125,7 @@ def repository(tmp_path_factory):
     return root
 
 
-GOOD = ["chain", "dag", "guarded", "waits", "cached", "cached_slow", "normalise", "double", "square", "add", "refuse_negative", "slow"]
+GOOD = ["chain", "dag", "guarded", "waits", "cached", "cached_slow", "one_at_a_time", "normalise", "double", "square", "add", "refuse_negative", "slow"]
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +286,28 @@ def test_identical_ensemble_requests_share_one_run(server):
         for got in pool.map(one, range(8)):
             np.testing.assert_allclose(got, x * 2.0, rtol=1e-6)
     assert int(inference_stats(stats, "slow")["inference_count"]) - slow_before == 1
+
+
+def test_max_inflight_requests_lets_one_request_per_step_into_its_model(server):
+    """16 callers at once through an ensemble with max_inflight_requests 1: every answer right, and
+    each step's model ran them one at a time (as many executions as requests)."""
+    stats = grpcclient.InferenceServerClient(server.url)
+    before = {m: inference_stats(stats, m) for m in ("normalise", "double")}
+
+    def one(i):
+        client = grpcclient.InferenceServerClient(server.url)
+        x = data(1, seed=100 + i)
+        np.testing.assert_allclose(infer(client, grpcclient, "one_at_a_time", x).as_numpy("OUTPUT"),
+                                   by_hand(x)[0] * 2.0, rtol=1e-6)
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(one, range(16)))
+    for model in ("normalise", "double"):
+        after = inference_stats(stats, model)
+        runs = int(after["execution_count"]) - int(before[model].get("execution_count", 0))
+        rows = int(after["inference_count"]) - int(before[model].get("inference_count", 0))
+        assert rows == 16 and runs == 16, (model, rows, runs)
 
 
 def test_each_load_time_check_refuses_its_ensemble(server):

@@ -148,6 +148,50 @@ TEST_F(EnsembleSchedulerTest, ACancelledRequestDropsItsQueuedStep) {
   EXPECT_EQ(a_backend_->executed(), 1);
 }
 
+// max_inflight_requests 1: each step has one request in its model at a time, the others wait in
+// the ensemble in order (so step 1's model runs three requests one by one instead of batching
+// the two that would have queued); a waiting request whose caller goes is answered at once.
+TEST_F(EnsembleSchedulerTest, MaxInflightRequestsKeepsTheOthersWaitingInTheEnsemble) {
+  ModelSpec spec = Chain();
+  spec.ensemble.max_inflight_requests = 1;
+  auto ensemble = Make(spec);
+  a_backend_->CloseGate();
+  TensorSink sinks[4];
+  std::vector<std::future<Status>> answers;
+  answers.push_back(Submit(*ensemble, &sinks[0]));
+  a_backend_->WaitStarted(1);
+  answers.push_back(Submit(*ensemble, &sinks[1]));
+  answers.push_back(Submit(*ensemble, &sinks[2]));
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::future<Status> gone = Submit(*ensemble, &sinks[3], cancelled);
+  cancelled->store(true);
+  ensemble->Poke();
+  ASSERT_EQ(gone.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const Status dropped = gone.get();
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kCancelled) << dropped;
+  EXPECT_THAT(dropped.message(), HasSubstr("waited for max_inflight_requests"));
+  a_backend_->OpenGate();
+  for (auto& answer : answers) EXPECT_TRUE(answer.get().ok());
+  EXPECT_EQ(a_backend_->executed(), 3);  // one at a time
+  std::vector<int32_t> got(3);
+  std::memcpy(got.data(), sinks[2].outputs().at(0).data.data(), 12);
+  EXPECT_THAT(got, ElementsAre(3, 4, 5));
+
+  // Without the limit the two behind the first batch together.
+  auto unlimited = Make(Chain());
+  a_backend_->CloseGate();
+  const int before = a_backend_->executed();
+  const int started = a_backend_->started();
+  answers.clear();
+  answers.push_back(Submit(*unlimited, &sinks[0]));
+  a_backend_->WaitStarted(started + 1);
+  answers.push_back(Submit(*unlimited, &sinks[1]));
+  answers.push_back(Submit(*unlimited, &sinks[2]));
+  a_backend_->OpenGate();
+  for (auto& answer : answers) EXPECT_TRUE(answer.get().ok());
+  EXPECT_EQ(a_backend_->executed() - before, 2);
+}
+
 // A traced ensemble request: each step is a span of its own under the ensemble's request span,
 // with the step model's queue, compute and output spans under it; a failed step's span says why.
 TEST_F(EnsembleSchedulerTest, EachStepIsTracedUnderTheEnsemblesRequestSpan) {

@@ -216,6 +216,11 @@ TEST(ModelConfigParserTest, EnsembleStepsAndTheirChecks) {
                       step("a", "IN", "OUT") + " ] }");
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_TRUE(cached->response_cache);
+  EXPECT_EQ(cached->ensemble.max_inflight_requests, 0u);  // no limit unless set
+  auto limited = Build(io + "ensemble_scheduling { max_inflight_requests: 3 step [ " +
+                       step("a", "IN", "OUT") + " ] }");
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_EQ(limited->ensemble.max_inflight_requests, 3u);
 
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"ensemble_scheduling { }", "has no step in ensemble_scheduling"},
