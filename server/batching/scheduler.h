@@ -103,6 +103,11 @@ class Scheduler {
   // Stops accepting work, answers every queued request with UNAVAILABLE, waits for the requests
   // in flight to finish and joins the workers. Idempotent.
   virtual void Stop() = 0;
+
+  // What the answers depend on besides the request, for a response cache in front of this
+  // scheduler: answers given under one value may be reused only under the same value. Constant
+  // (0) for a model's own scheduler; an ensemble's changes when a model its steps run changes.
+  virtual uint64_t AnswersGeneration() const { return 0; }
 };
 
 // What single flight (manager/single_flight.h) needs of the queue its shared runs wait in: a

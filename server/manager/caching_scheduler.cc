@@ -7,7 +7,8 @@ namespace sluice {
 CachingScheduler::CachingScheduler(Options options, std::unique_ptr<Scheduler> inner)
     : options_(std::move(options)),
       inner_(std::move(inner)),
-      space_(options_.cache->OpenNamespace()) {
+      space_(options_.cache->OpenNamespace()),
+      generation_(inner_->AnswersGeneration()) {
   SingleFlight::Options flights;
   flights.model = options_.model;
   flights.clock = options_.clock;
@@ -26,7 +27,18 @@ CachingScheduler::~CachingScheduler() { Stop(); }
 void CachingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* sink,
                                InferCompletion done) {
   const TimePoint started = options_.clock->Now();
-  ResponseCache::Key key = options_.cache->MakeKey(space_, *request, options_.output_names);
+  // Read before the request runs: an answer it gives under an older generation goes into a
+  // namespace that is closed (or about to be), where it is never found.
+  const uint64_t generation = inner_->AnswersGeneration();
+  if (generation != generation_.load(std::memory_order_acquire)) {
+    MutexLock lock(&regenerate_);
+    if (generation != generation_.load(std::memory_order_relaxed)) {
+      const uint64_t old = space_.exchange(options_.cache->OpenNamespace());
+      generation_.store(generation, std::memory_order_release);
+      options_.cache->CloseNamespace(old);
+    }
+  }
+  ResponseCache::Key key = options_.cache->MakeKey(space_.load(), *request, options_.output_names);
   std::optional<Status> answered;  // set on a hit: the answer written (or the sink's refusal)
   {
     // Let go of the hit before answering: it pins its segment in memory until then.
@@ -59,7 +71,7 @@ void CachingScheduler::Stop() {
   if (stopped_.exchange(true)) return;
   inner_->Stop();  // answers every flight's run, and so every waiter
   flights_->Stop();
-  options_.cache->CloseNamespace(space_);
+  options_.cache->CloseNamespace(space_.load());
 }
 
 }  // namespace sluice

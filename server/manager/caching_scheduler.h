@@ -7,6 +7,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "server/batching/model_stats.h"
 #include "server/batching/scheduler.h"
 #include "server/core/clock.h"
+#include "server/core/mutex.h"
 #include "server/manager/response_cache.h"
 #include "server/manager/single_flight.h"
 
@@ -53,7 +55,11 @@ class CachingScheduler final : public Scheduler {
  private:
   const Options options_;
   const std::unique_ptr<Scheduler> inner_;
-  const uint64_t space_;  // this version's namespace in the cache
+  // This version's namespace in the cache, and the inner scheduler's AnswersGeneration it holds
+  // answers for: a new generation closes it (dropping its answers) and opens another.
+  std::atomic<uint64_t> space_;
+  std::atomic<uint64_t> generation_;
+  Mutex regenerate_;  // one thread replaces the namespace
   std::unique_ptr<SingleFlight> flights_;
   std::atomic<bool> stopped_{false};
 };

@@ -256,7 +256,14 @@ void EnsembleScheduler::StartSteps(const std::shared_ptr<Run>& run, std::vector<
     if (spec_.ensemble.max_inflight_requests > 0) {
       MutexLock lock(&mutex_);
       if (slots_taken_[step] >= spec_.ensemble.max_inflight_requests) {
-        waiting_[step].push_back({run, std::move(request)});
+        // Checked under the lock DropCancelledWaiting takes: a run that fails from now on finds
+        // this step there.
+        if (!run->cancelled->load()) {
+          waiting_[step].push_back({run, std::move(request)});
+          continue;
+        }
+        lock.Unlock();
+        StepAnswered(run, step, DroppedWhileWaiting(), /*held_slot=*/false);
         continue;
       }
       ++slots_taken_[step];
@@ -288,24 +295,42 @@ void EnsembleScheduler::SubmitStep(const std::shared_ptr<Run>& run, size_t step,
 }
 
 void EnsembleScheduler::ReleaseSlot(size_t step) {
-  std::vector<Waiting> dropped;
-  std::optional<Waiting> next;
   {
     MutexLock lock(&mutex_);
-    std::deque<Waiting>& queue = waiting_[step];
-    while (!queue.empty() && !next) {
-      Waiting front = std::move(queue.front());
-      queue.pop_front();
-      if (front.run->cancelled->load()) {
-        dropped.push_back(std::move(front));
-      } else {
-        next = std::move(front);  // the slot passes to it
-      }
-    }
-    if (!next) --slots_taken_[step];
+    released_.push_back(step);
+    if (handing_on_) return;  // the thread handing slots on takes this one too
+    handing_on_ = true;
   }
-  for (Waiting& each : dropped) StepAnswered(each.run, step, DroppedWhileWaiting(), false);
-  if (next) SubmitStep(next->run, step, std::move(next->request));
+  // A submit may be answered on this thread (its model unloaded, its queue full, its deadline
+  // past) and free its slot again: that slot is queued above and handed on by this loop, so the
+  // stack does not grow with the number of waiting steps.
+  while (true) {
+    std::vector<Waiting> dropped;
+    std::optional<Waiting> next;
+    size_t freed = 0;
+    {
+      MutexLock lock(&mutex_);
+      if (released_.empty()) {
+        handing_on_ = false;
+        return;
+      }
+      freed = released_.front();
+      released_.pop_front();
+      std::deque<Waiting>& queue = waiting_[freed];
+      while (!queue.empty() && !next) {
+        Waiting front = std::move(queue.front());
+        queue.pop_front();
+        if (front.run->cancelled->load()) {
+          dropped.push_back(std::move(front));
+        } else {
+          next = std::move(front);  // the slot passes to it
+        }
+      }
+      if (!next) --slots_taken_[freed];
+    }
+    for (Waiting& each : dropped) StepAnswered(each.run, freed, DroppedWhileWaiting(), false);
+    if (next) SubmitStep(next->run, freed, std::move(next->request));
+  }
 }
 
 void EnsembleScheduler::DropCancelledWaiting() {
@@ -340,6 +365,7 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
   InFlightModel hold;  // dropped outside the lock: the last hold may wake an unload
   std::shared_ptr<RequestTrace> trace;
   bool finish = false;
+  bool failed_now = false;  // this answer is the run's first failure
   Status answer;
   {
     MutexLock lock(&run->mutex);
@@ -352,6 +378,7 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
               ? std::string(status.message())
               : absl::StrCat(DescribeStep(spec_, step), " failed: ", status.message());
       run->failure = Status(status.code(), why);
+      failed_now = true;
       // Steps still queued elsewhere are answered at once.
       run->cancelled->store(true);
       for (const InFlightModel& each : run->holds) {
@@ -381,7 +408,7 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
   }
   if (trace) trace->End(status, Clock::now());  // before the ensemble's own span can end
   for (InFlightModel& each : to_poke) each->Poke();
-  if (!to_poke.empty() && spec_.ensemble.max_inflight_requests > 0) DropCancelledWaiting();
+  if (failed_now && spec_.ensemble.max_inflight_requests > 0) DropCancelledWaiting();
   if (!ready.empty()) StartSteps(run, std::move(ready));
   if (finish) Finish(run, std::move(answer));
 }
@@ -395,9 +422,17 @@ void EnsembleScheduler::Finish(const std::shared_ptr<Run>& run, Status status) {
     } else {
       for (const std::string& name : run->request->requested_outputs) wanted.push_back(&name);
     }
-    MutexLock lock(&run->mutex);
-    for (const std::string* name : wanted) {
-      const TensorView& tensor = run->tensors.at(*name);
+    // Views of what the steps wrote (their sinks stay until the run goes). The caller's sink is
+    // called without the run's lock: a response cache's sink takes single flight's lock, which
+    // calls Reschedule (the scheduler's lock, then the run's) while it holds it.
+    std::vector<TensorView> outputs;
+    {
+      MutexLock lock(&run->mutex);
+      for (const std::string* name : wanted) outputs.push_back(run->tensors.at(*name));
+    }
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      const std::string* name = wanted[i];
+      const TensorView& tensor = outputs[i];
       StatusOr<char*> to = run->sink->Allocate(
           {*name, tensor.dtype, tensor.shape, tensor.byte_size, MemoryType::kCpu});
       if (!to.ok()) {
@@ -443,18 +478,20 @@ void EnsembleScheduler::Poke() {
   if (spec_.ensemble.max_inflight_requests > 0) DropCancelledWaiting();
 }
 
-bool EnsembleScheduler::Reschedule(const std::atomic<bool>* tag, int priority_level,
-                                   TimePoint deadline, TimePoint) {
+uint64_t EnsembleScheduler::AnswersGeneration() const {
+  uint64_t latest = 0;
+  for (const EnsembleStepSpec& step : spec_.ensemble.steps)
+    latest = std::max(latest, options_.lookup->Generation(step.model));
+  return latest;
+}
+
+bool EnsembleScheduler::Reschedule(const std::atomic<bool>* tag, int, TimePoint deadline,
+                                   TimePoint) {
   MutexLock lock(&mutex_);
   for (const std::shared_ptr<Run>& run : live_) {
     if (run->request->cancelled.get() != tag) continue;
-    MutexLock run_lock(&run->mutex);  // StartSteps reads them under it
-    InferRequest& request = *run->request;
-    if (deadline > request.deadline) request.deadline = deadline;
-    const uint64_t level = priority_level > 0 ? static_cast<uint64_t>(priority_level) : 0;
-    if (level > 0 && (request.parameters.priority == 0 || level < request.parameters.priority)) {
-      request.parameters.priority = level;
-    }
+    MutexLock run_lock(&run->mutex);  // StartSteps reads it under it
+    if (deadline > run->request->deadline) run->request->deadline = deadline;
     return true;
   }
   return false;

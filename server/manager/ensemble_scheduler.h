@@ -68,15 +68,20 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
   }
   void SetCallerRuns(bool) override {}  // steps run on their models' workers
   void SetBatchSizeLadder(std::vector<int>) override {}
+  // The latest change of a model its steps run (ModelLookup::Generation): a step model loaded,
+  // reloaded or unloaded may change the answers; any such change raises it.
+  uint64_t AnswersGeneration() const override;
   // Refuses new requests (UNAVAILABLE) and waits for those in flight to be answered.
   void Stop() override ABSL_LOCKS_EXCLUDED(mutex_);
 
   // QueueSharing, for the response cache's single flight (an ensemble with response_cache). An
   // ensemble has no queue of its own: its steps wait in their models' queues, under those caps,
-  // so every waiter is admitted. Reschedule raises the deadline (the later one) and priority (the
-  // higher, a smaller level above 0) of the run whose flag is `tag` for the steps it has not
-  // started yet; a step already queued keeps what it was given. The DELAY timeout action is the
-  // step models' own: `delay_after` is not passed on. False when no run has that flag.
+  // so every waiter is admitted. Reschedule raises the deadline (to the later one) of the run
+  // whose flag is `tag` for the steps it has not started yet; a step already queued keeps what it
+  // was given. Priority levels are a queue's (an ensemble has none: each step carries the
+  // request's priority parameter to its model), and the DELAY timeout action is the step
+  // models' own, so `priority_level` and `delay_after` are not passed on. False when no run has
+  // that flag.
   Status AdmitWaiter(const InferRequest&) override { return absl::OkStatus(); }
   void ReleaseWaiter(int, size_t) override {}
   bool Reschedule(const std::atomic<bool>* tag, int priority_level, TimePoint deadline,
@@ -123,6 +128,9 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
   // requests waiting for one, in order.
   std::vector<uint32_t> slots_taken_ ABSL_GUARDED_BY(mutex_);
   std::vector<std::deque<Waiting>> waiting_ ABSL_GUARDED_BY(mutex_);
+  // Slots freed and not yet handed on, and whether a thread is handing them on (ReleaseSlot).
+  std::deque<size_t> released_ ABSL_GUARDED_BY(mutex_);
+  bool handing_on_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace sluice

@@ -346,6 +346,14 @@ Status ModelControl::LoadComposingModels(const RepositoryModel& ensemble, const 
   for (const EnsembleStepSpec& step : ensemble.spec.ensemble.steps) {
     const std::string& name = step.model;
     if (!done.insert(name).second || !manager_->ReadyVersions(name).empty()) continue;
+    if (wanted) {
+      // An explicit load of the ensemble is one of its models too.
+      MutexLock demand(&demand_mutex_);
+      unloaded_explicitly_.erase(name);
+    } else if (Status allowed = CheckLoadOnDemand(name); !allowed.ok()) {
+      return Status(allowed.code(),
+                    absl::StrCat("its step model '", name, "' did not load: ", allowed.message()));
+    }
     spdlog::info("event=model_load model={} for_ensemble={} trigger={}", name, ensemble.name,
                  trigger);
     StatusOr<RepositoryModel> read = options_.source->Read(name, ModelOverride{});
@@ -390,8 +398,7 @@ Status ModelControl::UnloadModel(const std::string& name, bool unload_dependents
     // Chosen before the ensemble goes, which no longer counts as running them.
     std::vector<std::string> dependents;
     StatusOr<std::shared_ptr<const RepositoryModel>> found = manager_->FindModel(name);
-    if (unload_dependents && found.ok() && (*found)->spec.is_ensemble() &&
-        !manager_->ReadyVersions(name).empty()) {
+    if (unload_dependents && found.ok() && (*found)->spec.is_ensemble()) {
       for (const EnsembleStepSpec& step : (*found)->spec.ensemble.steps) {
         const std::string& model = step.model;
         if (std::find(dependents.begin(), dependents.end(), model) != dependents.end()) continue;
@@ -408,6 +415,7 @@ Status ModelControl::UnloadModel(const std::string& name, bool unload_dependents
     if (status.ok() && options_.load_on_demand) {
       MutexLock demand(&demand_mutex_);
       unloaded_explicitly_.insert(name);
+      unloaded_explicitly_.insert(dependents.begin(), dependents.end());
     }
   }
   ReportBudget();
@@ -516,9 +524,23 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
 
 std::vector<ResidentModel> ModelControl::Resident() const {
   std::vector<ResidentModel> resident = manager_->Resident();
+  // The models pinned ensembles run stay with them (an ensemble goes with a model it runs).
+  std::map<std::string, std::string> pinned_steps;
+  for (const std::shared_ptr<const RepositoryModel>& each : manager_->Models()) {
+    if (!each->spec.is_ensemble() || !Pinned(each->name) ||
+        manager_->ReadyVersions(each->name).empty()) {
+      continue;
+    }
+    for (const EnsembleStepSpec& step : each->spec.ensemble.steps)
+      pinned_steps.emplace(step.model, each->name);
+  }
   for (ResidentModel& model : resident) {
     model.pinned = Pinned(model.name);
-    if (group_.count(model.name) > 0) model.kept_for = group_ensemble_;
+    if (group_.count(model.name) > 0) {
+      model.kept = absl::StrCat("loads with '", group_ensemble_, "'");
+    } else if (auto it = pinned_steps.find(model.name); it != pinned_steps.end()) {
+      model.kept = absl::StrCat("runs in pinned ensemble '", it->second, "'");
+    }
   }
   return resident;
 }

@@ -227,6 +227,10 @@ class ModelLookup {
   // Who loads a model a request asks for while it is not loaded; null: nobody (the request is
   // answered Find's status).
   virtual OnDemandLoads* on_demand() const { return nullptr; }
+  // When `name`'s serving versions last changed (a load, reload or unload), as a number that
+  // grows with every change of any model: a lookup made after reading a new value finds the new
+  // versions. 0 for a name never loaded or forgotten.
+  virtual uint64_t Generation(const std::string& /*name*/) const { return 0; }
 };
 
 // The version a converted request runs on: `found` (what Find chose), unless the request

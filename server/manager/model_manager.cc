@@ -124,6 +124,7 @@ RetiredVersions ModelManager::Swap(const std::shared_ptr<const RepositoryModel>&
       }
       entry.versions.push_back(std::move(slot));
     }
+    entry.changed_at = ++generation_;  // with the change, under the table lock
     RetireLocked(&old, &retired);
   }
   for (const LoadedVersion& each : *loaded) {
@@ -185,6 +186,7 @@ StatusOr<RetiredVersions> ModelManager::Take(const std::string& name, const std:
       removed.reason = reason;
       entry.versions.push_back(std::move(removed));
     }
+    entry.changed_at = ++generation_;  // with the change, under the table lock
     if (forget) entries_.erase(it);
     RetireLocked(&old, &retired);
   }
@@ -349,6 +351,12 @@ std::vector<int64_t> ModelManager::ReadyVersions(const std::string& name) const 
     if (slot.state == ModelState::kReady) versions.push_back(slot.version);
   }
   return versions;
+}
+
+uint64_t ModelManager::Generation(const std::string& name) const {
+  MutexLock lock(&mutex_);
+  auto it = entries_.find(name);
+  return it == entries_.end() ? 0 : it->second.changed_at;
 }
 
 std::vector<ModelIndexEntry> ModelManager::Index() const {

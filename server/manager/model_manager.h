@@ -111,6 +111,7 @@ class ModelManager final : public ModelLookup {
   // Who loads models on demand (see ModelLookup::on_demand); set before requests come, once.
   void SetOnDemand(OnDemandLoads* loads) { on_demand_.store(loads, std::memory_order_release); }
   OnDemandLoads* on_demand() const override { return on_demand_.load(std::memory_order_acquire); }
+  uint64_t Generation(const std::string& name) const override;
 
   // Start-up has tried every model it was asked for: AllReady may now be true.
   void SetStarted();
@@ -172,6 +173,7 @@ class ModelManager final : public ModelLookup {
     std::string reason;             // why it serves nothing, when `versions` is empty
     std::string tried_fingerprint;  // the files the last load attempt read (poll mode)
     TimePoint ready_since{};        // the last Swap that installed a ready version
+    uint64_t changed_at = 0;        // generation_ at its last Swap or Remove (Generation)
   };
 
   // Remove and RemoveIfIdle.
@@ -188,6 +190,7 @@ class ModelManager final : public ModelLookup {
   SteadyTimeSource steady_;
   const TimeSource* const clock_;  // options_.clock or &steady_
   std::atomic<OnDemandLoads*> on_demand_{nullptr};
+  uint64_t generation_ ABSL_GUARDED_BY(mutex_) = 0;  // Swaps and Removes so far
   mutable Mutex mutex_;
   std::map<std::string, Entry> entries_
       ABSL_GUARDED_BY(mutex_);  // by name, which is repository order

@@ -94,8 +94,8 @@ StatusOr<std::vector<std::string>> PlanEviction(const std::vector<ResidentModel>
     if (model.name == loading) continue;
     if (model.pinned) {
       kept.push_back(absl::StrCat(model.name, " (pinned)"));
-    } else if (!model.kept_for.empty()) {
-      kept.push_back(absl::StrCat(model.name, " (loads with '", model.kept_for, "')"));
+    } else if (!model.kept.empty()) {
+      kept.push_back(absl::StrCat(model.name, " (", model.kept, ")"));
     } else if (model.busy) {
       kept.push_back(absl::StrCat(model.name, " (requests in flight or active sequences)"));
     } else if (now - model.ready_since < policy.min_residency) {

@@ -34,9 +34,10 @@ struct ResidentModel {
   TimePoint ready_since{};  // when its current versions became ready
   bool busy = false;        // requests in flight or queued, or active sequences
   bool pinned = false;      // --load-model, or sluice.pinned in its config
-  // The load this model is part of, when another model loads with it (an ensemble and the models
-  // its steps run): never chosen for that load. Empty otherwise.
-  std::string kept_for;
+  // Why this model may not go although idle and unpinned, when it is in a group with another
+  // model ("loads with 'e'": a step model of the ensemble loading now; "runs in pinned ensemble
+  // 'e'"): never chosen. Empty otherwise.
+  std::string kept;
 };
 
 // The memory models may use, per device, and what may be evicted for a load.

@@ -44,6 +44,7 @@ class HeldInner final : public Scheduler, public QueueSharing {
   }
   void ReleaseWaiter(int, size_t) override { --waiters; }
   bool Reschedule(const std::atomic<bool>*, int, TimePoint, TimePoint) override { return true; }
+  uint64_t AnswersGeneration() const override { return generation; }
 
   // Writes `bytes` as run `index`'s one output "y" and answers it.
   void Answer(size_t index, const std::string& bytes) {
@@ -57,6 +58,7 @@ class HeldInner final : public Scheduler, public QueueSharing {
   }
 
   std::vector<Run> runs;
+  uint64_t generation = 0;
   int pokes = 0, warm_ups = 0, stops = 0, waiters = 0;
   bool caller_runs = false;
   std::vector<int> ladder;
@@ -113,6 +115,38 @@ TEST_F(CachingSchedulerTest, AMissRunsOnceAndAnIdenticalRequestIsThenAnsweredFro
   ASSERT_TRUE(second.answer.has_value() && second.answer->ok());
   EXPECT_EQ(second.sink.outputs().at(0).data, "answer");
   EXPECT_EQ(stats_->Snapshot().cache_hit.count, 1u);
+}
+
+// An ensemble's answers change when a model its steps run changes (AnswersGeneration): the
+// answers cached before are not given after, and the next run's answer is cached again.
+TEST_F(CachingSchedulerTest, ANewAnswersGenerationDropsWhatWasCached) {
+  Call first, second, third, stale_run;
+  Send(first);
+  inner_->Answer(0, "old");
+  inner_->generation = 1;
+  Send(second);
+  ASSERT_EQ(inner_->runs.size(), 2u);  // ran again
+  inner_->Answer(1, "new");
+  EXPECT_EQ(second.sink.outputs().at(0).data, "new");
+  Send(third);
+  EXPECT_EQ(inner_->runs.size(), 2u);  // the new answer is cached
+  ASSERT_TRUE(third.answer.has_value());
+  EXPECT_EQ(third.sink.outputs().at(0).data, "new");
+  // A run that began under generation 1 and answers after 2 began is never found.
+  stale_run.input = "another!";
+  Send(stale_run);
+  inner_->generation = 2;
+  Call fresh;
+  fresh.input = "another!";
+  Send(fresh);  // a new namespace: its own run
+  ASSERT_EQ(inner_->runs.size(), 4u);
+  inner_->Answer(2, "stale");
+  inner_->Answer(3, "fresh");
+  Call after;
+  after.input = "another!";
+  Send(after);
+  EXPECT_EQ(inner_->runs.size(), 4u);
+  EXPECT_EQ(after.sink.outputs().at(0).data, "fresh");
 }
 
 TEST_F(CachingSchedulerTest, IdenticalMissesShareOneRunAndCountTheWaitersInTheInnerQueue) {

@@ -57,10 +57,12 @@ ModelSpec Chain(const std::string& second_input = "x") {
 class EnsembleSchedulerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_backend_ = PlusOne().release();
+    a_backend_ = PlusOne(&a_fails_).release();
+    b_backend_ = PlusOne(&b_fails_).release();
     lookup_.models["a"] =
         testing::MakeHandle("a", kPlusOne, std::unique_ptr<ModelBackend>(a_backend_), &clock_, 4);
-    lookup_.models["b"] = testing::MakeHandle("b", kPlusOne, PlusOne(&b_fails_), &clock_, 4);
+    lookup_.models["b"] =
+        testing::MakeHandle("b", kPlusOne, std::unique_ptr<ModelBackend>(b_backend_), &clock_, 4);
   }
   void TearDown() override {
     for (auto& [name, handle] : lookup_.models) handle->Stop();
@@ -96,6 +98,8 @@ class EnsembleSchedulerTest : public ::testing::Test {
   SteadyTimeSource clock_;
   testing::FakeLookup lookup_;
   testing::FakeBackend* a_backend_ = nullptr;
+  testing::FakeBackend* b_backend_ = nullptr;
+  std::atomic<bool> a_fails_{false};
   std::atomic<bool> b_fails_{false};
   const int32_t values_[3] = {1, 2, 3};
 };
@@ -190,6 +194,59 @@ TEST_F(EnsembleSchedulerTest, MaxInflightRequestsKeepsTheOthersWaitingInTheEnsem
   a_backend_->OpenGate();
   for (auto& answer : answers) EXPECT_TRUE(answer.get().ok());
   EXPECT_EQ(a_backend_->executed() - before, 2);
+}
+
+// A run that fails drops its step waiting for a slot at once: its answer does not wait for the
+// unrelated request that holds the slot.
+TEST_F(EnsembleSchedulerTest, AFailedRunDropsItsWaitingStepAtOnce) {
+  ModelSpec spec = Chain();  // two independent steps: out from a, side from b
+  spec.outputs.push_back({"side", DataType::kInt32, {-1}});
+  spec.ensemble.steps[1].inputs = {{"x", "in"}};
+  spec.ensemble.steps[1].outputs = {{"y", "side"}};
+  spec.ensemble.steps[0].outputs = {{"y", "out"}};
+  spec.ensemble.max_inflight_requests = 1;
+  auto ensemble = Make(spec);
+  b_backend_->CloseGate();
+  TensorSink first_sink, second_sink;
+  std::future<Status> first = Submit(*ensemble, &first_sink);  // holds b's slot at the gate
+  b_backend_->WaitStarted(1);
+  a_fails_ = true;
+  std::future<Status> second = Submit(*ensemble, &second_sink);  // a fails; b's step waits
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const Status failed = second.get();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("step 1 (model 'a') failed"));
+  a_fails_ = false;
+  b_backend_->OpenGate();
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_EQ(b_backend_->executed(), 1);  // the dropped step never ran
+}
+
+// Thousands of steps waiting for one slot whose submits all fail on the handing thread (their
+// model is gone): each is answered, without the stack growing with them.
+TEST_F(EnsembleSchedulerTest, ManyWaitingStepsThatFailAtOnceAreHandedOnInALoop) {
+  ModelSpec spec = Chain();
+  spec.ensemble.max_inflight_requests = 1;
+  auto ensemble = Make(spec);
+  a_backend_->CloseGate();
+  constexpr int kWaiting = 20000;
+  std::vector<TensorSink> sinks(kWaiting + 1);
+  std::vector<std::future<Status>> answers;
+  answers.push_back(Submit(*ensemble, &sinks[0]));
+  a_backend_->WaitStarted(1);
+  for (int i = 1; i <= kWaiting; ++i) answers.push_back(Submit(*ensemble, &sinks[i]));
+  std::shared_ptr<ModelHandle> a = lookup_.models["a"];
+  {
+    std::lock_guard<std::mutex> lock(lookup_.mutex);
+    lookup_.models.erase("a");  // step 1's model is gone: each waiting submit fails at once
+  }
+  a_backend_->OpenGate();
+  EXPECT_TRUE(answers[0].get().ok());
+  for (int i = 1; i <= kWaiting; ++i) {
+    const Status status = answers[i].get();
+    ASSERT_EQ(status.code(), absl::StatusCode::kNotFound) << i << " " << status;
+  }
+  a->Stop();
 }
 
 // A traced ensemble request: each step is a span of its own under the ensemble's request span,

@@ -288,20 +288,40 @@ TEST_F(OnDemandTest, AnEnsembleAndItsModelsLoadAndGoTogether) {
   EXPECT_THAT(refused.message(), HasSubstr("c (loads with 'e')"));
 }
 
+// The models a pinned ensemble runs are not evicted for room (the ensemble would go with them).
+TEST_F(OnDemandTest, APinnedEnsemblesModelsStay) {
+  RepositoryModel e = testing::Ensemble("e", {"b", "c"});
+  e.spec.pinned = true;
+  source_.Put(e, "e1");
+  Start(/*budget_mib=*/20, {});
+  ASSERT_TRUE(Await("e").ok());
+  const Status refused = Await("d");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("b (runs in pinned ensemble 'e')"));
+  EXPECT_EQ(Ready(), (std::set<std::string>{"b", "c", "e"}));
+}
+
 // unload_dependents unloads the models an ensemble runs that no other loaded ensemble runs and
 // that are not pinned; without it they stay.
 TEST_F(OnDemandTest, UnloadingAnEnsembleWithItsDependentsKeepsWhatOthersRun) {
   source_.Put(testing::Ensemble("e", {"b", "c"}), "e1");
   source_.Put(testing::Ensemble("f", {"c", "a"}), "f1");
   Start(0, {"a"});
+  const uint64_t generation = manager().Generation("b");
   ASSERT_TRUE(control().LoadModel("e").ok());
+  EXPECT_GT(manager().Generation("b"), generation);  // what an ensemble's cached answers follow
+  EXPECT_GT(manager().Generation("e"), manager().Generation("b"));  // loaded after its models
   ASSERT_TRUE(control().LoadModel("f").ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c", "e", "f"}));
   ASSERT_TRUE(control().UnloadModel("e", /*unload_dependents=*/true).ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "c", "f"}));  // f runs c
   ASSERT_TRUE(control().UnloadModel("f", /*unload_dependents=*/true).ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a"}));  // a is pinned
+  // What went with it was unloaded as if on its own: not loaded on demand, until an explicit
+  // load (of it, or of an ensemble that runs it).
+  EXPECT_FALSE(control().LoadsOnDemand("b"));
   ASSERT_TRUE(control().LoadModel("e").ok());
+  EXPECT_TRUE(control().LoadsOnDemand("b"));
   ASSERT_TRUE(control().UnloadModel("e").ok());
   EXPECT_EQ(Ready(), (std::set<std::string>{"a", "b", "c"}));
 }
