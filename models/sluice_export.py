@@ -11,11 +11,16 @@ refused at load with a message naming the mismatch (server/runtime/aoti_package.
 
 Example inputs need a batch of 2 or more: torch.export specialises a dimension of size 1 to 1.
 
+With `digests=` the package's SHA-256 goes into that manifest (sluice-server --model-digests, see
+docs/guide/security.md), so that the server loads only these bytes; `pin` adds any other file
+(an operator library, a TorchScript file) the same way.
+
 config_text writes the config.pbtxt that serves a module in either format from example inputs:
 
     from sluice_export import config_text
     open("models/mlp/config.pbtxt", "w").write(config_text(model.eval(), (torch.randn(2, 784),)))
 """
+import hashlib
 import json
 import os
 import signal
@@ -134,14 +139,45 @@ def _probe(request: Dict[str, Any]):
     return [lo, hi]
 
 
+def pin(path: str, manifest: str, repository: Optional[str] = None) -> str:
+    """Writes the SHA-256 line of `path` into `manifest` (sha256sum's format, what sluice-server's
+    --model-digests reads), replacing the line it had. The path in the line is relative to
+    `repository`, by default the directory three levels above a <repository>/<model>/<version>/
+    <file> path. Returns the line."""
+    root = repository or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    line = f"{digest.hexdigest()}  {relative}"
+    kept = []
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            kept = [each.rstrip("\n") for each in f if not each.rstrip("\n").endswith(f"  {relative}")]
+    with open(manifest, "w") as f:
+        f.write("".join(each + "\n" for each in kept + [line]))
+    return line
+
+
 def export_package(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], path: str, *,
                    dynamic_shapes: Optional[Sequence[Any]] = None, batched: bool = True,
-                   inductor_configs: Optional[Dict[str, Any]] = None) -> str:
+                   inductor_configs: Optional[Dict[str, Any]] = None,
+                   digests: Optional[str] = None) -> str:
     """Exports `module` (in eval mode) and compiles it into an AOTInductor package at `path`, for
     the device the example inputs are on. With a dynamic batch, the package is then asked which
     batch sizes it accepts; when that is narrower than the export declared, it is compiled again
     with metadata that says so (the server then refuses a max_batch_size above it at load, rather
-    than failing warm-up). Returns the path."""
+    than failing warm-up). With `digests`, the package is pinned in that manifest (`pin`).
+    Returns the path."""
+    path = _export_package(module, example_inputs, path, dynamic_shapes=dynamic_shapes, batched=batched,
+                           inductor_configs=inductor_configs)
+    if digests:
+        pin(path, digests)
+    return path
+
+
+def _export_package(module, example_inputs, path, *, dynamic_shapes, batched, inductor_configs) -> str:
     with torch.no_grad():
         program = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     metadata = describe(program, batched)

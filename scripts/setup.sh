@@ -35,6 +35,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libcli11-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   libevent-dev rapidjson-dev zlib1g-dev  # the HTTP/REST endpoint
+  libssl-dev  # libcrypto's SHA-256 for pinned model files (gRPC links the same library)
   patchelf  # the bundled torchvision operators drop their unused libtorch_python.so dependency;
             # the GPU proof kit rewrites its binaries' RUNPATH (scripts/gpu_kit.sh)
 )

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -217,9 +219,29 @@ int main(int argc, char** argv) {
       sluice::ProbeRuntime(config.device != sluice::DevicePolicy::kCpu);
   // Every model's operator libraries, loaded before the server starts (and before --print-env,
   // which lists them). Never unloaded: this outlives the server.
+  // --model-digests: model files and the libraries models name load from checked copies in a
+  // private directory of this process's, removed at exit.
+  std::unique_ptr<sluice::ModelPinning> pinning;
+  if (!config.model_digests.empty()) {
+    sluice::ModelPinning::Options pin;
+    pin.manifest = config.model_digests;
+    pin.repository = config.model_repository;
+    pin.require = config.require_model_digests;
+    std::error_code ec;
+    pin.directory =
+        std::filesystem::temp_directory_path(ec) / ("sluice-pinned-" + std::to_string(getpid()));
+    absl::StatusOr<std::unique_ptr<sluice::ModelPinning>> made =
+        sluice::ModelPinning::Create(std::move(pin));
+    if (!made.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(made.status().message()).c_str());
+      return EXIT_FAILURE;
+    }
+    pinning = *std::move(made);
+  }
   sluice::OperatorLibraries::Options library_options;
   library_options.allowed_dirs.assign(config.operator_library_dirs.begin(),
                                       config.operator_library_dirs.end());
+  library_options.pinning = pinning.get();
   sluice::OperatorLibraries libraries(library_options);
   const absl::StatusOr<std::vector<std::string>> library_notes =
       sluice::LoadStartupOperatorLibraries(config, &libraries);

@@ -159,6 +159,18 @@ void AddModelFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
                  "it); a library resolving anywhere else is refused")
       ->check(CLI::ExistingDirectory)
       ->group("Models");
+  app.add_option("--model-digests", config.model_digests,
+                 "A manifest of SHA-256 digests in sha256sum's format (\"<digest>  <path>\", "
+                 "paths relative to the model repository): a model file or operator library it "
+                 "lists loads only from a private copy whose bytes have that digest, else the "
+                 "load is refused. Keep it outside the repository, where whoever writes models "
+                 "cannot write it; it is read again at every load")
+      ->check(CLI::ExistingFile)
+      ->group("Models");
+  app.add_option("--require-model-digests", config.require_model_digests,
+                 "Refuse to load any model file or model-named operator library that "
+                 "--model-digests does not pin (true/false)")
+      ->group("Models");
   app.add_option(
          "--torchvision-ops", text.torchvision_ops,
          "torchvision's operators (nms, roi_align, roi_pool, ps_roi_align, ps_roi_pool, "
@@ -653,6 +665,10 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--allow-load-files needs --model-control-mode explicit (in mode ",
                      text.model_control_mode, " nothing loads on request)"));
+  }
+  if (config->require_model_digests && config->model_digests.empty()) {
+    return absl::InvalidArgumentError(
+        "--require-model-digests needs the digests: give them with --model-digests FILE");
   }
   SLUICE_ASSIGN_OR_RETURN(config->trace, ParseTraceConfig(text.trace_configs));
   config->restrictions.clear();

@@ -79,7 +79,11 @@ struct ServerConfig {
   double load_wait_secs = 60;   // --model-load-wait-secs (a request's longest wait)
   // Operator libraries (server/runtime/operator_libraries.h).
   std::vector<std::string> operator_libraries;  // --operator-library, loaded at start-up in order
-  std::vector<std::string> operator_library_dirs;          // --operator-library-dir
+  std::vector<std::string> operator_library_dirs;  // --operator-library-dir
+  // Pinned model code (server/os/file_pinning.h): the digests manifest, and whether every model
+  // file and operator library a model names must be pinned in it.
+  std::string model_digests;                               // --model-digests
+  bool require_model_digests = false;                      // --require-model-digests
   TorchvisionOps torchvision_ops = TorchvisionOps::kAuto;  // --torchvision-ops
 };
 

@@ -141,11 +141,11 @@ StatusOr<OperatorLibrary> OperatorLibraries::LoadForModel(const std::string& wri
                                                           const fs::path& model_dir,
                                                           const std::string& model) {
   SLUICE_ASSIGN_OR_RETURN(const fs::path canonical, Resolve(written, model_dir));
-  return Load(canonical, absl::StrCat("model ", model), /*probe=*/true);
+  return Load(canonical, absl::StrCat("model ", model), /*probe=*/true, /*pin=*/true);
 }
 
 StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
-                                                  const std::string& origin, bool probe) {
+                                                  const std::string& origin, bool probe, bool pin) {
   const auto started = std::chrono::steady_clock::now();
   struct stat st {};
   if (stat(canonical.c_str(), &st) != 0) {
@@ -174,10 +174,17 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
   OperatorLibrary library;
   library.path = canonical;
   library.origin = origin;
+  // A pinned library is probed and loaded from its checked copy, so that nothing of a file whose
+  // digest differs runs, not even in the probe's child. A refusal is not remembered: the
+  // operator may pin the new bytes.
+  fs::path load_from = canonical;
+  if (pin && options_.pinning != nullptr) {
+    SLUICE_ASSIGN_OR_RETURN(load_from, options_.pinning->Pin(canonical, "operator library"));
+  }
   if (probe) {
     std::vector<std::string> preload;
-    for (const Loaded& loaded : loaded_) preload.push_back(loaded.library.path.string());
-    if (Status probed = Probe(canonical, preload); !probed.ok()) {
+    for (const Loaded& loaded : loaded_) preload.push_back(loaded.loaded_from.string());
+    if (Status probed = Probe(load_from, preload); !probed.ok()) {
       refused_[canonical] = {identity, probed};
       return probed;
     }
@@ -185,7 +192,7 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
   // Never closed (RTLD_NODELETE says so to the loader too). RTLD_NOW: a missing symbol is an
   // error here, not a crash at the first call.
   const std::vector<std::string> before = RegisteredOperators();
-  void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  void* handle = dlopen(load_from.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (handle == nullptr) {
     const char* error = dlerror();
     Status status = absl::FailedPreconditionError(
@@ -200,7 +207,7 @@ StatusOr<OperatorLibrary> OperatorLibraries::Load(const fs::path& canonical,
                       std::back_inserter(library.operators));
   library.load_time = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - started);
-  loaded_.push_back(Loaded{library, identity, handle});
+  loaded_.push_back(Loaded{library, identity, handle, load_from});
   refused_.erase(canonical);
   if (listener_) listener_(library);
   return library;

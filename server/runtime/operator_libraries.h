@@ -36,6 +36,7 @@
 
 #include "server/core/mutex.h"
 #include "server/core/status.h"
+#include "server/os/file_pinning.h"
 
 namespace sluice {
 
@@ -97,8 +98,15 @@ class OperatorLibraries {
     // model's own directory.
     std::vector<std::filesystem::path> allowed_dirs;
     std::chrono::milliseconds probe_timeout{60000};  // a probe that hangs is refused after this
+    // --model-digests: the libraries models name are probed and loaded from checked copies
+    // (server/os/file_pinning.h), and so are the models' own files (the runtime asks pinning());
+    // null: from where they lie. Outlives this.
+    const ModelPinning* pinning = nullptr;
   };
   explicit OperatorLibraries(Options options);
+
+  // Options::pinning: what the runtime loads model files through; may be null.
+  const ModelPinning* pinning() const { return options_.pinning; }
 
   // Told about each library loaded from now on, under the registry's lock (the server logs it
   // and exports it as a metric); null: nobody.
@@ -143,10 +151,12 @@ class OperatorLibraries {
   struct Loaded {
     OperatorLibrary library;
     FileIdentity identity;
-    void* handle = nullptr;  // never closed
+    void* handle = nullptr;             // never closed
+    std::filesystem::path loaded_from;  // library.path, or its checked copy (pinned)
   };
+  // `pin`: a library a model names, loaded through Options::pinning when there is one.
   StatusOr<OperatorLibrary> Load(const std::filesystem::path& canonical, const std::string& origin,
-                                 bool probe) ABSL_LOCKS_EXCLUDED(mutex_);
+                                 bool probe, bool pin = false) ABSL_LOCKS_EXCLUDED(mutex_);
   // Runs the probe of `path` after the `preload` libraries: OK when the child loaded it, else
   // FAILED_PRECONDITION with what the child said.
   Status Probe(const std::filesystem::path& path, const std::vector<std::string>& preload) const;

@@ -25,6 +25,7 @@
 #include "server/core/bytes_tensor.h"
 #include "server/core/mutex.h"
 #include "server/runtime/aoti_backend.h"
+#include "server/runtime/aoti_package.h"
 #include "server/runtime/convolution_rewrite.h"
 #include "server/runtime/torch_common.h"
 
@@ -187,16 +188,34 @@ class TorchBackendFactory final : public BackendFactory {
                                                   device.cuda ? device.index : -1);
       }
     };
+    // With --model-digests the file loads from a checked copy (the one a .pt2 package of this
+    // device kind would load), removed once the instances have read it.
+    const ModelPinning* pinning = libraries_ != nullptr ? libraries_->pinning() : nullptr;
+    const std::filesystem::path chosen =
+        spec.format == ModelFormat::kAotInductor
+            ? std::filesystem::path(PackageFileFor(model_file.string(), device))
+            : model_file;
+    std::filesystem::path load_from = chosen;
+    if (pinning != nullptr) {
+      SLUICE_ASSIGN_OR_RETURN(load_from, pinning->Pin(chosen, "model file"));
+    }
+    struct RemoveCopy {
+      std::filesystem::path path;
+      ~RemoveCopy() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove(path, ec);
+      }
+    } copy{load_from != chosen ? load_from : std::filesystem::path()};
     std::vector<std::unique_ptr<ModelBackend>> instances;
     if (spec.format == ModelFormat::kAotInductor) {
       for (int i = 0; i < count; ++i) init(i);
       SLUICE_ASSIGN_OR_RETURN(
-          instances, LoadAotiInstances(spec, model_file, device, count, aoti_host_, streams_));
+          instances, LoadAotiInstances(spec, load_from, device, count, aoti_host_, streams_));
     } else {
       for (int i = 0; i < count; ++i) {
         init(i);
         SLUICE_ASSIGN_OR_RETURN(std::unique_ptr<ModelBackend> instance,
-                                LoadTorchScript(spec, model_file, device));
+                                LoadTorchScript(spec, load_from, device));
         instances.push_back(std::move(instance));
       }
     }

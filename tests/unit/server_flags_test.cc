@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace sluice {
 namespace {
 
@@ -105,6 +107,20 @@ TEST(ServerFlagsTest, LoadFilesOnlyInExplicitMode) {
   auto polling = ParseServerFlags({"--model-control-mode", "poll", "--allow-load-files", "true"});
   EXPECT_THAT(std::string(polling.status().message()),
               HasSubstr("--allow-load-files needs --model-control-mode explicit"));
+}
+
+// Pinned model code: the manifest must exist; requiring digests needs one.
+TEST(ServerFlagsTest, ModelDigestsAndRequiringThem) {
+  const std::string manifest = ::testing::TempDir() + "/sluice-flags-digests";
+  { std::ofstream(manifest) << "# none yet\n"; }
+  auto config = ParseServerFlags({"--model-digests", manifest, "--require-model-digests", "true"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_digests, manifest);
+  EXPECT_TRUE(config->require_model_digests);
+  EXPECT_FALSE(ParseServerFlags({})->require_model_digests);
+  EXPECT_THAT(std::string(ParseServerFlags({"--require-model-digests", "true"}).status().message()),
+              HasSubstr("--require-model-digests needs the digests"));
+  EXPECT_FALSE(ParseServerFlags({"--model-digests", manifest + ".missing"}).ok());
 }
 
 // Triton's name and form (--allow-client-shm=true) and the older --allow-shared-memory.

@@ -1,9 +1,13 @@
 // An operator library for the tests, built against the torch wheel's LibTorch as users build
 // theirs: one operator, sluice_test::scale_add(x, alpha) = x * alpha + 1 (one kernel for every
 // device), and Triton's MODEL_INIT_LIBRARY hooks, which append "init <version dir> <device>"
-// and "fini <device>" lines to the file $SLUICE_TEST_INIT_LOG names.
+// and "fini <device>" lines to the file $SLUICE_TEST_INIT_LOG names. Its code runs as soon as it is
+// loaded (a static initializer appends "loaded <pid>" to $SLUICE_TEST_LOAD_MARKER), as a hostile
+// library's would: the pinned-code tests show that a refused file never got that far.
 #include <cstdio>
 #include <cstdlib>
+
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -20,6 +24,17 @@ void Log(const char* format, const char* text, int device) {
     std::fclose(file);
   }
 }
+
+// Runs when the library is loaded (dlopen, or the probe's child).
+[[maybe_unused]] const bool kMarked = [] {
+  if (const char* path = std::getenv("SLUICE_TEST_LOAD_MARKER")) {
+    if (FILE* file = std::fopen(path, "a")) {
+      std::fprintf(file, "loaded %d\n", static_cast<int>(getpid()));
+      std::fclose(file);
+    }
+  }
+  return true;
+}();
 
 }  // namespace
 
