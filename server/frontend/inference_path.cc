@@ -142,9 +142,10 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer,
                   }
                   if (!status.ok()) {
                     spdlog::debug(
-                        "event=infer_failed protocol={} model={} request_id={} reason=\"{}\"",
-                        ProtocolName(call->protocol), call->model_name(), call->request_id(),
-                        status.message());
+                        "event=infer_failed protocol={} model=\"{}\" request_id=\"{}\" "
+                        "reason=\"{}\"",
+                        ProtocolName(call->protocol), QuoteClientText(call->model_name()),
+                        QuoteClientText(call->request_id(), 64), status.message());
                   } else if (cold_since != TimePoint{}) {
                     if (OnDemandLoads* loads = lookup.on_demand())
                       loads->RecordColdStart(call->model_name(), Clock::now() - cold_since);

@@ -174,8 +174,8 @@ Status SharedMemoryManager::Register(const std::string& name, const std::string&
     if (!regions_.emplace(name, region).second)
       return AlreadyRegisteredError(name);  // by another call meanwhile
   }
-  spdlog::info("event=shm_registered region={} key={} offset={} bytes={}", name, key, offset,
-               byte_size);
+  spdlog::info("event=shm_registered region=\"{}\" key=\"{}\" offset={} bytes={}",
+               QuoteClientText(name), QuoteClientText(key), offset, byte_size);
   return absl::OkStatus();
 }
 

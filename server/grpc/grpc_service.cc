@@ -317,11 +317,13 @@ grpc::ServerUnaryReactor* GrpcService::RepositoryModelUnload(
     inference::RepositoryModelUnloadResponse*) {
   StatusOr<ControlRequest> checked = CheckControl(*context, *request);
   if (!checked.ok()) return FinishNow(context, checked.status());
-  return RunControl(context, [this, name = request->model_name(),
-                              dependents = checked->unload_dependents] {
-    spdlog::info("event=model_unload_requested model={} unload_dependents={}", name, dependents);
-    return control_->UnloadModel(name, dependents);
-  });
+  return RunControl(context,
+                    [this, name = request->model_name(), dependents = checked->unload_dependents] {
+                      // The name is the client's: quoted, so that it cannot forge log lines.
+                      spdlog::info("event=model_unload_requested model=\"{}\" unload_dependents={}",
+                                   QuoteClientText(name), dependents);
+                      return control_->UnloadModel(name, dependents);
+                    });
 }
 
 Status GrpcService::Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const {

@@ -366,8 +366,8 @@ void HttpService::Control(HttpResponder responder, const std::string& model, boo
   control_->Submit(
       [this, model, unload, request = *std::move(checked)] {
         if (!unload) return control_->LoadModel(model, request.override);
-        spdlog::info("event=model_unload_requested model={} protocol=http unload_dependents={}",
-                     model, request.unload_dependents);
+        spdlog::info("event=model_unload_requested model=\"{}\" protocol=http unload_dependents={}",
+                     QuoteClientText(model), request.unload_dependents);
         return control_->UnloadModel(model, request.unload_dependents);
       },
       [answer = std::make_shared<HttpResponder>(std::move(responder))](const Status& status) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/message_text.h"
 #include "spdlog/spdlog.h"
 
 namespace sluice {
@@ -452,8 +453,8 @@ void EnsembleScheduler::Finish(const std::shared_ptr<Run>& run, Status status) {
     }
   }
   if (!status.ok()) {
-    spdlog::debug("event=ensemble_failed model={} request_id={} reason=\"{}\"", spec_.name,
-                  run->request->id, std::string(status.message()));
+    spdlog::debug("event=ensemble_failed model={} request_id=\"{}\" reason=\"{}\"", spec_.name,
+                  QuoteClientText(run->request->id, 64), std::string(status.message()));
   }
   run->done(std::move(status));
   MutexLock lock(&mutex_);

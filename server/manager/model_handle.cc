@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/message_text.h"
 #include "server/core/logging.h"
 
 #include "server/core/validation.h"
@@ -30,8 +31,8 @@ void ModelHandle::Submit(std::unique_ptr<InferRequest> request, OutputSink* sink
                          InferCompletion done) {
   request->model_version = version_;
   if (Status valid = ValidateRequest(model_->spec, request.get()); !valid.ok()) {
-    spdlog::debug("event=request_rejected model={} version={} request_id={} reason=\"{}\"",
-                  model_->name, version_, request->id, valid.message());
+    spdlog::debug("event=request_rejected model={} version={} request_id=\"{}\" reason=\"{}\"",
+                  model_->name, version_, QuoteClientText(request->id, 64), valid.message());
     done(Reject(std::move(valid), request->protocol));
     return;
   }

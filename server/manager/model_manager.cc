@@ -8,6 +8,19 @@
 #include "server/manager/model_errors.h"
 
 namespace sluice {
+namespace {
+
+// A version as a client writes it: decimal digits only (no sign, no spaces), a positive number
+// that fits. absl::SimpleAtoi alone would take " 1", "+1" and "1 " for version 1.
+bool ParseVersionNumber(const std::string& text, int64_t* version) {
+  if (text.empty() || text.size() > 18) return false;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  return absl::SimpleAtoi(text, version) && *version > 0;
+}
+
+}  // namespace
 
 const char* ModelStateName(ModelState state) {
   switch (state) {
@@ -325,7 +338,7 @@ StatusOr<InFlightModel> ModelManager::Find(const std::string& name,
     }
   } else {
     int64_t wanted = 0;
-    if (!absl::SimpleAtoi(version, &wanted)) {
+    if (!ParseVersionNumber(version, &wanted)) {
       return UnknownVersionError(name, version, "versions are positive integers");
     }
     for (const VersionSlot& slot : entry.versions) {
@@ -380,7 +393,7 @@ StatusOr<std::vector<VersionStatistics>> ModelManager::Statistics(
     const std::string& name, const std::string& version) const {
   if (!name.empty()) SLUICE_RETURN_IF_ERROR(FindModel(name).status());
   int64_t wanted = 0;
-  if (!version.empty() && !absl::SimpleAtoi(version, &wanted)) {
+  if (!version.empty() && !ParseVersionNumber(version, &wanted)) {
     return UnknownVersionError(name, version, "versions are positive integers");
   }
   std::vector<VersionStatistics> result;

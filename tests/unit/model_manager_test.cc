@@ -162,6 +162,12 @@ TEST(ModelManagerTest, VersionResolution) {
   EXPECT_EQ(manager.Find("m", "x").status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(manager.Find("m", "x").status().message()),
               StartsWith("Request for unknown model: 'm' version x is not found"));
+  // Digits only: no sign, space, or zero (SimpleAtoi alone would read these as 1, or 0 as "all").
+  for (const char* text : {" 1", "1 ", "+1", "0", "-1", "1e0", "0x1", "1234567890123456789"}) {
+    EXPECT_EQ(manager.Find("m", text).status().code(), absl::StatusCode::kNotFound) << text;
+    EXPECT_EQ(manager.Statistics("m", text).status().code(), absl::StatusCode::kNotFound) << text;
+  }
+  EXPECT_EQ((*manager.Find("m", "01"))->version(), 1);
   EXPECT_THAT(manager.ReadyVersions("m"), ElementsAre(1, 2));
   EXPECT_FALSE(manager.AllReady());
 }
