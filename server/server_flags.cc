@@ -432,6 +432,13 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   app.add_option("--grpc-root-cert", grpc.tls.root_cert,
                  "PEM CA certificate(s) that client certificates must be signed by (mutual TLS)")
       ->group("gRPC front end");
+  app.add_option("--grpc-tls-reload-secs", grpc.tls.reload_secs,
+                 "Seconds between reads of the TLS certificate, key and CA files: a certificate "
+                 "rotated on disk serves new connections without a restart (0: read once at "
+                 "start)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->group("gRPC front end");
   app.add_option(
          "--grpc-restricted-protocol", text.restricted_protocols,
          "<group>[,<group>...]:<header>=<value>: calls of these protocol groups (health, "

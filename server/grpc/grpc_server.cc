@@ -4,6 +4,9 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
@@ -14,19 +17,37 @@ namespace sluice {
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const GrpcTlsOptions& tls) {
   if (!tls.enabled && !tls.mutual) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(
-      tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  SLUICE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(tls.server_cert, "--grpc-server-cert"));
-  SLUICE_ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(tls.server_key, "--grpc-server-key"));
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  // Read and checked here in either mode, so that a missing or unreadable file, or a key that is
+  // not the certificate's, fails the start with its flag named (gRPC would only refuse to bind,
+  // or, watching the files, fail every handshake).
+  SLUICE_ASSIGN_OR_RETURN(std::string cert, ReadPemFile(tls.server_cert, "--grpc-server-cert"));
+  SLUICE_ASSIGN_OR_RETURN(std::string key, ReadPemFile(tls.server_key, "--grpc-server-key"));
+  SLUICE_RETURN_IF_ERROR(CheckKeyPair(cert, key, "--grpc-server-key"));
+  std::string root;
   if (tls.mutual) {
-    SLUICE_ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                            ReadPemFile(tls.root_cert,
-                                        "--grpc-root-cert (the CA of client certificates, "
-                                        "for --grpc-use-ssl-mutual)"));
+    SLUICE_ASSIGN_OR_RETURN(root, ReadPemFile(tls.root_cert,
+                                              "--grpc-root-cert (the CA of client certificates, "
+                                              "for --grpc-use-ssl-mutual)"));
   }
+  const grpc_ssl_client_certificate_request_type request =
+      tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  if (tls.reload_secs > 0) {
+    // gRPC's watcher reads the files again every reload_secs and serves new handshakes with what
+    // it read last. Rotate the pair at once (Kubernetes swaps a Secret's files with one rename of
+    // its ..data link).
+    auto files = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls.server_key, tls.server_cert, tls.mutual ? tls.root_cert : std::string(),
+        static_cast<unsigned int>(tls.reload_secs));
+    grpc::experimental::TlsServerCredentialsOptions options(files);
+    options.watch_identity_key_cert_pairs();
+    if (tls.mutual) options.watch_root_certs();
+    options.set_cert_request_type(request);
+    return grpc::experimental::TlsServerCredentials(options);
+  }
+  grpc::SslServerCredentialsOptions ssl(request);
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  ssl.pem_root_certs = std::move(root);
   return grpc::SslServerCredentials(ssl);
 }
 

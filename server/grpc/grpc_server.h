@@ -23,6 +23,10 @@ struct GrpcTlsOptions {
   std::string server_cert;  // --grpc-server-cert: the server's certificate chain
   std::string server_key;   // --grpc-server-key: its private key
   std::string root_cert;    // --grpc-root-cert: the CA that signs client certificates
+  // --grpc-tls-reload-secs: how often the three files are read again, so that a certificate
+  // rotated on disk (cert-manager, a renewed Secret) serves new connections without a restart;
+  // connections already open keep theirs. 0: read once at start.
+  int reload_secs = 60;
 };
 
 // HTTP/2 connection management. A value of 0 leaves gRPC's own default.

@@ -12,4 +12,11 @@ namespace sluice {
 // holds no PEM block ("-----BEGIN ...").
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag);
 
+// OK when `key_pem` is the private key of the first certificate in `certificate_pem` (OpenSSL's
+// libcrypto). INVALID_ARGUMENT naming `what` ("--grpc-server-key") when either does not parse or
+// the key belongs to another certificate: a server that started with them would fail every
+// handshake.
+absl::Status CheckKeyPair(const std::string& certificate_pem, const std::string& key_pem,
+                          const std::string& what);
+
 }  // namespace sluice

@@ -3,7 +3,9 @@ certificates made by openssl at test time (the right CA works; plaintext and a w
 refused; under mutual TLS a missing or untrusted client certificate is refused), and restricted
 protocol groups (--grpc-restricted-protocol). tritonclient, sluice-client and grpc.health.v1."""
 import os
+import shutil
 import subprocess
+import time
 
 import grpc
 import numpy as np
@@ -157,6 +159,58 @@ def test_sluice_client_over_mutual_tls(mutual_server, certs):
     assert half.returncode != 0 and "--client-cert and --client-key go together" in half.stdout + half.stderr
 
 
+def test_a_certificate_rotated_on_disk_serves_new_connections_without_a_restart(repository, certs,
+                                                                              tmp_path_factory):
+    """The server's certificate and key as a Kubernetes Secret mounts them (tls.crt and tls.key
+    linked through ..data, which a renewal swaps with one rename): with --grpc-tls-reload-secs 1
+    a renewed certificate serves the next handshakes; open connections and new ones both work."""
+    import socket
+    import ssl
+    directory = tmp_path_factory.mktemp("rotating")
+    certs_dir = os.path.dirname(certs["server"])
+    if not os.path.exists(os.path.join(certs_dir, "renewed.pem")):
+        make_certificate(certs_dir, "renewed", "ca", "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+                                                     "extendedKeyUsage=serverAuth\n")
+
+    def publish(version, name):
+        os.makedirs(directory / version)
+        shutil.copy(os.path.join(certs_dir, f"{name}.pem"), directory / version / "tls.crt")
+        shutil.copy(os.path.join(certs_dir, f"{name}.key"), directory / version / "tls.key")
+        os.symlink(version, directory / "..data_next")
+        os.replace(directory / "..data_next", directory / "..data")
+
+    publish("v1", "server")
+    for name in ("tls.crt", "tls.key"):
+        os.symlink(os.path.join("..data", name), directory / name)
+    server = start_server(repository, tmp_path_factory,
+                          ["--device", "cpu", "--grpc-use-ssl", "true", "--grpc-server-cert", str(directory / "tls.crt"),
+                           "--grpc-server-key", str(directory / "tls.key"), "--grpc-tls-reload-secs", "1"],
+                          credentials=credentials(certs))
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+
+        def served_name():
+            context = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+            context.set_alpn_protocols(["h2"])
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                    return dict(pair[0] for pair in tls.getpeercert()["subject"])["commonName"]
+
+        assert served_name() == "server"
+        before = triton_client(server, certs)
+        assert infer_double(before).tolist() == [[3.0, -4.0]]
+        publish("v2", "renewed")
+        deadline = time.monotonic() + 15
+        while served_name() != "renewed":
+            assert time.monotonic() < deadline, "the renewed certificate was not picked up"
+            time.sleep(0.2)
+        assert infer_double(before).tolist() == [[3.0, -4.0]]  # the open connection goes on
+        after = triton_client(server, certs)
+        assert infer_double(after).tolist() == [[3.0, -4.0]]
+    finally:
+        assert server.stop() == 0, server.log()
+
+
 def test_bad_tls_configuration_fails_at_start_with_the_flag_named(repository, certs, tmp_path):
     def start(*args):
         return subprocess.run([SERVER, "--model-repository", str(repository), "--grpc-port", "0", "--http-port", "0",
@@ -174,6 +228,12 @@ def test_bad_tls_configuration_fails_at_start_with_the_flag_named(repository, ce
     no_root = start(*tls_args(certs)[2:], "--grpc-use-ssl-mutual", "true")
     assert no_root.returncode != 0
     assert "--grpc-root-cert" in no_root.stdout + no_root.stderr
+    for reload in ("0", "60"):  # read once, or watched
+        mismatched = start("--grpc-use-ssl", "true", "--grpc-server-cert", certs["server"] + ".pem",
+                           "--grpc-server-key", certs["client"] + ".key", "--grpc-tls-reload-secs", reload)
+        assert mismatched.returncode != 0, reload
+        output = mismatched.stdout + mismatched.stderr
+        assert "--grpc-server-key" in output and ("do not match" in output or "does not match" in output), output
 
 
 def test_restricted_protocols_need_the_header(repository, tmp_path_factory):
