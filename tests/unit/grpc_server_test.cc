@@ -119,40 +119,83 @@ TEST_F(GrpcServerTest, ATakenPortNamesTheFlagAndShutdownFreesIt) {
   EXPECT_TRUE(again.ok()) << again.status();
 }
 
+// A self-signed EC certificate and its key (made once with openssl; nothing checks its dates),
+// and a key of another pair.
+constexpr char kCertificate[] = R"(-----BEGIN CERTIFICATE-----
+MIIBiDCCAS2gAwIBAgIUD1Cy7fV87GgRHcCSVe8RshfRcg4wCgYIKoZIzj0EAwIw
+GDEWMBQGA1UEAwwNc2x1aWNlLXRlc3QtYTAgFw0yNjEyMDYyMDMxMTRaGA8yMTI2
+MTExMjIwMzExNFowGDEWMBQGA1UEAwwNc2x1aWNlLXRlc3QtYTBZMBMGByqGSM49
+AgEGCCqGSM49AwEHA0IABOyXuE0ie0Cmx/GCK6xMLJWD66WejDM48MUkD+FxO4Cz
+UkxHnggtndTKMF7wA2n6Xj7W/LfGwjzLqlsnqhCugGWjUzBRMB0GA1UdDgQWBBSF
+XjOs/mhaL1/QiF3aq4XQXNiJRTAfBgNVHSMEGDAWgBSFXjOs/mhaL1/QiF3aq4XQ
+XNiJRTAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kAMEYCIQCjnYyfjqGj
+c3s+r/PDArESRvhFJxpKGGR1pnS2qFP8iwIhAL8x7abWpNtZ8R8+lmqYPeISfTqz
+Zy54ESIOpuUxhKa4
+-----END CERTIFICATE-----
+)";
+constexpr char kKey[] = R"(-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgfg68xX7NqoRVMh6e
+jYUUGfDBVZIX/4lsPGDikE6lVAChRANCAATsl7hNIntApsfxgiusTCyVg+ulnowz
+OPDFJA/hcTuAs1JMR54ILZ3UyjBe8ANp+l4+1vy3xsI8y6pbJ6oQroBl
+-----END PRIVATE KEY-----
+)";
+constexpr char kOtherKey[] = R"(-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgFR/iIKNQj9aYDn/N
+/ZeRLXlC+B4siufy0ICc/nBtV4ShRANCAATFD6bJxlZOqKNHRLfJmb6XtdM3/TfF
+IXj8kDvpsx0xeC6nbbl9rWb+G6c+XGLLhwDBX2lsWEIOCcuxP9DiOYZJ
+-----END PRIVATE KEY-----
+)";
+
 TEST(ServerCredentialsTest, PlaintextUnlessEnabledAndEachMissingFileNamesItsFlag) {
   EXPECT_TRUE(MakeServerCredentials(GrpcTlsOptions{}).ok());
 
   const std::filesystem::path directory =
       std::filesystem::path(::testing::TempDir()) / "grpc_server_test_tls";
   std::filesystem::create_directories(directory);
-  const std::string pem = (directory / "cert.pem").string();
-  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-  const std::string not_pem = (directory / "key.txt").string();
-  std::ofstream(not_pem) << "not a key";
+  auto write = [&](const std::string& name, const char* text) {
+    const std::string path = (directory / name).string();
+    std::ofstream(path) << text;
+    return path;
+  };
+  const std::string cert = write("cert.pem", kCertificate);
+  const std::string key = write("key.pem", kKey);
+  const std::string other_key = write("other.pem", kOtherKey);
+  const std::string not_pem = write("key.txt", "not a key");
 
-  GrpcTlsOptions tls;
-  tls.enabled = true;
-  tls.server_cert = (directory / "absent.pem").string();
-  tls.server_key = pem;
-  auto credentials = MakeServerCredentials(tls);
-  EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-server-cert"));
+  for (int reload : {0, 60}) {  // read once, or watched
+    GrpcTlsOptions tls;
+    tls.enabled = true;
+    tls.reload_secs = reload;
+    tls.server_cert = (directory / "absent.pem").string();
+    tls.server_key = key;
+    auto credentials = MakeServerCredentials(tls);
+    EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-server-cert"));
 
-  tls.server_cert = pem;
-  tls.server_key = not_pem;
-  credentials = MakeServerCredentials(tls);
-  EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-server-key"));
+    tls.server_cert = cert;
+    tls.server_key = not_pem;
+    credentials = MakeServerCredentials(tls);
+    EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-server-key"));
 
-  // Mutual TLS implies TLS and needs the CA of client certificates.
-  tls.enabled = false;
-  tls.mutual = true;
-  tls.server_key = pem;
-  credentials = MakeServerCredentials(tls);
-  EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-root-cert"));
-  tls.root_cert = pem;
-  EXPECT_TRUE(MakeServerCredentials(tls).ok());
+    // A key of another certificate would fail every handshake: refused at start.
+    tls.server_key = other_key;
+    credentials = MakeServerCredentials(tls);
+    EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(credentials.status().message(),
+                HasSubstr("--grpc-server-key: the private key is not the certificate's"));
+    tls.server_key = key;
+    EXPECT_TRUE(MakeServerCredentials(tls).ok()) << reload;
+
+    // Mutual TLS implies TLS and needs the CA of client certificates.
+    tls.enabled = false;
+    tls.mutual = true;
+    credentials = MakeServerCredentials(tls);
+    EXPECT_EQ(credentials.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(credentials.status().message(), HasSubstr("--grpc-root-cert"));
+    tls.root_cert = cert;
+    EXPECT_TRUE(MakeServerCredentials(tls).ok()) << reload;
+  }
 }
 
 }  // namespace
