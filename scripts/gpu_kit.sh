@@ -88,6 +88,9 @@ build_kit() {
     cp -L "$path" "$KIT/lib/$soname"
   done
   for f in "$KIT"/lib/*; do strip --strip-unneeded "$f" 2>/dev/null || true; done
+  # perf_analyzer, the kit's largest file (14 MB stripped), travels xz-compressed as well once its
+  # libraries are resolved (run.sh unpacks libexec/*.xz before it writes the wrappers).
+  xz -9 -T1 "$KIT/libexec/perf_analyzer"
   # torchvision's operators, where the server looks for them (libexec/../lib/sluice), compressed
   # (7.8 MB -> 1.1 MB): run.sh unpacks them.
   if [ -f "$BUILD_DIR/lib/sluice/torchvision_ops.so" ]; then
