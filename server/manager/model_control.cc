@@ -524,22 +524,17 @@ Status ModelControl::LoadOnDemand(const std::string& name) {
 
 std::vector<ResidentModel> ModelControl::Resident() const {
   std::vector<ResidentModel> resident = manager_->Resident();
-  // The models pinned ensembles run stay with them (an ensemble goes with a model it runs).
-  std::map<std::string, std::string> pinned_steps;
-  for (const std::shared_ptr<const RepositoryModel>& each : manager_->Models()) {
-    if (!each->spec.is_ensemble() || !Pinned(each->name) ||
-        manager_->ReadyVersions(each->name).empty()) {
-      continue;
-    }
-    for (const EnsembleStepSpec& step : each->spec.ensemble.steps)
-      pinned_steps.emplace(step.model, each->name);
-  }
   for (ResidentModel& model : resident) {
     model.pinned = Pinned(model.name);
     if (group_.count(model.name) > 0) {
       model.kept = absl::StrCat("loads with '", group_ensemble_, "'");
-    } else if (auto it = pinned_steps.find(model.name); it != pinned_steps.end()) {
-      model.kept = absl::StrCat("runs in pinned ensemble '", it->second, "'");
+      continue;
+    }
+    // The models pinned ensembles run stay with them (an ensemble goes with a model it runs).
+    for (const std::string& ensemble : EnsemblesRunning(model.name)) {
+      if (!Pinned(ensemble)) continue;
+      model.kept = absl::StrCat("runs in pinned ensemble '", ensemble, "'");
+      break;
     }
   }
   return resident;
