@@ -210,6 +210,10 @@ TEST_F(EnsembleSchedulerTest, AFailedRunDropsItsWaitingStepAtOnce) {
   TensorSink first_sink, second_sink;
   std::future<Status> first = Submit(*ensemble, &first_sink);  // holds b's slot at the gate
   b_backend_->WaitStarted(1);
+  // Its step on `a` runs beside: a fails only once that one has succeeded.
+  while (lookup_.models["a"]->Statistics().success.count < 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   a_fails_ = true;
   std::future<Status> second = Submit(*ensemble, &second_sink);  // a fails; b's step waits
   ASSERT_EQ(second.wait_for(std::chrono::seconds(10)), std::future_status::ready);
