@@ -118,12 +118,13 @@ def request_file(workdir, base, variant):
     return path
 
 
-def open_loop(load, url, path, rate, target_us, seed):
-    """One Poisson window at `rate` requests/s; sluice-bench-load's JSON."""
+def open_loop(load, url, path, rate, target_us, seed, extra=()):
+    """One Poisson window at `rate` requests/s (`extra`: more sluice-bench-load flags);
+    sluice-bench-load's JSON."""
     command = [*load.prefix, load.binary, "--target", url, "--request-file", path,
                "--concurrency", str(OPEN_LOOP_CAP), "--rate", f"{rate:.1f}", "--poisson", "--seed", str(seed),
                "--within-us", str(target_us), "--errors-ok", "--timeout-seconds", "30",
-               "--warmup-seconds", str(load.warmup_s), "--seconds", str(load.seconds)]
+               "--warmup-seconds", str(load.warmup_s), "--seconds", str(load.seconds), *extra]
     result = subprocess.run(command, capture_output=True, text=True, timeout=load.timeout)
     try:
         out = json.loads(result.stdout.strip().splitlines()[-1])

@@ -8,11 +8,12 @@
 // client_cpu_busy (this process's user+system CPU time / wall time over the measured window;
 // a load client near one full core is itself the bottleneck). Also, for the calls started in the
 // window (each followed to its end): sent, ok, the answered calls' p50/p99, the failures by kind
-// (unavailable, deadline_exceeded, other), and with --within-us the answers within that time
-// (within, goodput_per_s). not_sent: calls the schedule wanted while --concurrency were in flight.
-// With --unique-offset, a share of the calls (1 - --repeat-share) carry inputs no call sent before
-// (two FP32 values at that byte offset of the request, the first 1000 or more, replaced by a
-// counter), and the others the file's bytes unchanged: a response cache's hit rate follows
+// (unavailable, deadline_exceeded, resource_exhausted: a quota's refusal, other), and with
+// --within-us the answers within that time (within, goodput_per_s). not_sent: calls the schedule
+// wanted while --concurrency were in flight. With --unique-offset, a share of the calls (1 -
+// --repeat-share) carry inputs no call sent before (two FP32 values at that byte offset of the
+// request, the first 1000 or more, replaced by a counter), and the others the file's bytes
+// unchanged: a response cache's hit rate follows
 // --repeat-share. "repeated" counts the unchanged calls.
 #include <sys/resource.h>
 
@@ -25,6 +26,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -109,7 +111,19 @@ int main(int argc, char** argv) {
                  "With --unique-offset: the share of calls that send the file's bytes")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  std::vector<std::string> metadata;
+  app.add_option("--metadata", metadata,
+                 "key=value sent as metadata with every call (repeatable; e.g. a client id)");
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::pair<std::string, std::string>> headers;
+  for (const std::string& each : metadata) {
+    const size_t equals = each.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      std::fprintf(stderr, "--metadata %s: write key=value\n", each.c_str());
+      return 2;
+    }
+    headers.emplace_back(each.substr(0, equals), each.substr(equals + 1));
+  }
 
   std::ifstream file(request_file, std::ios::binary);
   if (!file) {
@@ -173,7 +187,7 @@ int main(int argc, char** argv) {
   };
   // Calls started in the window, followed to their end.
   int64_t sent = 0, ok_calls = 0, within = 0, unavailable = 0, deadline_exceeded = 0,
-          other_failures = 0;
+          resource_exhausted = 0, other_failures = 0;
   std::vector<double> answered_us;
   int in_flight = 0;
   int64_t measured = 0, errors = 0, not_sent = 0;
@@ -187,6 +201,7 @@ int main(int argc, char** argv) {
     call->context.set_deadline(Wall(now + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(timeout_seconds))));
     call->started = now;
+    for (const auto& [key, value] : headers) call->context.AddMetadata(key, value);
     if (now >= measure_from && now < end) ++sent;
     call->reader = stub.PrepareUnaryCall(&call->context, method, next_request(), &cq);
     call->reader->StartCall();
@@ -243,6 +258,8 @@ int main(int argc, char** argv) {
         ++unavailable;
       } else if (call->status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         ++deadline_exceeded;
+      } else if (call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++resource_exhausted;
       } else {
         ++other_failures;
       }
@@ -274,7 +291,7 @@ int main(int argc, char** argv) {
       "\"client_cpu_busy\": %.3f, "
       "\"concurrency\": %d, \"rate\": %.1f, \"poisson\": %s, \"sent\": %lld, \"ok\": %lld, "
       "\"answered_p50_us\": %.1f, \"answered_p99_us\": %.1f, \"unavailable\": %lld, "
-      "\"deadline_exceeded\": %lld, "
+      "\"deadline_exceeded\": %lld, \"resource_exhausted\": %lld, "
       "\"other_failures\": %lld, \"within_us\": %.1f, \"within\": %lld, \"goodput_per_s\": %.1f, "
       "\"repeated\": %lld, \"first_error\": \"%s\"}\n",
       static_cast<long long>(measured), static_cast<long long>(errors),
@@ -284,8 +301,8 @@ int main(int argc, char** argv) {
       poisson ? "true" : "false", static_cast<long long>(sent), static_cast<long long>(ok_calls),
       Percentile(answered_us, 0.5), Percentile(answered_us, 0.99),
       static_cast<long long>(unavailable), static_cast<long long>(deadline_exceeded),
-      static_cast<long long>(other_failures), within_us, static_cast<long long>(within),
-      wall > 0 ? static_cast<double>(within) / wall : 0.0, static_cast<long long>(repeated),
-      escaped.c_str());
+      static_cast<long long>(resource_exhausted), static_cast<long long>(other_failures), within_us,
+      static_cast<long long>(within), wall > 0 ? static_cast<double>(within) / wall : 0.0,
+      static_cast<long long>(repeated), escaped.c_str());
   return errors > 0 && !errors_ok ? 1 : 0;
 }

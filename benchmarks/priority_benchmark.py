@@ -91,16 +91,17 @@ def request_file(workdir, model, variant, priority):
 
 
 def together(load, url, streams, seed):
-    """Open-loop windows of every (name, path, rate) in `streams` at the same time: {name: JSON}."""
+    """Open-loop windows of every (name, path, rate[, extra sluice-bench-load flags]) in `streams`
+    at the same time: {name: JSON}."""
     results, errors = {}, []
 
-    def run(name, path, rate, offset):
+    def run(offset, name, path, rate, extra=()):
         try:
-            results[name] = open_loop(load, url, path, rate, target_us=0, seed=seed + offset)
+            results[name] = open_loop(load, url, path, rate, target_us=0, seed=seed + offset, extra=extra)
         except BenchmarkError as error:
             errors.append(error)
 
-    threads = [threading.Thread(target=run, args=(*stream, i)) for i, stream in enumerate(streams)]
+    threads = [threading.Thread(target=run, args=(i, *stream)) for i, stream in enumerate(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -124,6 +124,18 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config,
   spdlog::info("event=repository path={} models={} model_control_mode={}", config.model_repository,
                models.size(), ModelControlModeName(config.model_control_mode));
   SLUICE_RETURN_IF_ERROR(CheckStartupModels(config, models));
+  if (config.client_quotas) {
+    SLUICE_ASSIGN_OR_RETURN(server->quotas_, ClientQuotas::Create(config.quotas));
+    std::vector<std::string> proxies;
+    for (const IpNetwork& proxy : config.quotas.identity.trusted_proxies)
+      proxies.push_back(proxy.ToString());
+    spdlog::info(
+        "event=client_quotas rate={} burst={} in_flight={} own_quotas={} identity_header=\"{}\" "
+        "trusted_proxies=\"{}\" max_clients={}",
+        config.quotas.quota.rate, config.quotas.quota.burst, config.quotas.quota.max_in_flight,
+        config.quotas.clients.size(), config.quotas.identity.header, absl::StrJoin(proxies, ","),
+        config.quotas.max_clients);
+  }
   SLUICE_RETURN_IF_ERROR(server->StartMetrics(config, runtime));
   if (libraries != nullptr) {
     ServerMetrics* metrics = server->metrics_.get();
@@ -218,6 +230,11 @@ Status Server::StartMetrics(const ServerConfig& config, const RuntimeInfo& runti
       MetricsEndpoint::Start(config.metrics_address, config.metrics_port, metrics_->registry()));
   spdlog::info("event=metrics_listening address={} port={} path=/metrics", config.metrics_address,
                metrics_endpoint_->port());
+  if (quotas_ != nullptr) {
+    quota_metrics_ =
+        std::make_shared<ClientQuotaMetrics>([quotas = quotas_] { return quotas->Report(); });
+    metrics_endpoint_->Add(quota_metrics_);
+  }
   StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load(NvmlLibraryPath());
   if (!nvml.ok()) {
     spdlog::info("event=gpu_telemetry_off reason=\"{}\"", nvml.status().message());
@@ -351,6 +368,7 @@ Status Server::StartGrpc(const ServerConfig& config) {
   options.stream_max_in_flight = config.stream_max_in_flight;
   options.coalesce_answers = config.coalesce_answers;
   options.shared_memory = shared_memory_.get();
+  options.quotas = quotas_.get();
   for (const ProtocolRestriction& restriction : config.restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=protocol_restricted group={} header={}", ProtocolGroupName(group),
@@ -382,6 +400,7 @@ Status Server::StartHttp(const ServerConfig& config) {
   options.health = health_.get();
   options.restrictions = config.http_restrictions;
   options.shared_memory = shared_memory_.get();
+  options.quotas = quotas_.get();
   for (const ProtocolRestriction& restriction : config.http_restrictions) {
     for (ProtocolGroup group : restriction.groups) {
       spdlog::info("event=http_api_restricted group={} header={}", ProtocolGroupName(group),

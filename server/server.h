@@ -20,6 +20,7 @@
 #include "server/manager/on_demand.h"
 #include "server/manager/model_manager.h"
 #include "server/manager/version_loader.h"
+#include "server/metrics/client_quota_metrics.h"
 #include "server/metrics/gpu_telemetry.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "server/metrics/server_metrics.h"
@@ -92,8 +93,12 @@ class Server {
   OperatorLibraries* libraries_ = nullptr;  // not owned; its listener is ours until we go
   LivenessMonitor liveness_;
   std::unique_ptr<BackendFactory> factory_;
+  // Null without --client-quota; the front ends' calls hold tickets until answered, so the
+  // quotas go after them (and after the metrics that read them).
+  std::shared_ptr<ClientQuotas> quotas_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::shared_ptr<ClientQuotaMetrics> quota_metrics_;  // served by metrics_endpoint_
   std::unique_ptr<GpuTelemetry> gpu_telemetry_;
   // Made even with tracing off: the trace settings API may turn it on. Declared before the
   // models and front ends, so destroyed after them: every span of their last answers is queued

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "server/os/cpu_budget.h"
 #include "server/frontend/shared_memory.h"
@@ -29,7 +30,10 @@ struct TextFlags {
   std::vector<std::string>
       trace_configs;       // --trace-config, each "[opentelemetry,]<setting>=<value>"
   std::string model_cpus;  // --model-cpus: a CPU list, first:N or last:N ("": not given)
-  std::string torchvision_ops = "auto";  // --torchvision-ops
+  std::string torchvision_ops = "auto";    // --torchvision-ops
+  std::vector<std::string> client_quotas;  // --client-quota, each "rate=..[:CLIENT]"
+  std::string client_identity_header;      // --client-identity-header
+  std::string trusted_proxies;             // --trusted-proxies, "CIDR[,CIDR...]"
 };
 
 // The process: version, logging, readiness, shutdown, --print-env.
@@ -574,6 +578,86 @@ void AddTracingFlags(CLI::App& app, TextFlags& text) {
 }
 
 // Every flag, bound to `config` (or to `text` for those converted after parsing), by group.
+// Quotas per client on inference requests, over both front ends (frontend/client_quotas.h).
+// Listed under "Client quotas" in --help.
+void AddQuotaFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
+  app.add_option(
+         "--client-quota", text.client_quotas,
+         "A quota per client on inference requests (gRPC and HTTP): rate=R[,burst=B][,in-flight=N] "
+         "for every client, or rate=...[,...]:CLIENT for one (repeatable). R requests/s refill a "
+         "bucket of B (default max(1, R)); N caps the requests in flight. A request over either "
+         "is refused at once with RESOURCE_EXHAUSTED / 429 and a time to retry after (gRPC: "
+         "trailing metadata retry-after and grpc-retry-pushback-ms; HTTP: Retry-After). A client "
+         "is the value of --client-identity-header from a --trusted-proxies peer, else its TLS "
+         "client certificate's subject (gRPC with mutual TLS), else its IP address")
+      ->group("Client quotas");
+  app.add_option("--client-identity-header", text.client_identity_header,
+                 "A request header naming the client (e.g. x-client-id, set by the ingress); "
+                 "believed only from --trusted-proxies")
+      ->group("Client quotas");
+  app.add_option("--trusted-proxies", text.trusted_proxies,
+                 "Peers whose --client-identity-header is believed: addresses or CIDR blocks, "
+                 "comma-separated (e.g. 10.0.0.0/8,fd00::/8)")
+      ->group("Client quotas");
+  app.add_option("--client-quota-max-clients", config.quotas.max_clients,
+                 "Clients tracked at once; idle ones are forgotten, and new clients past this "
+                 "share one quota")
+      ->check(CLI::Range(size_t{1}, size_t{10000000}))
+      ->capture_default_str()
+      ->group("Client quotas");
+  app.add_option("--client-quota-metrics-clients", config.quotas.named_clients,
+                 "Clients named in sluice_client_* metrics (the busiest, each named for good "
+                 "once it is); the rest are client=\"other\"")
+      ->check(CLI::Range(size_t{0}, size_t{1000}))
+      ->capture_default_str()
+      ->group("Client quotas");
+}
+
+// The quota flags into config->quotas (client_quotas stays false without a --client-quota).
+Status FinishQuotas(const TextFlags& text, ServerConfig* config) {
+  config->client_quotas = !text.client_quotas.empty();
+  bool have_default = false;
+  for (const std::string& each : text.client_quotas) {
+    SLUICE_ASSIGN_OR_RETURN(ClientQuotaRule rule, ParseClientQuota(each));
+    if (rule.client.empty()) {
+      if (have_default)
+        return absl::InvalidArgumentError("--client-quota: the default quota is given twice");
+      have_default = true;
+      config->quotas.quota = rule.quota;
+    } else if (!config->quotas.clients.emplace(rule.client, rule.quota).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--client-quota: client '", rule.client, "' is given twice"));
+    }
+  }
+  ClientIdentityOptions& identity = config->quotas.identity;
+  identity.header = absl::AsciiStrToLower(text.client_identity_header);
+  if (!identity.header.empty() &&
+      identity.header.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_.") !=
+          std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--client-identity-header '", text.client_identity_header,
+        "': a header name is letters, digits, '-', '_' and '.' (gRPC metadata keys are)"));
+  }
+  if (!text.trusted_proxies.empty()) {
+    StatusOr<std::vector<IpNetwork>> proxies = IpNetwork::ParseList(text.trusted_proxies);
+    if (!proxies.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trusted-proxies: ", proxies.status().message()));
+    identity.trusted_proxies = *std::move(proxies);
+  }
+  if (!identity.header.empty() && identity.trusted_proxies.empty()) {
+    return absl::InvalidArgumentError(
+        "--client-identity-header needs --trusted-proxies: a header any client can set names "
+        "nobody; list the proxies (the ingress) that set it");
+  }
+  if (!config->client_quotas && (!identity.header.empty() || !identity.trusted_proxies.empty())) {
+    return absl::InvalidArgumentError(
+        "--client-identity-header and --trusted-proxies name clients for the quotas: give a "
+        "--client-quota too");
+  }
+  return absl::OkStatus();
+}
+
 void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   AddServerFlags(app, config, text);
   AddModelFlags(app, config, text);
@@ -581,6 +665,7 @@ void AddFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   AddHttpFlags(app, config, text);
   AddMetricsFlags(app, config, text);
   AddTracingFlags(app, text);
+  AddQuotaFlags(app, config, text);
 }
 
 // --cache-config values (Triton's "<cache>,<key>=<value>", one setting each, repeatable) and the
@@ -678,6 +763,7 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
         "--require-model-digests needs the digests: give them with --model-digests FILE");
   }
   SLUICE_ASSIGN_OR_RETURN(config->trace, ParseTraceConfig(text.trace_configs));
+  SLUICE_RETURN_IF_ERROR(FinishQuotas(text, config));
   config->restrictions.clear();
   for (const std::string& each : text.restricted_protocols) {
     SLUICE_ASSIGN_OR_RETURN(ProtocolRestriction restriction, ParseProtocolRestriction(each));

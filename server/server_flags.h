@@ -12,6 +12,7 @@
 #include "server/core/model_spec.h"
 #include "server/core/repository_model.h"
 #include "server/core/status.h"
+#include "server/frontend/client_quotas.h"
 #include "server/frontend/restricted_protocols.h"
 #include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
@@ -77,6 +78,10 @@ struct ServerConfig {
   double min_residency_secs = 10;                  // --model-min-residency-secs
   double load_retry_secs = 10;  // --model-load-retry-secs (first back-off; doubles to 300 s)
   double load_wait_secs = 60;   // --model-load-wait-secs (a request's longest wait)
+  // Quotas per client on inference requests (frontend/client_quotas.h).
+  bool client_quotas = false;    // on when a --client-quota is given
+  ClientQuotas::Options quotas;  // --client-quota, --client-identity-header, --trusted-proxies,
+                                 // --client-quota-max-clients, --client-quota-metrics-clients
   // Operator libraries (server/runtime/operator_libraries.h).
   std::vector<std::string> operator_libraries;  // --operator-library, loaded at start-up in order
   std::vector<std::string> operator_library_dirs;  // --operator-library-dir

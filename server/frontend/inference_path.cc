@@ -20,6 +20,7 @@ InferenceCall* Get(const std::unique_ptr<InferenceCall>& call) { return call.get
 // destroy the call).
 void Answer(InferenceCall* call, const Status& status) {
   std::shared_ptr<RequestTrace> trace = std::move(call->trace);
+  call->quota_ticket.Release();
   call->Answer(status);
   if (trace) trace->End(status, Clock::now());
 }
@@ -159,6 +160,18 @@ Handed Run(const ModelLookup& lookup, Call owned, SubmissionObserver* observer,
 template <typename Call>
 void RunAndTell(const ModelLookup& lookup, Call owned) {
   SubmissionObserver* observer = Get(owned)->submission_observer;
+  if (InferenceCall* call = Get(owned); call->quotas != nullptr) {
+    StatusOr<ClientQuotas::Ticket> admitted = call->quotas->Admit(call->client);
+    if (!admitted.ok()) {
+      spdlog::debug("event=infer_refused protocol={} model=\"{}\" client=\"{}\" reason=\"{}\"",
+                    ProtocolName(call->protocol), QuoteClientText(call->model_name()),
+                    QuoteClientText(call->client), admitted.status().message());
+      Answer(call, admitted.status());
+      if (observer != nullptr) observer->Submitted();
+      return;
+    }
+    call->quota_ticket = *std::move(admitted);
+  }
   if (Run(lookup, std::move(owned), observer) == Handed::kNow && observer != nullptr)
     observer->Submitted();
 }

@@ -19,6 +19,8 @@
 //      (InferenceCall::shared_memory_refs) is answered INVALID_ARGUMENT instead; log a failure
 //      (debug), release the hold, then Answer; a traced request's spans end when Answer has
 //      returned (core/request_trace.h)
+//   0. with client quotas on (InferenceCall::quotas), admit the request under its client's quota
+//      (client_quotas.h): a refusal is the answer; the admission's ticket is held until the answer
 //   7. once the request was submitted (step 5), or answered before it, tell the call's
 //      submission_observer (for a request that waited for its model, after the wait)
 //
@@ -45,6 +47,7 @@
 #include "server/core/infer_request.h"
 #include "server/core/output_sink.h"
 #include "server/core/status.h"
+#include "server/frontend/client_quotas.h"
 #include "server/frontend/shared_memory.h"
 #include "server/manager/model_handle.h"
 
@@ -89,6 +92,12 @@ class InferenceCall {
   // client that shrank a region's object while the request was in flight gets INVALID_ARGUMENT,
   // not the result computed from, or written into, zero pages.
   const SharedMemoryRefs* shared_memory_refs = nullptr;
+  // The quotas the request is admitted under (step 0) and its client's identity (the front end's
+  // ClientQuotas::Identify); null: quotas are off. Both outlive the call.
+  ClientQuotas* quotas = nullptr;
+  std::string client;
+  // The admission, released just before Answer (the request is no longer in flight).
+  ClientQuotas::Ticket quota_ticket;
 
   // The model and version asked for (version empty: the newest ready one); alive as the call.
   virtual const std::string& model_name() const = 0;

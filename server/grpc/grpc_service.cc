@@ -1,7 +1,10 @@
 #include "server/grpc/grpc_service.h"
 
 #include <memory>
+#include <string>
 #include <type_traits>
+
+#include <grpc/grpc_security_constants.h>
 
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
@@ -30,8 +33,10 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const 
 // request and pokes its model, which then answers it CANCELLED without running it.
 class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall {
  public:
-  InferReactor(grpc::ByteBuffer* response_bytes, const SharedMemoryManager* shared_memory)
+  InferReactor(grpc::CallbackServerContext* context, grpc::ByteBuffer* response_bytes,
+               const SharedMemoryManager* shared_memory)
       : GrpcInferCall(&request_message_, &response_message_, shared_memory),
+        context_(context),
         response_bytes_(response_bytes) {
     cancelled = std::make_shared<std::atomic<bool>>(false);
     // The handler's thread is one of gRPC's callback threads: it may run a cheap model itself.
@@ -54,6 +59,7 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   // Finish returns.
   void Answer(const Status& status) override {
     if (!status.ok()) {
+      AddRetryAfter(context_, status);
       Finish(ToGrpcStatus(status));
       return;
     }
@@ -71,6 +77,7 @@ class InferReactor final : public grpc::ServerUnaryReactor, public GrpcInferCall
   void OnDone() override { delete this; }
 
  private:
+  grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_bytes_;
   inference::ModelInferRequest request_message_;
   inference::ModelInferResponse response_message_;
@@ -459,7 +466,35 @@ void GrpcService::SubmitInfer(const grpc::CallbackServerContext& context, GrpcIn
         },
         method);
   }
+  if (options_.quotas != nullptr) {
+    call->quotas = options_.quotas;
+    call->client = ClientOf(context);
+  }
   RunInference(*lookup_, call);
+}
+
+std::string GrpcService::ClientOf(const grpc::CallbackServerContext& context) const {
+  const ClientIdentityOptions& identity = options_.quotas->identity();
+  std::string header;
+  bool has_header = false;
+  if (!identity.header.empty()) {
+    const auto& metadata = context.client_metadata();
+    if (auto found = metadata.find(identity.header); found != metadata.end()) {
+      header.assign(found->second.data(), found->second.size());
+      has_header = true;
+    }
+  }
+  std::string subject;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& value :
+         auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
+      subject.assign(value.data(), value.size());
+      break;
+    }
+  }
+  return options_.quotas->Identify(IpAddress::FromGrpcPeer(context.peer()), subject,
+                                   has_header ? header.c_str() : nullptr);
 }
 
 grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* context,
@@ -468,7 +503,7 @@ grpc::ServerUnaryReactor* GrpcService::ModelInfer(grpc::CallbackServerContext* c
   if (Status allowed = Allow(*context, ProtocolGroup::kInference); !allowed.ok()) {
     return FinishNow(context, allowed);
   }
-  auto* reactor = new InferReactor(response_bytes, options_.shared_memory);
+  auto* reactor = new InferReactor(context, response_bytes, options_.shared_memory);
   if (options_.coalesce_answers) reactor->AnswerOn(&connections_, context);
   if (Status parsed = reactor->Parse(*request_bytes); !parsed.ok()) {
     reactor->Answer(parsed);

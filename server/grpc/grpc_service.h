@@ -91,6 +91,8 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
     // settings) and answers TraceSetting; null: nothing is traced and TraceSetting answers
     // UNAVAILABLE. Outlives the service.
     Tracer* tracer = nullptr;
+    // Quotas per client on inference requests (client_quotas.h); null: off. Outlives the service.
+    ClientQuotas* quotas = nullptr;
   };
 
   // `manager` and `control` must outlive the service. `control` null: model control RPCs answer
@@ -194,6 +196,9 @@ class GrpcService final : public inference::GRPCInferenceService::WithRawCallbac
       inference::CudaSharedMemoryUnregisterResponse* response) override;
 
  private:
+  // The identity of `context`'s client for the quotas (on): the trusted proxy's header, the
+  // client certificate's subject, or the peer's address.
+  std::string ClientOf(const grpc::CallbackServerContext& context) const;
   // OK, or why the call may not use `group` (see restricted_protocols.h).
   Status Allow(const grpc::CallbackServerContext& context, ProtocolGroup group) const;
   // The checks RepositoryModelLoad and Unload share: access, mode, repository name, parameters.

@@ -1,6 +1,9 @@
 #include "server/grpc/grpc_status.h"
 
+#include <string>
+
 #include "server/core/message_text.h"
+#include "server/core/retry_after.h"
 
 namespace sluice {
 
@@ -62,6 +65,13 @@ grpc::Status ToGrpcStatus(const Status& status) {
       break;
   }
   return grpc::Status(code, CapMessage(status.message()));
+}
+
+void AddRetryAfter(grpc::ServerContextBase* context, const Status& status) {
+  const std::optional<std::chrono::milliseconds> after = RetryAfter(status);
+  if (!after || context == nullptr) return;
+  context->AddTrailingMetadata("retry-after", std::to_string(RetryAfterSeconds(*after)));
+  context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(after->count()));
 }
 
 }  // namespace sluice

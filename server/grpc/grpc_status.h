@@ -1,6 +1,7 @@
 // Sluice statuses as gRPC statuses: the one mapping the gRPC front end answers with.
 #pragma once
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
 #include "server/core/status.h"
@@ -13,5 +14,11 @@ namespace sluice {
 // trailing metadata and a client refuses metadata over its limit (8 KiB by default) with
 // RESOURCE_EXHAUSTED instead of the status.
 grpc::Status ToGrpcStatus(const Status& status);
+
+// A refusal that names a time to retry after (core/retry_after.h) tells it in trailing metadata,
+// before the call finishes: `retry-after` (whole seconds, as HTTP's header) and
+// `grpc-retry-pushback-ms` (milliseconds; gRPC clients with a retry policy wait that long). Does
+// nothing for any other status.
+void AddRetryAfter(grpc::ServerContextBase* context, const Status& status);
 
 }  // namespace sluice

@@ -234,7 +234,7 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
     if (base != nullptr) event_base_free(base);
   }
 
-  void Accept(evutil_socket_t fd);
+  void Accept(evutil_socket_t fd, std::optional<IpAddress> peer);
   // Reads what the socket has while the connection reads requests.
   void Readable(Connection* connection);
   // Feeds `data` to the connection's reader: refuses, answers 100 Continue, or dispatches.
@@ -301,6 +301,7 @@ struct HttpExchange::Connection {
       nullptr;  // EV_READ once, while handling: the client's FIN, RST or more bytes
   event* timer = nullptr;
   HttpRequestReader reader;
+  std::optional<IpAddress> peer;    // the client's address (nullopt: not an IP socket)
   std::string pipelined;            // bytes after a complete request, read before it was answered
   size_t charged = 0;               // of the request being read, against the loop's budget
   HttpExchange* waiting = nullptr;  // the request with the handler; its responder owns it
@@ -416,11 +417,12 @@ void HttpExchange::Loop::StopCodecs() {
   codec_threads.clear();
 }
 
-void HttpExchange::Loop::Accept(evutil_socket_t fd) {
+void HttpExchange::Loop::Accept(evutil_socket_t fd, std::optional<IpAddress> peer) {
   auto entry = std::make_unique<Connection>();
   Connection* connection = entry.get();
   connection->loop = this;
   connection->fd = fd;
+  connection->peer = peer;
   connection->activity = Clock::now();
   connection->reader = HttpRequestReader(HttpReaderLimits{64 << 10, 128, options.max_body_bytes});
   // Answers go out at once: with Nagle's algorithm on, the last part of an answer larger than a
@@ -604,6 +606,7 @@ void HttpExchange::Loop::Dispatch(Connection* connection) {
   const HttpRequestHead& head = reader.head();
   std::unique_ptr<HttpExchange> exchange(new HttpExchange(shared_from_this()));
   exchange->connection_ = connection;
+  exchange->peer_ = connection->peer;
   exchange->method_ = head.method;
   exchange->head_only_ = head.method == "HEAD";
   absl::string_view target = head.target;
@@ -1054,8 +1057,9 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions&
   HttpExchange::Loop* raw = loop.get();
   loop->listener = evconnlistener_new_bind(
       loop->base,
-      [](evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg) {
-        static_cast<HttpExchange::Loop*>(arg)->Accept(fd);
+      [](evconnlistener*, evutil_socket_t fd, sockaddr* peer, int length, void* arg) {
+        static_cast<HttpExchange::Loop*>(arg)->Accept(
+            fd, IpAddress::FromSockaddr(peer, static_cast<socklen_t>(length)));
       },
       raw, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024, found->ai_addr,
       static_cast<int>(found->ai_addrlen));

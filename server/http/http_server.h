@@ -23,12 +23,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 
+#include "server/core/ip_address.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
 
@@ -81,6 +83,8 @@ class HttpExchange {
   const char* Header(const char* name) const;
   // The request body, decompressed when it came with Content-Encoding gzip or deflate.
   absl::string_view body() const { return body_; }
+  // The client's address (nullopt: the connection is not an IP socket).
+  const std::optional<IpAddress>& peer() const { return peer_; }
   // Set when the client's connection closes before the response is sent.
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
   // `on_cancel` runs on the server's thread when the connection is reset before the answer; set
@@ -99,6 +103,7 @@ class HttpExchange {
   std::shared_ptr<Loop> loop_;
   Connection* connection_ = nullptr;  // loop thread only (and Stop, once the loop has ended); null
                                       // once the connection closed
+  std::optional<IpAddress> peer_;
   std::string method_;
   std::string path_;
   std::vector<std::pair<std::string, std::string>> headers_;

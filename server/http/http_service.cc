@@ -1,6 +1,7 @@
 #include "server/http/http_service.h"
 
 #include <charconv>
+#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -10,6 +11,7 @@
 
 #include "server/core/logging.h"
 #include "server/core/message_text.h"
+#include "server/core/retry_after.h"
 #include "server/frontend/inference_path.h"
 #include "server/frontend/model_queries.h"
 #include "server/http/http_status.h"
@@ -18,12 +20,16 @@
 namespace sluice {
 namespace {
 
-void RespondJson(HttpResponder& responder, int code, std::string json) {
+HttpResponse JsonResponse(int code, std::string json) {
   HttpResponse response;
   response.code = code;
   response.headers.emplace_back("Content-Type", "application/json");
   response.body.push_back(std::move(json));
-  responder.Respond(std::move(response));
+  return response;
+}
+
+void RespondJson(HttpResponder& responder, int code, std::string json) {
+  responder.Respond(JsonResponse(code, std::move(json)));
 }
 
 void RespondStatus(HttpResponder& responder, const Status& status) {
@@ -31,7 +37,10 @@ void RespondStatus(HttpResponder& responder, const Status& status) {
     responder.Respond(HttpResponse{});
     return;
   }
-  RespondJson(responder, ToHttpStatusCode(status), ErrorJson(status.message()));
+  HttpResponse response = JsonResponse(ToHttpStatusCode(status), ErrorJson(status.message()));
+  if (std::optional<std::chrono::milliseconds> after = RetryAfter(status))
+    response.headers.emplace_back("Retry-After", std::to_string(RetryAfterSeconds(*after)));
+  responder.Respond(std::move(response));
 }
 
 // 200, or 400 (Triton's answer for "not live", "not ready"), with the body KServe's clients read
@@ -147,6 +156,9 @@ class HttpInferCall final : public InferenceCall {
       if (std::shared_ptr<ModelHandle> held = weak.lock()) held->Poke();
     });
   }
+
+  // The request; valid until Answer.
+  const HttpExchange& exchange() const { return responder_.exchange(); }
 
   void Answer(const Status& status) override {
     if (!status.ok()) {
@@ -447,6 +459,15 @@ void HttpService::Infer(HttpResponder responder, const std::string& model_name,
   auto call = std::make_unique<HttpInferCall>(std::move(responder), model_name, version,
                                               options_.shared_memory);
   call->trace = std::move(trace);
+  if (ClientQuotas* quotas = options_.quotas; quotas != nullptr) {
+    // No client certificate over HTTP: a trusted proxy's header, or the peer's address.
+    const HttpExchange& exchange = call->exchange();
+    call->quotas = quotas;
+    call->client = quotas->Identify(exchange.peer(), "",
+                                    quotas->identity().header.empty()
+                                        ? nullptr
+                                        : exchange.Header(quotas->identity().header.c_str()));
+  }
   RunInference(*lookup_, std::move(call));
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "server/frontend/client_quotas.h"
 #include "server/frontend/restricted_protocols.h"
 #include "server/frontend/server_health.h"
 #include "server/frontend/shared_memory.h"
@@ -49,6 +50,8 @@ class HttpService {
     // Which requests are traced (their traceparent header, the trace settings), and the
     // /v2/[models/{m}/]trace/setting answers; null: nothing is traced and those answer 503.
     Tracer* tracer = nullptr;
+    // Quotas per client on inference requests (client_quotas.h); null: off. Outlives the service.
+    ClientQuotas* quotas = nullptr;
   };
 
   // `manager` and `control` outlive the service (`control` null: load and unload answer

@@ -17,6 +17,10 @@ class MetricsEndpoint {
   static StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const std::string& address, int port, const std::shared_ptr<prometheus::Registry>& registry);
   int port() const { return port_; }
+  // Serves `collectable`'s series beside the registry's (skipped once it is gone).
+  void Add(const std::weak_ptr<prometheus::Collectable>& collectable) {
+    exposer_->RegisterCollectable(collectable, "/metrics");
+  }
 
   // Stops serving; returns once the exposer's threads are gone (within milliseconds: see the
   // definition).

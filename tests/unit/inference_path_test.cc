@@ -11,6 +11,7 @@
 
 #include <future>
 
+#include "server/core/retry_after.h"
 #include "tests/unit/fakes.h"
 #include "tests/unit/handle_factory.h"
 
@@ -268,6 +269,54 @@ class CountingObserver final : public SubmissionObserver {
   void Submitted() override { told.fetch_add(1); }
   std::atomic<int> told{0};
 };
+
+// With quotas on, admission is step 0: a refused request is answered with the quota's status
+// before any lookup or decoding, the observer is told, and an admitted request's ticket is back
+// before its answer (the client's in-flight count is 0 when it hears).
+TEST_F(InferencePathTest, AClientOverItsQuotaIsRefusedFirstAndAnAdmittedOneIsReleasedByTheAnswer) {
+  FakeTimeSource clock;
+  ClientQuotas::Options options;
+  options.quota.rate = 1;
+  options.quota.burst = 1;
+  options.clock = &clock;
+  std::unique_ptr<ClientQuotas> quotas = ClientQuotas::Create(options).value();
+
+  CountingObserver observer;
+  FakeCall admitted("echo", {1});
+  admitted.quotas = quotas.get();
+  admitted.client = "10.0.0.7";
+  admitted.submission_observer = &observer;
+  RunInference(lookup_, &admitted);
+  ASSERT_TRUE(admitted.Wait().ok());
+  EXPECT_FALSE(static_cast<bool>(admitted.quota_ticket));
+  EXPECT_EQ(quotas->Report().other.in_flight, 0);
+
+  FakeCall refused("nope", {1});  // no such model: the quota answers before the lookup would
+  refused.quotas = quotas.get();
+  refused.client = "10.0.0.7";
+  refused.submission_observer = &observer;
+  RunInference(lookup_, &refused);
+  const Status answer = refused.Wait();
+  EXPECT_EQ(answer.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(answer.message().find("client '10.0.0.7' is over its rate of 1"), std::string::npos)
+      << answer.message();
+  ASSERT_TRUE(RetryAfter(answer).has_value());
+  EXPECT_EQ(RetryAfter(answer)->count(), 1000);
+  EXPECT_EQ(refused.steps, (std::vector<std::string>{"answer"}));
+  EXPECT_EQ(observer.told.load(), 2);
+
+  // Another client has its own bucket; quotas off (null) admit anything.
+  FakeCall other("echo", {2});
+  other.quotas = quotas.get();
+  other.client = "10.0.0.8";
+  RunInference(lookup_, &other);
+  EXPECT_TRUE(other.Wait().ok());
+  const ClientQuotaReport report = quotas->Report();
+  EXPECT_EQ(report.clients.size(), 2u);  // both named (10 metric names by default)
+  FakeCall unlimited("echo", {3});
+  RunInference(lookup_, &unlimited);
+  EXPECT_TRUE(unlimited.Wait().ok());
+}
 
 TEST_F(InferencePathTest, TheObserverIsToldOnceTheRequestIsHandedOnAndOnlyThen) {
   // Submitted to its model: told before RunInference returns, once.

@@ -5,11 +5,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/metrics/client_quota_metrics.h"
 #include "server/metrics/metrics_endpoint.h"
 #include "tests/unit/metrics_fixture.h"
 
@@ -17,6 +20,7 @@ namespace sluice {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -65,6 +69,25 @@ TEST_F(MetricsTest, AStoppedEndpointClosesItsPortAndFreesIt) {
     auto again = MetricsEndpoint::Start(address, port, registry_);
     EXPECT_TRUE(again.ok()) << again.status();
   }
+}
+
+// Served beside the registry (the client quotas' series are built at each scrape).
+TEST_F(MetricsTest, AnAddedCollectableIsAskedAtEachScrapeWhileItLives) {
+  auto endpoint =
+      MetricsEndpoint::Start("127.0.0.1", 0, std::make_shared<prometheus::Registry>()).value();
+  std::atomic<int> reports{0};
+  auto metrics = std::make_shared<ClientQuotaMetrics>([&reports] {
+    ++reports;
+    ClientQuotaReport report;
+    report.tracked = 12;
+    return report;
+  });
+  endpoint->Add(metrics);
+  EXPECT_THAT(HttpGet(endpoint->port(), "/metrics"), HasSubstr("sluice_client_quota_clients 12"));
+  EXPECT_THAT(HttpGet(endpoint->port(), "/metrics"), HasSubstr("sluice_client_quota_clients 12"));
+  EXPECT_EQ(reports.load(), 2);
+  metrics.reset();  // gone: the endpoint serves the rest without it
+  EXPECT_THAT(HttpGet(endpoint->port(), "/metrics"), Not(HasSubstr("sluice_client_quota_clients")));
 }
 
 }  // namespace

@@ -124,6 +124,55 @@ TEST(ServerFlagsTest, ModelDigestsAndRequiringThem) {
 }
 
 // Triton's name and form (--allow-client-shm=true) and the older --allow-shared-memory.
+TEST(ServerFlagsTest, ClientQuotasAndWhoAClientIs) {
+  auto off = ParseServerFlags({});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->client_quotas);
+  EXPECT_EQ(off->quotas.max_clients, 10000u);
+  EXPECT_EQ(off->quotas.named_clients, 10u);
+
+  auto on =
+      ParseServerFlags({"--client-quota", "rate=50,burst=100,in-flight=8", "--client-quota",
+                        "rate=500:CN=batch,O=Acme", "--client-identity-header", "X-Client-Id",
+                        "--trusted-proxies", "10.0.0.0/8,fd00::/8", "--client-quota-max-clients",
+                        "50", "--client-quota-metrics-clients", "3"});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->client_quotas);
+  EXPECT_EQ(on->quotas.quota.rate, 50);
+  EXPECT_EQ(on->quotas.quota.burst, 100);
+  EXPECT_EQ(on->quotas.quota.max_in_flight, 8);
+  ASSERT_EQ(on->quotas.clients.count("CN=batch,O=Acme"), 1u);
+  EXPECT_EQ(on->quotas.clients.at("CN=batch,O=Acme").rate, 500);
+  EXPECT_EQ(on->quotas.identity.header, "x-client-id");  // gRPC metadata keys are lower case
+  ASSERT_EQ(on->quotas.identity.trusted_proxies.size(), 2u);
+  EXPECT_EQ(on->quotas.identity.trusted_proxies[1].ToString(), "fd00::/8");
+  EXPECT_EQ(on->quotas.max_clients, 50u);
+  EXPECT_EQ(on->quotas.named_clients, 3u);
+
+  const struct {
+    std::vector<std::string> args;
+    const char* says;
+  } refused[] = {
+      {{"--client-quota", "rate=1", "--client-quota", "rate=2"}, "default quota is given twice"},
+      {{"--client-quota", "rate=1:a", "--client-quota", "rate=2:a"}, "client 'a' is given twice"},
+      {{"--client-quota", "speed=1"}, "unknown setting 'speed'"},
+      {{"--client-quota", "rate=1", "--client-identity-header", "x-id"}, "needs --trusted-proxies"},
+      {{"--client-quota", "rate=1", "--client-identity-header", "x id", "--trusted-proxies",
+        "10.0.0.1"},
+       "a header name is"},
+      {{"--client-quota", "rate=1", "--trusted-proxies", "10.0.0.0/99"}, "--trusted-proxies:"},
+      {{"--trusted-proxies", "10.0.0.1"}, "give a --client-quota too"},
+      {{"--client-quota", "rate=1", "--client-quota-max-clients", "0"},
+       "--client-quota-max-clients"},
+  };
+  for (const auto& each : refused) {
+    auto parsed = ParseServerFlags(each.args);
+    ASSERT_FALSE(parsed.ok()) << each.says;
+    EXPECT_NE(parsed.status().message().find(each.says), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
 TEST(ServerFlagsTest, ClientSharedMemoryFlagAndItsOlderName) {
   for (const std::vector<std::string>& flags :
        std::vector<std::vector<std::string>>{{"--allow-client-shm=true"},
