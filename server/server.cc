@@ -387,12 +387,19 @@ Status Server::StartGrpc(const ServerConfig& config) {
 
 Status Server::StartHttp(const ServerConfig& config) {
   if (!config.allow_http) {
-    spdlog::info("event=http_off reason=\"{}\"",
-                 config.grpc.tls.enabled || config.grpc.tls.mutual
-                     ? "gRPC uses TLS and the HTTP port has none (--allow-http true "
-                       "opens it in plaintext)"
-                     : "--allow-http false");
+    spdlog::info("event=http_off reason=\"--allow-http false\"");
     return absl::OkStatus();
+  }
+  HttpServerOptions transport = config.http;
+  if (config.grpc.tls.enabled || config.grpc.tls.mutual) {
+    // The gRPC port's files and reload, read by OpenSSL directly (gRPC's provider is gRPC's).
+    TlsServerContext::Options tls;
+    tls.certificate_path = config.grpc.tls.server_cert;
+    tls.key_path = config.grpc.tls.server_key;
+    tls.root_path = config.grpc.tls.root_cert;
+    tls.mutual = config.grpc.tls.mutual;
+    tls.reload = std::chrono::seconds(config.grpc.tls.reload_secs);
+    SLUICE_ASSIGN_OR_RETURN(transport.tls, TlsServerContext::Create(std::move(tls)));
   }
   HttpService::Options options;
   options.tracer = tracer_.get();
@@ -409,19 +416,15 @@ Status Server::StartHttp(const ServerConfig& config) {
   }
   http_service_ = std::make_unique<HttpService>(manager_.get(), control_.get(), options);
   HttpService* service = http_service_.get();
-  SLUICE_ASSIGN_OR_RETURN(http_, HttpServer::Start(config.http, [service](HttpResponder responder) {
+  SLUICE_ASSIGN_OR_RETURN(http_, HttpServer::Start(transport, [service](HttpResponder responder) {
                             service->Handle(std::move(responder));
                           }));
   spdlog::info(
-      "event=http_listening address={} port={} max_body_bytes={} max_connections={} "
+      "event=http_listening address={} port={} tls={} max_body_bytes={} max_connections={} "
       "compression_threads={}",
-      config.http.address, http_->port(), config.http.max_body_bytes, config.http.max_connections,
-      config.http.compression_threads);
-  if (config.http_plaintext_beside_tls) {
-    spdlog::warn(
-        "event=http_plaintext reason=\"--allow-http true with TLS on gRPC: the HTTP port is not "
-        "encrypted\"");
-  }
+      config.http.address, http_->port(),
+      transport.tls == nullptr ? "off" : (config.grpc.tls.mutual ? "mutual" : "on"),
+      config.http.max_body_bytes, config.http.max_connections, config.http.compression_threads);
   return absl::OkStatus();
 }
 

@@ -23,7 +23,7 @@ struct TextFlags {
   std::string cudnn_benchmark = "auto";
   std::vector<std::string> restricted_protocols;
   std::vector<std::string> http_restricted_apis;
-  std::string allow_http;  // "true", "false", or "" (not given: on, unless gRPC uses TLS)
+  std::string allow_http = "true";         // --allow-http: "true" or "false"
   std::vector<std::string> cache_configs;  // --cache-config, each "<cache>,<key>=<value>"
   int64_t response_cache_byte_size = -1;   // --response-cache-byte-size (-1: not given)
   std::vector<std::string> gpu_limits;     // --model-load-gpu-limit, each "<gpu>:<fraction>"
@@ -420,7 +420,8 @@ void AddGrpcFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
       ->capture_default_str()
       ->group("gRPC front end");
   app.add_option("--grpc-use-ssl", grpc.tls.enabled,
-                 "TLS on the gRPC port (needs --grpc-server-cert and --grpc-server-key)")
+                 "TLS on the gRPC port, and on the HTTP port (needs --grpc-server-cert and "
+                 "--grpc-server-key)")
       ->capture_default_str()
       ->group("gRPC front end");
   app.add_option("--grpc-use-ssl-mutual", grpc.tls.mutual,
@@ -459,11 +460,11 @@ void AddHttpFlags(CLI::App& app, ServerConfig& config, TextFlags& text) {
   HttpServerOptions& http = config.http;
   app.add_option("--allow-http", text.allow_http,
                  "Serve the KServe v2 REST API (Triton's HTTP endpoints, tritonclient.http, curl) "
-                 "beside gRPC. "
-                 "Default: true, but false when gRPC uses TLS (the HTTP port has no TLS): give "
-                 "--allow-http true "
-                 "to open it in plaintext anyway")
+                 "beside gRPC. With --grpc-use-ssl the HTTP port speaks TLS with the same "
+                 "certificate, key, client CA (--grpc-use-ssl-mutual) and reload "
+                 "(--grpc-tls-reload-secs), and refuses plaintext")
       ->check(CLI::IsMember({"true", "false"}))
+      ->capture_default_str()
       ->group("HTTP front end");
   app.add_option("--http-address", http.address, "Address the HTTP endpoint listens on")
       ->capture_default_str()
@@ -781,12 +782,7 @@ Status Finish(const TextFlags& text, ServerConfig* config) {
   }
   SLUICE_RETURN_IF_ERROR(
       CheckRestrictionsDistinct(config->http_restrictions, "--http-restricted-api"));
-  // The HTTP port has no TLS: with TLS on gRPC it stays closed unless asked for by name.
-  config->allow_http = text.allow_http.empty()
-                           ? !config->grpc.tls.enabled && !config->grpc.tls.mutual
-                           : text.allow_http == "true";
-  config->http_plaintext_beside_tls =
-      config->allow_http && (config->grpc.tls.enabled || config->grpc.tls.mutual);
+  config->allow_http = text.allow_http == "true";
   if (!text.model_cpus.empty()) {
     StatusOr<CpuChoice> cpus = ParseCpuChoice(text.model_cpus);
     if (!cpus.ok())

@@ -38,9 +38,7 @@ struct ServerConfig {
                                    << 30;  // --load-files-disk-bytes (every serving load together)
   GrpcServerOptions grpc;                  // --grpc-address, --grpc-port, TLS, connections
   std::vector<ProtocolRestriction> restrictions;  // --grpc-restricted-protocol, parsed and distinct
-  bool allow_http = true;  // --allow-http (false by default when gRPC uses TLS)
-  bool http_plaintext_beside_tls =
-      false;               // --allow-http true given with gRPC TLS (logged as a warning)
+  bool allow_http = true;  // --allow-http (with gRPC TLS, HTTPS with the same files)
   HttpServerOptions http;  // --http-address, --http-port, limits
   std::vector<ProtocolRestriction> http_restrictions;  // --http-restricted-api, parsed and distinct
   bool allow_metrics = true;                           // --allow-metrics

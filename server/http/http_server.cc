@@ -7,6 +7,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -33,6 +35,7 @@
 #include "server/core/logging.h"
 #include "server/core/mutex.h"
 #include "server/os/threads.h"
+#include "server/os/tls_server_context.h"
 #include "server/http/http_codec.h"
 #include "server/http/http_compression.h"
 #include "server/http/http_request_reader.h"
@@ -244,6 +247,11 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   void Handle(std::unique_ptr<HttpExchange> exchange);
   // Writes what is queued; once all is written, goes on as the connection's phase says.
   void Flush(Connection* connection);
+  // TLS connections: SSL_read into read_buffer (the recv of plaintext ones: bytes, 0 at the
+  // client's goodbye, -1 with errno EAGAIN to wait or another errno when it failed), and the
+  // writing half of Flush.
+  ssize_t TlsRead(Connection* connection);
+  void TlsFlush(Connection* connection);
   void Written(Connection* connection);
   // The client's end, seen while its request is handled: a reset cancels, a FIN does not.
   void PeerClosed(Connection* connection);
@@ -301,7 +309,11 @@ struct HttpExchange::Connection {
       nullptr;  // EV_READ once, while handling: the client's FIN, RST or more bytes
   event* timer = nullptr;
   HttpRequestReader reader;
-  std::optional<IpAddress> peer;    // the client's address (nullopt: not an IP socket)
+  std::optional<IpAddress> peer;       // the client's address (nullopt: not an IP socket)
+  SSL* ssl = nullptr;                  // TLS (HttpServerOptions::tls); null: plaintext
+  bool write_wants_read = false;       // a TLS write waits for the client's bytes (a handshake)
+  bool read_wants_write = false;       // a TLS read waits for room to write (a handshake)
+  std::optional<std::string> subject;  // the client certificate's subject, once asked
   std::string pipelined;            // bytes after a complete request, read before it was answered
   size_t charged = 0;               // of the request being read, against the loop's budget
   HttpExchange* waiting = nullptr;  // the request with the handler; its responder owns it
@@ -320,6 +332,7 @@ struct HttpExchange::Connection {
     for (event* each : {readable, writable, peer_closed, timer}) {
       if (each != nullptr) event_free(each);
     }
+    if (ssl != nullptr) SSL_free(ssl);
     if (fd >= 0) close(fd);
   }
 };
@@ -423,6 +436,13 @@ void HttpExchange::Loop::Accept(evutil_socket_t fd, std::optional<IpAddress> pee
   connection->loop = this;
   connection->fd = fd;
   connection->peer = peer;
+  if (options.tls != nullptr) {
+    connection->ssl = options.tls->NewConnection();
+    if (connection->ssl == nullptr || SSL_set_fd(connection->ssl, fd) != 1) {
+      spdlog::warn("event=http_tls_refused reason=\"cannot make a TLS session\"");
+      return;  // the connection (and its socket) goes with `entry`
+    }
+  }
   connection->activity = Clock::now();
   connection->reader = HttpRequestReader(HttpReaderLimits{64 << 10, 128, options.max_body_bytes});
   // Answers go out at once: with Nagle's algorithm on, the last part of an answer larger than a
@@ -489,6 +509,15 @@ void HttpExchange::Loop::Accept(evutil_socket_t fd, std::optional<IpAddress> pee
 void HttpExchange::Loop::Readable(Connection* connection) {
   int reads = 0;
   if (connection->dead) return;
+  if (connection->write_wants_read) {
+    // A TLS answer waited for the client's handshake bytes: write on.
+    connection->write_wants_read = false;
+    if (connection->phase != Connection::Phase::kReading &&
+        connection->phase != Connection::Phase::kLingering)
+      event_del(connection->readable);
+    Flush(connection);
+    return;
+  }
   if (connection->phase == Connection::Phase::kReading && !connection->pipelined.empty()) {
     // Sent behind the request just answered: read first, in order.
     const std::string pipelined = std::move(connection->pipelined);
@@ -498,7 +527,10 @@ void HttpExchange::Loop::Readable(Connection* connection) {
   }
   while (connection->phase == Connection::Phase::kReading ||
          connection->phase == Connection::Phase::kLingering) {
-    const ssize_t got = recv(connection->fd, read_buffer.data(), read_buffer.size(), 0);
+    const ssize_t got =
+        connection->ssl != nullptr && connection->phase == Connection::Phase::kReading
+            ? TlsRead(connection)
+            : recv(connection->fd, read_buffer.data(), read_buffer.size(), 0);
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       Close(connection, /*reset=*/true);
@@ -519,9 +551,93 @@ void HttpExchange::Loop::Readable(Connection* connection) {
       return;  // the rest on the next turn, after the other connections'
     }
     Consume(connection, absl::string_view(read_buffer.data(), static_cast<size_t>(got)));
-    // A full buffer: more may be waiting, but give the other connections their turn.
+    // A full buffer: more may be waiting, but give the other connections their turn. Bytes TLS
+    // has read from the socket already are no event of the socket's: a turn of their own.
+    if (!connection->dead && connection->ssl != nullptr &&
+        connection->phase == Connection::Phase::kReading && SSL_has_pending(connection->ssl))
+      event_active(connection->readable, EV_READ, 0);
     return;
   }
+}
+
+ssize_t HttpExchange::Loop::TlsRead(Connection* connection) {
+  ERR_clear_error();
+  const int got =
+      SSL_read(connection->ssl, read_buffer.data(), static_cast<int>(read_buffer.size()));
+  if (got > 0) return got;
+  switch (SSL_get_error(connection->ssl, got)) {
+    case SSL_ERROR_WANT_READ:
+      errno = EAGAIN;
+      return -1;
+    case SSL_ERROR_WANT_WRITE:
+      connection->read_wants_write = true;
+      event_add(connection->writable, nullptr);
+      errno = EAGAIN;
+      return -1;
+    case SSL_ERROR_ZERO_RETURN:
+      return 0;  // close_notify: the client's goodbye
+    case SSL_ERROR_SYSCALL:
+      if (ERR_peek_error() == 0 && got == 0) return 0;  // a FIN without close_notify
+      break;
+    default:
+      break;
+  }
+  const unsigned long error = ERR_peek_error();
+  if (ERR_GET_REASON(error) == SSL_R_HTTP_REQUEST) {
+    // A plaintext request on the TLS port: told so in plaintext, then closed.
+    static constexpr char kBody[] =
+        "{\"error\":\"this port speaks HTTPS: send the request over TLS (https://)\"}";
+    const std::string answer = absl::StrCat(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ",
+        sizeof(kBody) - 1, "\r\nConnection: close\r\n\r\n", kBody);
+    (void)send(connection->fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+  }
+  char reason[256] = "the connection failed";
+  if (error != 0) ERR_error_string_n(error, reason, sizeof(reason));
+  ERR_clear_error();
+  refusals.Warn("http_tls_refused", absl::StrCat("reason=\"", reason, "\""));
+  errno = ECONNRESET;
+  return -1;
+}
+
+void HttpExchange::Loop::TlsFlush(Connection* connection) {
+  if (connection->read_wants_write) {
+    // A TLS read waited for room to write its handshake: read on, on the loop's next turn.
+    connection->read_wants_write = false;
+    event_active(connection->readable, EV_READ, 0);
+  }
+  while (!connection->out.empty()) {
+    std::string& front = connection->out.front();
+    const size_t rest = front.size() - connection->out_offset;
+    if (rest == 0) {
+      connection->out.pop_front();
+      connection->out_offset = 0;
+      continue;
+    }
+    ERR_clear_error();
+    const int wrote = SSL_write(connection->ssl, front.data() + connection->out_offset,
+                                static_cast<int>(std::min<size_t>(rest, 1 << 30)));
+    if (wrote > 0) {
+      connection->activity = Clock::now();
+      connection->out_offset += static_cast<size_t>(wrote);
+      continue;
+    }
+    const int error = SSL_get_error(connection->ssl, wrote);
+    if (error == SSL_ERROR_WANT_WRITE) {
+      event_add(connection->writable, nullptr);
+      return;
+    }
+    if (error == SSL_ERROR_WANT_READ) {
+      connection->write_wants_read = true;
+      event_add(connection->readable, nullptr);
+      return;
+    }
+    ERR_clear_error();
+    Fail(connection, /*reset=*/true);  // the client is gone, or its handshake failed
+    return;
+  }
+  event_del(connection->writable);
+  Written(connection);
 }
 
 void HttpExchange::Loop::Consume(Connection* connection, absl::string_view data) {
@@ -607,6 +723,10 @@ void HttpExchange::Loop::Dispatch(Connection* connection) {
   std::unique_ptr<HttpExchange> exchange(new HttpExchange(shared_from_this()));
   exchange->connection_ = connection;
   exchange->peer_ = connection->peer;
+  if (connection->ssl != nullptr) {
+    if (!connection->subject) connection->subject = PeerCertificateSubject(connection->ssl);
+    exchange->certificate_subject_ = *connection->subject;
+  }
   exchange->method_ = head.method;
   exchange->head_only_ = head.method == "HEAD";
   absl::string_view target = head.target;
@@ -709,6 +829,10 @@ void HttpExchange::Loop::Handle(std::unique_ptr<HttpExchange> exchange) {
 
 void HttpExchange::Loop::Flush(Connection* connection) {
   if (connection->dead) return;
+  if (connection->ssl != nullptr) {
+    TlsFlush(connection);
+    return;
+  }
   while (!connection->out.empty()) {
     iovec pieces[64];
     int count = 0;
@@ -757,11 +881,15 @@ void HttpExchange::Loop::Written(Connection* connection) {
       ArmTimer(connection);
       // Bytes already read behind the answered request: from the loop's next turn, not from
       // inside this (which may be inside a handler).
-      if (!connection->pipelined.empty()) event_active(connection->readable, EV_READ, 0);
+      if (!connection->pipelined.empty() ||
+          (connection->ssl != nullptr && SSL_has_pending(connection->ssl)))
+        event_active(connection->readable, EV_READ, 0);
       return;
     case Connection::Phase::kClosing:
       // The answer is out; what the client still sends is read and dropped until it closes (or
       // for kLingerTotal), so that it reads the answer instead of a reset mid-upload.
+      if (connection->ssl != nullptr) (void)SSL_shutdown(connection->ssl);  // close_notify
+      ERR_clear_error();
       shutdown(connection->fd, SHUT_WR);
       connection->phase = Connection::Phase::kLingering;
       connection->linger_started = Clock::now();
@@ -870,6 +998,12 @@ void HttpExchange::Loop::Timer(Connection* connection) {
 
 void HttpExchange::Loop::Refuse(Connection* connection, int code, absl::string_view message,
                                 std::vector<std::pair<std::string, std::string>> headers) {
+  if (connection->ssl != nullptr && !SSL_is_init_finished(connection->ssl)) {
+    // No TLS session to answer in (a client past the connection limit, or one that never
+    // finished its handshake within the header deadline): closed at once.
+    Fail(connection, /*reset=*/false);
+    return;
+  }
   const std::string body = ErrorJson(message);
   std::string head = absl::StrCat(
       "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\nContent-Type: application/json\r\n",

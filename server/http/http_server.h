@@ -33,6 +33,7 @@
 #include "server/core/ip_address.h"
 #include "server/core/mutex.h"
 #include "server/core/status.h"
+#include "server/os/tls_server_context.h"
 
 namespace sluice {
 
@@ -55,6 +56,9 @@ struct HttpServerOptions {
   int compression_threads = 2;  // --http-compression-threads: threads that inflate
                                 // compressed bodies and compress large answers; 0: the
                                 // event loop inflates, the answering thread compresses
+  // TLS on every connection (the certificate flags of the gRPC port; see tls_server_context.h):
+  // a plaintext request is answered 400 saying so and closed. Null: plaintext.
+  std::shared_ptr<TlsServerContext> tls;
 };
 
 // A response: status code, headers (Content-Length is added), and the body as segments written
@@ -85,6 +89,8 @@ class HttpExchange {
   absl::string_view body() const { return body_; }
   // The client's address (nullopt: the connection is not an IP socket).
   const std::optional<IpAddress>& peer() const { return peer_; }
+  // Over mutual TLS: the subject of the client's verified certificate (RFC 2253); else empty.
+  const std::string& certificate_subject() const { return certificate_subject_; }
   // Set when the client's connection closes before the response is sent.
   const std::shared_ptr<std::atomic<bool>>& cancelled() const { return cancelled_; }
   // `on_cancel` runs on the server's thread when the connection is reset before the answer; set
@@ -104,6 +110,7 @@ class HttpExchange {
   Connection* connection_ = nullptr;  // loop thread only (and Stop, once the loop has ended); null
                                       // once the connection closed
   std::optional<IpAddress> peer_;
+  std::string certificate_subject_;
   std::string method_;
   std::string path_;
   std::vector<std::pair<std::string, std::string>> headers_;

@@ -460,10 +460,9 @@ void HttpService::Infer(HttpResponder responder, const std::string& model_name,
                                               options_.shared_memory);
   call->trace = std::move(trace);
   if (ClientQuotas* quotas = options_.quotas; quotas != nullptr) {
-    // No client certificate over HTTP: a trusted proxy's header, or the peer's address.
     const HttpExchange& exchange = call->exchange();
     call->quotas = quotas;
-    call->client = quotas->Identify(exchange.peer(), "",
+    call->client = quotas->Identify(exchange.peer(), exchange.certificate_subject(),
                                     quotas->identity().header.empty()
                                         ? nullptr
                                         : exchange.Header(quotas->identity().header.c_str()));

@@ -2,7 +2,7 @@
 rate or its in-flight cap is refused at once (gRPC RESOURCE_EXHAUSTED with retry-after and
 grpc-retry-pushback-ms trailing metadata, HTTP 429 with Retry-After) while others are served; one
 bucket per client across gRPC and HTTP; the identity header believed only from a trusted proxy; a
-mutual-TLS client named by its certificate's subject; a stream's refused request answered in the
+mutual-TLS client named by its certificate's subject (on gRPC and HTTPS alike); a stream's refused request answered in the
 stream, which goes on; the sluice_client_* series."""
 import http.client as httplib
 import json
@@ -19,7 +19,7 @@ import tritonclient.grpc.service_pb2 as service_pb2
 import tritonclient.http as httpclient
 from conftest import start_server
 from harness.server import metric_value
-from test_security import Double, certs, credentials, tls_args, triton_client  # noqa: F401 (certs: a fixture)
+from test_security import Double, certs, credentials, https_get, tls_args, triton_client  # noqa: F401 (certs: a fixture)
 from tritonclient.utils import InferenceServerException
 
 CONFIG = ('max_batch_size: 4\n'
@@ -193,6 +193,18 @@ def test_a_mutual_tls_client_is_its_certificate_subject(repository, certs, tmp_p
             client.infer("double", [tensor])
         assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         client.close()
+        # Over HTTPS with the same certificate: the same client, the same bucket.
+        status, _ = https_get(server, certs, "/v2/health/live", client="client")
+        assert status == 200  # not inference: not counted
+        import ssl
+        context = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+        context.load_cert_chain(certs["client"] + ".pem", certs["client"] + ".key")
+        connection = httplib.HTTPSConnection("127.0.0.1", server.http_port, timeout=30, context=context)
+        connection.request("POST", "/v2/models/double/infer", json.dumps(
+            {"inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}))
+        response = connection.getresponse()
+        assert response.status == 429 and "client 'CN=client'" in response.read().decode()
+        connection.close()
     finally:
         assert server.stop() == 0, server.log()
 

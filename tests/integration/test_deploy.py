@@ -344,13 +344,14 @@ def test_tls_overlay_wires_the_secret_and_probes_with_sluice_client(rendered):
     assert "--live" in run(os.path.join(BIN_DIR, "sluice-client"), "health", "--help").stdout
 
 
-def test_tls_overlay_closes_the_plaintext_http_port(rendered):
+def test_tls_overlay_serves_https_on_the_http_port(rendered):
     documents = rendered["overlays/tls"][1]
     container = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert "http" not in {p["name"] for p in container["ports"]}
-    assert "allow-http" not in args_of(container)  # the server's default beside TLS: closed
+    assert "http" in {p["name"] for p in container["ports"]}
+    assert "allow-http" not in args_of(container)  # the server's default: HTTPS beside gRPC TLS
     public = [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "sluice"][0]
-    assert [p["name"] for p in public["spec"]["ports"]] == ["grpc"]
+    assert [p["name"] for p in public["spec"]["ports"]] == ["grpc", "http"]
+    assert all("appProtocol" not in p for p in public["spec"]["ports"])  # TLS, not h2c
 
 
 def test_http_probes_overlay_probes_paths_the_server_answers(rendered, bundled_server):

@@ -1,7 +1,9 @@
-"""Security of the gRPC port: TLS and mutual TLS (Triton's --grpc-use-ssl* flags), with
-certificates made by openssl at test time (the right CA works; plaintext and a wrong CA are
-refused; under mutual TLS a missing or untrusted client certificate is refused), and restricted
-protocol groups (--grpc-restricted-protocol). tritonclient, sluice-client and grpc.health.v1."""
+"""Security of the gRPC and HTTP ports: TLS and mutual TLS (Triton's --grpc-use-ssl* flags, which
+the HTTP port follows), with certificates made by openssl at test time (the right CA works;
+plaintext and a wrong CA are refused; under mutual TLS a missing or untrusted client certificate
+is refused; a certificate rotated on disk is picked up by both ports), and restricted protocol
+groups (--grpc-restricted-protocol). tritonclient (gRPC and HTTP), curl, sluice-client and
+grpc.health.v1."""
 import os
 import shutil
 import subprocess
@@ -196,7 +198,14 @@ def test_a_certificate_rotated_on_disk_serves_new_connections_without_a_restart(
                 with context.wrap_socket(raw, server_hostname="localhost") as tls:
                     return dict(pair[0] for pair in tls.getpeercert()["subject"])["commonName"]
 
+        def served_name_over_http():
+            context = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                    return dict(pair[0] for pair in tls.getpeercert()["subject"])["commonName"]
+
         assert served_name() == "server"
+        assert served_name_over_http() == "server"
         before = triton_client(server, certs)
         assert infer_double(before).tolist() == [[3.0, -4.0]]
         publish("v2", "renewed")
@@ -204,6 +213,10 @@ def test_a_certificate_rotated_on_disk_serves_new_connections_without_a_restart(
         while served_name() != "renewed":
             assert time.monotonic() < deadline, "the renewed certificate was not picked up"
             time.sleep(0.2)
+        while served_name_over_http() != "renewed":
+            assert time.monotonic() < deadline, "the HTTP port did not pick the renewed certificate up"
+            time.sleep(0.2)
+        assert "event=tls_reloaded transport=http" in server.log()
         assert infer_double(before).tolist() == [[3.0, -4.0]]  # the open connection goes on
         after = triton_client(server, certs)
         assert infer_double(after).tolist() == [[3.0, -4.0]]
@@ -274,20 +287,79 @@ def test_bad_restriction_fails_at_start(repository):
     assert "unknown protocol group 'logging'" in result.stdout + result.stderr
 
 
-def test_http_stays_closed_beside_tls_unless_asked_for(tls_server, repository, certs, tmp_path_factory):
+def https_get(server, certs, path="/v2/health/ready", client=None, ca="ca"):
+    """GET over TLS on the HTTP port with Python's ssl: (status, body); raises ssl.SSLError or
+    OSError when the handshake fails."""
     import http.client as httplib
-    assert "event=http_off" in tls_server.log() and "gRPC uses TLS" in tls_server.log()
-    with pytest.raises(OSError):
-        connection = httplib.HTTPConnection("127.0.0.1", tls_server.http_port, timeout=5)
-        connection.request("GET", "/v2/health/live")
-        connection.getresponse()
-    server = start_server(repository, tmp_path_factory, tls_args(certs) + ["--allow-http", "true"],
+    import ssl
+    context = ssl.create_default_context(cafile=certs[ca] + ".pem")
+    if client is not None:
+        context.load_cert_chain(certs[client] + ".pem", certs[client] + ".key")
+    connection = httplib.HTTPSConnection("127.0.0.1", server.http_port, timeout=10, context=context)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_the_http_port_speaks_tls_beside_grpc_tls_and_refuses_plaintext(tls_server, certs):
+    import http.client as httplib
+    import ssl
+    import tritonclient.http as httpclient
+    assert "tls=on" in tls_server.log()
+    assert https_get(tls_server, certs)[0] == 200
+    # curl as users call it, and tritonclient.http with ssl=True.
+    curl = subprocess.run(["curl", "-sS", "--cacert", certs["ca"] + ".pem", "-o", "/dev/null", "-w", "%{http_code}",
+                           f"https://127.0.0.1:{tls_server.http_port}/v2/health/live"],
+                          capture_output=True, text=True, timeout=30)
+    assert curl.stdout == "200", curl.stdout + curl.stderr
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{tls_server.http_port}", ssl=True,
+                                              ssl_options={"ca_certs": certs["ca"] + ".pem"})
+    tensor = httpclient.InferInput("INPUT__0", [1, 2], "FP32")
+    tensor.set_data_from_numpy(np.array([[1.5, -2.0]], np.float32))
+    np.testing.assert_array_equal(client.infer("double", [tensor]).as_numpy("OUTPUT__0"), [[3.0, -4.0]])
+    client.close()
+    # Plaintext is answered 400 in plaintext, saying why; a wrong CA fails the handshake.
+    connection = httplib.HTTPConnection("127.0.0.1", tls_server.http_port, timeout=10)
+    connection.request("GET", "/v2/health/live")
+    response = connection.getresponse()
+    assert response.status == 400 and "this port speaks HTTPS" in response.read().decode()
+    connection.close()
+    with pytest.raises(ssl.SSLError):
+        https_get(tls_server, certs, ca="other_ca")
+    wrong_ca = subprocess.run(["curl", "-sS", "--cacert", certs["other_ca"] + ".pem",
+                               f"https://127.0.0.1:{tls_server.http_port}/v2/health/live"],
+                              capture_output=True, text=True, timeout=30)
+    assert wrong_ca.returncode != 0
+    assert https_get(tls_server, certs)[0] == 200  # the server serves on
+
+
+def test_mutual_tls_on_the_http_port_needs_a_client_certificate_from_the_ca(mutual_server, certs):
+    import ssl
+    assert "tls=mutual" in mutual_server.log()
+    assert https_get(mutual_server, certs, client="client")[0] == 200
+    for client in (None, "stranger"):
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            https_get(mutual_server, certs, client=client)
+    curl = subprocess.run(["curl", "-sS", "--cacert", certs["ca"] + ".pem", "--cert", certs["client"] + ".pem",
+                           "--key", certs["client"] + ".key", "-o", "/dev/null", "-w", "%{http_code}",
+                           f"https://127.0.0.1:{mutual_server.http_port}/v2/models/double/ready"],
+                          capture_output=True, text=True, timeout=30)
+    assert curl.stdout == "200", curl.stdout + curl.stderr
+    assert https_get(mutual_server, certs, client="client")[0] == 200
+
+
+def test_http_can_still_be_turned_off_beside_tls(repository, certs, tmp_path_factory):
+    import http.client as httplib
+    server = start_server(repository, tmp_path_factory, tls_args(certs) + ["--allow-http", "false"],
                           credentials=credentials(certs))
     try:
-        connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=5)
-        connection.request("GET", "/v2/health/live")
-        assert connection.getresponse().status == 200
-        connection.close()
-        assert "event=http_plaintext" in server.log()
+        assert 'event=http_off reason="--allow-http false"' in server.log()
+        with pytest.raises(OSError):
+            connection = httplib.HTTPConnection("127.0.0.1", server.http_port, timeout=5)
+            connection.request("GET", "/v2/health/live")
+            connection.getresponse()
     finally:
         assert server.stop() == 0, server.log()

@@ -593,8 +593,11 @@ TEST_F(HttpServerTest, AResponderDroppedWithoutAnAnswerAnswers500AndTheServerGoe
 }
 
 TEST(HttpServerStartTest, APortInUseIsUnavailableWithTheFlagNamed) {
+  HttpServerOptions options;
+  options.address = "127.0.0.1";
+  options.port = 0;
   StatusOr<std::unique_ptr<HttpServer>> first =
-      HttpServer::Start({"127.0.0.1", 0}, [](HttpResponder responder) { responder.Respond({}); });
+      HttpServer::Start(options, [](HttpResponder responder) { responder.Respond({}); });
   ASSERT_TRUE(first.ok());
   HttpServerOptions taken;
   taken.address = "127.0.0.1";

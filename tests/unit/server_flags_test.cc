@@ -377,7 +377,6 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_EQ(defaults->http.port, 8000);
   EXPECT_EQ(defaults->http.address, "0.0.0.0");
   EXPECT_EQ(defaults->http.max_body_bytes, size_t{1} << 30);
-  EXPECT_FALSE(defaults->http_plaintext_beside_tls);
 
   auto config =
       ParseServerFlags({"--http-port", "0", "--http-address", "127.0.0.1", "--http-max-body-bytes",
@@ -393,14 +392,10 @@ TEST(ServerFlagsTest, HttpEndpointFlags) {
   EXPECT_EQ(config->http_restrictions[0].key, "admin-key");
   EXPECT_TRUE(config->restrictions.empty());  // the gRPC ones are separate
 
-  // TLS on gRPC closes the plaintext HTTP port unless it is asked for by name.
+  // TLS on gRPC is TLS on HTTP too (Server::StartHttp): the port stays open.
   auto tls = ParseServerFlags({"--grpc-use-ssl", "true"});
   ASSERT_TRUE(tls.ok());
-  EXPECT_FALSE(tls->allow_http);
-  auto asked = ParseServerFlags({"--grpc-use-ssl", "true", "--allow-http", "true"});
-  ASSERT_TRUE(asked.ok());
-  EXPECT_TRUE(asked->allow_http);
-  EXPECT_TRUE(asked->http_plaintext_beside_tls);
+  EXPECT_TRUE(tls->allow_http);
   auto off = ParseServerFlags({"--allow-http", "false"});
   ASSERT_TRUE(off.ok());
   EXPECT_FALSE(off->allow_http);
