@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -117,10 +118,17 @@ StatusOr<IpNetwork> IpNetwork::Parse(absl::string_view text) {
       return refuse(absl::StrCat("the prefix must be a number from 0 to ", bits));
     }
   }
+  return Of(*base, prefix);
+}
+
+IpNetwork IpNetwork::Of(const IpAddress& address, int prefix) {
+  const int bits = address.family() == IpAddress::Family::kV4 ? 32 : 128;
+  prefix = std::max(0, std::min(prefix, bits));
+  IpAddress base = address;
   // The base keeps only the prefix's bits, so that 10.1.2.3/8 is 10.0.0.0/8.
   for (int bit = prefix; bit < 128; ++bit)
-    base->bytes_[bit / 8] &= static_cast<uint8_t>(~(0x80u >> (bit % 8)));
-  return IpNetwork(*base, prefix);
+    base.bytes_[bit / 8] &= static_cast<uint8_t>(~(0x80u >> (bit % 8)));
+  return IpNetwork(base, prefix);
 }
 
 StatusOr<std::vector<IpNetwork>> IpNetwork::ParseList(absl::string_view text) {

@@ -49,6 +49,8 @@ class IpNetwork {
   // "10.0.0.0/8", "fd00::/8", or a single address ("10.1.2.3": /32, "::1": /128).
   // INVALID_ARGUMENT naming the text when it is no network, or the prefix is too long.
   static StatusOr<IpNetwork> Parse(absl::string_view text);
+  // The network of `prefix` bits (clamped to the family's width) that holds `address`.
+  static IpNetwork Of(const IpAddress& address, int prefix);
   // "a/b,c/d" (spaces around items allowed); INVALID_ARGUMENT naming the bad item.
   static StatusOr<std::vector<IpNetwork>> ParseList(absl::string_view text);
 

@@ -24,6 +24,10 @@ constexpr auto kForgetInterval = std::chrono::seconds(1);
 // A client at its in-flight cap is told to try again after this (when one of its requests is
 // answered is not known).
 constexpr auto kInFlightRetry = std::chrono::seconds(1);
+constexpr double kLongestWait = 86400;  // seconds a refusal asks a client to wait, at most
+// An IPv6 client is its /64: a host gets a whole /64 (SLAAC, privacy addresses), so addresses
+// within one are one client, and a host cannot mint fresh clients from its own subnet.
+constexpr int kIpv6ClientPrefix = 64;
 
 double BurstOf(const ClientQuota& quota) {
   return quota.burst > 0 ? quota.burst : std::max(1.0, quota.rate);
@@ -62,9 +66,9 @@ struct ClientQuotas::Entry {
 
   // The bucket brought up to `now`.
   void Refill(TimePoint now) {
-    if (quota.rate <= 0) return;
+    if (quota.rate <= 0 || now <= refilled) return;
     const double seconds = std::chrono::duration<double>(now - refilled).count();
-    if (seconds > 0) tokens = std::min(BurstOf(quota), tokens + seconds * quota.rate);
+    tokens = std::min(BurstOf(quota), tokens + seconds * quota.rate);
     refilled = now;
   }
   bool Idle(TimePoint now) {
@@ -128,7 +132,10 @@ std::string IdentifyClient(const ClientIdentityOptions& options,
     }
   }
   if (!certificate_subject.empty()) return std::string(certificate_subject);
-  return peer ? peer->ToString() : std::string("local");
+  if (!peer) return "local";
+  if (peer->family() == IpAddress::Family::kV6)
+    return IpNetwork::Of(*peer, kIpv6ClientPrefix).ToString();
+  return peer->ToString();
 }
 
 ClientQuotas::Ticket& ClientQuotas::Ticket::operator=(Ticket&& other) noexcept {
@@ -206,8 +213,8 @@ ClientQuotas::Entry* ClientQuotas::Find(const std::string& client, TimePoint now
 }
 
 StatusOr<ClientQuotas::Ticket> ClientQuotas::Admit(const std::string& client) {
-  const TimePoint now = clock_->Now();
   MutexLock lock(&mutex_);
+  const TimePoint now = clock_->Now();  // under the lock: refills only move forward
   Entry* entry = Find(client, now);
   const ClientQuota& quota = entry->quota;
   const std::string whose =
@@ -232,7 +239,9 @@ StatusOr<ClientQuotas::Ticket> ClientQuotas::Admit(const std::string& client) {
     if (entry->tokens < 1) {
       ++entry->rate_limited;
       ++rate_limited_;
-      const auto wait = std::chrono::duration<double>((1 - entry->tokens) / quota.rate);
+      // At most a day: a tiny rate's wait would overflow the clock's ticks.
+      const auto wait =
+          std::chrono::duration<double>(std::min((1 - entry->tokens) / quota.rate, kLongestWait));
       return WithRetryAfter(
           absl::ResourceExhaustedError(absl::StrFormat(
               "%s is over its rate of %g inference requests/s (burst %g; --client-quota); "

@@ -1,14 +1,16 @@
 // Quotas per client on inference requests (ModelInfer, each request of ModelStreamInfer, HTTP
 // .../infer), across gRPC and HTTP: a rate (token bucket: `burst` requests at once, refilled at
 // `rate` per second) and a cap on requests in flight (admitted, not answered yet). A request over
-// either is refused at once, before it is decoded or queued, with RESOURCE_EXHAUSTED (HTTP 429)
+// either is refused at once, before it reaches its model (no lookup, no tensor decoding, no
+// queue), with RESOURCE_EXHAUSTED (HTTP 429)
 // and a time to retry after (core/retry_after.h). A request within its quota goes on to its
 // model, where the queue caps and priorities apply as to any other: quotas come first and
 // compose with them (a request refused by its model's queue still used a token).
 //
 // Who the client is (IdentifyClient): the value of an operator-named header, believed only on
-// connections from a trusted proxy (an ingress that sets it); else the subject of the client's
-// TLS certificate (mutual TLS); else the peer's IP address.
+// connections from a trusted proxy (an ingress that sets it, replacing what the client sent: the
+// first value is read); else the subject of the client's TLS certificate (mutual TLS); else the
+// peer's IPv4 address, or the /64 of its IPv6 address.
 //
 // Bounded state: at most max_clients clients are tracked. When a new one comes and the table is
 // full, clients that hold nothing (none in flight, a full bucket) are forgotten; a client that
@@ -65,7 +67,8 @@ struct ClientIdentityOptions {
 
 // The identity of a request's client (see above). `header_value`: what the request carries in
 // options.header (null: absent); `certificate_subject`: the verified client certificate's
-// subject (empty: none); `peer`: the connection's address (nullopt: not an IP socket, "local").
+// subject (empty: none); `peer`: the connection's address (nullopt: not an IP socket, "local";
+// IPv6: its /64, "2001:db8:1:2::/64").
 // A header value longer than 256 bytes is cut there.
 std::string IdentifyClient(const ClientIdentityOptions& options,
                            const std::optional<IpAddress>& peer,

@@ -248,9 +248,10 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   // Writes what is queued; once all is written, goes on as the connection's phase says.
   void Flush(Connection* connection);
   // TLS connections: SSL_read into read_buffer (the recv of plaintext ones: bytes, 0 at the
-  // client's goodbye, -1 with errno EAGAIN to wait or another errno when it failed), and the
-  // writing half of Flush.
+  // client's goodbye, -1 with errno EAGAIN to wait or another errno when it failed, or
+  // kPlaintextOnTls), and the writing half of Flush.
   ssize_t TlsRead(Connection* connection);
+  static constexpr ssize_t kPlaintextOnTls = -2;  // TlsRead: a plaintext request arrived
   void TlsFlush(Connection* connection);
   void Written(Connection* connection);
   // The client's end, seen while its request is handled: a reset cancels, a FIN does not.
@@ -523,6 +524,9 @@ void HttpExchange::Loop::Readable(Connection* connection) {
     const std::string pipelined = std::move(connection->pipelined);
     connection->pipelined.clear();
     Consume(connection, pipelined);
+    if (!connection->dead && connection->ssl != nullptr &&
+        connection->phase == Connection::Phase::kReading && SSL_has_pending(connection->ssl))
+      event_active(connection->readable, EV_READ, 0);
     return;
   }
   while (connection->phase == Connection::Phase::kReading ||
@@ -531,6 +535,14 @@ void HttpExchange::Loop::Readable(Connection* connection) {
         connection->ssl != nullptr && connection->phase == Connection::Phase::kReading
             ? TlsRead(connection)
             : recv(connection->fd, read_buffer.data(), read_buffer.size(), 0);
+    if (got == kPlaintextOnTls) {
+      // A plaintext request on the TLS port: told so in plaintext, then closed as any refusal
+      // (its answer written, the rest of what it sends read and dropped).
+      SSL_free(connection->ssl);
+      connection->ssl = nullptr;
+      Refuse(connection, 400, "this port speaks HTTPS: send the request over TLS (https://)");
+      return;
+    }
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       Close(connection, /*reset=*/true);
@@ -577,20 +589,19 @@ ssize_t HttpExchange::Loop::TlsRead(Connection* connection) {
     case SSL_ERROR_ZERO_RETURN:
       return 0;  // close_notify: the client's goodbye
     case SSL_ERROR_SYSCALL:
-      if (ERR_peek_error() == 0 && got == 0) return 0;  // a FIN without close_notify
+      if (ERR_peek_error() == 0) {
+        // The socket's own failure (a reset), as a plaintext connection's recv reports it.
+        if (errno == 0) errno = ECONNRESET;
+        return -1;
+      }
       break;
     default:
       break;
   }
   const unsigned long error = ERR_peek_error();
   if (ERR_GET_REASON(error) == SSL_R_HTTP_REQUEST) {
-    // A plaintext request on the TLS port: told so in plaintext, then closed.
-    static constexpr char kBody[] =
-        "{\"error\":\"this port speaks HTTPS: send the request over TLS (https://)\"}";
-    const std::string answer = absl::StrCat(
-        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: ",
-        sizeof(kBody) - 1, "\r\nConnection: close\r\n\r\n", kBody);
-    (void)send(connection->fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+    ERR_clear_error();
+    return kPlaintextOnTls;
   }
   char reason[256] = "the connection failed";
   if (error != 0) ERR_error_string_n(error, reason, sizeof(reason));
@@ -629,6 +640,7 @@ void HttpExchange::Loop::TlsFlush(Connection* connection) {
     }
     if (error == SSL_ERROR_WANT_READ) {
       connection->write_wants_read = true;
+      event_del(connection->writable);  // the client's bytes, not room, let it go on
       event_add(connection->readable, nullptr);
       return;
     }
@@ -636,6 +648,7 @@ void HttpExchange::Loop::TlsFlush(Connection* connection) {
     Fail(connection, /*reset=*/true);  // the client is gone, or its handshake failed
     return;
   }
+  connection->write_wants_read = false;
   event_del(connection->writable);
   Written(connection);
 }

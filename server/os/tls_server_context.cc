@@ -63,7 +63,14 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> TlsServerContext::Load() const {
     return absl::InternalError(absl::StrCat("cannot make a TLS context: ", OpenSslErrors()));
   SSL_CTX* raw = context.get();
   SSL_CTX_set_min_proto_version(raw, TLS1_2_VERSION);
-  SSL_CTX_set_options(raw, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // A client that closes without close_notify (most HTTP clients between requests) has said
+  // goodbye, not failed.
+  SSL_CTX_set_options(raw, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+                               SSL_OP_IGNORE_UNEXPECTED_EOF);
+  // Resumed sessions (tickets) need a context id when client certificates are verified: without
+  // one OpenSSL fails every resumption.
+  static constexpr unsigned char kSessionContext[] = "sluice-http";
+  SSL_CTX_set_session_id_context(raw, kSessionContext, sizeof(kSessionContext) - 1);
   // Writes resume with the rest of a buffer whose front may have been written (partial writes);
   // the buffer does not move while it waits.
   SSL_CTX_set_mode(raw, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);

@@ -65,6 +65,14 @@ def repository(tmp_path_factory):
         'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
     torch.jit.script(Double()).save(str(root / "double" / "1" / "model.pt"))
+    # The same model on 1 MiB tensors: requests and answers of many TLS records.
+    os.makedirs(root / "double_large" / "1")
+    (root / "double_large" / "config.pbtxt").write_text(
+        'max_batch_size: 0\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 262144 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 262144 ] } ]\n'
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+    torch.jit.script(Double()).save(str(root / "double_large" / "1" / "model.pt"))
     return root
 
 
@@ -349,6 +357,57 @@ def test_mutual_tls_on_the_http_port_needs_a_client_certificate_from_the_ca(mutu
                           capture_output=True, text=True, timeout=30)
     assert curl.stdout == "200", curl.stdout + curl.stderr
     assert https_get(mutual_server, certs, client="client")[0] == 200
+
+
+def test_https_carries_large_bodies_and_answers_on_kept_alive_and_resumed_connections(repository, certs,
+                                                                                    tmp_path_factory):
+    import http.client as httplib
+    import socket
+    import ssl
+    import tritonclient.http as httpclient
+    server = start_server(repository, tmp_path_factory, tls_args(certs, mutual=True),
+                          credentials=credentials(certs, client="client"))
+    try:
+        # 1 MiB in and out, three times on one kept-alive connection (binary tensors).
+        client = httpclient.InferenceServerClient(
+            f"127.0.0.1:{server.http_port}", ssl=True, concurrency=1,
+            ssl_options={"ca_certs": certs["ca"] + ".pem", "certfile": certs["client"] + ".pem",
+                         "keyfile": certs["client"] + ".key"})
+        for step in range(3):
+            values = np.arange(262144, dtype=np.float32) + step
+            tensor = httpclient.InferInput("INPUT__0", [262144], "FP32")
+            tensor.set_data_from_numpy(values, binary_data=True)
+            result = client.infer("double_large", [tensor],
+                                  outputs=[httpclient.InferRequestedOutput("OUTPUT__0", binary_data=True)])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), values * 2)
+        client.close()
+        # A resumed TLS session (a ticket from the first connection) under mutual TLS.
+        context = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+        context.load_cert_chain(certs["client"] + ".pem", certs["client"] + ".key")
+        context.maximum_version = ssl.TLSVersion.TLSv1_2  # a session to resume right after the handshake
+
+        def get(session=None):
+            with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as raw:
+                with context.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+                    tls.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    answer = b""
+                    while chunk := tls.recv(4096):
+                        answer += chunk
+                    return answer.split(b" ", 2)[1], tls.session, tls.session_reused
+        status, session, _ = get()
+        assert status == b"200"
+        status, _, reused = get(session)
+        assert status == b"200" and reused
+        # Clients that close without close_notify (Python's, tritonclient's) said goodbye: no
+        # refusal is logged for them.
+        connection = httplib.HTTPSConnection("127.0.0.1", server.http_port, timeout=10, context=context)
+        connection.request("GET", "/v2/health/live")
+        assert connection.getresponse().status == 200
+        connection.close()
+        time.sleep(0.2)
+        assert "http_tls_refused" not in server.log()
+    finally:
+        assert server.stop() == 0, server.log()
 
 
 def test_http_can_still_be_turned_off_beside_tls(repository, certs, tmp_path_factory):

@@ -74,6 +74,15 @@ TEST(IpNetworkTest, ContainsAddressesUnderItsPrefixOnly) {
   EXPECT_FALSE(ula.Contains(*IpAddress::Parse("10.0.0.1")));
 }
 
+TEST(IpNetworkTest, TheNetworkOfAnAddressKeepsItsPrefixBits) {
+  EXPECT_EQ(IpNetwork::Of(*IpAddress::Parse("2001:db8:1:2:aaaa::7"), 64).ToString(),
+            "2001:db8:1:2::/64");
+  EXPECT_EQ(IpNetwork::Of(*IpAddress::Parse("10.1.2.3"), 24).ToString(), "10.1.2.0/24");
+  EXPECT_EQ(IpNetwork::Of(*IpAddress::Parse("10.1.2.3"), 64).ToString(), "10.1.2.3/32");
+  EXPECT_TRUE(
+      IpNetwork::Of(*IpAddress::Parse("fd00::1"), 64).Contains(*IpAddress::Parse("fd00::2")));
+}
+
 TEST(IpNetworkTest, RefusesWhatIsNoNetworkNamingIt) {
   for (const char* bad : {"10.0.0.0/33", "::/129", "10.0.0.0/", "10.0.0.0/-1", "10.0.0.0/8x",
                           "example.com/8", "/8", ""}) {
