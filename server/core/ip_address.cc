@@ -11,17 +11,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
+#include "server/core/percent_decode.h"
+
 namespace sluice {
 namespace {
 
 constexpr uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 }  // namespace
 
@@ -68,18 +63,9 @@ std::optional<IpAddress> IpAddress::FromSockaddr(const sockaddr* address, sockle
 std::optional<IpAddress> IpAddress::FromGrpcPeer(absl::string_view peer) {
   if (!absl::ConsumePrefix(&peer, "ipv4:") && !absl::ConsumePrefix(&peer, "ipv6:"))
     return std::nullopt;
-  std::string decoded;
-  decoded.reserve(peer.size());
-  for (size_t i = 0; i < peer.size(); ++i) {
-    if (peer[i] == '%' && i + 2 < peer.size() && HexDigit(peer[i + 1]) >= 0 &&
-        HexDigit(peer[i + 2]) >= 0) {
-      decoded.push_back(static_cast<char>(HexDigit(peer[i + 1]) * 16 + HexDigit(peer[i + 2])));
-      i += 2;
-    } else {
-      decoded.push_back(peer[i]);
-    }
-  }
-  absl::string_view host = decoded;
+  const std::optional<std::string> decoded = PercentDecode(peer);
+  if (!decoded) return std::nullopt;
+  absl::string_view host = *decoded;
   if (absl::ConsumePrefix(&host, "[")) {
     const size_t end = host.find(']');
     if (end == absl::string_view::npos) return std::nullopt;

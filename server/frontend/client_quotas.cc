@@ -78,6 +78,24 @@ struct ClientQuotas::Entry {
   }
 };
 
+namespace {
+
+// A client's state with a full bucket, counted in `total_in_flight` while it holds tickets.
+std::unique_ptr<ClientQuotas::Entry> NewEntry(std::atomic<int64_t>* total_in_flight,
+                                              const std::string& client, const ClientQuota& quota,
+                                              bool kept, TimePoint now) {
+  auto entry = std::make_unique<ClientQuotas::Entry>();
+  entry->total_in_flight = total_in_flight;
+  entry->client = client;
+  entry->quota = quota;
+  entry->kept = kept;
+  entry->tokens = BurstOf(quota);
+  entry->refilled = now;
+  return entry;
+}
+
+}  // namespace
+
 StatusOr<ClientQuotaRule> ParseClientQuota(absl::string_view text) {
   const absl::string_view original = text;
   ClientQuotaRule rule;
@@ -166,19 +184,10 @@ StatusOr<std::unique_ptr<ClientQuotas>> ClientQuotas::Create(Options options) {
 ClientQuotas::ClientQuotas(Options options)
     : options_(std::move(options)), clock_(options_.clock ? options_.clock : &steady_) {
   const TimePoint now = clock_->Now();
-  auto make = [&](const std::string& client, const ClientQuota& quota) {
-    auto entry = std::make_unique<Entry>();
-    entry->total_in_flight = &in_flight_;
-    entry->client = client;
-    entry->quota = quota;
-    entry->kept = true;
-    entry->tokens = BurstOf(quota);
-    entry->refilled = now;
-    return entry;
-  };
   MutexLock lock(&mutex_);
-  for (const auto& [client, quota] : options_.clients) clients_[client] = make(client, quota);
-  overflow_ = make("", options_.quota);
+  for (const auto& [client, quota] : options_.clients)
+    clients_[client] = NewEntry(&in_flight_, client, quota, /*kept=*/true, now);
+  overflow_ = NewEntry(&in_flight_, "", options_.quota, /*kept=*/true, now);
 }
 
 ClientQuotas::~ClientQuotas() = default;
@@ -201,15 +210,9 @@ ClientQuotas::Entry* ClientQuotas::Find(const std::string& client, TimePoint now
     if (last_forget_ == TimePoint{} || now - last_forget_ >= kForgetInterval) Forget(now);
     if (clients_.size() >= limit) return overflow_.get();
   }
-  auto entry = std::make_unique<Entry>();
-  entry->total_in_flight = &in_flight_;
-  entry->client = client;
-  entry->quota = options_.quota;
-  entry->tokens = BurstOf(options_.quota);
-  entry->refilled = now;
-  Entry* raw = entry.get();
-  clients_.emplace(client, std::move(entry));
-  return raw;
+  return clients_
+      .emplace(client, NewEntry(&in_flight_, client, options_.quota, /*kept=*/false, now))
+      .first->second.get();
 }
 
 StatusOr<ClientQuotas::Ticket> ClientQuotas::Admit(const std::string& client) {

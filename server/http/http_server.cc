@@ -252,6 +252,9 @@ struct HttpExchange::Loop : std::enable_shared_from_this<HttpExchange::Loop> {
   // kPlaintextOnTls), and the writing half of Flush.
   ssize_t TlsRead(Connection* connection);
   static constexpr ssize_t kPlaintextOnTls = -2;  // TlsRead: a plaintext request arrived
+  // A reading TLS connection whose bytes OpenSSL has taken from the socket already (no socket
+  // event will tell of them) gets a turn of its own.
+  void ReadHeldTlsBytes(Connection* connection);
   void TlsFlush(Connection* connection);
   void Written(Connection* connection);
   // The client's end, seen while its request is handled: a reset cancels, a FIN does not.
@@ -524,9 +527,7 @@ void HttpExchange::Loop::Readable(Connection* connection) {
     const std::string pipelined = std::move(connection->pipelined);
     connection->pipelined.clear();
     Consume(connection, pipelined);
-    if (!connection->dead && connection->ssl != nullptr &&
-        connection->phase == Connection::Phase::kReading && SSL_has_pending(connection->ssl))
-      event_active(connection->readable, EV_READ, 0);
+    ReadHeldTlsBytes(connection);
     return;
   }
   while (connection->phase == Connection::Phase::kReading ||
@@ -563,13 +564,16 @@ void HttpExchange::Loop::Readable(Connection* connection) {
       return;  // the rest on the next turn, after the other connections'
     }
     Consume(connection, absl::string_view(read_buffer.data(), static_cast<size_t>(got)));
-    // A full buffer: more may be waiting, but give the other connections their turn. Bytes TLS
-    // has read from the socket already are no event of the socket's: a turn of their own.
-    if (!connection->dead && connection->ssl != nullptr &&
-        connection->phase == Connection::Phase::kReading && SSL_has_pending(connection->ssl))
-      event_active(connection->readable, EV_READ, 0);
+    // A full buffer: more may be waiting, but give the other connections their turn.
+    ReadHeldTlsBytes(connection);
     return;
   }
+}
+
+void HttpExchange::Loop::ReadHeldTlsBytes(Connection* connection) {
+  if (!connection->dead && connection->ssl != nullptr &&
+      connection->phase == Connection::Phase::kReading && SSL_has_pending(connection->ssl))
+    event_active(connection->readable, EV_READ, 0);
 }
 
 ssize_t HttpExchange::Loop::TlsRead(Connection* connection) {
@@ -603,10 +607,7 @@ ssize_t HttpExchange::Loop::TlsRead(Connection* connection) {
     ERR_clear_error();
     return kPlaintextOnTls;
   }
-  char reason[256] = "the connection failed";
-  if (error != 0) ERR_error_string_n(error, reason, sizeof(reason));
-  ERR_clear_error();
-  refusals.Warn("http_tls_refused", absl::StrCat("reason=\"", reason, "\""));
+  refusals.Warn("http_tls_refused", absl::StrCat("reason=\"", OpenSslErrors(), "\""));
   errno = ECONNRESET;
   return -1;
 }
@@ -894,9 +895,11 @@ void HttpExchange::Loop::Written(Connection* connection) {
       ArmTimer(connection);
       // Bytes already read behind the answered request: from the loop's next turn, not from
       // inside this (which may be inside a handler).
-      if (!connection->pipelined.empty() ||
-          (connection->ssl != nullptr && SSL_has_pending(connection->ssl)))
+      if (!connection->pipelined.empty()) {
         event_active(connection->readable, EV_READ, 0);
+      } else {
+        ReadHeldTlsBytes(connection);
+      }
       return;
     case Connection::Phase::kClosing:
       // The answer is out; what the client still sends is read and dropped until it closes (or

@@ -11,6 +11,7 @@
 
 #include "server/core/logging.h"
 #include "server/core/message_text.h"
+#include "server/core/percent_decode.h"
 #include "server/core/retry_after.h"
 #include "server/frontend/inference_path.h"
 #include "server/frontend/model_queries.h"
@@ -49,28 +50,6 @@ void RespondStatus(HttpResponder& responder, const Status& status) {
 void RespondCondition(HttpResponder& responder, absl::string_view key, bool holds,
                       absl::string_view model = "") {
   RespondJson(responder, holds ? 200 : 400, ConditionJson(key, holds, model));
-}
-
-// A path segment with its %XX escapes decoded; nullopt when an escape is malformed.
-std::optional<std::string> PercentDecode(absl::string_view segment) {
-  std::string decoded;
-  decoded.reserve(segment.size());
-  for (size_t i = 0; i < segment.size(); ++i) {
-    if (segment[i] != '%') {
-      decoded.push_back(segment[i]);
-      continue;
-    }
-    if (i + 2 >= segment.size() || !absl::ascii_isxdigit(segment[i + 1]) ||
-        !absl::ascii_isxdigit(segment[i + 2])) {
-      return std::nullopt;
-    }
-    auto digit = [](char c) {
-      return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
-    };
-    decoded.push_back(static_cast<char>(digit(segment[i + 1]) * 16 + digit(segment[i + 2])));
-    i += 2;
-  }
-  return decoded;
 }
 
 // FP16 and BF16 have no JSON form: an output of those types must be asked for as binary (or as

@@ -12,9 +12,7 @@
 #include "spdlog/spdlog.h"
 
 namespace sluice {
-namespace {
 
-// OpenSSL's queued errors as one line (and the queue emptied).
 std::string OpenSslErrors() {
   std::string text;
   while (const unsigned long code = ERR_get_error()) {
@@ -25,8 +23,6 @@ std::string OpenSslErrors() {
   }
   return text.empty() ? std::string("no reason given") : text;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TlsServerContext>> TlsServerContext::Create(Options options) {
   std::unique_ptr<TlsServerContext> tls(new TlsServerContext(std::move(options)));

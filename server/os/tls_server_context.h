@@ -66,6 +66,10 @@ class TlsServerContext {
   int64_t reloads_ = 0;
 };
 
+// This thread's queued OpenSSL errors as one line ("no reason given" when none), emptying the
+// queue.
+std::string OpenSslErrors();
+
 // The subject of the certificate `ssl`'s peer presented and the handshake verified, in RFC 2253
 // form ("CN=client,O=Acme", as gRPC names it); empty when there is none.
 std::string PeerCertificateSubject(const SSL* ssl);

@@ -58,21 +58,15 @@ def certs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("tls_repository")
-    os.makedirs(root / "double" / "1")
-    (root / "double" / "config.pbtxt").write_text(
-        'max_batch_size: 4\n'
-        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
-    torch.jit.script(Double()).save(str(root / "double" / "1" / "model.pt"))
-    # The same model on 1 MiB tensors: requests and answers of many TLS records.
-    os.makedirs(root / "double_large" / "1")
-    (root / "double_large" / "config.pbtxt").write_text(
-        'max_batch_size: 0\n'
-        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 262144 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 262144 ] } ]\n'
-        'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
-    torch.jit.script(Double()).save(str(root / "double_large" / "1" / "model.pt"))
+    # "double", and the same model on 1 MiB tensors (requests and answers of many TLS records).
+    for name, batch, width in (("double", 4, 2), ("double_large", 0, 262144)):
+        os.makedirs(root / name / "1")
+        (root / name / "config.pbtxt").write_text(
+            f'max_batch_size: {batch}\n'
+            f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {width} ] }} ]\n'
+            'instance_group [ { kind: KIND_CPU count: 1 } ]\n')
+        torch.jit.script(Double()).save(str(root / name / "1" / "model.pt"))
     return root
 
 
