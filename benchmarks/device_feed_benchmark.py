@@ -5,6 +5,7 @@ machine without a GPU.
 
     .venv/bin/python benchmarks/device_feed_benchmark.py [--smoke] [--json out.json]
         [--time-scale 4] [--concurrency 1,8,16,32,64,128] [--instances 1,2]
+        [--stage-ahead off,on --repetitions 6]
 
 The device is the operator library sluice_sim_device.so (benchmarks/sim_device): one compute
 engine shared by the process, two copy engines, a stream per instance. A forward of `rows` holds
@@ -35,6 +36,11 @@ real rows, and at 64 clients the server reached 0.44 of the device's best. The J
 the simulation reproduces it (c=8: 2.5-5.5 real rows a batch; c=64 over gRPC with one instance:
 0.4-0.6 of best).
 
+--stage-ahead off,on serves the model both ways (sluice.stage_ahead: a full batch assembled while
+the batch before it runs) and --repetitions N repeats every setting N times, the settings taking
+turns, one server each; with either, a table of medians over the repetitions follows (an A/B in
+one run). Off is the server's path without staging ahead.
+
 Prints a table and writes JSON. --smoke runs a tiny version (the test command runs it so the
 script keeps working); its numbers mean nothing.
 """
@@ -49,7 +55,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import perf_analyzer as harness_perf_analyzer  # noqa: E402
 from harness.process import cpu_seconds  # noqa: E402
-from harness.bench import model_stats, pinning, serve, write_json  # noqa: E402
+from harness.bench import model_stats, pinning, start_server, write_json  # noqa: E402
+from harness.server import FREE  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts", "gpu_kit"))
+import kitlib  # noqa: E402  (the batch cycle from /metrics, read as the GPU kit reads it)
 
 H200 = {"launch_us": 2600.0, "d0_us": 1000.0, "d1_us": 94.0, "gbps": 50.0}
 MAX_BATCH = 64
@@ -64,7 +74,7 @@ def device_params(scale):
             "d1_us": H200["d1_us"] * scale, "gbps": H200["gbps"] / scale}
 
 
-def write_models(root, library, params, row_elements, width, instances, launch_spin):
+def write_models(root, library, params, row_elements, width, instances, launch_spin, stage_ahead):
     """The simulated model (`sim`) and `sim_stats`, whose answer is the device's counters."""
     import torch
     torch.ops.load_library(library)
@@ -96,6 +106,7 @@ input [ {{ name: "INPUT__0" data_type: TYPE_FP16 dims: [ {row_elements} ] }} ]
 output [ {{ name: "OUTPUT__0" data_type: TYPE_FP16 dims: [ {width} ] }} ]
 dynamic_batching {{ preferred_batch_size: [ {preferred} ] }}
 parameters {{ key: "sluice.pad_batch_to_preferred" value {{ string_value: "true" }} }}
+parameters {{ key: "sluice.stage_ahead" value {{ string_value: "{str(stage_ahead).lower()}" }} }}
 instance_group [ {{ kind: KIND_CPU count: {instances} }} ]
 """)
     os.makedirs(os.path.join(root, "sim_stats", "1"))
@@ -119,7 +130,9 @@ def device_stats(url):
     return dict(zip(STATS, (int(v) for v in values)))
 
 
-def level(url, pid, concurrency, transport, workdir, params, smoke, prefix):
+def level(server, concurrency, transport, workdir, params, smoke, prefix):
+    url, pid = server.url, server.process.pid
+    cycle_before = kitlib.batch_cycle(server.metrics_text(), "sim")
     stats_before, device_before = model_stats(url, "sim"), device_stats(url)
     cpu_before = cpu_seconds(pid)
     extra = ["--shared-memory", "system"] if transport == "shm" else []
@@ -128,6 +141,7 @@ def level(url, pid, concurrency, transport, workdir, params, smoke, prefix):
                                     smoke=smoke, interval_ms=1500, prefix=prefix, extra=extra)
     cpu = cpu_seconds(pid) - cpu_before
     stats_after, device_after = model_stats(url, "sim"), device_stats(url)
+    cycle_after = kitlib.batch_cycle(server.metrics_text(), "sim")
     device = {k: device_after[k] - device_before[k] for k in STATS}
     wall_s = device["now_ns"] / 1e9
     real_rows = stats_after.inference_count - stats_before.inference_count
@@ -151,14 +165,18 @@ def level(url, pid, concurrency, transport, workdir, params, smoke, prefix):
         "forward_at_formed_us": round(forward_us, 1), "p99_over_forward": round(p99_us / forward_us, 2),
         "server_cpu_us_per_request": round(cpu * 1e6 / max(real_rows, 1), 1),
         "h2d_held": round(device["h2d_busy_ns"] / max(device["now_ns"], 1), 4),
+        # Per batch, from sluice_batch_phase_seconds_total: the host phases (us) and the share
+        # staged ahead, as the GPU kit's 50_throughput reports them.
+        "cycle": {key: round(value, 3) for key, value in
+                  kitlib.cycle_report(cycle_after, cycle_before, executions).items()},
     }
 
 
 def pattern(levels):
-    """Whether the run shows the H200's pattern (one instance, over gRPC)."""
+    """Whether the run shows the H200's pattern (one instance, over gRPC, without staging ahead)."""
     found = {}
     for row in levels:
-        if row["instances"] == 1 and row["transport"] == "grpc":
+        if row["instances"] == 1 and row["transport"] == "grpc" and not row["stage_ahead"]:
             if row["concurrency"] == 8:
                 found["c8_real_rows_per_batch"] = row["real_rows_per_batch"]
             if row["concurrency"] == 64:
@@ -167,6 +185,38 @@ def pattern(levels):
                      "holds": found.get(name) is not None and bounds[0] <= found[name] <= bounds[1]}
               for name, bounds in PATTERN.items()}
     return {"checks": checks, "reproduced": all(check["holds"] for check in checks.values())}
+
+
+def medians(levels):
+    """Per instances, transport, concurrency and setting: the median of each figure over the
+    repetitions, and with both settings run, on's median rows/s over off's ("vs_off") and in how
+    many repetitions on beat the best off ("on_above_every_off")."""
+    keys = sorted({(r["instances"], r["transport"], r["concurrency"], r["stage_ahead"]) for r in levels})
+    out = []
+    for instances, transport, concurrency, stage in keys:
+        rows = [r for r in levels if (r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
+                == (instances, transport, concurrency, stage)]
+        entry = {"instances": instances, "transport": transport, "concurrency": concurrency, "stage_ahead": stage,
+                 "repetitions": len(rows)}
+        for figure in ("rows_per_s", "of_best", "held", "padding", "real_rows_per_batch", "p99_us",
+                       "p99_over_forward", "server_cpu_us_per_request"):
+            entry[figure] = round(float(np.median([r[figure] for r in rows])), 3)
+        out.append(entry)
+    for entry in out:
+        if not entry["stage_ahead"]:
+            continue
+        off = [e for e in out if not e["stage_ahead"] and (e["instances"], e["transport"], e["concurrency"])
+               == (entry["instances"], entry["transport"], entry["concurrency"])]
+        if off and off[0]["rows_per_s"] > 0:
+            entry["vs_off"] = round(entry["rows_per_s"] / off[0]["rows_per_s"], 3)
+            best_off = max(r["rows_per_s"] for r in levels if not r["stage_ahead"] and
+                           (r["instances"], r["transport"], r["concurrency"])
+                           == (entry["instances"], entry["transport"], entry["concurrency"]))
+            entry["on_above_every_off"] = sum(
+                1 for r in levels if r["stage_ahead"] and r["rows_per_s"] > best_off and
+                (r["instances"], r["transport"], r["concurrency"])
+                == (entry["instances"], entry["transport"], entry["concurrency"]))
+    return out
 
 
 def main():
@@ -182,6 +232,10 @@ def main():
                         help="FP16 elements per input row (default: a ResNet-50 image, 301 KB)")
     parser.add_argument("--width", type=int, default=1000, help="FP16 elements per output row")
     parser.add_argument("--launch-spin", action="store_true")
+    parser.add_argument("--stage-ahead", default="off",
+                        help="off, on, or off,on: serve the model with sluice.stage_ahead so (default off)")
+    parser.add_argument("--repetitions", type=int, default=1,
+                        help="run every setting this many times, the settings taking turns (default 1)")
     parser.add_argument("--no-pin", action="store_true")
     args = parser.parse_args()
     library = os.path.join(os.path.dirname(os.path.abspath(args.bin_dir)), "lib", "libsluice_sim_device.so")
@@ -192,26 +246,42 @@ def main():
     row_elements = 512 if args.smoke else args.row_elements
     instance_counts = [1] if args.smoke else [int(n) for n in args.instances.split(",")]
     transports = args.transports.split(",")
+    stages = []
+    for word in args.stage_ahead.split(","):
+        if word not in ("off", "on"):
+            sys.exit(f"--stage-ahead takes off, on or off,on; found {word!r}")
+        stages.append(word == "on")
+    repetitions = 1 if args.smoke else max(1, args.repetitions)
     (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
     levels = []
     with tempfile.TemporaryDirectory() as workdir:
-        for instances in instance_counts:
-            root = os.path.join(workdir, f"models_{instances}")
-            write_models(root, library, params, row_elements, args.width, instances, args.launch_spin)
-            process, url = serve(args.bin_dir, root, ["--operator-library", library, "--allow-client-shm=true",
-                                                      "--client-shm-keys=*"], prefix=server_prefix, timeout=120)
+        runs = [(repetition, stage, instances) for repetition in range(repetitions) for stage in stages
+                for instances in instance_counts]
+        for repetition, stage, instances in runs:
+            root = os.path.join(workdir, f"models_{repetition}_{int(stage)}_{instances}")
+            write_models(root, library, params, row_elements, args.width, instances, args.launch_spin, stage)
+            server = start_server(args.bin_dir, root, ["--operator-library", library, "--allow-client-shm=true",
+                                                       "--client-shm-keys=*"], prefix=server_prefix, timeout=120,
+                                  metrics_port=FREE)
+            process = server.process
             try:
                 for transport in transports:
                     for concurrency in concurrencies:
-                        row = level(url, process.pid, concurrency, transport, workdir, params, args.smoke,
-                                    client_prefix)
+                        row = level(server, concurrency, transport, workdir, params, args.smoke, client_prefix)
                         row["instances"] = instances
+                        row["stage_ahead"] = stage
+                        row["repetition"] = repetition
                         levels.append(row)
-                        print(f"instances {instances} {transport:4} c={concurrency:<4} {row['rows_per_s']:9.1f} rows/s "
+                        print(f"instances {instances} stage ahead {'on ' if stage else 'off'} {transport:4} "
+                              f"c={concurrency:<4} {row['rows_per_s']:9.1f} rows/s "
                               f"of best {row['of_best']:.3f} held {row['held']:.3f} padding {row['padding']:.3f} "
                               f"rows/batch {row['real_rows_per_batch']:.1f}/{row['computed_rows_per_batch']:.1f} "
                               f"p99 {row['p99_us']:.0f} us ({row['p99_over_forward']:.1f}x forward) "
                               f"cpu/req {row['server_cpu_us_per_request']:.0f} us", flush=True)
+                        cycle = row["cycle"]
+                        print("    cycle us: " + " ".join(f"{phase} {cycle[phase + '_us']:.0f}"
+                                                          for phase in kitlib.HOST_PHASES + ("assembly_ahead",))
+                              + f"; staged ahead {cycle['staged_ahead_share']:.2f} of batches", flush=True)
             finally:
                 process.terminate()
                 process.wait(timeout=60)
@@ -219,11 +289,12 @@ def main():
     print(f"\nSluice feeding a simulated device (H200 ResNet-50 FP16 costs x{args.time_scale:g}: "
           f"launch {params['launch_us']:.0f} us, d0 {params['d0_us']:.0f} us, d1 {params['d1_us']:.0f} us/row, "
           f"{params['gbps']:.1f} GB/s; best {best:.0f} rows/s at batch {MAX_BATCH}); {pin_note}")
-    header = ["inst", "transport", "c", "rows/s", "of best", "held", "padding", "real/batch", "computed/batch",
+    header = ["inst", "ahead", "transport", "c", "rows/s", "of best", "held", "padding", "real/batch", "computed/batch",
               "p99 us", "p99/forward", "cpu us/req"]
     print(" ".join(f"{h:>14}" for h in header))
     for row in levels:
-        print(" ".join(f"{v:>14}" for v in (row["instances"], row["transport"], row["concurrency"], row["rows_per_s"],
+        print(" ".join(f"{v:>14}" for v in (row["instances"], "on" if row["stage_ahead"] else "off",
+                                            row["transport"], row["concurrency"], row["rows_per_s"],
                                             row["of_best"], row["held"], row["padding"], row["real_rows_per_batch"],
                                             row["computed_rows_per_batch"], round(row["p99_us"]),
                                             row["p99_over_forward"], row["server_cpu_us_per_request"])))
@@ -231,7 +302,18 @@ def main():
               "device": {"h200": H200, "simulated": params, "launch_spin": args.launch_spin,
                          "max_batch_size": MAX_BATCH, "preferred_batch_sizes": list(PREFERRED),
                          "row_bytes": row_elements * 2, "answer_row_bytes": args.width * 2},
-              "pinning": pin_note, "levels": levels}
+              "pinning": pin_note, "repetitions": repetitions, "levels": levels}
+    if len(stages) > 1 or repetitions > 1:
+        report["medians"] = medians(levels)
+        print(f"\nMedians over {repetitions} repetition(s), settings taking turns:")
+        header = ["inst", "transport", "c", "ahead", "rows/s", "of best", "held", "p99/forward", "cpu us/req",
+                  "vs off"]
+        print(" ".join(f"{h:>12}" for h in header))
+        for row in report["medians"]:
+            print(" ".join(f"{v:>12}" for v in (row["instances"], row["transport"], row["concurrency"],
+                                                "on" if row["stage_ahead"] else "off", row["rows_per_s"],
+                                                row["of_best"], row["held"], row["p99_over_forward"],
+                                                row["server_cpu_us_per_request"], row.get("vs_off", ""))))
     if not args.smoke:
         report["h200_pattern"] = pattern(levels)
         checks = report["h200_pattern"]["checks"]

@@ -125,6 +125,10 @@ def batch_cycle(metrics_text, model):
               for phase in HOST_PHASES + DEVICE_PHASES}
     for kind in ("real", "padding"):
         totals[f"{kind}_rows"] = sum(metric_values(metrics_text, "sluice_batch_rows_total", model=model, kind=kind))
+    # Batches staged ahead (sluice.stage_ahead) and their assembly, done outside the cycle.
+    totals["assembly_ahead"] = sum(metric_values(metrics_text, "sluice_batch_phase_seconds_total", model=model,
+                                                 phase="assembly_ahead"))
+    totals["staged_ahead"] = sum(metric_values(metrics_text, "sluice_batches_staged_ahead_total", model=model))
     return totals
 
 
@@ -141,6 +145,8 @@ def cycle_report(after, before, executions):
         report[f"{phase}_us"] = delta[phase] / batches * 1e6
     for phase in HOST_PHASES:
         report[f"{phase}_share"] = delta[phase] / cycle if cycle > 0 else 0.0
+    report["staged_ahead_share"] = delta.get("staged_ahead", 0.0) / batches
+    report["assembly_ahead_us"] = delta.get("assembly_ahead", 0.0) / batches * 1e6
     return report
 
 

@@ -74,27 +74,50 @@ std::vector<PendingRequest> BatchFormer::TakeExpired(TimePoint now) {
   return queue_.TakeExpired(now, look);
 }
 
-std::optional<FormedBatch> BatchFormer::TakeReadyBatch(TimePoint now) {
+const std::string* BatchFormer::Choose(TimePoint now, bool full, size_t* take) const {
   const std::string* chosen = nullptr;
   const PendingRequest* chosen_front = nullptr;
-  size_t take = 0;
   for (const auto& [key, group] : queue_.groups()) {
-    const size_t prefix = policy_->ReadyPrefix(queue_, key, group, now);
+    const size_t prefix = full ? policy_->FullPrefix(queue_, key, group, now)
+                               : policy_->ReadyPrefix(queue_, key, group, now);
     if (prefix == 0) continue;
     const PendingRequest& first = group.queue.front();
     if (chosen == nullptr || first.rank < chosen_front->rank ||
         (first.rank == chosen_front->rank && first.enqueued < chosen_front->enqueued)) {
       chosen = &key;
       chosen_front = &first;
-      take = prefix;
+      *take = prefix;
     }
   }
-  if (chosen == nullptr) return std::nullopt;
-  const std::string key = *chosen;  // the group may go with its last request
+  return chosen;
+}
+
+std::optional<FormedBatch> BatchFormer::Take(const std::string& chosen, size_t take,
+                                             TimePoint now) {
+  const std::string key = chosen;  // the group may go with its last request
   FormedBatch batch = queue_.TakeFront(key, take);
   batch.padded_rows = policy_->PaddedRows(batch.rows);
   policy_->Formed(key, batch.padded_rows, now);
   return batch;
+}
+
+std::optional<FormedBatch> BatchFormer::TakeReadyBatch(TimePoint now) {
+  size_t take = 0;
+  const std::string* chosen = Choose(now, /*full=*/false, &take);
+  if (chosen == nullptr) return std::nullopt;
+  return Take(*chosen, take, now);
+}
+
+std::optional<FormedBatch> BatchFormer::TakeFullBatch(TimePoint now) {
+  size_t take = 0;
+  const std::string* chosen = Choose(now, /*full=*/true, &take);
+  if (chosen == nullptr) return std::nullopt;
+  return Take(*chosen, take, now);
+}
+
+bool BatchFormer::HasFullBatch(TimePoint now) const {
+  size_t take = 0;
+  return Choose(now, /*full=*/true, &take) != nullptr;
 }
 
 TimePoint BatchFormer::NextBatchTime() const {

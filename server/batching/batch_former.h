@@ -78,6 +78,14 @@ class BatchFormer {
   // first request, goes first. Groups never block each other.
   std::optional<FormedBatch> TakeReadyBatch(TimePoint now);
 
+  // The next batch no arrival could make larger (BatchPolicy::FullPrefix), chosen among such
+  // groups as TakeReadyBatch chooses; nullopt when none is full. For a batch staged ahead while
+  // every instance is busy.
+  std::optional<FormedBatch> TakeFullBatch(TimePoint now);
+  // Whether TakeFullBatch would return a batch now. Cheap while no group holds the largest batch
+  // size's rows (a look at each group's row count).
+  bool HasFullBatch(TimePoint now) const;
+
   // When a group next becomes ready by waiting, assuming nothing arrives; kNoDeadline when the
   // queue is empty. (A time in the past: a group is ready now.)
   TimePoint NextBatchTime() const;
@@ -111,6 +119,12 @@ class BatchFormer {
   size_t groups() const { return queue_.group_count(); }
 
  private:
+  // The group TakeReadyBatch (`full` false) or TakeFullBatch (`full` true) takes from, and how
+  // many requests; nullptr when none.
+  const std::string* Choose(TimePoint now, bool full, size_t* take) const;
+  // Takes `take` requests from the front of group `key` as a batch.
+  std::optional<FormedBatch> Take(const std::string& key, size_t take, TimePoint now);
+
   const PriorityLevels levels_;
   const std::unique_ptr<BatchPolicy> policy_;
   BatchQueue queue_;

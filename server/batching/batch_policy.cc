@@ -49,6 +49,15 @@ size_t DynamicBatchingPolicy::ReadyPrefix(const BatchQueue& queue, const std::st
   return Decide(group, prefix);
 }
 
+size_t DynamicBatchingPolicy::FullPrefix(const BatchQueue& queue, const std::string&,
+                                         const BatchQueue::Group& group, TimePoint now) const {
+  // Fewer rows than the largest size: every request fits, and an arrival could add to them.
+  if (group.rows < Largest()) return 0;
+  const Prefix prefix = Measure(queue, group, now);
+  if (prefix.fitting == 0) return 1;  // a request too large for any batch runs alone
+  return prefix.full ? Decide(group, prefix) : 0;
+}
+
 int64_t DynamicBatchingPolicy::PaddedRows(int64_t rows) const {
   if (!options_.pad_to_preferred) return rows;
   for (int size : options_.preferred_batch_sizes) {

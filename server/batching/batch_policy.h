@@ -54,6 +54,14 @@ class BatchPolicy {
   // instance is free and a batch is about to form.
   virtual std::vector<RefusedRequest> TakeRefused(BatchQueue& queue, TimePoint now,
                                                   bool forming) = 0;
+  // How many requests from the front of `group` form a batch that no arrival could make larger
+  // (the largest batch size is reached), for a batch staged ahead while every instance is busy
+  // (InstancePool::StageAhead); 0 while waiting could still change it, and always for a policy
+  // that decides by time (the default).
+  virtual size_t FullPrefix(const BatchQueue& /*queue*/, const std::string& /*key*/,
+                            const BatchQueue::Group& /*group*/, TimePoint /*now*/) const {
+    return 0;
+  }
   // A batch of group `key`, `padded_rows` rows, was handed to an instance at `now`.
   virtual void Formed(const std::string& key, int64_t padded_rows, TimePoint now) = 0;
 
@@ -102,6 +110,10 @@ class DynamicBatchingPolicy final : public BatchPolicy {
   void Arrived(TimePoint, int64_t) override {}  // it keeps no rate
   size_t ReadyPrefix(const BatchQueue& queue, const std::string& key,
                      const BatchQueue::Group& group, TimePoint now) const override;
+  // A group whose rows reach the largest batch size (or whose next request does not fit) has the
+  // batch it would form when an instance frees: the same prefix ReadyPrefix takes then.
+  size_t FullPrefix(const BatchQueue& queue, const std::string& key, const BatchQueue::Group& group,
+                    TimePoint now) const override;
   TimePoint ReadyAt(const BatchQueue& queue, const std::string&,
                     const BatchQueue::Group& group) const override {
     return queue.Oldest(group) + options_.max_queue_delay;

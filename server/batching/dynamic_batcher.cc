@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.batches = !options.queue.one_request_per_batch;
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   pool_options.costs = options.queue.costs;
+  pool_options.stage_ahead = options.stage_ahead;
   SLUICE_ASSIGN_OR_RETURN(
       batcher->pool_,
       InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));
@@ -90,8 +91,11 @@ void DynamicBatcher::Enqueue(std::unique_ptr<InferRequest> request, OutputSink* 
     // notification (or that wake-up) comes first: while every instance is busy, requests
     // gather without waking anyone. A batcher that is not waiting looks at the queue before it
     // waits again.
-    wake =
-        admitted.ok() && !here && (pool_->idle() > 0 || queue_.NextDeadline() < batcher_wakes_at_);
+    // With stage ahead, also when this arrival completed a batch of the largest size that an
+    // instance could stage now.
+    wake = admitted.ok() && !here &&
+           (pool_->idle() > 0 || queue_.NextDeadline() < batcher_wakes_at_ ||
+            (pool_->ahead_slots() > 0 && queue_.HasFullBatch(enqueued)));
     if (wake) ++arrival_signals_;
   }
   if (!admitted.ok()) {
@@ -179,6 +183,14 @@ void DynamicBatcher::BatcherLoop() {
         TakePlaces(*batch);
         // Under the lock, so that Stop cannot slip between taking the batch and handing it over.
         pool_->Run(*std::move(batch));
+        continue;
+      }
+    } else if (pool_->ahead_slots() > 0) {
+      // Every instance busy: only a batch no arrival could make larger is formed now.
+      queue_.DelayOverdue(now);
+      if (std::optional<FormedBatch> batch = queue_.TakeFullBatch(now)) {
+        TakePlaces(*batch);
+        pool_->StageAhead(*std::move(batch));
         continue;
       }
     }

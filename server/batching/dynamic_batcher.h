@@ -24,19 +24,20 @@
 namespace sluice {
 
 // Threads: one batcher thread forms batches, only when an instance is idle (so batches keep
-// growing while every instance is busy), and hands them to the pool. It is woken by an arrival
-// only when that arrival could change its plan (an instance idle, or an earlier deadline), by
-// the pool when an instance goes idle, and by its own timer. With SetCallerRuns, a request that
-// would run at once (nothing queued, an instance waiting, its batch ready by itself) runs on the
-// enqueuing thread instead, on a claimed instance: no thread is woken for it. Every request is
-// answered exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued), CANCELLED
-// (caller gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the model's error
-// (only the requests of the failing batch get it). With a latency target (BatchFormer::Options::
-// latency_target) the batcher learns batch costs (warm-up seeds them, the pool corrects them),
-// and a request that cannot be answered in time is refused at arrival or while queued
-// (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see LatencyTargetPolicy).
-// With preserve_ordering, answers leave in the order the requests were taken into batches
-// (ResponseOrder); requests answered without running leave at once.
+// growing while every instance is busy), and hands them to the pool; with stage_ahead, also a
+// batch of the largest size while every instance is busy, staged behind a running batch. It is
+// woken by an arrival only when that arrival could change its plan (an instance idle, or an earlier
+// deadline), by the pool when an instance goes idle, and by its own timer. With SetCallerRuns, a
+// request that would run at once (nothing queued, an instance waiting, its batch ready by itself)
+// runs on the enqueuing thread instead, on a claimed instance: no thread is woken for it. Every
+// request is answered exactly once: with its outputs, or DEADLINE_EXCEEDED (expired while queued),
+// CANCELLED (caller gone while queued), UNAVAILABLE (a cap reached, or shutting down), or the
+// model's error (only the requests of the failing batch get it). With a latency target
+// (BatchFormer::Options:: latency_target) the batcher learns batch costs (warm-up seeds them, the
+// pool corrects them), and a request that cannot be answered in time is refused at arrival or while
+// queued (UNAVAILABLE for the target, DEADLINE_EXCEEDED for its own deadline; see
+// LatencyTargetPolicy). With preserve_ordering, answers leave in the order the requests were taken
+// into batches (ResponseOrder); requests answered without running leave at once.
 class DynamicBatcher final : public Scheduler, public QueueSharing {
  public:
   struct Options {
@@ -45,6 +46,10 @@ class DynamicBatcher final : public Scheduler, public QueueSharing {
     std::shared_ptr<ModelStats> stats;            // may be null
     std::function<void(const Status&)> on_fatal;  // a fatal (sticky device) error; may be null
     bool warm_up_one_at_a_time = false;           // see InstancePool::Options
+    // sluice.stage_ahead: while every instance is busy, a batch that waiting could not make
+    // larger (BatchFormer::TakeFullBatch) is formed at once and staged behind a running one
+    // (InstancePool::StageAhead), so that its assembly overlaps the running forward pass.
+    bool stage_ahead = false;
   };
 
   // Whether the batcher thread of a queue with these options runs as the front ends do

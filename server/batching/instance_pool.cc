@@ -69,8 +69,14 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
   assigned_.resize(instances_.size());
   waiting_.assign(instances_.size(), 0);
   claimed_.assign(instances_.size(), 0);
+  running_.assign(instances_.size(), 0);
+  staged_.resize(instances_.size());
   for (size_t i = 0; i < instances_.size(); ++i)
     workers_.emplace_back([this, i] { WorkerLoop(i); });
+  if (options_.stage_ahead) {
+    for (size_t i = 0; i < instances_.size(); ++i)
+      stagers_.emplace_back([this, i] { StagerLoop(i); });
+  }
 }
 
 InstancePool::~InstancePool() { Stop(); }
@@ -99,6 +105,72 @@ void InstancePool::RunOn(size_t instance, FormedBatch batch) {
     }
   }
   Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
+}
+
+void InstancePool::StageAhead(FormedBatch batch) {
+  {
+    MutexLock lock(&mutex_);
+    if (!stopping_) {
+      for (size_t i = 0; options_.stage_ahead && i < instances_.size(); ++i) {
+        if (!running_[i] || staged_[i].state != Staged::State::kEmpty) continue;
+        staged_[i].state = Staged::State::kQueued;
+        staged_[i].batch = std::move(batch);
+        ahead_slots_.fetch_sub(1, std::memory_order_acq_rel);
+        instances_[i]->stage.Signal();
+        return;
+      }
+      // The instance that had room went idle meanwhile: an ordinary hand-over.
+      idle_.fetch_sub(1, std::memory_order_acq_rel);
+      ready_.push_back(std::move(batch));
+      WakeOne();
+      return;
+    }
+  }
+  Fail(batch.requests, ShutdownStatus(), /*ran=*/false);
+}
+
+void InstancePool::StagerLoop(size_t index) {
+  NameThisThread("sluice-stager-" + std::to_string(index));
+  RunThisThreadAsModelWork();
+  (void)RunThisThreadOnModelCpus();  // the worker already said so if it cannot
+  Instance* const instance = instances_[index].get();
+  MutexLock lock(&mutex_);
+  for (;;) {
+    while (!stopping_ && staged_[index].state != Staged::State::kQueued)
+      instance->stage.Wait(&mutex_);
+    // Stopping: a batch still queued is assembled all the same (the worker runs it).
+    if (staged_[index].state != Staged::State::kQueued) return;
+    staged_[index].state = Staged::State::kAssembling;
+    FormedBatch batch = std::move(staged_[index].batch);
+    lock.Unlock();
+    const TimePoint started = options_.clock->Now();
+    // As RunBatch decides: a lone request that needs no padding runs on its own bytes.
+    const bool assembles = !(batch.requests.size() == 1 && batch.padded_rows == batch.rows);
+    InferRequest assembled;
+    if (assembles) assembled = AssembleBatch(spec_, batch, instance->spare.get());
+    const Duration took = options_.clock->Now() - started;
+    lock.Lock();
+    Staged& staged = staged_[index];
+    staged.batch = std::move(batch);
+    staged.assembled = std::move(assembled);
+    staged.assembles = assembles;
+    staged.assembly = took;
+    staged.state = Staged::State::kReady;
+    instance->staged.Signal();
+  }
+}
+
+std::optional<InstancePool::Staged> InstancePool::TakeStaged(size_t index) {
+  Instance* const instance = instances_[index].get();
+  Staged& staged = staged_[index];
+  while (staged.state == Staged::State::kAssembling) instance->staged.Wait(&mutex_);
+  if (staged.state == Staged::State::kEmpty) return std::nullopt;
+  // kQueued: the stager has not started; the worker assembles it itself, as any batch.
+  if (staged.state == Staged::State::kReady) std::swap(instance->staging, instance->spare);
+  Staged taken = std::move(staged);
+  staged = Staged();
+  ahead_slots_.fetch_add(1, std::memory_order_acq_rel);
+  return taken;
 }
 
 bool InstancePool::HasWork(size_t index) const {
@@ -203,8 +275,8 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
               TimePoint assembled_at, infer_done;
               // Where requests never run together they run on their own bytes: so does warm-up.
               const bool assemble = spec_.batches() && options_.batches;
-              Status status = Execute(instance, batch, assemble, absl::MakeConstSpan(&target, 1),
-                                      &assembled_at, &infer_done);
+              Status status = Execute(instance, batch, assemble, /*assembled=*/nullptr,
+                                      absl::MakeConstSpan(&target, 1), &assembled_at, &infer_done);
               if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
               // Captures count wherever they happen; warm-up's replays are not served batches.
               if (status.ok() && options_.stats &&
@@ -221,13 +293,19 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
 }
 
 Status InstancePool::Execute(Instance* instance, const FormedBatch& batch, bool assemble,
-                             absl::Span<const OutputTarget> targets, TimePoint* assembled_at,
-                             TimePoint* infer_done) {
-  InferRequest assembled;
-  if (assemble) assembled = AssembleBatch(spec_, batch, &instance->staging);
+                             const InferRequest* assembled, absl::Span<const OutputTarget> targets,
+                             TimePoint* assembled_at, TimePoint* infer_done) {
+  InferRequest assembled_here;
+  const InferRequest* run = batch.requests[0].request.get();
+  if (assemble) {
+    if (assembled == nullptr) {
+      assembled_here = AssembleBatch(spec_, batch, instance->staging.get());
+      assembled = &assembled_here;
+    }
+    run = assembled;
+  }
   *assembled_at = options_.clock->Now();
-  Status status =
-      instance->backend->Execute(assemble ? assembled : *batch.requests[0].request, targets);
+  Status status = instance->backend->Execute(*run, targets);
   if (*infer_done == TimePoint{}) *infer_done = options_.clock->Now();
   return status;
 }
@@ -263,8 +341,28 @@ void InstancePool::WorkerLoop(size_t index) {
       std::deque<FormedBatch>& queue = assigned_[index].empty() ? ready_ : assigned_[index];
       FormedBatch batch = std::move(queue.front());
       queue.pop_front();
-      lock.Unlock();
-      RunBatch(instance, std::move(batch));
+      if (!options_.stage_ahead) {
+        lock.Unlock();
+        RunBatch(instance, std::move(batch));
+      } else {
+        running_[index] = 1;
+        ahead_slots_.fetch_add(1, std::memory_order_acq_rel);
+        lock.Unlock();
+        RunBatch(instance, std::move(batch));
+        lock.Lock();
+        // What was staged behind it runs now: the instance does not go idle in between.
+        while (std::optional<Staged> staged = TakeStaged(index)) {
+          lock.Unlock();
+          // The batch ended (the scheduler counts on one call per batch), and its slot is free.
+          if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
+          FormedBatch next = std::move(staged->batch);
+          RunBatch(instance, std::move(next), &*staged);
+          lock.Lock();
+        }
+        running_[index] = 0;
+        ahead_slots_.fetch_sub(1, std::memory_order_acq_rel);
+        lock.Unlock();
+      }
       idle_.fetch_add(1, std::memory_order_acq_rel);
       if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
     }
@@ -272,7 +370,7 @@ void InstancePool::WorkerLoop(size_t index) {
   }
 }
 
-void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
+void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* staged) {
   const TimePoint started = options_.clock->Now();
   // The instance's idle time since its previous batch (warm-up before the first is not counted).
   const Duration idle =
@@ -302,7 +400,12 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
         {pending.request->batch_size, &pending.request->requested_outputs, &sinks.back()});
   }
   TimePoint assembled_at;
-  Status status = Execute(instance, batch, !alone, targets, &assembled_at, &infer_done);
+  // A batch the stager assembled runs on its assembly; one the worker took over before the stager
+  // started is assembled here, as any batch.
+  const bool assembled_ahead = staged != nullptr && staged->state == Staged::State::kReady;
+  const InferRequest* assembled =
+      assembled_ahead && staged->assembles ? &staged->assembled : nullptr;
+  Status status = Execute(instance, batch, !alone, assembled, targets, &assembled_at, &infer_done);
   const TimePoint delivered_at = options_.clock->Now();
   TraceRun(*instance, batch, status, started, infer_done, delivered_at);
   if (!status.ok()) {
@@ -358,6 +461,10 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
     BatchPhases phases;
     phases.idle = idle;
     phases.assembly = input;
+    if (assembled_ahead) {
+      phases.assembly_ahead = staged->assembly;
+      phases.staged_ahead = true;
+    }
     phases.execute = infer;
     phases.device = instance->backend->LastPhases();
     phases.scatter = output;
@@ -398,17 +505,25 @@ void InstancePool::Stop() {
   {
     MutexLock lock(&mutex_);
     stopping_ = true;
-    for (size_t i = 0; i < instances_.size(); ++i) Wake(i);
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Wake(i);
+      instances_[i]->stage.Signal();
+    }
     while (claims_ > 0) claims_cv_.Wait(&mutex_);
   }
   for (std::thread& worker : workers_) {
     if (worker.joinable()) worker.join();
   }
+  for (std::thread& stager : stagers_) {
+    if (stager.joinable()) stager.join();
+  }
 }
 
 size_t InstancePool::StagingAllocations() const {
+  MutexLock lock(&mutex_);  // a worker swaps its two sets under it
   size_t total = 0;
-  for (const auto& instance : instances_) total += instance->staging.allocations();
+  for (const auto& instance : instances_)
+    total += instance->staging->allocations() + instance->spare->allocations();
   return total;
 }
 

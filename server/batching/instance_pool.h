@@ -52,6 +52,10 @@ class InstancePool {
     // Latency target models: every batch's execution time (assembly, forward, delivery) is
     // recorded here per instance, for the batch's shape group (BatchQueue::GroupKey). May be null.
     std::shared_ptr<BatchCostModel> costs;
+    // Stage ahead (sluice.stage_ahead): each instance gets a second set of staging buffers and a
+    // stager thread, so that a batch handed over with StageAhead while the instance runs is
+    // assembled meanwhile and starts the moment the running batch ends. Off: StageAhead is Run.
+    bool stage_ahead = false;
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
@@ -71,6 +75,18 @@ class InstancePool {
   // The same on instance number `instance` (< size()), after the batches already given to it: a
   // scheduler that binds requests to instances (SequenceBatcher) tracks itself which are free.
   void RunOn(size_t instance, FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Instances running a batch with nothing staged behind them: how many batches StageAhead can
+  // place now (0 without Options::stage_ahead).
+  int ahead_slots() const { return ahead_slots_.load(std::memory_order_acquire); }
+  // Hands `batch` to an instance that runs a batch and has nothing staged behind it: its stager
+  // thread assembles it in the instance's second staging buffers while the running batch goes on
+  // (or its worker does, if it ends first), and the worker runs it as soon as the running batch
+  // ends (answers the finished batch first). Meant for batches that waiting could not make larger
+  // (BatchFormer::TakeFullBatch): a scheduler calls it while idle() is 0 and ahead_slots() is
+  // positive. Where no instance has a free slot any more (the one that had it went idle), it is
+  // Run.
+  void StageAhead(FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // An instance whose worker waits with nothing to do, taken away from its worker (which runs
   // nothing until the claim ends) for the caller to run one batch on its own thread with
@@ -105,24 +121,57 @@ class InstancePool {
  private:
   struct Instance {
     Instance(size_t position, std::unique_ptr<ModelBackend> model)
-        : index(position), backend(std::move(model)), staging(backend.get()) {}
+        : index(position),
+          backend(std::move(model)),
+          staging(std::make_unique<StagingPool>(backend.get())),
+          spare(std::make_unique<StagingPool>(backend.get())) {}
     const size_t index;
     std::unique_ptr<ModelBackend> backend;
-    StagingPool staging;   // touched only by whoever runs the instance: its worker, or a claimer
+    // Touched only by whoever runs the instance: its worker, or a claimer.
+    std::unique_ptr<StagingPool> staging;
+    // Stage ahead: where the stager assembles the next batch while `staging` is in use; the two
+    // swap (under the pool's mutex) when the worker takes a staged batch. Touched by the stager
+    // only while its batch is kAssembling, by the worker otherwise.
+    std::unique_ptr<StagingPool> spare;
     TimePoint last_end{};  // when its last batch ended (unset before the first); as `staging`
     CondVar wake;          // its worker's: work for it, a claim ended, or stop
+    CondVar staged;        // the worker's, waiting for the stager to finish a batch
+    CondVar stage;         // the stager's: a batch staged for it, or stop
+  };
+
+  // The batch staged ahead on one instance (StageAhead), and where it is.
+  struct Staged {
+    enum class State {
+      kEmpty,       // nothing staged
+      kQueued,      // waiting for the stager (or the worker, if the running batch ends first)
+      kAssembling,  // the stager assembles it into the instance's spare staging buffers
+      kReady,       // assembled: the worker runs it next
+    };
+    State state = State::kEmpty;
+    FormedBatch batch;
+    InferRequest assembled;  // kReady, when the batch needed assembling
+    bool assembles = false;  // kReady: whether `assembled` holds it (else it runs on its own bytes)
+    Duration assembly{0};    // kReady: how long the stager took
   };
 
   InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBackend>> instances,
                Options options);
   // Runs on the worker thread of instances_[index].
   void WorkerLoop(size_t index) ABSL_LOCKS_EXCLUDED(mutex_);
-  void RunBatch(Instance* instance, FormedBatch batch);
-  // Assembles `batch` in the instance's staging buffers when `assemble`, runs it and delivers the
-  // outputs to `targets`. `*infer_done`: when the first output was asked for (else the end).
+  // Runs on the stager thread of instances_[index] (Options::stage_ahead).
+  void StagerLoop(size_t index) ABSL_LOCKS_EXCLUDED(mutex_);
+  // After a batch of instances_[index] ended: waits for the batch staged behind it (if the stager
+  // is assembling it) and takes it, or nothing is staged. Swaps the staging sets for a batch the
+  // stager assembled.
+  std::optional<Staged> TakeStaged(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // `staged`: the batch came staged ahead (`batch` is then its batch, moved in).
+  void RunBatch(Instance* instance, FormedBatch batch, Staged* staged = nullptr);
+  // Assembles `batch` in the instance's staging buffers when `assemble` (unless `assembled`, the
+  // stager's assembly, is given), runs it and delivers the outputs to `targets`. `*infer_done`:
+  // when the first output was asked for (else the end).
   Status Execute(Instance* instance, const FormedBatch& batch, bool assemble,
-                 absl::Span<const OutputTarget> targets, TimePoint* assembled_at,
-                 TimePoint* infer_done);
+                 const InferRequest* assembled, absl::Span<const OutputTarget> targets,
+                 TimePoint* assembled_at, TimePoint* infer_done);
   void Fail(std::vector<PendingRequest>& requests, const Status& status, bool ran);
   // Stamps the traced requests of an executed batch with their queue and run, and exports the
   // batch's span (only when one of them is traced).
@@ -141,6 +190,7 @@ class InstancePool {
   const Options options_;
   std::vector<std::unique_ptr<Instance>> instances_;
   std::atomic<int> idle_{0};
+  std::atomic<int> ahead_slots_{0};  // see ahead_slots(): running_[i] && staged_[i] empty
 
   mutable Mutex mutex_;
   CondVar claims_cv_;  // a claim ended (Stop waits for none)
@@ -154,9 +204,14 @@ class InstancePool {
   // has claimed it (TryClaim).
   std::vector<char> waiting_ ABSL_GUARDED_BY(mutex_);
   std::vector<char> claimed_ ABSL_GUARDED_BY(mutex_);
+  // By instance index: its worker runs a batch (not a task, not a claimer's); what is staged
+  // behind it (stage ahead).
+  std::vector<char> running_ ABSL_GUARDED_BY(mutex_);
+  std::vector<Staged> staged_ ABSL_GUARDED_BY(mutex_);
   int claims_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;
+  std::vector<std::thread> stagers_;  // stage ahead only
 };
 
 }  // namespace sluice

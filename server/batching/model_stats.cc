@@ -84,6 +84,8 @@ void BatchPhaseTotals::Add(const BatchPhases& phases) {
   padded_rows += static_cast<uint64_t>(phases.padded_rows);
   idle += phases.idle;
   assembly += phases.assembly;
+  assembly_ahead += phases.assembly_ahead;
+  if (phases.staged_ahead) ++staged_ahead;
   execute += phases.execute;
   scatter += phases.scatter;
   complete += phases.complete;

@@ -36,7 +36,11 @@ struct DurationStat {
 struct BatchPhases {
   Duration idle{0};      // the instance had nothing to run since its previous batch ended
   Duration assembly{0};  // the requests' rows copied into the instance's staging buffer
-  Duration execute{0};   // the backend's Execute until it handed out the first output
+  // A batch staged ahead (InstancePool::StageAhead) was assembled by the instance's stager while
+  // the batch before it ran, off the cycle: that assembly's time (`assembly` is then ~0).
+  Duration assembly_ahead{0};
+  bool staged_ahead = false;
+  Duration execute{0};                 // the backend's Execute until it handed out the first output
   std::optional<DevicePhases> device;  // inputs to the device, forward pass, outputs back
   Duration scatter{0};      // the outputs handed to every request's sink (rows copied into answers)
   Duration complete{0};     // the requests completed (answers given to their front ends)
@@ -47,9 +51,10 @@ struct BatchPhases {
 // Sums of BatchPhases over a version's batches.
 struct BatchPhaseTotals {
   uint64_t batches = 0, measured_on_device = 0;  // batches, and those with device phases
+  uint64_t staged_ahead = 0;                     // batches assembled while another ran
   uint64_t rows = 0, padded_rows = 0;
   Duration idle{0}, assembly{0}, execute{0}, to_device{0}, forward{0}, to_host{0}, scatter{0},
-      complete{0};
+      complete{0}, assembly_ahead{0};
   void Add(const BatchPhases& phases);
 };
 

@@ -73,7 +73,9 @@ class ModelBackend {
   virtual Status Execute(const InferRequest& batch, absl::Span<const OutputTarget> targets) = 0;
 
   // A staging buffer of at least `bytes` for this instance's batch inputs. Called from the
-  // instance's worker thread; buffers are reused across batches (see StagingPool).
+  // instance's worker thread and, with stage ahead (InstancePool::Options::stage_ahead), from its
+  // stager thread, at the same time: thread-safe. Buffers are reused across batches (see
+  // StagingPool).
   virtual std::unique_ptr<StagingBuffer> AllocateStaging(size_t bytes) {
     return std::make_unique<HeapStagingBuffer>(bytes);
   }

@@ -136,7 +136,9 @@ struct DynamicBatchingSpec {
   // Sluice parameters (config `parameters`, string values):
   bool pad_to_preferred = false;  // sluice.pad_batch_to_preferred: pad rows up to the next
                                   // preferred size (or max_batch_size) so the model sees few shapes
-  int max_shape_groups = 16;      // sluice.max_shape_groups: live shape groups per model version
+  // sluice.stage_ahead; unset: on for GPU instances (InstancePool::StageAhead).
+  std::optional<bool> stage_ahead;
+  int max_shape_groups = 16;  // sluice.max_shape_groups: live shape groups per model version
   // sluice.max_queued_bytes: input bytes waiting per version, under every scheduler (read also
   // without dynamic_batching; see Admission)
   size_t max_queued_bytes = 256u << 20;

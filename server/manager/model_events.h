@@ -54,6 +54,8 @@ struct ModelTuning {
   std::vector<std::string> warnings;  // the runtime's (ModelBackend::Warnings)
   BatchSizeChoice batch_sizes;        // sluice.auto_batch_sizes: measured, or why not
   CallerRunsChoice caller_runs;       // sluice.run_on_receiving_thread: on, or why not
+  bool stage_ahead = false;           // sluice.stage_ahead (DynamicBatcher::Options)
+  std::string stage_ahead_reason;     // why on or off
 };
 
 // Told about model versions as they load, become ready and go away. Implementations are

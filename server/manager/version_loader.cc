@@ -307,6 +307,24 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   batcher.stats = stats;
   // cudnnFind on several instances of one GPU at once would time each against the others.
   batcher.warm_up_one_at_a_time = decision.benchmark && absl::StrContains(*device, "cuda");
+  // A GPU instance's worker waits for the device through its forward pass: the host's assembly of
+  // the next batch can go on meanwhile. A CPU instance's forward has the CPUs busy already, and a
+  // second instance on a GPU assembles while the first computes (staging ahead as well would pull
+  // rows into full batches that the other instance's batches then lack).
+  if (!batching.enabled) {
+    tuning->stage_ahead_reason = "no dynamic batching";
+  } else if (batching.stage_ahead) {
+    batcher.stage_ahead = *batching.stage_ahead;
+    tuning->stage_ahead_reason = "set for this model (sluice.stage_ahead)";
+  } else if (!absl::StrContains(*device, "cuda")) {
+    tuning->stage_ahead_reason = "CPU instances";
+  } else if (DevicesOf(spec).size() != instances.size()) {
+    tuning->stage_ahead_reason = "several instances on a GPU";
+  } else {
+    batcher.stage_ahead = true;
+    tuning->stage_ahead_reason = "one GPU instance per GPU";
+  }
+  tuning->stage_ahead = batcher.stage_ahead;
   if (options_.liveness != nullptr) {
     batcher.on_fatal = [liveness = options_.liveness, name = model.name](const Status& status) {
       spdlog::critical(
@@ -397,6 +415,8 @@ void LogTuning(const ModelTuning& tuning) {
         std::chrono::duration_cast<std::chrono::milliseconds>(tuning.cudnn_measure_time).count(),
         tuning.cudnn_device_timed ? "cuda_events" : "clock");
   }
+  spdlog::info("event=stage_ahead model={} version={} stage_ahead={} reason=\"{}\"", tuning.name,
+               tuning.version, tuning.stage_ahead ? "on" : "off", tuning.stage_ahead_reason);
   if (!convolutions.fallback.empty()) {
     spdlog::warn("event=cudnn_benchmark_fallback model={} version={} reason=\"{}\"", tuning.name,
                  tuning.version, convolutions.fallback);

@@ -73,12 +73,19 @@ struct ServerMetrics::Families {
                 .Help(
                     "Where each instance's batch cycles went, by phase: idle, assembly, execute "
                     "(to_device, forward and to_host within it, as the device saw them), scatter, "
-                    "complete")
+                    "complete; and assembly_ahead, the assembly of batches staged ahead, done "
+                    "while the batch before them ran (outside the cycle)")
                 .Register(r)),
         batch_rows(prometheus::BuildCounter()
                        .Name("sluice_batch_rows_total")
                        .Help("Rows the model ran, by kind: real (the callers') and padding")
                        .Register(r)),
+        batches_staged_ahead(
+            prometheus::BuildCounter()
+                .Name("sluice_batches_staged_ahead_total")
+                .Help("Batches assembled while the instance ran the batch before them "
+                      "(sluice.stage_ahead), so that they started the moment it ended")
+                .Register(r)),
         pending(prometheus::BuildGauge()
                     .Name("sluice_pending_requests")
                     .Help("Requests admitted to a queue and not answered yet")
@@ -414,6 +421,7 @@ struct ServerMetrics::Families {
   Family<Counter>& executions;
   Family<Counter>& batch_phase_seconds;
   Family<Counter>& batch_rows;
+  Family<Counter>& batches_staged_ahead;
   Family<Gauge>& pending;
   Family<Gauge>& sequences_active;
   Family<Counter>& sequences_finished;
@@ -567,6 +575,7 @@ class ModelMetrics final : public StatsSink {
       padding["kind"] = "padding";
       real_rows_ = &families_.batch_rows.Add(real);
       padding_rows_ = &families_.batch_rows.Add(padding);
+      staged_ahead_ = &families_.batches_staged_ahead.Add(labels_);
     });
     const Duration host[] = {phases.idle, phases.assembly, phases.execute, phases.scatter,
                              phases.complete};
@@ -575,6 +584,10 @@ class ModelMetrics final : public StatsSink {
       phase_seconds_[5]->Increment(Seconds(phases.device->to_device));
       phase_seconds_[6]->Increment(Seconds(phases.device->forward));
       phase_seconds_[7]->Increment(Seconds(phases.device->to_host));
+    }
+    if (phases.staged_ahead) {
+      phase_seconds_[8]->Increment(Seconds(phases.assembly_ahead));
+      staged_ahead_->Increment();
     }
     real_rows_->Increment(static_cast<double>(phases.rows));
     padding_rows_->Increment(static_cast<double>(phases.padded_rows - phases.rows));
@@ -790,12 +803,14 @@ class ModelMetrics final : public StatsSink {
   Counter& executions_;
   // The batch cycle's series, made at the first batch (sluice_batch_phase_seconds_total in
   // kPhaseNames order, sluice_batch_rows_total).
-  static constexpr size_t kPhases = 8;
-  static constexpr const char* kPhaseNames[kPhases] = {
-      "idle", "assembly", "execute", "scatter", "complete", "to_device", "forward", "to_host"};
+  static constexpr size_t kPhases = 9;
+  static constexpr const char* kPhaseNames[kPhases] = {"idle",    "assembly", "execute",
+                                                       "scatter", "complete", "to_device",
+                                                       "forward", "to_host",  "assembly_ahead"};
   std::once_flag phases_once_;
   std::array<Counter*, kPhases> phase_seconds_{};
   Counter* real_rows_ = nullptr;
+  Counter* staged_ahead_ = nullptr;
   Counter* padding_rows_ = nullptr;
   Gauge& pending_;
   Histogram& input_seconds_;

@@ -350,6 +350,11 @@ Status ConvertDynamicBatching(const inference::ModelConfig& config, ModelSpec* s
   out.preserve_ordering = batching.preserve_ordering();
   SLUICE_ASSIGN_OR_RETURN(out.pad_to_preferred,
                           ReadBool(spec->parameters, "sluice.pad_batch_to_preferred"));
+  if (spec->parameters.count("sluice.stage_ahead") > 0) {
+    SLUICE_ASSIGN_OR_RETURN(const bool stage_ahead,
+                            ReadBool(spec->parameters, "sluice.stage_ahead"));
+    out.stage_ahead = stage_ahead;
+  }
   SLUICE_ASSIGN_OR_RETURN(const int64_t groups,
                           ReadInt(spec->parameters, "sluice.max_shape_groups"));
   out.max_shape_groups = static_cast<int>(groups);

@@ -22,6 +22,11 @@ constexpr ModelParameter kParameters[] = {
     {"sluice.pad_batch_to_preferred", Kind::kBool, 0, 0, 0, "", "", "dynamic_batching",
      "pad each batch with zero rows up to the next preferred batch size (or `max_batch_size`), so "
      "the model sees a fixed set of batch sizes ([Batching](batching.md#padding))"},
+    {"sluice.stage_ahead", Kind::kBool, 0, 0, 0, "",
+     "`true` with one GPU instance per GPU, else `false`", "dynamic_batching",
+     "while every instance is busy, form a batch of the largest size at once and assemble it while "
+     "the running batch computes, so that it starts the moment that one ends ([Staging "
+     "ahead](batching.md#staging-ahead))"},
     {"sluice.max_shape_groups", Kind::kInt, 16, 1, 4096, "", "", "dynamic_batching",
      "shape groups that may wait at once per model version; a request with a further shape gets "
      "`UNAVAILABLE` ([Batching](batching.md#shape-groups))"},

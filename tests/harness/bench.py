@@ -116,12 +116,19 @@ def executions_between(before, after):
             if count - before.get(size, 0) > 0}
 
 
-def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
+def start_server(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60, metrics_port=0):
     """Starts sluice-server on `repository` (behind `prefix`, e.g. taskset; its log in
-    `repository`.log; its metrics and HTTP endpoints on ports it picks, which the log names) and
-    returns (process, url) once it is ready (harness.server: a lost port race starts it again)."""
+    `repository`.log; its HTTP endpoint on a port it picks, which the log names; its metrics on
+    `metrics_port`, harness.server's) and returns its harness.server.SluiceServer once it is ready
+    (a lost port race starts it again). metrics_port=FREE: the caller reads server.metrics_text()."""
     server = SluiceServer(os.path.join(bin_dir, "sluice-server"), repository, extra_args,
                           log_path=repository + ".log", prefix=prefix, log_level=log_level,
-                          metrics_port=0, http_port=0)
+                          metrics_port=metrics_port, http_port=0)
     server.start(timeout)
+    return server
+
+
+def serve(bin_dir, repository, extra_args=(), prefix=(), log_level="warn", timeout=60):
+    """start_server's server as (process, url)."""
+    server = start_server(bin_dir, repository, extra_args, prefix, log_level, timeout)
     return server.process, server.url

@@ -124,6 +124,53 @@ TEST_F(BatchFormerTest, BatchSizeLadderLargestSizeIsFull) {
   EXPECT_EQ(batch->rows, 2);
 }
 
+// Stage ahead: only a batch no arrival could make larger forms while every instance is busy; the
+// delay, preferred sizes and the ladder's smaller sizes do not count.
+TEST_F(BatchFormerTest, AFullBatchIsOnlyOneThatCannotGrow) {
+  auto options = Options();
+  options.preferred_batch_sizes = {2, 4};
+  BatchFormer queue(options);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Add(queue, 1).ok());
+  clock_.Advance(1s);  // long past the delay, and a preferred size waits: ready, but not full
+  EXPECT_FALSE(queue.HasFullBatch(clock_.Now()));
+  EXPECT_FALSE(queue.TakeFullBatch(clock_.Now()).has_value());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Add(queue, 1).ok());  // 9 rows: 8 are full
+  EXPECT_TRUE(queue.HasFullBatch(clock_.Now()));
+  auto batch = queue.TakeFullBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 8);
+  EXPECT_EQ(Ids(*batch).front(), "1");  // the oldest first, as TakeReadyBatch takes them
+  EXPECT_FALSE(queue.HasFullBatch(clock_.Now()));
+  // A next request that does not fit leaves what fits as full as it can get.
+  ASSERT_TRUE(Add(queue, 6).ok());  // 1 + 6 = 7
+  EXPECT_FALSE(queue.HasFullBatch(clock_.Now()));
+  ASSERT_TRUE(Add(queue, 3).ok());  // 10 rows: the 3 does not fit behind the 7
+  batch = queue.TakeFullBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 7);
+  EXPECT_EQ(queue.size(), 1u);
+  // The ladder's largest size is full too.
+  queue.SetBatchSizeLadder({1, 2});
+  batch = queue.TakeFullBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 3);  // alone: larger than the ladder's largest size
+  ASSERT_TRUE(Add(queue, 1).ok());
+  EXPECT_FALSE(queue.TakeFullBatch(clock_.Now()).has_value());
+  ASSERT_TRUE(Add(queue, 1).ok());
+  batch = queue.TakeFullBatch(clock_.Now());
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->rows, 2);
+}
+
+TEST_F(BatchFormerTest, PoliciesThatDecideByTimeFormNoFullBatches) {
+  auto options = Options();
+  options.one_request_per_batch = true;
+  BatchFormer queue(options);
+  ASSERT_TRUE(Add(queue, 8).ok());
+  EXPECT_FALSE(queue.HasFullBatch(clock_.Now()));
+  EXPECT_TRUE(queue.TakeReadyBatch(clock_.Now() + 1s).has_value());
+}
+
 TEST_F(BatchFormerTest, ShapeGroupsDoNotDisturbEachOther) {
   BatchFormer queue(Options());
   ASSERT_TRUE(Add(queue, 1, /*width=*/2).ok());

@@ -231,6 +231,141 @@ TEST_F(InstancePoolTest, EachBatchRecordsItsCycle) {
   EXPECT_EQ(phases.to_device + phases.to_host, milliseconds(4));
 }
 
+// Stage ahead: a pool of one gated instance whose model answers each row with its own input.
+class StageAheadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto backend = std::make_unique<testing::FakeBackend>(
+        [](const InferRequest& request) -> StatusOr<std::vector<Tensor>> {
+          const TensorView& x = request.inputs.at(0);
+          return std::vector<Tensor>{{"y", x.dtype, x.shape, std::string(x.data, x.byte_size)}};
+        });
+    model_ = backend.get();
+    std::vector<std::unique_ptr<ModelBackend>> backends;
+    backends.push_back(std::move(backend));
+    InstancePool::Options options;
+    options.clock = &clock_;
+    options.stats = stats_;
+    options.stage_ahead = true;
+    options.on_idle = [this](size_t, bool after_batch) {
+      if (after_batch) after_batch_calls_.fetch_add(1);
+    };
+    pool_ = *InstancePool::Create(Spec(), std::move(backends), options);
+  }
+
+  // A batch of two requests (1 and 2 rows, tagged `tag` and `tag` + 1), padded to 4 rows.
+  FormedBatch Batch(Call& first, Call& second, int32_t tag) {
+    FormedBatch batch;
+    batch.requests.push_back(first.Pending(1, tag));
+    batch.requests.push_back(second.Pending(2, tag + 1));
+    batch.rows = 3;
+    batch.padded_rows = 4;
+    return batch;
+  }
+
+  // The values a request was answered with.
+  static std::vector<int32_t> Values(Call& call) {
+    auto answer = call.answer.get_future().get();
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    if (!answer.ok()) return {};
+    const std::string& bytes = answer->outputs.at(0).data;
+    std::vector<int32_t> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    return values;
+  }
+
+  FakeTimeSource clock_;
+  std::shared_ptr<ModelStats> stats_ = std::make_shared<ModelStats>();
+  testing::FakeBackend* model_ = nullptr;
+  std::unique_ptr<InstancePool> pool_;
+  std::atomic<int> after_batch_calls_{0};
+};
+
+TEST_F(StageAheadTest, ABatchStagedBehindARunningOneIsAssembledMeanwhileAndRunsNext) {
+  EXPECT_EQ(pool_->ahead_slots(), 0);  // nothing runs: nothing to stage behind
+  model_->CloseGate();
+  Call a, b, c, d;
+  pool_->Run(Batch(a, b, 10));
+  model_->WaitStarted(1);
+  EXPECT_EQ(pool_->idle(), 0);
+  EXPECT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(c, d, 20));
+  EXPECT_EQ(pool_->ahead_slots(), 0);
+  // The stager assembles it in the second set of buffers while the first batch is held.
+  EXPECT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 2; }));
+  EXPECT_EQ(model_->started(), 1);
+  model_->OpenGate();
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{10, 10}));
+  EXPECT_EQ(Values(b), (std::vector<int32_t>{11, 11, 11, 11}));
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{20, 20}));
+  EXPECT_EQ(Values(d), (std::vector<int32_t>{21, 21, 21, 21}));
+  pool_->Stop();
+  EXPECT_EQ(pool_->idle(), 1);
+  EXPECT_EQ(pool_->ahead_slots(), 0);
+  EXPECT_EQ(after_batch_calls_.load(), 2);  // one per batch, as a scheduler counts on
+  const BatchPhaseTotals phases = stats_->Snapshot().phases;
+  EXPECT_EQ(phases.batches, 2u);
+  EXPECT_EQ(phases.staged_ahead, 1u);
+  EXPECT_EQ(stats_->Snapshot().success.count, 4u);
+  EXPECT_EQ(pool_->StagingAllocations(), 2u);  // one buffer in each set
+}
+
+TEST_F(StageAheadTest, TheSetsTakeTurnsWithoutGrowing) {
+  for (int round = 0; round < 3; ++round) {
+    model_->CloseGate();
+    Call a, b, c, d;
+    pool_->Run(Batch(a, b, 10 * round));
+    model_->WaitStarted(2 * round + 1);
+    ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+    pool_->StageAhead(Batch(c, d, 10 * round + 5));
+    // The first round waits for the stager to start, so that both sets exist.
+    if (round == 0)
+      ASSERT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 2; }));
+    model_->OpenGate();
+    EXPECT_EQ(Values(c), (std::vector<int32_t>{10 * round + 5, 10 * round + 5}));
+    EXPECT_EQ(Values(a), (std::vector<int32_t>{10 * round, 10 * round}));
+    Values(b);
+    Values(d);
+    ASSERT_TRUE(clock_.AwaitWaiting(1));  // the worker is back waiting
+  }
+  pool_->Stop();
+  // Whichever set each batch went into (the worker assembles a staged batch itself when it ends
+  // its batch before the stager starts), the two sets hold one buffer each.
+  EXPECT_EQ(pool_->StagingAllocations(), 2u);
+  EXPECT_GE(stats_->Snapshot().phases.staged_ahead, 1u);
+}
+
+TEST_F(StageAheadTest, WithNothingRunningAStagedBatchIsAnOrdinaryHandOver) {
+  Call a, b;
+  pool_->StageAhead(Batch(a, b, 1));
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{1, 1}));
+  Values(b);
+  pool_->Stop();
+  EXPECT_EQ(pool_->idle(), 1);
+  EXPECT_EQ(stats_->Snapshot().phases.staged_ahead, 0u);
+  EXPECT_EQ(after_batch_calls_.load(), 1);
+}
+
+TEST_F(StageAheadTest, StopRunsTheBatchStagedBehindTheRunningOne) {
+  model_->CloseGate();
+  Call a, b, c, d;
+  pool_->Run(Batch(a, b, 1));
+  model_->WaitStarted(1);
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(c, d, 3));
+  std::thread stop([&] { pool_->Stop(); });
+  model_->OpenGate();
+  stop.join();
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{3, 3}));
+  Values(b);
+  Values(d);
+  // After Stop a batch staged is refused as a Run is.
+  Call e, f;
+  pool_->StageAhead(Batch(e, f, 5));
+  EXPECT_EQ(e.answer.get_future().get().status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(InstancePoolTest, ABatchWithTracedRequestsStampsThemAndExportsOneLinkedBatchSpan) {
   auto pool = Make(std::make_unique<testing::EchoBackend>());
   testing::SpanRecorder sink;
@@ -499,6 +634,7 @@ TEST_F(InstancePoolTest, NoClaimWhileTheOnlyInstanceIsBusyOrClaimedOrAfterStop) 
   pool->Run(std::move(batch));
   model->WaitStarted(1);
   EXPECT_FALSE(pool->TryClaim().has_value());  // running
+  EXPECT_EQ(pool->ahead_slots(), 0);           // and nothing can be staged without stage ahead
   model->OpenGate();
   ASSERT_TRUE(busy.answer.get_future().get().ok());
   pool->Stop();

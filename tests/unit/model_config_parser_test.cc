@@ -839,6 +839,25 @@ TEST(ModelConfigParserTest, AutoBatchSizesSwitchAndReportedChoice) {
               HasSubstr("sluice.auto_batch_sizes must be \"true\" or \"false\""));
 }
 
+TEST(ModelConfigParserTest, StageAheadUnsetOrSetEitherWay) {
+  auto spec = Build(std::string(kMinimal) + "dynamic_batching { }");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->dynamic_batching.stage_ahead.has_value());  // the loader decides
+  for (const bool value : {true, false}) {
+    spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { }
+      parameters: { key: "sluice.stage_ahead" value: { string_value: ")pb" +
+                 (value ? "true" : "false") + "\" } }");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->dynamic_batching.stage_ahead, value);
+  }
+  spec = Build(std::string(kMinimal) + R"pb(
+      dynamic_batching { }
+      parameters: { key: "sluice.stage_ahead" value: { string_value: "yes" } })pb");
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("sluice.stage_ahead must be \"true\" or \"false\""));
+}
+
 TEST(ModelConfigParserTest, RunOnReceivingThreadWithAndWithoutDynamicBatching) {
   auto spec = Build(std::string(kMinimal));
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -213,7 +213,9 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   phases.rows = 3;
   phases.padded_rows = 4;
   stats.RecordPhases(phases);
-  phases.device.reset();  // a pass the backend did not measure adds no device time
+  phases.device.reset();       // a pass the backend did not measure adds no device time
+  phases.staged_ahead = true;  // ...and one assembled while the one before it ran
+  phases.assembly_ahead = 3ms;
   stats.RecordPhases(phases);
   const std::string text = Exposition(*registry_);
   auto seconds = [&](const char* phase) {
@@ -228,12 +230,16 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   EXPECT_DOUBLE_EQ(seconds("to_host"), 0.001);
   EXPECT_DOUBLE_EQ(seconds("scatter"), 0.004);
   EXPECT_DOUBLE_EQ(seconds("complete"), 0.002);
+  EXPECT_DOUBLE_EQ(seconds("assembly_ahead"), 0.003);
+  EXPECT_EQ(Value(text, R"(sluice_batches_staged_ahead_total{model="m",version="1"})"), 1);
   EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="real",model="m",version="1"})"), 6);
   EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="padding",model="m",version="1"})"), 2);
   const BatchPhaseTotals totals = stats.Snapshot().phases;
   EXPECT_EQ(totals.batches, 2u);
   EXPECT_EQ(totals.measured_on_device, 1u);
   EXPECT_EQ(totals.forward, 4ms);
+  EXPECT_EQ(totals.staged_ahead, 1u);
+  EXPECT_EQ(totals.assembly_ahead, 3ms);
 }
 
 TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {

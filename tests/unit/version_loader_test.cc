@@ -72,6 +72,54 @@ TEST(VersionLoaderTest, OneLoadPerDeviceAndTheRuntimesWarningsReachTheTuning) {
   loaded.handle->Stop();
 }
 
+// Staging ahead is on where a model has one GPU instance per GPU: not on the CPU, not with two
+// instances on a GPU (they overlap each other's assembly already), not without dynamic batching;
+// the model's parameter wins.
+TEST(VersionLoaderTest, StagesAheadWithOneGpuInstancePerGpuUnlessTheModelSays) {
+  FakeBackendFactory factory(/*cuda=*/true, /*gpus=*/2);
+  VersionLoader loader(&factory, {});
+  auto load = [&](const std::string& name, const std::function<void(ModelSpec&)>& edit) {
+    auto model = std::make_shared<const RepositoryModel>(Model(name, {1}, edit));
+    LoadedVersion loaded = loader.Load(model, 1, nullptr);
+    EXPECT_TRUE(loaded.status.ok()) << loaded.status;
+    if (loaded.handle) loaded.handle->Stop();
+    return std::make_pair(loaded.tuning.stage_ahead, loaded.tuning.stage_ahead_reason);
+  };
+  auto batching = [](ModelSpec& spec) { spec.dynamic_batching.enabled = true; };
+  auto on_gpus = [&](int count) {
+    return [&, count](ModelSpec& spec) {
+      batching(spec);
+      spec.instance_groups = {{InstanceKind::kGpu, count, {}}};
+    };
+  };
+  EXPECT_EQ(load("one", on_gpus(1)), std::make_pair(true, std::string("one GPU instance per GPU")));
+  EXPECT_EQ(load("two", on_gpus(2)),
+            std::make_pair(false, std::string("several instances on a GPU")));
+  EXPECT_EQ(load("cpu",
+                 [&](ModelSpec& spec) {
+                   batching(spec);
+                   spec.instance_groups = {{InstanceKind::kCpu, 1, {}}};
+                 }),
+            std::make_pair(false, std::string("CPU instances")));
+  EXPECT_EQ(load("alone",
+                 [](ModelSpec& spec) {
+                   spec.instance_groups = {{InstanceKind::kGpu, 1, {}}};
+                 }),
+            std::make_pair(false, std::string("no dynamic batching")));
+  EXPECT_EQ(load("forced",
+                 [&](ModelSpec& spec) {
+                   on_gpus(2)(spec);
+                   spec.dynamic_batching.stage_ahead = true;
+                 }),
+            std::make_pair(true, std::string("set for this model (sluice.stage_ahead)")));
+  EXPECT_EQ(load("refused",
+                 [&](ModelSpec& spec) {
+                   on_gpus(1)(spec);
+                   spec.dynamic_batching.stage_ahead = false;
+                 }),
+            std::make_pair(false, std::string("set for this model (sluice.stage_ahead)")));
+}
+
 // Under the auto rule a TorchScript model with fixed shapes on a GPU is timed with cuDNN
 // benchmark mode off (its first serving instance) and on (a probe instance), and keeps the mode
 // only where it is at least 5 % faster: here the fake's forward reads the flag it was loaded with.

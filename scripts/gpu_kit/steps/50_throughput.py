@@ -13,9 +13,13 @@ Preferred sizes {1, 8, 32, 64} with padding on a GPU, cuDNN benchmark off as in 
 that the in-process run calls (40_resnet50 compares on and off); the bundled MLP on the CPU in the
 dry run, at c=1 and 4. The numbers so far are written after every level, so a run cut short keeps
 them. Also reports the batch sizes warm-up chose for the bundled MLP (no preferred sizes:
-sluice.auto_batch_sizes), loaded beside it."""
+sluice.auto_batch_sizes), loaded beside it. Staging ahead (sluice.stage_ahead: a full batch
+assembled while the one before it runs) is on by default on a GPU; a twin of the model with it
+off, loaded beside it, runs the last level again, so the run says what staging ahead is worth
+on the device (the cycle's staged share and off-cycle assembly are in the table)."""
 # kit-timeout: 170
 import os
+import re
 import resource
 import shutil
 import threading
@@ -53,6 +57,14 @@ def body():
     else:
         kitlib.write_resnet(root, name, dtype, sizes, "off")
         kitlib.write_bundled(root, ["mlp"], "dynamic_batching { }")
+    # The twin without staging ahead: the same files, the parameter set off.
+    unstaged = f"{name}_unstaged"
+    shutil.copytree(os.path.join(root, name), os.path.join(root, unstaged))
+    config = os.path.join(root, unstaged, "config.pbtxt")
+    with open(config) as f:
+        text = re.sub(r'^name:\s*"[^"]*"', f'name: "{unstaged}"', f.read(), flags=re.M)
+    with open(config, "w") as f:
+        f.write(text + '\nparameters { key: "sluice.stage_ahead" value { string_value: "false" } }\n')
     model_file = os.path.join(root, name, "1", "model.pt")
     both = kitlib.ceilings(model_file, row_shape, list(sizes), seconds, dtype=dtype)
     ceiling, with_copies = both["model"], both["with_copies"]
@@ -63,51 +75,57 @@ def body():
                                         "--allow-client-shm=true", "--client-shm-keys=*"], timeout=90)
     levels = []
     runs = [(c, "grpc") for c in concurrencies] + [(c, "shm") for c in concurrencies if c >= SHARED_MEMORY_FROM]
+
+    def measure(model, concurrency, transport):
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
+        before = kitlib.model_statistics(server.url, model)
+        cycle_before = kitlib.batch_cycle(kitlib.scrape(server.metrics_port), model)
+        cpu_before = fb.thread_counters(server.process.pid)
+        client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sampler.start()
+        try:
+            extra = ["--shared-memory", "system"] if transport == "shm" else []
+            run = kitlib.perf_analyzer(server.url, model, concurrency, window_ms, kitlib.STEP_DIR, extra=extra,
+                                       tag=("_shm" if transport == "shm" else "") + model[len(name):])
+        finally:
+            stop.set()
+            sampler.join()
+        client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_after = fb.thread_counters(server.process.pid)
+        delta = kitlib.statistics_delta(kitlib.model_statistics(server.url, model), before)
+        cycle = kitlib.cycle_report(kitlib.batch_cycle(kitlib.scrape(server.metrics_port), model), cycle_before,
+                                    delta["executions"])
+        executed = max(delta["batch_sizes"], key=delta["batch_sizes"].get) if delta["batch_sizes"] else 1
+        nearest = min(ceiling, key=lambda b: (abs(b - executed), b))
+        # CPU seconds by the floor benchmark's thread groups (worker, batcher, gRPC and the rest).
+        _, groups = fb.per_call_counters(cpu_before, cpu_after, 1)
+        server_cpu = {group: round(counters["cpu_us"] / 1e6, 2) for group, counters in groups.items()}
+        run.update({
+            "transport": transport, "model": model, "stage_ahead": model == name,
+            "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
+            "executed_batch_sizes": delta["batch_sizes"], "dominant_batch": executed,
+            "queue_us_per_request": delta["queue_ns"] / max(delta["success"], 1) / 1e3,
+            "compute_us_per_execution": delta["batch_compute_ns"] / max(delta["executions"], 1) / 1e3,
+            "inprocess_batch": nearest, "inprocess_rows_per_s": ceiling[nearest]["rows_per_s"],
+            "ratio": run["infer_per_s"] / ceiling[nearest]["rows_per_s"],
+            "inprocess_with_copies_rows_per_s": with_copies[nearest]["rows_per_s"],
+            "ratio_with_copies": run["infer_per_s"] / with_copies[nearest]["rows_per_s"],
+            "ratio_to_best": run["infer_per_s"] / best,
+            "gpu_utilization_median": kitlib.median(samples) if samples else None,
+            "cycle": cycle, "server_cpu_s": server_cpu,
+            "client_cpu_s": round((client_after.ru_utime - client_before.ru_utime)
+                                  + (client_after.ru_stime - client_before.ru_stime), 2),
+        })
+        return run
+
     try:
         auto_sizes = kitlib.chosen_batch_sizes(server.url, "mlp")
-        for concurrency, transport in runs:
-            samples, stop = [], threading.Event()
-            sampler = threading.Thread(target=gpu_sampler, args=(server, samples, stop), daemon=True)
-            before = kitlib.model_statistics(server.url, name)
-            cycle_before = kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name)
-            cpu_before = fb.thread_counters(server.process.pid)
-            client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            sampler.start()
-            try:
-                extra = ["--shared-memory", "system"] if transport == "shm" else []
-                run = kitlib.perf_analyzer(server.url, name, concurrency, window_ms, kitlib.STEP_DIR, extra=extra,
-                                           tag="_shm" if transport == "shm" else "")
-            finally:
-                stop.set()
-                sampler.join()
-            client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu_after = fb.thread_counters(server.process.pid)
-            delta = kitlib.statistics_delta(kitlib.model_statistics(server.url, name), before)
-            cycle = kitlib.cycle_report(kitlib.batch_cycle(kitlib.scrape(server.metrics_port), name), cycle_before,
-                                        delta["executions"])
-            executed = max(delta["batch_sizes"], key=delta["batch_sizes"].get) if delta["batch_sizes"] else 1
-            nearest = min(ceiling, key=lambda b: (abs(b - executed), b))
-            # CPU seconds by the floor benchmark's thread groups (worker, batcher, gRPC and the rest).
-            _, groups = fb.per_call_counters(cpu_before, cpu_after, 1)
-            server_cpu = {group: round(counters["cpu_us"] / 1e6, 2) for group, counters in groups.items()}
-            run.update({
-                "transport": transport,
-                "avg_rows_per_execution": delta["inferences"] / max(delta["executions"], 1),
-                "executed_batch_sizes": delta["batch_sizes"], "dominant_batch": executed,
-                "queue_us_per_request": delta["queue_ns"] / max(delta["success"], 1) / 1e3,
-                "compute_us_per_execution": delta["batch_compute_ns"] / max(delta["executions"], 1) / 1e3,
-                "inprocess_batch": nearest, "inprocess_rows_per_s": ceiling[nearest]["rows_per_s"],
-                "ratio": run["infer_per_s"] / ceiling[nearest]["rows_per_s"],
-                "inprocess_with_copies_rows_per_s": with_copies[nearest]["rows_per_s"],
-                "ratio_with_copies": run["infer_per_s"] / with_copies[nearest]["rows_per_s"],
-                "ratio_to_best": run["infer_per_s"] / best,
-                "gpu_utilization_median": kitlib.median(samples) if samples else None,
-                "cycle": cycle, "server_cpu_s": server_cpu,
-                "client_cpu_s": round((client_after.ru_utime - client_before.ru_utime)
-                                      + (client_after.ru_stime - client_before.ru_stime), 2),
-            })
-            levels.append(run)
-            kitlib.write_result("fail", f"cut short after concurrency {concurrency} over {transport}",
+        # The last level again on the twin without staging ahead.
+        last = runs[-1]
+        for model, (concurrency, transport) in [(name, r) for r in runs] + [(unstaged, last)]:
+            levels.append(measure(model, concurrency, transport))
+            kitlib.write_result("fail", f"cut short after concurrency {concurrency} over {transport} ({model})",
                                 {"model": name, "dtype": dtype, "inprocess": both, "levels": levels})
     finally:
         code = server.stop()
@@ -115,14 +133,18 @@ def body():
     def pct(value):
         return f"{100 * value:.0f}%"
 
-    rows = [[r["concurrency"], r["transport"], round(r["infer_per_s"]), f"{r['ratio_to_best']:.2f}",
+    def label(r):
+        return r["transport"] + ("" if r["stage_ahead"] else ", staging ahead off")
+
+    rows = [[r["concurrency"], label(r), round(r["infer_per_s"]), f"{r['ratio_to_best']:.2f}",
              f"{r['ratio_with_copies']:.2f}", round(r["p50_us"]), round(r["p99_us"]),
              f"{r['cycle']['real_rows_per_batch']:.1f}/{r['cycle']['padded_rows_per_batch']:.1f}",
              "n/a" if r["gpu_utilization_median"] is None else f"{r['gpu_utilization_median']:.2f}"] for r in levels]
-    cycle_rows = [[r["concurrency"], r["transport"], round(r["cycle"]["cycle_us"])]
+    cycle_rows = [[r["concurrency"], label(r), round(r["cycle"]["cycle_us"])]
                   + [pct(r["cycle"][f"{phase}_share"]) for phase in kitlib.HOST_PHASES]
-                  + [round(r["cycle"][f"{phase}_us"]) for phase in kitlib.DEVICE_PHASES] for r in levels]
-    cpu_rows = [[r["concurrency"], r["transport"], r["client_cpu_s"],
+                  + [round(r["cycle"][f"{phase}_us"]) for phase in kitlib.DEVICE_PHASES]
+                  + [pct(r["cycle"]["staged_ahead_share"]), round(r["cycle"]["assembly_ahead_us"])] for r in levels]
+    cpu_rows = [[r["concurrency"], label(r), r["client_cpu_s"],
                  ", ".join(f"{group} {seconds}" for group, seconds in sorted(r["server_cpu_s"].items(),
                                                                              key=lambda item: -item[1])[:6])]
                 for r in levels]
@@ -133,7 +155,8 @@ def body():
                + f"\n\nThe device's best: in-process with copies at batch {max(with_copies)}, {best:.0f} rows/s."
                + "\n\nThe batch cycle (per batch; shares of the host cycle, then the device phases inside execute, us):\n\n"
                + kitlib.table(["concurrency", "transport", "cycle us"] + list(kitlib.HOST_PHASES)
-                              + [f"{phase} us" for phase in kitlib.DEVICE_PHASES], cycle_rows)
+                              + [f"{phase} us" for phase in kitlib.DEVICE_PHASES]
+                              + ["staged ahead", "assembly ahead us"], cycle_rows)
                + "\n\nCPU seconds over each level (perf_analyzer; the server by thread group):\n\n"
                + kitlib.table(["concurrency", "transport", "client", "server"], cpu_rows)
                + "\n\nIn-process LibTorch, model alone: " + ", ".join(
@@ -156,11 +179,16 @@ def body():
         failures.append("a level has no device phases (CUDA events) in /metrics")
     if failures:
         return kitlib.gpu_outcome(False, "; ".join(failures), numbers, details)
-    plateau = max(levels, key=lambda r: r["infer_per_s"])
+    staged = [r for r in levels if r["stage_ahead"]]
+    plateau = max(staged, key=lambda r: r["infer_per_s"])
+    twin, same = levels[-1], staged[-1]
     return kitlib.gpu_outcome(True, f"{name}: " + "; ".join(
         f"c={r['concurrency']}{' shm' if r['transport'] == 'shm' else ''} {r['infer_per_s']:.0f}/s "
-        f"({r['ratio_to_best']:.2f} of best, idle {pct(r['cycle']['idle_share'])})" for r in levels)
+        f"({r['ratio_to_best']:.2f} of best, idle {pct(r['cycle']['idle_share'])})" for r in staged)
         + f"; plateau {plateau['infer_per_s']:.0f}/s = {plateau['ratio_to_best']:.2f} of the device's best"
+        + f"; at c={same['concurrency']} {same['transport']} {same['infer_per_s']:.0f}/s as configured "
+          f"(staging ahead on a GPU), {twin['infer_per_s']:.0f}/s with it off "
+          f"({same['infer_per_s'] / max(twin['infer_per_s'], 1e-9):.2f}x)"
         + f"; mlp auto batch sizes {auto_sizes['sizes'] or 'none'}", numbers, details)
 
 
