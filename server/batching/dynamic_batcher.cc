@@ -32,6 +32,8 @@ StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
   pool_options.warm_up_one_at_a_time = options.warm_up_one_at_a_time;
   pool_options.costs = options.queue.costs;
   pool_options.stage_ahead = options.stage_ahead;
+  // A batch started: a full batch already waiting may now be staged behind it.
+  if (options.stage_ahead) pool_options.on_slot = [raw = batcher.get()] { raw->Wake(); };
   SLUICE_ASSIGN_OR_RETURN(
       batcher->pool_,
       InstancePool::Create(std::move(spec), std::move(instances), std::move(pool_options)));

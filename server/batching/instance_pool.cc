@@ -173,6 +173,17 @@ std::optional<InstancePool::Staged> InstancePool::TakeStaged(size_t index) {
   return taken;
 }
 
+std::optional<InstancePool::Staged> InstancePool::TakeQueuedElsewhere(size_t index) {
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    if (i == index || staged_[i].state != Staged::State::kQueued) continue;
+    Staged taken = std::move(staged_[i]);
+    staged_[i] = Staged();
+    ahead_slots_.fetch_add(1, std::memory_order_acq_rel);  // instance i may stage again
+    return taken;
+  }
+  return std::nullopt;
+}
+
 bool InstancePool::HasWork(size_t index) const {
   return !claimed_[index] &&
          (!tasks_[index].empty() || !assigned_[index].empty() || !ready_.empty());
@@ -348,10 +359,15 @@ void InstancePool::WorkerLoop(size_t index) {
         running_[index] = 1;
         ahead_slots_.fetch_add(1, std::memory_order_acq_rel);
         lock.Unlock();
+        if (options_.on_slot) options_.on_slot();
         RunBatch(instance, std::move(batch));
         lock.Lock();
-        // What was staged behind it runs now: the instance does not go idle in between.
-        while (std::optional<Staged> staged = TakeStaged(index)) {
+        // What was staged behind it runs now, and else a batch staged behind a busier instance
+        // that its stager has not started: the instance does not go idle in between.
+        for (;;) {
+          std::optional<Staged> staged = TakeStaged(index);
+          if (!staged) staged = TakeQueuedElsewhere(index);
+          if (!staged) break;
           lock.Unlock();
           // The batch ended (the scheduler counts on one call per batch), and its slot is free.
           if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);

@@ -56,6 +56,9 @@ class InstancePool {
     // stager thread, so that a batch handed over with StageAhead while the instance runs is
     // assembled meanwhile and starts the moment the running batch ends. Off: StageAhead is Run.
     bool stage_ahead = false;
+    // Stage ahead: an instance started a batch, so a batch may now be staged behind it
+    // (ahead_slots() grew). Runs on the worker with no pool lock held; must be cheap. May be null.
+    std::function<void()> on_slot;
   };
 
   // INVALID_ARGUMENT without instances or without a clock. Starts one worker per instance.
@@ -82,10 +85,12 @@ class InstancePool {
   // Hands `batch` to an instance that runs a batch and has nothing staged behind it: its stager
   // thread assembles it in the instance's second staging buffers while the running batch goes on
   // (or its worker does, if it ends first), and the worker runs it as soon as the running batch
-  // ends (answers the finished batch first). Meant for batches that waiting could not make larger
-  // (BatchFormer::TakeFullBatch): a scheduler calls it while idle() is 0 and ahead_slots() is
-  // positive. Where no instance has a free slot any more (the one that had it went idle), it is
-  // Run.
+  // ends (answers the finished batch first). A worker about to go idle takes a batch staged
+  // behind another instance that its stager has not started. Meant for batches that waiting could
+  // not make larger (BatchFormer::TakeFullBatch): a scheduler calls it while idle() is 0 and
+  // ahead_slots() is positive. Where no instance has a free slot any more (the one that had it
+  // went idle), it is Run. Its requests are not looked at for expiry or cancellation while they
+  // wait behind the running batch (at most one batch's time), as a running batch's are not.
   void StageAhead(FormedBatch batch) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // An instance whose worker waits with nothing to do, taken away from its worker (which runs
@@ -164,6 +169,9 @@ class InstancePool {
   // is assembling it) and takes it, or nothing is staged. Swaps the staging sets for a batch the
   // stager assembled.
   std::optional<Staged> TakeStaged(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A batch staged behind another instance whose stager has not started it (kQueued), for
+  // instances_[index]'s worker, which has nothing staged and would go idle; nullopt when none.
+  std::optional<Staged> TakeQueuedElsewhere(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // `staged`: the batch came staged ahead (`batch` is then its batch, moved in).
   void RunBatch(Instance* instance, FormedBatch batch, Staged* staged = nullptr);
   // Assembles `batch` in the instance's staging buffers when `assemble` (unless `assembled`, the

@@ -308,21 +308,21 @@ StatusOr<std::unique_ptr<Scheduler>> VersionLoader::Compose(
   // cudnnFind on several instances of one GPU at once would time each against the others.
   batcher.warm_up_one_at_a_time = decision.benchmark && absl::StrContains(*device, "cuda");
   // A GPU instance's worker waits for the device through its forward pass: the host's assembly of
-  // the next batch can go on meanwhile. A CPU instance's forward has the CPUs busy already, and a
-  // second instance on a GPU assembles while the first computes (staging ahead as well would pull
-  // rows into full batches that the other instance's batches then lack).
+  // the next batch can go on meanwhile. A CPU instance's forward has the CPUs busy already. With
+  // several instances one assembles while another computes, and staging ahead as well pulls rows
+  // into full batches tied to one instance that the others' batches then lack.
   if (!batching.enabled) {
     tuning->stage_ahead_reason = "no dynamic batching";
   } else if (batching.stage_ahead) {
     batcher.stage_ahead = *batching.stage_ahead;
     tuning->stage_ahead_reason = "set for this model (sluice.stage_ahead)";
+  } else if (instances.size() > 1) {
+    tuning->stage_ahead_reason = "several instances";
   } else if (!absl::StrContains(*device, "cuda")) {
-    tuning->stage_ahead_reason = "CPU instances";
-  } else if (DevicesOf(spec).size() != instances.size()) {
-    tuning->stage_ahead_reason = "several instances on a GPU";
+    tuning->stage_ahead_reason = "a CPU instance";
   } else {
     batcher.stage_ahead = true;
-    tuning->stage_ahead_reason = "one GPU instance per GPU";
+    tuning->stage_ahead_reason = "one GPU instance";
   }
   tuning->stage_ahead = batcher.stage_ahead;
   if (options_.liveness != nullptr) {

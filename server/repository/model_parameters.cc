@@ -23,7 +23,7 @@ constexpr ModelParameter kParameters[] = {
      "pad each batch with zero rows up to the next preferred batch size (or `max_batch_size`), so "
      "the model sees a fixed set of batch sizes ([Batching](batching.md#padding))"},
     {"sluice.stage_ahead", Kind::kBool, 0, 0, 0, "",
-     "`true` with one GPU instance per GPU, else `false`", "dynamic_batching",
+     "`true` for a model with one instance, on a GPU; else `false`", "dynamic_batching",
      "while every instance is busy, form a batch of the largest size at once and assemble it while "
      "the running batch computes, so that it starts the moment that one ends ([Staging "
      "ahead](batching.md#staging-ahead))"},

@@ -724,6 +724,9 @@ TEST(DynamicBatcherStressTest, WithStagingAheadEveryRequestAnsweredExactlyOnce) 
   const uint64_t staged =
       StressEveryRequestAnswered(/*stage_ahead=*/true, StressRequests(1000) / 2);
   std::cout << "batches staged ahead: " << staged << "\n";
+  // 16,000 requests or more from 64 threads keep the three instances busy while full batches
+  // wait: hundreds are staged in every run seen (205 to 1,450), so none means staging broke.
+  EXPECT_GT(staged, 0u);
 }
 
 }  // namespace

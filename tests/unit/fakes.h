@@ -115,7 +115,8 @@ class FakeBackend final : public ModelBackend {
       std::unique_lock<std::mutex> lock(mutex_);
       ++started_;
       started_cv_.notify_all();
-      gate_cv_.wait(lock, [this] { return open_; });
+      gate_cv_.wait(lock, [this] { return open_ || passes_ > 0; });
+      if (!open_) --passes_;
     }
     ++executed_;
     if (forward_time) last_forward_ = DevicePhases{Duration(0), forward_time(request), Duration(0)};
@@ -136,6 +137,12 @@ class FakeBackend final : public ModelBackend {
     open_ = true;
     gate_cv_.notify_all();
   }
+  // Lets one Execute through the closed gate (one held there now, or the next to come).
+  void AllowOne() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++passes_;
+    gate_cv_.notify_all();
+  }
   void WaitStarted(int count) {
     std::unique_lock<std::mutex> lock(mutex_);
     started_cv_.wait(lock, [&] { return started_ >= count; });
@@ -154,6 +161,7 @@ class FakeBackend final : public ModelBackend {
   std::mutex mutex_;
   std::condition_variable gate_cv_, started_cv_;
   bool open_ = true;
+  int passes_ = 0;  // AllowOne's, not used yet
   int started_ = 0;
   std::atomic<int> executed_{0};
 };

@@ -252,6 +252,8 @@ class StageAheadTest : public ::testing::Test {
     };
     pool_ = *InstancePool::Create(Spec(), std::move(backends), options);
   }
+  // A failed assertion must not leave a worker held at the gate (the pool's end joins it).
+  void TearDown() override { model_->OpenGate(); }
 
   // A batch of two requests (1 and 2 rows, tagged `tag` and `tag` + 1), padded to 4 rows.
   FormedBatch Batch(Call& first, Call& second, int32_t tag) {
@@ -333,6 +335,43 @@ TEST_F(StageAheadTest, TheSetsTakeTurnsWithoutGrowing) {
   // its batch before the stager starts), the two sets hold one buffer each.
   EXPECT_EQ(pool_->StagingAllocations(), 2u);
   EXPECT_GE(stats_->Snapshot().phases.staged_ahead, 1u);
+}
+
+// A batch staged behind a batch that was itself staged: the stager assembles it in the set the
+// first batch used (the sets swap when the worker takes a staged batch), while the second runs on
+// the other; each answer is its own rows.
+TEST_F(StageAheadTest, ABatchStagedBehindAStagedOneUsesTheOtherSet) {
+  model_->CloseGate();
+  Call a, b, c, d, e, f;
+  pool_->Run(Batch(a, b, 10));
+  model_->WaitStarted(1);
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(c, d, 20));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 2; }));
+  // Let exactly the first batch through: the second then starts and is held at the gate.
+  model_->AllowOne();
+  ASSERT_TRUE(testing::Eventually([&] { return model_->started() == 2; }));
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{10, 10}));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  // Larger than the others (20 rows, 160 bytes, past the sets' first 64-byte buffers): the set
+  // it goes into grows, which shows the stager has started it (the worker then waits for it
+  // rather than assembling it itself).
+  FormedBatch larger;
+  larger.requests.push_back(e.Pending(8, 30));
+  larger.requests.push_back(f.Pending(12, 31));
+  larger.rows = larger.padded_rows = 20;
+  pool_->StageAhead(std::move(larger));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 3; }));
+  model_->OpenGate();
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{20, 20}));
+  EXPECT_EQ(Values(d), (std::vector<int32_t>{21, 21, 21, 21}));
+  EXPECT_EQ(Values(e), std::vector<int32_t>(16, 30));
+  EXPECT_EQ(Values(f), std::vector<int32_t>(24, 31));
+  Values(b);
+  pool_->Stop();
+  EXPECT_EQ(pool_->StagingAllocations(), 3u);
+  EXPECT_EQ(after_batch_calls_.load(), 3);
+  EXPECT_EQ(stats_->Snapshot().phases.staged_ahead, 2u);  // both assembled by the stager
 }
 
 TEST_F(StageAheadTest, WithNothingRunningAStagedBatchIsAnOrdinaryHandOver) {

@@ -72,10 +72,10 @@ TEST(VersionLoaderTest, OneLoadPerDeviceAndTheRuntimesWarningsReachTheTuning) {
   loaded.handle->Stop();
 }
 
-// Staging ahead is on where a model has one GPU instance per GPU: not on the CPU, not with two
-// instances on a GPU (they overlap each other's assembly already), not without dynamic batching;
-// the model's parameter wins.
-TEST(VersionLoaderTest, StagesAheadWithOneGpuInstancePerGpuUnlessTheModelSays) {
+// Staging ahead is on where a model has one instance, on a GPU: not on the CPU, not with several
+// instances (they overlap each other's assembly already, and a batch staged behind one would wait
+// while another is free), not without dynamic batching; the model's parameter wins.
+TEST(VersionLoaderTest, StagesAheadWithOneGpuInstanceUnlessTheModelSays) {
   FakeBackendFactory factory(/*cuda=*/true, /*gpus=*/2);
   VersionLoader loader(&factory, {});
   auto load = [&](const std::string& name, const std::function<void(ModelSpec&)>& edit) {
@@ -85,39 +85,34 @@ TEST(VersionLoaderTest, StagesAheadWithOneGpuInstancePerGpuUnlessTheModelSays) {
     if (loaded.handle) loaded.handle->Stop();
     return std::make_pair(loaded.tuning.stage_ahead, loaded.tuning.stage_ahead_reason);
   };
-  auto batching = [](ModelSpec& spec) { spec.dynamic_batching.enabled = true; };
-  auto on_gpus = [&](int count) {
-    return [&, count](ModelSpec& spec) {
-      batching(spec);
-      spec.instance_groups = {{InstanceKind::kGpu, count, {}}};
+  auto group = [](InstanceKind kind, int count, std::vector<int> gpus, bool batching) {
+    return [=](ModelSpec& spec) {
+      spec.dynamic_batching.enabled = batching;
+      spec.instance_groups = {{kind, count, gpus}};
     };
   };
-  EXPECT_EQ(load("one", on_gpus(1)), std::make_pair(true, std::string("one GPU instance per GPU")));
-  EXPECT_EQ(load("two", on_gpus(2)),
-            std::make_pair(false, std::string("several instances on a GPU")));
-  EXPECT_EQ(load("cpu",
-                 [&](ModelSpec& spec) {
-                   batching(spec);
-                   spec.instance_groups = {{InstanceKind::kCpu, 1, {}}};
-                 }),
-            std::make_pair(false, std::string("CPU instances")));
-  EXPECT_EQ(load("alone",
-                 [](ModelSpec& spec) {
-                   spec.instance_groups = {{InstanceKind::kGpu, 1, {}}};
-                 }),
-            std::make_pair(false, std::string("no dynamic batching")));
+  using Decision = std::pair<bool, std::string>;
+  EXPECT_EQ(load("one", group(InstanceKind::kGpu, 1, {1}, true)),
+            Decision(true, "one GPU instance"));
+  EXPECT_EQ(load("two", group(InstanceKind::kGpu, 2, {0}, true)),
+            Decision(false, "several instances"));
+  EXPECT_EQ(load("spread", group(InstanceKind::kGpu, 1, {}, true)),  // one on each GPU
+            Decision(false, "several instances"));
+  EXPECT_EQ(load("cpu", group(InstanceKind::kCpu, 1, {}, true)), Decision(false, "a CPU instance"));
+  EXPECT_EQ(load("alone", group(InstanceKind::kGpu, 1, {0}, false)),
+            Decision(false, "no dynamic batching"));
   EXPECT_EQ(load("forced",
                  [&](ModelSpec& spec) {
-                   on_gpus(2)(spec);
+                   group(InstanceKind::kGpu, 2, {0}, true)(spec);
                    spec.dynamic_batching.stage_ahead = true;
                  }),
-            std::make_pair(true, std::string("set for this model (sluice.stage_ahead)")));
+            Decision(true, "set for this model (sluice.stage_ahead)"));
   EXPECT_EQ(load("refused",
                  [&](ModelSpec& spec) {
-                   on_gpus(1)(spec);
+                   group(InstanceKind::kGpu, 1, {0}, true)(spec);
                    spec.dynamic_batching.stage_ahead = false;
                  }),
-            std::make_pair(false, std::string("set for this model (sluice.stage_ahead)")));
+            Decision(false, "set for this model (sluice.stage_ahead)"));
 }
 
 // Under the auto rule a TorchScript model with fixed shapes on a GPU is timed with cuDNN
