@@ -47,6 +47,11 @@ class TargetSink final : public OutputSink {
   std::vector<std::unique_ptr<char[]>> scratch_;  // empty, and unallocated, unless the sink failed
 };
 
+// A lone request that needs no padding runs on its own bytes: nothing to assemble.
+bool RunsOnItsOwnBytes(const FormedBatch& batch) {
+  return batch.requests.size() == 1 && batch.padded_rows == batch.rows;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<InstancePool>> InstancePool::Create(
@@ -144,16 +149,13 @@ void InstancePool::StagerLoop(size_t index) {
     FormedBatch batch = std::move(staged_[index].batch);
     lock.Unlock();
     const TimePoint started = options_.clock->Now();
-    // As RunBatch decides: a lone request that needs no padding runs on its own bytes.
-    const bool assembles = !(batch.requests.size() == 1 && batch.padded_rows == batch.rows);
     InferRequest assembled;
-    if (assembles) assembled = AssembleBatch(spec_, batch, instance->spare.get());
+    if (!RunsOnItsOwnBytes(batch)) assembled = AssembleBatch(spec_, batch, instance->spare.get());
     const Duration took = options_.clock->Now() - started;
     lock.Lock();
     Staged& staged = staged_[index];
     staged.batch = std::move(batch);
     staged.assembled = std::move(assembled);
-    staged.assembles = assembles;
     staged.assembly = took;
     staged.state = Staged::State::kReady;
     instance->staged.Signal();
@@ -391,8 +393,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* stage
   // The instance's idle time since its previous batch (warm-up before the first is not counted).
   const Duration idle =
       instance->last_end == TimePoint{} ? Duration::zero() : started - instance->last_end;
-  // A lone request that needs no padding runs on its own bytes: nothing to assemble.
-  const bool alone = batch.requests.size() == 1 && batch.padded_rows == batch.rows;
+  const bool alone = RunsOnItsOwnBytes(batch);
   if (options_.stats) {
     const auto callers =
         std::count_if(batch.requests.begin(), batch.requests.end(),
@@ -419,8 +420,7 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* stage
   // A batch the stager assembled runs on its assembly; one the worker took over before the stager
   // started is assembled here, as any batch.
   const bool assembled_ahead = staged != nullptr && staged->state == Staged::State::kReady;
-  const InferRequest* assembled =
-      assembled_ahead && staged->assembles ? &staged->assembled : nullptr;
+  const InferRequest* assembled = assembled_ahead ? &staged->assembled : nullptr;
   Status status = Execute(instance, batch, !alone, assembled, targets, &assembled_at, &infer_done);
   const TimePoint delivered_at = options_.clock->Now();
   TraceRun(*instance, batch, status, started, infer_done, delivered_at);

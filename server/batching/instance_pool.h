@@ -154,8 +154,7 @@ class InstancePool {
     };
     State state = State::kEmpty;
     FormedBatch batch;
-    InferRequest assembled;  // kReady, when the batch needed assembling
-    bool assembles = false;  // kReady: whether `assembled` holds it (else it runs on its own bytes)
+    InferRequest assembled;  // kReady: the batch assembled (empty where it runs on its own bytes)
     Duration assembly{0};    // kReady: how long the stager took
   };
 
