@@ -187,35 +187,46 @@ def pattern(levels):
     return {"checks": checks, "reproduced": all(check["holds"] for check in checks.values())}
 
 
+def compare(levels, entries, entry, other, ratio_name, count_name):
+    """Sets entry[ratio_name] to its median rows/s over the median of the entry for the same
+    instances, transport and concurrency that `other(e)` picks, and entry[count_name] to how many of
+    entry's repetitions beat every repetition of that other one."""
+    where = ("instances", "transport", "concurrency")
+    same = [e for e in entries if other(e) and all(e[k] == entry[k] for k in where)]
+    if not same or same[0]["rows_per_s"] <= 0:
+        return
+    mine = [r for r in levels if all(r[k] == entry[k] for k in where + ("build", "stage_ahead"))]
+    theirs = [r for r in levels if all(r[k] == same[0][k] for k in where + ("build", "stage_ahead"))]
+    entry[ratio_name] = round(entry["rows_per_s"] / same[0]["rows_per_s"], 3)
+    best_other = max(r["rows_per_s"] for r in theirs)
+    entry[count_name] = sum(1 for r in mine if r["rows_per_s"] > best_other)
+
+
 def medians(levels):
-    """Per instances, transport, concurrency and setting: the median of each figure over the
-    repetitions, and with both settings run, on's median rows/s over off's ("vs_off") and in how
-    many repetitions on beat the best off ("on_above_every_off")."""
-    keys = sorted({(r["instances"], r["transport"], r["concurrency"], r["stage_ahead"]) for r in levels})
+    """Per build, instances, transport, concurrency and setting: the median of each figure over the
+    repetitions; with both settings run, on's median rows/s over off's ("vs_off") and in how many
+    repetitions on beat the best off ("on_above_every_off"); with a baseline build, the current
+    build's over the baseline's at the same setting ("vs_baseline", "above_every_baseline")."""
+    keys = sorted({(r["build"], r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
+                   for r in levels})
     out = []
-    for instances, transport, concurrency, stage in keys:
-        rows = [r for r in levels if (r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
-                == (instances, transport, concurrency, stage)]
-        entry = {"instances": instances, "transport": transport, "concurrency": concurrency, "stage_ahead": stage,
-                 "repetitions": len(rows)}
+    for build, instances, transport, concurrency, stage in keys:
+        rows = [r for r in levels if (r["build"], r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
+                == (build, instances, transport, concurrency, stage)]
+        entry = {"build": build, "instances": instances, "transport": transport, "concurrency": concurrency,
+                 "stage_ahead": stage, "repetitions": len(rows)}
         for figure in ("rows_per_s", "of_best", "held", "padding", "real_rows_per_batch", "p99_us",
                        "p99_over_forward", "server_cpu_us_per_request"):
             entry[figure] = round(float(np.median([r[figure] for r in rows])), 3)
         out.append(entry)
     for entry in out:
-        if not entry["stage_ahead"]:
-            continue
-        off = [e for e in out if not e["stage_ahead"] and (e["instances"], e["transport"], e["concurrency"])
-               == (entry["instances"], entry["transport"], entry["concurrency"])]
-        if off and off[0]["rows_per_s"] > 0:
-            entry["vs_off"] = round(entry["rows_per_s"] / off[0]["rows_per_s"], 3)
-            best_off = max(r["rows_per_s"] for r in levels if not r["stage_ahead"] and
-                           (r["instances"], r["transport"], r["concurrency"])
-                           == (entry["instances"], entry["transport"], entry["concurrency"]))
-            entry["on_above_every_off"] = sum(
-                1 for r in levels if r["stage_ahead"] and r["rows_per_s"] > best_off and
-                (r["instances"], r["transport"], r["concurrency"])
-                == (entry["instances"], entry["transport"], entry["concurrency"]))
+        if entry["stage_ahead"]:
+            compare(levels, out, entry, lambda e, entry=entry: e["build"] == entry["build"] and not e["stage_ahead"],
+                    "vs_off", "on_above_every_off")
+        if entry["build"] == "current":
+            compare(levels, out, entry,
+                    lambda e, entry=entry: e["build"] == "baseline" and e["stage_ahead"] == entry["stage_ahead"],
+                    "vs_baseline", "above_every_baseline")
     return out
 
 
@@ -236,6 +247,9 @@ def main():
                         help="off, on, or off,on: serve the model with sluice.stage_ahead so (default off)")
     parser.add_argument("--repetitions", type=int, default=1,
                         help="run every setting this many times, the settings taking turns (default 1)")
+    parser.add_argument("--baseline-bin-dir", default=None,
+                        help="also run every setting on the server in this bin directory (the commit before, "
+                             "built apart), the two builds taking turns; the medians compare them")
     parser.add_argument("--no-pin", action="store_true")
     args = parser.parse_args()
     library = os.path.join(os.path.dirname(os.path.abspath(args.bin_dir)), "lib", "libsluice_sim_device.so")
@@ -255,12 +269,16 @@ def main():
     (server_prefix, client_prefix), pin_note = pinning(not args.no_pin)
     levels = []
     with tempfile.TemporaryDirectory() as workdir:
-        runs = [(repetition, stage, instances) for repetition in range(repetitions) for stage in stages
-                for instances in instance_counts]
-        for repetition, stage, instances in runs:
-            root = os.path.join(workdir, f"models_{repetition}_{int(stage)}_{instances}")
+        builds = [("current", args.bin_dir)]
+        if args.baseline_bin_dir:
+            builds.append(("baseline", args.baseline_bin_dir))
+        runs = [(repetition, build, stage, instances) for repetition in range(repetitions) for build in builds
+                for stage in stages for instances in instance_counts]
+        for repetition, (build, bin_dir), stage, instances in runs:
+            root = os.path.join(workdir, f"models_{repetition}_{build}_{int(stage)}_{instances}")
             write_models(root, library, params, row_elements, args.width, instances, args.launch_spin, stage)
-            server = start_server(args.bin_dir, root, ["--operator-library", library, "--allow-client-shm=true",
+            # Both builds drive the same simulated device (this build's library).
+            server = start_server(bin_dir, root, ["--operator-library", library, "--allow-client-shm=true",
                                                        "--client-shm-keys=*"], prefix=server_prefix, timeout=120,
                                   metrics_port=FREE)
             process = server.process
@@ -271,8 +289,9 @@ def main():
                         row["instances"] = instances
                         row["stage_ahead"] = stage
                         row["repetition"] = repetition
+                        row["build"] = build
                         levels.append(row)
-                        print(f"instances {instances} stage ahead {'on ' if stage else 'off'} {transport:4} "
+                        print(f"{build:8} instances {instances} stage ahead {'on ' if stage else 'off'} {transport:4} "
                               f"c={concurrency:<4} {row['rows_per_s']:9.1f} rows/s "
                               f"of best {row['of_best']:.3f} held {row['held']:.3f} padding {row['padding']:.3f} "
                               f"rows/batch {row['real_rows_per_batch']:.1f}/{row['computed_rows_per_batch']:.1f} "
@@ -280,7 +299,7 @@ def main():
                               f"cpu/req {row['server_cpu_us_per_request']:.0f} us", flush=True)
                         cycle = row["cycle"]
                         print("    cycle us: " + " ".join(f"{phase} {cycle[phase + '_us']:.0f}"
-                                                          for phase in kitlib.HOST_PHASES + ("assembly_ahead",))
+                                                          for phase in kitlib.HOST_PHASES + kitlib.OFF_CYCLE_PHASES)
                               + f"; staged ahead {cycle['staged_ahead_share']:.2f} of batches", flush=True)
             finally:
                 process.terminate()
@@ -303,17 +322,18 @@ def main():
                          "max_batch_size": MAX_BATCH, "preferred_batch_sizes": list(PREFERRED),
                          "row_bytes": row_elements * 2, "answer_row_bytes": args.width * 2},
               "pinning": pin_note, "repetitions": repetitions, "levels": levels}
-    if len(stages) > 1 or repetitions > 1:
+    if len(stages) > 1 or repetitions > 1 or len(builds) > 1:
         report["medians"] = medians(levels)
         print(f"\nMedians over {repetitions} repetition(s), settings taking turns:")
-        header = ["inst", "transport", "c", "ahead", "rows/s", "of best", "held", "p99/forward", "cpu us/req",
-                  "vs off"]
+        header = ["build", "inst", "transport", "c", "ahead", "rows/s", "of best", "held", "p99/forward",
+                  "cpu us/req", "vs off", "vs baseline"]
         print(" ".join(f"{h:>12}" for h in header))
         for row in report["medians"]:
-            print(" ".join(f"{v:>12}" for v in (row["instances"], row["transport"], row["concurrency"],
+            print(" ".join(f"{v:>12}" for v in (row["build"], row["instances"], row["transport"], row["concurrency"],
                                                 "on" if row["stage_ahead"] else "off", row["rows_per_s"],
                                                 row["of_best"], row["held"], row["p99_over_forward"],
-                                                row["server_cpu_us_per_request"], row.get("vs_off", ""))))
+                                                row["server_cpu_us_per_request"], row.get("vs_off", ""),
+                                                row.get("vs_baseline", ""))))
     if not args.smoke:
         report["h200_pattern"] = pattern(levels)
         checks = report["h200_pattern"]["checks"]

@@ -117,6 +117,9 @@ def metric_values(text, name, **labels):
 # which follow each other, and the device phases inside execute.
 HOST_PHASES = ("idle", "assembly", "execute", "scatter", "complete")
 DEVICE_PHASES = ("to_device", "forward", "to_host")
+# Work done beside the cycle (sluice.stage_ahead): a staged batch's assembly while the batch
+# before it ran, and a batch's completion while the batch staged behind it ran.
+OFF_CYCLE_PHASES = ("assembly_ahead", "complete_behind")
 
 
 def batch_cycle(metrics_text, model):
@@ -125,9 +128,8 @@ def batch_cycle(metrics_text, model):
               for phase in HOST_PHASES + DEVICE_PHASES}
     for kind in ("real", "padding"):
         totals[f"{kind}_rows"] = sum(metric_values(metrics_text, "sluice_batch_rows_total", model=model, kind=kind))
-    # Batches staged ahead (sluice.stage_ahead) and their assembly, done outside the cycle.
-    totals["assembly_ahead"] = sum(metric_values(metrics_text, "sluice_batch_phase_seconds_total", model=model,
-                                                 phase="assembly_ahead"))
+    for phase in OFF_CYCLE_PHASES:
+        totals[phase] = sum(metric_values(metrics_text, "sluice_batch_phase_seconds_total", model=model, phase=phase))
     totals["staged_ahead"] = sum(metric_values(metrics_text, "sluice_batches_staged_ahead_total", model=model))
     return totals
 
@@ -146,7 +148,8 @@ def cycle_report(after, before, executions):
     for phase in HOST_PHASES:
         report[f"{phase}_share"] = delta[phase] / cycle if cycle > 0 else 0.0
     report["staged_ahead_share"] = delta.get("staged_ahead", 0.0) / batches
-    report["assembly_ahead_us"] = delta.get("assembly_ahead", 0.0) / batches * 1e6
+    for phase in OFF_CYCLE_PHASES:
+        report[f"{phase}_us"] = delta.get(phase, 0.0) / batches * 1e6
     return report
 
 

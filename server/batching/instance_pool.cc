@@ -76,6 +76,7 @@ InstancePool::InstancePool(ModelSpec spec, std::vector<std::unique_ptr<ModelBack
   claimed_.assign(instances_.size(), 0);
   running_.assign(instances_.size(), 0);
   staged_.resize(instances_.size());
+  behind_.resize(instances_.size());
   for (size_t i = 0; i < instances_.size(); ++i)
     workers_.emplace_back([this, i] { WorkerLoop(i); });
   if (options_.stage_ahead) {
@@ -136,14 +137,26 @@ void InstancePool::StageAhead(FormedBatch batch) {
 
 void InstancePool::StagerLoop(size_t index) {
   NameThisThread("sluice-stager-" + std::to_string(index));
-  RunThisThreadAsModelWork();
+  // Its work is off the cycle: it runs as the front ends do (SCHED_BATCH where they do), so that
+  // on a shared CPU waking it to complete a batch does not preempt the worker starting the next.
+  RunThisThreadAsFrontEnd();
   (void)RunThisThreadOnModelCpus();  // the worker already said so if it cannot
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {
-    while (!stopping_ && staged_[index].state != Staged::State::kQueued)
+    while (!stopping_ && staged_[index].state != Staged::State::kQueued && behind_[index].empty())
       instance->stage.Wait(&mutex_);
-    // Stopping: a batch still queued is assembled all the same (the worker runs it).
+    // Answers first: their callers send the requests that make the next batch.
+    if (!behind_[index].empty()) {
+      Ran ran = std::move(behind_[index].front());
+      behind_[index].pop_front();
+      lock.Unlock();
+      Complete(instance, std::move(ran), /*behind=*/true);
+      lock.Lock();
+      continue;
+    }
+    // Stopping: a batch still queued is assembled all the same (the worker runs it). Nothing is
+    // handed over to complete after stopping_ is set (the worker completes its batches itself).
     if (staged_[index].state != Staged::State::kQueued) return;
     staged_[index].state = Staged::State::kAssembling;
     FormedBatch batch = std::move(staged_[index].batch);
@@ -362,19 +375,42 @@ void InstancePool::WorkerLoop(size_t index) {
         ahead_slots_.fetch_add(1, std::memory_order_acq_rel);
         lock.Unlock();
         if (options_.on_slot) options_.on_slot();
-        RunBatch(instance, std::move(batch));
+        std::optional<Ran> ended = ExecuteBatch(instance, std::move(batch));
         lock.Lock();
         // What was staged behind it runs now, and else a batch staged behind a busier instance
-        // that its stager has not started: the instance does not go idle in between.
+        // that its stager has not started: the instance does not go idle in between. The batch
+        // that ended is completed by the stager meanwhile; with nothing to run next, here (and
+        // then what was staged while it completed runs).
         for (;;) {
           std::optional<Staged> staged = TakeStaged(index);
           if (!staged) staged = TakeQueuedElsewhere(index);
-          if (!staged) break;
+          if (!staged) {
+            if (!ended) break;
+            lock.Unlock();
+            Complete(instance, std::move(*ended), /*behind=*/false);
+            ended.reset();
+            lock.Lock();
+            continue;
+          }
+          if (ended) {
+            if (stopping_) {
+              lock.Unlock();
+              Complete(instance, std::move(*ended), /*behind=*/false);
+              lock.Lock();
+            } else {
+              // The worker is done with it: the cycle ends here, the completion runs beside.
+              instance->last_end = options_.clock->Now();
+              ended->phases.complete = instance->last_end - ended->delivered_at;
+              behind_[index].push_back(std::move(*ended));
+              instance->stage.Signal();
+            }
+            ended.reset();
+          }
           lock.Unlock();
           // The batch ended (the scheduler counts on one call per batch), and its slot is free.
           if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
           FormedBatch next = std::move(staged->batch);
-          RunBatch(instance, std::move(next), &*staged);
+          ended = ExecuteBatch(instance, std::move(next), &*staged);
           lock.Lock();
         }
         running_[index] = 0;
@@ -388,7 +424,13 @@ void InstancePool::WorkerLoop(size_t index) {
   }
 }
 
-void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* staged) {
+void InstancePool::RunBatch(Instance* instance, FormedBatch batch) {
+  std::optional<Ran> ran = ExecuteBatch(instance, std::move(batch));
+  if (ran) Complete(instance, std::move(*ran), /*behind=*/false);
+}
+
+std::optional<InstancePool::Ran> InstancePool::ExecuteBatch(Instance* instance, FormedBatch batch,
+                                                            Staged* staged) {
   const TimePoint started = options_.clock->Now();
   // The instance's idle time since its previous batch (warm-up before the first is not counted).
   const Duration idle =
@@ -428,12 +470,16 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* stage
     if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
     Fail(batch.requests, status, /*ran=*/true);
     instance->last_end = options_.clock->Now();
-    return;
+    return std::nullopt;
   }
-  const Duration input = assembled_at - started, infer = infer_done - assembled_at,
-                 output = delivered_at - infer_done;
+  Ran ran;
+  ran.started = started;
+  ran.delivered_at = delivered_at;
+  ran.input = assembled_at - started;
+  ran.infer = infer_done - assembled_at;
+  ran.output = delivered_at - infer_done;
   if (options_.stats) {
-    options_.stats->RecordExecution(batch.padded_rows, input, infer, output);
+    options_.stats->RecordExecution(batch.padded_rows, ran.input, ran.infer, ran.output);
     options_.stats->RecordGraphRun(instance->backend->LastGraphRun());
   }
   if (options_.costs) {
@@ -447,24 +493,45 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* stage
                                       delivered_at - started);
     }
   }
+  ran.refused.reserve(sinks.size());
+  for (const TargetSink& sink : sinks) ran.refused.push_back(sink.status());
+  BatchPhases& phases = ran.phases;
+  phases.idle = idle;
+  phases.assembly = ran.input;
+  if (assembled_ahead) {
+    phases.assembly_ahead = staged->assembly;
+    phases.staged_ahead = true;
+  }
+  phases.execute = ran.infer;
+  phases.device = instance->backend->LastPhases();  // the next batch's Execute replaces them
+  phases.scatter = ran.output;
+  phases.rows = batch.rows;
+  phases.padded_rows = batch.padded_rows;
+  ran.batch = std::move(batch);
+  return ran;
+}
+
+void InstancePool::Complete(Instance* instance, Ran ran, bool behind) {
+  const TimePoint began = options_.clock->Now();
+  std::vector<PendingRequest>& requests = ran.batch.requests;
   // Answers to a connection that several callers of this batch share leave together.
   AnswerConnections connections;
-  if (batch.requests.size() > 1) {
-    for (const PendingRequest& pending : batch.requests) {
+  if (requests.size() > 1) {
+    for (const PendingRequest& pending : requests) {
       if (!pending.filler) connections.Add(pending.sink);
     }
     connections.Hold();
   }
-  for (size_t i = 0; i < batch.requests.size(); ++i) {
-    PendingRequest& pending = batch.requests[i];
-    const Status& refused = sinks[i].status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    PendingRequest& pending = requests[i];
+    const Status& refused = ran.refused[i];
     if (options_.costs && refused.ok() && !pending.filler)
-      options_.costs->ObserveAnswer(delivered_at - pending.enqueued);
+      options_.costs->ObserveAnswer(ran.delivered_at - pending.enqueued);
     if (options_.stats && !pending.filler) {
       if (refused.ok()) {
         options_.stats->RecordSuccess(
-            pending.request->batch_size, started - pending.enqueued, input, infer, output,
-            options_.clock->Now() - pending.enqueued, pending.request->protocol);
+            pending.request->batch_size, ran.started - pending.enqueued, ran.input, ran.infer,
+            ran.output, options_.clock->Now() - pending.enqueued, pending.request->protocol);
       } else {
         options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused,
                                       /*ran=*/true, pending.request->protocol);
@@ -472,23 +539,15 @@ void InstancePool::RunBatch(Instance* instance, FormedBatch batch, Staged* stage
     }
     pending.done(refused);
   }
-  instance->last_end = options_.clock->Now();
-  if (options_.stats) {
-    BatchPhases phases;
-    phases.idle = idle;
-    phases.assembly = input;
-    if (assembled_ahead) {
-      phases.assembly_ahead = staged->assembly;
-      phases.staged_ahead = true;
-    }
-    phases.execute = infer;
-    phases.device = instance->backend->LastPhases();
-    phases.scatter = output;
-    phases.complete = instance->last_end - delivered_at;
-    phases.rows = batch.rows;
-    phases.padded_rows = batch.padded_rows;
-    options_.stats->RecordPhases(phases);
+  connections.Release();
+  const TimePoint end = options_.clock->Now();
+  if (behind) {
+    ran.phases.complete_behind = end - began;
+  } else {
+    instance->last_end = end;
+    ran.phases.complete = end - ran.delivered_at;
   }
+  if (options_.stats) options_.stats->RecordPhases(ran.phases);
 }
 
 void InstancePool::TraceRun(const Instance& instance, const FormedBatch& batch,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 
 #include "server/batching/batch_assembly.h"
 #include "server/batching/batch_queue.h"
@@ -54,7 +55,8 @@ class InstancePool {
     std::shared_ptr<BatchCostModel> costs;
     // Stage ahead (sluice.stage_ahead): each instance gets a second set of staging buffers and a
     // stager thread, so that a batch handed over with StageAhead while the instance runs is
-    // assembled meanwhile and starts the moment the running batch ends. Off: StageAhead is Run.
+    // assembled meanwhile and starts the moment the running batch ends; the stager then completes
+    // the ended batch's answers while the staged one runs. Off: StageAhead is Run.
     bool stage_ahead = false;
     // Stage ahead: an instance started a batch, so a batch may now be staged behind it
     // (ahead_slots() grew). Runs on the worker with no pool lock held; must be cheap. May be null.
@@ -85,7 +87,9 @@ class InstancePool {
   // Hands `batch` to an instance that runs a batch and has nothing staged behind it: its stager
   // thread assembles it in the instance's second staging buffers while the running batch goes on
   // (or its worker does, if it ends first), and the worker runs it as soon as the running batch
-  // ends (answers the finished batch first). A worker about to go idle takes a batch staged
+  // ends: the stager completes the ended batch's answers (statistics, each request's done) while
+  // the staged batch runs (a batch that ends with nothing staged behind it is completed by its
+  // worker, as without staging). A worker about to go idle takes a batch staged
   // behind another instance that its stager has not started. Meant for batches that waiting could
   // not make larger (BatchFormer::TakeFullBatch): a scheduler calls it while idle() is 0 and
   // ahead_slots() is positive. Where no instance has a free slot any more (the one that had it
@@ -141,7 +145,17 @@ class InstancePool {
     TimePoint last_end{};  // when its last batch ended (unset before the first); as `staging`
     CondVar wake;          // its worker's: work for it, a claim ended, or stop
     CondVar staged;        // the worker's, waiting for the stager to finish a batch
-    CondVar stage;         // the stager's: a batch staged for it, or stop
+    CondVar stage;         // the stager's: a batch staged for it, a batch to complete, or stop
+  };
+
+  // A batch the backend ran without error, up to its answers: what completing it needs (on the
+  // worker, or on the stager while the worker runs the batch staged behind it).
+  struct Ran {
+    FormedBatch batch;
+    absl::InlinedVector<Status, 8> refused;  // by request: its sink's refusal (OK: answered)
+    TimePoint started, delivered_at;
+    Duration input{0}, infer{0}, output{0};
+    BatchPhases phases;  // all but `complete` and `complete_behind`
   };
 
   // The batch staged ahead on one instance (StageAhead), and where it is.
@@ -171,8 +185,16 @@ class InstancePool {
   // A batch staged behind another instance whose stager has not started it (kQueued), for
   // instances_[index]'s worker, which has nothing staged and would go idle; nullopt when none.
   std::optional<Staged> TakeQueuedElsewhere(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // `staged`: the batch came staged ahead (`batch` is then its batch, moved in).
-  void RunBatch(Instance* instance, FormedBatch batch, Staged* staged = nullptr);
+  // Runs `batch` and completes it on the calling thread.
+  void RunBatch(Instance* instance, FormedBatch batch);
+  // Runs `batch` up to its answers: nullopt when it failed (every request answered with the
+  // error), else what Complete needs. `staged`: the batch came staged ahead (`batch` is then its
+  // batch, moved in). Sets instance->last_end when it fails.
+  std::optional<Ran> ExecuteBatch(Instance* instance, FormedBatch batch, Staged* staged = nullptr);
+  // Answers the requests of a batch that ran and records them. `behind`: on the stager, while the
+  // instance runs the next batch (its time counts as complete_behind, off the cycle; the worker
+  // set last_end when it handed it over); else on the instance's runner, which it ends (last_end).
+  void Complete(Instance* instance, Ran ran, bool behind);
   // Assembles `batch` in the instance's staging buffers when `assemble` (unless `assembled`, the
   // stager's assembly, is given), runs it and delivers the outputs to `targets`. `*infer_done`:
   // when the first output was asked for (else the end).
@@ -215,6 +237,8 @@ class InstancePool {
   // behind it (stage ahead).
   std::vector<char> running_ ABSL_GUARDED_BY(mutex_);
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mutex_);
+  // By instance index: batches its worker handed to its stager to complete (stage ahead).
+  std::vector<std::deque<Ran>> behind_ ABSL_GUARDED_BY(mutex_);
   int claims_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;

@@ -85,6 +85,7 @@ void BatchPhaseTotals::Add(const BatchPhases& phases) {
   idle += phases.idle;
   assembly += phases.assembly;
   assembly_ahead += phases.assembly_ahead;
+  complete_behind += phases.complete_behind;
   if (phases.staged_ahead) ++staged_ahead;
   execute += phases.execute;
   scatter += phases.scatter;

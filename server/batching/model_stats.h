@@ -42,8 +42,11 @@ struct BatchPhases {
   bool staged_ahead = false;
   Duration execute{0};                 // the backend's Execute until it handed out the first output
   std::optional<DevicePhases> device;  // inputs to the device, forward pass, outputs back
-  Duration scatter{0};      // the outputs handed to every request's sink (rows copied into answers)
-  Duration complete{0};     // the requests completed (answers given to their front ends)
+  Duration scatter{0};   // the outputs handed to every request's sink (rows copied into answers)
+  Duration complete{0};  // the requests completed (answers given to their front ends)
+  // A batch with another staged behind it is completed by the instance's stager while that one
+  // runs, off the cycle: that completion's time (`complete` is then ~0).
+  Duration complete_behind{0};
   int64_t rows = 0;         // the callers' rows
   int64_t padded_rows = 0;  // the rows the model ran (padding included)
 };
@@ -54,7 +57,7 @@ struct BatchPhaseTotals {
   uint64_t staged_ahead = 0;                     // batches assembled while another ran
   uint64_t rows = 0, padded_rows = 0;
   Duration idle{0}, assembly{0}, execute{0}, to_device{0}, forward{0}, to_host{0}, scatter{0},
-      complete{0}, assembly_ahead{0};
+      complete{0}, assembly_ahead{0}, complete_behind{0};
   void Add(const BatchPhases& phases);
 };
 

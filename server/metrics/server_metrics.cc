@@ -73,8 +73,9 @@ struct ServerMetrics::Families {
                 .Help(
                     "Where each instance's batch cycles went, by phase: idle, assembly, execute "
                     "(to_device, forward and to_host within it, as the device saw them), scatter, "
-                    "complete; and assembly_ahead, the assembly of batches staged ahead, done "
-                    "while the batch before them ran (outside the cycle)")
+                    "complete; and, outside the cycle, assembly_ahead, the assembly of batches "
+                    "staged ahead while the batch before them ran, and complete_behind, the "
+                    "completion of batches while the batch staged behind them ran")
                 .Register(r)),
         batch_rows(prometheus::BuildCounter()
                        .Name("sluice_batch_rows_total")
@@ -589,6 +590,7 @@ class ModelMetrics final : public StatsSink {
       phase_seconds_[8]->Increment(Seconds(phases.assembly_ahead));
       staged_ahead_->Increment();
     }
+    phase_seconds_[9]->Increment(Seconds(phases.complete_behind));
     real_rows_->Increment(static_cast<double>(phases.rows));
     padding_rows_->Increment(static_cast<double>(phases.padded_rows - phases.rows));
   }
@@ -803,10 +805,10 @@ class ModelMetrics final : public StatsSink {
   Counter& executions_;
   // The batch cycle's series, made at the first batch (sluice_batch_phase_seconds_total in
   // kPhaseNames order, sluice_batch_rows_total).
-  static constexpr size_t kPhases = 9;
-  static constexpr const char* kPhaseNames[kPhases] = {"idle",    "assembly", "execute",
-                                                       "scatter", "complete", "to_device",
-                                                       "forward", "to_host",  "assembly_ahead"};
+  static constexpr size_t kPhases = 10;
+  static constexpr const char* kPhaseNames[kPhases] = {
+      "idle",      "assembly", "execute", "scatter",        "complete",
+      "to_device", "forward",  "to_host", "assembly_ahead", "complete_behind"};
   std::once_flag phases_once_;
   std::array<Counter*, kPhases> phase_seconds_{};
   Counter* real_rows_ = nullptr;

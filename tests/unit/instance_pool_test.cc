@@ -312,6 +312,45 @@ TEST_F(StageAheadTest, ABatchStagedBehindARunningOneIsAssembledMeanwhileAndRunsN
   EXPECT_EQ(pool_->StagingAllocations(), 2u);  // one buffer in each set
 }
 
+// The batch that ends with another staged behind it is answered by the stager while the staged
+// one runs: the first answer's delivery holds (bounded) until the next batch has started, which
+// it only sees where the worker did not stay to deliver it. Its completion time is counted off
+// the cycle.
+TEST_F(StageAheadTest, TheStagerAnswersTheEndedBatchWhileTheStagedOneRuns) {
+  model_->CloseGate();
+  Call a, b, c, d;
+  FormedBatch first = Batch(a, b, 10);
+  std::atomic<bool> next_started_first{false};
+  first.requests[0].done = [&, answer = std::move(first.requests[0].done)](Status status) mutable {
+    next_started_first =
+        testing::Eventually([&] { return model_->started() == 2; }, std::chrono::seconds(5));
+    clock_.Advance(std::chrono::milliseconds(3));  // the completion's time
+    answer(status);
+  };
+  pool_->Run(std::move(first));
+  model_->WaitStarted(1);
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(c, d, 20));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 2; }));
+  model_->AllowOne();  // the first batch ends; the staged one starts and is held at the gate
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{10, 10}));
+  EXPECT_TRUE(next_started_first.load());
+  EXPECT_EQ(Values(b), (std::vector<int32_t>{11, 11, 11, 11}));
+  EXPECT_EQ(model_->started(), 2);
+  model_->OpenGate();
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{20, 20}));
+  EXPECT_EQ(Values(d), (std::vector<int32_t>{21, 21, 21, 21}));
+  pool_->Stop();
+  EXPECT_EQ(after_batch_calls_.load(), 2);
+  const ModelStatsSnapshot stats = stats_->Snapshot();
+  EXPECT_EQ(stats.success.count, 4u);
+  EXPECT_EQ(stats.phases.batches, 2u);
+  // The first batch's 3 ms were spent behind the second; the second, with nothing staged behind
+  // it, was completed by its worker in no time (the fake clock stood still).
+  EXPECT_EQ(stats.phases.complete_behind, std::chrono::milliseconds(3));
+  EXPECT_EQ(stats.phases.complete, Duration::zero());
+}
+
 TEST_F(StageAheadTest, TheSetsTakeTurnsWithoutGrowing) {
   for (int round = 0; round < 3; ++round) {
     model_->CloseGate();

@@ -216,6 +216,7 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   phases.device.reset();       // a pass the backend did not measure adds no device time
   phases.staged_ahead = true;  // ...and one assembled while the one before it ran
   phases.assembly_ahead = 3ms;
+  phases.complete_behind = 2ms;  // ...and completed while the one after it ran
   stats.RecordPhases(phases);
   const std::string text = Exposition(*registry_);
   auto seconds = [&](const char* phase) {
@@ -231,6 +232,7 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   EXPECT_DOUBLE_EQ(seconds("scatter"), 0.004);
   EXPECT_DOUBLE_EQ(seconds("complete"), 0.002);
   EXPECT_DOUBLE_EQ(seconds("assembly_ahead"), 0.003);
+  EXPECT_DOUBLE_EQ(seconds("complete_behind"), 0.002);
   EXPECT_EQ(Value(text, R"(sluice_batches_staged_ahead_total{model="m",version="1"})"), 1);
   EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="real",model="m",version="1"})"), 6);
   EXPECT_EQ(Value(text, R"(sluice_batch_rows_total{kind="padding",model="m",version="1"})"), 2);
@@ -240,6 +242,7 @@ TEST_F(MetricsTest, BatchCyclesByPhaseAndRowsByKind) {
   EXPECT_EQ(totals.forward, 4ms);
   EXPECT_EQ(totals.staged_ahead, 1u);
   EXPECT_EQ(totals.assembly_ahead, 3ms);
+  EXPECT_EQ(totals.complete_behind, 2ms);
 }
 
 TEST_F(MetricsTest, PriorityLevelsQueueTimesAndRefusalsOnlyForLevelsSeen) {

@@ -143,7 +143,8 @@ def body():
     cycle_rows = [[r["concurrency"], label(r), round(r["cycle"]["cycle_us"])]
                   + [pct(r["cycle"][f"{phase}_share"]) for phase in kitlib.HOST_PHASES]
                   + [round(r["cycle"][f"{phase}_us"]) for phase in kitlib.DEVICE_PHASES]
-                  + [pct(r["cycle"]["staged_ahead_share"]), round(r["cycle"]["assembly_ahead_us"])] for r in levels]
+                  + [pct(r["cycle"]["staged_ahead_share"])]
+                  + [round(r["cycle"][f"{phase}_us"]) for phase in kitlib.OFF_CYCLE_PHASES] for r in levels]
     cpu_rows = [[r["concurrency"], label(r), r["client_cpu_s"],
                  ", ".join(f"{group} {seconds}" for group, seconds in sorted(r["server_cpu_s"].items(),
                                                                              key=lambda item: -item[1])[:6])]
@@ -156,7 +157,7 @@ def body():
                + "\n\nThe batch cycle (per batch; shares of the host cycle, then the device phases inside execute, us):\n\n"
                + kitlib.table(["concurrency", "transport", "cycle us"] + list(kitlib.HOST_PHASES)
                               + [f"{phase} us" for phase in kitlib.DEVICE_PHASES]
-                              + ["staged ahead", "assembly ahead us"], cycle_rows)
+                              + ["staged ahead", "assembly ahead us", "complete behind us"], cycle_rows)
                + "\n\nCPU seconds over each level (perf_analyzer; the server by thread group):\n\n"
                + kitlib.table(["concurrency", "transport", "client", "server"], cpu_rows)
                + "\n\nIn-process LibTorch, model alone: " + ", ".join(
