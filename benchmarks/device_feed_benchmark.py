@@ -173,10 +173,12 @@ def level(server, concurrency, transport, workdir, params, smoke, prefix):
 
 
 def pattern(levels):
-    """Whether the run shows the H200's pattern (one instance, over gRPC, without staging ahead)."""
+    """Whether the run shows the H200's pattern (one instance, over gRPC, without staging ahead; the
+    current build's)."""
     found = {}
     for row in levels:
-        if row["instances"] == 1 and row["transport"] == "grpc" and not row["stage_ahead"]:
+        if (row["instances"] == 1 and row["transport"] == "grpc" and not row["stage_ahead"]
+                and row["build"] == "current"):
             if row["concurrency"] == 8:
                 found["c8_real_rows_per_batch"] = row["real_rows_per_batch"]
             if row["concurrency"] == 64:

@@ -144,15 +144,16 @@ void InstancePool::StagerLoop(size_t index) {
   Instance* const instance = instances_[index].get();
   MutexLock lock(&mutex_);
   for (;;) {
-    while (!stopping_ && staged_[index].state != Staged::State::kQueued && behind_[index].empty())
+    while (!stopping_ && staged_[index].state != Staged::State::kQueued && !behind_[index])
       instance->stage.Wait(&mutex_);
-    // Answers first: their callers send the requests that make the next batch.
-    if (!behind_[index].empty()) {
-      Ran ran = std::move(behind_[index].front());
-      behind_[index].pop_front();
+    // Answers first: their callers send the requests that make the next batch. The slot stays
+    // taken (its value moved out) until the batch is completed: the worker sees the stager busy.
+    if (behind_[index]) {
+      Ran ran = std::move(*behind_[index]);
       lock.Unlock();
       Complete(instance, std::move(ran), /*behind=*/true);
       lock.Lock();
+      behind_[index].reset();
       continue;
     }
     // Stopping: a batch still queued is assembled all the same (the worker runs it). Nothing is
@@ -393,15 +394,18 @@ void InstancePool::WorkerLoop(size_t index) {
             continue;
           }
           if (ended) {
-            if (stopping_) {
+            // The stager completes it unless stopping, or still busy with the one before (so
+            // that answers never pile up behind a stager that falls behind: at most one waits).
+            if (stopping_ || behind_[index]) {
               lock.Unlock();
               Complete(instance, std::move(*ended), /*behind=*/false);
               lock.Lock();
             } else {
-              // The worker is done with it: the cycle ends here, the completion runs beside.
-              instance->last_end = options_.clock->Now();
-              ended->phases.complete = instance->last_end - ended->delivered_at;
-              behind_[index].push_back(std::move(*ended));
+              // The cycle ended when the worker was done with it (a wait above for the staged
+              // batch's assembly is the next batch's idle time); the completion runs beside.
+              instance->last_end = ended->executed_at;
+              ended->phases.complete = ended->executed_at - ended->delivered_at;
+              behind_[index] = std::move(*ended);
               instance->stage.Signal();
             }
             ended.reset();
@@ -508,6 +512,7 @@ std::optional<InstancePool::Ran> InstancePool::ExecuteBatch(Instance* instance, 
   phases.rows = batch.rows;
   phases.padded_rows = batch.padded_rows;
   ran.batch = std::move(batch);
+  ran.executed_at = options_.clock->Now();
   return ran;
 }
 

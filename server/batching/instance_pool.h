@@ -154,6 +154,7 @@ class InstancePool {
     FormedBatch batch;
     absl::InlinedVector<Status, 8> refused;  // by request: its sink's refusal (OK: answered)
     TimePoint started, delivered_at;
+    TimePoint executed_at;  // when ExecuteBatch was done with it
     Duration input{0}, infer{0}, output{0};
     BatchPhases phases;  // all but `complete` and `complete_behind`
   };
@@ -237,8 +238,10 @@ class InstancePool {
   // behind it (stage ahead).
   std::vector<char> running_ ABSL_GUARDED_BY(mutex_);
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mutex_);
-  // By instance index: batches its worker handed to its stager to complete (stage ahead).
-  std::vector<std::deque<Ran>> behind_ ABSL_GUARDED_BY(mutex_);
+  // By instance index: the batch its worker handed to its stager to complete (stage ahead), set
+  // from the hand-over until the stager has completed it (the worker hands over another only
+  // when it is empty, and completes the batch itself otherwise).
+  std::vector<std::optional<Ran>> behind_ ABSL_GUARDED_BY(mutex_);
   int claims_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;

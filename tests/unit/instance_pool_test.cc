@@ -351,6 +351,50 @@ TEST_F(StageAheadTest, TheStagerAnswersTheEndedBatchWhileTheStagedOneRuns) {
   EXPECT_EQ(stats.phases.complete, Duration::zero());
 }
 
+// While the stager is still completing one batch, the worker completes the next itself: answers
+// never queue behind a stager that falls behind.
+TEST_F(StageAheadTest, AWorkerCompletesItsBatchItselfWhileTheStagerIsStillCompleting) {
+  model_->CloseGate();
+  Call a, b, c, d, e, f;
+  FormedBatch first = Batch(a, b, 10);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  first.requests[0].done = [answer = std::move(first.requests[0].done),
+                            released](Status status) mutable {
+    released.wait();  // the stager is held here, completing the first batch
+    answer(status);
+  };
+  pool_->Run(std::move(first));
+  model_->WaitStarted(1);
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  FormedBatch second = Batch(c, d, 20);
+  std::atomic<bool> second_answered{false};
+  second.requests[1].done = [answer = std::move(second.requests[1].done),
+                             &second_answered](Status status) mutable {
+    answer(status);
+    second_answered = true;
+  };
+  pool_->StageAhead(std::move(second));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->StagingAllocations() == 2; }));
+  model_->AllowOne();  // the first batch ends and goes to the stager; the second starts
+  ASSERT_TRUE(testing::Eventually([&] { return model_->started() == 2; }));
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(e, f, 30));
+  model_->AllowOne();  // the second ends while the stager still holds the first
+  EXPECT_TRUE(testing::Eventually([&] { return second_answered.load(); }, std::chrono::seconds(5)));
+  release.set_value();
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{20, 20}));
+  EXPECT_EQ(Values(d), (std::vector<int32_t>{21, 21, 21, 21}));
+  EXPECT_EQ(Values(a), (std::vector<int32_t>{10, 10}));
+  EXPECT_EQ(Values(b), (std::vector<int32_t>{11, 11, 11, 11}));
+  model_->OpenGate();
+  EXPECT_EQ(Values(e), (std::vector<int32_t>{30, 30}));
+  EXPECT_EQ(Values(f), (std::vector<int32_t>{31, 31, 31, 31}));
+  pool_->Stop();
+  EXPECT_EQ(after_batch_calls_.load(), 3);
+  EXPECT_EQ(stats_->Snapshot().success.count, 6u);
+}
+
 TEST_F(StageAheadTest, TheSetsTakeTurnsWithoutGrowing) {
   for (int round = 0; round < 3; ++round) {
     model_->CloseGate();
