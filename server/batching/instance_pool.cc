@@ -304,6 +304,10 @@ StatusOr<WarmupReport> InstancePool::WarmUp(std::vector<WarmupRequest> requests,
               const bool assemble = spec_.batches() && options_.batches;
               Status status = Execute(instance, batch, assemble, /*assembled=*/nullptr,
                                       absl::MakeConstSpan(&target, 1), &assembled_at, &infer_done);
+              // Stage ahead: the second set reaches its size here too (pinned memory on a GPU),
+              // not at the first batch staged in serving. On the worker: no stager uses it yet.
+              if (status.ok() && assemble && options_.stage_ahead)
+                (void)AssembleBatch(spec_, batch, instance->spare.get());
               if (IsFatal(status) && options_.on_fatal) options_.on_fatal(status);
               // Captures count wherever they happen; warm-up's replays are not served batches.
               if (status.ok() && options_.stats &&

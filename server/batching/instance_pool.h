@@ -113,8 +113,9 @@ class InstancePool {
   void Drop(PendingRequest& pending, const Status& status);
 
   // See Scheduler::WarmUp: each request is assembled in the instance's staging buffers as a
-  // one-request batch (so the buffers reach their largest size before traffic comes), unless
-  // requests of this model never run together (no batch dimension, or Options::batches false).
+  // one-request batch (so the buffers reach their largest size before traffic comes; with
+  // Options::stage_ahead, both sets), unless requests of this model never run together (no batch
+  // dimension, or Options::batches false).
   StatusOr<WarmupReport> WarmUp(std::vector<WarmupRequest> requests,
                                 const std::atomic<bool>* abandon) ABSL_LOCKS_EXCLUDED(mutex_);
 

@@ -395,6 +395,26 @@ TEST_F(StageAheadTest, AWorkerCompletesItsBatchItselfWhileTheStagerIsStillComple
   EXPECT_EQ(stats_->Snapshot().success.count, 6u);
 }
 
+// Warm-up brings both staging sets to their size: the first batch staged in serving allocates
+// nothing (on a GPU, pinned memory).
+TEST_F(StageAheadTest, WarmUpSizesBothSets) {
+  ASSERT_TRUE(pool_->WarmUp(testing::ZeroWarmup(4, 2), nullptr).ok());
+  EXPECT_EQ(pool_->StagingAllocations(), 2u);
+  model_->CloseGate();
+  Call a, b, c, d;
+  pool_->Run(Batch(a, b, 10));
+  model_->WaitStarted(2);  // warm-up's run, then this batch
+  ASSERT_TRUE(testing::Eventually([&] { return pool_->ahead_slots() == 1; }));
+  pool_->StageAhead(Batch(c, d, 20));
+  model_->OpenGate();
+  EXPECT_EQ(Values(c), (std::vector<int32_t>{20, 20}));
+  Values(a);
+  Values(b);
+  Values(d);
+  pool_->Stop();
+  EXPECT_EQ(pool_->StagingAllocations(), 2u);
+}
+
 TEST_F(StageAheadTest, TheSetsTakeTurnsWithoutGrowing) {
   for (int round = 0; round < 3; ++round) {
     model_->CloseGate();
