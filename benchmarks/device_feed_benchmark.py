@@ -189,16 +189,24 @@ def pattern(levels):
     return {"checks": checks, "reproduced": all(check["holds"] for check in checks.values())}
 
 
+# What tells one median's runs from another's: the build and setting, at one level.
+LEVEL = ("instances", "transport", "concurrency")
+SETTING = ("build",) + LEVEL + ("stage_ahead",)
+
+
+def setting_of(row):
+    return tuple(row[k] for k in SETTING)
+
+
 def compare(levels, entries, entry, other, ratio_name, count_name):
     """Sets entry[ratio_name] to its median rows/s over the median of the entry for the same
     instances, transport and concurrency that `other(e)` picks, and entry[count_name] to how many of
     entry's repetitions beat every repetition of that other one."""
-    where = ("instances", "transport", "concurrency")
-    same = [e for e in entries if other(e) and all(e[k] == entry[k] for k in where)]
+    same = [e for e in entries if other(e) and all(e[k] == entry[k] for k in LEVEL)]
     if not same or same[0]["rows_per_s"] <= 0:
         return
-    mine = [r for r in levels if all(r[k] == entry[k] for k in where + ("build", "stage_ahead"))]
-    theirs = [r for r in levels if all(r[k] == same[0][k] for k in where + ("build", "stage_ahead"))]
+    mine = [r for r in levels if setting_of(r) == setting_of(entry)]
+    theirs = [r for r in levels if setting_of(r) == setting_of(same[0])]
     entry[ratio_name] = round(entry["rows_per_s"] / same[0]["rows_per_s"], 3)
     best_other = max(r["rows_per_s"] for r in theirs)
     entry[count_name] = sum(1 for r in mine if r["rows_per_s"] > best_other)
@@ -209,14 +217,10 @@ def medians(levels):
     repetitions; with both settings run, on's median rows/s over off's ("vs_off") and in how many
     repetitions on beat the best off ("on_above_every_off"); with a baseline build, the current
     build's over the baseline's at the same setting ("vs_baseline", "above_every_baseline")."""
-    keys = sorted({(r["build"], r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
-                   for r in levels})
     out = []
-    for build, instances, transport, concurrency, stage in keys:
-        rows = [r for r in levels if (r["build"], r["instances"], r["transport"], r["concurrency"], r["stage_ahead"])
-                == (build, instances, transport, concurrency, stage)]
-        entry = {"build": build, "instances": instances, "transport": transport, "concurrency": concurrency,
-                 "stage_ahead": stage, "repetitions": len(rows)}
+    for key in sorted({setting_of(r) for r in levels}):
+        rows = [r for r in levels if setting_of(r) == key]
+        entry = dict(zip(SETTING, key), repetitions=len(rows))
         for figure in ("rows_per_s", "of_best", "held", "padding", "real_rows_per_batch", "p99_us",
                        "p99_over_forward", "server_cpu_us_per_request"):
             entry[figure] = round(float(np.median([r[figure] for r in rows])), 3)

@@ -389,31 +389,26 @@ void InstancePool::WorkerLoop(size_t index) {
         for (;;) {
           std::optional<Staged> staged = TakeStaged(index);
           if (!staged) staged = TakeQueuedElsewhere(index);
-          if (!staged) {
-            if (!ended) break;
+          // The ended batch goes to the stager when a batch runs next, unless stopping or the
+          // stager is still busy with the one before (answers never pile up behind a stager that
+          // falls behind: at most one waits). Else the worker completes it here, and with nothing
+          // to run next looks again for what was staged meanwhile.
+          if (ended && staged && !stopping_ && !behind_[index]) {
+            // The cycle ended when the worker was done with it (a wait above for the staged
+            // batch's assembly is the next batch's idle time); the completion runs beside.
+            instance->last_end = ended->executed_at;
+            ended->phases.complete = ended->executed_at - ended->delivered_at;
+            behind_[index] = std::move(*ended);
+            ended.reset();
+            instance->stage.Signal();
+          } else if (ended) {
             lock.Unlock();
             Complete(instance, std::move(*ended), /*behind=*/false);
             ended.reset();
             lock.Lock();
-            continue;
+            if (!staged) continue;
           }
-          if (ended) {
-            // The stager completes it unless stopping, or still busy with the one before (so
-            // that answers never pile up behind a stager that falls behind: at most one waits).
-            if (stopping_ || behind_[index]) {
-              lock.Unlock();
-              Complete(instance, std::move(*ended), /*behind=*/false);
-              lock.Lock();
-            } else {
-              // The cycle ended when the worker was done with it (a wait above for the staged
-              // batch's assembly is the next batch's idle time); the completion runs beside.
-              instance->last_end = ended->executed_at;
-              ended->phases.complete = ended->executed_at - ended->delivered_at;
-              behind_[index] = std::move(*ended);
-              instance->stage.Signal();
-            }
-            ended.reset();
-          }
+          if (!staged) break;
           lock.Unlock();
           // The batch ended (the scheduler counts on one call per batch), and its slot is free.
           if (options_.on_idle) options_.on_idle(index, /*after_batch=*/true);
@@ -483,11 +478,14 @@ std::optional<InstancePool::Ran> InstancePool::ExecuteBatch(Instance* instance, 
   Ran ran;
   ran.started = started;
   ran.delivered_at = delivered_at;
-  ran.input = assembled_at - started;
-  ran.infer = infer_done - assembled_at;
-  ran.output = delivered_at - infer_done;
+  BatchPhases& phases = ran.phases;
+  phases.idle = idle;
+  phases.assembly = assembled_at - started;
+  phases.execute = infer_done - assembled_at;
+  phases.scatter = delivered_at - infer_done;
   if (options_.stats) {
-    options_.stats->RecordExecution(batch.padded_rows, ran.input, ran.infer, ran.output);
+    options_.stats->RecordExecution(batch.padded_rows, phases.assembly, phases.execute,
+                                    phases.scatter);
     options_.stats->RecordGraphRun(instance->backend->LastGraphRun());
   }
   if (options_.costs) {
@@ -503,16 +501,11 @@ std::optional<InstancePool::Ran> InstancePool::ExecuteBatch(Instance* instance, 
   }
   ran.refused.reserve(sinks.size());
   for (const TargetSink& sink : sinks) ran.refused.push_back(sink.status());
-  BatchPhases& phases = ran.phases;
-  phases.idle = idle;
-  phases.assembly = ran.input;
   if (assembled_ahead) {
     phases.assembly_ahead = staged->assembly;
     phases.staged_ahead = true;
   }
-  phases.execute = ran.infer;
   phases.device = instance->backend->LastPhases();  // the next batch's Execute replaces them
-  phases.scatter = ran.output;
   phases.rows = batch.rows;
   phases.padded_rows = batch.padded_rows;
   ran.batch = std::move(batch);
@@ -538,9 +531,11 @@ void InstancePool::Complete(Instance* instance, Ran ran, bool behind) {
       options_.costs->ObserveAnswer(ran.delivered_at - pending.enqueued);
     if (options_.stats && !pending.filler) {
       if (refused.ok()) {
-        options_.stats->RecordSuccess(
-            pending.request->batch_size, ran.started - pending.enqueued, ran.input, ran.infer,
-            ran.output, options_.clock->Now() - pending.enqueued, pending.request->protocol);
+        // The request's compute times are its batch's input, infer and output phases.
+        options_.stats->RecordSuccess(pending.request->batch_size, ran.started - pending.enqueued,
+                                      ran.phases.assembly, ran.phases.execute, ran.phases.scatter,
+                                      options_.clock->Now() - pending.enqueued,
+                                      pending.request->protocol);
       } else {
         options_.stats->RecordFailure(options_.clock->Now() - pending.enqueued, refused,
                                       /*ran=*/true, pending.request->protocol);

@@ -156,8 +156,7 @@ class InstancePool {
     absl::InlinedVector<Status, 8> refused;  // by request: its sink's refusal (OK: answered)
     TimePoint started, delivered_at;
     TimePoint executed_at;  // when ExecuteBatch was done with it
-    Duration input{0}, infer{0}, output{0};
-    BatchPhases phases;  // all but `complete` and `complete_behind`
+    BatchPhases phases;     // all but `complete` and `complete_behind`
   };
 
   // The batch staged ahead on one instance (StageAhead), and where it is.
