@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       }
       sluice::InferRequest request;
       request.batch_size = batch;
-      request.inputs = {{"INPUT__0", data_type, shape, request_bytes, host_input.nbytes()}};
+      request.inputs = {{"INPUT__0", data_type, shape, request_bytes, host_input.nbytes(), {}}};
       auto forward = [&] {
         if (backend) {
           sluice::TensorSink sink;  // what a caller gets: the outputs on the host, one copy each

@@ -279,6 +279,21 @@ def write_bundled(root, names, dynamic_batching):
     write(root, names, dynamic_batching)
 
 
+def copy_model(root, source, target, edits):
+    """<root>/<target>: a copy of the model <root>/<source>, named `target`, with each
+    (pattern, replacement) of `edits` applied to its config (each must match)."""
+    shutil.copytree(os.path.join(root, source), os.path.join(root, target))
+    path = os.path.join(root, target, "config.pbtxt")
+    with open(path) as f:
+        config = re.sub(r'^name:\s*"[^"]*"', f'name: "{target}"', f.read(), flags=re.M)
+    for pattern, replacement in edits:
+        config, count = re.subn(pattern, replacement, config)
+        if count == 0:
+            raise RuntimeError(f"nothing matches {pattern!r} in {path}")
+    with open(path, "w") as f:
+        f.write(config)
+
+
 def resnet_geometry():
     """(torchvision model, image side, batch sizes, dtypes): ResNet-18 at 32x32 and two sizes in
     the CPU dry run, ResNet-50 at 224x224 on a GPU."""

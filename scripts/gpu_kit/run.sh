@@ -18,7 +18,8 @@
 # 30 outputs against torch, 40 ResNet-50 (cuDNN benchmark on/off), 50 throughput and
 # 55 request floor (the performance figures); then the fault paths and the operator's questions
 # (60 cuDNN per model, 62 start to ready, 65 out of memory, 68 device-side assert, 70 memory
-# cycles, 72 two instances, 74 HTTP, 76 SIGTERM under load, 78 latency target); the AOTInductor compile (80) and
+# cycles, 72 two instances, 74 HTTP, 75 ensemble tensors on the device, 76 SIGTERM under load,
+# 78 latency target); the AOTInductor compile (80) and
 # its out-of-memory (85) last, as the compile is the slowest; 99 the machine after the run.
 #
 # --python is the interpreter with the machine's torch (default: python3). It must be torch

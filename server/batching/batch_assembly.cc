@@ -54,15 +54,41 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
       const size_t row_bytes = model_input->byte_size / static_cast<size_t>(first.batch_size);
       total = row_bytes * static_cast<size_t>(batch.padded_rows);
     }
-    char* staging = pool->Get(i, total);
+    TensorView view;
+    // Rows held on a device stay there (the runtime gathers them on it); rows held in host memory
+    // are copied in like bytes, counted as copied within host memory, or through the host when
+    // the buffer goes on to a device. The staging buffer is used only when some rows are on the
+    // host.
+    int64_t row = 0;
+    bool any_host = false;
+    for (const PendingRequest& pending : batch.requests) {
+      const TensorView* input = FindInput(*pending.request, spec.inputs[i].name);
+      if (input->held.empty() || input->held.front().tensor->host_data() != nullptr) {
+        any_host = true;
+      } else {
+        view.held.push_back({row, input->held.front().tensor});
+      }
+      row += pending.request->batch_size;
+    }
+    char* staging = any_host ? pool->Get(i, total) : nullptr;
+    const bool to_device = any_host && pool->ForDevice(i);
     size_t offset = 0;
     for (const PendingRequest& pending : batch.requests) {
       const TensorView* input = FindInput(*pending.request, spec.inputs[i].name);
-      if (input->byte_size > 0) std::memcpy(staging + offset, input->data, input->byte_size);
+      if (any_host && input->byte_size > 0) {
+        const HeldTensor* held = input->held.empty() ? nullptr : input->held.front().tensor.get();
+        if (held == nullptr) {
+          std::memcpy(staging + offset, input->data, input->byte_size);
+        } else if (held->host_data() != nullptr) {
+          std::memcpy(staging + offset, held->host_data(), input->byte_size);
+          held->Count(/*on_device=*/!to_device, input->byte_size);
+        } else {
+          std::memset(staging + offset, 0, input->byte_size);  // the runtime's to fill
+        }
+      }
       offset += input->byte_size;
     }
-    if (total > offset) std::memset(staging + offset, 0, total - offset);
-    TensorView view;
+    if (any_host && total > offset) std::memset(staging + offset, 0, total - offset);
     view.name = model_input->name;
     view.dtype = model_input->dtype;
     view.shape = model_input->shape;

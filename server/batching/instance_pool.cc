@@ -37,6 +37,12 @@ class TargetSink final : public OutputSink {
     scratch_.push_back(std::make_unique<char[]>(std::max<size_t>(output.byte_size, 1)));
     return scratch_.back().get();
   }
+  bool TakesHeld(const std::string& name) const override { return inner_->TakesHeld(name); }
+  Status Hold(const OutputDescription& output, std::shared_ptr<HeldTensor> tensor) override {
+    if (*first_ == TimePoint{}) *first_ = clock_->Now();
+    if (status_.ok()) status_ = inner_->Hold(output, std::move(tensor));
+    return absl::OkStatus();  // a refusal fails this request only, as Allocate's does
+  }
   const Status& status() const { return status_; }
 
  private:

@@ -127,6 +127,15 @@ void ModelStats::RecordAnsweredWithoutRunning(Duration total, Duration queued, b
   if (cache_hit) stats_.cache_hit.Add(total);
 }
 
+void ModelStats::RecordEnsembleCopies(uint64_t on_device, uint64_t through_host) {
+  {
+    MutexLock lock(&mutex_);
+    stats_.copied_on_device_bytes += on_device;
+    stats_.copied_through_host_bytes += through_host;
+  }
+  if (sink_) sink_->OnEnsembleCopies(on_device, through_host);
+}
+
 void ModelStats::RecordCacheHit(Duration took, Protocol protocol) {
   if (sink_) sink_->OnCacheHit(took, protocol);
   // As Triton: a hit counts in queue, with no time queued.

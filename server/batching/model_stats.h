@@ -83,6 +83,8 @@ struct ModelStatsSnapshot {
   std::vector<BatchCostModel::Entry> batch_costs;
   double plan_share = 1;                 // BatchCostModel::PlanShare
   BatchCostModel::AnswerCounts answers;  // BatchCostModel::Answers
+  // Ensembles: bytes of tensors copied between the steps of the requests answered (CopyLedger).
+  uint64_t copied_on_device_bytes = 0, copied_through_host_bytes = 0;
 };
 
 // Why a request failed, as operators group failures.
@@ -162,6 +164,9 @@ class StatsSink {
   // admission, expired, cancelled, or dropped at stop) for `reason`.
   virtual void OnPriorityQueued(int /*level*/, Duration /*queued*/) {}
   virtual void OnPriorityRefused(int /*level*/, FailureReason /*reason*/) {}
+  // Ensembles only, per request answered: bytes of its tensors copied between its steps, on the
+  // device and through the host (CopyLedger).
+  virtual void OnEnsembleCopies(uint64_t /*on_device*/, uint64_t /*through_host*/) {}
 };
 
 class ModelStats {
@@ -222,6 +227,9 @@ class ModelStats {
   void RecordPriorityRefused(int level, const Status& status) {
     if (sink_ && level > 0) sink_->OnPriorityRefused(level, FailureReasonOf(status));
   }
+
+  // Ensembles: see StatsSink::OnEnsembleCopies.
+  void RecordEnsembleCopies(uint64_t on_device, uint64_t through_host) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Latency target models: snapshots carry `target` and `costs`' live figures from now on.
   void ShowLatencyTarget(Duration target, std::shared_ptr<const BatchCostModel> costs)

@@ -94,6 +94,8 @@ StatusOr<PaddedLengths> PadRequest(const ModelSpec& spec, InferRequest* request)
     }
     padded.buckets[axis] = *bucket;
   }
+  // Padded on the host: an ensemble step's held outputs come here first.
+  SLUICE_RETURN_IF_ERROR(request->LoadHeldInputs());
   for (TensorView& input : request->inputs) {
     Shape target = input.shape;
     for (const BucketDim& bucketed : padding.dims) {

@@ -27,6 +27,8 @@ class StagingBuffer {
   virtual ~StagingBuffer() = default;
   virtual char* data() = 0;
   virtual size_t size() const = 0;
+  // Whether what is assembled here is copied on to a device (a GPU instance's pinned memory).
+  virtual bool ForDevice() const { return false; }
 };
 
 // Plain heap memory: what CPU instances and test fakes use.

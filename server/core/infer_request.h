@@ -138,6 +138,23 @@ struct InferRequest {
     for (const TensorView& input : inputs) bytes += input.byte_size;
     return bytes;
   }
+  bool HasHeldInputs() const {
+    for (const TensorView& input : inputs) {
+      if (!input.held.empty()) return true;
+    }
+    return false;
+  }
+  // Brings every held input to host memory this request owns (LoadHeldRows): for the
+  // schedulers that read input bytes (a response cache key, shape padding).
+  Status LoadHeldInputs() {
+    for (TensorView& input : inputs) {
+      if (input.held.empty()) continue;
+      auto buffer = std::make_unique<std::string>();
+      SLUICE_RETURN_IF_ERROR(LoadHeldRows(&input, buffer.get()));
+      owned_buffers.push_back(std::move(buffer));
+    }
+    return absl::OkStatus();
+  }
   bool IsCancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
 
   // Appends an input whose bytes this request owns (warm-up data, server-filled inputs).

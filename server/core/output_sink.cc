@@ -21,6 +21,11 @@ StatusOr<char*> TensorSink::Allocate(const OutputDescription& output) {
   return tensor.data.data();
 }
 
+Status OutputSink::Hold(const OutputDescription& output, std::shared_ptr<HeldTensor>) {
+  return absl::InternalError(
+      absl::StrCat("output '", output.name, "' was handed held to a sink that does not take it"));
+}
+
 void AnswerConnections::Add(OutputSink* sink) {
   std::shared_ptr<AnswerConnection> connection = sink->Connection();
   if (connection == nullptr) return;
@@ -93,9 +98,18 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
       bytes = static_cast<size_t>(target.rows) * row_bytes;
       shape[0] = target.rows;
     }
-    SLUICE_ASSIGN_OR_RETURN(
-        char* destination,
-        target.sink->Allocate({*output.name, output.dtype, shape, bytes, output.memory}));
+    const OutputDescription description{*output.name, output.dtype, shape, bytes, output.memory};
+    if (output.holder != nullptr && output.dtype != DataType::kBytes &&
+        target.sink->TakesHeld(*output.name)) {
+      SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<HeldTensor> held,
+                              output.holder->Rows(first_row, target.rows, shape));
+      return target.sink->Hold(description, std::move(held));
+    }
+    if (output.data == nullptr && bytes > 0) {
+      return absl::InternalError(
+          absl::StrCat("output '", *output.name, "' was not brought to the host"));
+    }
+    SLUICE_ASSIGN_OR_RETURN(char* destination, target.sink->Allocate(description));
     if (bytes > 0) std::memcpy(destination, output.data + offset, bytes);
     return absl::OkStatus();
   };

@@ -65,6 +65,15 @@ class OutputSink {
   // (AnswerConnections; padding fillers are not asked). A sink that wraps another's caller
   // forwards it; one that outlives no single caller (single flight's) must not.
   virtual std::shared_ptr<AnswerConnection> Connection() { return nullptr; }
+
+  // Whether this sink takes output `name` as a HeldTensor where the backend can leave it on its
+  // device (Hold): an output whose reader is another model (an ensemble's next step), not a
+  // transport. Asked after the forward pass; the same answer for a name every time.
+  virtual bool TakesHeld(const std::string& /*name*/) const { return false; }
+  // Takes `output` as `tensor`, its bytes left where the backend made them: called instead of
+  // Allocate (same order, same once-per-output rule) for an output the backend holds, only when
+  // TakesHeld(its name). Never for BYTES outputs.
+  virtual Status Hold(const OutputDescription& output, std::shared_ptr<HeldTensor> tensor);
 };
 
 // The connections that two or more answers of one execution go to, held while those answers
@@ -99,6 +108,7 @@ class TensorSink final : public OutputSink {
  public:
   StatusOr<char*> Allocate(const OutputDescription& output) override;
   std::vector<Tensor>& outputs() { return outputs_; }
+  const std::vector<Tensor>& outputs() const { return outputs_; }
   // Total bytes handed out (what the backend wrote), for tests that count copies.
   size_t bytes() const { return bytes_; }
 
@@ -115,20 +125,36 @@ struct OutputTarget {
   OutputSink* sink = nullptr;                           // never null
 };
 
-// One whole-batch output on the host, as a backend has it after the forward pass.
+// Hands out rows of one whole-batch output as held tensors (the backend's own, left where they
+// are).
+class OutputHolder {
+ public:
+  virtual ~OutputHolder() = default;
+  // Rows [first_row, first_row + rows) of the output (the whole output for a model that does
+  // not batch), shaped `shape` (the target's: its rows first; the config's dims where it
+  // reshapes).
+  virtual StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t rows,
+                                                     const Shape& shape) const = 0;
+};
+
+// One whole-batch output, as a backend has it after the forward pass: on the host, or held on
+// its device (`holder`), or both.
 struct HostOutput {
   const std::string* name = nullptr;
   DataType dtype = DataType::kFp32;
   Shape shape;                 // batch dimension first when the model batches
-  const char* data = nullptr;  // row-major, contiguous
+  const char* data = nullptr;  // row-major, contiguous; null when only held targets want it
   size_t byte_size = 0;
   MemoryType memory = MemoryType::kCpu;
+  const OutputHolder* holder = nullptr;  // non-null: targets whose sinks TakesHeld get it held
 };
 
 // Hands every target its rows of every output it asked for: one Allocate and one memcpy per
 // (target, requested output). `outputs` are the model's declared outputs in config order;
 // `batched`: their first dimension is the batch (rows are split across targets, padding rows at
-// the end are dropped), else the one target gets each output whole. A BYTES output's data is in
+// the end are dropped), else the one target gets each output whole. A target whose sink
+// TakesHeld an output that has a holder gets it as a held tensor (Hold), no bytes copied; the
+// others need its `data`. A BYTES output's data is in
 // the serialized form of server/core/bytes_tensor.h, and its rows are found by element count.
 // INTERNAL when a batched output's first dimension is not the execution's rows; a sink's error is
 // returned as it is.

@@ -38,6 +38,12 @@ void CachingScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSink
       options_.cache->CloseNamespace(old);
     }
   }
+  // The key is the input bytes: an ensemble step's held inputs come to the host for it.
+  if (Status loaded = request->LoadHeldInputs(); !loaded.ok()) {
+    if (options_.stats) options_.stats->RecordRejected(loaded, request->protocol);
+    done(std::move(loaded));
+    return;
+  }
   ResponseCache::Key key = options_.cache->MakeKey(space_.load(), *request, options_.output_names);
   std::optional<Status> answered;  // set on a hit: the answer written (or the sink's refusal)
   {

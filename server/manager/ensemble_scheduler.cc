@@ -34,6 +34,57 @@ std::string Describe(DataType dtype, const Shape& dims) {
 
 }  // namespace
 
+// A step's outputs, read in place by the steps after it and by the ensemble's answer: held where
+// the step's model made them (OutputSink::Hold), or bytes where a backend brings them to the host
+// (strings; a composing model's response cache). Counts the copies between steps into the run's
+// ledger. Thread-compatible: written by the step's worker, read once the step has answered.
+class EnsembleScheduler::StepOutputs final : public OutputSink {
+ public:
+  // `read_by_steps`: the step model's outputs another step reads (the others only the caller).
+  StepOutputs(std::shared_ptr<CopyLedger> ledger, const std::set<std::string>* read_by_steps)
+      : ledger_(std::move(ledger)), read_by_steps_(read_by_steps) {}
+
+  // An output only the caller reads comes to the host with the step's other answers (one wait);
+  // held, it would be copied from the device per request when the ensemble answers.
+  bool TakesHeld(const std::string& name) const override { return read_by_steps_->count(name) > 0; }
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    // From pinned memory: a GPU's output the step's model could not hand over held.
+    if (output.source == MemoryType::kCpuPinned)
+      ledger_->through_host.fetch_add(output.byte_size, std::memory_order_relaxed);
+    return bytes_.Allocate(output);
+  }
+  Status Hold(const OutputDescription& output, std::shared_ptr<HeldTensor> tensor) override {
+    ledger_->on_device.fetch_add(tensor->copied_at_birth(), std::memory_order_relaxed);
+    tensor->set_ledger(ledger_);  // its readers count their copies here
+    held_.emplace_back(output.name, std::move(tensor));
+    return absl::OkStatus();
+  }
+
+  // Each output as a view named by the step model's output name.
+  std::vector<TensorView> Views() const {
+    std::vector<TensorView> views;
+    for (const Tensor& output : bytes_.outputs()) {
+      views.push_back(TensorView{
+          output.name, output.dtype, output.shape, output.data.data(), output.data.size(), {}});
+    }
+    for (const auto& [name, tensor] : held_) {
+      views.push_back(TensorView{name,
+                                 tensor->dtype(),
+                                 tensor->shape(),
+                                 nullptr,
+                                 tensor->byte_size(),
+                                 {HeldRows{0, tensor}}});
+    }
+    return views;
+  }
+
+ private:
+  const std::shared_ptr<CopyLedger> ledger_;
+  const std::set<std::string>* const read_by_steps_;
+  TensorSink bytes_;
+  std::vector<std::pair<std::string, std::shared_ptr<const HeldTensor>>> held_;
+};
+
 // One ensemble request in flight.
 struct EnsembleScheduler::Run {
   std::unique_ptr<InferRequest> request;  // the ensemble's; its inputs view the caller's bytes
@@ -42,7 +93,9 @@ struct EnsembleScheduler::Run {
   TimePoint started;
   // The steps' own cancellation flag: set when the caller goes away or a step fails.
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-  std::vector<std::unique_ptr<TensorSink>> sinks;  // by step: its outputs, read in place
+  // Copies of tensors between this request's steps (StepOutputs, and the readers of its tensors).
+  std::shared_ptr<CopyLedger> copies = std::make_shared<CopyLedger>();
+  std::vector<std::unique_ptr<StepOutputs>> sinks;  // by step: its outputs, read in place
 
   Mutex mutex;
   // The ensemble tensors that exist: the request's inputs, then each answered step's outputs.
@@ -167,6 +220,7 @@ EnsembleScheduler::EnsembleScheduler(ModelSpec spec, Options options)
     for (const auto& [model_output, tensor] : steps[i].outputs) writer[tensor] = i;
   }
   readers_.resize(steps.size());
+  read_by_steps_.resize(steps.size());
   producers_.assign(steps.size(), 0);
   MutexLock lock(&mutex_);
   slots_taken_.assign(steps.size(), 0);
@@ -175,7 +229,11 @@ EnsembleScheduler::EnsembleScheduler(ModelSpec spec, Options options)
     std::set<size_t> from;
     for (const auto& [model_input, tensor] : steps[i].inputs) {
       auto it = writer.find(tensor);
-      if (it != writer.end()) from.insert(it->second);
+      if (it == writer.end()) continue;
+      from.insert(it->second);
+      for (const auto& [model_output, written] : steps[it->second].outputs) {
+        if (written == tensor) read_by_steps_[it->second].insert(model_output);
+      }
     }
     producers_[i] = static_cast<int>(from.size());
     for (size_t producer : from) readers_[producer].push_back(i);
@@ -192,7 +250,8 @@ void EnsembleScheduler::Enqueue(std::unique_ptr<InferRequest> request, OutputSin
   run->done = std::move(done);
   run->started = options_.clock->Now();
   const size_t steps = spec_.ensemble.steps.size();
-  for (size_t i = 0; i < steps; ++i) run->sinks.push_back(std::make_unique<TensorSink>());
+  for (size_t i = 0; i < steps; ++i)
+    run->sinks.push_back(std::make_unique<StepOutputs>(run->copies, &read_by_steps_[i]));
   std::vector<size_t> first;
   {
     MutexLock lock(&run->mutex);
@@ -389,11 +448,12 @@ void EnsembleScheduler::StepAnswered(const std::shared_ptr<Run>& run, size_t ste
     if (status.ok() && run->failure.ok()) {
       ++run->answered;
       const EnsembleStepSpec& spec = spec_.ensemble.steps[step];
-      for (const Tensor& output : run->sinks[step]->outputs()) {
+      for (TensorView& output : run->sinks[step]->Views()) {
         for (const auto& [model_output, tensor] : spec.outputs) {
           if (model_output != output.name) continue;
-          run->tensors[tensor] = TensorView{tensor, output.dtype, output.shape, output.data.data(),
-                                            output.data.size()};
+          TensorView view = output;
+          view.name = tensor;
+          run->tensors[tensor] = std::move(view);
         }
       }
       for (size_t reader : readers_[step]) {
@@ -440,8 +500,23 @@ void EnsembleScheduler::Finish(const std::shared_ptr<Run>& run, Status status) {
         status = to.status();
         break;
       }
-      if (tensor.byte_size > 0) std::memcpy(*to, tensor.data, tensor.byte_size);
+      // The one copy of an output to the caller: from the host, or from where it is held.
+      if (!tensor.held.empty()) {
+        status = tensor.held.front().tensor->ReadInto(*to);
+        if (!status.ok()) break;
+      } else if (tensor.byte_size > 0) {
+        std::memcpy(*to, tensor.data, tensor.byte_size);
+      }
     }
+  }
+  const uint64_t on_device = run->copies->on_device.load();
+  const uint64_t through_host = run->copies->through_host.load();
+  if (options_.stats) options_.stats->RecordEnsembleCopies(on_device, through_host);
+  if (run->request->trace) {
+    run->request->trace->AddAttribute("sluice.ensemble.copied_on_device_bytes",
+                                      static_cast<int64_t>(on_device));
+    run->request->trace->AddAttribute("sluice.ensemble.copied_through_host_bytes",
+                                      static_cast<int64_t>(through_host));
   }
   const Duration took = options_.clock->Now() - run->started;
   if (options_.stats) {

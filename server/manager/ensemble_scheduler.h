@@ -18,9 +18,14 @@
 // next. A waiting step whose request is cancelled (or whose run failed) is dropped; one whose
 // deadline passes is refused by its model's queue when it is submitted.
 //
-// Tensors between steps stay in host memory, in the answering step's sink: each step's outputs
-// are written once by its model and read in place by the steps after it; the ensemble's outputs
-// are copied once more, into the caller's sink.
+// Tensors between steps stay where the step's model made them (held: OutputSink::Hold; on a GPU,
+// its memory): the steps after it read them in place (no copy when a step's batch is that one
+// request; one copy on the device when it batches with other requests). Outputs a model brings to
+// the host (strings; a composing model with a response cache) are read from the host. The
+// ensemble's outputs are copied once, into the caller's sink. The copies between steps are
+// counted per request (the ensemble's ModelStats, its trace span). A step's model must not write
+// its inputs in place: it reads the tensor the step before made, as do the other steps that read
+// it.
 #pragma once
 
 #include <deque>
@@ -89,6 +94,7 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
 
  private:
   struct Run;
+  class StepOutputs;
   EnsembleScheduler(ModelSpec spec, Options options);
   // A step's request waiting for a slot (max_inflight_requests).
   struct Waiting {
@@ -118,7 +124,10 @@ class EnsembleScheduler final : public Scheduler, public QueueSharing {
   const ModelSpec spec_;
   const Options options_;
   std::vector<std::vector<size_t>> readers_;  // by step: the steps that read one of its outputs
-  std::vector<int> producers_;                // by step: how many steps write what it reads
+  // By step: its model's outputs that another step reads (held between steps; the rest come to
+  // the host, read only by the caller).
+  std::vector<std::set<std::string>> read_by_steps_;
+  std::vector<int> producers_;  // by step: how many steps write what it reads
 
   Mutex mutex_;
   CondVar idle_;  // the last run ended

@@ -138,6 +138,15 @@ struct ServerMetrics::Families {
                                 "a graph (the rest of "
                                 "sluice_executions_total ran eagerly)")
                           .Register(r)),
+        ensemble_copied_bytes(
+            prometheus::BuildCounter()
+                .Name("sluice_ensemble_copied_bytes_total")
+                .Help("Ensembles: bytes of tensors copied between the steps of the requests "
+                      "answered, by where: device (within the memory the tensors live in: "
+                      "gathering several requests' rows into one batch, keeping a CUDA graph's "
+                      "output), host (between a device and host memory). Zero for tensors that "
+                      "stay where the step before made them")
+                .Register(r)),
         batch_oldest_wait_seconds(
             prometheus::BuildHistogram()
                 .Name("sluice_batch_oldest_wait_seconds")
@@ -431,6 +440,7 @@ struct ServerMetrics::Families {
   Family<Counter>& trace_spans_exported;
   Family<Counter>& trace_spans_dropped;
   Family<Counter>& graph_replays;
+  Family<Counter>& ensemble_copied_bytes;
   Family<Histogram>& batch_oldest_wait_seconds;
   Family<Histogram>& priority_queue_seconds;
   Family<Counter>& priority_refused;
@@ -643,6 +653,18 @@ class ModelMetrics final : public StatsSink {
     (run == ModelBackend::GraphRun::kReplayed ? graph_replays_ : graph_captures_)->Increment();
   }
 
+  void OnEnsembleCopies(uint64_t on_device, uint64_t through_host) override {
+    std::call_once(copies_once_, [this] {
+      prometheus::Labels device = labels_, host = labels_;
+      device["path"] = "device";
+      host["path"] = "host";
+      copied_on_device_ = &families_.ensemble_copied_bytes.Add(device);
+      copied_through_host_ = &families_.ensemble_copied_bytes.Add(host);
+    });
+    copied_on_device_->Increment(static_cast<double>(on_device));
+    copied_through_host_->Increment(static_cast<double>(through_host));
+  }
+
   void OnBatchCost(Duration oldest_wait, std::optional<Duration> predicted,
                    Duration measured) override {
     const TargetSeries& series = Target();
@@ -791,6 +813,9 @@ class ModelMetrics final : public StatsSink {
   std::once_flag graphs_once_;
   Counter* graph_captures_ = nullptr;
   Counter* graph_replays_ = nullptr;
+  std::once_flag copies_once_;
+  Counter* copied_on_device_ = nullptr;
+  Counter* copied_through_host_ = nullptr;
   std::once_flag cache_once_;
   CacheSeries cache_;
   PrioritySeries priority_[kMaxPriorityLevels];

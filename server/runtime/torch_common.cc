@@ -1,5 +1,6 @@
 #include "server/runtime/torch_common.h"
 
+#include <cstring>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -133,21 +134,112 @@ InstanceStream::~InstanceStream() {
   streams_->Give(*stream_);
 }
 
+namespace {
+
+size_t HeldBytes(const at::Tensor& whole, int64_t first_row, const Shape& shape) {
+  if (first_row < 0 || whole.dim() == 0 || whole.size(0) == 0) return whole.nbytes();
+  return whole.nbytes() / static_cast<size_t>(whole.size(0)) * static_cast<size_t>(shape[0]);
+}
+
+}  // namespace
+
+TorchHeldTensor::TorchHeldTensor(at::Tensor whole, int64_t first_row, DataType dtype, Shape shape)
+    : HeldTensor(dtype, shape, HeldBytes(whole, first_row, shape),
+                 whole.is_cuda() ? whole.device().index() : kHost),
+      whole_(std::move(whole)),
+      first_row_(first_row),
+      host_data_(whole_.is_cuda() || whole_.nbytes() == 0
+                     ? nullptr
+                     : static_cast<const char*>(whole_.const_data_ptr()) +
+                           (first_row < 0
+                                ? 0
+                                : (whole_.nbytes() / static_cast<size_t>(whole_.size(0))) *
+                                      static_cast<size_t>(first_row))) {}
+
+at::Tensor TorchHeldTensor::tensor() const {
+  if (first_row_ < 0) return whole_;
+  return whole_.narrow(0, first_row_, shape()[0]);
+}
+
+Status TorchHeldTensor::CopyToHost(char* to) const {
+  if (byte_size() == 0) return absl::OkStatus();
+  if (host_data_ != nullptr) {
+    std::memcpy(to, host_data_, byte_size());
+    return absl::OkStatus();
+  }
+  return CatchTorch("copying a held tensor to the host", [&]() -> Status {
+    // Synchronous: pageable host memory (the producer's work on the tensor is already done).
+    const at::Tensor rows = tensor();
+    at::from_blob(to, rows.sizes(), at::TensorOptions().dtype(rows.scalar_type())).copy_(rows);
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+// One output handed out held: `whole` (contiguous, complete) is sliced by rows, without a copy.
+class TensorHolder final : public OutputHolder {
+ public:
+  // `copied`: `whole` is a copy the delivery made to hand it out (counted on each slice).
+  TensorHolder(at::Tensor whole, DataType dtype, bool batched, bool copied)
+      : whole_(std::move(whole)), dtype_(dtype), batched_(batched), copied_(copied) {}
+
+  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t /*rows*/,
+                                             const Shape& shape) const override {
+    auto held = std::make_shared<TorchHeldTensor>(whole_, batched_ ? first_row : -1, dtype_, shape);
+    if (copied_) held->set_copied_at_birth(held->byte_size());
+    return held;
+  }
+
+ private:
+  const at::Tensor whole_;
+  const DataType dtype_;
+  const bool batched_;
+  const bool copied_;
+};
+
+// Whether `value` lies in memory the batch's host inputs view (a CPU model that returns its
+// input): the caller's bytes or a staging buffer, neither of which outlives the batch.
+bool ViewsInputBytes(const at::Tensor& value, const InferRequest& batch) {
+  if (value.is_cuda() || value.nbytes() == 0) return false;
+  const char* start = static_cast<const char*>(value.storage().data());
+  const char* end = start + value.storage().nbytes();
+  for (const TensorView& input : batch.inputs) {
+    if (input.data == nullptr) continue;
+    if (start < input.data + input.byte_size && input.data < end) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const InferRequest& request,
-                               absl::Span<const OutputTarget> targets) {
+                               absl::Span<const OutputTarget> targets, bool reused) {
   const std::vector<TensorSpec>& declared = spec_->outputs;
-  // Only the outputs some target asked for are checked, brought to the host and delivered.
-  std::vector<bool> wanted(declared.size(), false);
+  // Only the outputs some target asked for are checked and delivered; brought to the host only
+  // those that a target needs there, held only those that a target takes held.
+  absl::InlinedVector<bool, 8> wanted(declared.size(), false);
+  absl::InlinedVector<bool, 8> to_host(declared.size(), false);
+  absl::InlinedVector<bool, 8> to_hold(declared.size(), false);
   for (const OutputTarget& target : targets) {
+    auto want = [&](size_t i) {
+      wanted[i] = true;
+      const bool held =
+          declared[i].dtype != DataType::kBytes && target.sink->TakesHeld(declared[i].name);
+      (held ? to_hold : to_host)[i] = true;
+    };
     if (target.requested == nullptr || target.requested->empty()) {
       // Every output but a state output the config does not list: that one is the server's
       // (SequenceStateStore), never a client's (validation refuses it by name).
-      for (size_t i = 0; i < declared.size(); ++i) wanted[i] = !declared[i].state_only;
-      break;
+      for (size_t i = 0; i < declared.size(); ++i) {
+        if (!declared[i].state_only) want(i);
+      }
+      continue;
     }
-    for (const std::string& name : *target.requested) wanted[DeclaredIndex(declared, name)] = true;
+    for (const std::string& name : *target.requested) want(DeclaredIndex(declared, name));
   }
   std::vector<at::Tensor> host(declared.size());
+  std::vector<std::optional<TensorHolder>> holders(declared.size());
   // Serialized List[str] outputs and their shapes; left empty (no allocation) without strings.
   std::vector<std::string> strings;
   std::vector<Shape> string_shapes;
@@ -168,7 +260,22 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
     }
     const at::Tensor& value = outputs[i].toTensor();
     SLUICE_RETURN_IF_ERROR(Check(declared[i], value, request));
-    host[i] = ToHost(i, value);
+    if (to_host[i]) host[i] = ToHost(i, value);
+    if (to_hold[i]) {
+      // Copied (before the wait below, so the copy is done when it is handed out) where the
+      // tensor would not outlive this batch as it is; sliced by rows otherwise. A CPU instance
+      // hands out host tensors (a model that made a CUDA one: copied here, synchronously).
+      at::Tensor held = value;
+      bool copy = true;
+      if (stream_ == nullptr && value.is_cuda()) {
+        held = value.to(at::kCPU).contiguous();
+      } else if (reused || ViewsInputBytes(value, request) || !value.is_contiguous()) {
+        held = value.clone(at::MemoryFormat::Contiguous);
+      } else {
+        copy = false;
+      }
+      holders[i].emplace(std::move(held), declared[i].dtype, spec_->batches(), copy);
+    }
   }
   if (marks_ != nullptr) marks_->Set(PhaseMarks::kOutputsQueued);
   // The device-to-pinned copies were queued on the instance's stream; wait for all of them once.
@@ -189,9 +296,11 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
                           outputs[i].toTensor().sizes().end());
       // Clients see `dims` where the config reshapes the model's output.
       if (declared[i].reshape) output.shape = spec_->ToClientShape(declared[i], output.shape);
-      output.data = static_cast<const char*>(host[i].data_ptr());
-      output.byte_size = host[i].nbytes();
+      const at::Tensor& value = outputs[i].toTensor();
+      output.byte_size = value.nbytes();
+      if (host[i].defined()) output.data = static_cast<const char*>(host[i].data_ptr());
       output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
+      if (holders[i]) output.holder = &*holders[i];
     }
     delivered.push_back(std::move(output));
   }
@@ -515,6 +624,15 @@ Status TorchInstance::Execute(const InferRequest& batch, absl::Span<const Output
         return Run(batch, targets);
       },
       &failure);
+  // A held input was made on another instance's stream and goes back to that stream's memory
+  // pool when the batch is released: nothing may still read it here by then. A delivery waits
+  // for the stream; a pass that failed before it waits here.
+  if (stream != nullptr && (!status || !status->ok()) && batch.HasHeldInputs()) {
+    CatchTorch("stream synchronize", [&]() -> Status {
+      stream->synchronize();
+      return absl::OkStatus();
+    }).IgnoreError();
+  }
   if (status) return *std::move(status);
   if (stream != nullptr) {
     failure.cuda_error = QueryCudaError(*stream);
@@ -594,6 +712,20 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch,
                 // (InferRequest contract); from pinned staging memory the copy is
                 // asynchronous on the stream.
                 const size_t index = DeclaredIndex(spec_.inputs, view.name);
+                if (!view.held.empty()) {
+                  // Held rows are copied into the graph's static input on the device, the
+                  // others from the host (padding rows zero when there are none).
+                  at::Tensor& input = captured.inputs[index];
+                  if (view.data != nullptr) {
+                    input.copy_(at::from_blob(const_cast<char*>(view.data), input.sizes(),
+                                              input.options().device(at::kCPU)),
+                                /*non_blocking=*/true);
+                  } else {
+                    input.zero_();
+                  }
+                  GatherHeld(view, input);
+                  continue;
+                }
                 Shape reshaped;  // the model's shape, where the config reshapes the input
                 if (inputs_reshaped_)
                   reshaped = spec_.ToModelShape(spec_.inputs[index], view.shape);
@@ -613,7 +745,7 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch,
     if (replayed) {
       graph_plan_->Replayed();
       last_graph_run_ = GraphRun::kReplayed;
-      return delivery_.Deliver(captured.outputs, batch, targets);
+      return delivery_.Deliver(captured.outputs, batch, targets, /*reused=*/true);
     }
     // A replay that fails leaves nothing half done on the stream (it launches as one): this
     // batch runs eagerly, and so does everything after it on this instance.
@@ -772,11 +904,60 @@ at::Tensor TorchInstance::InputTensor(const TensorView& view) const {
   if (inputs_reshaped_) {
     reshaped = spec_.ToModelShape(spec_.inputs[DeclaredIndex(spec_.inputs, view.name)], view.shape);
   }
-  at::Tensor tensor =
-      at::from_blob(const_cast<char*>(view.data), inputs_reshaped_ ? reshaped : view.shape,
-                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
-  if (device_.is_cuda()) tensor = tensor.to(device_, /*non_blocking=*/true);
+  const Shape& shape = inputs_reshaped_ ? reshaped : view.shape;
+  const at::TensorOptions options = at::TensorOptions().dtype(ToScalarType(view.dtype));
+  if (view.held.empty() || view.data != nullptr) {
+    // On the CPU a staging buffer with held rows is written below: it is this instance's.
+    at::Tensor tensor = at::from_blob(const_cast<char*>(view.data), shape, options);
+    if (device_.is_cuda()) tensor = tensor.to(device_, /*non_blocking=*/true);
+    GatherHeld(view, tensor);
+    return tensor;
+  }
+  const HeldTensor& first = *view.held.front().tensor;
+  if (view.held.size() == 1 && view.held.front().first_row == 0 &&
+      first.byte_size() == view.byte_size) {
+    return FromHeld(first, shape);  // the producer's tensor itself
+  }
+  at::Tensor tensor = at::zeros(shape, options.device(device_));
+  GatherHeld(view, tensor);
   return tensor;
+}
+
+void TorchInstance::GatherHeld(const TensorView& view, at::Tensor& batch) const {
+  for (const HeldRows& rows : view.held) {
+    const HeldTensor& held = *rows.tensor;
+    at::Tensor destination =
+        spec_.batches() ? batch.narrow(0, rows.first_row, held.shape()[0]) : batch;
+    const std::vector<int64_t> sizes = destination.sizes().vec();
+    if (const auto* ours = dynamic_cast<const TorchHeldTensor*>(&held)) {
+      // One copy, wherever the rows are: within a device, between two, or across the host.
+      const at::Tensor source = ours->tensor();
+      const bool crosses = source.is_cuda() != destination.is_cuda();
+      destination.copy_(source.reshape(sizes), /*non_blocking=*/!crosses);
+      held.Count(/*on_device=*/!crosses, held.byte_size());
+    } else {
+      destination.copy_(FromHeld(held, sizes), /*non_blocking=*/device_.is_cuda());
+      held.Count(/*on_device=*/true, held.byte_size());
+    }
+  }
+}
+
+at::Tensor TorchInstance::FromHeld(const HeldTensor& held, const Shape& shape) const {
+  if (const auto* ours = dynamic_cast<const TorchHeldTensor*>(&held)) {
+    at::Tensor tensor = ours->tensor().reshape(shape);
+    if (tensor.device() == device_) return tensor;
+    // Between two GPUs the copy stays on devices; between a GPU and the CPU it crosses the host
+    // (to the CPU it is synchronous: a CPU forward has no stream to wait on).
+    const bool crosses = tensor.is_cuda() != device_.is_cuda();
+    held.Count(/*on_device=*/!crosses, held.byte_size());
+    return tensor.to(device_, /*non_blocking=*/device_.is_cuda());
+  }
+  // Another runtime's: its bytes through host memory.
+  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(ToScalarType(held.dtype())));
+  const Status copied = held.ReadInto(static_cast<char*>(host.data_ptr()));
+  TORCH_CHECK(copied.ok(), "reading a held input: ", std::string(copied.message()));
+  held.Count(/*on_device=*/false, held.byte_size());
+  return device_.is_cuda() ? host.to(device_, /*non_blocking=*/true) : host;
 }
 
 }  // namespace sluice

@@ -72,6 +72,7 @@ class PinnedStagingBuffer final : public StagingBuffer {
   explicit PinnedStagingBuffer(size_t bytes);
   char* data() override { return static_cast<char*>(tensor_.data_ptr()); }
   size_t size() const override { return tensor_.nbytes(); }
+  bool ForDevice() const override { return true; }
 
  private:
   at::Tensor tensor_;
@@ -135,9 +136,29 @@ class PhaseMarks {
   unsigned marked_ = 0;                                                // a bit per mark
 };
 
+// A tensor of this runtime handed out held (OutputSink::Hold): contiguous, on the device that
+// made it, its producer's work on it done.
+class TorchHeldTensor final : public HeldTensor {
+ public:
+  // Rows [first_row, first_row + shape[0]) of `whole` (contiguous), or all of it when
+  // `first_row` is -1. `shape`: the caller's (the config's dims where it reshapes). Made without
+  // a LibTorch operator (no dispatch, no view): a batch hands out one per caller.
+  TorchHeldTensor(at::Tensor whole, int64_t first_row, DataType dtype, Shape shape);
+  // The rows as a tensor on the device that made them (a view of `whole`).
+  at::Tensor tensor() const;
+  Status CopyToHost(char* to) const override;
+  const char* host_data() const override { return host_data_; }
+
+ private:
+  const at::Tensor whole_;
+  const int64_t first_row_;
+  const char* const host_data_;  // CPU tensors only
+};
+
 // Checks a forward pass's outputs against the config, brings the ones some target asked for to
-// the host and hands each target its rows (DeliverOutputs). One per instance: it keeps that
-// instance's pinned output buffers. Worker thread only.
+// the host, holds the ones a target takes held (OutputSink::TakesHeld) where they are, and hands
+// each target its rows (DeliverOutputs). One per instance: it keeps that instance's pinned output
+// buffers. Worker thread only.
 class OutputDelivery {
  public:
   // `spec` outlives this; `stream`: the instance's stream on a GPU, null on the CPU; `marks`
@@ -148,9 +169,10 @@ class OutputDelivery {
   // `outputs`: one value per declared output, config order: a tensor, or a List[str] for a
   // TYPE_STRING output (serialized per server/core/bytes_tensor.h; its elements split evenly over
   // the batch's rows). `request` is the batch they came from (its batch_size is what a batched
-  // output's first dimension must be).
+  // output's first dimension must be). `reused`: the outputs are a CUDA graph's static outputs,
+  // which the next replay overwrites, so an output handed out held is a copy of them.
   Status Deliver(const std::vector<c10::IValue>& outputs, const InferRequest& request,
-                 absl::Span<const OutputTarget> targets);
+                 absl::Span<const OutputTarget> targets, bool reused = false);
 
  private:
   Status Check(const TensorSpec& declared, const at::Tensor& value,
@@ -236,8 +258,16 @@ class TorchInstance : public ModelBackend {
   std::vector<c10::IValue> DeclaredInputs(const InferRequest& batch) const;
   // `view`'s bytes as a tensor, without a copy on the CPU; on a GPU copied to the device
   // (asynchronously from pinned staging memory, on the instance's stream; the delivery
-  // synchronises before the staging buffer is reused).
+  // synchronises before the staging buffer is reused). A held input that is the whole tensor
+  // and on this device is used as it is; held rows of an assembled batch are copied into it
+  // on the device (each copy counted on its tensor, HeldTensor::Count).
   at::Tensor InputTensor(const TensorView& view) const;
+  // A held tensor on this instance's device, shaped `shape`: moved here when it is elsewhere,
+  // through host memory when it is not this runtime's (counted).
+  at::Tensor FromHeld(const HeldTensor& held, const Shape& shape) const;
+  // Copies `view`'s held rows into their rows of `batch` (a tensor of the view's full shape on
+  // this device), each counted on its tensor.
+  void GatherHeld(const TensorView& view, at::Tensor& batch) const;
 
   std::unique_ptr<ModelInitState> init_state_;  // declared first: destroyed last
   const ModelSpec spec_;

@@ -1,7 +1,7 @@
 """Ensembles (platform "ensemble", ensemble_scheduling) on the real sluice-server with tritonclient
 over gRPC and HTTP: a chain and a DAG with fan-out and fan-in answer what running their models by
 hand answers; a step batches with its model's other traffic; a failing step fails the request
-naming the step, and the server serves on; a deadline or a cancellation drops a queued step; each load-time check
+naming the step, and the server serves on; tensors between steps are not copied; a deadline or a cancellation drops a queued step; each load-time check
 refuses its ensemble with its reason; in explicit mode an ensemble loads its models, and
 unloading one of them leaves the ensemble answering UNAVAILABLE, naming it."""
 import concurrent.futures
@@ -199,6 +199,34 @@ def test_steps_batch_with_their_models_other_traffic(server):
     assert after[0] - before[0] == 64  # 32 direct + 32 steps
     assert after[1] - before[1] < 64, (before, after)  # batched together
     assert ensemble_after[0] - ensemble_before[0] == 32
+
+
+def copied_bytes(server, model):
+    """sluice_ensemble_copied_bytes_total of `model`, by path ("device", "host")."""
+    found = {}
+    for line in server.metrics_text().splitlines():
+        if line.startswith("sluice_ensemble_copied_bytes_total{") and f'model="{model}"' in line:
+            path = line.split('path="', 1)[1].split('"', 1)[0]
+            found[path] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_tensors_between_steps_stay_where_their_model_made_them(server):
+    """One request at a time: each step reads the tensor the step before made, where it made it;
+    no byte is copied between steps, on the device or through the host, and the answers are
+    those of the models run by hand."""
+    client = grpcclient.InferenceServerClient(server.url)
+    before = copied_bytes(server, "dag")
+    for seed in range(5):
+        x = data(3, seed=seed)
+        n, combined = by_hand(x)
+        result = infer(client, grpcclient, "dag", x)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT"), combined, rtol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("normalised"), n, rtol=1e-6)
+    after = copied_bytes(server, "dag")
+    assert set(after) == {"device", "host"}, after
+    assert after["device"] - before.get("device", 0) == 0
+    assert after["host"] - before.get("host", 0) == 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -37,7 +37,8 @@ std::unique_ptr<ConvRequest> MakeConvRequest() {
                            DataType::kFp32,
                            {1, 1, 4, 4},
                            reinterpret_cast<const char*>(conv->ones.data()),
-                           64}};
+                           64,
+                           {}}};
   return conv;
 }
 

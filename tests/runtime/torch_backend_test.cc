@@ -11,7 +11,9 @@
 
 #include "server/core/bytes_tensor.h"
 #include "server/runtime/torch_backend.h"
+#include "server/runtime/torch_common.h"
 #include "tests/runtime/test_modules.h"
+#include "tests/unit/fakes.h"
 
 namespace sluice {
 namespace {
@@ -102,7 +104,8 @@ std::unique_ptr<OwnedRequest> MakeRequest(DataType type, const std::vector<doubl
   owned->bytes = Encode(type, values);
   owned->request.model_name = "m";
   owned->request.batch_size = shape.empty() ? 1 : shape[0];
-  owned->request.inputs.push_back({name, type, shape, owned->bytes.data(), owned->bytes.size()});
+  owned->request.inputs.push_back(
+      {name, type, shape, owned->bytes.data(), owned->bytes.size(), {}});
   return owned;
 }
 
@@ -185,8 +188,8 @@ def forward(self, values: Tensor, counts: Tensor) -> Dict[str, Tensor]:
   std::string counts = Encode(DataType::kInt64, {1, 2}),
               values = Encode(DataType::kFp32, {0.5, 1.5});
   InferRequest request;
-  request.inputs = {{"counts", DataType::kInt64, {1, 2}, counts.data(), counts.size()},
-                    {"values", DataType::kFp32, {1, 2}, values.data(), values.size()}};
+  request.inputs = {{"counts", DataType::kInt64, {1, 2}, counts.data(), counts.size(), {}},
+                    {"values", DataType::kFp32, {1, 2}, values.data(), values.size(), {}}};
   auto response = testing::Run(**backend, request);
   ASSERT_TRUE(response.ok()) << response.status();
   ASSERT_EQ(response->outputs.size(), 2u);
@@ -243,6 +246,156 @@ def forward(self, INPUT__0):
   EXPECT_EQ(second.outputs()[1].data, Encode(DataType::kFp32, {7, 11}));
   // Exactly the callers' bytes were written: no padding row, no output nobody asked for.
   EXPECT_EQ(first.bytes() + second.bytes(), 4u + 16u + 8u);
+}
+
+using testing::HoldingSink;
+
+std::string HostBytes(const HeldTensor& tensor) {
+  std::string bytes(tensor.byte_size(), '\0');
+  EXPECT_TRUE(tensor.CopyToHost(bytes.data()).ok());
+  return bytes;
+}
+
+const void* Address(const HeldTensor& tensor) {
+  return dynamic_cast<const TorchHeldTensor&>(tensor).tensor().data_ptr();
+}
+
+// One held input: the whole tensor, as an ensemble's step request carries it.
+InferRequest HeldRequest(std::shared_ptr<const HeldTensor> tensor) {
+  InferRequest request;
+  request.model_name = "m";
+  request.batch_size = tensor->shape()[0];
+  request.inputs.push_back({"INPUT__0",
+                            tensor->dtype(),
+                            tensor->shape(),
+                            nullptr,
+                            tensor->byte_size(),
+                            {HeldRows{0, tensor}}});
+  return request;
+}
+
+constexpr char kIdentity[] = R"(
+def forward(self, INPUT__0):
+    return INPUT__0
+)";
+
+// A target that takes outputs held gets the model's tensor itself, and the next model reads it
+// in place: a model that returns its input hands on the very memory it was given.
+TEST_F(TorchBackendTest, HeldOutputsPassToTheNextModelWithoutACopy) {
+  auto doubler = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                SaveModule("double", kDouble), Device{});
+  auto identity = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                 SaveModule("identity", kIdentity), Device{});
+  ASSERT_TRUE(doubler.ok() && identity.ok());
+  auto owned = MakeRequest(DataType::kFp32, {1, 2, 3, 4}, {2, 2});
+  HoldingSink first;
+  ASSERT_TRUE((*doubler)->Execute(owned->request, {{2, nullptr, &first}}).ok());
+  ASSERT_EQ(first.held.size(), 1u);
+  EXPECT_TRUE(first.bytes.outputs().empty());  // nothing brought to the host
+  const HeldTensor& made = *first.held[0];
+  EXPECT_THAT(made.shape(), ElementsAre(2, 2));
+  EXPECT_EQ(made.device(), HeldTensor::kHost);
+  EXPECT_EQ(made.copied_at_birth(), 0u);
+  EXPECT_EQ(HostBytes(made), Encode(DataType::kFp32, {2, 4, 6, 8}));
+
+  InferRequest next = HeldRequest(first.held[0]);
+  HoldingSink second;
+  ASSERT_TRUE((*identity)->Execute(next, {{2, nullptr, &second}}).ok());
+  ASSERT_EQ(second.held.size(), 1u);
+  EXPECT_EQ(Address(*second.held[0]), Address(made));
+  EXPECT_EQ(second.held[0]->copied_at_birth(), 0u);
+  EXPECT_EQ(first.ledger->on_device.load() + first.ledger->through_host.load(), 0u);
+
+  // A caller's sink gets the bytes, as ever.
+  TensorSink caller;
+  ASSERT_TRUE((*doubler)->Execute(next, {{2, nullptr, &caller}}).ok());
+  EXPECT_EQ(caller.outputs()[0].data, Encode(DataType::kFp32, {4, 8, 12, 16}));
+}
+
+// An output that is the caller's own bytes (a model returning its input) would not outlive the
+// request: it is copied once before it is handed out held, and that copy is counted.
+TEST_F(TorchBackendTest, AnOutputInTheRequestsBytesIsCopiedBeforeItIsHeld) {
+  auto identity = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                 SaveModule("identity", kIdentity), Device{});
+  ASSERT_TRUE(identity.ok());
+  auto owned = MakeRequest(DataType::kFp32, {1, 2, 3, 4}, {2, 2});
+  HoldingSink sink;
+  ASSERT_TRUE((*identity)->Execute(owned->request, {{2, nullptr, &sink}}).ok());
+  ASSERT_EQ(sink.held.size(), 1u);
+  EXPECT_EQ(sink.held[0]->copied_at_birth(), 16u);
+  EXPECT_NE(Address(*sink.held[0]), static_cast<const void*>(owned->bytes.data()));
+  owned->bytes.assign(owned->bytes.size(), '\0');
+  EXPECT_EQ(HostBytes(*sink.held[0]), Encode(DataType::kFp32, {1, 2, 3, 4}));
+}
+
+// One batch, two callers: a target that takes held outputs gets its rows held (a view of the
+// batch's output), the other its rows as bytes.
+TEST_F(TorchBackendTest, EachTargetGetsItsRowsHeldOrAsBytesAsItsSinkTakesThem) {
+  auto doubler = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                SaveModule("double", kDouble), Device{});
+  ASSERT_TRUE(doubler.ok());
+  auto owned = MakeRequest(DataType::kFp32, {1, 2, 3, 4, 5, 6}, {3, 2});
+  HoldingSink held;
+  TensorSink bytes;
+  ASSERT_TRUE(
+      (*doubler)->Execute(owned->request, {{2, nullptr, &held}, {1, nullptr, &bytes}}).ok());
+  ASSERT_EQ(held.held.size(), 1u);
+  EXPECT_THAT(held.held[0]->shape(), ElementsAre(2, 2));
+  EXPECT_EQ(HostBytes(*held.held[0]), Encode(DataType::kFp32, {2, 4, 6, 8}));
+  ASSERT_EQ(bytes.outputs().size(), 1u);
+  EXPECT_EQ(bytes.outputs()[0].data, Encode(DataType::kFp32, {10, 12}));
+}
+
+// A held tensor of another kind (not this runtime's) is read through the host.
+class ForeignHeld final : public HeldTensor {
+ public:
+  explicit ForeignHeld(std::string bytes)
+      : HeldTensor(DataType::kFp32, {1, 2}, bytes.size(), kHost), bytes_(std::move(bytes)) {}
+  Status CopyToHost(char* to) const override {
+    std::memcpy(to, bytes_.data(), bytes_.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string bytes_;
+};
+
+// An assembled batch: bytes for some rows, held tensors for others (this runtime's gathered on
+// its device, another's through the host), padding rows zero; each copy counted where it ran.
+TEST_F(TorchBackendTest, HeldRowsOfAnAssembledBatchAreGatheredAndCounted) {
+  auto doubler = factory_->Load(Spec(DataType::kFp32, DataType::kFp32),
+                                SaveModule("double", kDouble), Device{});
+  ASSERT_TRUE(doubler.ok());
+  auto produced = MakeRequest(DataType::kFp32, {3, 4}, {1, 2});
+  HoldingSink step;
+  ASSERT_TRUE((*doubler)->Execute(produced->request, {{1, nullptr, &step}}).ok());  // [6, 8]
+  auto ledger = std::make_shared<CopyLedger>();
+  auto foreign = std::make_shared<ForeignHeld>(Encode(DataType::kFp32, {5, 5}));
+  foreign->set_ledger(ledger);
+  step.held[0]->set_ledger(ledger);
+
+  // Row 0 bytes, row 1 ours, row 2 foreign, row 3 padding.
+  std::string staging = Encode(DataType::kFp32, {1, 2, 0, 0, 0, 0, 0, 0});
+  InferRequest batch;
+  batch.model_name = "m";
+  batch.batch_size = 4;
+  batch.inputs.push_back({"INPUT__0",
+                          DataType::kFp32,
+                          {4, 2},
+                          staging.data(),
+                          staging.size(),
+                          {HeldRows{1, step.held[0]}, HeldRows{2, foreign}}});
+  TensorSink sink;
+  ASSERT_TRUE((*doubler)->Execute(batch, {{3, nullptr, &sink}}).ok());
+  EXPECT_EQ(sink.outputs()[0].data, Encode(DataType::kFp32, {2, 4, 12, 16, 10, 10}));
+  EXPECT_EQ(ledger->on_device.load(), 2u * 8u);  // ours, and the foreign one once on the host
+  EXPECT_EQ(ledger->through_host.load(), 8u);
+
+  // Every row held: no bytes at all; the padding row is zero.
+  batch.inputs[0].data = nullptr;
+  TensorSink all_held;
+  ASSERT_TRUE((*doubler)->Execute(batch, {{4, nullptr, &all_held}}).ok());
+  EXPECT_EQ(all_held.outputs()[0].data, Encode(DataType::kFp32, {0, 0, 12, 16, 10, 10, 0, 0}));
 }
 
 TEST_F(TorchBackendTest, ConvolutionOnCpu) {
@@ -367,7 +520,7 @@ TEST_F(TorchBackendTest, StringsInAndOut) {
   InferRequest batch;
   batch.model_name = "m";
   batch.batch_size = 4;
-  batch.inputs.push_back({"TEXT", DataType::kBytes, {4, 1}, bytes.data(), bytes.size()});
+  batch.inputs.push_back({"TEXT", DataType::kBytes, {4, 1}, bytes.data(), bytes.size(), {}});
   TensorSink first, second;
   const std::vector<std::string> only_shout = {"SHOUT"};
   const std::vector<OutputTarget> targets = {{1, &only_shout, &first}, {2, nullptr, &second}};
@@ -405,7 +558,7 @@ TEST_F(TorchBackendTest, StringsAndTensorsCannotStandInForEachOther) {
   InferRequest request;
   request.model_name = "m";
   request.batch_size = 2;
-  request.inputs.push_back({"TEXT", DataType::kBytes, {2, 1}, bytes.data(), bytes.size()});
+  request.inputs.push_back({"TEXT", DataType::kBytes, {2, 1}, bytes.data(), bytes.size(), {}});
   struct Case {
     const char* source;
     const char* message;

@@ -104,7 +104,7 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
     request->model_name = "m";
     request->batch_size = i + 1;
     request->inputs.push_back(
-        {"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size()});
+        {"s", DataType::kBytes, {i + 1, 1}, buffers[i].data(), buffers[i].size(), {}});
     PendingRequest pending{std::move(request), nullptr, nullptr, clock_.Now(), buffers[i].size()};
     ASSERT_TRUE(queue.Add(pending).ok());
   }
@@ -137,6 +137,94 @@ TEST_F(BatchAssemblyTest, StringRowsConcatenateAndSplitBackByElementCount) {
   EXPECT_THAT(SplitBytesTensor(first.outputs()[0].data), ElementsAre("x"));
   EXPECT_THAT(second.outputs()[0].shape, ElementsAre(2, 1));
   EXPECT_THAT(SplitBytesTensor(second.outputs()[0].data), ElementsAre("yyyyyy", "zz"));
+}
+
+// Inputs held on a device (an ensemble step's) are not copied on the host: the batch lists their
+// rows for the runtime to gather there; an input every request holds so uses no staging buffer.
+// Inputs held in host memory are copied in like bytes, counted as copied where they live.
+TEST_F(BatchAssemblyTest, DeviceHeldInputsAreListedByRowHostHeldOnesStaged) {
+  ModelSpec spec;
+  spec.max_batch_size = 8;
+  spec.inputs = {{"x", DataType::kInt32, {2}}};
+  const std::string bytes = std::string("\1\0\0\0\2\0\0\0", 8);
+  auto held = [](int32_t value, int64_t rows) {
+    std::string data;
+    for (int64_t i = 0; i < rows * 2; ++i) data.append(reinterpret_cast<const char*>(&value), 4);
+    return std::make_shared<testing::HostHeldTensor>(DataType::kInt32, Shape{rows, 2}, data,
+                                                     /*device=*/0);
+  };
+  auto request = [&](std::shared_ptr<HeldTensor> tensor) {
+    auto made = std::make_unique<InferRequest>();
+    made->model_name = "m";
+    made->batch_size = tensor ? tensor->shape()[0] : 1;
+    if (tensor) {
+      made->inputs.push_back({"x",
+                              DataType::kInt32,
+                              tensor->shape(),
+                              nullptr,
+                              tensor->byte_size(),
+                              {HeldRows{0, tensor}}});
+    } else {
+      made->inputs.push_back({"x", DataType::kInt32, {1, 2}, bytes.data(), bytes.size(), {}});
+    }
+    return PendingRequest{std::move(made), nullptr, nullptr, clock_.Now(), 8};
+  };
+  testing::EchoBackend echo;
+  StagingPool pool(&echo);
+
+  FormedBatch mixed;
+  mixed.requests.push_back(request(nullptr));
+  const auto two_rows = held(7, 2);
+  mixed.requests.push_back(request(two_rows));
+  mixed.rows = 3;
+  mixed.padded_rows = 4;
+  InferRequest assembled = AssembleBatch(spec, mixed, &pool);
+  const TensorView& view = assembled.inputs[0];
+  EXPECT_THAT(view.shape, ElementsAre(4, 2));
+  EXPECT_EQ(view.byte_size, 32u);
+  ASSERT_EQ(view.held.size(), 1u);
+  EXPECT_EQ(view.held[0].first_row, 1);
+  EXPECT_EQ(view.held[0].tensor, two_rows);
+  ASSERT_NE(view.data, nullptr);
+  EXPECT_EQ(std::string(view.data, 8), bytes);                       // the bytes row
+  EXPECT_EQ(std::string(view.data + 8, 24), std::string(24, '\0'));  // held and padding rows
+  EXPECT_EQ(pool.allocations(), 1u);
+
+  FormedBatch all_held;
+  all_held.requests.push_back(request(held(1, 1)));
+  all_held.requests.push_back(request(held(2, 1)));
+  all_held.rows = all_held.padded_rows = 2;
+  InferRequest gathered = AssembleBatch(spec, all_held, &pool);
+  EXPECT_EQ(gathered.inputs[0].data, nullptr);
+  EXPECT_EQ(gathered.inputs[0].byte_size, 16u);
+  ASSERT_EQ(gathered.inputs[0].held.size(), 2u);
+  EXPECT_EQ(gathered.inputs[0].held[1].first_row, 1);
+  EXPECT_EQ(pool.allocations(), 1u);  // no staging for it
+
+  // What a runtime reads: the rows gathered in order, each copy counted on the device.
+  auto ledger = std::make_shared<CopyLedger>();
+  for (HeldRows& rows : gathered.inputs[0].held)
+    std::const_pointer_cast<HeldTensor>(rows.tensor)->set_ledger(ledger);
+  auto readable = testing::ReadHeld(gathered);
+  ASSERT_NE(readable, nullptr);
+  int32_t values[4];
+  std::memcpy(values, readable->inputs[0].data, 16);
+  EXPECT_THAT(values, ElementsAre(1, 1, 2, 2));
+  EXPECT_EQ(ledger->on_device.load(), 16u);
+
+  // Held in host memory: staged like bytes, the copy counted on the tensor.
+  auto on_host = std::make_shared<testing::HostHeldTensor>(DataType::kInt32, Shape{1, 2},
+                                                           std::string("\5\0\0\0\6\0\0\0", 8));
+  on_host->set_ledger(ledger);
+  FormedBatch host_held;
+  host_held.requests.push_back(request(nullptr));
+  host_held.requests.push_back(request(on_host));
+  host_held.rows = host_held.padded_rows = 2;
+  InferRequest staged = AssembleBatch(spec, host_held, &pool);
+  EXPECT_TRUE(staged.inputs[0].held.empty());
+  std::memcpy(values, staged.inputs[0].data, 16);
+  EXPECT_THAT(values, ElementsAre(1, 2, 5, 6));
+  EXPECT_EQ(ledger->on_device.load(), 16u + 8u);
 }
 
 TEST_F(BatchAssemblyTest, DeliverRejectsOutputsWithoutBatchDimension) {

@@ -31,7 +31,8 @@ inline Owned Make(int64_t rows, int64_t width, int32_t tag, TimePoint deadline =
                                    DataType::kInt32,
                                    {rows, width},
                                    reinterpret_cast<const char*>(owned.data.data()),
-                                   owned.data.size() * sizeof(int32_t)});
+                                   owned.data.size() * sizeof(int32_t),
+                                   {}});
   return owned;
 }
 

@@ -9,6 +9,7 @@
 
 #include "server/core/output_sink.h"
 #include "server/manager/caching_scheduler.h"
+#include "tests/unit/fakes.h"
 
 namespace sluice {
 namespace {
@@ -91,7 +92,8 @@ class CachingSchedulerTest : public ::testing::Test {
                                DataType::kUint8,
                                {static_cast<int64_t>(call.input.size())},
                                call.input.data(),
-                               call.input.size()});
+                               call.input.size(),
+                               {}});
     scheduler_->Enqueue(std::move(request), &call.sink,
                         [&call](Status status) { call.answer = std::move(status); });
   }
@@ -115,6 +117,28 @@ TEST_F(CachingSchedulerTest, AMissRunsOnceAndAnIdenticalRequestIsThenAnsweredFro
   ASSERT_TRUE(second.answer.has_value() && second.answer->ok());
   EXPECT_EQ(second.sink.outputs().at(0).data, "answer");
   EXPECT_EQ(stats_->Snapshot().cache_hit.count, 1u);
+}
+
+// An ensemble step's held input (a composing model with a response cache) comes to the host for
+// the key, counted as copied through the host: the same input held or as bytes is one entry.
+TEST_F(CachingSchedulerTest, AHeldInputIsKeyedByItsBytes) {
+  Call first;
+  Send(first);
+  inner_->Answer(0, "answer");
+  auto held = std::make_shared<testing::HostHeldTensor>(DataType::kUint8, Shape{8}, "abcdefgh",
+                                                        /*device=*/0);
+  auto ledger = std::make_shared<CopyLedger>();
+  held->set_ledger(ledger);
+  auto request = std::make_unique<InferRequest>();
+  request->model_name = "m";
+  request->inputs.push_back({"x", DataType::kUint8, {8}, nullptr, 8, {HeldRows{0, held}}});
+  TensorSink sink;
+  std::optional<Status> answer;
+  scheduler_->Enqueue(std::move(request), &sink, [&](Status status) { answer = status; });
+  EXPECT_EQ(inner_->runs.size(), 1u);  // a hit
+  ASSERT_TRUE(answer.has_value() && answer->ok());
+  EXPECT_EQ(sink.outputs().at(0).data, "answer");
+  EXPECT_EQ(ledger->through_host.load(), 8u);
 }
 
 // An ensemble's answers change when a model its steps run changes (AnswersGeneration): the

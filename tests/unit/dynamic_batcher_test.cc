@@ -40,7 +40,8 @@ std::unique_ptr<InferRequest> Request(Call& call, int64_t rows, int64_t width, i
                              DataType::kInt32,
                              {rows, width},
                              reinterpret_cast<const char*>(call.data.data()),
-                             call.data.size() * 4});
+                             call.data.size() * 4,
+                             {}});
   return request;
 }
 
@@ -650,7 +651,8 @@ uint64_t StressEveryRequestAnswered(bool stage_ahead, int per_thread) {
                                    DataType::kInt32,
                                    {rows, width},
                                    reinterpret_cast<const char*>(slot.data.data()),
-                                   slot.data.size() * 4});
+                                   slot.data.size() * 4,
+                                   {}});
         const unsigned dice = rng() % 10;
         if (dice == 0) request->deadline = clock.Now();  // already due: must expire
         std::shared_ptr<std::atomic<bool>> cancel;

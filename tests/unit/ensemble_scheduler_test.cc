@@ -67,10 +67,12 @@ class EnsembleSchedulerTest : public ::testing::Test {
   void TearDown() override {
     for (auto& [name, handle] : lookup_.models) handle->Stop();
   }
-  std::unique_ptr<EnsembleScheduler> Make(ModelSpec spec) {
+  std::unique_ptr<EnsembleScheduler> Make(ModelSpec spec,
+                                          std::shared_ptr<ModelStats> stats = nullptr) {
     EnsembleScheduler::Options options;
     options.lookup = &lookup_;
     options.clock = &clock_;
+    options.stats = std::move(stats);
     auto made = EnsembleScheduler::Create(std::move(spec), options);
     EXPECT_TRUE(made.ok()) << made.status();
     return made.ok() ? *std::move(made) : nullptr;
@@ -84,7 +86,7 @@ class EnsembleSchedulerTest : public ::testing::Test {
     request->model_name = "chain";
     request->batch_size = 1;
     request->inputs.push_back(
-        {"in", DataType::kInt32, {1, 3}, reinterpret_cast<const char*>(values_), 12});
+        {"in", DataType::kInt32, {1, 3}, reinterpret_cast<const char*>(values_), 12, {}});
     request->cancelled = std::move(cancelled);
     request->deadline = deadline;
     request->trace = std::move(trace);
@@ -120,6 +122,52 @@ TEST_F(EnsembleSchedulerTest, StepsRunInOrderAndHandTheirTensorsOn) {
   Status refused = Submit(*ensemble, &late).get();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(refused.message(), HasSubstr("ensemble 'chain' is shutting down"));
+}
+
+// Step outputs a backend holds pass to the next step as they are: no copy between steps, and
+// the ensemble's output copied once, into the caller's sink.
+TEST_F(EnsembleSchedulerTest, HeldOutputsReachTheNextStepWithoutACopy) {
+  a_backend_->hold_outputs = true;
+  b_backend_->hold_outputs = true;
+  auto stats = std::make_shared<ModelStats>();
+  auto ensemble = Make(Chain(), stats);
+  TensorSink sink;
+  ASSERT_TRUE(Submit(*ensemble, &sink).get().ok());
+  ASSERT_EQ(sink.outputs().size(), 1u);
+  std::vector<int32_t> got(3);
+  std::memcpy(got.data(), sink.outputs()[0].data.data(), 12);
+  EXPECT_THAT(got, ElementsAre(3, 4, 5));
+  EXPECT_EQ(b_backend_->held_inputs(), 1);  // step 2 read step 1's held output
+  EXPECT_EQ(a_backend_->held_inputs(), 0);  // the caller's bytes are not held
+  const ModelStatsSnapshot snapshot = stats->Snapshot();
+  EXPECT_EQ(snapshot.copied_on_device_bytes, 0u);
+  EXPECT_EQ(snapshot.copied_through_host_bytes, 0u);
+}
+
+// A step batched with another request's step gathers their held rows into one batch: one copy
+// on the device each, counted for the request whose tensor it was.
+TEST_F(EnsembleSchedulerTest, HeldRowsGatheredIntoABatchAreCountedOnTheDevice) {
+  a_backend_->hold_outputs = true;
+  auto stats = std::make_shared<ModelStats>();
+  auto ensemble = Make(Chain(), stats);
+  b_backend_->CloseGate();
+  TensorSink sinks[3];
+  std::vector<std::future<Status>> answers;
+  answers.push_back(Submit(*ensemble, &sinks[0]));
+  b_backend_->WaitStarted(1);  // the first request's step 2 runs alone, held at the gate
+  for (int i = 1; i < 3; ++i) answers.push_back(Submit(*ensemble, &sinks[i]));
+  ModelHandle& b = *lookup_.models["b"];
+  ASSERT_TRUE(testing::Eventually([&] { return b.in_flight() == 3; }));  // two queued behind it
+  b_backend_->OpenGate();
+  for (auto& answer : answers) ASSERT_TRUE(answer.get().ok());
+  EXPECT_EQ(b_backend_->executed(), 2);  // one alone, then the other two as one batch
+  EXPECT_EQ(stats->Snapshot().copied_on_device_bytes, 2u * 12u);
+  EXPECT_EQ(stats->Snapshot().copied_through_host_bytes, 0u);
+  for (TensorSink& sink : sinks) {
+    std::vector<int32_t> got(3);
+    std::memcpy(got.data(), sink.outputs()[0].data.data(), 12);
+    EXPECT_THAT(got, ElementsAre(3, 4, 5));
+  }
 }
 
 TEST_F(EnsembleSchedulerTest, AFailingStepFailsTheRequestNamingTheStep) {

@@ -29,7 +29,7 @@ inline std::vector<WarmupRequest> ZeroWarmup(int64_t rows, int64_t width,
   warmup[0].request->batch_size = rows;
   auto zeros = std::make_unique<std::string>(static_cast<size_t>(rows * width * 4), '\0');
   warmup[0].request->inputs.push_back(
-      {input, DataType::kInt32, {rows, width}, zeros->data(), zeros->size()});
+      {input, DataType::kInt32, {rows, width}, zeros->data(), zeros->size(), {}});
   warmup[0].request->owned_buffers.push_back(std::move(zeros));
   return warmup;
 }
@@ -58,13 +58,113 @@ inline StatusOr<Outputs> Collected(const Status& status, TensorSink& sink) {
 
 // A fake's whole-batch outputs handed to the targets: split by rows when the execution has
 // several targets, whole to a lone one.
-inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const OutputTarget> targets) {
+// Held bytes: what FakeBackend hands out held (hold_outputs), and what tests feed as held
+// inputs. `device` kHost: readable in place (host_data); a GPU ordinal: acts as a device's, whose
+// bytes only CopyToHost reads.
+class HostHeldTensor final : public HeldTensor {
+ public:
+  HostHeldTensor(DataType dtype, Shape shape, std::string bytes, int device = kHost)
+      : HeldTensor(dtype, std::move(shape), bytes.size(), device), bytes_(std::move(bytes)) {}
+  const std::string& bytes() const { return bytes_; }
+  Status CopyToHost(char* to) const override {
+    if (!bytes_.empty()) std::memcpy(to, bytes_.data(), bytes_.size());
+    return absl::OkStatus();
+  }
+  const char* host_data() const override { return device() == kHost ? bytes_.data() : nullptr; }
+
+ private:
+  const std::string bytes_;
+};
+
+// Rows of a fake's output as HostHeldTensors.
+class HostHolder final : public OutputHolder {
+ public:
+  HostHolder(const Tensor* tensor, bool batched) : tensor_(tensor), batched_(batched) {}
+  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t rows,
+                                             const Shape& shape) const override {
+    size_t offset = 0, bytes = tensor_->data.size();
+    if (batched_ && tensor_->shape[0] > 0) {
+      const size_t row_bytes = bytes / static_cast<size_t>(tensor_->shape[0]);
+      offset = static_cast<size_t>(first_row) * row_bytes;
+      bytes = static_cast<size_t>(rows) * row_bytes;
+    }
+    return std::make_shared<HostHeldTensor>(tensor_->dtype, shape,
+                                            tensor_->data.substr(offset, bytes));
+  }
+
+ private:
+  const Tensor* const tensor_;
+  const bool batched_;
+};
+
+// A sink that takes every output held, as an ensemble's step sink takes those a later step reads,
+// and sets `ledger` on each tensor it takes; outputs it is given as bytes land in `bytes`.
+class HoldingSink final : public OutputSink {
+ public:
+  bool TakesHeld(const std::string&) const override { return true; }
+  StatusOr<char*> Allocate(const OutputDescription& output) override {
+    return bytes.Allocate(output);
+  }
+  Status Hold(const OutputDescription& output, std::shared_ptr<HeldTensor> tensor) override {
+    tensor->set_ledger(ledger);
+    names.push_back(output.name);
+    held.push_back(std::move(tensor));
+    return absl::OkStatus();
+  }
+  TensorSink bytes;
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<HeldTensor>> held;
+  std::shared_ptr<CopyLedger> ledger = std::make_shared<CopyLedger>();
+};
+
+// `hold`: every output also has a holder (targets whose sinks take held outputs get them held).
+inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const OutputTarget> targets,
+                      bool hold = false) {
+  const bool batched = targets.size() > 1;
+  std::vector<HostHolder> holders;
+  holders.reserve(outputs.size());
   std::vector<HostOutput> host;
   for (const Tensor& tensor : outputs) {
+    holders.emplace_back(&tensor, batched);
     host.push_back({&tensor.name, tensor.dtype, tensor.shape, tensor.data.data(),
-                    tensor.data.size(), MemoryType::kCpu});
+                    tensor.data.size(), MemoryType::kCpu, hold ? &holders.back() : nullptr});
   }
-  return DeliverOutputs(host, targets, /*batched=*/targets.size() > 1);
+  return DeliverOutputs(host, targets, batched);
+}
+
+// `request` with its held inputs readable as bytes, as a runtime reads them: a request's whole
+// HostHeldTensor in place, an assembled batch's held rows gathered (counted as copied on the
+// device). Null when it holds nothing.
+inline std::unique_ptr<InferRequest> ReadHeld(const InferRequest& request) {
+  if (!request.HasHeldInputs()) return nullptr;
+  auto readable = std::make_unique<InferRequest>();
+  readable->model_name = request.model_name;
+  readable->id = request.id;
+  readable->batch_size = request.batch_size;
+  readable->requested_outputs = request.requested_outputs;
+  for (TensorView view : request.inputs) {
+    const auto* whole = view.held.size() == 1 && view.data == nullptr
+                            ? dynamic_cast<const HostHeldTensor*>(view.held[0].tensor.get())
+                            : nullptr;
+    if (whole != nullptr && whole->byte_size() == view.byte_size) {
+      view.data = whole->bytes().data();
+    } else if (!view.held.empty()) {
+      auto bytes = std::make_unique<std::string>(view.byte_size, '\0');
+      if (view.data != nullptr) bytes->assign(view.data, view.byte_size);
+      for (const HeldRows& rows : view.held) {
+        const size_t row_bytes =
+            rows.tensor->byte_size() / static_cast<size_t>(rows.tensor->shape()[0]);
+        rows.tensor->CopyToHost(bytes->data() + static_cast<size_t>(rows.first_row) * row_bytes)
+            .IgnoreError();
+        rows.tensor->Count(/*on_device=*/true, rows.tensor->byte_size());
+      }
+      view.data = bytes->data();
+      readable->owned_buffers.push_back(std::move(bytes));
+    }
+    view.held.clear();
+    readable->inputs.push_back(std::move(view));
+  }
+  return readable;
 }
 
 // `elements` in the serialized form of a BYTES tensor (server/core/bytes_tensor.h).
@@ -104,6 +204,9 @@ class FakeBackend final : public ModelBackend {
   std::optional<DevicePhases> LastPhases() const override {
     return forward_time ? last_forward_ : phases;
   }
+  // Hands outputs held (HostHeldTensor) to sinks that take them, as a runtime leaves its
+  // outputs on its device; set before handing it out.
+  bool hold_outputs = false;
   // What Tuning() says (the convolution rewrite's counts); set before handing it out.
   ConvolutionTuning tuning;
   ConvolutionTuning Tuning() const override { return tuning; }
@@ -121,10 +224,13 @@ class FakeBackend final : public ModelBackend {
     ++executed_;
     if (forward_time) last_forward_ = DevicePhases{Duration(0), forward_time(request), Duration(0)};
     if (behaviour_) {
-      SLUICE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, behaviour_(request));
-      return Deliver(outputs, targets);
+      const std::unique_ptr<InferRequest> readable = ReadHeld(request);
+      if (readable) ++held_inputs_;
+      SLUICE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs,
+                              behaviour_(readable ? *readable : request));
+      return Deliver(outputs, targets, hold_outputs);
     }
-    return Deliver({{"y", DataType::kInt64, {1}, request.id}}, targets);
+    return Deliver({{"y", DataType::kInt64, {1}, request.id}}, targets, hold_outputs);
   }
 
   // While closed, Execute blocks after counting itself as started.
@@ -148,6 +254,8 @@ class FakeBackend final : public ModelBackend {
     started_cv_.wait(lock, [&] { return started_ >= count; });
   }
   int executed() const { return executed_; }
+  // Executions whose request (or batch) had held inputs.
+  int held_inputs() const { return held_inputs_; }
   int started() {
     std::lock_guard<std::mutex> lock(mutex_);
     return started_;
@@ -164,6 +272,7 @@ class FakeBackend final : public ModelBackend {
   int passes_ = 0;  // AllowOne's, not used yet
   int started_ = 0;
   std::atomic<int> executed_{0};
+  std::atomic<int> held_inputs_{0};
 };
 
 // A FakeBackend (so it can be held at its gate) that echoes input "x" as output "y" (same type,

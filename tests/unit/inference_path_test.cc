@@ -40,7 +40,8 @@ class FakeCall final : public InferenceCall {
                                          DataType::kInt32,
                                          {1, static_cast<int64_t>(values_.size())},
                                          reinterpret_cast<const char*>(values_.data()),
-                                         values_.size() * 4});
+                                         values_.size() * 4,
+                                         {}});
     return request;
   }
   void Accepted(const InferRequest& request, const InFlightModel& model) override {
@@ -392,8 +393,8 @@ class ShmCall final : public InferenceCall {
   OutputSink* sink() override { return &sink_; }
   StatusOr<std::unique_ptr<InferRequest>> Decode(const ModelHandle&) override {
     auto request = std::make_unique<InferRequest>();
-    request->inputs.push_back(
-        TensorView{"x", DataType::kInt32, {1, static_cast<int64_t>(byte_size_ / 4)}, nullptr, 0});
+    request->inputs.push_back(TensorView{
+        "x", DataType::kInt32, {1, static_cast<int64_t>(byte_size_ / 4)}, nullptr, 0, {}});
     SLUICE_RETURN_IF_ERROR(
         refs_.ResolveInput({"r", 0, byte_size_}, &request->inputs.back(), request.get()));
     request->shared_memory = refs_.used();

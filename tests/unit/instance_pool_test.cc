@@ -36,7 +36,8 @@ struct Call {
                                        DataType::kInt32,
                                        {rows, 2},
                                        reinterpret_cast<const char*>(data.data()),
-                                       data.size() * 4});
+                                       data.size() * 4,
+                                       {}});
     pending.sink = sink_override != nullptr ? sink_override : &sink;
     pending.done = [this](Status status) { answer.set_value(testing::Collected(status, sink)); };
     return pending;

@@ -468,7 +468,7 @@ class LatencyTargetBatcherTest : public ::testing::Test {
     request->model_name = "m";
     request->batch_size = 1;
     request->inputs.push_back(
-        {"x", DataType::kInt32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+        {"x", DataType::kInt32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8, {}});
     batcher_->Enqueue(std::move(request), &call.sink,
                       [&call](Status status) { call.answer.set_value(status); });
   }

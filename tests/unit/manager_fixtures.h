@@ -105,8 +105,12 @@ inline std::future<StatusOr<Outputs>> Send(ModelHandle* model, const std::string
   auto request = std::make_unique<InferRequest>();
   request->model_name = model->spec().name;
   request->id = id;
-  request->inputs.push_back(
-      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call->data.data()), 8});
+  request->inputs.push_back({"INPUT__0",
+                             DataType::kFp32,
+                             {1, 2},
+                             reinterpret_cast<const char*>(call->data.data()),
+                             8,
+                             {}});
   auto answer = call->answer.get_future();
   model->Submit(std::move(request), &call->sink, [call](Status status) {
     call->answer.set_value(testing::Collected(status, call->sink));

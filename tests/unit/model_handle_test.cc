@@ -39,7 +39,7 @@ Status SendRefused(ModelHandle* model) {
   auto request = std::make_unique<InferRequest>();
   request->model_name = model->spec().name;
   request->inputs.push_back(
-      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8, {}});
   RefusingSink refusing;
   std::promise<Status> answered;
   model->Submit(std::move(request), &refusing, [&](Status status) { answered.set_value(status); });
@@ -66,7 +66,7 @@ TEST(ModelHandleTest, ATracedRequestSaysHowTheResponseCacheAnsweredIt) {
     auto request = std::make_unique<InferRequest>();
     request->model_name = "cached";
     request->inputs.push_back(
-        {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+        {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8, {}});
     auto trace =
         std::make_shared<RequestTrace>(&spans, Duration::zero(), std::nullopt, name, Clock::now());
     request->trace = trace;
@@ -278,8 +278,12 @@ TEST(ModelHandleTest, SubmitValidatesAndAppliesTheQueueTimeout) {
   auto quick = std::make_unique<InferRequest>();
   quick->model_name = "m";
   quick->parameters.timeout_us = 1000;
-  quick->inputs.push_back(
-      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(call.data.data()), 8});
+  quick->inputs.push_back({"INPUT__0",
+                           DataType::kFp32,
+                           {1, 2},
+                           reinterpret_cast<const char*>(call.data.data()),
+                           8,
+                           {}});
   (*model)->Submit(std::move(quick), &call.sink,
                    [&](Status status) { call.answer.set_value(status); });
   auto answer = call.answer.get_future();
@@ -442,7 +446,7 @@ std::unique_ptr<InferRequest> Row(const std::vector<float>& data, uint64_t prior
   request->parameters.priority = priority;
   request->parameters.timeout_us = timeout_us;
   request->inputs.push_back(
-      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8});
+      {"INPUT__0", DataType::kFp32, {1, 2}, reinterpret_cast<const char*>(data.data()), 8, {}});
   return request;
 }
 

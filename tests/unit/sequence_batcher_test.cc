@@ -125,7 +125,8 @@ std::unique_ptr<InferRequest> Request(Call& call, CorrelationId id, bool start, 
                              DataType::kInt32,
                              {rows, 1},
                              reinterpret_cast<const char*>(&call.value),
-                             4 * static_cast<size_t>(rows)});
+                             4 * static_cast<size_t>(rows),
+                             {}});
   request->parameters.sequence = {std::move(id), start, end};
   return request;
 }

@@ -59,7 +59,7 @@ class SequenceSlotsTest : public ::testing::Test {
     pending.request = std::make_unique<InferRequest>();
     pending.request->model_name = "acc";
     pending.request->inputs.push_back(
-        {"INPUT", DataType::kInt32, {1, 1}, reinterpret_cast<const char*>(&value_), 4});
+        {"INPUT", DataType::kInt32, {1, 1}, reinterpret_cast<const char*>(&value_), 4, {}});
     pending.request->parameters.sequence = {Id(id), start, end};
     pending.request->deadline = deadline;
     pending.bytes = 4;

@@ -184,6 +184,27 @@ TEST_F(MetricsTest, LatencyTargetRefusalsWaitsAndCostErrorsOnlyForModelsWithATar
   EXPECT_THAT(text, Not(HasSubstr(R"(sluice_batch_cost_ratio_count{model="plain")")));
 }
 
+TEST_F(MetricsTest, EnsembleCopiesByPathOnlyForEnsembles) {
+  ModelStats plain(metrics_.SinkFor("plain", 1));
+  plain.RecordAdmitted();
+  ModelStats stats(metrics_.SinkFor("pipeline", 1));
+  stats.RecordEnsembleCopies(0, 0);  // a request whose tensors stayed put: the series exist at 0
+  stats.RecordEnsembleCopies(4096, 0);
+  stats.RecordEnsembleCopies(1024, 512);
+  const std::string text = Exposition(*registry_);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_ensemble_copied_bytes_total{model="pipeline",path="device",version="1"})"),
+      5120);
+  EXPECT_EQ(
+      Value(text,
+            R"(sluice_ensemble_copied_bytes_total{model="pipeline",path="host",version="1"})"),
+      512);
+  EXPECT_THAT(text, Not(HasSubstr(R"(sluice_ensemble_copied_bytes_total{model="plain")")));
+  EXPECT_EQ(stats.Snapshot().copied_on_device_bytes, 5120u);
+  EXPECT_EQ(stats.Snapshot().copied_through_host_bytes, 512u);
+}
+
 TEST_F(MetricsTest, CudaGraphCapturesAndReplaysOnlyForModelsWithGraphs) {
   ModelStats plain(metrics_.SinkFor("plain", 1));
   plain.RecordGraphRun(ModelBackend::GraphRun::kNone);  // an eager pass: no series

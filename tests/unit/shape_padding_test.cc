@@ -38,7 +38,8 @@ SeqCall SeqRequest(int64_t rows, int64_t length) {
                                   DataType::kInt32,
                                   {rows, length, 2},
                                   reinterpret_cast<const char*>(call.data.data()),
-                                  call.data.size() * 4});
+                                  call.data.size() * 4,
+                                  {}});
   return call;
 }
 
@@ -69,6 +70,26 @@ TEST(ShapePaddingTest, PadsToTheNextBucketAndFillsLengths) {
   EXPECT_THAT(values, ElementsAre(3, 3));
 }
 
+// An ensemble step's held input is brought to the host to be padded (and counted so).
+TEST(ShapePaddingTest, AHeldInputIsPaddedOnTheHost) {
+  const ModelSpec spec = PaddedSpec();
+  SeqCall call = SeqRequest(2, 3);
+  TensorView& x = call.request->inputs[0];
+  auto held = std::make_shared<testing::HostHeldTensor>(
+      x.dtype, x.shape, std::string(x.data, x.byte_size), /*device=*/0);
+  auto ledger = std::make_shared<CopyLedger>();
+  held->set_ledger(ledger);
+  x.data = nullptr;
+  x.held = {HeldRows{0, held}};
+  auto padded = PadRequest(spec, call.request.get());
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  const TensorView& now = call.request->inputs[0];
+  EXPECT_TRUE(now.held.empty());
+  EXPECT_THAT(Ints(now.data, now.byte_size),
+              ElementsAre(1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, 11, 12, -1, -1));
+  EXPECT_EQ(ledger->through_host.load(), 48u);
+}
+
 TEST(ShapePaddingTest, AboveTheLargestBucketIsRejected) {
   SeqCall call = SeqRequest(1, 9);
   auto padded = PadRequest(PaddedSpec(), call.request.get());
@@ -93,7 +114,7 @@ TEST(ShapePaddingTest, InputsMustAgreeOnAnAxis) {
   SeqCall call = SeqRequest(1, 3);
   std::vector<int32_t> mask(5, 1);
   call.request->inputs.push_back(
-      {"mask", DataType::kInt32, {1, 5}, reinterpret_cast<const char*>(mask.data()), 20});
+      {"mask", DataType::kInt32, {1, 5}, reinterpret_cast<const char*>(mask.data()), 20, {}});
   auto padded = PadRequest(spec, call.request.get());
   EXPECT_EQ(padded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(padded.status().message(), HasSubstr("inputs disagree on padded axis 'seq'"));

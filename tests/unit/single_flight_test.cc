@@ -121,7 +121,8 @@ class SingleFlightTest : public ::testing::Test {
                                DataType::kUint8,
                                {static_cast<int64_t>(caller.input.size())},
                                caller.input.data(),
-                               caller.input.size()});
+                               caller.input.size(),
+                               {}});
     request->priority_level = level;
     request->deadline = deadline;
     request->delay_after = delay_after;

@@ -31,9 +31,9 @@ class ValidationTest : public ::testing::Test {
   InferRequest Request(int64_t batch = 2) {
     InferRequest request;
     request.inputs.push_back(
-        {"a", DataType::kFp32, {batch, 3}, buffer_, static_cast<size_t>(batch * 3 * 4)});
+        {"a", DataType::kFp32, {batch, 3}, buffer_, static_cast<size_t>(batch * 3 * 4), {}});
     request.inputs.push_back(
-        {"b", DataType::kInt64, {batch, 5, 2}, buffer_, static_cast<size_t>(batch * 10 * 8)});
+        {"b", DataType::kInt64, {batch, 5, 2}, buffer_, static_cast<size_t>(batch * 10 * 8), {}});
     return request;
   }
 
@@ -106,7 +106,7 @@ TEST_F(ValidationTest, StringInputsAreCheckedElementByElement) {
   spec_.inputs = {{"s", DataType::kBytes, {1}}};
   const std::string good = Serialize({"one", "two"});
   InferRequest request;
-  request.inputs.push_back({"s", DataType::kBytes, {2, 1}, good.data(), good.size()});
+  request.inputs.push_back({"s", DataType::kBytes, {2, 1}, good.data(), good.size(), {}});
   ASSERT_TRUE(ValidateRequest(spec_, &request).ok());
   EXPECT_EQ(request.batch_size, 2);
   EXPECT_EQ(request.InputBytes(), good.size());  // what the queued-bytes budget counts
@@ -114,11 +114,11 @@ TEST_F(ValidationTest, StringInputsAreCheckedElementByElement) {
   EXPECT_THAT(ValidateRequest(spec_, &request).message(),
               HasSubstr("input 's' has 2 BYTES elements but its shape needs 3"));
   const std::string bad = Serialize({"one", "\xff"});
-  request.inputs[0] = {"s", DataType::kBytes, {2, 1}, bad.data(), bad.size()};
+  request.inputs[0] = {"s", DataType::kBytes, {2, 1}, bad.data(), bad.size(), {}};
   const Status status = ValidateRequest(spec_, &request);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("input 's': BYTES element 1 is not valid UTF-8"));
-  request.inputs[0] = {"s", DataType::kFp32, {2, 1}, buffer_, 8};
+  request.inputs[0] = {"s", DataType::kFp32, {2, 1}, buffer_, 8, {}};
   EXPECT_THAT(ValidateRequest(spec_, &request).message(),
               HasSubstr("has datatype FP32, model 'm' expects BYTES"));
 }
@@ -127,7 +127,7 @@ TEST_F(ValidationTest, ModelWithoutBatchingTakesExactShape) {
   spec_.max_batch_size = 0;
   spec_.inputs = {{"a", DataType::kFp32, {2, 3}}};
   InferRequest request;
-  request.inputs.push_back({"a", DataType::kFp32, {2, 3}, buffer_, 24});
+  request.inputs.push_back({"a", DataType::kFp32, {2, 3}, buffer_, 24, {}});
   ASSERT_TRUE(ValidateRequest(spec_, &request).ok());
   EXPECT_EQ(request.batch_size, 1);
   request.inputs[0].shape = {1, 2, 3};

@@ -26,20 +26,6 @@ def failed_inferences(url, model):
         client.close()
 
 
-def with_two_instances(root, source, target):
-    """<root>/<target>: a copy of <root>/<source> with its name changed and count 2 instances."""
-    shutil.copytree(os.path.join(root, source), os.path.join(root, target))
-    path = os.path.join(root, target, "config.pbtxt")
-    with open(path) as f:
-        config = f.read()
-    config, named = re.subn(r'^name:\s*"[^"]*"', f'name: "{target}"', config, flags=re.M)
-    config, counted = re.subn(r"(instance_group\s*\[\s*\{[^}]*count:\s*)1\b", r"\g<1>2", config)
-    if counted != 1:
-        raise RuntimeError(f"no instance_group count 1 to rewrite in {path}")
-    with open(path, "w") as f:
-        f.write(config)
-
-
 def body():
     root = os.path.join(kitlib.WORK, "two_instances")
     shutil.rmtree(root, ignore_errors=True)
@@ -57,7 +43,7 @@ def body():
         config = f.read()
     with open(os.path.join(root, one, "config.pbtxt"), "w") as f:
         f.write(re.sub(r'^name:\s*"[^"]*"', f'name: "{one}"', config, flags=re.M))
-    with_two_instances(root, one, two)
+    kitlib.copy_model(root, one, two, [(r"(instance_group\s*\[\s*\{[^}]*count:\s*)1\b", r"\g<1>2")])
 
     server = kitlib.start_server(root, ["--device", kitlib.device()], timeout=35)
     runs, failures = {}, []
