@@ -20,7 +20,8 @@
 //
 // Tensors between steps stay where the step's model made them (held: OutputSink::Hold; on a GPU,
 // its memory): the steps after it read them in place (no copy when a step's batch is that one
-// request; one copy on the device when it batches with other requests). Outputs a model brings to
+// request, unpadded, on a model without CUDA graphs; one copy on the device when it batches with
+// other requests or into a graph's static input). Outputs a model brings to
 // the host (strings; a composing model with a response cache) are read from the host. The
 // ensemble's outputs are copied once, into the caller's sink. The copies between steps are
 // counted per request (the ensemble's ModelStats, its trace span). A step's model must not write

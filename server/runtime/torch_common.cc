@@ -157,7 +157,8 @@ TorchHeldTensor::TorchHeldTensor(at::Tensor whole, int64_t first_row, DataType d
                                       static_cast<size_t>(first_row))) {}
 
 at::Tensor TorchHeldTensor::tensor() const {
-  if (first_row_ < 0) return whole_;
+  // Every row of the batch (a batch of one request): the tensor itself, no view to make.
+  if (first_row_ < 0 || (first_row_ == 0 && whole_.size(0) == shape()[0])) return whole_;
   return whole_.narrow(0, first_row_, shape()[0]);
 }
 
@@ -944,7 +945,8 @@ void TorchInstance::GatherHeld(const TensorView& view, at::Tensor& batch) const 
 
 at::Tensor TorchInstance::FromHeld(const HeldTensor& held, const Shape& shape) const {
   if (const auto* ours = dynamic_cast<const TorchHeldTensor*>(&held)) {
-    at::Tensor tensor = ours->tensor().reshape(shape);
+    at::Tensor tensor = ours->tensor();
+    if (!tensor.sizes().equals(shape)) tensor = tensor.reshape(shape);  // a config's reshape
     if (tensor.device() == device_) return tensor;
     // Between two GPUs the copy stays on devices; between a GPU and the CPU it crosses the host
     // (to the CPU it is synchronous: a CPU forward has no stream to wait on).
