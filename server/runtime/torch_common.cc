@@ -1,6 +1,5 @@
 #include "server/runtime/torch_common.h"
 
-#include <cstring>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -17,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <shared_mutex>
 #include <limits>
 #include <string_view>
@@ -136,25 +136,26 @@ InstanceStream::~InstanceStream() {
 
 namespace {
 
-size_t HeldBytes(const at::Tensor& whole, int64_t first_row, const Shape& shape) {
-  if (first_row < 0 || whole.dim() == 0 || whole.size(0) == 0) return whole.nbytes();
-  return whole.nbytes() / static_cast<size_t>(whole.size(0)) * static_cast<size_t>(shape[0]);
+// Bytes per row of a batch's output (its first dimension the rows).
+size_t RowBytes(const at::Tensor& whole) {
+  return whole.dim() == 0 || whole.size(0) == 0
+             ? 0
+             : whole.nbytes() / static_cast<size_t>(whole.size(0));
 }
 
 }  // namespace
 
 TorchHeldTensor::TorchHeldTensor(at::Tensor whole, int64_t first_row, DataType dtype, Shape shape)
-    : HeldTensor(dtype, shape, HeldBytes(whole, first_row, shape),
+    : HeldTensor(dtype, shape,
+                 first_row < 0 ? whole.nbytes() : RowBytes(whole) * static_cast<size_t>(shape[0]),
                  whole.is_cuda() ? whole.device().index() : kHost),
       whole_(std::move(whole)),
       first_row_(first_row),
-      host_data_(whole_.is_cuda() || whole_.nbytes() == 0
-                     ? nullptr
-                     : static_cast<const char*>(whole_.const_data_ptr()) +
-                           (first_row < 0
-                                ? 0
-                                : (whole_.nbytes() / static_cast<size_t>(whole_.size(0))) *
-                                      static_cast<size_t>(first_row))) {}
+      host_data_(
+          whole_.is_cuda() || whole_.nbytes() == 0
+              ? nullptr
+              : static_cast<const char*>(whole_.const_data_ptr()) +
+                    (first_row < 0 ? 0 : RowBytes(whole_) * static_cast<size_t>(first_row))) {}
 
 at::Tensor TorchHeldTensor::tensor() const {
   // Every row of the batch (a batch of one request): the tensor itself, no view to make.
