@@ -48,8 +48,9 @@ class EnsembleScheduler::StepOutputs final : public OutputSink {
   // held, it would be copied from the device per request when the ensemble answers.
   bool TakesHeld(const std::string& name) const override { return read_by_steps_->count(name) > 0; }
   StatusOr<char*> Allocate(const OutputDescription& output) override {
-    // From pinned memory: a GPU's output the step's model could not hand over held.
-    if (output.source == MemoryType::kCpuPinned)
+    // From pinned memory: a GPU's output that a later step reads and the step's model could not
+    // hand over held (one only the caller reads is not a copy between steps).
+    if (output.source == MemoryType::kCpuPinned && read_by_steps_->count(output.name) > 0)
       ledger_->through_host.fetch_add(output.byte_size, std::memory_order_relaxed);
     return bytes_.Allocate(output);
   }

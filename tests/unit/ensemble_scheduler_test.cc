@@ -170,6 +170,19 @@ TEST_F(EnsembleSchedulerTest, HeldRowsGatheredIntoABatchAreCountedOnTheDevice) {
   }
 }
 
+// A GPU's output a later step reads but that came to the host (its model did not hand it over
+// held) crossed the host between steps; one only the caller reads did not.
+TEST_F(EnsembleSchedulerTest, AnOutputBroughtFromADeviceForTheNextStepCountsThroughTheHost) {
+  a_backend_->output_memory = MemoryType::kCpuPinned;
+  b_backend_->output_memory = MemoryType::kCpuPinned;
+  auto stats = std::make_shared<ModelStats>();
+  auto ensemble = Make(Chain(), stats);
+  TensorSink sink;
+  ASSERT_TRUE(Submit(*ensemble, &sink).get().ok());
+  EXPECT_EQ(stats->Snapshot().copied_through_host_bytes, 12u);  // "mid", not "out"
+  EXPECT_EQ(stats->Snapshot().copied_on_device_bytes, 0u);
+}
+
 TEST_F(EnsembleSchedulerTest, AFailingStepFailsTheRequestNamingTheStep) {
   auto ensemble = Make(Chain());
   b_fails_ = true;

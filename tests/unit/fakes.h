@@ -118,8 +118,9 @@ class HoldingSink final : public OutputSink {
 };
 
 // `hold`: every output also has a holder (targets whose sinks take held outputs get them held).
+// `memory`: where the outputs are said to come from.
 inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const OutputTarget> targets,
-                      bool hold = false) {
+                      bool hold = false, MemoryType memory = MemoryType::kCpu) {
   const bool batched = targets.size() > 1;
   std::vector<HostHolder> holders;
   holders.reserve(outputs.size());
@@ -127,7 +128,7 @@ inline Status Deliver(const std::vector<Tensor>& outputs, absl::Span<const Outpu
   for (const Tensor& tensor : outputs) {
     holders.emplace_back(&tensor, batched);
     host.push_back({&tensor.name, tensor.dtype, tensor.shape, tensor.data.data(),
-                    tensor.data.size(), MemoryType::kCpu, hold ? &holders.back() : nullptr});
+                    tensor.data.size(), memory, hold ? &holders.back() : nullptr});
   }
   return DeliverOutputs(host, targets, batched);
 }
@@ -207,6 +208,8 @@ class FakeBackend final : public ModelBackend {
   // Hands outputs held (HostHeldTensor) to sinks that take them, as a runtime leaves its
   // outputs on its device; set before handing it out.
   bool hold_outputs = false;
+  // Where the outputs it gives as bytes come from (kCpuPinned: as a GPU's); set before use.
+  MemoryType output_memory = MemoryType::kCpu;
   // What Tuning() says (the convolution rewrite's counts); set before handing it out.
   ConvolutionTuning tuning;
   ConvolutionTuning Tuning() const override { return tuning; }
@@ -228,7 +231,7 @@ class FakeBackend final : public ModelBackend {
       if (readable) ++held_inputs_;
       SLUICE_ASSIGN_OR_RETURN(std::vector<Tensor> outputs,
                               behaviour_(readable ? *readable : request));
-      return Deliver(outputs, targets, hold_outputs);
+      return Deliver(outputs, targets, hold_outputs, output_memory);
     }
     return Deliver({{"y", DataType::kInt64, {1}, request.id}}, targets, hold_outputs);
   }
