@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/bytes_tensor.h"
 
@@ -37,14 +38,17 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
   assembled.batch_size = batch.padded_rows;
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     if (spec.inputs[i].sequence_state) continue;  // the runtime fills it from its state store
-    const TensorView* model_input = FindInput(first, spec.inputs[i].name);
+    // This input of each request, looked up once.
+    absl::InlinedVector<const TensorView*, 32> inputs;
+    inputs.reserve(batch.requests.size());
+    for (const PendingRequest& pending : batch.requests)
+      inputs.push_back(FindInput(*pending.request, spec.inputs[i].name));
+    const TensorView* model_input = inputs.front();
     size_t total = 0;
     if (model_input->dtype == DataType::kBytes) {
       // Rows of strings have no fixed size; padding rows hold empty strings (each a zero length),
       // as many per row as the group's shape has.
-      for (const PendingRequest& pending : batch.requests) {
-        total += FindInput(*pending.request, spec.inputs[i].name)->byte_size;
-      }
+      for (const TensorView* input : inputs) total += input->byte_size;
       int64_t per_row = 1;
       for (size_t d = 1; d < model_input->shape.size(); ++d) per_row *= model_input->shape[d];
       total += static_cast<size_t>(batch.padded_rows - batch.rows) * static_cast<size_t>(per_row) *
@@ -61,20 +65,19 @@ InferRequest AssembleBatch(const ModelSpec& spec, const FormedBatch& batch, Stag
     // host.
     int64_t row = 0;
     bool any_host = false;
-    for (const PendingRequest& pending : batch.requests) {
-      const TensorView* input = FindInput(*pending.request, spec.inputs[i].name);
+    for (size_t r = 0; r < inputs.size(); ++r) {
+      const TensorView* input = inputs[r];
       if (input->held.empty() || input->held.front().tensor->host_data() != nullptr) {
         any_host = true;
       } else {
         view.held.push_back({row, input->held.front().tensor});
       }
-      row += pending.request->batch_size;
+      row += batch.requests[r].request->batch_size;
     }
     char* staging = any_host ? pool->Get(i, total) : nullptr;
     const bool to_device = any_host && pool->ForDevice(i);
     size_t offset = 0;
-    for (const PendingRequest& pending : batch.requests) {
-      const TensorView* input = FindInput(*pending.request, spec.inputs[i].name);
+    for (const TensorView* input : inputs) {
       if (any_host && input->byte_size > 0) {
         const HeldTensor* held = input->held.empty() ? nullptr : input->held.front().tensor.get();
         if (held == nullptr) {

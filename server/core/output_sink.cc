@@ -102,7 +102,7 @@ Status DeliverOutputs(absl::Span<const HostOutput> outputs, absl::Span<const Out
     if (output.holder != nullptr && output.dtype != DataType::kBytes &&
         target.sink->TakesHeld(*output.name)) {
       SLUICE_ASSIGN_OR_RETURN(std::shared_ptr<HeldTensor> held,
-                              output.holder->Rows(first_row, target.rows, shape));
+                              output.holder->Rows(first_row, shape));
       return target.sink->Hold(description, std::move(held));
     }
     if (output.data == nullptr && bytes > 0) {

@@ -130,10 +130,10 @@ struct OutputTarget {
 class OutputHolder {
  public:
   virtual ~OutputHolder() = default;
-  // Rows [first_row, first_row + rows) of the output (the whole output for a model that does
-  // not batch), shaped `shape` (the target's: its rows first; the config's dims where it
+  // Rows [first_row, first_row + shape[0]) of the output (the whole output for a model that
+  // does not batch), shaped `shape` (the target's: its rows first; the config's dims where it
   // reshapes).
-  virtual StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t rows,
+  virtual StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row,
                                                      const Shape& shape) const = 0;
 };
 

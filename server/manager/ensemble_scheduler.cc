@@ -50,7 +50,7 @@ class EnsembleScheduler::StepOutputs final : public OutputSink {
   StatusOr<char*> Allocate(const OutputDescription& output) override {
     // From pinned memory: a GPU's output that a later step reads and the step's model could not
     // hand over held (one only the caller reads is not a copy between steps).
-    if (output.source == MemoryType::kCpuPinned && read_by_steps_->count(output.name) > 0)
+    if (output.source == MemoryType::kCpuPinned && TakesHeld(output.name))
       ledger_->through_host.fetch_add(output.byte_size, std::memory_order_relaxed);
     return bytes_.Allocate(output);
   }

@@ -186,8 +186,7 @@ class TensorHolder final : public OutputHolder {
   TensorHolder(at::Tensor whole, DataType dtype, bool batched, bool copied)
       : whole_(std::move(whole)), dtype_(dtype), batched_(batched), copied_(copied) {}
 
-  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t /*rows*/,
-                                             const Shape& shape) const override {
+  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, const Shape& shape) const override {
     auto held = std::make_shared<TorchHeldTensor>(whole_, batched_ ? first_row : -1, dtype_, shape);
     if (copied_) held->set_copied_at_birth(held->byte_size());
     return held;
@@ -294,11 +293,10 @@ Status OutputDelivery::Deliver(const std::vector<c10::IValue>& outputs, const In
       output.byte_size = strings[i].size();
       output.memory = MemoryType::kCpu;
     } else {
-      output.shape.assign(outputs[i].toTensor().sizes().begin(),
-                          outputs[i].toTensor().sizes().end());
+      const at::Tensor& value = outputs[i].toTensor();
+      output.shape.assign(value.sizes().begin(), value.sizes().end());
       // Clients see `dims` where the config reshapes the model's output.
       if (declared[i].reshape) output.shape = spec_->ToClientShape(declared[i], output.shape);
-      const at::Tensor& value = outputs[i].toTensor();
       output.byte_size = value.nbytes();
       if (host[i].defined()) output.data = static_cast<const char*>(host[i].data_ptr());
       output.memory = stream_ != nullptr ? MemoryType::kCpuPinned : MemoryType::kCpu;
@@ -714,27 +712,20 @@ Status TorchInstance::RunWithGraphs(const InferRequest& batch,
                 // (InferRequest contract); from pinned staging memory the copy is
                 // asynchronous on the stream.
                 const size_t index = DeclaredIndex(spec_.inputs, view.name);
-                if (!view.held.empty()) {
-                  // Held rows are copied into the graph's static input on the device, the
-                  // others from the host (padding rows zero when there are none).
-                  at::Tensor& input = captured.inputs[index];
-                  if (view.data != nullptr) {
-                    input.copy_(at::from_blob(const_cast<char*>(view.data), input.sizes(),
-                                              input.options().device(at::kCPU)),
-                                /*non_blocking=*/true);
-                  } else {
-                    input.zero_();
-                  }
-                  GatherHeld(view, input);
-                  continue;
+                at::Tensor& input = captured.inputs[index];
+                if (view.data != nullptr) {
+                  Shape reshaped;  // the model's shape, where the config reshapes the input
+                  if (inputs_reshaped_)
+                    reshaped = spec_.ToModelShape(spec_.inputs[index], view.shape);
+                  const at::Tensor host = at::from_blob(
+                      const_cast<char*>(view.data), inputs_reshaped_ ? reshaped : view.shape,
+                      at::TensorOptions().dtype(ToScalarType(view.dtype)));
+                  input.copy_(host, /*non_blocking=*/true);
+                } else {
+                  input.zero_();  // every row held: padding rows zero
                 }
-                Shape reshaped;  // the model's shape, where the config reshapes the input
-                if (inputs_reshaped_)
-                  reshaped = spec_.ToModelShape(spec_.inputs[index], view.shape);
-                const at::Tensor host = at::from_blob(
-                    const_cast<char*>(view.data), inputs_reshaped_ ? reshaped : view.shape,
-                    at::TensorOptions().dtype(ToScalarType(view.dtype)));
-                captured.inputs[index].copy_(host, /*non_blocking=*/true);
+                // Held rows go into the static input on the device.
+                GatherHeld(view, input);
               }
               marks_.Set(PhaseMarks::kInputsQueued);
               std::shared_lock<std::shared_mutex> lock(GraphMutex());

@@ -80,13 +80,12 @@ class HostHeldTensor final : public HeldTensor {
 class HostHolder final : public OutputHolder {
  public:
   HostHolder(const Tensor* tensor, bool batched) : tensor_(tensor), batched_(batched) {}
-  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, int64_t rows,
-                                             const Shape& shape) const override {
+  StatusOr<std::shared_ptr<HeldTensor>> Rows(int64_t first_row, const Shape& shape) const override {
     size_t offset = 0, bytes = tensor_->data.size();
     if (batched_ && tensor_->shape[0] > 0) {
       const size_t row_bytes = bytes / static_cast<size_t>(tensor_->shape[0]);
       offset = static_cast<size_t>(first_row) * row_bytes;
-      bytes = static_cast<size_t>(rows) * row_bytes;
+      bytes = static_cast<size_t>(shape[0]) * row_bytes;
     }
     return std::make_shared<HostHeldTensor>(tensor_->dtype, shape,
                                             tensor_->data.substr(offset, bytes));
